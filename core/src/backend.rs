@@ -1,0 +1,215 @@
+//! The backend contract and the registry of backends.
+//!
+//! A backend registers a [`BackendDescriptor`] with `inventory::submit!`; binaries see the
+//! backends they link (name each backend crate with `use trident_backend_x as _;`). A backend
+//! compiles verified kernels into [`Artifact`]s and, where a device is present, opens a
+//! [`Device`] that allocates buffers and launches artifacts. A backend whose driver is absent
+//! still compiles; it reports [`BackendError::NoDevice`] from `open_device`, never at build time.
+
+use crate::ir::{DType, Elem, Function, LaunchAttrs, Literal, Loc, Type};
+use crate::verify::VerifyError;
+use std::any::Any;
+use std::sync::Arc;
+
+/// What a backend registers.
+pub struct BackendDescriptor {
+    /// The name `--backend` takes (`cpu`, `nvidia`, `amd`).
+    pub name: &'static str,
+    pub description: &'static str,
+    /// Targets `compile` accepts; the first is the default.
+    pub targets: &'static [&'static str],
+    pub create: fn() -> Box<dyn Backend>,
+}
+
+inventory::collect!(BackendDescriptor);
+
+/// Every backend linked into this binary, sorted by name.
+pub fn registered() -> Vec<&'static BackendDescriptor> {
+    let mut v: Vec<_> = inventory::iter::<BackendDescriptor>.into_iter().collect();
+    v.sort_by_key(|d| d.name);
+    v
+}
+
+/// The registered backend called `name`.
+pub fn lookup(name: &str) -> Result<&'static BackendDescriptor, BackendError> {
+    registered().into_iter().find(|d| d.name == name).ok_or_else(|| BackendError::UnknownBackend {
+        name: name.to_string(),
+        known: registered().iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
+    })
+}
+
+impl BackendDescriptor {
+    /// Resolves a requested target (`None` = the default) against this backend's targets.
+    pub fn resolve_target(&self, target: Option<&str>) -> Result<&'static str, BackendError> {
+        match target {
+            None => self.targets.first().copied().ok_or_else(|| BackendError::UnsupportedTarget {
+                backend: self.name,
+                target: "(default)".into(),
+                supported: String::new(),
+            }),
+            Some(t) => self.targets.iter().copied().find(|x| *x == t).ok_or_else(|| BackendError::UnsupportedTarget {
+                backend: self.name,
+                target: t.to_string(),
+                supported: self.targets.join(", "),
+            }),
+        }
+    }
+}
+
+/// Errors of compiling, loading and running kernels.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("unknown backend `{name}`; registered backends: {known}")]
+    UnknownBackend { name: String, known: String },
+    #[error("backend `{backend}` does not support target `{target}`; supported: {supported}")]
+    UnsupportedTarget { backend: &'static str, target: String, supported: String },
+    #[error("no device for backend `{backend}`: {reason}")]
+    NoDevice { backend: &'static str, reason: String },
+    #[error(transparent)]
+    Verify(#[from] VerifyError),
+    #[error("kernel `{kernel}` compiled by backend `{compiled_by}` cannot run on backend `{device}`")]
+    WrongBackend { kernel: String, compiled_by: &'static str, device: &'static str },
+    #[error("kernel `{kernel}`, argument {index} (`%{param}`): {message}")]
+    Argument { kernel: String, index: usize, param: String, message: String },
+    #[error("kernel `{kernel}`: invalid launch: {message}")]
+    Launch { kernel: String, message: String },
+    #[error("buffer `{buffer}`: {message}")]
+    Buffer { buffer: String, message: String },
+    /// A fault while a kernel ran, located at a program and an op.
+    #[error("kernel `{kernel}`, program {program:?}, op `{op}`{}: {message}", loc.map(|l| format!(" (line {}:{})", l.line, l.col)).unwrap_or_default())]
+    Execution { kernel: String, program: [u32; 3], op: String, loc: Option<Loc>, message: String },
+    #[error("host orchestration: {0}")]
+    Host(String),
+}
+
+/// A compiled kernel: the backend's payload plus what hosts need to launch it.
+#[derive(Clone)]
+pub struct Artifact {
+    pub kernel: String,
+    pub backend: &'static str,
+    pub target: String,
+    pub params: Vec<(String, Type)>,
+    pub attrs: LaunchAttrs,
+    /// Human-readable code (printed IR, PTX, LLVM IR).
+    pub text: String,
+    /// Backend-private compiled form.
+    pub payload: Arc<dyn Any + Send + Sync>,
+}
+
+impl std::fmt::Debug for Artifact {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Artifact").field("kernel", &self.kernel).field("backend", &self.backend).field("target", &self.target).finish()
+    }
+}
+
+/// A device allocation. Its `address` is what pointer arguments carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Buffer {
+    pub name: String,
+    pub address: u64,
+    pub bytes: usize,
+}
+
+impl Buffer {
+    /// Pointer argument to the start of the buffer.
+    pub fn arg(&self) -> KernelArg {
+        KernelArg::Ptr(self.address)
+    }
+
+    /// Pointer argument `offset` bytes into the buffer.
+    pub fn arg_at(&self, offset: usize) -> KernelArg {
+        KernelArg::Ptr(self.address + offset as u64)
+    }
+}
+
+/// A launch argument.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum KernelArg {
+    Ptr(u64),
+    Scalar(Literal, DType),
+}
+
+impl KernelArg {
+    pub fn i32(x: i32) -> KernelArg {
+        KernelArg::Scalar(Literal::Int(x as i64), DType::I32)
+    }
+    pub fn i64(x: i64) -> KernelArg {
+        KernelArg::Scalar(Literal::Int(x), DType::I64)
+    }
+    pub fn u64(x: u64) -> KernelArg {
+        KernelArg::Scalar(Literal::Int(x as i64), DType::U64)
+    }
+    pub fn f32(x: f32) -> KernelArg {
+        KernelArg::Scalar(Literal::Float(x as f64), DType::F32)
+    }
+}
+
+/// Checks launch arguments against the kernel's parameters (count and types).
+pub fn check_args(kernel: &Artifact, args: &[KernelArg]) -> Result<(), BackendError> {
+    let bad = |index: usize, message: String| BackendError::Argument {
+        kernel: kernel.kernel.clone(),
+        index,
+        param: kernel.params.get(index).map(|p| p.0.clone()).unwrap_or_default(),
+        message,
+    };
+    if args.len() != kernel.params.len() {
+        return Err(bad(args.len().min(kernel.params.len()), format!("{} arguments given, the kernel takes {}", args.len(), kernel.params.len())));
+    }
+    for (i, ((_, ty), arg)) in kernel.params.iter().zip(args).enumerate() {
+        let ok = match (ty.elem, arg) {
+            (Elem::Ptr(_), KernelArg::Ptr(_)) => true,
+            (Elem::Num(d), KernelArg::Scalar(lit, ad)) => {
+                d == *ad && matches!((lit, d.is_float()), (Literal::Float(_), true) | (Literal::Int(_), false))
+            }
+            _ => false,
+        };
+        if !ok {
+            return Err(bad(i, format!("expected `{ty}`, got {arg:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// How to launch.
+#[derive(Clone, Copy, Debug)]
+pub struct LaunchOptions {
+    /// Seeds whatever the backend randomizes (the CPU backend's program order).
+    pub seed: u64,
+}
+
+impl Default for LaunchOptions {
+    fn default() -> Self {
+        LaunchOptions { seed: 0x7121_d3a7 }
+    }
+}
+
+/// A compiler from tile IR to one backend's artifacts, and the door to its devices.
+pub trait Backend: Send + Sync {
+    fn descriptor(&self) -> &'static BackendDescriptor;
+
+    /// Verifies and compiles `func` for `target` (`None` = the backend's default).
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError>;
+
+    /// Opens device `index`; `NoDevice` when the driver or hardware is absent.
+    fn open_device(&self, index: usize) -> Result<Arc<dyn Device>, BackendError>;
+}
+
+/// Memory and launches on one device.
+pub trait Device: Send + Sync {
+    fn backend(&self) -> &'static str;
+
+    /// Allocates `bytes` bytes (contents unspecified).
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
+
+    fn free(&self, buffer: &Buffer) -> Result<(), BackendError>;
+
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError>;
+
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
+
+    /// Fills the whole buffer with copies of `pattern` (poisoning outputs, zeroing workspaces).
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError>;
+
+    /// Runs `kernel` over `grid` programs and waits for it to finish.
+    fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg], opts: &LaunchOptions) -> Result<(), BackendError>;
+}

@@ -1,0 +1,176 @@
+//! Element types, pointer types and tile shapes.
+
+use serde::Serialize;
+use std::fmt;
+
+trident_shmem_abi::keyword_enum! {
+    /// A numeric element type.
+    DType {
+        I1 = "i1",
+        I8 = "i8",
+        I16 = "i16",
+        I32 = "i32",
+        I64 = "i64",
+        U8 = "u8",
+        U16 = "u16",
+        U32 = "u32",
+        U64 = "u64",
+        F16 = "f16",
+        BF16 = "bf16",
+        F32 = "f32",
+        F64 = "f64",
+    }
+}
+
+impl DType {
+    /// Width in bits (`i1` counts as 1 but occupies one byte in memory).
+    pub fn bits(self) -> u32 {
+        match self {
+            DType::I1 => 1,
+            DType::I8 | DType::U8 => 8,
+            DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 16,
+            DType::I32 | DType::U32 | DType::F32 => 32,
+            DType::I64 | DType::U64 | DType::F64 => 64,
+        }
+    }
+
+    /// Bytes one element occupies in memory.
+    pub fn size_bytes(self) -> u32 {
+        self.bits().div_ceil(8)
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+    }
+
+    /// Integer types, `i1` included.
+    pub fn is_int(self) -> bool {
+        !self.is_float()
+    }
+
+    /// Signed integers (`i*`); `i1` is treated as unsigned (a boolean).
+    pub fn is_signed_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+}
+
+/// What one element of a value is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Elem {
+    /// A number.
+    Num(DType),
+    /// A global-memory pointer to elements of the given type (`!ptr<f32>`).
+    Ptr(DType),
+    /// The ordering token produced by `wait` (`!token`); only ever a scalar.
+    Token,
+}
+
+impl Elem {
+    pub fn dtype(self) -> Option<DType> {
+        match self {
+            Elem::Num(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    pub fn pointee(self) -> Option<DType> {
+        match self {
+            Elem::Ptr(d) => Some(d),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Elem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Elem::Num(d) => write!(f, "{d}"),
+            Elem::Ptr(d) => write!(f, "!ptr<{d}>"),
+            Elem::Token => f.write_str("!token"),
+        }
+    }
+}
+
+/// The type of a value: a scalar (empty shape) or a tile of elements.
+///
+/// Tile dimensions are powers of two (the verifier checks it): layouts distribute them over
+/// lanes, warps and registers, which only works for powers of two.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Type {
+    pub elem: Elem,
+    /// Row-major dimensions; empty for a scalar.
+    pub shape: Vec<u32>,
+}
+
+impl Type {
+    pub fn scalar(elem: Elem) -> Type {
+        Type { elem, shape: Vec::new() }
+    }
+
+    pub fn num(d: DType) -> Type {
+        Type::scalar(Elem::Num(d))
+    }
+
+    pub fn ptr(d: DType) -> Type {
+        Type::scalar(Elem::Ptr(d))
+    }
+
+    pub fn token() -> Type {
+        Type::scalar(Elem::Token)
+    }
+
+    pub fn tile(elem: Elem, shape: &[u32]) -> Type {
+        Type { elem, shape: shape.to_vec() }
+    }
+
+    pub fn is_scalar(&self) -> bool {
+        self.shape.is_empty()
+    }
+
+    /// Number of elements (1 for a scalar); saturates instead of overflowing on absurd shapes.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
+    }
+
+    /// The same shape with another element type.
+    pub fn with_elem(&self, elem: Elem) -> Type {
+        Type { elem, shape: self.shape.clone() }
+    }
+
+    pub fn dtype(&self) -> Option<DType> {
+        self.elem.dtype()
+    }
+}
+
+impl fmt::Display for Type {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.shape.is_empty() {
+            return write!(f, "{}", self.elem);
+        }
+        f.write_str("tile<")?;
+        for d in &self.shape {
+            write!(f, "{d}x")?;
+        }
+        write!(f, "{}>", self.elem)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display() {
+        assert_eq!(Type::num(DType::BF16).to_string(), "bf16");
+        assert_eq!(Type::tile(Elem::Num(DType::F32), &[128, 64]).to_string(), "tile<128x64xf32>");
+        assert_eq!(Type::tile(Elem::Ptr(DType::F16), &[128]).to_string(), "tile<128x!ptr<f16>>");
+        assert_eq!(Type::token().to_string(), "!token");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(DType::I1.size_bytes(), 1);
+        assert_eq!(DType::BF16.size_bytes(), 2);
+        assert_eq!(Type::tile(Elem::Num(DType::F32), &[4, 8]).numel(), 32);
+    }
+}

@@ -1,0 +1,16 @@
+//! trident-core: the tile IR and everything target-independent around it.
+//!
+//! Owns: the IR ([`ir`]), the builder API ([`builder`]), the verifier ([`verify`]), the text
+//! format ([`text`]) and the backend contract with its registry ([`backend`]).
+//! Does not own: execution (the backends), communication semantics (`trident-shmem-abi` holds
+//! that vocabulary), or any kernel (`trident-kernels`).
+
+pub mod backend;
+pub mod builder;
+pub mod ir;
+pub mod text;
+pub mod verify;
+
+pub use builder::{KernelBuilder, Tile};
+pub use ir::Function;
+pub use verify::{verify, VerifyError};
