@@ -1,0 +1,895 @@
+//! The interpreter: runs one program of a launch, op by op, each op over whole tiles.
+//!
+//! Dispatch happens once per op; the element loops inside an op are tight loops over one
+//! storage class. Memory ops check every address against its buffer and report the op.
+
+use crate::memory::{Memory, View};
+use crate::value::*;
+use trident_core::backend::KernelArg;
+use trident_core::ir::*;
+
+/// A failure inside a program, located at an op.
+#[derive(Debug)]
+pub struct Fault {
+    pub op: Option<Op>,
+    pub message: String,
+}
+
+type R<T> = Result<T, Fault>;
+
+fn fault<T>(message: impl Into<String>) -> R<T> {
+    Err(Fault { op: None, message: message.into() })
+}
+
+/// Where this program runs: its id, the grid, and its rank in the world.
+#[derive(Clone, Copy, Debug)]
+pub struct ProgramCtx {
+    pub pid: [u32; 3],
+    pub grid: [u32; 3],
+    pub rank: u32,
+    pub num_ranks: u32,
+}
+
+pub struct Program<'a> {
+    func: &'a Function,
+    mem: &'a Memory,
+    ctx: ProgramCtx,
+    env: Vec<Option<Val>>,
+}
+
+impl<'a> Program<'a> {
+    /// Runs one program of `func` to completion.
+    pub fn run(func: &'a Function, mem: &'a Memory, ctx: ProgramCtx, args: &[KernelArg]) -> R<()> {
+        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()] };
+        for (param, arg) in func.params.iter().zip(args) {
+            let ty = func.ty(param.value).clone();
+            let data = match *arg {
+                KernelArg::Ptr(a) => Data::P(vec![a]),
+                KernelArg::Scalar(lit, d) => literal(lit, d),
+            };
+            p.env[param.value.index()] = Some(Val { ty, data });
+        }
+        p.block(func.body)
+    }
+
+    fn val(&self, v: Value) -> R<&Val> {
+        match self.env.get(v.index()).and_then(|x| x.as_ref()) {
+            Some(x) => Ok(x),
+            None => fault(format!("value {v:?} read before it was computed (unverified IR?)")),
+        }
+    }
+
+    fn set(&mut self, v: Value, val: Val) {
+        self.env[v.index()] = Some(val);
+    }
+
+    fn block(&mut self, b: Block) -> R<()> {
+        let func = self.func;
+        for &op in &func.blocks[b].ops {
+            self.exec(op).map_err(|mut f| {
+                f.op.get_or_insert(op);
+                f
+            })?;
+        }
+        Ok(())
+    }
+
+    fn yields(&self, b: Block) -> R<Vec<Val>> {
+        self.func.blocks[b].yields.iter().map(|v| self.val(*v).cloned()).collect()
+    }
+
+    fn bind_args(&mut self, b: Block, vals: Vec<Val>) {
+        let func = self.func;
+        for (a, v) in func.blocks[b].args.iter().zip(vals) {
+            self.set(*a, v);
+        }
+    }
+
+    fn exec(&mut self, op: Op) -> R<()> {
+        let func = self.func;
+        let data = &func.ops[op];
+        let rty = |i: usize| func.ty(data.results[i]).clone();
+        let result = match &data.kind {
+            OpKind::For { lower, upper, step, init, body } => return self.run_for(data, *lower, *upper, *step, init, *body),
+            OpKind::If { cond, then_block, else_block } => {
+                let c = self.val(*cond)?.scalar_i64() != 0;
+                let b = if c { *then_block } else { *else_block };
+                self.block(b)?;
+                let ys = self.yields(b)?;
+                for (r, y) in data.results.iter().zip(ys) {
+                    self.set(*r, y);
+                }
+                return Ok(());
+            }
+            OpKind::While { init, cond, body } => {
+                let mut carried: Vec<Val> = init.iter().map(|v| self.val(*v).cloned()).collect::<R<_>>()?;
+                loop {
+                    self.bind_args(*cond, carried.clone());
+                    self.block(*cond)?;
+                    let go = self.yields(*cond)?.first().map(|c| c.scalar_i64() != 0).unwrap_or(false);
+                    if !go {
+                        break;
+                    }
+                    self.bind_args(*body, carried);
+                    self.block(*body)?;
+                    carried = self.yields(*body)?;
+                }
+                for (r, y) in data.results.iter().zip(carried) {
+                    self.set(*r, y);
+                }
+                return Ok(());
+            }
+            OpKind::Store { ptr, value, mask } => return self.store(*ptr, *value, *mask),
+            OpKind::Notify { sig, rank, value, op: sop, .. } => {
+                let addr = self.remote(*sig, *rank)?;
+                let v = self.val(*value)?.scalar_i64() as u64;
+                let view = self.mem.view();
+                let (r, o) = locate(&view, addr, 8)?;
+                match sop {
+                    SignalOp::Set => r.store(o, 8, v),
+                    SignalOp::Add => {
+                        r.rmw(o, 8, |old| old.wrapping_add(v));
+                    }
+                }
+                return Ok(());
+            }
+            OpKind::Put { dst, src, bytes, rank, .. } => {
+                let n = self.val(*bytes)?.scalar_i64();
+                let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
+                return self.copy(d, s, n);
+            }
+            OpKind::Get { dst, src, bytes, rank, .. } => {
+                let n = self.val(*bytes)?.scalar_i64();
+                let (d, s) = (self.val(*dst)?.ptrs()[0], self.remote(*src, *rank)?);
+                return self.copy(d, s, n);
+            }
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, .. } => {
+                let n = self.val(*bytes)?.scalar_i64();
+                let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
+                self.copy(d, s, n)?;
+                let addr = self.remote(*sig, *rank)?;
+                let v = self.val(*sig_value)?.scalar_i64() as u64;
+                let view = self.mem.view();
+                let (r, o) = locate(&view, addr, 8)?;
+                match sig_op {
+                    SignalOp::Set => r.store(o, 8, v),
+                    SignalOp::Add => {
+                        r.rmw(o, 8, |old| old.wrapping_add(v));
+                    }
+                }
+                return Ok(());
+            }
+            // A single-rank launch runs its programs one after another: everything that could
+            // satisfy a wait has already happened, so an unsatisfied wait can never complete.
+            OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => return Ok(()),
+            OpKind::Wait { sigs, count, cmp, value, .. } => {
+                let base = self.val(*sigs)?.ptrs()[0];
+                let n = self.val(*count)?.scalar_i64();
+                let want = self.val(*value)?.scalar_i64() as u64;
+                let view = self.mem.view();
+                for i in 0..n.max(0) as u64 {
+                    let (r, o) = locate(&view, base.wrapping_add(8 * i), 8)?;
+                    let seen = r.load(o, 8);
+                    if !cmp.holds(seen, want) {
+                        return fault(format!(
+                            "wait can never complete: signal {i} of {n} at {:#x} is {seen}, waiting for {cmp} {want}, and no other program or rank can write it",
+                            base + 8 * i
+                        ));
+                    }
+                }
+                Val { ty: Type::token(), data: Data::Token }
+            }
+            OpKind::SignalWaitUntil { sig, cmp, value } => {
+                let addr = self.val(*sig)?.ptrs()[0];
+                let want = self.val(*value)?.scalar_i64() as u64;
+                let view = self.mem.view();
+                let (r, o) = locate(&view, addr, 8)?;
+                let seen = r.load(o, 8);
+                if !cmp.holds(seen, want) {
+                    return fault(format!(
+                        "signal_wait_until can never complete: signal at {addr:#x} is {seen}, waiting for {cmp} {want}"
+                    ));
+                }
+                Val { ty: rty(0), data: Data::I(vec![seen as i64]) }
+            }
+            kind => self.pure(kind, rty(0))?,
+        };
+        if let Some(r) = data.results.first() {
+            self.set(*r, result);
+        }
+        Ok(())
+    }
+
+    /// `ptr` translated to `rank` (only this rank exists in a single-rank launch).
+    fn remote(&self, ptr: Value, rank: Value) -> R<u64> {
+        let r = self.val(rank)?.scalar_i64();
+        if r < 0 || r >= self.ctx.num_ranks as i64 {
+            return fault(format!("rank {r} is outside the world of {} rank(s)", self.ctx.num_ranks));
+        }
+        Ok(self.val(ptr)?.ptrs()[0])
+    }
+
+    fn copy(&self, dst: u64, src: u64, n: i64) -> R<()> {
+        if n < 0 {
+            return fault(format!("negative byte count {n}"));
+        }
+        let mut buf = vec![0u8; n as usize];
+        self.mem.read_bytes(src, &mut buf).or_else(|e| fault(format!("source: {}", e.0)))?;
+        self.mem.write_bytes(dst, &buf).or_else(|e| fault(format!("destination: {}", e.0)))
+    }
+
+    fn run_for(&mut self, data: &OpData, lower: Value, upper: Value, step: Value, init: &[Value], body: Block) -> R<()> {
+        let ity = self.val(lower)?.ty.clone();
+        let d = ity.dtype().unwrap_or(DType::I32);
+        let (lo, hi, st) = (self.val(lower)?.scalar_i64(), self.val(upper)?.scalar_i64(), self.val(step)?.scalar_i64());
+        if st <= 0 {
+            return fault(format!("`for` step must be positive, got {st}"));
+        }
+        let less = |a: i64, b: i64| if d == DType::U64 { (a as u64) < (b as u64) } else { a < b };
+        let mut carried: Vec<Val> = init.iter().map(|v| self.val(*v).cloned()).collect::<R<_>>()?;
+        let mut iv = lo;
+        while less(iv, hi) {
+            let mut args = vec![Val { ty: ity.clone(), data: Data::I(vec![iv]) }];
+            args.extend(carried);
+            self.bind_args(body, args);
+            self.block(body)?;
+            carried = self.yields(body)?;
+            let next = norm_i(d, iv.wrapping_add(st));
+            if !less(iv, next) {
+                break; // the induction variable would wrap
+            }
+            iv = next;
+        }
+        for (r, y) in data.results.iter().zip(carried) {
+            self.set(*r, y);
+        }
+        Ok(())
+    }
+
+    fn mask(&self, mask: Option<Value>) -> R<Option<&[i64]>> {
+        Ok(match mask {
+            Some(m) => Some(self.val(m)?.ints()),
+            None => None,
+        })
+    }
+
+    fn store(&mut self, ptr: Value, value: Value, mask: Option<Value>) -> R<()> {
+        let pv = self.val(ptr)?;
+        let d = pv.ty.elem.pointee().unwrap_or(DType::I8);
+        let size = d.size_bytes() as usize;
+        let ptrs = pv.ptrs();
+        let mask = self.mask(mask)?;
+        let val = self.val(value)?;
+        let view = self.mem.view();
+        let on = |i: usize| mask.is_none_or(|m| m[i] != 0);
+        match &val.data {
+            Data::F(v) => {
+                for i in (0..ptrs.len()).filter(|i| on(*i)) {
+                    let (r, o) = locate(&view, ptrs[i], size)?;
+                    r.store(o, size, f32_bits(d, v[i]));
+                }
+            }
+            Data::D(v) => {
+                for i in (0..ptrs.len()).filter(|i| on(*i)) {
+                    let (r, o) = locate(&view, ptrs[i], size)?;
+                    r.store(o, size, v[i].to_bits());
+                }
+            }
+            Data::I(v) => {
+                let m = size_mask(size);
+                for i in (0..ptrs.len()).filter(|i| on(*i)) {
+                    let (r, o) = locate(&view, ptrs[i], size)?;
+                    r.store(o, size, v[i] as u64 & m);
+                }
+            }
+            _ => return fault("stored value is not numeric"),
+        }
+        Ok(())
+    }
+
+    /// Ops without side effects on control flow: compute the single result.
+    fn pure(&self, kind: &OpKind, rt: Type) -> R<Val> {
+        let data = match kind {
+            OpKind::Const(lit) => literal(*lit, rt.dtype().unwrap_or(DType::I32)),
+            OpKind::ProgramId(a) => Data::I(vec![self.ctx.pid[a.index()] as i64]),
+            OpKind::NumPrograms(a) => Data::I(vec![self.ctx.grid[a.index()] as i64]),
+            OpKind::Rank => Data::I(vec![self.ctx.rank as i64]),
+            OpKind::NumRanks => Data::I(vec![self.ctx.num_ranks as i64]),
+            OpKind::Arange { start, end } => Data::I((*start..*end).collect()),
+            OpKind::Splat(x) => self.val(*x)?.data.splat(rt.numel() as usize),
+            OpKind::Reshape(x) | OpKind::ConsumeToken { value: x, .. } => self.val(*x)?.data.clone(),
+            OpKind::Broadcast(x) => {
+                let xv = self.val(*x)?;
+                let st = strides(&xv.ty.shape);
+                let s: Vec<usize> = xv.ty.shape.iter().zip(&st).map(|(&d, &s)| if d == 1 { 0 } else { s }).collect();
+                xv.data.gather(&strided_indices(&rt.shape, &s))
+            }
+            OpKind::Transpose { x, perm } => {
+                let xv = self.val(*x)?;
+                let st = strides(&xv.ty.shape);
+                let s: Vec<usize> = perm.iter().map(|p| st[*p as usize]).collect();
+                xv.data.gather(&strided_indices(&rt.shape, &s))
+            }
+            OpKind::Unary { op, x } => unary(*op, self.val(*x)?)?,
+            OpKind::Binary { op, lhs, rhs } => binary(*op, self.val(*lhs)?, self.val(*rhs)?)?,
+            OpKind::Cmp { op, lhs, rhs } => compare(*op, self.val(*lhs)?, self.val(*rhs)?),
+            OpKind::Select { cond, on_true, on_false } => {
+                let c = self.val(*cond)?.ints();
+                let (t, f) = (&self.val(*on_true)?.data, &self.val(*on_false)?.data);
+                let n = c.len();
+                let idx: Vec<usize> = c.iter().enumerate().map(|(i, &ci)| if ci != 0 { i } else { i + n }).collect();
+                concat(t, f).gather(&idx)
+            }
+            OpKind::Cast(x) => cast(self.val(*x)?, rt.dtype().unwrap_or(DType::F32)),
+            OpKind::AddPtr { ptr, offset } => {
+                let pv = self.val(*ptr)?;
+                let size = pv.ty.elem.pointee().map_or(1, |d| d.size_bytes()) as i64;
+                let offs = self.val(*offset)?;
+                let od = offs.ty.dtype().unwrap_or(DType::I32);
+                Data::P(
+                    pv.ptrs()
+                        .iter()
+                        .zip(offs.ints())
+                        .map(|(&p, &o)| {
+                            let o = if od == DType::U64 { o as u64 as i128 } else { o as i128 };
+                            (p as i128 + o * size as i128) as u64
+                        })
+                        .collect(),
+                )
+            }
+            OpKind::Reduce { op, axis, x } => reduce(*op, *axis as usize, self.val(*x)?),
+            OpKind::Dot { a, b, acc, precision } => dot(self.val(*a)?, self.val(*b)?, self.val(*acc)?, *precision),
+            OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other)?,
+            OpKind::Atomic { op, ptr, value, mask, .. } => self.atomic(*op, *ptr, *value, *mask)?,
+            OpKind::AtomicCas { ptr, expected, desired, .. } => self.cas(*ptr, *expected, *desired)?,
+            OpKind::SymmAt { ptr, rank } => Data::P(vec![self.remote(*ptr, *rank)?]),
+            other => return fault(format!("`{}` is not a value op", other.mnemonic())),
+        };
+        Ok(Val { ty: rt, data })
+    }
+
+    fn load(&self, ptr: Value, mask: Option<Value>, other: Option<Value>) -> R<Data> {
+        let pv = self.val(ptr)?;
+        let d = pv.ty.elem.pointee().unwrap_or(DType::I8);
+        let size = d.size_bytes() as usize;
+        let ptrs = pv.ptrs();
+        let mask = self.mask(mask)?;
+        let other = match other {
+            Some(o) => Some(&self.val(o)?.data),
+            None => None,
+        };
+        let view = self.mem.view();
+        let on = |i: usize| mask.is_none_or(|m| m[i] != 0);
+        // Masked-off lanes without `other` are unspecified; give NaN / a recognisable pattern so
+        // that a kernel relying on them fails its check instead of passing by luck.
+        let mut out = empty_for(Elem::Num(d), ptrs.len());
+        for (i, &p) in ptrs.iter().enumerate() {
+            let e = if on(i) {
+                let (r, o) = locate(&view, p, size)?;
+                from_bits(d, r.load(o, size))
+            } else {
+                match other {
+                    Some(Data::F(v)) => Elt::F(v[i]),
+                    Some(Data::D(v)) => Elt::D(v[i]),
+                    Some(Data::I(v)) => Elt::I(v[i]),
+                    _ if d == DType::F64 => Elt::D(f64::NAN),
+                    _ if d.is_float() => Elt::F(f32::NAN),
+                    _ => Elt::I(norm_i(d, 0x5A5A_5A5A_5A5A_5A5A)),
+                }
+            };
+            match (&mut out, e) {
+                (Data::F(v), Elt::F(x)) => v.push(x),
+                (Data::D(v), Elt::D(x)) => v.push(x),
+                (Data::I(v), Elt::I(x)) => v.push(x),
+                _ => return fault("loaded element does not match the pointee type"),
+            }
+        }
+        Ok(out)
+    }
+
+    fn atomic(&self, op: AtomicOp, ptr: Value, value: Value, mask: Option<Value>) -> R<Data> {
+        let pv = self.val(ptr)?;
+        let d = pv.ty.elem.pointee().unwrap_or(DType::I32);
+        let size = d.size_bytes() as usize;
+        let ptrs = pv.ptrs();
+        let mask = self.mask(mask)?;
+        let val = self.val(value)?;
+        let view = self.mem.view();
+        let mut old = Vec::with_capacity(ptrs.len());
+        for (i, &p) in ptrs.iter().enumerate() {
+            if !mask.is_none_or(|m| m[i] != 0) {
+                old.push(0u64);
+                continue;
+            }
+            let (r, o) = locate(&view, p, size)?;
+            let operand = elem_bits(&val.data, i, d);
+            old.push(r.rmw(o, size, |cur| atomic_apply(op, d, cur, operand)));
+        }
+        Ok(bits_to_data(d, &old))
+    }
+
+    fn cas(&self, ptr: Value, expected: Value, desired: Value) -> R<Data> {
+        let pv = self.val(ptr)?;
+        let d = pv.ty.elem.pointee().unwrap_or(DType::I32);
+        let size = d.size_bytes() as usize;
+        let (e, n) = (self.val(expected)?, self.val(desired)?);
+        let view = self.mem.view();
+        let mut old = Vec::with_capacity(pv.ptrs().len());
+        for (i, &p) in pv.ptrs().iter().enumerate() {
+            let (r, o) = locate(&view, p, size)?;
+            let (eb, nb) = (elem_bits(&e.data, i, d), elem_bits(&n.data, i, d));
+            old.push(r.rmw(o, size, |cur| if cur == eb { nb } else { cur }));
+        }
+        Ok(bits_to_data(d, &old))
+    }
+}
+
+fn locate<'v>(view: &'v View<'_>, addr: u64, size: usize) -> R<(&'v crate::memory::Region, usize)> {
+    view.locate(addr, size).or_else(|e| fault(e.0))
+}
+
+/// Storage bits of element `i` of `data` as type `d`.
+fn elem_bits(data: &Data, i: usize, d: DType) -> u64 {
+    let size = d.size_bytes() as usize;
+    match data {
+        Data::F(v) => f32_bits(d, v[i]),
+        Data::D(v) => v[i].to_bits(),
+        Data::I(v) => v[i] as u64 & size_mask(size),
+        Data::P(v) => v[i],
+        Data::Token => 0,
+    }
+}
+
+fn bits_to_data(d: DType, bits: &[u64]) -> Data {
+    let mut out = empty_for(Elem::Num(d), bits.len());
+    for &b in bits {
+        match (&mut out, from_bits(d, b)) {
+            (Data::F(v), Elt::F(x)) => v.push(x),
+            (Data::D(v), Elt::D(x)) => v.push(x),
+            (Data::I(v), Elt::I(x)) => v.push(x),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// New storage bits of an atomic read-modify-write.
+fn atomic_apply(op: AtomicOp, d: DType, cur: u64, operand: u64) -> u64 {
+    let size = d.size_bytes() as usize;
+    let m = size_mask(size);
+    if op == AtomicOp::Xchg {
+        return operand;
+    }
+    if d.is_float() {
+        let (a, b) = match (from_bits(d, cur), from_bits(d, operand)) {
+            (Elt::F(a), Elt::F(b)) => (a as f64, b as f64),
+            (Elt::D(a), Elt::D(b)) => (a, b),
+            _ => return cur,
+        };
+        let r = match op {
+            AtomicOp::Add => a + b,
+            AtomicOp::Max => a.max(b),
+            AtomicOp::Min => a.min(b),
+            _ => a,
+        };
+        return if d == DType::F64 {
+            if op == AtomicOp::Add {
+                (f64::from_bits(cur) + f64::from_bits(operand)).to_bits()
+            } else {
+                r.to_bits()
+            }
+        } else {
+            // f32 addition in f32, as the hardware does.
+            let r = if op == AtomicOp::Add { (a as f32 + b as f32) as f64 } else { r };
+            f32_bits(d, r as f32)
+        };
+    }
+    let (a, b) = match (from_bits(d, cur), from_bits(d, operand)) {
+        (Elt::I(a), Elt::I(b)) => (a, b),
+        _ => return cur,
+    };
+    let unsigned = !d.is_signed_int();
+    let r = match op {
+        AtomicOp::Add => a.wrapping_add(b),
+        AtomicOp::Max if unsigned => ((a as u64).max(b as u64)) as i64,
+        AtomicOp::Min if unsigned => ((a as u64).min(b as u64)) as i64,
+        AtomicOp::Max => a.max(b),
+        AtomicOp::Min => a.min(b),
+        AtomicOp::And => a & b,
+        AtomicOp::Or => a | b,
+        AtomicOp::Xor => a ^ b,
+        AtomicOp::Xchg => b,
+    };
+    r as u64 & m
+}
+
+/// Row-major strides of a shape.
+fn strides(shape: &[u32]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1] as usize;
+    }
+    s
+}
+
+/// For every coordinate of `shape` in row-major order, `sum(coord[i] * strides[i])`.
+fn strided_indices(shape: &[u32], strides: &[usize]) -> Vec<usize> {
+    let n: usize = shape.iter().map(|&d| d as usize).product();
+    let mut out = Vec::with_capacity(n);
+    let mut coord = vec![0u32; shape.len()];
+    let mut idx = 0usize;
+    for _ in 0..n {
+        out.push(idx);
+        for d in (0..shape.len()).rev() {
+            coord[d] += 1;
+            idx += strides[d];
+            if coord[d] < shape[d] {
+                break;
+            }
+            idx -= strides[d] * coord[d] as usize;
+            coord[d] = 0;
+        }
+    }
+    out
+}
+
+fn concat(a: &Data, b: &Data) -> Data {
+    match (a, b) {
+        (Data::F(x), Data::F(y)) => Data::F([x.as_slice(), y].concat()),
+        (Data::D(x), Data::D(y)) => Data::D([x.as_slice(), y].concat()),
+        (Data::I(x), Data::I(y)) => Data::I([x.as_slice(), y].concat()),
+        (Data::P(x), Data::P(y)) => Data::P([x.as_slice(), y].concat()),
+        _ => a.clone(),
+    }
+}
+
+fn unary(op: UnaryOp, x: &Val) -> R<Data> {
+    let d = x.ty.dtype().unwrap_or(DType::F32);
+    Ok(match &x.data {
+        Data::F(v) => {
+            let f: fn(f32) -> f32 = match op {
+                UnaryOp::Neg => |a| -a,
+                UnaryOp::Abs => f32::abs,
+                UnaryOp::Exp => f32::exp,
+                UnaryOp::Exp2 => f32::exp2,
+                UnaryOp::Log => f32::ln,
+                UnaryOp::Log2 => f32::log2,
+                UnaryOp::Sqrt => f32::sqrt,
+                UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
+                UnaryOp::Sin => f32::sin,
+                UnaryOp::Cos => f32::cos,
+                UnaryOp::Tanh => f32::tanh,
+                UnaryOp::Floor => f32::floor,
+                UnaryOp::Ceil => f32::ceil,
+                UnaryOp::Not => return fault("`not` on a float"),
+            };
+            let mut out: Vec<f32> = v.iter().map(|&a| f(a)).collect();
+            round_all(d, &mut out);
+            Data::F(out)
+        }
+        Data::D(v) => {
+            let f: fn(f64) -> f64 = match op {
+                UnaryOp::Neg => |a| -a,
+                UnaryOp::Abs => f64::abs,
+                UnaryOp::Exp => f64::exp,
+                UnaryOp::Exp2 => f64::exp2,
+                UnaryOp::Log => f64::ln,
+                UnaryOp::Log2 => f64::log2,
+                UnaryOp::Sqrt => f64::sqrt,
+                UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
+                UnaryOp::Sin => f64::sin,
+                UnaryOp::Cos => f64::cos,
+                UnaryOp::Tanh => f64::tanh,
+                UnaryOp::Floor => f64::floor,
+                UnaryOp::Ceil => f64::ceil,
+                UnaryOp::Not => return fault("`not` on a float"),
+            };
+            Data::D(v.iter().map(|&a| f(a)).collect())
+        }
+        Data::I(v) => {
+            let out = match op {
+                UnaryOp::Neg => v.iter().map(|&a| norm_i(d, a.wrapping_neg())).collect(),
+                UnaryOp::Not => v.iter().map(|&a| norm_i(d, !a)).collect(),
+                UnaryOp::Abs if d.is_signed_int() => v.iter().map(|&a| norm_i(d, a.wrapping_abs())).collect(),
+                UnaryOp::Abs => v.clone(),
+                _ => return fault(format!("`{op}` on an integer")),
+            };
+            Data::I(out)
+        }
+        _ => return fault(format!("`{op}` on a non-numeric value")),
+    })
+}
+
+fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
+    let d = l.ty.dtype().unwrap_or(DType::F32);
+    Ok(match (&l.data, &r.data) {
+        (Data::F(a), Data::F(b)) => {
+            let f: fn(f32, f32) -> f32 = match op {
+                BinaryOp::Add => |x, y| x + y,
+                BinaryOp::Sub => |x, y| x - y,
+                BinaryOp::Mul => |x, y| x * y,
+                BinaryOp::Div => |x, y| x / y,
+                BinaryOp::Rem => |x, y| x % y,
+                BinaryOp::Min => f32::min,
+                BinaryOp::Max => f32::max,
+                _ => return fault(format!("`{op}` on floats")),
+            };
+            let mut out: Vec<f32> = a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
+            round_all(d, &mut out);
+            Data::F(out)
+        }
+        (Data::D(a), Data::D(b)) => {
+            let f: fn(f64, f64) -> f64 = match op {
+                BinaryOp::Add => |x, y| x + y,
+                BinaryOp::Sub => |x, y| x - y,
+                BinaryOp::Mul => |x, y| x * y,
+                BinaryOp::Div => |x, y| x / y,
+                BinaryOp::Rem => |x, y| x % y,
+                BinaryOp::Min => f64::min,
+                BinaryOp::Max => f64::max,
+                _ => return fault(format!("`{op}` on floats")),
+            };
+            Data::D(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+        }
+        (Data::I(a), Data::I(b)) => {
+            let mut out = Vec::with_capacity(a.len());
+            for (&x, &y) in a.iter().zip(b) {
+                out.push(norm_i(d, int_binary(op, d, x, y)?));
+            }
+            Data::I(out)
+        }
+        _ => return fault(format!("`{op}` on mismatched operands")),
+    })
+}
+
+fn int_binary(op: BinaryOp, d: DType, x: i64, y: i64) -> R<i64> {
+    let bits = d.bits() as i64;
+    let unsigned = !d.is_signed_int();
+    Ok(match op {
+        BinaryOp::Add => x.wrapping_add(y),
+        BinaryOp::Sub => x.wrapping_sub(y),
+        BinaryOp::Mul => x.wrapping_mul(y),
+        BinaryOp::Div | BinaryOp::Rem if y == 0 => return fault("integer division by zero"),
+        BinaryOp::Div if unsigned => ((x as u64) / (y as u64)) as i64,
+        BinaryOp::Rem if unsigned => ((x as u64) % (y as u64)) as i64,
+        BinaryOp::Div => x.wrapping_div(y),
+        BinaryOp::Rem => x.wrapping_rem(y),
+        BinaryOp::Min if unsigned => (x as u64).min(y as u64) as i64,
+        BinaryOp::Max if unsigned => (x as u64).max(y as u64) as i64,
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => x.max(y),
+        BinaryOp::And => x & y,
+        BinaryOp::Or => x | y,
+        BinaryOp::Xor => x ^ y,
+        // Shifts by the width or more give 0 (or the sign for arithmetic right shifts), as PTX.
+        BinaryOp::Shl => {
+            if (y as u64) >= bits as u64 {
+                0
+            } else {
+                x.wrapping_shl(y as u32)
+            }
+        }
+        BinaryOp::Shr if unsigned => {
+            let ux = (x as u64) & size_mask(d.size_bytes() as usize);
+            if (y as u64) >= bits as u64 {
+                0
+            } else {
+                (ux >> y) as i64
+            }
+        }
+        BinaryOp::Shr => x >> (y as u64).min(63),
+    })
+}
+
+fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
+    let d = l.ty.dtype();
+    let unsigned = d.is_some_and(|d| !d.is_signed_int() && d.is_int()) || d.is_none();
+    let out: Vec<i64> = match (&l.data, &r.data) {
+        (Data::F(a), Data::F(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x as f64, y as f64)).collect(),
+        (Data::D(a), Data::D(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x, y)).collect(),
+        (Data::I(a), Data::I(b)) if unsigned => a.iter().zip(b).map(|(&x, &y)| op.holds(x as u64, y as u64) as i64).collect(),
+        (Data::I(a), Data::I(b)) => a.iter().zip(b).map(|(&x, &y)| icmp(op, x, y)).collect(),
+        (Data::P(a), Data::P(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
+        _ => Vec::new(),
+    };
+    Data::I(out)
+}
+
+fn fcmp(op: CmpOp, x: f64, y: f64) -> i64 {
+    (match op {
+        CmpOp::Eq => x == y,
+        CmpOp::Ne => x != y,
+        CmpOp::Lt => x < y,
+        CmpOp::Le => x <= y,
+        CmpOp::Gt => x > y,
+        CmpOp::Ge => x >= y,
+    }) as i64
+}
+
+fn icmp(op: CmpOp, x: i64, y: i64) -> i64 {
+    (match op {
+        CmpOp::Eq => x == y,
+        CmpOp::Ne => x != y,
+        CmpOp::Lt => x < y,
+        CmpOp::Le => x <= y,
+        CmpOp::Gt => x > y,
+        CmpOp::Ge => x >= y,
+    }) as i64
+}
+
+fn cast(x: &Val, to: DType) -> Data {
+    let from = x.ty.dtype().unwrap_or(DType::F32);
+    let as_f64: Vec<f64> = match &x.data {
+        Data::F(v) => v.iter().map(|&a| a as f64).collect(),
+        Data::D(v) => v.clone(),
+        Data::I(v) if to.is_int() => return Data::I(v.iter().map(|&a| if to == DType::I1 { (a != 0) as i64 } else { norm_i(to, a) }).collect()),
+        Data::I(v) => v.iter().map(|&a| int_to_f64(from, a)).collect(),
+        _ => Vec::new(),
+    };
+    match to {
+        DType::F64 => Data::D(as_f64),
+        t if t.is_float() => Data::F(as_f64.iter().map(|&a| round_f(t, a as f32)).collect()),
+        t => Data::I(as_f64.iter().map(|&a| f64_to_int(t, a)).collect()),
+    }
+}
+
+fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
+    let shape = &x.ty.shape;
+    let outer: usize = shape[..axis].iter().map(|&d| d as usize).product();
+    let len = shape[axis] as usize;
+    let inner: usize = shape[axis + 1..].iter().map(|&d| d as usize).product();
+    let d = x.ty.dtype().unwrap_or(DType::F32);
+    let at = |o: usize, k: usize, i: usize| (o * len + k) * inner + i;
+    let arg = matches!(op, ReduceOp::Argmax | ReduceOp::Argmin);
+    macro_rules! fold {
+        ($v:expr, $better:expr, $sum:expr, $wrap:expr) => {{
+            let mut vals = Vec::with_capacity(outer * inner);
+            let mut idxs = Vec::with_capacity(outer * inner);
+            for o in 0..outer {
+                for i in 0..inner {
+                    let mut best = $v[at(o, 0, i)];
+                    let mut bi = 0usize;
+                    for k in 1..len {
+                        let e = $v[at(o, k, i)];
+                        if matches!(op, ReduceOp::Sum) {
+                            best = $sum(best, e);
+                        } else if $better(e, best) {
+                            best = e;
+                            bi = k;
+                        }
+                    }
+                    vals.push(best);
+                    idxs.push(bi as i64);
+                }
+            }
+            if arg {
+                Data::I(idxs)
+            } else {
+                $wrap(vals)
+            }
+        }};
+    }
+    let max = matches!(op, ReduceOp::Max | ReduceOp::Argmax);
+    match &x.data {
+        Data::F(v) => {
+            fold!(v, |e: f32, b: f32| if max { e > b } else { e < b }, |a: f32, b: f32| a + b, |mut vals: Vec<f32>| {
+                round_all(d, &mut vals);
+                Data::F(vals)
+            })
+        }
+        Data::D(v) => fold!(v, |e: f64, b: f64| if max { e > b } else { e < b }, |a: f64, b: f64| a + b, Data::D),
+        Data::I(v) => {
+            let unsigned = !d.is_signed_int();
+            fold!(
+                v,
+                |e: i64, b: i64| match (max, unsigned) {
+                    (true, true) => (e as u64) > (b as u64),
+                    (false, true) => (e as u64) < (b as u64),
+                    (true, false) => e > b,
+                    (false, false) => e < b,
+                },
+                |a: i64, b: i64| norm_i(d, a.wrapping_add(b)),
+                Data::I
+            )
+        }
+        other => other.clone(),
+    }
+}
+
+/// Rounds an f32 to tf32 (10 explicit mantissa bits), nearest-even.
+fn to_tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    let b = x.to_bits();
+    let r = b + 0xFFF + ((b >> 13) & 1);
+    f32::from_bits(r & !0x1FFF)
+}
+
+fn dot(a: &Val, b: &Val, acc: &Val, precision: InputPrecision) -> Data {
+    let (m, k) = (a.ty.shape[0] as usize, a.ty.shape[1] as usize);
+    let n = b.ty.shape[1] as usize;
+    match (&a.data, &b.data, &acc.data) {
+        (Data::F(av), Data::F(bv), Data::F(cv)) => {
+            let mut c = cv.clone();
+            let mut mm = |av: &[f32], bv: &[f32]| {
+                for i in 0..m {
+                    let row = &mut c[i * n..(i + 1) * n];
+                    for kk in 0..k {
+                        let x = av[i * k + kk];
+                        let brow = &bv[kk * n..(kk + 1) * n];
+                        for (cj, bj) in row.iter_mut().zip(brow) {
+                            *cj += x * bj;
+                        }
+                    }
+                }
+            };
+            match precision {
+                InputPrecision::Ieee => mm(av, bv),
+                InputPrecision::Tf32 => {
+                    let (a2, b2): (Vec<f32>, Vec<f32>) = (av.iter().map(|&x| to_tf32(x)).collect(), bv.iter().map(|&x| to_tf32(x)).collect());
+                    mm(&a2, &b2)
+                }
+                InputPrecision::Bf16x3 => {
+                    let split = |v: &[f32]| -> (Vec<f32>, Vec<f32>) {
+                        let hi: Vec<f32> = v.iter().map(|&x| round_f(DType::BF16, x)).collect();
+                        let lo = v.iter().zip(&hi).map(|(&x, &h)| round_f(DType::BF16, x - h)).collect();
+                        (hi, lo)
+                    };
+                    let ((ah, al), (bh, bl)) = (split(av), split(bv));
+                    mm(&al, &bh);
+                    mm(&ah, &bl);
+                    mm(&ah, &bh);
+                }
+            }
+            round_all(acc.ty.dtype().unwrap_or(DType::F32), &mut c);
+            Data::F(c)
+        }
+        (Data::D(av), Data::D(bv), Data::D(cv)) => {
+            let mut c = cv.clone();
+            for i in 0..m {
+                for kk in 0..k {
+                    let x = av[i * k + kk];
+                    for j in 0..n {
+                        c[i * n + j] += x * bv[kk * n + j];
+                    }
+                }
+            }
+            Data::D(c)
+        }
+        (Data::I(av), Data::I(bv), Data::I(cv)) => {
+            let mut c = cv.clone();
+            for i in 0..m {
+                for kk in 0..k {
+                    let x = av[i * k + kk];
+                    for j in 0..n {
+                        c[i * n + j] = norm_i(DType::I32, c[i * n + j].wrapping_add(x.wrapping_mul(bv[kk * n + j])));
+                    }
+                }
+            }
+            Data::I(c)
+        }
+        _ => acc.data.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_index_walks() {
+        // transpose of a 2x3 row-major tile: out shape 3x2, strides (1, 3)
+        assert_eq!(strided_indices(&[3, 2], &[1, 3]), vec![0, 3, 1, 4, 2, 5]);
+        // broadcast [1,3] -> [2,3]
+        assert_eq!(strided_indices(&[2, 3], &[0, 1]), vec![0, 1, 2, 0, 1, 2]);
+    }
+
+    #[test]
+    fn tf32_rounding() {
+        assert_eq!(to_tf32(1.0), 1.0);
+        let x = 1.0 + f32::EPSILON; // below tf32 resolution
+        assert_eq!(to_tf32(x), 1.0);
+        assert_eq!(to_tf32(1.0 + 1.0 / 1024.0), 1.0 + 1.0 / 1024.0);
+    }
+}

@@ -1,0 +1,66 @@
+//! trident-backend-cpu: the reference backend.
+//!
+//! It interprets the tile IR on the host, one op over a whole tile at a time. It is what CI and
+//! every laptop run, and it is adversarial where the execution model allows freedom: the
+//! programs of an independent launch run in a seeded random order, masked-off lanes of a load
+//! without `other` read as NaN, and every memory access is checked against its buffer, with
+//! errors that name the program and the op.
+//!
+//! Owns: [`CpuBackend`] (registered as `cpu`), the device memory model ([`memory`]) and the
+//! interpreter ([`interp`]). Multi-rank worlds, cooperative scheduling and delayed visibility
+//! build on these.
+
+pub mod device;
+pub mod interp;
+pub mod memory;
+pub mod value;
+
+use std::sync::Arc;
+use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};
+use trident_core::{text, verify, Function};
+
+pub use device::CpuDevice;
+
+/// The backend's registered name.
+pub const NAME: &str = "cpu";
+/// The one target: the interpreter.
+pub const TARGETS: &[&str] = &["interp"];
+
+inventory::submit! {
+    BackendDescriptor {
+        name: NAME,
+        description: "reference interpreter of the tile IR on the host (no GPU needed)",
+        targets: TARGETS,
+        create: || Box::new(CpuBackend),
+    }
+}
+
+/// The reference backend.
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn descriptor(&self) -> &'static BackendDescriptor {
+        trident_core::backend::registered()
+            .into_iter()
+            .find(|d| d.name == NAME)
+            .expect("the cpu backend registers itself in this crate")
+    }
+
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+        let target = self.descriptor().resolve_target(target)?;
+        verify(func)?;
+        Ok(Artifact {
+            kernel: func.name.clone(),
+            backend: NAME,
+            target: target.to_string(),
+            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            attrs: func.attrs,
+            text: text::print(func),
+            payload: Arc::new(func.clone()),
+        })
+    }
+
+    fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {
+        Ok(Arc::new(CpuDevice::default()))
+    }
+}

@@ -1,0 +1,216 @@
+//! The CPU device's memory: buffers of atomic 64-bit words.
+//!
+//! Kernels race by design (flag-in-data protocols, signals), and a data race on plain Rust memory
+//! is undefined behaviour, so every buffer is a slice of `AtomicU64` and every access is an
+//! atomic one of the element's size inside its word. Addresses are `(slot + 1) << 40 | offset`:
+//! a pointer names its buffer, so every access is checked against that buffer's bounds.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+const OFFSET_BITS: u32 = 40;
+const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
+/// Largest buffer (1 TiB: the offset field).
+pub const MAX_BUFFER_BYTES: usize = 1 << OFFSET_BITS;
+
+pub struct Region {
+    pub name: String,
+    pub bytes: usize,
+    words: Box<[AtomicU64]>,
+}
+
+impl Region {
+    fn new(name: &str, bytes: usize) -> Region {
+        let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        Region { name: name.to_string(), bytes, words }
+    }
+
+    /// Reads `size` (1, 2, 4 or 8) bytes at an aligned in-bounds `offset`.
+    pub fn load(&self, offset: usize, size: usize) -> u64 {
+        let w = self.words[offset / 8].load(Ordering::Acquire);
+        if size == 8 {
+            return w;
+        }
+        (w >> ((offset % 8) * 8)) & ((1u64 << (size * 8)) - 1)
+    }
+
+    /// Writes `size` bytes at an aligned in-bounds `offset`.
+    pub fn store(&self, offset: usize, size: usize, bits: u64) {
+        if size == 8 {
+            self.words[offset / 8].store(bits, Ordering::Release);
+        } else {
+            self.rmw(offset, size, |_| bits);
+        }
+    }
+
+    /// Atomically replaces the element with `f(old)`; returns `old`.
+    pub fn rmw(&self, offset: usize, size: usize, f: impl Fn(u64) -> u64) -> u64 {
+        let word = &self.words[offset / 8];
+        let shift = (offset % 8) * 8;
+        let mask = if size == 8 { u64::MAX } else { ((1u64 << (size * 8)) - 1) << shift };
+        let mut old_elem = 0;
+        let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            old_elem = (w & mask) >> shift;
+            let new = (f(old_elem) << shift) & mask;
+            Some((w & !mask) | new)
+        });
+        old_elem
+    }
+}
+
+/// All buffers of one device.
+#[derive(Default)]
+pub struct Memory {
+    slots: RwLock<Vec<Option<Arc<Region>>>>,
+}
+
+/// Why an address could not be accessed.
+#[derive(Debug)]
+pub struct AccessError(pub String);
+
+/// A consistent view of the buffers for the duration of one op.
+pub struct View<'a> {
+    slots: RwLockReadGuard<'a, Vec<Option<Arc<Region>>>>,
+}
+
+impl View<'_> {
+    /// The region and offset of an access of `size` bytes at `addr`, bounds- and alignment-checked.
+    pub fn locate(&self, addr: u64, size: usize) -> Result<(&Region, usize), AccessError> {
+        let slot = (addr >> OFFSET_BITS) as usize;
+        let offset = (addr & OFFSET_MASK) as usize;
+        let region = slot
+            .checked_sub(1)
+            .and_then(|s| self.slots.get(s))
+            .and_then(|r| r.as_deref())
+            .ok_or_else(|| AccessError(format!("address {addr:#x} is not in any live buffer")))?;
+        if offset % size != 0 {
+            return Err(AccessError(format!(
+                "address {addr:#x} (buffer `{}` + {offset}) is not aligned to {size} bytes",
+                region.name
+            )));
+        }
+        if offset + size > region.bytes {
+            return Err(AccessError(format!(
+                "address {addr:#x} is out of bounds: byte offset {offset} of buffer `{}` ({} bytes)",
+                region.name, region.bytes
+            )));
+        }
+        Ok((region, offset))
+    }
+}
+
+impl Memory {
+    pub fn view(&self) -> View<'_> {
+        View { slots: self.slots.read().unwrap_or_else(|e| e.into_inner()) }
+    }
+
+    /// Allocates a zeroed buffer; returns its base address.
+    pub fn alloc(&self, name: &str, bytes: usize) -> Result<u64, AccessError> {
+        if bytes > MAX_BUFFER_BYTES {
+            return Err(AccessError(format!("{bytes} bytes exceed the largest buffer ({MAX_BUFFER_BYTES})")));
+        }
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        slots.push(Some(Arc::new(Region::new(name, bytes))));
+        Ok((slots.len() as u64) << OFFSET_BITS)
+    }
+
+    pub fn free(&self, addr: u64) -> Result<(), AccessError> {
+        let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
+        let slot = ((addr >> OFFSET_BITS) as usize).checked_sub(1);
+        match slot.and_then(|s| slots.get_mut(s)) {
+            Some(r @ Some(_)) if addr & OFFSET_MASK == 0 => {
+                *r = None;
+                Ok(())
+            }
+            _ => Err(AccessError(format!("{addr:#x} is not the base of a live buffer"))),
+        }
+    }
+
+    /// Copies host bytes into memory at `addr` (byte-granular, bounds-checked as a whole).
+    pub fn write_bytes(&self, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+        let view = self.view();
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (region, start) = view.locate(addr, 1)?;
+        if start + data.len() > region.bytes {
+            return Err(AccessError(format!(
+                "writing {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
+                data.len(),
+                region.name,
+                region.bytes
+            )));
+        }
+        let mut i = 0;
+        while i < data.len() {
+            let off = start + i;
+            if off % 8 == 0 && i + 8 <= data.len() {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[i..i + 8]);
+                region.store(off, 8, u64::from_le_bytes(b));
+                i += 8;
+            } else {
+                region.store(off, 1, data[i] as u64);
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies memory at `addr` into `out`.
+    pub fn read_bytes(&self, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let view = self.view();
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (region, start) = view.locate(addr, 1)?;
+        if start + out.len() > region.bytes {
+            return Err(AccessError(format!(
+                "reading {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
+                out.len(),
+                region.name,
+                region.bytes
+            )));
+        }
+        let mut i = 0;
+        while i < out.len() {
+            let off = start + i;
+            if off % 8 == 0 && i + 8 <= out.len() {
+                out[i..i + 8].copy_from_slice(&region.load(off, 8).to_le_bytes());
+                i += 8;
+            } else {
+                out[i] = region.load(off, 1) as u8;
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Size of the buffer whose base is `addr`.
+    pub fn size_of(&self, addr: u64) -> Option<usize> {
+        let view = self.view();
+        view.locate(addr, 1).ok().map(|(r, _)| r.bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sub_word_access_and_bounds() {
+        let m = Memory::default();
+        let a = m.alloc("a", 12).unwrap();
+        m.write_bytes(a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]).unwrap();
+        let v = m.view();
+        let (r, o) = v.locate(a + 2, 2).unwrap();
+        assert_eq!(r.load(o, 2), 0x0403);
+        r.store(o, 2, 0xBEEF);
+        assert_eq!(r.load(0, 8), 0x0807_0605_BEEF_0201);
+        let (r, o) = v.locate(a + 8, 4).unwrap();
+        assert_eq!(r.load(o, 4), 0x0C0B_0A09);
+        assert!(v.locate(a + 12, 1).unwrap_err().0.contains("out of bounds"));
+        assert!(v.locate(a + 1, 4).unwrap_err().0.contains("aligned"));
+        assert!(v.locate(0, 4).is_err());
+    }
+}

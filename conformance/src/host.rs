@@ -1,0 +1,86 @@
+//! Host-side data: random inputs, encoding to and decoding from a dtype's bytes, poison values.
+
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use trident_core::ir::DType;
+
+/// Encodes values into `d`'s little-endian memory representation (rounding to nearest).
+pub fn encode(values: &[f64], d: DType) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * d.size_bytes() as usize);
+    for &v in values {
+        match d {
+            DType::F16 => out.extend(f16::from_f64(v).to_le_bytes()),
+            DType::BF16 => out.extend(bf16::from_f64(v).to_le_bytes()),
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            DType::F64 => out.extend(v.to_le_bytes()),
+            DType::I1 | DType::I8 | DType::U8 => out.push(v as i64 as u8),
+            DType::I16 | DType::U16 => out.extend((v as i64 as u16).to_le_bytes()),
+            DType::I32 | DType::U32 => out.extend((v as i64 as u32).to_le_bytes()),
+            DType::I64 | DType::U64 => out.extend((v as i64).to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// Decodes `d`'s memory representation into f64 values.
+pub fn decode(bytes: &[u8], d: DType) -> Vec<f64> {
+    let size = d.size_bytes() as usize;
+    bytes
+        .chunks_exact(size)
+        .map(|c| match d {
+            DType::F16 => f16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f64(),
+            DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::F64 => f64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+            DType::I8 => c[0] as i8 as f64,
+            DType::I1 | DType::U8 => c[0] as f64,
+            DType::I16 => i16::from_le_bytes([c[0], c[1]]) as f64,
+            DType::U16 => u16::from_le_bytes([c[0], c[1]]) as f64,
+            DType::I32 => i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::U32 => u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
+            DType::I64 => i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64,
+            DType::U64 => u64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f64,
+        })
+        .collect()
+}
+
+/// Values exactly representable in `d`: what the device sees, so references start from them.
+pub fn round_to(values: &[f64], d: DType) -> Vec<f64> {
+    decode(&encode(values, d), d)
+}
+
+/// `n` uniform values in `[-1, 1)`, rounded to `d`.
+pub fn random(n: usize, d: DType, rng: &mut rand::rngs::StdRng) -> Vec<f64> {
+    let v: Vec<f64> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    round_to(&v, d)
+}
+
+/// The byte pattern outputs are filled with before a run: NaN for floats, so that an element the
+/// kernel did not write fails the check.
+pub fn poison(d: DType) -> Vec<u8> {
+    if d.is_float() {
+        encode(&[f64::NAN], d)
+    } else {
+        vec![0xA5; d.size_bytes() as usize]
+    }
+}
+
+/// A deterministic per-case generator derived from the run's seed.
+pub fn case_rng(seed: u64, case_index: usize) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(seed ^ (case_index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encode_decode_round_trip() {
+        for d in [DType::F16, DType::BF16, DType::F32, DType::F64] {
+            let v = [0.5, -1.25, 3.0];
+            assert_eq!(decode(&encode(&v, d), d), v);
+        }
+        assert!(decode(&poison(DType::BF16), DType::BF16)[0].is_nan());
+        assert!(decode(&poison(DType::F16), DType::F16)[0].is_nan());
+    }
+}

@@ -1,0 +1,128 @@
+//! `trident-conformance`: runs the conformance suite and prints a table; `--json` writes records.
+
+use clap::Parser;
+use std::io::Write;
+use std::process::ExitCode;
+use trident_conformance::cases::{all_cases, run_case, Record};
+use trident_core::backend;
+
+#[derive(Parser, Debug)]
+#[command(about = "Runs every kernel x dtype x shape against an f64 host reference")]
+struct Args {
+    /// Backend to run on.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Only kernels whose name contains this.
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Only this element type (f32, bf16, f16).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Replay a run: the seed it printed (decimal or 0x-hex).
+    #[arg(long)]
+    seed: Option<String>,
+    /// Write one JSON record per case to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+    /// List the registered backends and exit.
+    #[arg(long)]
+    list_backends: bool,
+    /// List the cases and exit.
+    #[arg(long)]
+    list: bool,
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("--seed {s}: not a decimal or 0x-hex u64"))
+}
+
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    (t as u64) ^ ((t >> 64) as u64) ^ (std::process::id() as u64).rotate_left(32)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if args.list_backends {
+        for d in backend::registered() {
+            println!("{:<8} targets: {:<24} {}", d.name, d.targets.join(", "), d.description);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let desc = match backend::lookup(&args.backend) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(d) = &args.dtype {
+        if !trident_conformance::cases::DTYPES.iter().any(|x| x.as_str() == d) {
+            eprintln!("error: --dtype {d}: the suite runs f32, bf16 and f16");
+            return ExitCode::from(2);
+        }
+    }
+    let seed = match args.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let selected: Vec<(usize, _)> = all_cases()
+        .into_iter()
+        .enumerate()
+        .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
+        .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
+        .collect();
+    if args.list {
+        for (_, c) in &selected {
+            println!("{} {} {} {}", c.kernel, c.variant, c.dtype, c.shape_text());
+        }
+        return ExitCode::SUCCESS;
+    }
+    if selected.is_empty() {
+        eprintln!("error: no case matches the filters");
+        return ExitCode::from(2);
+    }
+    let backend = (desc.create)();
+    println!("trident conformance: backend {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})", desc.name, selected.len());
+    println!("{:<12} {:<7} {:<5} {:<14} {:>10} {:>8} {:>9}  result", "kernel", "variant", "dtype", "shape", "error", "bound", "time ms");
+    let mut records: Vec<Record> = Vec::new();
+    for (index, case) in &selected {
+        let r = run_case(case, *index, seed, backend.as_ref());
+        let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
+        let verdict = if r.pass { "ok".to_string() } else { format!("FAIL: {}", r.message) };
+        println!(
+            "{:<12} {:<7} {:<5} {:<14} {:>10} {:>8.0e} {:>9.2}  {verdict}",
+            r.kernel,
+            r.variant,
+            r.dtype,
+            case.shape_text(),
+            err,
+            r.bound,
+            r.time_ms
+        );
+        let _ = std::io::stdout().flush();
+        records.push(r);
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&records).unwrap_or_default();
+        if let Err(e) = std::fs::write(path, text + "\n") {
+            eprintln!("error: writing {}: {e}", path.display());
+            return ExitCode::from(2);
+        }
+        println!("wrote {} records to {}", records.len(), path.display());
+    }
+    let failed = records.iter().filter(|r| !r.pass).count();
+    println!("conformance: {} passed, {} failed", records.len() - failed, failed);
+    if failed > 0 {
+        println!("replay the failures with --seed {seed:#x}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
