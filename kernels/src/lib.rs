@@ -31,10 +31,14 @@ pub fn require_bytes(buffer: &Buffer, bytes: usize, role: &str) -> Result<(), Ba
 
 /// A typed error unless a problem dimension fits the kernels' `i32` index arithmetic.
 pub fn require_i32(value: usize, what: &str) -> Result<i32, BackendError> {
-    i32::try_from(value).map_err(|_| BackendError::Host(format!("{what} = {value} does not fit i32 indexing")))
+    i32::try_from(value)
+        .map_err(|_| BackendError::Host(format!("{what} = {value} does not fit i32 indexing")))
 }
 
 /// Builds and compiles a kernel specialization for a backend's default target.
-pub fn compile(backend: &dyn Backend, func: Result<Function, trident_core::VerifyError>) -> Result<Artifact, BackendError> {
+pub fn compile(
+    backend: &dyn Backend,
+    func: Result<Function, trident_core::VerifyError>,
+) -> Result<Artifact, BackendError> {
     backend.compile(&func?, None)
 }

@@ -20,18 +20,27 @@ impl Softmax {
     /// The specialization for rows of `cols` elements.
     pub fn for_cols(dtype: DType, cols: usize) -> Softmax {
         let block = cols.max(1).next_power_of_two() as u32;
-        Softmax { dtype, block, warps: if block >= 2048 { 8 } else { 4 } }
+        Softmax {
+            dtype,
+            block,
+            warps: if block >= 2048 { 8 } else { 4 },
+        }
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let attrs = LaunchAttrs { warps: self.warps, ..LaunchAttrs::default() };
+        let attrs = LaunchAttrs {
+            warps: self.warps,
+            ..LaunchAttrs::default()
+        };
         let b = KernelBuilder::new(&format!("softmax_{}_{}", self.dtype, self.block), attrs);
         let (x, out) = (b.arg_ptr("x", self.dtype), b.arg_ptr("out", self.dtype));
         let (cols, stride) = (b.arg("cols", DType::I32), b.arg("row_stride", DType::I32));
         let row_start = b.program_id_x() * stride;
         let offs = b.arange(0, self.block as i64);
         let mask = offs.lt(cols);
-        let v = b.load_or(x + row_start + offs, mask, f64::NEG_INFINITY).cast(DType::F32);
+        let v = b
+            .load_or(x + row_start + offs, mask, f64::NEG_INFINITY)
+            .cast(DType::F32);
         let shifted = v - v.max_along(0);
         let e = shifted.exp();
         let y = e / e.sum(0);
@@ -52,7 +61,10 @@ impl Softmax {
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
         if cols > self.block as usize {
-            return Err(BackendError::Host(format!("rows of {cols} columns exceed the block of {}", self.block)));
+            return Err(BackendError::Host(format!(
+                "rows of {cols} columns exceed the block of {}",
+                self.block
+            )));
         }
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -62,6 +74,11 @@ impl Softmax {
         require_bytes(out, bytes, "out")?;
         let (c, r) = (require_i32(cols, "cols")?, require_i32(rows, "rows")?);
         let k = compile(backend, self.build())?;
-        device.launch(&k, [r.max(1) as u32, 1, 1], &[x.arg(), out.arg(), KernelArg::i32(c), KernelArg::i32(c)], opts)
+        device.launch(
+            &k,
+            [r.max(1) as u32, 1, 1],
+            &[x.arg(), out.arg(), KernelArg::i32(c), KernelArg::i32(c)],
+            opts,
+        )
     }
 }

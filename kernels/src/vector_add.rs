@@ -15,8 +15,15 @@ pub struct VectorAdd {
 
 impl VectorAdd {
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let b = KernelBuilder::new(&format!("vector_add_{}_{}", self.dtype, self.block), LaunchAttrs::default());
-        let (x, y, out) = (b.arg_ptr("x", self.dtype), b.arg_ptr("y", self.dtype), b.arg_ptr("out", self.dtype));
+        let b = KernelBuilder::new(
+            &format!("vector_add_{}_{}", self.dtype, self.block),
+            LaunchAttrs::default(),
+        );
+        let (x, y, out) = (
+            b.arg_ptr("x", self.dtype),
+            b.arg_ptr("y", self.dtype),
+            b.arg_ptr("out", self.dtype),
+        );
         let n = b.arg("n", DType::I32);
         let offs = b.program_id_x() * self.block as i32 + b.arange(0, self.block as i64);
         let mask = offs.lt(n);
@@ -43,6 +50,11 @@ impl VectorAdd {
         let n32 = require_i32(n, "n")?;
         let k = compile(backend, self.build())?;
         let grid = [cdiv(n.max(1), self.block as usize) as u32, 1, 1];
-        device.launch(&k, grid, &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n32)], opts)
+        device.launch(
+            &k,
+            grid,
+            &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n32)],
+            opts,
+        )
     }
 }

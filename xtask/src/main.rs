@@ -1,1 +1,168 @@
-fn main() {}
+//! `cargo xtask`: the project's entry points.
+//!
+//! * `cargo xtask test [--backend cpu] [--kernel K] [--dtype D] [--seed S] [--json FILE]`:
+//!   unit tests of the workspace, then the conformance suite (release build) on the backend.
+//! * `cargo xtask test --list-backends`: the backends the conformance runner links.
+//! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
+//! * `cargo xtask ci`: format check, clippy with warnings as errors, then `test`.
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "trident's build, test and demo entry points"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(clap::Args, Clone, Default)]
+struct TestArgs {
+    /// Backend the conformance suite runs on.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Only kernels whose name contains this.
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Only this element type.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Replay the inputs of an earlier run.
+    #[arg(long)]
+    seed: Option<String>,
+    /// JSON report path (default: target/conformance-<backend>.json).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// List the registered backends and exit.
+    #[arg(long)]
+    list_backends: bool,
+    /// Skip the workspace unit tests; run the conformance suite only.
+    #[arg(long)]
+    no_unit: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Unit tests, then the conformance suite.
+    Test(TestArgs),
+    /// Build, verify, print, run and check a GEMM.
+    Demo,
+    /// fmt check, clippy -D warnings, then test.
+    Ci(TestArgs),
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// Runs a command, echoing it; Err with a message when it fails.
+fn run(mut cmd: Command) -> Result<(), String> {
+    let shown = format!("{cmd:?}").replace('"', "");
+    eprintln!("xtask: {shown}");
+    let status = cmd
+        .status()
+        .map_err(|e| format!("could not start {shown}: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{shown}` failed ({status})"))
+    }
+}
+
+fn conformance(args: &TestArgs) -> Command {
+    let mut c = cargo();
+    c.args([
+        "run",
+        "--quiet",
+        "--release",
+        "-p",
+        "trident-conformance",
+        "--bin",
+        "trident-conformance",
+        "--",
+    ]);
+    c.args(["--backend", &args.backend]);
+    for (flag, v) in [
+        ("--kernel", &args.kernel),
+        ("--dtype", &args.dtype),
+        ("--seed", &args.seed),
+    ] {
+        if let Some(v) = v {
+            c.args([flag, v.as_str()]);
+        }
+    }
+    let json = args.json.clone().unwrap_or_else(|| {
+        workspace_root().join(format!("target/conformance-{}.json", args.backend))
+    });
+    c.arg("--json").arg(json);
+    c
+}
+
+fn test(args: &TestArgs) -> Result<(), String> {
+    if args.list_backends {
+        let mut c = conformance(args);
+        c.arg("--list-backends");
+        return run(c);
+    }
+    if !args.no_unit {
+        let mut c = cargo();
+        c.args(["test", "--workspace", "--quiet"]);
+        run(c)?;
+    }
+    run(conformance(args))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.cmd {
+        Cmd::Test(a) => test(a),
+        Cmd::Demo => {
+            let mut c = cargo();
+            c.args([
+                "run",
+                "--quiet",
+                "--release",
+                "-p",
+                "trident-conformance",
+                "--bin",
+                "trident-demo",
+            ]);
+            run(c)
+        }
+        Cmd::Ci(a) => {
+            let mut fmt = cargo();
+            fmt.args(["fmt", "--all", "--check"]);
+            let mut clippy = cargo();
+            clippy.args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--quiet",
+                "--",
+                "-D",
+                "warnings",
+            ]);
+            run(fmt).and_then(|_| run(clippy)).and_then(|_| test(a))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -173,7 +173,10 @@ trident_shmem_abi::keyword_enum! {
 impl BinaryOp {
     /// Ops defined on integers (and `i1`) only.
     pub fn int_only(self) -> bool {
-        matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr)
+        matches!(
+            self,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr
+        )
     }
 }
 
@@ -228,7 +231,11 @@ pub struct LaunchAttrs {
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false }
+        LaunchAttrs {
+            warps: 4,
+            stages: 2,
+            cooperative: false,
+        }
     }
 }
 
@@ -242,7 +249,10 @@ pub enum OpKind {
     /// Number of programs along an axis (`i32`).
     NumPrograms(Axis),
     /// `[start, end)` as a 1-D `i32` tile; `end - start` is the tile length.
-    Arange { start: i64, end: i64 },
+    Arange {
+        start: i64,
+        end: i64,
+    },
     /// A scalar repeated into a tile.
     Splat(Value),
     /// A tile expanded along its size-1 dimensions (same rank).
@@ -250,24 +260,62 @@ pub enum OpKind {
     /// The same elements in row-major order under another shape (expand_dims is a reshape).
     Reshape(Value),
     /// Dimensions permuted: result dim `i` is operand dim `perm[i]`.
-    Transpose { x: Value, perm: Vec<u32> },
-    Unary { op: UnaryOp, x: Value },
-    Binary { op: BinaryOp, lhs: Value, rhs: Value },
+    Transpose {
+        x: Value,
+        perm: Vec<u32>,
+    },
+    Unary {
+        op: UnaryOp,
+        x: Value,
+    },
+    Binary {
+        op: BinaryOp,
+        lhs: Value,
+        rhs: Value,
+    },
     /// Elementwise comparison giving `i1`.
-    Cmp { op: CmpOp, lhs: Value, rhs: Value },
-    Select { cond: Value, on_true: Value, on_false: Value },
+    Cmp {
+        op: CmpOp,
+        lhs: Value,
+        rhs: Value,
+    },
+    Select {
+        cond: Value,
+        on_true: Value,
+        on_false: Value,
+    },
     /// Numeric conversion to the result's element type (round to nearest even; float to int
     /// truncates toward zero).
     Cast(Value),
     /// Pointer arithmetic: `ptr + offset` elements of the pointee type.
-    AddPtr { ptr: Value, offset: Value },
+    AddPtr {
+        ptr: Value,
+        offset: Value,
+    },
     /// Reduction along `axis`; the result drops that dimension (a 1-D tile reduces to a scalar).
-    Reduce { op: ReduceOp, axis: u32, x: Value },
+    Reduce {
+        op: ReduceOp,
+        axis: u32,
+        x: Value,
+    },
     /// `acc + a @ b` for `a: [M, K]`, `b: [K, N]`, `acc: [M, N]`.
-    Dot { a: Value, b: Value, acc: Value, precision: InputPrecision },
+    Dot {
+        a: Value,
+        b: Value,
+        acc: Value,
+        precision: InputPrecision,
+    },
     /// Loads through a pointer (tile); masked-off lanes give `other`.
-    Load { ptr: Value, mask: Option<Value>, other: Option<Value> },
-    Store { ptr: Value, value: Value, mask: Option<Value> },
+    Load {
+        ptr: Value,
+        mask: Option<Value>,
+        other: Option<Value>,
+    },
+    Store {
+        ptr: Value,
+        value: Value,
+        mask: Option<Value>,
+    },
     /// Read-modify-write; returns the old values.
     Atomic {
         op: AtomicOp,
@@ -286,18 +334,41 @@ pub enum OpKind {
         scope: Scope,
     },
     /// `for iv in (lower..upper).step_by(step)` with loop-carried values.
-    For { lower: Value, upper: Value, step: Value, init: Vec<Value>, body: Block },
-    If { cond: Value, then_block: Block, else_block: Block },
-    While { init: Vec<Value>, cond: Block, body: Block },
+    For {
+        lower: Value,
+        upper: Value,
+        step: Value,
+        init: Vec<Value>,
+        body: Block,
+    },
+    If {
+        cond: Value,
+        then_block: Block,
+        else_block: Block,
+    },
+    While {
+        init: Vec<Value>,
+        cond: Block,
+        body: Block,
+    },
     // --- distributed ops (`SHMEM.md`) ---
     /// This rank (`i32`).
     Rank,
     /// Number of ranks (`i32`).
     NumRanks,
     /// The address of the same symmetric object on `rank`.
-    SymmAt { ptr: Value, rank: Value },
+    SymmAt {
+        ptr: Value,
+        rank: Value,
+    },
     /// Program barrier, release fence at `scope`, then one thread updates the 64-bit signal.
-    Notify { sig: Value, rank: Value, value: Value, op: SignalOp, scope: CommScope },
+    Notify {
+        sig: Value,
+        rank: Value,
+        value: Value,
+        op: SignalOp,
+        scope: CommScope,
+    },
     /// Spin until `count` consecutive signals from `sigs` satisfy `signal <cmp> value`.
     Wait {
         sigs: Value,
@@ -308,11 +379,28 @@ pub enum OpKind {
         sem: MemSemantic,
     },
     /// Identity on `value` that orders it after the wait that produced `token`.
-    ConsumeToken { value: Value, token: Value },
+    ConsumeToken {
+        value: Value,
+        token: Value,
+    },
     /// Copies `bytes` from local `src` to `dst` on `rank`.
-    Put { dst: Value, src: Value, bytes: Value, rank: Value, group: Group, nbi: bool },
+    Put {
+        dst: Value,
+        src: Value,
+        bytes: Value,
+        rank: Value,
+        group: Group,
+        nbi: bool,
+    },
     /// Copies `bytes` from `src` on `rank` to local `dst`.
-    Get { dst: Value, src: Value, bytes: Value, rank: Value, group: Group, nbi: bool },
+    Get {
+        dst: Value,
+        src: Value,
+        bytes: Value,
+        rank: Value,
+        group: Group,
+        nbi: bool,
+    },
     /// A put whose signal update on `rank` is delivered after the data.
     PutSignal {
         dst: Value,
@@ -326,13 +414,19 @@ pub enum OpKind {
         nbi: bool,
     },
     /// Waits for one signal and returns its value (`u64`).
-    SignalWaitUntil { sig: Value, cmp: CmpOp, value: Value },
+    SignalWaitUntil {
+        sig: Value,
+        cmp: CmpOp,
+        value: Value,
+    },
     /// Orders earlier puts before later puts to each rank.
     Fence,
     /// Completes every outstanding put of this program.
     Quiet,
     /// Every rank reaches this point with its earlier puts complete.
-    BarrierAll { group: Group },
+    BarrierAll {
+        group: Group,
+    },
 }
 
 impl OpKind {
@@ -400,9 +494,15 @@ impl OpKind {
             OpKind::Binary { lhs, rhs, .. } | OpKind::Cmp { lhs, rhs, .. } => {
                 v.extend([("lhs", *lhs), ("rhs", *rhs)])
             }
-            OpKind::Select { cond, on_true, on_false } => {
-                v.extend([("cond", *cond), ("on_true", *on_true), ("on_false", *on_false)])
-            }
+            OpKind::Select {
+                cond,
+                on_true,
+                on_false,
+            } => v.extend([
+                ("cond", *cond),
+                ("on_true", *on_true),
+                ("on_false", *on_false),
+            ]),
             OpKind::AddPtr { ptr, offset } => v.extend([("ptr", *ptr), ("offset", *offset)]),
             OpKind::Dot { a, b, acc, .. } => v.extend([("a", *a), ("b", *b), ("acc", *acc)]),
             OpKind::Load { ptr, mask, other } => {
@@ -414,33 +514,72 @@ impl OpKind {
                 v.extend([("ptr", *ptr), ("value", *value)]);
                 v.extend(mask.map(|m| ("mask", m)));
             }
-            OpKind::Atomic { ptr, value, mask, .. } => {
+            OpKind::Atomic {
+                ptr, value, mask, ..
+            } => {
                 v.extend([("ptr", *ptr), ("value", *value)]);
                 v.extend(mask.map(|m| ("mask", m)));
             }
-            OpKind::AtomicCas { ptr, expected, desired, .. } => {
-                v.extend([("ptr", *ptr), ("expected", *expected), ("desired", *desired)])
-            }
-            OpKind::For { lower, upper, step, init, .. } => {
+            OpKind::AtomicCas {
+                ptr,
+                expected,
+                desired,
+                ..
+            } => v.extend([
+                ("ptr", *ptr),
+                ("expected", *expected),
+                ("desired", *desired),
+            ]),
+            OpKind::For {
+                lower,
+                upper,
+                step,
+                init,
+                ..
+            } => {
                 v.extend([("lower", *lower), ("upper", *upper), ("step", *step)]);
                 v.extend(init.iter().map(|x| ("init", *x)));
             }
             OpKind::If { cond, .. } => v.push(("cond", *cond)),
             OpKind::While { init, .. } => v.extend(init.iter().map(|x| ("init", *x))),
             OpKind::SymmAt { ptr, rank } => v.extend([("ptr", *ptr), ("rank", *rank)]),
-            OpKind::Notify { sig, rank, value, .. } => {
-                v.extend([("sig", *sig), ("rank", *rank), ("value", *value)])
-            }
-            OpKind::Wait { sigs, count, value, .. } => {
-                v.extend([("sigs", *sigs), ("count", *count), ("value", *value)])
-            }
+            OpKind::Notify {
+                sig, rank, value, ..
+            } => v.extend([("sig", *sig), ("rank", *rank), ("value", *value)]),
+            OpKind::Wait {
+                sigs, count, value, ..
+            } => v.extend([("sigs", *sigs), ("count", *count), ("value", *value)]),
             OpKind::ConsumeToken { value, token } => {
                 v.extend([("value", *value), ("token", *token)])
             }
-            OpKind::Put { dst, src, bytes, rank, .. } | OpKind::Get { dst, src, bytes, rank, .. } => {
-                v.extend([("dst", *dst), ("src", *src), ("bytes", *bytes), ("rank", *rank)])
+            OpKind::Put {
+                dst,
+                src,
+                bytes,
+                rank,
+                ..
             }
-            OpKind::PutSignal { dst, src, bytes, sig, sig_value, rank, .. } => v.extend([
+            | OpKind::Get {
+                dst,
+                src,
+                bytes,
+                rank,
+                ..
+            } => v.extend([
+                ("dst", *dst),
+                ("src", *src),
+                ("bytes", *bytes),
+                ("rank", *rank),
+            ]),
+            OpKind::PutSignal {
+                dst,
+                src,
+                bytes,
+                sig,
+                sig_value,
+                rank,
+                ..
+            } => v.extend([
                 ("dst", *dst),
                 ("src", *src),
                 ("bytes", *bytes),
@@ -459,7 +598,11 @@ impl OpKind {
     pub fn blocks(&self) -> Vec<Block> {
         match self {
             OpKind::For { body, .. } => vec![*body],
-            OpKind::If { then_block, else_block, .. } => vec![*then_block, *else_block],
+            OpKind::If {
+                then_block,
+                else_block,
+                ..
+            } => vec![*then_block, *else_block],
             OpKind::While { cond, body, .. } => vec![*cond, *body],
             _ => Vec::new(),
         }
@@ -516,12 +659,23 @@ impl Function {
             .enumerate()
             .map(|(i, (n, t))| Param {
                 name: n.to_string(),
-                value: values.append(ValueData { ty: t.clone(), def: ValueDef::Param(i as u32) }),
+                value: values.append(ValueData {
+                    ty: t.clone(),
+                    def: ValueDef::Param(i as u32),
+                }),
             })
             .collect();
         let mut blocks = Arena::new();
         let body = blocks.append(BlockData::default());
-        Function { name: name.to_string(), params, attrs, values, ops: Arena::new(), blocks, body }
+        Function {
+            name: name.to_string(),
+            params,
+            attrs,
+            values,
+            ops: Arena::new(),
+            blocks,
+            body,
+        }
     }
 
     pub fn ty(&self, v: Value) -> &Type {
@@ -535,8 +689,13 @@ impl Function {
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                self.values
-                    .append(ValueData { ty: t.clone(), def: ValueDef::BlockArg { block, index: i as u32 } })
+                self.values.append(ValueData {
+                    ty: t.clone(),
+                    def: ValueDef::BlockArg {
+                        block,
+                        index: i as u32,
+                    },
+                })
             })
             .collect();
         self.blocks[block].args = args;
@@ -544,12 +703,30 @@ impl Function {
     }
 
     /// Appends an op to the end of `block`, creating result values of the given types.
-    pub fn push_op(&mut self, block: Block, kind: OpKind, result_types: &[Type], loc: Option<Loc>) -> Op {
-        let op = self.ops.append(OpData { kind, results: Vec::new(), loc });
+    pub fn push_op(
+        &mut self,
+        block: Block,
+        kind: OpKind,
+        result_types: &[Type],
+        loc: Option<Loc>,
+    ) -> Op {
+        let op = self.ops.append(OpData {
+            kind,
+            results: Vec::new(),
+            loc,
+        });
         let results = result_types
             .iter()
             .enumerate()
-            .map(|(i, t)| self.values.append(ValueData { ty: t.clone(), def: ValueDef::Result { op, index: i as u32 } }))
+            .map(|(i, t)| {
+                self.values.append(ValueData {
+                    ty: t.clone(),
+                    def: ValueDef::Result {
+                        op,
+                        index: i as u32,
+                    },
+                })
+            })
             .collect();
         self.ops[op].results = results;
         self.blocks[block].ops.push(op);
@@ -564,9 +741,13 @@ impl Function {
     /// Visits every op reachable from the body in program order (regions depth-first).
     pub fn walk(&self, mut f: impl FnMut(Op, &OpData)) {
         fn rec(func: &Function, block: Block, f: &mut impl FnMut(Op, &OpData)) {
-            let Some(b) = func.blocks.get(block) else { return };
+            let Some(b) = func.blocks.get(block) else {
+                return;
+            };
             for &op in &b.ops {
-                let Some(data) = func.ops.get(op) else { continue };
+                let Some(data) = func.ops.get(op) else {
+                    continue;
+                };
                 f(op, data);
                 for blk in data.kind.blocks() {
                     rec(func, blk, f);
