@@ -4,9 +4,7 @@ use crate::interp::{Program, ProgramCtx};
 use crate::memory::Memory;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use trident_core::backend::{
-    check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions,
-};
+use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::Function;
 
 /// Most programs one launch may have (a guard against absurd grids, not a hardware limit).
@@ -23,10 +21,7 @@ impl CpuDevice {
     }
 
     fn buffer_error(buffer: &Buffer, e: crate::memory::AccessError) -> BackendError {
-        BackendError::Buffer {
-            buffer: buffer.name.clone(),
-            message: e.0,
-        }
+        BackendError::Buffer { buffer: buffer.name.clone(), message: e.0 }
     }
 }
 
@@ -36,44 +31,26 @@ impl Device for CpuDevice {
     }
 
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        let address = self
-            .mem
-            .alloc(name, bytes)
-            .map_err(|e| BackendError::Buffer {
-                buffer: name.to_string(),
-                message: e.0,
-            })?;
-        Ok(Buffer {
-            name: name.to_string(),
-            address,
-            bytes,
-        })
+        let address =
+            self.mem.alloc(name, bytes).map_err(|e| BackendError::Buffer { buffer: name.to_string(), message: e.0 })?;
+        Ok(Buffer { name: name.to_string(), address, bytes })
     }
 
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
-        self.mem
-            .free(buffer.address)
-            .map_err(|e| Self::buffer_error(buffer, e))
+        self.mem.free(buffer.address).map_err(|e| Self::buffer_error(buffer, e))
     }
 
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.mem
-            .write_bytes(buffer.address + offset as u64, data)
-            .map_err(|e| Self::buffer_error(buffer, e))
+        self.mem.write_bytes(buffer.address + offset as u64, data).map_err(|e| Self::buffer_error(buffer, e))
     }
 
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.mem
-            .read_bytes(buffer.address + offset as u64, out)
-            .map_err(|e| Self::buffer_error(buffer, e))
+        self.mem.read_bytes(buffer.address + offset as u64, out).map_err(|e| Self::buffer_error(buffer, e))
     }
 
     fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
         if pattern.is_empty() {
-            return Err(BackendError::Buffer {
-                buffer: buffer.name.clone(),
-                message: "empty fill pattern".into(),
-            });
+            return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
         }
         let data: Vec<u8> = pattern.iter().copied().cycle().take(buffer.bytes).collect();
         self.write(buffer, 0, &data)
@@ -86,22 +63,17 @@ impl Device for CpuDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let func = kernel
-            .payload
-            .downcast_ref::<Function>()
-            .ok_or(BackendError::WrongBackend {
-                kernel: kernel.kernel.clone(),
-                compiled_by: kernel.backend,
-                device: crate::NAME,
-            })?;
+        let func = kernel.payload.downcast_ref::<Function>().ok_or(BackendError::WrongBackend {
+            kernel: kernel.kernel.clone(),
+            compiled_by: kernel.backend,
+            device: crate::NAME,
+        })?;
         check_args(kernel, args)?;
         let total = grid.iter().map(|&g| g as u64).product::<u64>();
         if grid.contains(&0) || total > MAX_PROGRAMS {
             return Err(BackendError::Launch {
                 kernel: kernel.kernel.clone(),
-                message: format!(
-                    "grid {grid:?} must have 1..={MAX_PROGRAMS} programs and no empty axis"
-                ),
+                message: format!("grid {grid:?} must have 1..={MAX_PROGRAMS} programs and no empty axis"),
             });
         }
         let mut order: Vec<[u32; 3]> = Vec::with_capacity(total as usize);
@@ -115,25 +87,14 @@ impl Device for CpuDevice {
         // Independent launches promise no order: run them in a random one (seeded, replayable).
         order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
         for pid in order {
-            let ctx = ProgramCtx {
-                pid,
-                grid,
-                rank: 0,
-                num_ranks: 1,
-            };
+            let ctx = ProgramCtx { pid, grid, rank: 0, num_ranks: 1 };
             Program::run(func, &self.mem, ctx, args).map_err(|f| {
                 let op = f.op.and_then(|o| func.ops.get(o));
                 BackendError::Execution {
                     kernel: kernel.kernel.clone(),
                     program: pid,
                     op: op
-                        .map(|d| {
-                            format!(
-                                "{} (op #{})",
-                                d.kind.mnemonic(),
-                                f.op.map_or(0, |o| o.index())
-                            )
-                        })
+                        .map(|d| format!("{} (op #{})", d.kind.mnemonic(), f.op.map_or(0, |o| o.index())))
                         .unwrap_or_default(),
                     loc: op.and_then(|d| d.loc),
                     message: f.message,

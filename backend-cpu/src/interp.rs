@@ -18,10 +18,7 @@ pub struct Fault {
 type R<T> = Result<T, Fault>;
 
 fn fault<T>(message: impl Into<String>) -> R<T> {
-    Err(Fault {
-        op: None,
-        message: message.into(),
-    })
+    Err(Fault { op: None, message: message.into() })
 }
 
 /// Where this program runs: its id, the grid, and its rank in the world.
@@ -43,12 +40,7 @@ pub struct Program<'a> {
 impl<'a> Program<'a> {
     /// Runs one program of `func` to completion.
     pub fn run(func: &'a Function, mem: &'a Memory, ctx: ProgramCtx, args: &[KernelArg]) -> R<()> {
-        let mut p = Program {
-            func,
-            mem,
-            ctx,
-            env: vec![None; func.values.len()],
-        };
+        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()] };
         for (param, arg) in func.params.iter().zip(args) {
             let ty = func.ty(param.value).clone();
             let data = match *arg {
@@ -63,9 +55,7 @@ impl<'a> Program<'a> {
     fn val(&self, v: Value) -> R<&Val> {
         match self.env.get(v.index()).and_then(|x| x.as_ref()) {
             Some(x) => Ok(x),
-            None => fault(format!(
-                "value {v:?} read before it was computed (unverified IR?)"
-            )),
+            None => fault(format!("value {v:?} read before it was computed (unverified IR?)")),
         }
     }
 
@@ -85,11 +75,7 @@ impl<'a> Program<'a> {
     }
 
     fn yields(&self, b: Block) -> R<Vec<Val>> {
-        self.func.blocks[b]
-            .yields
-            .iter()
-            .map(|v| self.val(*v).cloned())
-            .collect()
+        self.func.blocks[b].yields.iter().map(|v| self.val(*v).cloned()).collect()
     }
 
     fn bind_args(&mut self, b: Block, vals: Vec<Val>) {
@@ -104,18 +90,10 @@ impl<'a> Program<'a> {
         let data = &func.ops[op];
         let rty = |i: usize| func.ty(data.results[i]).clone();
         let result = match &data.kind {
-            OpKind::For {
-                lower,
-                upper,
-                step,
-                init,
-                body,
-            } => return self.run_for(data, *lower, *upper, *step, init, *body),
-            OpKind::If {
-                cond,
-                then_block,
-                else_block,
-            } => {
+            OpKind::For { lower, upper, step, init, body } => {
+                return self.run_for(data, *lower, *upper, *step, init, *body)
+            }
+            OpKind::If { cond, then_block, else_block } => {
                 let c = self.val(*cond)?.scalar_i64() != 0;
                 let b = if c { *then_block } else { *else_block };
                 self.block(b)?;
@@ -126,18 +104,11 @@ impl<'a> Program<'a> {
                 return Ok(());
             }
             OpKind::While { init, cond, body } => {
-                let mut carried: Vec<Val> = init
-                    .iter()
-                    .map(|v| self.val(*v).cloned())
-                    .collect::<R<_>>()?;
+                let mut carried: Vec<Val> = init.iter().map(|v| self.val(*v).cloned()).collect::<R<_>>()?;
                 loop {
                     self.bind_args(*cond, carried.clone());
                     self.block(*cond)?;
-                    let go = self
-                        .yields(*cond)?
-                        .first()
-                        .map(|c| c.scalar_i64() != 0)
-                        .unwrap_or(false);
+                    let go = self.yields(*cond)?.first().map(|c| c.scalar_i64() != 0).unwrap_or(false);
                     if !go {
                         break;
                     }
@@ -151,13 +122,7 @@ impl<'a> Program<'a> {
                 return Ok(());
             }
             OpKind::Store { ptr, value, mask } => return self.store(*ptr, *value, *mask),
-            OpKind::Notify {
-                sig,
-                rank,
-                value,
-                op: sop,
-                ..
-            } => {
+            OpKind::Notify { sig, rank, value, op: sop, .. } => {
                 let addr = self.remote(*sig, *rank)?;
                 let v = self.val(*value)?.scalar_i64() as u64;
                 let view = self.mem.view();
@@ -170,38 +135,17 @@ impl<'a> Program<'a> {
                 }
                 return Ok(());
             }
-            OpKind::Put {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
-            } => {
+            OpKind::Put { dst, src, bytes, rank, .. } => {
                 let n = self.val(*bytes)?.scalar_i64();
                 let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
                 return self.copy(d, s, n);
             }
-            OpKind::Get {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
-            } => {
+            OpKind::Get { dst, src, bytes, rank, .. } => {
                 let n = self.val(*bytes)?.scalar_i64();
                 let (d, s) = (self.val(*dst)?.ptrs()[0], self.remote(*src, *rank)?);
                 return self.copy(d, s, n);
             }
-            OpKind::PutSignal {
-                dst,
-                src,
-                bytes,
-                sig,
-                sig_value,
-                sig_op,
-                rank,
-                ..
-            } => {
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, .. } => {
                 let n = self.val(*bytes)?.scalar_i64();
                 let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
                 self.copy(d, s, n)?;
@@ -220,13 +164,7 @@ impl<'a> Program<'a> {
             // A single-rank launch runs its programs one after another: everything that could
             // satisfy a wait has already happened, so an unsatisfied wait can never complete.
             OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => return Ok(()),
-            OpKind::Wait {
-                sigs,
-                count,
-                cmp,
-                value,
-                ..
-            } => {
+            OpKind::Wait { sigs, count, cmp, value, .. } => {
                 let base = self.val(*sigs)?.ptrs()[0];
                 let n = self.val(*count)?.scalar_i64();
                 let want = self.val(*value)?.scalar_i64() as u64;
@@ -241,10 +179,7 @@ impl<'a> Program<'a> {
                         ));
                     }
                 }
-                Val {
-                    ty: Type::token(),
-                    data: Data::Token,
-                }
+                Val { ty: Type::token(), data: Data::Token }
             }
             OpKind::SignalWaitUntil { sig, cmp, value } => {
                 let addr = self.val(*sig)?.ptrs()[0];
@@ -257,10 +192,7 @@ impl<'a> Program<'a> {
                         "signal_wait_until can never complete: signal at {addr:#x} is {seen}, waiting for {cmp} {want}"
                     ));
                 }
-                Val {
-                    ty: rty(0),
-                    data: Data::I(vec![seen as i64]),
-                }
+                Val { ty: rty(0), data: Data::I(vec![seen as i64]) }
             }
             kind => self.pure(kind, rty(0))?,
         };
@@ -274,10 +206,7 @@ impl<'a> Program<'a> {
     fn remote(&self, ptr: Value, rank: Value) -> R<u64> {
         let r = self.val(rank)?.scalar_i64();
         if r < 0 || r >= self.ctx.num_ranks as i64 {
-            return fault(format!(
-                "rank {r} is outside the world of {} rank(s)",
-                self.ctx.num_ranks
-            ));
+            return fault(format!("rank {r} is outside the world of {} rank(s)", self.ctx.num_ranks));
         }
         Ok(self.val(ptr)?.ptrs()[0])
     }
@@ -287,12 +216,8 @@ impl<'a> Program<'a> {
             return fault(format!("negative byte count {n}"));
         }
         let mut buf = vec![0u8; n as usize];
-        self.mem
-            .read_bytes(src, &mut buf)
-            .or_else(|e| fault(format!("source: {}", e.0)))?;
-        self.mem
-            .write_bytes(dst, &buf)
-            .or_else(|e| fault(format!("destination: {}", e.0)))
+        self.mem.read_bytes(src, &mut buf).or_else(|e| fault(format!("source: {}", e.0)))?;
+        self.mem.write_bytes(dst, &buf).or_else(|e| fault(format!("destination: {}", e.0)))
     }
 
     fn run_for(
@@ -306,11 +231,7 @@ impl<'a> Program<'a> {
     ) -> R<()> {
         let ity = self.val(lower)?.ty.clone();
         let d = ity.dtype().unwrap_or(DType::I32);
-        let (lo, hi, st) = (
-            self.val(lower)?.scalar_i64(),
-            self.val(upper)?.scalar_i64(),
-            self.val(step)?.scalar_i64(),
-        );
+        let (lo, hi, st) = (self.val(lower)?.scalar_i64(), self.val(upper)?.scalar_i64(), self.val(step)?.scalar_i64());
         if st <= 0 {
             return fault(format!("`for` step must be positive, got {st}"));
         }
@@ -321,16 +242,10 @@ impl<'a> Program<'a> {
                 a < b
             }
         };
-        let mut carried: Vec<Val> = init
-            .iter()
-            .map(|v| self.val(*v).cloned())
-            .collect::<R<_>>()?;
+        let mut carried: Vec<Val> = init.iter().map(|v| self.val(*v).cloned()).collect::<R<_>>()?;
         let mut iv = lo;
         while less(iv, hi) {
-            let mut args = vec![Val {
-                ty: ity.clone(),
-                data: Data::I(vec![iv]),
-            }];
+            let mut args = vec![Val { ty: ity.clone(), data: Data::I(vec![iv]) }];
             args.extend(carried);
             self.bind_args(body, args);
             self.block(body)?;
@@ -398,19 +313,11 @@ impl<'a> Program<'a> {
             OpKind::NumRanks => Data::I(vec![self.ctx.num_ranks as i64]),
             OpKind::Arange { start, end } => Data::I((*start..*end).collect()),
             OpKind::Splat(x) => self.val(*x)?.data.splat(rt.numel() as usize),
-            OpKind::Reshape(x) | OpKind::ConsumeToken { value: x, .. } => {
-                self.val(*x)?.data.clone()
-            }
+            OpKind::Reshape(x) | OpKind::ConsumeToken { value: x, .. } => self.val(*x)?.data.clone(),
             OpKind::Broadcast(x) => {
                 let xv = self.val(*x)?;
                 let st = strides(&xv.ty.shape);
-                let s: Vec<usize> = xv
-                    .ty
-                    .shape
-                    .iter()
-                    .zip(&st)
-                    .map(|(&d, &s)| if d == 1 { 0 } else { s })
-                    .collect();
+                let s: Vec<usize> = xv.ty.shape.iter().zip(&st).map(|(&d, &s)| if d == 1 { 0 } else { s }).collect();
                 xv.data.gather(&strided_indices(&rt.shape, &s))
             }
             OpKind::Transpose { x, perm } => {
@@ -422,19 +329,11 @@ impl<'a> Program<'a> {
             OpKind::Unary { op, x } => unary(*op, self.val(*x)?)?,
             OpKind::Binary { op, lhs, rhs } => binary(*op, self.val(*lhs)?, self.val(*rhs)?)?,
             OpKind::Cmp { op, lhs, rhs } => compare(*op, self.val(*lhs)?, self.val(*rhs)?),
-            OpKind::Select {
-                cond,
-                on_true,
-                on_false,
-            } => {
+            OpKind::Select { cond, on_true, on_false } => {
                 let c = self.val(*cond)?.ints();
                 let (t, f) = (&self.val(*on_true)?.data, &self.val(*on_false)?.data);
                 let n = c.len();
-                let idx: Vec<usize> = c
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &ci)| if ci != 0 { i } else { i + n })
-                    .collect();
+                let idx: Vec<usize> = c.iter().enumerate().map(|(i, &ci)| if ci != 0 { i } else { i + n }).collect();
                 concat(t, f).gather(&idx)
             }
             OpKind::Cast(x) => cast(self.val(*x)?, rt.dtype().unwrap_or(DType::F32)),
@@ -448,37 +347,17 @@ impl<'a> Program<'a> {
                         .iter()
                         .zip(offs.ints())
                         .map(|(&p, &o)| {
-                            let o = if od == DType::U64 {
-                                o as u64 as i128
-                            } else {
-                                o as i128
-                            };
+                            let o = if od == DType::U64 { o as u64 as i128 } else { o as i128 };
                             (p as i128 + o * size as i128) as u64
                         })
                         .collect(),
                 )
             }
             OpKind::Reduce { op, axis, x } => reduce(*op, *axis as usize, self.val(*x)?),
-            OpKind::Dot {
-                a,
-                b,
-                acc,
-                precision,
-            } => dot(self.val(*a)?, self.val(*b)?, self.val(*acc)?, *precision),
+            OpKind::Dot { a, b, acc, precision } => dot(self.val(*a)?, self.val(*b)?, self.val(*acc)?, *precision),
             OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other)?,
-            OpKind::Atomic {
-                op,
-                ptr,
-                value,
-                mask,
-                ..
-            } => self.atomic(*op, *ptr, *value, *mask)?,
-            OpKind::AtomicCas {
-                ptr,
-                expected,
-                desired,
-                ..
-            } => self.cas(*ptr, *expected, *desired)?,
+            OpKind::Atomic { op, ptr, value, mask, .. } => self.atomic(*op, *ptr, *value, *mask)?,
+            OpKind::AtomicCas { ptr, expected, desired, .. } => self.cas(*ptr, *expected, *desired)?,
             OpKind::SymmAt { ptr, rank } => Data::P(vec![self.remote(*ptr, *rank)?]),
             other => return fault(format!("`{}` is not a value op", other.mnemonic())),
         };
@@ -534,7 +413,7 @@ impl<'a> Program<'a> {
         let view = self.mem.view();
         let mut old = Vec::with_capacity(ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
-            if !mask.is_none_or(|m| m[i] != 0) {
+            if mask.is_some_and(|m| m[i] == 0) {
                 old.push(0u64);
                 continue;
             }
@@ -617,11 +496,7 @@ fn atomic_apply(op: AtomicOp, d: DType, cur: u64, operand: u64) -> u64 {
             }
         } else {
             // f32 addition in f32, as the hardware does.
-            let r = if op == AtomicOp::Add {
-                (a as f32 + b as f32) as f64
-            } else {
-                r
-            };
+            let r = if op == AtomicOp::Add { (a as f32 + b as f32) as f64 } else { r };
             f32_bits(d, r as f32)
         };
     }
@@ -731,9 +606,7 @@ fn unary(op: UnaryOp, x: &Val) -> R<Data> {
             let out = match op {
                 UnaryOp::Neg => v.iter().map(|&a| norm_i(d, a.wrapping_neg())).collect(),
                 UnaryOp::Not => v.iter().map(|&a| norm_i(d, !a)).collect(),
-                UnaryOp::Abs if d.is_signed_int() => {
-                    v.iter().map(|&a| norm_i(d, a.wrapping_abs())).collect()
-                }
+                UnaryOp::Abs if d.is_signed_int() => v.iter().map(|&a| norm_i(d, a.wrapping_abs())).collect(),
                 UnaryOp::Abs => v.clone(),
                 _ => return fault(format!("`{op}` on an integer")),
             };
@@ -828,23 +701,13 @@ fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
     let d = l.ty.dtype();
     let unsigned = d.is_some_and(|d| !d.is_signed_int() && d.is_int()) || d.is_none();
     let out: Vec<i64> = match (&l.data, &r.data) {
-        (Data::F(a), Data::F(b)) => a
-            .iter()
-            .zip(b)
-            .map(|(&x, &y)| fcmp(op, x as f64, y as f64))
-            .collect(),
+        (Data::F(a), Data::F(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x as f64, y as f64)).collect(),
         (Data::D(a), Data::D(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x, y)).collect(),
-        (Data::I(a), Data::I(b)) if unsigned => a
-            .iter()
-            .zip(b)
-            .map(|(&x, &y)| op.holds(x as u64, y as u64) as i64)
-            .collect(),
+        (Data::I(a), Data::I(b)) if unsigned => {
+            a.iter().zip(b).map(|(&x, &y)| op.holds(x as u64, y as u64) as i64).collect()
+        }
         (Data::I(a), Data::I(b)) => a.iter().zip(b).map(|(&x, &y)| icmp(op, x, y)).collect(),
-        (Data::P(a), Data::P(b)) => a
-            .iter()
-            .zip(b)
-            .map(|(&x, &y)| op.holds(x, y) as i64)
-            .collect(),
+        (Data::P(a), Data::P(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
         _ => Vec::new(),
     };
     Data::I(out)
@@ -878,17 +741,7 @@ fn cast(x: &Val, to: DType) -> Data {
         Data::F(v) => v.iter().map(|&a| a as f64).collect(),
         Data::D(v) => v.clone(),
         Data::I(v) if to.is_int() => {
-            return Data::I(
-                v.iter()
-                    .map(|&a| {
-                        if to == DType::I1 {
-                            (a != 0) as i64
-                        } else {
-                            norm_i(to, a)
-                        }
-                    })
-                    .collect(),
-            )
+            return Data::I(v.iter().map(|&a| if to == DType::I1 { (a != 0) as i64 } else { norm_i(to, a) }).collect())
         }
         Data::I(v) => v.iter().map(|&a| int_to_f64(from, a)).collect(),
         _ => Vec::new(),
@@ -939,22 +792,12 @@ fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
     let max = matches!(op, ReduceOp::Max | ReduceOp::Argmax);
     match &x.data {
         Data::F(v) => {
-            fold!(
-                v,
-                |e: f32, b: f32| if max { e > b } else { e < b },
-                |a: f32, b: f32| a + b,
-                |mut vals: Vec<f32>| {
-                    round_all(d, &mut vals);
-                    Data::F(vals)
-                }
-            )
+            fold!(v, |e: f32, b: f32| if max { e > b } else { e < b }, |a: f32, b: f32| a + b, |mut vals: Vec<f32>| {
+                round_all(d, &mut vals);
+                Data::F(vals)
+            })
         }
-        Data::D(v) => fold!(
-            v,
-            |e: f64, b: f64| if max { e > b } else { e < b },
-            |a: f64, b: f64| a + b,
-            Data::D
-        ),
+        Data::D(v) => fold!(v, |e: f64, b: f64| if max { e > b } else { e < b }, |a: f64, b: f64| a + b, Data::D),
         Data::I(v) => {
             let unsigned = !d.is_signed_int();
             fold!(
@@ -1004,20 +847,14 @@ fn dot(a: &Val, b: &Val, acc: &Val, precision: InputPrecision) -> Data {
             match precision {
                 InputPrecision::Ieee => mm(av, bv),
                 InputPrecision::Tf32 => {
-                    let (a2, b2): (Vec<f32>, Vec<f32>) = (
-                        av.iter().map(|&x| to_tf32(x)).collect(),
-                        bv.iter().map(|&x| to_tf32(x)).collect(),
-                    );
+                    let (a2, b2): (Vec<f32>, Vec<f32>) =
+                        (av.iter().map(|&x| to_tf32(x)).collect(), bv.iter().map(|&x| to_tf32(x)).collect());
                     mm(&a2, &b2)
                 }
                 InputPrecision::Bf16x3 => {
                     let split = |v: &[f32]| -> (Vec<f32>, Vec<f32>) {
                         let hi: Vec<f32> = v.iter().map(|&x| round_f(DType::BF16, x)).collect();
-                        let lo = v
-                            .iter()
-                            .zip(&hi)
-                            .map(|(&x, &h)| round_f(DType::BF16, x - h))
-                            .collect();
+                        let lo = v.iter().zip(&hi).map(|(&x, &h)| round_f(DType::BF16, x - h)).collect();
                         (hi, lo)
                     };
                     let ((ah, al), (bh, bl)) = (split(av), split(bv));
@@ -1047,10 +884,7 @@ fn dot(a: &Val, b: &Val, acc: &Val, precision: InputPrecision) -> Data {
                 for kk in 0..k {
                     let x = av[i * k + kk];
                     for j in 0..n {
-                        c[i * n + j] = norm_i(
-                            DType::I32,
-                            c[i * n + j].wrapping_add(x.wrapping_mul(bv[kk * n + j])),
-                        );
+                        c[i * n + j] = norm_i(DType::I32, c[i * n + j].wrapping_add(x.wrapping_mul(bv[kk * n + j])));
                     }
                 }
             }

@@ -53,11 +53,7 @@ impl Backend for CpuBackend {
             kernel: func.name.clone(),
             backend: NAME,
             target: target.to_string(),
-            params: func
-                .params
-                .iter()
-                .map(|p| (p.name.clone(), func.ty(p.value).clone()))
-                .collect(),
+            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
             attrs: func.attrs,
             text: text::print(func),
             payload: Arc::new(func.clone()),

@@ -22,11 +22,7 @@ pub struct Region {
 impl Region {
     fn new(name: &str, bytes: usize) -> Region {
         let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        Region {
-            name: name.to_string(),
-            bytes,
-            words,
-        }
+        Region { name: name.to_string(), bytes, words }
     }
 
     /// Reads `size` (1, 2, 4 or 8) bytes at an aligned in-bounds `offset`.
@@ -51,11 +47,7 @@ impl Region {
     pub fn rmw(&self, offset: usize, size: usize, f: impl Fn(u64) -> u64) -> u64 {
         let word = &self.words[offset / 8];
         let shift = (offset % 8) * 8;
-        let mask = if size == 8 {
-            u64::MAX
-        } else {
-            ((1u64 << (size * 8)) - 1) << shift
-        };
+        let mask = if size == 8 { u64::MAX } else { ((1u64 << (size * 8)) - 1) << shift };
         let mut old_elem = 0;
         let _ = word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
             old_elem = (w & mask) >> shift;
@@ -91,7 +83,7 @@ impl View<'_> {
             .and_then(|s| self.slots.get(s))
             .and_then(|r| r.as_deref())
             .ok_or_else(|| AccessError(format!("address {addr:#x} is not in any live buffer")))?;
-        if offset % size != 0 {
+        if !offset.is_multiple_of(size) {
             return Err(AccessError(format!(
                 "address {addr:#x} (buffer `{}` + {offset}) is not aligned to {size} bytes",
                 region.name
@@ -109,17 +101,13 @@ impl View<'_> {
 
 impl Memory {
     pub fn view(&self) -> View<'_> {
-        View {
-            slots: self.slots.read().unwrap_or_else(|e| e.into_inner()),
-        }
+        View { slots: self.slots.read().unwrap_or_else(|e| e.into_inner()) }
     }
 
     /// Allocates a zeroed buffer; returns its base address.
     pub fn alloc(&self, name: &str, bytes: usize) -> Result<u64, AccessError> {
         if bytes > MAX_BUFFER_BYTES {
-            return Err(AccessError(format!(
-                "{bytes} bytes exceed the largest buffer ({MAX_BUFFER_BYTES})"
-            )));
+            return Err(AccessError(format!("{bytes} bytes exceed the largest buffer ({MAX_BUFFER_BYTES})")));
         }
         let mut slots = self.slots.write().unwrap_or_else(|e| e.into_inner());
         slots.push(Some(Arc::new(Region::new(name, bytes))));
@@ -134,9 +122,7 @@ impl Memory {
                 *r = None;
                 Ok(())
             }
-            _ => Err(AccessError(format!(
-                "{addr:#x} is not the base of a live buffer"
-            ))),
+            _ => Err(AccessError(format!("{addr:#x} is not the base of a live buffer"))),
         }
     }
 
@@ -215,8 +201,7 @@ mod tests {
     fn sub_word_access_and_bounds() {
         let m = Memory::default();
         let a = m.alloc("a", 12).unwrap();
-        m.write_bytes(a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
-            .unwrap();
+        m.write_bytes(a, &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]).unwrap();
         let v = m.view();
         let (r, o) = v.locate(a + 2, 2).unwrap();
         assert_eq!(r.load(o, 2), 0x0403);
@@ -224,12 +209,7 @@ mod tests {
         assert_eq!(r.load(0, 8), 0x0807_0605_BEEF_0201);
         let (r, o) = v.locate(a + 8, 4).unwrap();
         assert_eq!(r.load(o, 4), 0x0C0B_0A09);
-        assert!(v
-            .locate(a + 12, 1)
-            .err()
-            .unwrap()
-            .0
-            .contains("out of bounds"));
+        assert!(v.locate(a + 12, 1).err().unwrap().0.contains("out of bounds"));
         assert!(v.locate(a + 1, 4).err().unwrap().0.contains("aligned"));
         assert!(v.locate(0, 4).is_err());
     }

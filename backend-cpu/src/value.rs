@@ -17,16 +17,6 @@ pub enum Data {
 }
 
 impl Data {
-    pub fn len(&self) -> usize {
-        match self {
-            Data::F(v) => v.len(),
-            Data::D(v) => v.len(),
-            Data::I(v) => v.len(),
-            Data::P(v) => v.len(),
-            Data::Token => 1,
-        }
-    }
-
     /// The elements at `idx` (gather), in the same storage class.
     pub fn gather(&self, idx: &[usize]) -> Data {
         match self {

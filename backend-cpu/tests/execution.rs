@@ -14,19 +14,13 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 fn read_f32(dev: &dyn Device, b: &Buffer) -> Vec<f32> {
     let mut bytes = vec![0u8; b.bytes];
     dev.read(b, 0, &mut bytes).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 fn read_i32(dev: &dyn Device, b: &Buffer) -> Vec<i32> {
     let mut bytes = vec![0u8; b.bytes];
     dev.read(b, 0, &mut bytes).unwrap();
-    bytes
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
 
 fn upload(dev: &dyn Device, name: &str, v: &[f32]) -> Buffer {
@@ -53,29 +47,13 @@ fn out_of_bounds_load_names_the_op_and_buffer() {
     let dev = backend.open_device(0).unwrap();
     let x = upload(dev.as_ref(), "x_small", &[1.0; 32]);
     let y = dev.alloc(64 * 4, "y").unwrap();
-    let err = dev
-        .launch(
-            &k,
-            [1, 1, 1],
-            &[x.arg(), y.arg()],
-            &LaunchOptions::default(),
-        )
-        .unwrap_err();
+    let err = dev.launch(&k, [1, 1, 1], &[x.arg(), y.arg()], &LaunchOptions::default()).unwrap_err();
     match &err {
-        BackendError::Execution {
-            op,
-            loc,
-            message,
-            program,
-            ..
-        } => {
+        BackendError::Execution { op, loc, message, program, .. } => {
             assert!(op.starts_with("load"), "{op}");
             assert_eq!(loc.map(|l| l.line), Some(5));
             assert_eq!(*program, [0, 0, 0]);
-            assert!(
-                message.contains("out of bounds") && message.contains("x_small"),
-                "{message}"
-            );
+            assert!(message.contains("out of bounds") && message.contains("x_small"), "{message}");
         }
         other => panic!("expected an execution error, got {other}"),
     }
@@ -92,40 +70,14 @@ fn launch_arguments_are_checked() {
     let k = CpuBackend.compile(&f, None).unwrap();
     let dev = CpuBackend.open_device(0).unwrap();
     let buf = dev.alloc(16, "x").unwrap();
-    let e = dev
-        .launch(
-            &k,
-            [1, 1, 1],
-            &[buf.arg(), KernelArg::f32(1.0)],
-            &LaunchOptions::default(),
-        )
-        .unwrap_err();
-    assert!(
-        matches!(&e, BackendError::Argument { index: 1, param, .. } if param == "n"),
-        "{e}"
-    );
-    let e = dev
-        .launch(&k, [1, 1, 1], &[buf.arg()], &LaunchOptions::default())
-        .unwrap_err();
-    assert!(
-        e.to_string()
-            .contains("1 arguments given, the kernel takes 2"),
-        "{e}"
-    );
-    let e = dev
-        .launch(
-            &k,
-            [0, 1, 1],
-            &[buf.arg(), KernelArg::i32(4)],
-            &LaunchOptions::default(),
-        )
-        .unwrap_err();
+    let e = dev.launch(&k, [1, 1, 1], &[buf.arg(), KernelArg::f32(1.0)], &LaunchOptions::default()).unwrap_err();
+    assert!(matches!(&e, BackendError::Argument { index: 1, param, .. } if param == "n"), "{e}");
+    let e = dev.launch(&k, [1, 1, 1], &[buf.arg()], &LaunchOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("1 arguments given, the kernel takes 2"), "{e}");
+    let e = dev.launch(&k, [0, 1, 1], &[buf.arg(), KernelArg::i32(4)], &LaunchOptions::default()).unwrap_err();
     assert!(matches!(e, BackendError::Launch { .. }), "{e}");
     let e = CpuBackend.compile(&f, Some("sm_90")).unwrap_err();
-    assert!(
-        e.to_string().contains("does not support target `sm_90`"),
-        "{e}"
-    );
+    assert!(e.to_string().contains("does not support target `sm_90`"), "{e}");
 }
 
 #[test]
@@ -139,18 +91,12 @@ fn unsatisfiable_wait_is_a_diagnostic_not_a_hang() {
     let dev = CpuBackend.open_device(0).unwrap();
     let s = dev.alloc(8, "sig").unwrap();
     dev.write(&s, 0, &3u64.to_le_bytes()).unwrap();
-    let e = dev
-        .launch(&k, [1, 1, 1], &[s.arg()], &LaunchOptions::default())
-        .unwrap_err();
+    let e = dev.launch(&k, [1, 1, 1], &[s.arg()], &LaunchOptions::default()).unwrap_err();
     let msg = e.to_string();
-    assert!(
-        msg.contains("wait") && msg.contains("is 3") && msg.contains("ge 5"),
-        "{msg}"
-    );
+    assert!(msg.contains("wait") && msg.contains("is 3") && msg.contains("ge 5"), "{msg}");
     // Once the signal holds, the same launch completes.
     dev.write(&s, 0, &5u64.to_le_bytes()).unwrap();
-    dev.launch(&k, [1, 1, 1], &[s.arg()], &LaunchOptions::default())
-        .unwrap();
+    dev.launch(&k, [1, 1, 1], &[s.arg()], &LaunchOptions::default()).unwrap();
 }
 
 /// Transpose, reductions, casts, compares, select and math on random data, against the host.
@@ -159,11 +105,7 @@ fn tile_ops_match_host_computation() {
     const R: usize = 8;
     const C: usize = 16;
     let b = KernelBuilder::new("ops", LaunchAttrs::default());
-    let (x, out, idx) = (
-        b.arg_ptr("x", DType::F32),
-        b.arg_ptr("out", DType::F32),
-        b.arg_ptr("idx", DType::I32),
-    );
+    let (x, out, idx) = (b.arg_ptr("x", DType::F32), b.arg_ptr("out", DType::F32), b.arg_ptr("idx", DType::I32));
     let rows = b.arange(0, R as i64).expand_dims(1);
     let cols = b.arange(0, C as i64).expand_dims(0);
     let t = b.load(x + (rows * C as i32 + cols), None, None); // [R, C]
@@ -188,47 +130,23 @@ fn tile_ops_match_host_computation() {
     let ob = dev.alloc((2 * C + 2 * R) * 4, "out").unwrap();
     let ib = dev.alloc(R * 4, "idx").unwrap();
     let k = CpuBackend.compile(&f, None).unwrap();
-    dev.launch(
-        &k,
-        [1, 1, 1],
-        &[xb.arg(), ob.arg(), ib.arg()],
-        &LaunchOptions::default(),
-    )
-    .unwrap();
+    dev.launch(&k, [1, 1, 1], &[xb.arg(), ob.arg(), ib.arg()], &LaunchOptions::default()).unwrap();
     let got = read_f32(dev.as_ref(), &ob);
     let arg = read_i32(dev.as_ref(), &ib);
     let at = |r: usize, c: usize| xs[r * C + c] as f64;
     for c in 0..C {
         let want = (0..R).map(|r| at(r, c)).fold(f64::MIN, f64::max);
         assert_eq!(got[c] as f64, want, "column max {c}");
-        let want: f64 = (0..R)
-            .map(|r| half::bf16::from_f64(at(r, c)).to_f64())
-            .sum();
-        assert!(
-            (got[C + 2 * R + c] as f64 - want).abs() < 1e-5,
-            "bf16 column sum {c}"
-        );
+        let want: f64 = (0..R).map(|r| half::bf16::from_f64(at(r, c)).to_f64()).sum();
+        assert!((got[C + 2 * R + c] as f64 - want).abs() < 1e-5, "bf16 column sum {c}");
     }
     for r in 0..R {
         let row: Vec<f64> = (0..C).map(|c| at(r, c)).collect();
-        assert_eq!(
-            got[C + r] as f64,
-            row.iter().cloned().fold(f64::MAX, f64::min),
-            "row min {r}"
-        );
-        let am = row
-            .iter()
-            .enumerate()
-            .fold(0, |best, (i, v)| if *v > row[best] { i } else { best });
+        assert_eq!(got[C + r] as f64, row.iter().cloned().fold(f64::MAX, f64::min), "row min {r}");
+        let am = row.iter().enumerate().fold(0, |best, (i, v)| if *v > row[best] { i } else { best });
         assert_eq!(arg[r] as usize, am, "row argmax {r}");
-        let want: f64 = row
-            .iter()
-            .map(|v| if *v > 0.0 { v.exp() } else { v * 0.5 })
-            .sum();
-        assert!(
-            (got[C + R + r] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
-            "select/exp row {r}"
-        );
+        let want: f64 = row.iter().map(|v| if *v > 0.0 { v.exp() } else { v * 0.5 }).sum();
+        assert!((got[C + R + r] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "select/exp row {r}");
     }
 }
 
@@ -236,18 +154,8 @@ fn tile_ops_match_host_computation() {
 #[test]
 fn program_order_is_seeded_and_replayable() {
     let b = KernelBuilder::new("tickets", LaunchAttrs::default());
-    let (counter, out) = (
-        b.arg_ptr("counter", DType::I32),
-        b.arg_ptr("out", DType::I32),
-    );
-    let ticket = b.atomic(
-        AtomicOp::Add,
-        counter,
-        1,
-        None,
-        MemSemantic::AcqRel,
-        Scope::Gpu,
-    );
+    let (counter, out) = (b.arg_ptr("counter", DType::I32), b.arg_ptr("out", DType::I32));
+    let ticket = b.atomic(AtomicOp::Add, counter, 1, None, MemSemantic::AcqRel, Scope::Gpu);
     b.store(out + b.program_id_x(), ticket, None);
     let f = b.finish().unwrap();
     let k = CpuBackend.compile(&f, None).unwrap();
@@ -256,18 +164,13 @@ fn program_order_is_seeded_and_replayable() {
         let c = dev.alloc(4, "counter").unwrap();
         dev.fill(&c, &[0]).unwrap();
         let o = dev.alloc(64 * 4, "out").unwrap();
-        dev.launch(&k, [64, 1, 1], &[c.arg(), o.arg()], &LaunchOptions { seed })
-            .unwrap();
+        dev.launch(&k, [64, 1, 1], &[c.arg(), o.arg()], &LaunchOptions { seed }).unwrap();
         read_i32(dev.as_ref(), &o)
     };
     let (a, a2, b2) = (run(1), run(1), run(2));
     let mut sorted = a.clone();
     sorted.sort();
-    assert_eq!(
-        sorted,
-        (0..64).collect::<Vec<_>>(),
-        "every program ran once"
-    );
+    assert_eq!(sorted, (0..64).collect::<Vec<_>>(), "every program ran once");
     assert_eq!(a, a2, "same seed, same order");
     assert_ne!(a, b2, "another seed, another order");
     assert_ne!(a, (0..64).collect::<Vec<_>>(), "not launch order");
@@ -277,11 +180,7 @@ fn program_order_is_seeded_and_replayable() {
 fn while_loop_and_compare_and_swap() {
     // Collatz steps of n, computed with `while`; then a CAS that succeeds and one that fails.
     let b = KernelBuilder::new("collatz", LaunchAttrs::default());
-    let (n, out, word) = (
-        b.arg("n", DType::I64),
-        b.arg_ptr("out", DType::I64),
-        b.arg_ptr("word", DType::I32),
-    );
+    let (n, out, word) = (b.arg("n", DType::I64), b.arg_ptr("out", DType::I64), b.arg_ptr("word", DType::I32));
     let zero = b.constant(Literal::Int(0), DType::I64);
     let r = b.while_loop(
         &[n, zero],
@@ -302,20 +201,12 @@ fn while_loop_and_compare_and_swap() {
     let o = dev.alloc(8, "out").unwrap();
     let w = dev.alloc(12, "word").unwrap();
     dev.write(&w, 0, &7i32.to_le_bytes()).unwrap();
-    dev.launch(
-        &k,
-        [1, 1, 1],
-        &[KernelArg::i64(27), o.arg(), w.arg()],
-        &LaunchOptions::default(),
-    )
-    .unwrap();
+    dev.launch(&k, [1, 1, 1], &[KernelArg::i64(27), o.arg(), w.arg()], &LaunchOptions::default()).unwrap();
     let mut bytes = [0u8; 8];
     dev.read(&o, 0, &mut bytes).unwrap();
-    let host_steps = std::iter::successors(Some(27u64), |&x| {
-        (x != 1).then(|| if x % 2 == 1 { 3 * x + 1 } else { x / 2 })
-    })
-    .count()
-        - 1;
+    let host_steps =
+        std::iter::successors(Some(27u64), |&x| (x != 1).then(|| if x % 2 == 1 { 3 * x + 1 } else { x / 2 })).count()
+            - 1;
     assert_eq!(i64::from_le_bytes(bytes) as usize, host_steps);
     assert_eq!(read_i32(dev.as_ref(), &w), vec![9, 7, 9]);
 }

@@ -7,9 +7,8 @@ use serde::Serialize;
 use std::time::Instant;
 use trident_core::backend::{Backend, BackendError, Buffer, Device, LaunchOptions};
 use trident_core::ir::{DType, InputPrecision};
-use trident_kernels::{
-    gemm::Gemm, softmax::Softmax, splitk_gemm::SplitKGemm, vector_add::VectorAdd,
-};
+use trident_kernels::Launcher;
+use trident_kernels::{gemm::Gemm, softmax::Softmax, splitk_gemm::SplitKGemm, vector_add::VectorAdd};
 
 /// Element types every kernel is checked in.
 pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -25,11 +24,7 @@ pub struct Case {
 
 impl Case {
     pub fn shape_text(&self) -> String {
-        self.shape
-            .iter()
-            .map(|d| d.to_string())
-            .collect::<Vec<_>>()
-            .join("x")
+        self.shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("x")
     }
 }
 
@@ -55,55 +50,19 @@ pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for dtype in DTYPES {
         for n in [1, 100, 1024, 4099, 65536] {
-            cases.push(Case {
-                kernel: "vector_add",
-                variant: "-",
-                dtype,
-                shape: vec![n],
-            });
+            cases.push(Case { kernel: "vector_add", variant: "-", dtype, shape: vec![n] });
         }
         for (r, c) in [(1, 1), (4, 100), (37, 781), (128, 1024), (3, 4096)] {
-            cases.push(Case {
-                kernel: "softmax",
-                variant: "-",
-                dtype,
-                shape: vec![r, c],
-            });
+            cases.push(Case { kernel: "softmax", variant: "-", dtype, shape: vec![r, c] });
         }
-        let variants: &[&'static str] = if dtype == DType::F32 {
-            &["ieee", "tf32", "bf16x3"]
-        } else {
-            &["f32acc"]
-        };
+        let variants: &[&'static str] = if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { &["f32acc"] };
         for &variant in variants {
-            for s in [
-                [1, 1, 1],
-                [64, 64, 64],
-                [100, 70, 33],
-                [129, 65, 257],
-                [17, 300, 64],
-                [256, 256, 256],
-            ] {
-                cases.push(Case {
-                    kernel: "gemm",
-                    variant,
-                    dtype,
-                    shape: s.to_vec(),
-                });
+            for s in [[1, 1, 1], [64, 64, 64], [100, 70, 33], [129, 65, 257], [17, 300, 64], [256, 256, 256]] {
+                cases.push(Case { kernel: "gemm", variant, dtype, shape: s.to_vec() });
             }
         }
-        for s in [
-            [1, 1, 1, 2],
-            [64, 64, 256, 4],
-            [50, 70, 300, 3],
-            [33, 33, 1000, 8],
-        ] {
-            cases.push(Case {
-                kernel: "splitk_gemm",
-                variant: "-",
-                dtype,
-                shape: s.to_vec(),
-            });
+        for s in [[1, 1, 1, 2], [64, 64, 256, 4], [50, 70, 300, 3], [33, 33, 1000, 8]] {
+            cases.push(Case { kernel: "splitk_gemm", variant: "-", dtype, shape: s.to_vec() });
         }
     }
     cases
@@ -135,39 +94,22 @@ fn prepare(case: &Case, rng: &mut rand::rngs::StdRng) -> Prepared {
         "vector_add" => {
             let n = case.shape[0];
             let (x, y) = (random(n, d, rng), random(n, d, rng));
-            Prepared {
-                expected: reference::vector_add(&x, &y),
-                inputs: vec![x, y],
-                reduction_len: 1,
-            }
+            Prepared { expected: reference::vector_add(&x, &y), inputs: vec![x, y], reduction_len: 1 }
         }
         "softmax" => {
             let (r, c) = (case.shape[0], case.shape[1]);
             let x: Vec<f64> = random(r * c, d, rng).iter().map(|v| v * 4.0).collect();
-            Prepared {
-                expected: reference::softmax(&x, r, c),
-                inputs: vec![x],
-                reduction_len: c,
-            }
+            Prepared { expected: reference::softmax(&x, r, c), inputs: vec![x], reduction_len: c }
         }
         _ => {
             let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
             let (a, b) = (random(m * k, d, rng), random(k * n, d, rng));
-            Prepared {
-                expected: reference::gemm(&a, &b, m, n, k),
-                inputs: vec![a, b],
-                reduction_len: k,
-            }
+            Prepared { expected: reference::gemm(&a, &b, m, n, k), inputs: vec![a, b], reduction_len: k }
         }
     }
 }
 
-fn upload(
-    device: &dyn Device,
-    name: &str,
-    values: &[f64],
-    d: DType,
-) -> Result<Buffer, BackendError> {
+fn upload(device: &dyn Device, name: &str, values: &[f64], d: DType) -> Result<Buffer, BackendError> {
     let bytes = encode(values, d);
     let buf = device.alloc(bytes.len().max(1), name)?;
     device.write(&buf, 0, &bytes)?;
@@ -182,64 +124,33 @@ fn execute(
     p: &Prepared,
     opts: &LaunchOptions,
 ) -> Result<Buffer, BackendError> {
+    let l = Launcher::new(backend, device, *opts);
     let d = case.dtype;
-    let ins: Vec<Buffer> = p
-        .inputs
-        .iter()
-        .enumerate()
-        .map(|(i, v)| upload(device, &format!("in{i}"), v, d))
-        .collect::<Result<_, _>>()?;
+    let ins: Vec<Buffer> =
+        p.inputs.iter().enumerate().map(|(i, v)| upload(device, &format!("in{i}"), v, d)).collect::<Result<_, _>>()?;
     let out = device.alloc((p.expected.len() * d.size_bytes() as usize).max(1), "out")?;
     device.fill(&out, &poison(d))?;
     match case.kernel {
-        "vector_add" => VectorAdd {
-            dtype: d,
-            block: 256,
-        }
-        .run(backend, device, &ins[0], &ins[1], &out, case.shape[0], opts)?,
+        "vector_add" => VectorAdd { dtype: d, block: 256 }.run(&l, &ins[0], &ins[1], &out, case.shape[0])?,
         "softmax" => {
             let (r, c) = (case.shape[0], case.shape[1]);
-            Softmax::for_cols(d, c).run(backend, device, &ins[0], &out, r, c, opts)?
+            Softmax::for_cols(d, c).run(&l, &ins[0], &out, r, c)?
         }
         "gemm" => {
             let precision = InputPrecision::parse(case.variant).unwrap_or(InputPrecision::Ieee);
             let mnk = (case.shape[0], case.shape[1], case.shape[2]);
-            Gemm::new(d)
-                .with_precision(precision)
-                .run(backend, device, &ins[0], &ins[1], &out, mnk, opts)?
+            Gemm::new(d).with_precision(precision).run(&l, &ins[0], &ins[1], &out, mnk)?
         }
         "splitk_gemm" => {
             let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);
             let g = SplitKGemm::new(d, splits as u32);
             let ws = g.workspace(device, m, n)?;
             // Twice: the second call checks that the kernel left its workspace clean.
-            g.run(
-                backend,
-                device,
-                &ins[0],
-                &ins[1],
-                &out,
-                &ws,
-                (m, n, k),
-                opts,
-            )?;
+            g.run(&l, &ins[0], &ins[1], &out, &ws, (m, n, k))?;
             device.fill(&out, &poison(d))?;
-            g.run(
-                backend,
-                device,
-                &ins[0],
-                &ins[1],
-                &out,
-                &ws,
-                (m, n, k),
-                opts,
-            )?;
+            g.run(&l, &ins[0], &ins[1], &out, &ws, (m, n, k))?;
         }
-        other => {
-            return Err(BackendError::Host(format!(
-                "no conformance driver for kernel `{other}`"
-            )))
-        }
+        other => return Err(BackendError::Host(format!("no conformance driver for kernel `{other}`"))),
     }
     Ok(out)
 }
@@ -262,9 +173,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend) -> 
         time_ms: 0.0,
         message: String::new(),
     };
-    let opts = LaunchOptions {
-        seed: seed ^ index as u64,
-    };
+    let opts = LaunchOptions { seed: seed ^ index as u64 };
     let start = Instant::now();
     let outcome = backend.open_device(0).and_then(|device| {
         let out = execute(case, backend, device.as_ref(), &p, &opts)?;
@@ -276,12 +185,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend) -> 
     match outcome {
         Err(e) => record.message = e.to_string(),
         Ok(out) => match reference::normwise_error(&out, &p.expected) {
-            Err(i) => {
-                record.message = format!(
-                    "output element {i} is {} (not written, or not finite)",
-                    out[i]
-                )
-            }
+            Err(i) => record.message = format!("output element {i} is {} (not written, or not finite)", out[i]),
             Ok(err) => {
                 record.error = Some(err);
                 record.pass = err <= bound;

@@ -67,9 +67,7 @@ pub fn poison(d: DType) -> Vec<u8> {
 
 /// A deterministic per-case generator derived from the run's seed.
 pub fn case_rng(seed: u64, case_index: usize) -> rand::rngs::StdRng {
-    rand::rngs::StdRng::seed_from_u64(
-        seed ^ (case_index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-    )
+    rand::rngs::StdRng::seed_from_u64(seed ^ (case_index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
 #[cfg(test)]

@@ -41,10 +41,7 @@ fn parse_seed(s: &str) -> Result<u64, String> {
 }
 
 fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     (t as u64) ^ ((t >> 64) as u64) ^ (std::process::id() as u64).rotate_left(32)
 }
 
@@ -52,12 +49,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     if args.list_backends {
         for d in backend::registered() {
-            println!(
-                "{:<8} targets: {:<24} {}",
-                d.name,
-                d.targets.join(", "),
-                d.description
-            );
+            println!("{:<8} targets: {:<24} {}", d.name, d.targets.join(", "), d.description);
         }
         return ExitCode::SUCCESS;
     }
@@ -69,20 +61,12 @@ fn main() -> ExitCode {
         }
     };
     if let Some(d) = &args.dtype {
-        if !trident_conformance::cases::DTYPES
-            .iter()
-            .any(|x| x.as_str() == d)
-        {
+        if !trident_conformance::cases::DTYPES.iter().any(|x| x.as_str() == d) {
             eprintln!("error: --dtype {d}: the suite runs f32, bf16 and f16");
             return ExitCode::from(2);
         }
     }
-    let seed = match args
-        .seed
-        .as_deref()
-        .map(parse_seed)
-        .unwrap_or_else(|| Ok(fresh_seed()))
-    {
+    let seed = match args.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: {e}");
@@ -92,11 +76,7 @@ fn main() -> ExitCode {
     let selected: Vec<(usize, _)> = all_cases()
         .into_iter()
         .enumerate()
-        .filter(|(_, c)| {
-            args.kernel
-                .as_ref()
-                .is_none_or(|k| c.kernel.contains(k.as_str()))
-        })
+        .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
         .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
         .collect();
     if args.list {
@@ -122,15 +102,8 @@ fn main() -> ExitCode {
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
         let r = run_case(case, *index, seed, backend.as_ref());
-        let err = r
-            .error
-            .map(|e| format!("{e:.2e}"))
-            .unwrap_or_else(|| "-".into());
-        let verdict = if r.pass {
-            "ok".to_string()
-        } else {
-            format!("FAIL: {}", r.message)
-        };
+        let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
+        let verdict = if r.pass { "ok".to_string() } else { format!("FAIL: {}", r.message) };
         println!(
             "{:<12} {:<7} {:<5} {:<14} {:>10} {:>8.0e} {:>9.2}  {verdict}",
             r.kernel,
@@ -153,11 +126,7 @@ fn main() -> ExitCode {
         println!("wrote {} records to {}", records.len(), path.display());
     }
     let failed = records.iter().filter(|r| !r.pass).count();
-    println!(
-        "conformance: {} passed, {} failed",
-        records.len() - failed,
-        failed
-    );
+    println!("conformance: {} passed, {} failed", records.len() - failed, failed);
     if failed > 0 {
         println!("replay the failures with --seed {seed:#x}");
         return ExitCode::FAILURE;

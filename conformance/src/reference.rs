@@ -38,12 +38,7 @@ pub fn normwise_error(out: &[f64], reference: &[f64]) -> Result<f64, usize> {
     if let Some(i) = out.iter().position(|v| !v.is_finite()) {
         return Err(i);
     }
-    let diff: f64 = out
-        .iter()
-        .zip(reference)
-        .map(|(o, r)| (o - r) * (o - r))
-        .sum::<f64>()
-        .sqrt();
+    let diff: f64 = out.iter().zip(reference).map(|(o, r)| (o - r) * (o - r)).sum::<f64>().sqrt();
     let norm: f64 = reference.iter().map(|r| r * r).sum::<f64>().sqrt();
     Ok(if norm > 0.0 { diff / norm } else { diff })
 }
@@ -54,10 +49,7 @@ mod tests {
 
     #[test]
     fn references() {
-        assert_eq!(
-            gemm(&[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0], 2, 2, 2),
-            vec![19.0, 22.0, 43.0, 50.0]
-        );
+        assert_eq!(gemm(&[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0], 2, 2, 2), vec![19.0, 22.0, 43.0, 50.0]);
         let s = softmax(&[0.0, 0.0, 1.0, 1.0], 2, 2);
         assert!(s.iter().all(|v| (v - 0.5).abs() < 1e-15));
         assert_eq!(normwise_error(&[1.0, f64::NAN], &[1.0, 1.0]), Err(1));

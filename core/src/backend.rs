@@ -32,42 +32,26 @@ pub fn registered() -> Vec<&'static BackendDescriptor> {
 
 /// The registered backend called `name`.
 pub fn lookup(name: &str) -> Result<&'static BackendDescriptor, BackendError> {
-    registered()
-        .into_iter()
-        .find(|d| d.name == name)
-        .ok_or_else(|| BackendError::UnknownBackend {
-            name: name.to_string(),
-            known: registered()
-                .iter()
-                .map(|d| d.name)
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+    registered().into_iter().find(|d| d.name == name).ok_or_else(|| BackendError::UnknownBackend {
+        name: name.to_string(),
+        known: registered().iter().map(|d| d.name).collect::<Vec<_>>().join(", "),
+    })
 }
 
 impl BackendDescriptor {
     /// Resolves a requested target (`None` = the default) against this backend's targets.
     pub fn resolve_target(&self, target: Option<&str>) -> Result<&'static str, BackendError> {
         match target {
-            None => self
-                .targets
-                .first()
-                .copied()
-                .ok_or_else(|| BackendError::UnsupportedTarget {
-                    backend: self.name,
-                    target: "(default)".into(),
-                    supported: String::new(),
-                }),
-            Some(t) => self
-                .targets
-                .iter()
-                .copied()
-                .find(|x| *x == t)
-                .ok_or_else(|| BackendError::UnsupportedTarget {
-                    backend: self.name,
-                    target: t.to_string(),
-                    supported: self.targets.join(", "),
-                }),
+            None => self.targets.first().copied().ok_or_else(|| BackendError::UnsupportedTarget {
+                backend: self.name,
+                target: "(default)".into(),
+                supported: String::new(),
+            }),
+            Some(t) => self.targets.iter().copied().find(|x| *x == t).ok_or_else(|| BackendError::UnsupportedTarget {
+                backend: self.name,
+                target: t.to_string(),
+                supported: self.targets.join(", "),
+            }),
         }
     }
 }
@@ -78,46 +62,22 @@ pub enum BackendError {
     #[error("unknown backend `{name}`; registered backends: {known}")]
     UnknownBackend { name: String, known: String },
     #[error("backend `{backend}` does not support target `{target}`; supported: {supported}")]
-    UnsupportedTarget {
-        backend: &'static str,
-        target: String,
-        supported: String,
-    },
+    UnsupportedTarget { backend: &'static str, target: String, supported: String },
     #[error("no device for backend `{backend}`: {reason}")]
-    NoDevice {
-        backend: &'static str,
-        reason: String,
-    },
+    NoDevice { backend: &'static str, reason: String },
     #[error(transparent)]
     Verify(#[from] VerifyError),
-    #[error(
-        "kernel `{kernel}` compiled by backend `{compiled_by}` cannot run on backend `{device}`"
-    )]
-    WrongBackend {
-        kernel: String,
-        compiled_by: &'static str,
-        device: &'static str,
-    },
+    #[error("kernel `{kernel}` compiled by backend `{compiled_by}` cannot run on backend `{device}`")]
+    WrongBackend { kernel: String, compiled_by: &'static str, device: &'static str },
     #[error("kernel `{kernel}`, argument {index} (`%{param}`): {message}")]
-    Argument {
-        kernel: String,
-        index: usize,
-        param: String,
-        message: String,
-    },
+    Argument { kernel: String, index: usize, param: String, message: String },
     #[error("kernel `{kernel}`: invalid launch: {message}")]
     Launch { kernel: String, message: String },
     #[error("buffer `{buffer}`: {message}")]
     Buffer { buffer: String, message: String },
     /// A fault while a kernel ran, located at a program and an op.
     #[error("kernel `{kernel}`, program {program:?}, op `{op}`{}: {message}", loc.map(|l| format!(" (line {}:{})", l.line, l.col)).unwrap_or_default())]
-    Execution {
-        kernel: String,
-        program: [u32; 3],
-        op: String,
-        loc: Option<Loc>,
-        message: String,
-    },
+    Execution { kernel: String, program: [u32; 3], op: String, loc: Option<Loc>, message: String },
     #[error("host orchestration: {0}")]
     Host(String),
 }
@@ -193,32 +153,20 @@ pub fn check_args(kernel: &Artifact, args: &[KernelArg]) -> Result<(), BackendEr
     let bad = |index: usize, message: String| BackendError::Argument {
         kernel: kernel.kernel.clone(),
         index,
-        param: kernel
-            .params
-            .get(index)
-            .map(|p| p.0.clone())
-            .unwrap_or_default(),
+        param: kernel.params.get(index).map(|p| p.0.clone()).unwrap_or_default(),
         message,
     };
     if args.len() != kernel.params.len() {
         return Err(bad(
             args.len().min(kernel.params.len()),
-            format!(
-                "{} arguments given, the kernel takes {}",
-                args.len(),
-                kernel.params.len()
-            ),
+            format!("{} arguments given, the kernel takes {}", args.len(), kernel.params.len()),
         ));
     }
     for (i, ((_, ty), arg)) in kernel.params.iter().zip(args).enumerate() {
         let ok = match (ty.elem, arg) {
             (Elem::Ptr(_), KernelArg::Ptr(_)) => true,
             (Elem::Num(d), KernelArg::Scalar(lit, ad)) => {
-                d == *ad
-                    && matches!(
-                        (lit, d.is_float()),
-                        (Literal::Float(_), true) | (Literal::Int(_), false)
-                    )
+                d == *ad && matches!((lit, d.is_float()), (Literal::Float(_), true) | (Literal::Int(_), false))
             }
             _ => false,
         };

@@ -110,12 +110,7 @@ impl KernelBuilder {
     pub fn new(name: &str, attrs: LaunchAttrs) -> KernelBuilder {
         let func = Function::new(name, &[], attrs);
         let body = func.body;
-        KernelBuilder {
-            state: RefCell::new(State {
-                func,
-                cursor: vec![body],
-            }),
-        }
+        KernelBuilder { state: RefCell::new(State { func, cursor: vec![body] }) }
     }
 
     /// Verifies and returns the kernel.
@@ -164,14 +159,8 @@ impl KernelBuilder {
     pub fn arg_typed(&self, name: &str, ty: Type) -> Tile<'_> {
         let mut s = self.state.borrow_mut();
         let index = s.func.params.len() as u32;
-        let value = s.func.values.append(ValueData {
-            ty,
-            def: ValueDef::Param(index),
-        });
-        s.func.params.push(Param {
-            name: name.to_string(),
-            value,
-        });
+        let value = s.func.values.append(ValueData { ty, def: ValueDef::Param(index) });
+        s.func.params.push(Param { name: name.to_string(), value });
         drop(s);
         self.tile(value)
     }
@@ -218,45 +207,21 @@ impl KernelBuilder {
     /// `[start, end)` as a 1-D `i32` tile.
     pub fn arange(&self, start: i64, end: i64) -> Tile<'_> {
         let n = end.saturating_sub(start).clamp(0, u32::MAX as i64) as u32;
-        self.push1(
-            OpKind::Arange { start, end },
-            Type::tile(Elem::Num(DType::I32), &[n]),
-        )
+        self.push1(OpKind::Arange { start, end }, Type::tile(Elem::Num(DType::I32), &[n]))
     }
 
     /// Loads through `ptr`; masked-off lanes give `other` (a tile or a Rust number).
-    pub fn load<'b>(
-        &'b self,
-        ptr: Tile<'b>,
-        mask: Option<Tile<'b>>,
-        other: Option<Tile<'b>>,
-    ) -> Tile<'b> {
+    pub fn load<'b>(&'b self, ptr: Tile<'b>, mask: Option<Tile<'b>>, other: Option<Tile<'b>>) -> Tile<'b> {
         let pt = ptr.ty();
-        let elem = pt
-            .elem
-            .pointee()
-            .map(Elem::Num)
-            .unwrap_or(Elem::Num(DType::F32));
+        let elem = pt.elem.pointee().map(Elem::Num).unwrap_or(Elem::Num(DType::F32));
         let rt = pt.with_elem(elem);
         let mask = mask.map(|m| m.broadcast_to(&rt.shape).v);
         let other = other.map(|o| o.broadcast_to(&rt.shape).v);
-        self.push1(
-            OpKind::Load {
-                ptr: ptr.v,
-                mask,
-                other,
-            },
-            rt,
-        )
+        self.push1(OpKind::Load { ptr: ptr.v, mask, other }, rt)
     }
 
     /// Loads with masked-off lanes set to the number `other`.
-    pub fn load_or<'b>(
-        &'b self,
-        ptr: Tile<'b>,
-        mask: Tile<'b>,
-        other: impl IntoTile<'b>,
-    ) -> Tile<'b> {
+    pub fn load_or<'b>(&'b self, ptr: Tile<'b>, mask: Tile<'b>, other: impl IntoTile<'b>) -> Tile<'b> {
         let elem = ptr.ty().elem.pointee().map(Elem::Num);
         let o = other.into_tile(self, elem);
         self.load(ptr, Some(mask), Some(o))
@@ -264,18 +229,9 @@ impl KernelBuilder {
 
     pub fn store<'b>(&'b self, ptr: Tile<'b>, value: impl IntoTile<'b>, mask: Option<Tile<'b>>) {
         let pt = ptr.ty();
-        let value = value
-            .into_tile(self, pt.elem.pointee().map(Elem::Num))
-            .broadcast_to(&pt.shape);
+        let value = value.into_tile(self, pt.elem.pointee().map(Elem::Num)).broadcast_to(&pt.shape);
         let mask = mask.map(|m| m.broadcast_to(&pt.shape).v);
-        self.push(
-            OpKind::Store {
-                ptr: ptr.v,
-                value: value.v,
-                mask,
-            },
-            &[],
-        );
+        self.push(OpKind::Store { ptr: ptr.v, value: value.v, mask }, &[]);
     }
 
     /// Atomic read-modify-write; returns the old values.
@@ -289,22 +245,10 @@ impl KernelBuilder {
         scope: Scope,
     ) -> Tile<'b> {
         let pt = ptr.ty();
-        let value = value
-            .into_tile(self, pt.elem.pointee().map(Elem::Num))
-            .broadcast_to(&pt.shape);
+        let value = value.into_tile(self, pt.elem.pointee().map(Elem::Num)).broadcast_to(&pt.shape);
         let mask = mask.map(|m| m.broadcast_to(&pt.shape).v);
         let rt = value.ty();
-        self.push1(
-            OpKind::Atomic {
-                op,
-                ptr: ptr.v,
-                value: value.v,
-                mask,
-                sem,
-                scope,
-            },
-            rt,
-        )
+        self.push1(OpKind::Atomic { op, ptr: ptr.v, value: value.v, mask, sem, scope }, rt)
     }
 
     pub fn atomic_cas<'b>(
@@ -316,49 +260,19 @@ impl KernelBuilder {
         scope: Scope,
     ) -> Tile<'b> {
         let like = ptr.ty().elem.pointee().map(Elem::Num);
-        let (e, d) = (
-            expected.into_tile(self, like),
-            desired.into_tile(self, like),
-        );
+        let (e, d) = (expected.into_tile(self, like), desired.into_tile(self, like));
         let rt = e.ty();
-        self.push1(
-            OpKind::AtomicCas {
-                ptr: ptr.v,
-                expected: e.v,
-                desired: d.v,
-                sem,
-                scope,
-            },
-            rt,
-        )
+        self.push1(OpKind::AtomicCas { ptr: ptr.v, expected: e.v, desired: d.v, sem, scope }, rt)
     }
 
     /// `acc + a @ b`.
-    pub fn dot<'b>(
-        &'b self,
-        a: Tile<'b>,
-        b: Tile<'b>,
-        acc: Tile<'b>,
-        precision: InputPrecision,
-    ) -> Tile<'b> {
+    pub fn dot<'b>(&'b self, a: Tile<'b>, b: Tile<'b>, acc: Tile<'b>, precision: InputPrecision) -> Tile<'b> {
         let rt = acc.ty();
-        self.push1(
-            OpKind::Dot {
-                a: a.v,
-                b: b.v,
-                acc: acc.v,
-                precision,
-            },
-            rt,
-        )
+        self.push1(OpKind::Dot { a: a.v, b: b.v, acc: acc.v, precision }, rt)
     }
 
     /// Runs `body` inside a new block with the given argument types; returns the block.
-    fn region<'b>(
-        &'b self,
-        args: &[Type],
-        body: impl FnOnce(&[Tile<'b>]) -> Vec<Tile<'b>>,
-    ) -> Block {
+    fn region<'b>(&'b self, args: &[Type], body: impl FnOnce(&[Tile<'b>]) -> Vec<Tile<'b>>) -> Block {
         let block = self.state.borrow_mut().func.new_block(args);
         let arg_values = self.state.borrow().func.blocks[block].args.clone();
         self.state.borrow_mut().cursor.push(block);
@@ -394,10 +308,7 @@ impl KernelBuilder {
             init: init.iter().map(|t| t.v).collect(),
             body: block,
         };
-        self.push(kind, &carried)
-            .into_iter()
-            .map(|v| self.tile(v))
-            .collect()
+        self.push(kind, &carried).into_iter().map(|v| self.tile(v)).collect()
     }
 
     /// `if cond { then() } else { otherwise() }`; both closures return values of the same types,
@@ -415,15 +326,8 @@ impl KernelBuilder {
             ys
         });
         let else_block = self.region(&[], |_| otherwise());
-        let kind = OpKind::If {
-            cond: cond.v,
-            then_block,
-            else_block,
-        };
-        self.push(kind, &result_types)
-            .into_iter()
-            .map(|v| self.tile(v))
-            .collect()
+        let kind = OpKind::If { cond: cond.v, then_block, else_block };
+        self.push(kind, &result_types).into_iter().map(|v| self.tile(v)).collect()
     }
 
     /// `if cond { then() }` without results.
@@ -448,15 +352,8 @@ impl KernelBuilder {
         let carried: Vec<Type> = init.iter().map(|t| t.ty()).collect();
         let cond_block = self.region(&carried, |a| vec![cond(a)]);
         let body_block = self.region(&carried, body);
-        let kind = OpKind::While {
-            init: init.iter().map(|t| t.v).collect(),
-            cond: cond_block,
-            body: body_block,
-        };
-        self.push(kind, &carried)
-            .into_iter()
-            .map(|v| self.tile(v))
-            .collect()
+        let kind = OpKind::While { init: init.iter().map(|t| t.v).collect(), cond: cond_block, body: body_block };
+        self.push(kind, &carried).into_iter().map(|v| self.tile(v)).collect()
     }
 
     // --- distributed ops ---
@@ -473,13 +370,7 @@ impl KernelBuilder {
     pub fn symm_at<'b>(&'b self, ptr: Tile<'b>, rank: impl IntoTile<'b>) -> Tile<'b> {
         let rank = rank.into_tile(self, Some(Elem::Num(DType::I32)));
         let rt = ptr.ty();
-        self.push1(
-            OpKind::SymmAt {
-                ptr: ptr.v,
-                rank: rank.v,
-            },
-            rt,
-        )
+        self.push1(OpKind::SymmAt { ptr: ptr.v, rank: rank.v }, rt)
     }
 
     pub fn notify<'b>(
@@ -492,16 +383,7 @@ impl KernelBuilder {
     ) {
         let rank = rank.into_tile(self, Some(Elem::Num(DType::I32)));
         let value = value.into_tile(self, Some(Elem::Num(DType::U64)));
-        self.push(
-            OpKind::Notify {
-                sig: sig.v,
-                rank: rank.v,
-                value: value.v,
-                op,
-                scope,
-            },
-            &[],
-        );
+        self.push(OpKind::Notify { sig: sig.v, rank: rank.v, value: value.v, op, scope }, &[]);
     }
 
     /// Waits until `count` signals from `sigs` satisfy `signal <cmp> value`; returns the token
@@ -517,17 +399,7 @@ impl KernelBuilder {
     ) -> Tile<'b> {
         let count = count.into_tile(self, Some(Elem::Num(DType::I32)));
         let value = value.into_tile(self, Some(Elem::Num(DType::U64)));
-        self.push1(
-            OpKind::Wait {
-                sigs: sigs.v,
-                count: count.v,
-                cmp,
-                value: value.v,
-                scope,
-                sem,
-            },
-            Type::token(),
-        )
+        self.push1(OpKind::Wait { sigs: sigs.v, count: count.v, cmp, value: value.v, scope, sem }, Type::token())
     }
 
     pub fn put<'b>(
@@ -541,17 +413,7 @@ impl KernelBuilder {
     ) {
         let bytes = bytes.into_tile(self, Some(Elem::Num(DType::I64)));
         let rank = rank.into_tile(self, Some(Elem::Num(DType::I32)));
-        self.push(
-            OpKind::Put {
-                dst: dst.v,
-                src: src.v,
-                bytes: bytes.v,
-                rank: rank.v,
-                group,
-                nbi,
-            },
-            &[],
-        );
+        self.push(OpKind::Put { dst: dst.v, src: src.v, bytes: bytes.v, rank: rank.v, group, nbi }, &[]);
     }
 
     pub fn get<'b>(
@@ -565,17 +427,7 @@ impl KernelBuilder {
     ) {
         let bytes = bytes.into_tile(self, Some(Elem::Num(DType::I64)));
         let rank = rank.into_tile(self, Some(Elem::Num(DType::I32)));
-        self.push(
-            OpKind::Get {
-                dst: dst.v,
-                src: src.v,
-                bytes: bytes.v,
-                rank: rank.v,
-                group,
-                nbi,
-            },
-            &[],
-        );
+        self.push(OpKind::Get { dst: dst.v, src: src.v, bytes: bytes.v, rank: rank.v, group, nbi }, &[]);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -608,21 +460,9 @@ impl KernelBuilder {
         self.push(kind, &[]);
     }
 
-    pub fn signal_wait_until<'b>(
-        &'b self,
-        sig: Tile<'b>,
-        cmp: CmpOp,
-        value: impl IntoTile<'b>,
-    ) -> Tile<'b> {
+    pub fn signal_wait_until<'b>(&'b self, sig: Tile<'b>, cmp: CmpOp, value: impl IntoTile<'b>) -> Tile<'b> {
         let value = value.into_tile(self, Some(Elem::Num(DType::U64)));
-        self.push1(
-            OpKind::SignalWaitUntil {
-                sig: sig.v,
-                cmp,
-                value: value.v,
-            },
-            Type::num(DType::U64),
-        )
+        self.push1(OpKind::SignalWaitUntil { sig: sig.v, cmp, value: value.v }, Type::num(DType::U64))
     }
 
     pub fn fence(&self) {
@@ -641,11 +481,7 @@ impl KernelBuilder {
 /// Shape that two shapes broadcast to (NumPy rules), or `None` when they are incompatible.
 fn broadcast_shape(a: &[u32], b: &[u32]) -> Option<Vec<u32>> {
     let n = a.len().max(b.len());
-    let pad = |s: &[u32]| -> Vec<u32> {
-        std::iter::repeat_n(1, n - s.len())
-            .chain(s.iter().copied())
-            .collect()
-    };
+    let pad = |s: &[u32]| -> Vec<u32> { std::iter::repeat_n(1, n - s.len()).chain(s.iter().copied()).collect() };
     let (a, b) = (pad(a), pad(b));
     a.iter()
         .zip(&b)
@@ -726,20 +562,8 @@ impl<'b> Tile<'b> {
     /// Permutes dimensions.
     pub fn permute(self, perm: &[u32]) -> Tile<'b> {
         let ty = self.ty();
-        let shape = perm
-            .iter()
-            .map(|p| ty.shape.get(*p as usize).copied().unwrap_or(0))
-            .collect();
-        self.op1(
-            OpKind::Transpose {
-                x: self.v,
-                perm: perm.to_vec(),
-            },
-            Type {
-                elem: ty.elem,
-                shape,
-            },
-        )
+        let shape = perm.iter().map(|p| ty.shape.get(*p as usize).copied().unwrap_or(0)).collect();
+        self.op1(OpKind::Transpose { x: self.v, perm: perm.to_vec() }, Type { elem: ty.elem, shape })
     }
 
     /// Swaps the two dimensions of a 2-D tile.
@@ -805,28 +629,14 @@ impl<'b> Tile<'b> {
     pub fn binary(self, op: BinaryOp, rhs: impl IntoTile<'b>) -> Tile<'b> {
         let (l, r) = self.align(rhs);
         let rt = l.ty();
-        self.op1(
-            OpKind::Binary {
-                op,
-                lhs: l.v,
-                rhs: r.v,
-            },
-            rt,
-        )
+        self.op1(OpKind::Binary { op, lhs: l.v, rhs: r.v }, rt)
     }
 
     /// Elementwise comparison with broadcasting.
     pub fn cmp(self, op: CmpOp, rhs: impl IntoTile<'b>) -> Tile<'b> {
         let (l, r) = self.align(rhs);
         let rt = l.ty().with_elem(Elem::Num(DType::I1));
-        self.op1(
-            OpKind::Cmp {
-                op,
-                lhs: l.v,
-                rhs: r.v,
-            },
-            rt,
-        )
+        self.op1(OpKind::Cmp { op, lhs: l.v, rhs: r.v }, rt)
     }
 
     pub fn lt(self, rhs: impl IntoTile<'b>) -> Tile<'b> {
@@ -859,20 +669,9 @@ impl<'b> Tile<'b> {
         let t = on_true.into_tile(self.b, None);
         let (t, f) = t.align(on_false);
         let shape = broadcast_shape(&self.shape(), &t.shape()).unwrap_or_else(|| t.shape());
-        let (c, t, f) = (
-            self.broadcast_to(&shape),
-            t.broadcast_to(&shape),
-            f.broadcast_to(&shape),
-        );
+        let (c, t, f) = (self.broadcast_to(&shape), t.broadcast_to(&shape), f.broadcast_to(&shape));
         let rt = t.ty();
-        self.op1(
-            OpKind::Select {
-                cond: c.v,
-                on_true: t.v,
-                on_false: f.v,
-            },
-            rt,
-        )
+        self.op1(OpKind::Select { cond: c.v, on_true: t.v, on_false: f.v }, rt)
     }
 
     /// Reduction along `axis`.
@@ -886,14 +685,7 @@ impl<'b> Tile<'b> {
             ReduceOp::Argmax | ReduceOp::Argmin => Elem::Num(DType::I32),
             _ => ty.elem,
         };
-        self.op1(
-            OpKind::Reduce {
-                op,
-                axis,
-                x: self.v,
-            },
-            Type { elem, shape },
-        )
+        self.op1(OpKind::Reduce { op, axis, x: self.v }, Type { elem, shape })
     }
 
     pub fn sum(self, axis: u32) -> Tile<'b> {
@@ -912,13 +704,7 @@ impl<'b> Tile<'b> {
     /// Orders this value after the wait that produced `token`.
     pub fn consume_token(self, token: Tile<'b>) -> Tile<'b> {
         let rt = self.ty();
-        self.op1(
-            OpKind::ConsumeToken {
-                value: self.v,
-                token: token.v,
-            },
-            rt,
-        )
+        self.op1(OpKind::ConsumeToken { value: self.v, token: token.v }, rt)
     }
 }
 
@@ -952,13 +738,7 @@ impl<'b, R: IntoTile<'b>> std::ops::Add<R> for Tile<'b> {
         if let Elem::Ptr(_) = self.elem() {
             let (p, o) = self.align(rhs);
             let rt = p.ty();
-            return self.op1(
-                OpKind::AddPtr {
-                    ptr: p.v,
-                    offset: o.v,
-                },
-                rt,
-            );
+            return self.op1(OpKind::AddPtr { ptr: p.v, offset: o.v }, rt);
         }
         self.binary(BinaryOp::Add, rhs)
     }

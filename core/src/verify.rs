@@ -8,10 +8,21 @@ use std::collections::HashSet;
 /// Largest number of elements in one tile value.
 pub const MAX_TILE_ELEMENTS: u64 = 1 << 24;
 
-/// What is wrong with a function, naming the op and operand.
+/// What is wrong with a function, naming the op and operand (boxed: errors stay one word).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}", self.render())]
-pub struct VerifyError {
+#[error("{}", self.0.render())]
+pub struct VerifyError(pub Box<VerifyErrorInfo>);
+
+impl std::ops::Deref for VerifyError {
+    type Target = VerifyErrorInfo;
+    fn deref(&self) -> &VerifyErrorInfo {
+        &self.0
+    }
+}
+
+/// The details of a [`VerifyError`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerifyErrorInfo {
     /// Kernel name.
     pub kernel: String,
     /// Mnemonic of the offending op (`kernel` for errors in the signature).
@@ -25,7 +36,7 @@ pub struct VerifyError {
     pub message: String,
 }
 
-impl VerifyError {
+impl VerifyErrorInfo {
     fn render(&self) -> String {
         let mut s = format!("kernel @{}: `{}`", self.kernel, self.op);
         if let Some(i) = self.op_index {
@@ -44,21 +55,13 @@ impl VerifyError {
 
 /// Checks a function; on success backends may assume the module invariants.
 pub fn verify(func: &Function) -> Result<(), VerifyError> {
-    let mut v = Verifier {
-        func,
-        visible: HashSet::new(),
-        op: None,
-        used_blocks: HashSet::new(),
-    };
+    let mut v = Verifier { func, visible: HashSet::new(), op: None, used_blocks: HashSet::new() };
     v.signature()?;
     let body = func.body;
     v.used_blocks.insert(body);
     let b = v.block_data(body)?;
     if !b.args.is_empty() || !b.yields.is_empty() {
-        return Err(v.error(
-            None,
-            "the kernel body takes no arguments and yields nothing",
-        ));
+        return Err(v.error(None, "the kernel body takes no arguments and yields nothing"));
     }
     v.block(body)?;
     Ok(())
@@ -83,14 +86,14 @@ impl<'a> Verifier<'a> {
             Some((o, d)) => (d.kind.mnemonic().to_string(), Some(o.index()), d.loc),
             None => ("kernel".to_string(), None, None),
         };
-        VerifyError {
+        VerifyError(Box::new(VerifyErrorInfo {
             kernel: self.func.name.clone(),
             op,
             op_index,
             loc,
             operand: operand.map(str::to_string),
             message: message.into(),
-        }
+        }))
     }
 
     fn fail<T>(&self, operand: &str, message: impl Into<String>) -> VResult<T> {
@@ -98,18 +101,11 @@ impl<'a> Verifier<'a> {
     }
 
     fn block_data(&self, b: Block) -> VResult<&'a BlockData> {
-        self.func
-            .blocks
-            .get(b)
-            .ok_or_else(|| self.error(None, format!("refers to missing block {b:?}")))
+        self.func.blocks.get(b).ok_or_else(|| self.error(None, format!("refers to missing block {b:?}")))
     }
 
     fn ty(&self, v: Value) -> VResult<&'a Type> {
-        self.func
-            .values
-            .get(v)
-            .map(|d| &d.ty)
-            .ok_or_else(|| self.error(None, format!("refers to missing value {v:?}")))
+        self.func.values.get(v).map(|d| &d.ty).ok_or_else(|| self.error(None, format!("refers to missing value {v:?}")))
     }
 
     fn check_type(&self, what: &str, t: &Type) -> VResult {
@@ -117,39 +113,22 @@ impl<'a> Verifier<'a> {
             return self.fail(what, "`!token` values are scalars");
         }
         if let Some(d) = t.shape.iter().find(|d| !is_pow2(**d)) {
-            return self.fail(
-                what,
-                format!("tile dimension {d} of `{t}` is not a power of two"),
-            );
+            return self.fail(what, format!("tile dimension {d} of `{t}` is not a power of two"));
         }
         if t.numel() > MAX_TILE_ELEMENTS {
-            return self.fail(
-                what,
-                format!("`{t}` has more than {MAX_TILE_ELEMENTS} elements"),
-            );
+            return self.fail(what, format!("`{t}` has more than {MAX_TILE_ELEMENTS} elements"));
         }
         Ok(())
     }
 
     fn signature(&self) -> VResult {
         let f = self.func;
-        if f.name.is_empty()
-            || !f
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_')
-        {
-            return Err(self.error(
-                None,
-                format!("kernel name `{}` is not an identifier", f.name),
-            ));
+        if f.name.is_empty() || !f.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(self.error(None, format!("kernel name `{}` is not an identifier", f.name)));
         }
         let a = f.attrs;
         if !is_pow2(a.warps) || a.warps > 32 {
-            return Err(self.error(
-                None,
-                format!("warps = {} is not a power of two in 1..=32", a.warps),
-            ));
+            return Err(self.error(None, format!("warps = {} is not a power of two in 1..=32", a.warps)));
         }
         if a.stages == 0 || a.stages > 8 {
             return Err(self.error(None, format!("stages = {} is not in 1..=8", a.stages)));
@@ -158,17 +137,9 @@ impl<'a> Verifier<'a> {
         for p in &f.params {
             let t = self.ty(p.value)?;
             if !t.is_scalar() || t.elem == Elem::Token {
-                return self.fail(
-                    &p.name,
-                    format!("kernel parameters are scalars or pointers, found `{t}`"),
-                );
+                return self.fail(&p.name, format!("kernel parameters are scalars or pointers, found `{t}`"));
             }
-            if p.name.is_empty()
-                || !p
-                    .name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_')
-            {
+            if p.name.is_empty() || !p.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
                 return self.fail(&p.name, "parameter name is not an identifier");
             }
             if !names.insert(p.name.as_str()) {
@@ -200,10 +171,7 @@ impl<'a> Verifier<'a> {
         }
         for y in &data.yields {
             if !self.is_visible(*y) {
-                return self.fail(
-                    "yield",
-                    format!("yields value {y:?} that is not defined before it"),
-                );
+                return self.fail("yield", format!("yields value {y:?} that is not defined before it"));
             }
         }
         Ok(())
@@ -220,10 +188,7 @@ impl<'a> Verifier<'a> {
     fn check_operands_visible(&self, kind: &OpKind) -> VResult {
         for (role, v) in kind.operands() {
             if !self.is_visible(v) {
-                return self.fail(
-                    role,
-                    "uses a value that is not defined before this op in an enclosing block",
-                );
+                return self.fail(role, "uses a value that is not defined before this op in an enclosing block");
             }
         }
         Ok(())
@@ -235,20 +200,9 @@ impl<'a> Verifier<'a> {
             return self.fail(what, "a block is the region of two ops");
         }
         let data = self.block_data(b)?;
-        let arg_types: Vec<Type> = data
-            .args
-            .iter()
-            .map(|a| self.ty(*a).cloned())
-            .collect::<VResult<_>>()?;
+        let arg_types: Vec<Type> = data.args.iter().map(|a| self.ty(*a).cloned()).collect::<VResult<_>>()?;
         if arg_types != args {
-            return self.fail(
-                what,
-                format!(
-                    "block arguments are ({}), expected ({})",
-                    list(&arg_types),
-                    list(args)
-                ),
-            );
+            return self.fail(what, format!("block arguments are ({}), expected ({})", list(&arg_types), list(args)));
         }
         let op = self.op;
         let saved = self.visible.clone();
@@ -257,39 +211,18 @@ impl<'a> Verifier<'a> {
         }
         self.block(b)?;
         self.op = op;
-        let ytypes: Vec<Type> = data
-            .yields
-            .iter()
-            .map(|v| self.ty(*v).cloned())
-            .collect::<VResult<_>>()?;
+        let ytypes: Vec<Type> = data.yields.iter().map(|v| self.ty(*v).cloned()).collect::<VResult<_>>()?;
         self.visible = saved;
         if ytypes != yields {
-            return self.fail(
-                what,
-                format!(
-                    "block yields ({}), expected ({})",
-                    list(&ytypes),
-                    list(yields)
-                ),
-            );
+            return self.fail(what, format!("block yields ({}), expected ({})", list(&ytypes), list(yields)));
         }
         Ok(())
     }
 
     fn results_are(&self, results: &[Value], want: &[Type]) -> VResult {
-        let got: Vec<Type> = results
-            .iter()
-            .map(|r| self.ty(*r).cloned())
-            .collect::<VResult<_>>()?;
+        let got: Vec<Type> = results.iter().map(|r| self.ty(*r).cloned()).collect::<VResult<_>>()?;
         if got != want {
-            return self.fail(
-                "result",
-                format!(
-                    "result types are ({}), expected ({})",
-                    list(&got),
-                    list(want)
-                ),
-            );
+            return self.fail("result", format!("result types are ({}), expected ({})", list(&got), list(want)));
         }
         Ok(())
     }
@@ -297,10 +230,7 @@ impl<'a> Verifier<'a> {
     fn one_result(&self, results: &[Value]) -> VResult<&'a Type> {
         match results {
             [r] => self.ty(*r),
-            _ => self.fail(
-                "result",
-                format!("has {} results, expected 1", results.len()),
-            ),
+            _ => self.fail("result", format!("has {} results, expected 1", results.len())),
         }
     }
 
@@ -308,20 +238,11 @@ impl<'a> Verifier<'a> {
         let t = self.ty(v)?;
         match t.elem {
             Elem::Num(d) => Ok((d, t)),
-            _ => self.fail(
-                role,
-                format!("expected a number or numeric tile, found `{t}`"),
-            ),
+            _ => self.fail(role, format!("expected a number or numeric tile, found `{t}`")),
         }
     }
 
-    fn scalar_of(
-        &self,
-        role: &str,
-        v: Value,
-        ok: impl Fn(&Elem) -> bool,
-        want: &str,
-    ) -> VResult<&'a Type> {
+    fn scalar_of(&self, role: &str, v: Value, ok: impl Fn(&Elem) -> bool, want: &str) -> VResult<&'a Type> {
         let t = self.ty(v)?;
         if !t.is_scalar() || !ok(&t.elem) {
             return self.fail(role, format!("expected {want}, found `{t}`"));
@@ -330,47 +251,30 @@ impl<'a> Verifier<'a> {
     }
 
     fn int_scalar(&self, role: &str, v: Value) -> VResult<&'a Type> {
-        self.scalar_of(
-            role,
-            v,
-            |e| matches!(e, Elem::Num(d) if d.is_int() && *d != DType::I1),
-            "an integer scalar",
-        )
+        self.scalar_of(role, v, |e| matches!(e, Elem::Num(d) if d.is_int() && *d != DType::I1), "an integer scalar")
     }
 
     fn i32_scalar(&self, role: &str, v: Value) -> VResult {
-        self.scalar_of(role, v, |e| *e == Elem::Num(DType::I32), "an i32 scalar")
-            .map(|_| ())
+        self.scalar_of(role, v, |e| *e == Elem::Num(DType::I32), "an i32 scalar").map(|_| ())
     }
 
     fn u64_scalar(&self, role: &str, v: Value) -> VResult {
-        self.scalar_of(role, v, |e| *e == Elem::Num(DType::U64), "a u64 scalar")
-            .map(|_| ())
+        self.scalar_of(role, v, |e| *e == Elem::Num(DType::U64), "a u64 scalar").map(|_| ())
     }
 
     fn signal_ptr(&self, role: &str, v: Value) -> VResult {
-        self.scalar_of(
-            role,
-            v,
-            |e| *e == Elem::Ptr(DType::U64),
-            "a `!ptr<u64>` signal pointer",
-        )
-        .map(|_| ())
+        self.scalar_of(role, v, |e| *e == Elem::Ptr(DType::U64), "a `!ptr<u64>` signal pointer").map(|_| ())
     }
 
     fn ptr_scalar(&self, role: &str, v: Value) -> VResult {
-        self.scalar_of(role, v, |e| matches!(e, Elem::Ptr(_)), "a scalar pointer")
-            .map(|_| ())
+        self.scalar_of(role, v, |e| matches!(e, Elem::Ptr(_)), "a scalar pointer").map(|_| ())
     }
 
     fn mask(&self, mask: Option<Value>, shape: &[u32]) -> VResult {
         if let Some(m) = mask {
             let t = self.ty(m)?;
             if t.elem != Elem::Num(DType::I1) || t.shape != shape {
-                return self.fail(
-                    "mask",
-                    format!("expected i1 of shape {shape:?}, found `{t}`"),
-                );
+                return self.fail("mask", format!("expected i1 of shape {shape:?}, found `{t}`"));
             }
         }
         Ok(())
@@ -394,9 +298,7 @@ impl<'a> Verifier<'a> {
                 let t = self.one_result(results)?;
                 let ok = match (t.dtype(), lit) {
                     (Some(d), Literal::Float(_)) => d.is_float(),
-                    (Some(d), Literal::Int(i)) => {
-                        d.is_int() && (d != DType::I1 || *i == 0 || *i == 1)
-                    }
+                    (Some(d), Literal::Int(i)) => d.is_int() && (d != DType::I1 || *i == 0 || *i == 1),
                     (None, _) => false,
                 };
                 if !ok || !t.is_scalar() {
@@ -407,9 +309,7 @@ impl<'a> Verifier<'a> {
                 self.results_are(results, &[Type::num(DType::I32)])?
             }
             OpKind::Arange { start, end } => {
-                let n = end
-                    .checked_sub(*start)
-                    .filter(|n| *n > 0 && *n <= MAX_TILE_ELEMENTS as i64);
+                let n = end.checked_sub(*start).filter(|n| *n > 0 && *n <= MAX_TILE_ELEMENTS as i64);
                 let Some(n) = n else {
                     return self.fail("range", format!("empty or huge range [{start}, {end})"));
                 };
@@ -420,8 +320,7 @@ impl<'a> Verifier<'a> {
             }
             OpKind::Splat(x) => {
                 let (xt, rt) = (self.ty(*x)?, self.one_result(results)?);
-                if !xt.is_scalar() || xt.elem == Elem::Token || rt.elem != xt.elem || rt.is_scalar()
-                {
+                if !xt.is_scalar() || xt.elem == Elem::Token || rt.elem != xt.elem || rt.is_scalar() {
                     return self.fail("x", format!("cannot splat `{xt}` to `{rt}`"));
                 }
             }
@@ -430,11 +329,7 @@ impl<'a> Verifier<'a> {
                 let ok = rt.elem == xt.elem
                     && xt.shape.len() == rt.shape.len()
                     && !xt.is_scalar()
-                    && xt
-                        .shape
-                        .iter()
-                        .zip(&rt.shape)
-                        .all(|(a, b)| a == b || *a == 1);
+                    && xt.shape.iter().zip(&rt.shape).all(|(a, b)| a == b || *a == 1);
                 if !ok {
                     return self.fail("x", format!("cannot broadcast `{xt}` to `{rt}`"));
                 }
@@ -452,16 +347,10 @@ impl<'a> Verifier<'a> {
                 if sorted != (0..xt.shape.len() as u32).collect::<Vec<_>>() {
                     return self.fail(
                         "perm",
-                        format!(
-                            "{perm:?} is not a permutation of the {} dims of `{xt}`",
-                            xt.shape.len()
-                        ),
+                        format!("{perm:?} is not a permutation of the {} dims of `{xt}`", xt.shape.len()),
                     );
                 }
-                let want = Type {
-                    elem: xt.elem,
-                    shape: perm.iter().map(|p| xt.shape[*p as usize]).collect(),
-                };
+                let want = Type { elem: xt.elem, shape: perm.iter().map(|p| xt.shape[*p as usize]).collect() };
                 self.results_are(results, &[want])?;
                 let _ = rt;
             }
@@ -473,7 +362,7 @@ impl<'a> Verifier<'a> {
                 if *op == UnaryOp::Not && d.is_float() {
                     return self.fail("x", format!("`not` needs an integer operand, found `{xt}`"));
                 }
-                self.results_are(results, &[xt.clone()])?;
+                self.results_are(results, std::slice::from_ref(xt))?;
             }
             OpKind::Binary { op, lhs, rhs } => {
                 let (d, lt) = self.num("lhs", *lhs)?;
@@ -482,12 +371,9 @@ impl<'a> Verifier<'a> {
                     return self.fail("rhs", format!("type `{rt}` differs from lhs `{lt}`"));
                 }
                 if op.int_only() && d.is_float() {
-                    return self.fail(
-                        "lhs",
-                        format!("`{op}` needs integer operands, found `{lt}`"),
-                    );
+                    return self.fail("lhs", format!("`{op}` needs integer operands, found `{lt}`"));
                 }
-                self.results_are(results, &[lt.clone()])?;
+                self.results_are(results, std::slice::from_ref(lt))?;
             }
             OpKind::Cmp { lhs, rhs, .. } => {
                 let (lt, rt) = (self.ty(*lhs)?, self.ty(*rhs)?);
@@ -496,25 +382,15 @@ impl<'a> Verifier<'a> {
                 }
                 self.results_are(results, &[lt.with_elem(Elem::Num(DType::I1))])?;
             }
-            OpKind::Select {
-                cond,
-                on_true,
-                on_false,
-            } => {
+            OpKind::Select { cond, on_true, on_false } => {
                 let (ct, tt, ft) = (self.ty(*cond)?, self.ty(*on_true)?, self.ty(*on_false)?);
                 if tt != ft {
-                    return self.fail(
-                        "on_false",
-                        format!("type `{ft}` differs from on_true `{tt}`"),
-                    );
+                    return self.fail("on_false", format!("type `{ft}` differs from on_true `{tt}`"));
                 }
                 if ct.elem != Elem::Num(DType::I1) || ct.shape != tt.shape {
-                    return self.fail(
-                        "cond",
-                        format!("expected i1 of the shape of `{tt}`, found `{ct}`"),
-                    );
+                    return self.fail("cond", format!("expected i1 of the shape of `{tt}`, found `{ct}`"));
                 }
-                self.results_are(results, &[tt.clone()])?;
+                self.results_are(results, std::slice::from_ref(tt))?;
             }
             OpKind::Cast(x) => {
                 let (_, xt) = self.num("x", *x)?;
@@ -530,15 +406,10 @@ impl<'a> Verifier<'a> {
                 }
                 let int_offset = matches!(ot.elem, Elem::Num(d) if d.is_int() && d != DType::I1);
                 if !int_offset || ot.shape != pt.shape {
-                    return self.fail(
-                        "offset",
-                        format!(
-                            "expected integer offsets of shape {:?}, found `{ot}`",
-                            pt.shape
-                        ),
-                    );
+                    return self
+                        .fail("offset", format!("expected integer offsets of shape {:?}, found `{ot}`", pt.shape));
                 }
-                self.results_are(results, &[pt.clone()])?;
+                self.results_are(results, std::slice::from_ref(pt))?;
             }
             OpKind::Reduce { op, axis, x } => {
                 let (_, xt) = self.num("x", *x)?;
@@ -553,33 +424,19 @@ impl<'a> Verifier<'a> {
                 };
                 self.results_are(results, &[Type { elem, shape }])?;
             }
-            OpKind::Dot {
-                a,
-                b,
-                acc,
-                precision,
-            } => {
+            OpKind::Dot { a, b, acc, precision } => {
                 let (da, at) = self.num("a", *a)?;
                 let (db, bt) = self.num("b", *b)?;
                 let (dc, ct) = self.num("acc", *acc)?;
-                let (&[m, k], &[k2, n], &[m2, n2]) = (
-                    at.shape.as_slice(),
-                    bt.shape.as_slice(),
-                    ct.shape.as_slice(),
-                ) else {
-                    return self.fail(
-                        "a",
-                        format!("expects 2-D tiles, found `{at}`, `{bt}`, `{ct}`"),
-                    );
+                let (&[m, k], &[k2, n], &[m2, n2]) = (at.shape.as_slice(), bt.shape.as_slice(), ct.shape.as_slice())
+                else {
+                    return self.fail("a", format!("expects 2-D tiles, found `{at}`, `{bt}`, `{ct}`"));
                 };
                 if da != db {
                     return self.fail("b", format!("element type of `{bt}` differs from a `{at}`"));
                 }
                 if k != k2 || m != m2 || n != n2 {
-                    return self.fail(
-                        "b",
-                        format!("shapes `{at}` x `{bt}` -> `{ct}` do not agree"),
-                    );
+                    return self.fail("b", format!("shapes `{at}` x `{bt}` -> `{ct}` do not agree"));
                 }
                 let acc_ok = match da {
                     DType::F16 | DType::BF16 => matches!(dc, DType::F32 | DType::F16 | DType::BF16),
@@ -589,18 +446,12 @@ impl<'a> Verifier<'a> {
                     _ => false,
                 };
                 if !acc_ok {
-                    return self.fail(
-                        "acc",
-                        format!("`{dc}` accumulator is not valid for `{da}` inputs"),
-                    );
+                    return self.fail("acc", format!("`{dc}` accumulator is not valid for `{da}` inputs"));
                 }
                 if *precision != InputPrecision::Ieee && da != DType::F32 {
-                    return self.fail(
-                        "a",
-                        format!("precision `{precision}` applies to f32 inputs only, found `{da}`"),
-                    );
+                    return self.fail("a", format!("precision `{precision}` applies to f32 inputs only, found `{da}`"));
                 }
-                self.results_are(results, &[ct.clone()])?;
+                self.results_are(results, std::slice::from_ref(ct))?;
             }
             OpKind::Load { ptr, mask, other } => {
                 let rt = self.one_result(results)?;
@@ -609,10 +460,7 @@ impl<'a> Verifier<'a> {
                 if let Some(o) = other {
                     let ot = self.ty(*o)?;
                     if ot != rt {
-                        return self.fail(
-                            "other",
-                            format!("type `{ot}` differs from the loaded `{rt}`"),
-                        );
+                        return self.fail("other", format!("type `{ot}` differs from the loaded `{rt}`"));
                     }
                 }
             }
@@ -622,13 +470,7 @@ impl<'a> Verifier<'a> {
                 self.mask(*mask, &vt.shape)?;
                 self.results_are(results, &[])?;
             }
-            OpKind::Atomic {
-                op,
-                ptr,
-                value,
-                mask,
-                ..
-            } => {
+            OpKind::Atomic { op, ptr, value, mask, .. } => {
                 let (d, vt) = self.num("value", *value)?;
                 self.ptr_matches(*ptr, vt, "value")?;
                 self.mask(*mask, &vt.shape)?;
@@ -636,76 +478,41 @@ impl<'a> Verifier<'a> {
                 if (bitwise && d.is_float()) || d == DType::I1 || d.bits() < 16 {
                     return self.fail("value", format!("atomic `{op}` is not defined on `{d}`"));
                 }
-                self.results_are(results, &[vt.clone()])?;
+                self.results_are(results, std::slice::from_ref(vt))?;
             }
-            OpKind::AtomicCas {
-                ptr,
-                expected,
-                desired,
-                ..
-            } => {
+            OpKind::AtomicCas { ptr, expected, desired, .. } => {
                 let (d, et) = self.num("expected", *expected)?;
                 let dt = self.ty(*desired)?;
                 if dt != et {
-                    return self.fail(
-                        "desired",
-                        format!("type `{dt}` differs from expected `{et}`"),
-                    );
+                    return self.fail("desired", format!("type `{dt}` differs from expected `{et}`"));
                 }
                 if d.bits() < 16 {
-                    return self.fail(
-                        "expected",
-                        format!("compare-and-swap is not defined on `{d}`"),
-                    );
+                    return self.fail("expected", format!("compare-and-swap is not defined on `{d}`"));
                 }
                 self.ptr_matches(*ptr, et, "expected")?;
-                self.results_are(results, &[et.clone()])?;
+                self.results_are(results, std::slice::from_ref(et))?;
             }
-            OpKind::For {
-                lower,
-                upper,
-                step,
-                init,
-                body,
-            } => {
+            OpKind::For { lower, upper, step, init, body } => {
                 let lt = self.int_scalar("lower", *lower)?.clone();
                 for (role, v) in [("upper", upper), ("step", step)] {
                     if self.ty(*v)? != &lt {
                         return self.fail(role, format!("expected `{lt}` like lower"));
                     }
                 }
-                let carried: Vec<Type> = init
-                    .iter()
-                    .map(|v| self.ty(*v).cloned())
-                    .collect::<VResult<_>>()?;
+                let carried: Vec<Type> = init.iter().map(|v| self.ty(*v).cloned()).collect::<VResult<_>>()?;
                 let mut args = vec![lt];
                 args.extend(carried.iter().cloned());
                 self.region(*body, "body", &args, &carried)?;
                 self.results_are(results, &carried)?;
             }
-            OpKind::If {
-                cond,
-                then_block,
-                else_block,
-            } => {
-                self.scalar_of(
-                    "cond",
-                    *cond,
-                    |e| *e == Elem::Num(DType::I1),
-                    "an i1 scalar",
-                )?;
-                let rts: Vec<Type> = results
-                    .iter()
-                    .map(|v| self.ty(*v).cloned())
-                    .collect::<VResult<_>>()?;
+            OpKind::If { cond, then_block, else_block } => {
+                self.scalar_of("cond", *cond, |e| *e == Elem::Num(DType::I1), "an i1 scalar")?;
+                let rts: Vec<Type> = results.iter().map(|v| self.ty(*v).cloned()).collect::<VResult<_>>()?;
                 self.region(*then_block, "then", &[], &rts)?;
                 self.region(*else_block, "else", &[], &rts)?;
             }
             OpKind::While { init, cond, body } => {
-                let carried: Vec<Type> = init
-                    .iter()
-                    .map(|v| self.ty(*v).cloned())
-                    .collect::<VResult<_>>()?;
+                let carried: Vec<Type> = init.iter().map(|v| self.ty(*v).cloned()).collect::<VResult<_>>()?;
                 self.region(*cond, "cond", &carried, &[Type::num(DType::I1)])?;
                 self.region(*body, "body", &carried, &carried)?;
                 self.results_are(results, &carried)?;
@@ -716,29 +523,18 @@ impl<'a> Verifier<'a> {
                 let pt = self.ty(*ptr)?.clone();
                 self.results_are(results, &[pt])?;
             }
-            OpKind::Notify {
-                sig, rank, value, ..
-            } => {
+            OpKind::Notify { sig, rank, value, .. } => {
                 self.signal_ptr("sig", *sig)?;
                 self.i32_scalar("rank", *rank)?;
                 self.u64_scalar("value", *value)?;
                 self.results_are(results, &[])?;
             }
-            OpKind::Wait {
-                sigs,
-                count,
-                value,
-                sem,
-                ..
-            } => {
+            OpKind::Wait { sigs, count, value, sem, .. } => {
                 self.signal_ptr("sigs", *sigs)?;
                 self.i32_scalar("count", *count)?;
                 self.u64_scalar("value", *value)?;
                 if sem.releases() {
-                    return self.fail(
-                        "sem",
-                        format!("a wait reads; `{sem}` semantics need a write"),
-                    );
+                    return self.fail("sem", format!("a wait reads; `{sem}` semantics need a write"));
                 }
                 self.results_are(results, &[Type::token()])?;
             }
@@ -747,35 +543,14 @@ impl<'a> Verifier<'a> {
                 let vt = self.ty(*value)?.clone();
                 self.results_are(results, &[vt])?;
             }
-            OpKind::Put {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
-            }
-            | OpKind::Get {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
-            } => {
+            OpKind::Put { dst, src, bytes, rank, .. } | OpKind::Get { dst, src, bytes, rank, .. } => {
                 self.ptr_scalar("dst", *dst)?;
                 self.ptr_scalar("src", *src)?;
                 self.int_scalar("bytes", *bytes)?;
                 self.i32_scalar("rank", *rank)?;
                 self.results_are(results, &[])?;
             }
-            OpKind::PutSignal {
-                dst,
-                src,
-                bytes,
-                sig,
-                sig_value,
-                rank,
-                ..
-            } => {
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, rank, .. } => {
                 self.ptr_scalar("dst", *dst)?;
                 self.ptr_scalar("src", *src)?;
                 self.int_scalar("bytes", *bytes)?;
@@ -789,17 +564,12 @@ impl<'a> Verifier<'a> {
                 self.u64_scalar("value", *value)?;
                 self.results_are(results, &[Type::num(DType::U64)])?;
             }
-            OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => {
-                self.results_are(results, &[])?
-            }
+            OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => self.results_are(results, &[])?,
         }
         Ok(())
     }
 }
 
 fn list(ts: &[Type]) -> String {
-    ts.iter()
-        .map(|t| t.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
+    ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
 }

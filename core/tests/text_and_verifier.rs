@@ -64,37 +64,26 @@ fn verify_error(src: &str) -> trident_core::VerifyError {
 
 #[test]
 fn type_mismatch_names_op_operand_and_line() {
-    let bad = SCALE.replace(
-        "%11 = mul %8, %10 : tile<64xf32>",
-        "%11 = mul %8, %3 : tile<64xf32>",
-    );
+    let bad = SCALE.replace("%11 = mul %8, %10 : tile<64xf32>", "%11 = mul %8, %3 : tile<64xf32>");
     let e = verify_error(&bad);
     assert_eq!(e.op, "mul");
     assert_eq!(e.operand.as_deref(), Some("rhs"));
     assert_eq!(e.loc.map(|l| l.line), Some(13));
     let msg = e.to_string();
-    assert!(
-        msg.contains("tile<64xi32>") && msg.contains("line 13"),
-        "{msg}"
-    );
+    assert!(msg.contains("tile<64xi32>") && msg.contains("line 13"), "{msg}");
 }
 
 #[test]
 fn wrong_result_type_is_reported() {
-    let e = verify_error(&SCALE.replace(
-        "%8 = load %7, mask %5 : tile<64xf32>",
-        "%8 = load %7, mask %5 : tile<64xf16>",
-    ));
+    let e =
+        verify_error(&SCALE.replace("%8 = load %7, mask %5 : tile<64xf32>", "%8 = load %7, mask %5 : tile<64xf16>"));
     assert_eq!(e.op, "load");
     assert!(e.to_string().contains("does not match pointer"), "{e}");
 }
 
 #[test]
 fn non_power_of_two_tiles_are_rejected() {
-    let e = verify_error(&SCALE.replace(
-        "%1 = arange 0, 64 : tile<64xi32>",
-        "%1 = arange 0, 48 : tile<48xi32>",
-    ));
+    let e = verify_error(&SCALE.replace("%1 = arange 0, 64 : tile<64xi32>", "%1 = arange 0, 48 : tile<48xi32>"));
     assert_eq!(e.op, "arange");
     assert!(e.to_string().contains("power of two"), "{e}");
 }
@@ -111,10 +100,7 @@ fn values_of_a_region_do_not_escape_it() {
   return
 }";
     let e = text::parse(src).unwrap_err();
-    assert_eq!(
-        (e.line, e.message.as_str()),
-        (7, "use of undefined value `%3`")
-    );
+    assert_eq!((e.line, e.message.as_str()), (7, "use of undefined value `%3`"));
 }
 
 #[test]
@@ -133,9 +119,7 @@ fn parse_errors_carry_line_and_column() {
 fn tile_parameters_and_bad_attributes_are_rejected() {
     let e = verify_error("kernel @k(%t: tile<4xf32>) {\n  return\n}");
     assert!(e.to_string().contains("scalars or pointers"), "{e}");
-    let e = verify_error(
-        "kernel @k() attributes {warps = 3, stages = 1, cooperative = false} {\n  return\n}",
-    );
+    let e = verify_error("kernel @k() attributes {warps = 3, stages = 1, cooperative = false} {\n  return\n}");
     assert!(e.to_string().contains("warps = 3"), "{e}");
 }
 
@@ -159,9 +143,7 @@ fn dot_shapes_and_precision_are_checked() {
 }";
     let e = verify_error(src);
     assert_eq!((e.op.as_str(), e.operand.as_deref()), ("dot", Some("b")));
-    let e = verify_error(
-        &src.replace("tile<16x32xf16>", "tile<16x16xf16>")
-            .replace("precision ieee", "precision tf32"),
-    );
+    let e =
+        verify_error(&src.replace("tile<16x32xf16>", "tile<16x16xf16>").replace("precision ieee", "precision tf32"));
     assert!(e.to_string().contains("f32 inputs only"), "{e}");
 }

@@ -3,8 +3,8 @@
 //!
 //! A is `[M, K]`, B is `[K, N]`, C is `[M, N]`, all row-major with the given row strides.
 
-use crate::{cdiv, compile, require_bytes, require_i32};
-use trident_core::backend::{Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use crate::{cdiv, require_bytes, require_i32, Launcher};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, InputPrecision, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
@@ -23,15 +23,7 @@ pub struct Gemm {
 impl Gemm {
     /// A reasonable specialization for `dtype`.
     pub fn new(dtype: DType) -> Gemm {
-        Gemm {
-            dtype,
-            block_m: 64,
-            block_n: 64,
-            block_k: 32,
-            warps: 4,
-            stages: 2,
-            precision: InputPrecision::Ieee,
-        }
+        Gemm { dtype, block_m: 64, block_n: 64, block_k: 32, warps: 4, stages: 2, precision: InputPrecision::Ieee }
     }
 
     pub fn with_precision(self, precision: InputPrecision) -> Gemm {
@@ -57,34 +49,12 @@ impl Gemm {
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
-        let name = format!(
-            "gemm_{}_{bm}x{bn}x{bk}_{}",
-            self.dtype,
-            self.dot_precision()
-        );
-        let b = KernelBuilder::new(
-            &name,
-            LaunchAttrs {
-                warps: self.warps,
-                stages: self.stages,
-                cooperative: false,
-            },
-        );
-        let (a, bp, c) = (
-            b.arg_ptr("a", self.dtype),
-            b.arg_ptr("b", self.dtype),
-            b.arg_ptr("c", self.dtype),
-        );
-        let (m, n, k) = (
-            b.arg("m", DType::I32),
-            b.arg("n", DType::I32),
-            b.arg("k", DType::I32),
-        );
-        let (sa, sb, sc) = (
-            b.arg("stride_am", DType::I32),
-            b.arg("stride_bk", DType::I32),
-            b.arg("stride_cm", DType::I32),
-        );
+        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}", self.dtype, self.dot_precision());
+        let b = KernelBuilder::new(&name, LaunchAttrs { warps: self.warps, stages: self.stages, cooperative: false });
+        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let (sa, sb, sc) =
+            (b.arg("stride_am", DType::I32), b.arg("stride_bk", DType::I32), b.arg("stride_cm", DType::I32));
 
         let pid = b.program_id_x();
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
@@ -97,63 +67,42 @@ impl Gemm {
         let acc = b.zeros(&[bm, bn], self.accumulator());
         let a_ptrs = a + rows * sa + rk.expand_dims(0);
         let b_ptrs = bp + rk.expand_dims(1) * sb + cols;
-        let out = b.for_range(
-            0,
-            k,
-            bk as i32,
-            &[acc, a_ptrs, b_ptrs],
-            |k0, carried: &[Tile]| {
-                let (acc, pa, pb) = (carried[0], carried[1], carried[2]);
-                let kk = rk + k0;
-                let ta = b.load_or(pa, rows.lt(m) & kk.expand_dims(0).lt(k), 0.0);
-                let tb = b.load_or(pb, kk.expand_dims(1).lt(k) & cols.lt(n), 0.0);
-                let acc = b.dot(ta, tb, acc, self.dot_precision());
-                vec![acc, pa + bk as i32, pb + sb * bk as i32]
-            },
-        );
+        let out = b.for_range(0, k, bk as i32, &[acc, a_ptrs, b_ptrs], |k0, carried: &[Tile]| {
+            let (acc, pa, pb) = (carried[0], carried[1], carried[2]);
+            let kk = rk + k0;
+            let ta = b.load_or(pa, rows.lt(m) & kk.expand_dims(0).lt(k), 0.0);
+            let tb = b.load_or(pb, kk.expand_dims(1).lt(k) & cols.lt(n), 0.0);
+            let acc = b.dot(ta, tb, acc, self.dot_precision());
+            vec![acc, pa + bk as i32, pb + sb * bk as i32]
+        });
         let c_ptrs = c + rows * sc + cols;
-        b.store(
-            c_ptrs,
-            out[0].cast(self.dtype),
-            Some(rows.lt(m) & cols.lt(n)),
-        );
+        b.store(c_ptrs, out[0].cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
         b.finish()
     }
 
     /// Programs for an `m x n` output.
     pub fn grid(&self, m: usize, n: usize) -> [u32; 3] {
-        [
-            (cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)).max(1) as u32,
-            1,
-            1,
-        ]
+        [(cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)).max(1) as u32, 1, 1]
     }
 
     /// `c[m, n] = a[m, k] @ b[k, n]`, contiguous row-major.
-    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
-        backend: &dyn Backend,
-        device: &dyn Device,
+        l: &Launcher,
         a: &Buffer,
         b: &Buffer,
         c: &Buffer,
         (m, n, k): (usize, usize, usize),
-        opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
         let es = self.dtype.size_bytes() as usize;
         require_bytes(a, m * k * es, "a")?;
         require_bytes(b, k * n * es, "b")?;
         require_bytes(c, m * n * es, "c")?;
-        let (m32, n32, k32) = (
-            require_i32(m, "m")?,
-            require_i32(n, "n")?,
-            require_i32(k, "k")?,
-        );
+        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let kernel = compile(backend, self.build())?;
+        let kernel = l.compile(format!("{self:?}"), || self.build())?;
         let args = [
             a.arg(),
             b.arg(),
@@ -165,6 +114,6 @@ impl Gemm {
             KernelArg::i32(n32),
             KernelArg::i32(n32),
         ];
-        device.launch(&kernel, self.grid(m, n), &args, opts)
+        l.launch(&kernel, self.grid(m, n), &args)
     }
 }

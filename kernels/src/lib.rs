@@ -10,8 +10,10 @@ pub mod softmax;
 pub mod splitk_gemm;
 pub mod vector_add;
 
-use trident_core::backend::{Artifact, Backend, BackendError, Buffer};
-use trident_core::Function;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::{Function, VerifyError};
 
 /// Ceiling division for grid sizes.
 pub fn cdiv(a: usize, b: usize) -> usize {
@@ -31,14 +33,38 @@ pub fn require_bytes(buffer: &Buffer, bytes: usize, role: &str) -> Result<(), Ba
 
 /// A typed error unless a problem dimension fits the kernels' `i32` index arithmetic.
 pub fn require_i32(value: usize, what: &str) -> Result<i32, BackendError> {
-    i32::try_from(value)
-        .map_err(|_| BackendError::Host(format!("{what} = {value} does not fit i32 indexing")))
+    i32::try_from(value).map_err(|_| BackendError::Host(format!("{what} = {value} does not fit i32 indexing")))
 }
 
-/// Builds and compiles a kernel specialization for a backend's default target.
-pub fn compile(
-    backend: &dyn Backend,
-    func: Result<Function, trident_core::VerifyError>,
-) -> Result<Artifact, BackendError> {
-    backend.compile(&func?, None)
+/// Where host orchestration runs kernels: a backend, one of its devices, launch options, and
+/// the artifacts compiled so far (one per specialization: kernels are built and compiled once).
+pub struct Launcher<'a> {
+    pub backend: &'a dyn Backend,
+    pub device: &'a dyn Device,
+    pub opts: LaunchOptions,
+    compiled: Mutex<HashMap<String, Artifact>>,
+}
+
+impl<'a> Launcher<'a> {
+    pub fn new(backend: &'a dyn Backend, device: &'a dyn Device, opts: LaunchOptions) -> Launcher<'a> {
+        Launcher { backend, device, opts, compiled: Mutex::new(HashMap::new()) }
+    }
+
+    /// The artifact of the specialization `key` (its meta-parameters), building it on first use.
+    pub fn compile(
+        &self,
+        key: String,
+        build: impl FnOnce() -> Result<Function, VerifyError>,
+    ) -> Result<Artifact, BackendError> {
+        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+            return Ok(a.clone());
+        }
+        let artifact = self.backend.compile(&build()?, None)?;
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key, artifact.clone());
+        Ok(artifact)
+    }
+
+    pub fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
+        self.device.launch(kernel, grid, args, &self.opts)
+    }
 }

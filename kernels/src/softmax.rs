@@ -3,8 +3,8 @@
 //! `out[r, :] = exp(x[r, :] - max(x[r, :])) / sum(exp(x[r, :] - max(x[r, :])))`, computed in f32
 //! whatever the storage type, with masked-off columns loaded as `-inf` so they vanish in `exp`.
 
-use crate::{compile, require_bytes, require_i32};
-use trident_core::backend::{Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use crate::{require_bytes, require_i32, Launcher};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, VerifyError};
 
@@ -20,27 +20,18 @@ impl Softmax {
     /// The specialization for rows of `cols` elements.
     pub fn for_cols(dtype: DType, cols: usize) -> Softmax {
         let block = cols.max(1).next_power_of_two() as u32;
-        Softmax {
-            dtype,
-            block,
-            warps: if block >= 2048 { 8 } else { 4 },
-        }
+        Softmax { dtype, block, warps: if block >= 2048 { 8 } else { 4 } }
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let attrs = LaunchAttrs {
-            warps: self.warps,
-            ..LaunchAttrs::default()
-        };
+        let attrs = LaunchAttrs { warps: self.warps, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&format!("softmax_{}_{}", self.dtype, self.block), attrs);
         let (x, out) = (b.arg_ptr("x", self.dtype), b.arg_ptr("out", self.dtype));
         let (cols, stride) = (b.arg("cols", DType::I32), b.arg("row_stride", DType::I32));
         let row_start = b.program_id_x() * stride;
         let offs = b.arange(0, self.block as i64);
         let mask = offs.lt(cols);
-        let v = b
-            .load_or(x + row_start + offs, mask, f64::NEG_INFINITY)
-            .cast(DType::F32);
+        let v = b.load_or(x + row_start + offs, mask, f64::NEG_INFINITY).cast(DType::F32);
         let shifted = v - v.max_along(0);
         let e = shifted.exp();
         let y = e / e.sum(0);
@@ -49,22 +40,9 @@ impl Softmax {
     }
 
     /// Softmax of each of `rows` rows of `cols` elements (row-major, contiguous).
-    #[allow(clippy::too_many_arguments)]
-    pub fn run(
-        &self,
-        backend: &dyn Backend,
-        device: &dyn Device,
-        x: &Buffer,
-        out: &Buffer,
-        rows: usize,
-        cols: usize,
-        opts: &LaunchOptions,
-    ) -> Result<(), BackendError> {
+    pub fn run(&self, l: &Launcher, x: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<(), BackendError> {
         if cols > self.block as usize {
-            return Err(BackendError::Host(format!(
-                "rows of {cols} columns exceed the block of {}",
-                self.block
-            )));
+            return Err(BackendError::Host(format!("rows of {cols} columns exceed the block of {}", self.block)));
         }
         if rows == 0 || cols == 0 {
             return Ok(());
@@ -73,12 +51,7 @@ impl Softmax {
         require_bytes(x, bytes, "x")?;
         require_bytes(out, bytes, "out")?;
         let (c, r) = (require_i32(cols, "cols")?, require_i32(rows, "rows")?);
-        let k = compile(backend, self.build())?;
-        device.launch(
-            &k,
-            [r.max(1) as u32, 1, 1],
-            &[x.arg(), out.arg(), KernelArg::i32(c), KernelArg::i32(c)],
-            opts,
-        )
+        let k = l.compile(format!("{self:?}"), || self.build())?;
+        l.launch(&k, [r as u32, 1, 1], &[x.arg(), out.arg(), KernelArg::i32(c), KernelArg::i32(c)])
     }
 }

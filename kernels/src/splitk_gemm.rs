@@ -7,8 +7,8 @@
 //! resets the workspace tile and the counter to zero, so the workspace stays ready for the next
 //! call without a memset. Summation order across splits is not deterministic.
 
-use crate::{cdiv, compile, require_bytes, require_i32};
-use trident_core::backend::{Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use crate::{cdiv, require_bytes, require_i32, Launcher};
+use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
 use trident_core::ir::{AtomicOp, DType, InputPrecision, LaunchAttrs, MemSemantic, Scope};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
@@ -31,33 +31,16 @@ pub struct SplitKWorkspace {
 
 impl SplitKGemm {
     pub fn new(dtype: DType, splits: u32) -> SplitKGemm {
-        SplitKGemm {
-            dtype,
-            block_m: 32,
-            block_n: 32,
-            block_k: 32,
-            splits,
-        }
+        SplitKGemm { dtype, block_m: 32, block_n: 32, block_k: 32, splits }
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}", self.dtype);
         let b = KernelBuilder::new(&name, LaunchAttrs::default());
-        let (a, bp, c) = (
-            b.arg_ptr("a", self.dtype),
-            b.arg_ptr("b", self.dtype),
-            b.arg_ptr("c", self.dtype),
-        );
-        let (ws, counters) = (
-            b.arg_ptr("partial", DType::F32),
-            b.arg_ptr("counters", DType::I32),
-        );
-        let (m, n, k) = (
-            b.arg("m", DType::I32),
-            b.arg("n", DType::I32),
-            b.arg("k", DType::I32),
-        );
+        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
+        let (ws, counters) = (b.arg_ptr("partial", DType::F32), b.arg_ptr("counters", DType::I32));
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
         let k_per_split = b.arg("k_per_split", DType::I32);
 
         let (tile, split) = (b.program_id_x(), b.program_id(trident_core::ir::Axis::Y));
@@ -75,49 +58,20 @@ impl SplitKGemm {
             |c: &[Tile]| c[0].lt(k_hi),
             |c: &[Tile]| {
                 let kk = rk + c[0];
-                let ta = b.load_or(
-                    a + rows * k + kk.expand_dims(0),
-                    rows.lt(m) & kk.expand_dims(0).lt(k_hi),
-                    0.0,
-                );
-                let tb = b.load_or(
-                    bp + kk.expand_dims(1) * n + cols,
-                    kk.expand_dims(1).lt(k_hi) & cols.lt(n),
-                    0.0,
-                );
+                let ta = b.load_or(a + rows * k + kk.expand_dims(0), rows.lt(m) & kk.expand_dims(0).lt(k_hi), 0.0);
+                let tb = b.load_or(bp + kk.expand_dims(1) * n + cols, kk.expand_dims(1).lt(k_hi) & cols.lt(n), 0.0);
                 vec![c[0] + bk as i32, b.dot(ta, tb, c[1], InputPrecision::Ieee)]
             },
         );
         let in_bounds = rows.lt(m) & cols.lt(n);
         let offsets = rows * n + cols;
-        b.atomic(
-            AtomicOp::Add,
-            ws + offsets,
-            done[1],
-            Some(in_bounds),
-            MemSemantic::Relaxed,
-            Scope::Gpu,
-        );
-        let arrived = b.atomic(
-            AtomicOp::Add,
-            counters + tile,
-            1,
-            None,
-            MemSemantic::AcqRel,
-            Scope::Gpu,
-        );
+        b.atomic(AtomicOp::Add, ws + offsets, done[1], Some(in_bounds), MemSemantic::Relaxed, Scope::Gpu);
+        let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
         b.if_then(arrived.eq(self.splits as i32 - 1), || {
             let total = b.load_or(ws + offsets, in_bounds, 0.0);
             b.store(c + offsets, total.cast(self.dtype), Some(in_bounds));
             b.store(ws + offsets, 0.0f32, Some(in_bounds));
-            b.atomic(
-                AtomicOp::Xchg,
-                counters + tile,
-                0,
-                None,
-                MemSemantic::Relaxed,
-                Scope::Gpu,
-            );
+            b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
         });
         b.finish()
     }
@@ -127,12 +81,7 @@ impl SplitKGemm {
     }
 
     /// Allocates and zeroes the workspace for `m x n` outputs.
-    pub fn workspace(
-        &self,
-        device: &dyn Device,
-        m: usize,
-        n: usize,
-    ) -> Result<SplitKWorkspace, BackendError> {
+    pub fn workspace(&self, device: &dyn Device, m: usize, n: usize) -> Result<SplitKWorkspace, BackendError> {
         let partial = device.alloc((m * n * 4).max(4), "splitk_partial")?;
         let counters = device.alloc((self.tiles(m, n) * 4).max(4), "splitk_counters")?;
         device.fill(&partial, &[0])?;
@@ -144,19 +93,15 @@ impl SplitKGemm {
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
-        backend: &dyn Backend,
-        device: &dyn Device,
+        l: &Launcher,
         a: &Buffer,
         b: &Buffer,
         c: &Buffer,
         ws: &SplitKWorkspace,
         (m, n, k): (usize, usize, usize),
-        opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
         if self.splits == 0 {
-            return Err(BackendError::Host(
-                "split-K GEMM needs at least one split".into(),
-            ));
+            return Err(BackendError::Host("split-K GEMM needs at least one split".into()));
         }
         let es = self.dtype.size_bytes() as usize;
         require_bytes(a, m * k * es, "a")?;
@@ -164,17 +109,12 @@ impl SplitKGemm {
         require_bytes(c, m * n * es, "c")?;
         require_bytes(&ws.partial, m * n * 4, "partial")?;
         require_bytes(&ws.counters, self.tiles(m, n) * 4, "counters")?;
-        let (m32, n32, k32) = (
-            require_i32(m, "m")?,
-            require_i32(n, "n")?,
-            require_i32(k, "k")?,
-        );
+        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let per_split =
-            cdiv(cdiv(k, self.splits as usize), self.block_k as usize) * self.block_k as usize;
-        let kernel = compile(backend, self.build())?;
+        let per_split = cdiv(cdiv(k, self.splits as usize), self.block_k as usize) * self.block_k as usize;
+        let kernel = l.compile(format!("{self:?}"), || self.build())?;
         let args = [
             a.arg(),
             b.arg(),
@@ -184,16 +124,8 @@ impl SplitKGemm {
             KernelArg::i32(m32),
             KernelArg::i32(n32),
             KernelArg::i32(k32),
-            KernelArg::i32(require_i32(
-                per_split.max(self.block_k as usize),
-                "k_per_split",
-            )?),
+            KernelArg::i32(require_i32(per_split.max(self.block_k as usize), "k_per_split")?),
         ];
-        device.launch(
-            &kernel,
-            [self.tiles(m, n) as u32, self.splits, 1],
-            &args,
-            opts,
-        )
+        l.launch(&kernel, [self.tiles(m, n) as u32, self.splits, 1], &args)
     }
 }

@@ -1,7 +1,7 @@
 //! `out = x + y` over `n` elements: the smallest complete kernel (masked loads and stores).
 
-use crate::{cdiv, compile, require_bytes, require_i32};
-use trident_core::backend::{Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use crate::{cdiv, require_bytes, require_i32, Launcher};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, VerifyError};
 
@@ -15,15 +15,8 @@ pub struct VectorAdd {
 
 impl VectorAdd {
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let b = KernelBuilder::new(
-            &format!("vector_add_{}_{}", self.dtype, self.block),
-            LaunchAttrs::default(),
-        );
-        let (x, y, out) = (
-            b.arg_ptr("x", self.dtype),
-            b.arg_ptr("y", self.dtype),
-            b.arg_ptr("out", self.dtype),
-        );
+        let b = KernelBuilder::new(&format!("vector_add_{}_{}", self.dtype, self.block), LaunchAttrs::default());
+        let (x, y, out) = (b.arg_ptr("x", self.dtype), b.arg_ptr("y", self.dtype), b.arg_ptr("out", self.dtype));
         let n = b.arg("n", DType::I32);
         let offs = b.program_id_x() * self.block as i32 + b.arange(0, self.block as i64);
         let mask = offs.lt(n);
@@ -33,28 +26,14 @@ impl VectorAdd {
     }
 
     /// `out[..n] = x[..n] + y[..n]` on `device`.
-    pub fn run(
-        &self,
-        backend: &dyn Backend,
-        device: &dyn Device,
-        x: &Buffer,
-        y: &Buffer,
-        out: &Buffer,
-        n: usize,
-        opts: &LaunchOptions,
-    ) -> Result<(), BackendError> {
+    pub fn run(&self, l: &Launcher, x: &Buffer, y: &Buffer, out: &Buffer, n: usize) -> Result<(), BackendError> {
         let bytes = n * self.dtype.size_bytes() as usize;
         for (buf, role) in [(x, "x"), (y, "y"), (out, "out")] {
             require_bytes(buf, bytes, role)?;
         }
         let n32 = require_i32(n, "n")?;
-        let k = compile(backend, self.build())?;
+        let k = l.compile(format!("{self:?}"), || self.build())?;
         let grid = [cdiv(n.max(1), self.block as usize) as u32, 1, 1];
-        device.launch(
-            &k,
-            grid,
-            &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n32)],
-            opts,
-        )
+        l.launch(&k, grid, &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n32)])
     }
 }

@@ -77,17 +77,11 @@ fn mutation() -> impl Strategy<Value = Mutation> {
     ]);
     prop_oneof![
         (any::<usize>(), 1usize..40).prop_map(|(at, len)| Mutation::Delete { at, len }),
-        (any::<usize>(), words.clone()).prop_map(|(at, w)| Mutation::Insert {
-            at,
-            text: w.to_string()
-        }),
+        (any::<usize>(), words.clone()).prop_map(|(at, w)| Mutation::Insert { at, text: w.to_string() }),
         (any::<usize>(), any::<usize>()).prop_map(|(a, b)| Mutation::SwapLines { a, b }),
         any::<usize>().prop_map(|at| Mutation::DuplicateLine { at }),
         any::<usize>().prop_map(|at| Mutation::Truncate { at }),
-        (any::<usize>(), words).prop_map(|(nth, w)| Mutation::ReplaceWord {
-            nth,
-            with: w.to_string()
-        }),
+        (any::<usize>(), words).prop_map(|(nth, w)| Mutation::ReplaceWord { nth, with: w.to_string() }),
     ]
 }
 
@@ -128,12 +122,7 @@ fn apply(src: &str, m: &Mutation) -> String {
         Mutation::ReplaceWord { nth, with } => {
             let words: Vec<&str> = src.split(' ').collect();
             let i = nth % words.len().max(1);
-            words
-                .iter()
-                .enumerate()
-                .map(|(j, w)| if j == i { with.as_str() } else { w })
-                .collect::<Vec<_>>()
-                .join(" ")
+            words.iter().enumerate().map(|(j, w)| if j == i { with.as_str() } else { w }).collect::<Vec<_>>().join(" ")
         }
     }
 }

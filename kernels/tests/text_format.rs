@@ -11,12 +11,7 @@ fn every_kernel_round_trips_through_text() {
         let printed = text::print(&f);
         let parsed = text::parse(&printed).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         verify(&parsed).unwrap_or_else(|e| panic!("{}: {e}", f.name));
-        assert_eq!(
-            text::print(&parsed),
-            printed,
-            "{} does not round-trip",
-            f.name
-        );
+        assert_eq!(text::print(&parsed), printed, "{} does not round-trip", f.name);
     }
 }
 

@@ -11,10 +11,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 #[derive(Parser)]
-#[command(
-    name = "cargo xtask",
-    about = "trident's build, test and demo entry points"
-)]
+#[command(name = "cargo xtask", about = "trident's build, test and demo entry points")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -62,19 +59,14 @@ fn cargo() -> Command {
 }
 
 fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
 }
 
 /// Runs a command, echoing it; Err with a message when it fails.
 fn run(mut cmd: Command) -> Result<(), String> {
     let shown = format!("{cmd:?}").replace('"', "");
     eprintln!("xtask: {shown}");
-    let status = cmd
-        .status()
-        .map_err(|e| format!("could not start {shown}: {e}"))?;
+    let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
@@ -84,29 +76,15 @@ fn run(mut cmd: Command) -> Result<(), String> {
 
 fn conformance(args: &TestArgs) -> Command {
     let mut c = cargo();
-    c.args([
-        "run",
-        "--quiet",
-        "--release",
-        "-p",
-        "trident-conformance",
-        "--bin",
-        "trident-conformance",
-        "--",
-    ]);
+    c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-conformance", "--"]);
     c.args(["--backend", &args.backend]);
-    for (flag, v) in [
-        ("--kernel", &args.kernel),
-        ("--dtype", &args.dtype),
-        ("--seed", &args.seed),
-    ] {
+    for (flag, v) in [("--kernel", &args.kernel), ("--dtype", &args.dtype), ("--seed", &args.seed)] {
         if let Some(v) = v {
             c.args([flag, v.as_str()]);
         }
     }
-    let json = args.json.clone().unwrap_or_else(|| {
-        workspace_root().join(format!("target/conformance-{}.json", args.backend))
-    });
+    let json =
+        args.json.clone().unwrap_or_else(|| workspace_root().join(format!("target/conformance-{}.json", args.backend)));
     c.arg("--json").arg(json);
     c
 }
@@ -131,30 +109,14 @@ fn main() -> ExitCode {
         Cmd::Test(a) => test(a),
         Cmd::Demo => {
             let mut c = cargo();
-            c.args([
-                "run",
-                "--quiet",
-                "--release",
-                "-p",
-                "trident-conformance",
-                "--bin",
-                "trident-demo",
-            ]);
+            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-demo"]);
             run(c)
         }
         Cmd::Ci(a) => {
             let mut fmt = cargo();
             fmt.args(["fmt", "--all", "--check"]);
             let mut clippy = cargo();
-            clippy.args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--quiet",
-                "--",
-                "-D",
-                "warnings",
-            ]);
+            clippy.args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]);
             run(fmt).and_then(|_| run(clippy)).and_then(|_| test(a))
         }
     };

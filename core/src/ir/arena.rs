@@ -12,10 +12,7 @@ pub struct Handle<T> {
 
 impl<T> Handle<T> {
     pub fn new(index: usize) -> Self {
-        Handle {
-            index: index as u32,
-            _marker: PhantomData,
-        }
+        Handle { index: index as u32, _marker: PhantomData }
     }
 
     pub fn index(self) -> usize {
@@ -91,10 +88,7 @@ impl<T> Arena<T> {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (Handle<T>, &T)> {
-        self.items
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (Handle::new(i), t))
+        self.items.iter().enumerate().map(|(i, t)| (Handle::new(i), t))
     }
 }
 

@@ -173,10 +173,7 @@ trident_shmem_abi::keyword_enum! {
 impl BinaryOp {
     /// Ops defined on integers (and `i1`) only.
     pub fn int_only(self) -> bool {
-        matches!(
-            self,
-            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr
-        )
+        matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr)
     }
 }
 
@@ -231,11 +228,7 @@ pub struct LaunchAttrs {
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs {
-            warps: 4,
-            stages: 2,
-            cooperative: false,
-        }
+        LaunchAttrs { warps: 4, stages: 2, cooperative: false }
     }
 }
 
@@ -485,24 +478,12 @@ impl OpKind {
             | OpKind::Fence
             | OpKind::Quiet
             | OpKind::BarrierAll { .. } => {}
-            OpKind::Splat(x) | OpKind::Broadcast(x) | OpKind::Reshape(x) | OpKind::Cast(x) => {
-                v.push(("x", *x))
+            OpKind::Splat(x) | OpKind::Broadcast(x) | OpKind::Reshape(x) | OpKind::Cast(x) => v.push(("x", *x)),
+            OpKind::Transpose { x, .. } | OpKind::Unary { x, .. } | OpKind::Reduce { x, .. } => v.push(("x", *x)),
+            OpKind::Binary { lhs, rhs, .. } | OpKind::Cmp { lhs, rhs, .. } => v.extend([("lhs", *lhs), ("rhs", *rhs)]),
+            OpKind::Select { cond, on_true, on_false } => {
+                v.extend([("cond", *cond), ("on_true", *on_true), ("on_false", *on_false)])
             }
-            OpKind::Transpose { x, .. } | OpKind::Unary { x, .. } | OpKind::Reduce { x, .. } => {
-                v.push(("x", *x))
-            }
-            OpKind::Binary { lhs, rhs, .. } | OpKind::Cmp { lhs, rhs, .. } => {
-                v.extend([("lhs", *lhs), ("rhs", *rhs)])
-            }
-            OpKind::Select {
-                cond,
-                on_true,
-                on_false,
-            } => v.extend([
-                ("cond", *cond),
-                ("on_true", *on_true),
-                ("on_false", *on_false),
-            ]),
             OpKind::AddPtr { ptr, offset } => v.extend([("ptr", *ptr), ("offset", *offset)]),
             OpKind::Dot { a, b, acc, .. } => v.extend([("a", *a), ("b", *b), ("acc", *acc)]),
             OpKind::Load { ptr, mask, other } => {
@@ -514,72 +495,29 @@ impl OpKind {
                 v.extend([("ptr", *ptr), ("value", *value)]);
                 v.extend(mask.map(|m| ("mask", m)));
             }
-            OpKind::Atomic {
-                ptr, value, mask, ..
-            } => {
+            OpKind::Atomic { ptr, value, mask, .. } => {
                 v.extend([("ptr", *ptr), ("value", *value)]);
                 v.extend(mask.map(|m| ("mask", m)));
             }
-            OpKind::AtomicCas {
-                ptr,
-                expected,
-                desired,
-                ..
-            } => v.extend([
-                ("ptr", *ptr),
-                ("expected", *expected),
-                ("desired", *desired),
-            ]),
-            OpKind::For {
-                lower,
-                upper,
-                step,
-                init,
-                ..
-            } => {
+            OpKind::AtomicCas { ptr, expected, desired, .. } => {
+                v.extend([("ptr", *ptr), ("expected", *expected), ("desired", *desired)])
+            }
+            OpKind::For { lower, upper, step, init, .. } => {
                 v.extend([("lower", *lower), ("upper", *upper), ("step", *step)]);
                 v.extend(init.iter().map(|x| ("init", *x)));
             }
             OpKind::If { cond, .. } => v.push(("cond", *cond)),
             OpKind::While { init, .. } => v.extend(init.iter().map(|x| ("init", *x))),
             OpKind::SymmAt { ptr, rank } => v.extend([("ptr", *ptr), ("rank", *rank)]),
-            OpKind::Notify {
-                sig, rank, value, ..
-            } => v.extend([("sig", *sig), ("rank", *rank), ("value", *value)]),
-            OpKind::Wait {
-                sigs, count, value, ..
-            } => v.extend([("sigs", *sigs), ("count", *count), ("value", *value)]),
-            OpKind::ConsumeToken { value, token } => {
-                v.extend([("value", *value), ("token", *token)])
+            OpKind::Notify { sig, rank, value, .. } => v.extend([("sig", *sig), ("rank", *rank), ("value", *value)]),
+            OpKind::Wait { sigs, count, value, .. } => {
+                v.extend([("sigs", *sigs), ("count", *count), ("value", *value)])
             }
-            OpKind::Put {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
+            OpKind::ConsumeToken { value, token } => v.extend([("value", *value), ("token", *token)]),
+            OpKind::Put { dst, src, bytes, rank, .. } | OpKind::Get { dst, src, bytes, rank, .. } => {
+                v.extend([("dst", *dst), ("src", *src), ("bytes", *bytes), ("rank", *rank)])
             }
-            | OpKind::Get {
-                dst,
-                src,
-                bytes,
-                rank,
-                ..
-            } => v.extend([
-                ("dst", *dst),
-                ("src", *src),
-                ("bytes", *bytes),
-                ("rank", *rank),
-            ]),
-            OpKind::PutSignal {
-                dst,
-                src,
-                bytes,
-                sig,
-                sig_value,
-                rank,
-                ..
-            } => v.extend([
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, rank, .. } => v.extend([
                 ("dst", *dst),
                 ("src", *src),
                 ("bytes", *bytes),
@@ -587,9 +525,7 @@ impl OpKind {
                 ("sig_value", *sig_value),
                 ("rank", *rank),
             ]),
-            OpKind::SignalWaitUntil { sig, value, .. } => {
-                v.extend([("sig", *sig), ("value", *value)])
-            }
+            OpKind::SignalWaitUntil { sig, value, .. } => v.extend([("sig", *sig), ("value", *value)]),
         }
         v
     }
@@ -598,11 +534,7 @@ impl OpKind {
     pub fn blocks(&self) -> Vec<Block> {
         match self {
             OpKind::For { body, .. } => vec![*body],
-            OpKind::If {
-                then_block,
-                else_block,
-                ..
-            } => vec![*then_block, *else_block],
+            OpKind::If { then_block, else_block, .. } => vec![*then_block, *else_block],
             OpKind::While { cond, body, .. } => vec![*cond, *body],
             _ => Vec::new(),
         }
@@ -659,23 +591,12 @@ impl Function {
             .enumerate()
             .map(|(i, (n, t))| Param {
                 name: n.to_string(),
-                value: values.append(ValueData {
-                    ty: t.clone(),
-                    def: ValueDef::Param(i as u32),
-                }),
+                value: values.append(ValueData { ty: t.clone(), def: ValueDef::Param(i as u32) }),
             })
             .collect();
         let mut blocks = Arena::new();
         let body = blocks.append(BlockData::default());
-        Function {
-            name: name.to_string(),
-            params,
-            attrs,
-            values,
-            ops: Arena::new(),
-            blocks,
-            body,
-        }
+        Function { name: name.to_string(), params, attrs, values, ops: Arena::new(), blocks, body }
     }
 
     pub fn ty(&self, v: Value) -> &Type {
@@ -689,13 +610,7 @@ impl Function {
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                self.values.append(ValueData {
-                    ty: t.clone(),
-                    def: ValueDef::BlockArg {
-                        block,
-                        index: i as u32,
-                    },
-                })
+                self.values.append(ValueData { ty: t.clone(), def: ValueDef::BlockArg { block, index: i as u32 } })
             })
             .collect();
         self.blocks[block].args = args;
@@ -703,29 +618,13 @@ impl Function {
     }
 
     /// Appends an op to the end of `block`, creating result values of the given types.
-    pub fn push_op(
-        &mut self,
-        block: Block,
-        kind: OpKind,
-        result_types: &[Type],
-        loc: Option<Loc>,
-    ) -> Op {
-        let op = self.ops.append(OpData {
-            kind,
-            results: Vec::new(),
-            loc,
-        });
+    pub fn push_op(&mut self, block: Block, kind: OpKind, result_types: &[Type], loc: Option<Loc>) -> Op {
+        let op = self.ops.append(OpData { kind, results: Vec::new(), loc });
         let results = result_types
             .iter()
             .enumerate()
             .map(|(i, t)| {
-                self.values.append(ValueData {
-                    ty: t.clone(),
-                    def: ValueDef::Result {
-                        op,
-                        index: i as u32,
-                    },
-                })
+                self.values.append(ValueData { ty: t.clone(), def: ValueDef::Result { op, index: i as u32 } })
             })
             .collect();
         self.ops[op].results = results;

@@ -104,10 +104,7 @@ pub struct Type {
 
 impl Type {
     pub fn scalar(elem: Elem) -> Type {
-        Type {
-            elem,
-            shape: Vec::new(),
-        }
+        Type { elem, shape: Vec::new() }
     }
 
     pub fn num(d: DType) -> Type {
@@ -123,10 +120,7 @@ impl Type {
     }
 
     pub fn tile(elem: Elem, shape: &[u32]) -> Type {
-        Type {
-            elem,
-            shape: shape.to_vec(),
-        }
+        Type { elem, shape: shape.to_vec() }
     }
 
     pub fn is_scalar(&self) -> bool {
@@ -135,17 +129,12 @@ impl Type {
 
     /// Number of elements (1 for a scalar); saturates instead of overflowing on absurd shapes.
     pub fn numel(&self) -> u64 {
-        self.shape
-            .iter()
-            .fold(1u64, |n, &d| n.saturating_mul(d as u64))
+        self.shape.iter().fold(1u64, |n, &d| n.saturating_mul(d as u64))
     }
 
     /// The same shape with another element type.
     pub fn with_elem(&self, elem: Elem) -> Type {
-        Type {
-            elem,
-            shape: self.shape.clone(),
-        }
+        Type { elem, shape: self.shape.clone() }
     }
 
     pub fn dtype(&self) -> Option<DType> {
@@ -173,14 +162,8 @@ mod tests {
     #[test]
     fn display() {
         assert_eq!(Type::num(DType::BF16).to_string(), "bf16");
-        assert_eq!(
-            Type::tile(Elem::Num(DType::F32), &[128, 64]).to_string(),
-            "tile<128x64xf32>"
-        );
-        assert_eq!(
-            Type::tile(Elem::Ptr(DType::F16), &[128]).to_string(),
-            "tile<128x!ptr<f16>>"
-        );
+        assert_eq!(Type::tile(Elem::Num(DType::F32), &[128, 64]).to_string(), "tile<128x64xf32>");
+        assert_eq!(Type::tile(Elem::Ptr(DType::F16), &[128]).to_string(), "tile<128x!ptr<f16>>");
         assert_eq!(Type::token().to_string(), "!token");
     }
 

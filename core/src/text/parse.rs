@@ -19,14 +19,7 @@ const MAX_DEPTH: usize = 64;
 
 /// Parses one kernel in the text format.
 pub fn parse(text: &str) -> Result<Function, ParseError> {
-    let mut p = Parser {
-        src: text.as_bytes(),
-        pos: 0,
-        line: 1,
-        col: 1,
-        scopes: Vec::new(),
-        func: None,
-    };
+    let mut p = Parser { src: text.as_bytes(), pos: 0, line: 1, col: 1, scopes: Vec::new(), func: None };
     let f = p.kernel()?;
     p.skip_ws();
     if p.pos < p.src.len() {
@@ -55,24 +48,15 @@ enum BlockEnd {
 
 impl Parser<'_> {
     fn err<T>(&self, message: impl Into<String>) -> PResult<T> {
-        Err(ParseError {
-            line: self.line,
-            col: self.col,
-            message: message.into(),
-        })
+        Err(ParseError { line: self.line, col: self.col, message: message.into() })
     }
 
     fn loc(&self) -> Loc {
-        Loc {
-            line: self.line,
-            col: self.col,
-        }
+        Loc { line: self.line, col: self.col }
     }
 
     fn f(&mut self) -> &mut Function {
-        self.func
-            .as_mut()
-            .expect("function is created before any op is parsed")
+        self.func.as_mut().expect("function is created before any op is parsed")
     }
 
     fn peek(&self) -> Option<u8> {
@@ -163,9 +147,7 @@ impl Parser<'_> {
     fn keyword(&mut self, w: &str) -> bool {
         self.skip_ws();
         let (pos, line, col) = (self.pos, self.line, self.col);
-        if matches!(self.peek(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-            && self.word_chars() == w
-        {
+        if matches!(self.peek(), Some(c) if c.is_ascii_alphabetic() || c == b'_') && self.word_chars() == w {
             return true;
         }
         (self.pos, self.line, self.col) = (pos, line, col);
@@ -379,9 +361,7 @@ impl Parser<'_> {
                             attrs.cooperative = match self.ident("`true` or `false`")?.as_str() {
                                 "true" => true,
                                 "false" => false,
-                                other => {
-                                    return self.err(format!("`{other}` is not `true` or `false`"))
-                                }
+                                other => return self.err(format!("`{other}` is not `true` or `false`")),
                             }
                         }
                         other => return self.err(format!("unknown attribute `{other}`")),
@@ -394,10 +374,7 @@ impl Parser<'_> {
             }
         }
         self.expect("{")?;
-        let refs: Vec<(&str, Type)> = params
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.clone()))
-            .collect();
+        let refs: Vec<(&str, Type)> = params.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
         let func = Function::new(&name, &refs, attrs);
         let mut top = HashMap::new();
         for p in &func.params {
@@ -407,9 +384,7 @@ impl Parser<'_> {
         let body = func.body;
         self.func = Some(func);
         self.block(body, BlockEnd::Return, 0)?;
-        self.func
-            .take()
-            .map_or_else(|| self.err("internal: kernel lost"), Ok)
+        self.func.take().map_or_else(|| self.err("internal: kernel lost"), Ok)
     }
 
     /// Parses statements into `block` until its end.
@@ -440,12 +415,7 @@ impl Parser<'_> {
     }
 
     /// Parses a region `{ .. }` whose opening brace was consumed, binding `args` to `arg_names`.
-    fn region(
-        &mut self,
-        arg_names: Vec<String>,
-        arg_types: &[Type],
-        depth: usize,
-    ) -> PResult<Block> {
+    fn region(&mut self, arg_names: Vec<String>, arg_types: &[Type], depth: usize) -> PResult<Block> {
         let block = self.f().new_block(arg_types);
         let args = self.f().blocks[block].args.clone();
         self.scopes.push(HashMap::new());
@@ -497,11 +467,7 @@ impl Parser<'_> {
             return Err(ParseError {
                 line: loc.line,
                 col: loc.col,
-                message: format!(
-                    "`{mnemonic}` has {} result(s) but {} name(s) are given",
-                    types.len(),
-                    names.len()
-                ),
+                message: format!("`{mnemonic}` has {} result(s) but {} name(s) are given", types.len(), names.len()),
             });
         }
         let op = self.f().push_op(block, kind, &types, Some(op_loc));
@@ -550,10 +516,7 @@ impl Parser<'_> {
             "arange" => {
                 let start = self.int()?;
                 self.expect(",")?;
-                OpKind::Arange {
-                    start,
-                    end: self.int()?,
-                }
+                OpKind::Arange { start, end: self.int()? }
             }
             "splat" => OpKind::Splat(self.value()?),
             "broadcast" => OpKind::Broadcast(self.value()?),
@@ -578,95 +541,51 @@ impl Parser<'_> {
             "cmp" => {
                 let op = self.word_of("comparison", CmpOp::parse)?;
                 let lhs = self.value()?;
-                OpKind::Cmp {
-                    op,
-                    lhs,
-                    rhs: self.next_value()?,
-                }
+                OpKind::Cmp { op, lhs, rhs: self.next_value()? }
             }
             "select" => {
                 let cond = self.value()?;
                 let on_true = self.next_value()?;
-                OpKind::Select {
-                    cond,
-                    on_true,
-                    on_false: self.next_value()?,
-                }
+                OpKind::Select { cond, on_true, on_false: self.next_value()? }
             }
             "addptr" => {
                 let ptr = self.value()?;
-                OpKind::AddPtr {
-                    ptr,
-                    offset: self.next_value()?,
-                }
+                OpKind::AddPtr { ptr, offset: self.next_value()? }
             }
             "reduce" => {
                 let op = self.word_of("reduction", ReduceOp::parse)?;
                 let x = self.value()?;
                 self.expect(",")?;
                 self.expect_keyword("axis")?;
-                OpKind::Reduce {
-                    op,
-                    axis: self.u32()?,
-                    x,
-                }
+                OpKind::Reduce { op, axis: self.u32()?, x }
             }
             "dot" => {
                 let a = self.value()?;
                 let b = self.next_value()?;
                 let acc = self.next_value()?;
-                let precision =
-                    self.keyed("precision", "input precision", InputPrecision::parse)?;
-                OpKind::Dot {
-                    a,
-                    b,
-                    acc,
-                    precision,
-                }
+                let precision = self.keyed("precision", "input precision", InputPrecision::parse)?;
+                OpKind::Dot { a, b, acc, precision }
             }
             "load" => {
                 let ptr = self.value()?;
-                let mask = if self.comma_keyword("mask") {
-                    Some(self.value()?)
-                } else {
-                    None
-                };
-                let other = if self.comma_keyword("other") {
-                    Some(self.value()?)
-                } else {
-                    None
-                };
+                let mask = if self.comma_keyword("mask") { Some(self.value()?) } else { None };
+                let other = if self.comma_keyword("other") { Some(self.value()?) } else { None };
                 OpKind::Load { ptr, mask, other }
             }
             "store" => {
                 let ptr = self.value()?;
                 let value = self.next_value()?;
-                let mask = if self.comma_keyword("mask") {
-                    Some(self.value()?)
-                } else {
-                    None
-                };
+                let mask = if self.comma_keyword("mask") { Some(self.value()?) } else { None };
                 return Ok((OpKind::Store { ptr, value, mask }, vec![]));
             }
             "atomic" => {
                 let op = self.word_of("atomic op", AtomicOp::parse)?;
                 let ptr = self.value()?;
                 let value = self.next_value()?;
-                let mask = if self.comma_keyword("mask") {
-                    Some(self.value()?)
-                } else {
-                    None
-                };
+                let mask = if self.comma_keyword("mask") { Some(self.value()?) } else { None };
                 let sem = self.keyed("sem", "memory semantic", MemSemantic::parse)?;
                 let scope = self.keyed("scope", "scope", Scope::parse)?;
-                OpKind::Atomic {
-                    op,
-                    ptr,
-                    value,
-                    mask,
-                    sem,
-                    scope,
-                }
+                OpKind::Atomic { op, ptr, value, mask, sem, scope }
             }
             "atomic_cas" => {
                 let ptr = self.value()?;
@@ -674,13 +593,7 @@ impl Parser<'_> {
                 let desired = self.next_value()?;
                 let sem = self.keyed("sem", "memory semantic", MemSemantic::parse)?;
                 let scope = self.keyed("scope", "scope", Scope::parse)?;
-                OpKind::AtomicCas {
-                    ptr,
-                    expected,
-                    desired,
-                    sem,
-                    scope,
-                }
+                OpKind::AtomicCas { ptr, expected, desired, sem, scope }
             }
             "for" => {
                 let iv = self.value_name()?;
@@ -702,16 +615,7 @@ impl Parser<'_> {
                 names.insert(0, iv);
                 let body = self.region(names, &arg_types, depth)?;
                 let results = self.types_of(&init);
-                return Ok((
-                    OpKind::For {
-                        lower,
-                        upper,
-                        step,
-                        init,
-                        body,
-                    },
-                    results,
-                ));
+                return Ok((OpKind::For { lower, upper, step, init, body }, results));
             }
             "if" => {
                 let cond = self.value()?;
@@ -736,14 +640,7 @@ impl Parser<'_> {
                 } else {
                     self.f().new_block(&[])
                 };
-                return Ok((
-                    OpKind::If {
-                        cond,
-                        then_block,
-                        else_block,
-                    },
-                    results,
-                ));
+                return Ok((OpKind::If { cond, then_block, else_block }, results));
             }
             "while" => {
                 self.expect("(")?;
@@ -778,10 +675,7 @@ impl Parser<'_> {
             "num_ranks" => OpKind::NumRanks,
             "symm_at" => {
                 let ptr = self.value()?;
-                OpKind::SymmAt {
-                    ptr,
-                    rank: self.next_value()?,
-                }
+                OpKind::SymmAt { ptr, rank: self.next_value()? }
             }
             "notify" => {
                 let sig = self.value()?;
@@ -789,16 +683,7 @@ impl Parser<'_> {
                 let value = self.next_value()?;
                 let op = self.keyed("op", "signal op", SignalOp::parse)?;
                 let scope = self.keyed("scope", "communication scope", CommScope::parse)?;
-                return Ok((
-                    OpKind::Notify {
-                        sig,
-                        rank,
-                        value,
-                        op,
-                        scope,
-                    },
-                    vec![],
-                ));
+                return Ok((OpKind::Notify { sig, rank, value, op, scope }, vec![]));
             }
             "wait" => {
                 let sigs = self.value()?;
@@ -807,21 +692,11 @@ impl Parser<'_> {
                 let value = self.next_value()?;
                 let scope = self.keyed("scope", "scope", Scope::parse)?;
                 let sem = self.keyed("sem", "memory semantic", MemSemantic::parse)?;
-                OpKind::Wait {
-                    sigs,
-                    count,
-                    cmp,
-                    value,
-                    scope,
-                    sem,
-                }
+                OpKind::Wait { sigs, count, cmp, value, scope, sem }
             }
             "consume_token" => {
                 let value = self.value()?;
-                OpKind::ConsumeToken {
-                    value,
-                    token: self.next_value()?,
-                }
+                OpKind::ConsumeToken { value, token: self.next_value()? }
             }
             "put" | "get" => {
                 let dst = self.value()?;
@@ -831,23 +706,9 @@ impl Parser<'_> {
                 let group = self.keyed("group", "group", Group::parse)?;
                 let nbi = self.comma_keyword("nbi");
                 let kind = if m == "put" {
-                    OpKind::Put {
-                        dst,
-                        src,
-                        bytes,
-                        rank,
-                        group,
-                        nbi,
-                    }
+                    OpKind::Put { dst, src, bytes, rank, group, nbi }
                 } else {
-                    OpKind::Get {
-                        dst,
-                        src,
-                        bytes,
-                        rank,
-                        group,
-                        nbi,
-                    }
+                    OpKind::Get { dst, src, bytes, rank, group, nbi }
                 };
                 return Ok((kind, vec![]));
             }
@@ -861,20 +722,7 @@ impl Parser<'_> {
                 let rank = self.next_value()?;
                 let group = self.keyed("group", "group", Group::parse)?;
                 let nbi = self.comma_keyword("nbi");
-                return Ok((
-                    OpKind::PutSignal {
-                        dst,
-                        src,
-                        bytes,
-                        sig,
-                        sig_value,
-                        sig_op,
-                        rank,
-                        group,
-                        nbi,
-                    },
-                    vec![],
-                ));
+                return Ok((OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, group, nbi }, vec![]));
             }
             "signal_wait_until" => {
                 let sig = self.value()?;
@@ -886,20 +734,9 @@ impl Parser<'_> {
             "quiet" => return Ok((OpKind::Quiet, vec![])),
             "barrier_all" => {
                 self.expect_keyword("group")?;
-                return Ok((
-                    OpKind::BarrierAll {
-                        group: self.word_of("group", Group::parse)?,
-                    },
-                    vec![],
-                ));
+                return Ok((OpKind::BarrierAll { group: self.word_of("group", Group::parse)? }, vec![]));
             }
-            other => {
-                return Err(ParseError {
-                    line: at.line,
-                    col: at.col,
-                    message: format!("unknown op `{other}`"),
-                })
-            }
+            other => return Err(ParseError { line: at.line, col: at.col, message: format!("unknown op `{other}`") }),
         };
         Ok((kind, vec![self.result_type()?]))
     }

@@ -6,20 +6,12 @@ use std::fmt::Write;
 
 /// Prints a function in the canonical text format.
 pub fn print(func: &Function) -> String {
-    let mut p = Printer {
-        func,
-        names: HashMap::new(),
-        next: 0,
-        out: String::new(),
-    };
+    let mut p = Printer { func, names: HashMap::new(), next: 0, out: String::new() };
     for param in &func.params {
         p.names.insert(param.value, format!("%{}", param.name));
     }
-    let params: Vec<String> = func
-        .params
-        .iter()
-        .map(|param| format!("%{}: {}", param.name, func.ty(param.value)))
-        .collect();
+    let params: Vec<String> =
+        func.params.iter().map(|param| format!("%{}: {}", param.name, func.ty(param.value))).collect();
     let a = func.attrs;
     let _ = writeln!(
         p.out,
@@ -53,17 +45,11 @@ impl Printer<'_> {
 
     fn name(&self, v: Value) -> String {
         // Only broken IR uses a value before its definition; print it recognisably, never panic.
-        self.names
-            .get(&v)
-            .cloned()
-            .unwrap_or_else(|| format!("%undefined_{}", v.index()))
+        self.names.get(&v).cloned().unwrap_or_else(|| format!("%undefined_{}", v.index()))
     }
 
     fn list(&self, vs: &[Value]) -> String {
-        vs.iter()
-            .map(|v| self.name(*v))
-            .collect::<Vec<_>>()
-            .join(", ")
+        vs.iter().map(|v| self.name(*v)).collect::<Vec<_>>().join(", ")
     }
 
     fn indent(&mut self, depth: usize) {
@@ -110,13 +96,7 @@ impl Printer<'_> {
             let _ = write!(self.out, "{} = ", names.join(", "));
         }
         match &data.kind {
-            OpKind::For {
-                lower,
-                upper,
-                step,
-                init,
-                body,
-            } => {
+            OpKind::For { lower, upper, step, init, body } => {
                 let args = &func.blocks[*body].args;
                 let iv = args.first().map(|a| self.define(*a)).unwrap_or_default();
                 let (l, u, s) = (self.name(*lower), self.name(*upper), self.name(*step));
@@ -128,18 +108,10 @@ impl Printer<'_> {
                 self.out.push_str(" {\n");
                 self.region(*body, depth);
             }
-            OpKind::If {
-                cond,
-                then_block,
-                else_block,
-            } => {
+            OpKind::If { cond, then_block, else_block } => {
                 let _ = write!(self.out, "if {}", self.name(*cond));
                 if !data.results.is_empty() {
-                    let tys: Vec<String> = data
-                        .results
-                        .iter()
-                        .map(|r| func.ty(*r).to_string())
-                        .collect();
+                    let tys: Vec<String> = data.results.iter().map(|r| func.ty(*r).to_string()).collect();
                     let _ = write!(self.out, " -> ({})", tys.join(", "));
                 }
                 self.out.push_str(" {\n");
@@ -154,11 +126,7 @@ impl Printer<'_> {
                 let binds = self.binds(&func.blocks[*cond].args, init);
                 let _ = writeln!(self.out, "while ({binds}) {{");
                 self.region(*cond, depth);
-                let args: Vec<String> = func.blocks[*body]
-                    .args
-                    .iter()
-                    .map(|a| self.define(*a))
-                    .collect();
+                let args: Vec<String> = func.blocks[*body].args.iter().map(|a| self.define(*a)).collect();
                 let _ = writeln!(self.out, " do ({}) {{", args.join(", "));
                 self.region(*body, depth);
             }
@@ -196,21 +164,12 @@ impl Printer<'_> {
             OpKind::Unary { op, x } => format!("{op} {}", n(x)),
             OpKind::Binary { op, lhs, rhs } => format!("{op} {}, {}", n(lhs), n(rhs)),
             OpKind::Cmp { op, lhs, rhs } => format!("cmp {op} {}, {}", n(lhs), n(rhs)),
-            OpKind::Select {
-                cond,
-                on_true,
-                on_false,
-            } => {
+            OpKind::Select { cond, on_true, on_false } => {
                 format!("select {}, {}, {}", n(cond), n(on_true), n(on_false))
             }
             OpKind::AddPtr { ptr, offset } => format!("addptr {}, {}", n(ptr), n(offset)),
             OpKind::Reduce { op, axis, x } => format!("reduce {op} {}, axis {axis}", n(x)),
-            OpKind::Dot {
-                a,
-                b,
-                acc,
-                precision,
-            } => {
+            OpKind::Dot { a, b, acc, precision } => {
                 format!("dot {}, {}, {}, precision {precision}", n(a), n(b), n(acc))
             }
             OpKind::Load { ptr, mask, other } => {
@@ -226,82 +185,29 @@ impl Printer<'_> {
                 masked(&mut s, mask);
                 s
             }
-            OpKind::Atomic {
-                op,
-                ptr,
-                value,
-                mask,
-                sem,
-                scope,
-            } => {
+            OpKind::Atomic { op, ptr, value, mask, sem, scope } => {
                 let mut s = format!("atomic {op} {}, {}", n(ptr), n(value));
                 masked(&mut s, mask);
                 let _ = write!(s, ", sem {sem}, scope {scope}");
                 s
             }
-            OpKind::AtomicCas {
-                ptr,
-                expected,
-                desired,
-                sem,
-                scope,
-            } => format!(
-                "atomic_cas {}, {}, {}, sem {sem}, scope {scope}",
-                n(ptr),
-                n(expected),
-                n(desired)
-            ),
+            OpKind::AtomicCas { ptr, expected, desired, sem, scope } => {
+                format!("atomic_cas {}, {}, {}, sem {sem}, scope {scope}", n(ptr), n(expected), n(desired))
+            }
             OpKind::For { .. } | OpKind::If { .. } | OpKind::While { .. } => String::new(),
-            OpKind::Rank | OpKind::NumRanks | OpKind::Fence | OpKind::Quiet => {
-                kind.mnemonic().to_string()
-            }
+            OpKind::Rank | OpKind::NumRanks | OpKind::Fence | OpKind::Quiet => kind.mnemonic().to_string(),
             OpKind::SymmAt { ptr, rank } => format!("symm_at {}, {}", n(ptr), n(rank)),
-            OpKind::Notify {
-                sig,
-                rank,
-                value,
-                op,
-                scope,
-            } => {
-                format!(
-                    "notify {}, {}, {}, op {op}, scope {scope}",
-                    n(sig),
-                    n(rank),
-                    n(value)
-                )
+            OpKind::Notify { sig, rank, value, op, scope } => {
+                format!("notify {}, {}, {}, op {op}, scope {scope}", n(sig), n(rank), n(value))
             }
-            OpKind::Wait {
-                sigs,
-                count,
-                cmp,
-                value,
-                scope,
-                sem,
-            } => format!(
-                "wait {}, {}, cmp {cmp}, {}, scope {scope}, sem {sem}",
-                n(sigs),
-                n(count),
-                n(value)
-            ),
+            OpKind::Wait { sigs, count, cmp, value, scope, sem } => {
+                format!("wait {}, {}, cmp {cmp}, {}, scope {scope}, sem {sem}", n(sigs), n(count), n(value))
+            }
             OpKind::ConsumeToken { value, token } => {
                 format!("consume_token {}, {}", n(value), n(token))
             }
-            OpKind::Put {
-                dst,
-                src,
-                bytes,
-                rank,
-                group,
-                nbi: b,
-            }
-            | OpKind::Get {
-                dst,
-                src,
-                bytes,
-                rank,
-                group,
-                nbi: b,
-            } => {
+            OpKind::Put { dst, src, bytes, rank, group, nbi: b }
+            | OpKind::Get { dst, src, bytes, rank, group, nbi: b } => {
                 format!(
                     "{} {}, {}, {}, {}, group {group}{}",
                     kind.mnemonic(),
@@ -312,17 +218,7 @@ impl Printer<'_> {
                     nbi(*b)
                 )
             }
-            OpKind::PutSignal {
-                dst,
-                src,
-                bytes,
-                sig,
-                sig_value,
-                sig_op,
-                rank,
-                group,
-                nbi: b,
-            } => format!(
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, group, nbi: b } => format!(
                 "put_signal {}, {}, {}, {}, {}, op {sig_op}, {}, group {group}{}",
                 n(dst),
                 n(src),
