@@ -163,7 +163,7 @@ impl<'a> Program<'a> {
             }
             // A single-rank launch runs its programs one after another: everything that could
             // satisfy a wait has already happened, so an unsatisfied wait can never complete.
-            OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => return Ok(()),
+            OpKind::Fence | OpKind::Quiet | OpKind::Barrier | OpKind::BarrierAll { .. } => return Ok(()),
             OpKind::Wait { sigs, count, cmp, value, .. } => {
                 let base = self.val(*sigs)?.ptrs()[0];
                 let n = self.val(*count)?.scalar_i64();

@@ -465,6 +465,12 @@ impl KernelBuilder {
         self.push1(OpKind::SignalWaitUntil { sig: sig.v, cmp, value: value.v }, Type::num(DType::U64))
     }
 
+    /// Program-wide barrier (`bar.sync`): orders every thread's earlier accesses before any
+    /// thread's later ones, so that a following single-thread release publishes them all.
+    pub fn barrier(&self) {
+        self.push(OpKind::Barrier, &[]);
+    }
+
     pub fn fence(&self) {
         self.push(OpKind::Fence, &[]);
     }

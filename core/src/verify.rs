@@ -564,7 +564,9 @@ impl<'a> Verifier<'a> {
                 self.u64_scalar("value", *value)?;
                 self.results_are(results, &[Type::num(DType::U64)])?;
             }
-            OpKind::Fence | OpKind::Quiet | OpKind::BarrierAll { .. } => self.results_are(results, &[])?,
+            OpKind::Fence | OpKind::Quiet | OpKind::Barrier | OpKind::BarrierAll { .. } => {
+                self.results_are(results, &[])?
+            }
         }
         Ok(())
     }

@@ -1,8 +1,8 @@
 //! Split-K GEMM with atomic accumulation: exercises `while`, atomics and `if`.
 //!
 //! Program `(t, s)` computes output tile `t` over the K range of split `s` with a `while` loop,
-//! adds its partial tile into an f32 workspace with relaxed `atomic add`s, then increments the
-//! tile's arrival counter with `acq_rel`. The last of the `splits` programs to arrive (the one
+//! adds its partial tile into an f32 workspace with relaxed `atomic add`s, meets at a `barrier`,
+//! then increments the tile's arrival counter with `acq_rel`. The last of the `splits` programs to arrive (the one
 //! that saw `splits - 1`) reads the workspace, writes the output tile in the element type, and
 //! resets the workspace tile and the counter to zero, so the workspace stays ready for the next
 //! call without a memset. Summation order across splits is not deterministic.
@@ -66,6 +66,8 @@ impl SplitKGemm {
         let in_bounds = rows.lt(m) & cols.lt(n);
         let offsets = rows * n + cols;
         b.atomic(AtomicOp::Add, ws + offsets, done[1], Some(in_bounds), MemSemantic::Relaxed, Scope::Gpu);
+        // Every thread's partial sums must be ordered before thread 0's release on the counter.
+        b.barrier();
         let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
         b.if_then(arrived.eq(self.splits as i32 - 1), || {
             let total = b.load_or(ws + offsets, in_bounds, 0.0);

@@ -23,9 +23,11 @@
 //! Ops of a block execute in order. An op that reads or writes memory does so for every element
 //! whose mask is true (all elements without a mask); masked-off lanes of a `load` produce
 //! `other` (or an unspecified value when `other` is absent). Ops on a scalar pointer (a scalar
-//! `atomic`, `notify`, `wait`) execute once per program, not once per thread. A scalar atomic
-//! with release semantics orders every earlier memory access of the whole program before it,
-//! like `notify`: lowerings insert the program barrier this needs.
+//! `atomic`, `notify`, `wait`) execute once per program, by one thread, and their result reaches
+//! every thread through the program barrier (so a scalar acquire orders the whole program's later
+//! accesses). A scalar atomic with release semantics orders only that one thread's earlier
+//! accesses: to publish what every thread stored, put a `barrier` before it, or use `notify`,
+//! which is barrier + release + signal write.
 
 pub mod arena;
 pub mod types;
@@ -318,6 +320,9 @@ pub enum OpKind {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// All threads of the program meet; their earlier memory accesses are ordered before any
+    /// later access of any of them (`bar.sync`; a CTA-scope fence, not a release to others).
+    Barrier,
     /// Compare-and-swap; returns the old values.
     AtomicCas {
         ptr: Value,
@@ -446,6 +451,7 @@ impl OpKind {
             OpKind::Store { .. } => "store",
             OpKind::Atomic { .. } => "atomic",
             OpKind::AtomicCas { .. } => "atomic_cas",
+            OpKind::Barrier => "barrier",
             OpKind::For { .. } => "for",
             OpKind::If { .. } => "if",
             OpKind::While { .. } => "while",
@@ -477,6 +483,7 @@ impl OpKind {
             | OpKind::NumRanks
             | OpKind::Fence
             | OpKind::Quiet
+            | OpKind::Barrier
             | OpKind::BarrierAll { .. } => {}
             OpKind::Splat(x) | OpKind::Broadcast(x) | OpKind::Reshape(x) | OpKind::Cast(x) => v.push(("x", *x)),
             OpKind::Transpose { x, .. } | OpKind::Unary { x, .. } | OpKind::Reduce { x, .. } => v.push(("x", *x)),

@@ -731,6 +731,7 @@ impl Parser<'_> {
                 OpKind::SignalWaitUntil { sig, cmp, value }
             }
             "fence" => return Ok((OpKind::Fence, vec![])),
+            "barrier" => return Ok((OpKind::Barrier, vec![])),
             "quiet" => return Ok((OpKind::Quiet, vec![])),
             "barrier_all" => {
                 self.expect_keyword("group")?;

@@ -195,7 +195,9 @@ impl Printer<'_> {
                 format!("atomic_cas {}, {}, {}, sem {sem}, scope {scope}", n(ptr), n(expected), n(desired))
             }
             OpKind::For { .. } | OpKind::If { .. } | OpKind::While { .. } => String::new(),
-            OpKind::Rank | OpKind::NumRanks | OpKind::Fence | OpKind::Quiet => kind.mnemonic().to_string(),
+            OpKind::Rank | OpKind::NumRanks | OpKind::Fence | OpKind::Quiet | OpKind::Barrier => {
+                kind.mnemonic().to_string()
+            }
             OpKind::SymmAt { ptr, rank } => format!("symm_at {}, {}", n(ptr), n(rank)),
             OpKind::Notify { sig, rank, value, op, scope } => {
                 format!("notify {}, {}, {}, op {op}, scope {scope}", n(sig), n(rank), n(value))
