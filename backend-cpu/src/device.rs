@@ -1,7 +1,8 @@
 //! The CPU device: host memory plus launches that run programs in a seeded random order.
 
-use crate::interp::{Program, ProgramCtx};
-use crate::memory::Memory;
+use crate::interp::{DirectHooks, Program, ProgramCtx};
+use crate::memory::{Memory, Writer};
+use crate::view::ProgramView;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
@@ -86,20 +87,11 @@ impl Device for CpuDevice {
         }
         // Independent launches promise no order: run them in a random one (seeded, replayable).
         order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+        let hooks = DirectHooks { mem: &self.mem };
         for pid in order {
             let ctx = ProgramCtx { pid, grid, rank: 0, num_ranks: 1 };
-            Program::run(func, &self.mem, ctx, args).map_err(|f| {
-                let op = f.op.and_then(|o| func.ops.get(o));
-                BackendError::Execution {
-                    kernel: kernel.kernel.clone(),
-                    program: pid,
-                    op: op
-                        .map(|d| format!("{} (op #{})", d.kind.mnemonic(), f.op.map_or(0, |o| o.index())))
-                        .unwrap_or_default(),
-                    loc: op.and_then(|d| d.loc),
-                    message: f.message,
-                }
-            })?;
+            let view = ProgramView::immediate(Writer::HOST);
+            Program::run(func, &self.mem, ctx, args, view, &hooks).map_err(|f| f.into_error(func, pid, 0))?;
         }
         Ok(())
     }

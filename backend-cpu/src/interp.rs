@@ -1,10 +1,13 @@
 //! The interpreter: runs one program of a launch, op by op, each op over whole tiles.
 //!
 //! Dispatch happens once per op; the element loops inside an op are tight loops over one
-//! storage class. Memory ops check every address against its buffer and report the op.
+//! storage class. Memory goes through the program's [`ProgramView`] (immediate or delayed
+//! visibility); scheduling, waiting and address translation go through [`Hooks`], which the
+//! single-device launch and the world implement differently.
 
-use crate::memory::{Memory, View};
+use crate::memory::Memory;
 use crate::value::*;
+use crate::view::{ProgramView, Transfer};
 use trident_core::backend::KernelArg;
 use trident_core::ir::*;
 
@@ -15,10 +18,28 @@ pub struct Fault {
     pub message: String,
 }
 
-type R<T> = Result<T, Fault>;
+impl Fault {
+    /// The user-facing error: kernel, rank, program, op (with its text position) and message.
+    pub fn into_error(self, func: &Function, program: [u32; 3], rank: u32) -> trident_core::backend::BackendError {
+        let op = self.op.and_then(|o| func.ops.get(o).map(|d| (o, d)));
+        trident_core::backend::BackendError::Execution {
+            kernel: if rank == 0 { func.name.clone() } else { format!("{} on rank {rank}", func.name) },
+            program,
+            op: op.map(|(o, d)| format!("{} (op #{})", d.kind.mnemonic(), o.index())).unwrap_or_default(),
+            loc: op.and_then(|(_, d)| d.loc),
+            message: self.message,
+        }
+    }
+}
 
-fn fault<T>(message: impl Into<String>) -> R<T> {
+pub type R<T> = Result<T, Fault>;
+
+pub fn fault<T>(message: impl Into<String>) -> R<T> {
     Err(Fault { op: None, message: message.into() })
+}
+
+fn access<T>(r: Result<T, crate::memory::AccessError>) -> R<T> {
+    r.or_else(|e| fault(e.0))
 }
 
 /// Where this program runs: its id, the grid, and its rank in the world.
@@ -30,17 +51,80 @@ pub struct ProgramCtx {
     pub num_ranks: u32,
 }
 
+/// What the environment of a program provides beyond memory.
+pub trait Hooks {
+    /// A communication op is about to run: other tasks may run first, and buffered stores or
+    /// transfers may be published early.
+    fn yield_point(&self, view: &mut ProgramView) -> R<()>;
+    /// Returns once every signal at `addrs` satisfies `signal <cmp> value`; a fault with the
+    /// diagnostic when that can never happen.
+    fn wait(&self, view: &ProgramView, addrs: &[u64], cmp: CmpOp, value: u64) -> R<()>;
+    /// `symm_at`: the address of the symmetric object at `addr` on `rank`.
+    fn translate(&self, addr: u64, rank: i64) -> R<u64>;
+    /// `barrier_all`: every rank's program reaches this point.
+    fn barrier_all(&self, view: &ProgramView) -> R<()>;
+    /// A signal was written (tracing).
+    fn signal_written(&self, _view: &ProgramView, _addr: u64, _value: u64) {}
+}
+
+/// The hooks of a single-device launch: one rank, programs run one after another, so a wait
+/// that does not hold when it is reached can never complete.
+pub struct DirectHooks<'a> {
+    pub mem: &'a Memory,
+}
+
+impl Hooks for DirectHooks<'_> {
+    fn yield_point(&self, _: &mut ProgramView) -> R<()> {
+        Ok(())
+    }
+
+    fn wait(&self, _: &ProgramView, addrs: &[u64], cmp: CmpOp, value: u64) -> R<()> {
+        let view = self.mem.view();
+        for (i, &a) in addrs.iter().enumerate() {
+            let (r, o) = access(view.locate(a, 8))?;
+            let seen = r.load(o, 8);
+            if !cmp.holds(seen, value) {
+                return fault(format!(
+                    "wait can never complete: signal {i} of {} at {a:#x} is {seen}, waiting for {cmp} {value}, and no other program or rank can write it",
+                    addrs.len()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn translate(&self, addr: u64, rank: i64) -> R<u64> {
+        if rank != 0 {
+            return fault(format!("rank {rank} is outside the world of 1 rank"));
+        }
+        Ok(addr)
+    }
+
+    fn barrier_all(&self, _: &ProgramView) -> R<()> {
+        Ok(())
+    }
+}
+
 pub struct Program<'a> {
     func: &'a Function,
     mem: &'a Memory,
     ctx: ProgramCtx,
     env: Vec<Option<Val>>,
+    view: ProgramView,
+    hooks: &'a dyn Hooks,
 }
 
 impl<'a> Program<'a> {
-    /// Runs one program of `func` to completion.
-    pub fn run(func: &'a Function, mem: &'a Memory, ctx: ProgramCtx, args: &[KernelArg]) -> R<()> {
-        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()] };
+    /// Runs one program of `func` to completion; everything it buffered is published at the end.
+    pub fn run(
+        func: &'a Function,
+        mem: &'a Memory,
+        ctx: ProgramCtx,
+        args: &[KernelArg],
+        view: ProgramView,
+        hooks: &'a dyn Hooks,
+    ) -> R<()> {
+        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()], view, hooks };
         for (param, arg) in func.params.iter().zip(args) {
             let ty = func.ty(param.value).clone();
             let data = match *arg {
@@ -49,7 +133,8 @@ impl<'a> Program<'a> {
             };
             p.env[param.value.index()] = Some(Val { ty, data });
         }
-        p.block(func.body)
+        p.block(func.body)?;
+        access(p.view.finish(mem))
     }
 
     fn val(&self, v: Value) -> R<&Val> {
@@ -85,14 +170,29 @@ impl<'a> Program<'a> {
         }
     }
 
+    fn scalar_ptr(&self, v: Value) -> R<u64> {
+        match self.val(v)?.ptrs().first() {
+            Some(p) => Ok(*p),
+            None => fault("expected a scalar pointer"),
+        }
+    }
+
+    /// Writes a 64-bit signal on the newest value and publishes it at once.
+    fn write_signal(&mut self, addr: u64, op: SignalOp, value: u64) -> R<()> {
+        access(self.view.rmw(self.mem, addr, 8, |old| match op {
+            SignalOp::Set => value,
+            SignalOp::Add => old.wrapping_add(value),
+        }))?;
+        self.hooks.signal_written(&self.view, addr, value);
+        Ok(())
+    }
+
     fn exec(&mut self, op: Op) -> R<()> {
         let func = self.func;
         let data = &func.ops[op];
         let rty = |i: usize| func.ty(data.results[i]).clone();
         let result = match &data.kind {
-            OpKind::For { lower, upper, step, init, body } => {
-                return self.run_for(data, *lower, *upper, *step, init, *body)
-            }
+            OpKind::For { lower, upper, step, init, body } => return self.run_for(data, *lower, *upper, *step, init, *body),
             OpKind::If { cond, then_block, else_block } => {
                 let c = self.val(*cond)?.scalar_i64() != 0;
                 let b = if c { *then_block } else { *else_block };
@@ -122,77 +222,98 @@ impl<'a> Program<'a> {
                 return Ok(());
             }
             OpKind::Store { ptr, value, mask } => return self.store(*ptr, *value, *mask),
+            OpKind::Barrier => {
+                self.view.barrier();
+                return Ok(());
+            }
             OpKind::Notify { sig, rank, value, op: sop, .. } => {
-                let addr = self.remote(*sig, *rank)?;
+                self.hooks.yield_point(&mut self.view)?;
+                let r = self.val(*rank)?.scalar_i64();
+                let addr = self.hooks.translate(self.scalar_ptr(*sig)?, r)?;
                 let v = self.val(*value)?.scalar_i64() as u64;
-                let view = self.mem.view();
-                let (r, o) = locate(&view, addr, 8)?;
-                match sop {
-                    SignalOp::Set => r.store(o, 8, v),
-                    SignalOp::Add => {
-                        r.rmw(o, 8, |old| old.wrapping_add(v));
-                    }
+                // Program barrier, release, then one thread writes the signal.
+                access(self.view.release_all(self.mem))?;
+                self.write_signal(addr, *sop, v)?;
+                return Ok(());
+            }
+            OpKind::Put { dst, src, bytes, rank, nbi, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let t = self.transfer_to(*dst, *src, *bytes, *rank, *nbi, None)?;
+                return access(self.view.transfer(self.mem, t));
+            }
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, nbi, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let r = self.val(*rank)?.scalar_i64();
+                let sig_addr = self.hooks.translate(self.scalar_ptr(*sig)?, r)?;
+                let sv = self.val(*sig_value)?.scalar_i64() as u64;
+                let t = self.transfer_to(*dst, *src, *bytes, *rank, *nbi, Some((sig_addr, *sig_op, sv)))?;
+                access(self.view.transfer(self.mem, t))?;
+                self.hooks.signal_written(&self.view, sig_addr, sv);
+                return Ok(());
+            }
+            OpKind::Get { dst, src, bytes, rank, nbi, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let n = self.byte_count(*bytes)?;
+                let r = self.val(*rank)?.scalar_i64();
+                let src = self.hooks.translate(self.scalar_ptr(*src)?, r)?;
+                let t = Transfer { dst: self.scalar_ptr(*dst)?, src, bytes: n, data: None, signal: None };
+                access(self.view.transfer(self.mem, t))?;
+                if !*nbi {
+                    // A blocking get has completed when it returns.
+                    access(self.view.quiet(self.mem))?;
                 }
                 return Ok(());
             }
-            OpKind::Put { dst, src, bytes, rank, .. } => {
-                let n = self.val(*bytes)?.scalar_i64();
-                let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
-                return self.copy(d, s, n);
+            OpKind::Fence => {
+                self.hooks.yield_point(&mut self.view)?;
+                access(self.view.release_all(self.mem))?;
+                return access(self.view.quiet(self.mem));
             }
-            OpKind::Get { dst, src, bytes, rank, .. } => {
-                let n = self.val(*bytes)?.scalar_i64();
-                let (d, s) = (self.val(*dst)?.ptrs()[0], self.remote(*src, *rank)?);
-                return self.copy(d, s, n);
+            OpKind::Quiet => {
+                self.hooks.yield_point(&mut self.view)?;
+                return access(self.view.quiet(self.mem));
             }
-            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, .. } => {
-                let n = self.val(*bytes)?.scalar_i64();
-                let (d, s) = (self.remote(*dst, *rank)?, self.val(*src)?.ptrs()[0]);
-                self.copy(d, s, n)?;
-                let addr = self.remote(*sig, *rank)?;
-                let v = self.val(*sig_value)?.scalar_i64() as u64;
-                let view = self.mem.view();
-                let (r, o) = locate(&view, addr, 8)?;
-                match sig_op {
-                    SignalOp::Set => r.store(o, 8, v),
-                    SignalOp::Add => {
-                        r.rmw(o, 8, |old| old.wrapping_add(v));
-                    }
-                }
+            OpKind::BarrierAll { .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                access(self.view.release_all(self.mem))?;
+                access(self.view.quiet(self.mem))?;
+                self.hooks.barrier_all(&self.view)?;
+                self.view.acquire(self.mem);
                 return Ok(());
             }
-            // A single-rank launch runs its programs one after another: everything that could
-            // satisfy a wait has already happened, so an unsatisfied wait can never complete.
-            OpKind::Fence | OpKind::Quiet | OpKind::Barrier | OpKind::BarrierAll { .. } => return Ok(()),
-            OpKind::Wait { sigs, count, cmp, value, .. } => {
-                let base = self.val(*sigs)?.ptrs()[0];
+            OpKind::Wait { sigs, count, cmp, value, sem, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let base = self.scalar_ptr(*sigs)?;
                 let n = self.val(*count)?.scalar_i64();
+                if !(0..=1 << 20).contains(&n) {
+                    return fault(format!("wait on {n} signals"));
+                }
+                let addrs: Vec<u64> = (0..n as u64).map(|i| base.wrapping_add(8 * i)).collect();
                 let want = self.val(*value)?.scalar_i64() as u64;
-                let view = self.mem.view();
-                for i in 0..n.max(0) as u64 {
-                    let (r, o) = locate(&view, base.wrapping_add(8 * i), 8)?;
-                    let seen = r.load(o, 8);
-                    if !cmp.holds(seen, want) {
-                        return fault(format!(
-                            "wait can never complete: signal {i} of {n} at {:#x} is {seen}, waiting for {cmp} {want}, and no other program or rank can write it",
-                            base + 8 * i
-                        ));
-                    }
+                self.hooks.wait(&self.view, &addrs, *cmp, want)?;
+                if sem.acquires() {
+                    self.view.acquire(self.mem);
                 }
                 Val { ty: Type::token(), data: Data::Token }
             }
             OpKind::SignalWaitUntil { sig, cmp, value } => {
-                let addr = self.val(*sig)?.ptrs()[0];
+                self.hooks.yield_point(&mut self.view)?;
+                let addr = self.scalar_ptr(*sig)?;
                 let want = self.val(*value)?.scalar_i64() as u64;
-                let view = self.mem.view();
-                let (r, o) = locate(&view, addr, 8)?;
-                let seen = r.load(o, 8);
-                if !cmp.holds(seen, want) {
-                    return fault(format!(
-                        "signal_wait_until can never complete: signal at {addr:#x} is {seen}, waiting for {cmp} {want}"
-                    ));
-                }
+                self.hooks.wait(&self.view, &[addr], *cmp, want)?;
+                self.view.acquire(self.mem);
+                let seen = access(self.view.rmw(self.mem, addr, 8, |old| old))?;
                 Val { ty: rty(0), data: Data::I(vec![seen as i64]) }
+            }
+            OpKind::Atomic { op, ptr, value, mask, sem, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let data = self.atomic(*op, *ptr, *value, *mask, *sem)?;
+                Val { ty: rty(0), data }
+            }
+            OpKind::AtomicCas { ptr, expected, desired, sem, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let data = self.cas(*ptr, *expected, *desired, *sem)?;
+                Val { ty: rty(0), data }
             }
             kind => self.pure(kind, rty(0))?,
         };
@@ -202,46 +323,47 @@ impl<'a> Program<'a> {
         Ok(())
     }
 
-    /// `ptr` translated to `rank` (only this rank exists in a single-rank launch).
-    fn remote(&self, ptr: Value, rank: Value) -> R<u64> {
-        let r = self.val(rank)?.scalar_i64();
-        if r < 0 || r >= self.ctx.num_ranks as i64 {
-            return fault(format!("rank {r} is outside the world of {} rank(s)", self.ctx.num_ranks));
-        }
-        Ok(self.val(ptr)?.ptrs()[0])
-    }
-
-    fn copy(&self, dst: u64, src: u64, n: i64) -> R<()> {
+    fn byte_count(&self, bytes: Value) -> R<usize> {
+        let n = self.val(bytes)?.scalar_i64();
         if n < 0 {
             return fault(format!("negative byte count {n}"));
         }
-        let mut buf = vec![0u8; n as usize];
-        self.mem.read_bytes(src, &mut buf).or_else(|e| fault(format!("source: {}", e.0)))?;
-        self.mem.write_bytes(dst, &buf).or_else(|e| fault(format!("destination: {}", e.0)))
+        Ok(n as usize)
     }
 
-    fn run_for(
+    /// A put from local `src` to `dst` on `rank`; a blocking put reads its source now.
+    fn transfer_to(
         &mut self,
-        data: &OpData,
-        lower: Value,
-        upper: Value,
-        step: Value,
-        init: &[Value],
-        body: Block,
-    ) -> R<()> {
+        dst: Value,
+        src: Value,
+        bytes: Value,
+        rank: Value,
+        nbi: bool,
+        signal: Option<(u64, SignalOp, u64)>,
+    ) -> R<Transfer> {
+        let n = self.byte_count(bytes)?;
+        let r = self.val(rank)?.scalar_i64();
+        let dst = self.hooks.translate(self.scalar_ptr(dst)?, r)?;
+        let src = self.scalar_ptr(src)?;
+        let data = if nbi {
+            None
+        } else {
+            access(self.view.release_all(self.mem))?;
+            let mut d = vec![0u8; n];
+            access(self.mem.read_bytes(src, &mut d))?;
+            Some(d)
+        };
+        Ok(Transfer { dst, src, bytes: n, data, signal })
+    }
+
+    fn run_for(&mut self, data: &OpData, lower: Value, upper: Value, step: Value, init: &[Value], body: Block) -> R<()> {
         let ity = self.val(lower)?.ty.clone();
         let d = ity.dtype().unwrap_or(DType::I32);
         let (lo, hi, st) = (self.val(lower)?.scalar_i64(), self.val(upper)?.scalar_i64(), self.val(step)?.scalar_i64());
         if st <= 0 {
             return fault(format!("`for` step must be positive, got {st}"));
         }
-        let less = |a: i64, b: i64| {
-            if d == DType::U64 {
-                (a as u64) < (b as u64)
-            } else {
-                a < b
-            }
-        };
+        let less = |a: i64, b: i64| if d == DType::U64 { (a as u64) < (b as u64) } else { a < b };
         let mut carried: Vec<Val> = init.iter().map(|v| self.val(*v).cloned()).collect::<R<_>>()?;
         let mut iv = lo;
         while less(iv, hi) {
@@ -273,32 +395,20 @@ impl<'a> Program<'a> {
         let pv = self.val(ptr)?;
         let d = pv.ty.elem.pointee().unwrap_or(DType::I8);
         let size = d.size_bytes() as usize;
-        let ptrs = pv.ptrs();
-        let mask = self.mask(mask)?;
+        let ptrs = pv.ptrs().to_vec();
+        let mask = self.mask(mask)?.map(|m| m.to_vec());
         let val = self.val(value)?;
-        let view = self.mem.view();
-        let on = |i: usize| mask.is_none_or(|m| m[i] != 0);
-        match &val.data {
-            Data::F(v) => {
-                for i in (0..ptrs.len()).filter(|i| on(*i)) {
-                    let (r, o) = locate(&view, ptrs[i], size)?;
-                    r.store(o, size, f32_bits(d, v[i]));
-                }
-            }
-            Data::D(v) => {
-                for i in (0..ptrs.len()).filter(|i| on(*i)) {
-                    let (r, o) = locate(&view, ptrs[i], size)?;
-                    r.store(o, size, v[i].to_bits());
-                }
-            }
-            Data::I(v) => {
-                let m = size_mask(size);
-                for i in (0..ptrs.len()).filter(|i| on(*i)) {
-                    let (r, o) = locate(&view, ptrs[i], size)?;
-                    r.store(o, size, v[i] as u64 & m);
-                }
-            }
+        let on = |i: usize| mask.as_ref().is_none_or(|m| m[i] != 0);
+        let bits: Vec<u64> = match &val.data {
+            Data::F(v) => v.iter().map(|x| f32_bits(d, *x)).collect(),
+            Data::D(v) => v.iter().map(|x| x.to_bits()).collect(),
+            Data::I(v) => v.iter().map(|x| *x as u64 & size_mask(size)).collect(),
             _ => return fault("stored value is not numeric"),
+        };
+        let mem = self.mem;
+        let view = mem.view();
+        for i in (0..ptrs.len()).filter(|i| on(*i)) {
+            access(self.view.store(&view, ptrs[i], size, bits[i], i))?;
         }
         Ok(())
     }
@@ -356,9 +466,10 @@ impl<'a> Program<'a> {
             OpKind::Reduce { op, axis, x } => reduce(*op, *axis as usize, self.val(*x)?),
             OpKind::Dot { a, b, acc, precision } => dot(self.val(*a)?, self.val(*b)?, self.val(*acc)?, *precision),
             OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other)?,
-            OpKind::Atomic { op, ptr, value, mask, .. } => self.atomic(*op, *ptr, *value, *mask)?,
-            OpKind::AtomicCas { ptr, expected, desired, .. } => self.cas(*ptr, *expected, *desired)?,
-            OpKind::SymmAt { ptr, rank } => Data::P(vec![self.remote(*ptr, *rank)?]),
+            OpKind::SymmAt { ptr, rank } => {
+                let r = self.val(*rank)?.scalar_i64();
+                Data::P(vec![self.hooks.translate(self.scalar_ptr(*ptr)?, r)?])
+            }
             other => return fault(format!("`{}` is not a value op", other.mnemonic())),
         };
         Ok(Val { ty: rt, data })
@@ -381,8 +492,7 @@ impl<'a> Program<'a> {
         let mut out = empty_for(Elem::Num(d), ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
             let e = if on(i) {
-                let (r, o) = locate(&view, p, size)?;
-                from_bits(d, r.load(o, size))
+                from_bits(d, access(self.view.load(&view, p, size))?)
             } else {
                 match other {
                     Some(Data::F(v)) => Elt::F(v[i]),
@@ -403,45 +513,65 @@ impl<'a> Program<'a> {
         Ok(out)
     }
 
-    fn atomic(&self, op: AtomicOp, ptr: Value, value: Value, mask: Option<Value>) -> R<Data> {
+    /// Release side of an atomic: a scalar atomic is one thread's, a tile atomic every thread's.
+    fn atomic_release(&mut self, sem: MemSemantic, scalar: bool) -> R<()> {
+        if sem.releases() {
+            if scalar {
+                access(self.view.release_thread(self.mem, 0))?;
+            } else {
+                access(self.view.release_all(self.mem))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn atomic(&mut self, op: AtomicOp, ptr: Value, value: Value, mask: Option<Value>, sem: MemSemantic) -> R<Data> {
         let pv = self.val(ptr)?;
         let d = pv.ty.elem.pointee().unwrap_or(DType::I32);
         let size = d.size_bytes() as usize;
-        let ptrs = pv.ptrs();
-        let mask = self.mask(mask)?;
-        let val = self.val(value)?;
-        let view = self.mem.view();
+        let scalar = pv.ty.is_scalar();
+        let ptrs = pv.ptrs().to_vec();
+        let mask = self.mask(mask)?.map(|m| m.to_vec());
+        let operands: Vec<u64> = {
+            let val = self.val(value)?;
+            (0..ptrs.len()).map(|i| elem_bits(&val.data, i, d)).collect()
+        };
+        self.atomic_release(sem, scalar)?;
         let mut old = Vec::with_capacity(ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
-            if mask.is_some_and(|m| m[i] == 0) {
+            if mask.as_ref().is_some_and(|m| m[i] == 0) {
                 old.push(0u64);
                 continue;
             }
-            let (r, o) = locate(&view, p, size)?;
-            let operand = elem_bits(&val.data, i, d);
-            old.push(r.rmw(o, size, |cur| atomic_apply(op, d, cur, operand)));
+            let operand = operands[i];
+            old.push(access(self.view.rmw(self.mem, p, size, |cur| atomic_apply(op, d, cur, operand)))?);
+        }
+        if sem.acquires() {
+            self.view.acquire(self.mem);
         }
         Ok(bits_to_data(d, &old))
     }
 
-    fn cas(&self, ptr: Value, expected: Value, desired: Value) -> R<Data> {
+    fn cas(&mut self, ptr: Value, expected: Value, desired: Value, sem: MemSemantic) -> R<Data> {
         let pv = self.val(ptr)?;
         let d = pv.ty.elem.pointee().unwrap_or(DType::I32);
         let size = d.size_bytes() as usize;
-        let (e, n) = (self.val(expected)?, self.val(desired)?);
-        let view = self.mem.view();
-        let mut old = Vec::with_capacity(pv.ptrs().len());
-        for (i, &p) in pv.ptrs().iter().enumerate() {
-            let (r, o) = locate(&view, p, size)?;
-            let (eb, nb) = (elem_bits(&e.data, i, d), elem_bits(&n.data, i, d));
-            old.push(r.rmw(o, size, |cur| if cur == eb { nb } else { cur }));
+        let scalar = pv.ty.is_scalar();
+        let ptrs = pv.ptrs().to_vec();
+        let pairs: Vec<(u64, u64)> = {
+            let (e, n) = (self.val(expected)?, self.val(desired)?);
+            (0..ptrs.len()).map(|i| (elem_bits(&e.data, i, d), elem_bits(&n.data, i, d))).collect()
+        };
+        self.atomic_release(sem, scalar)?;
+        let mut old = Vec::with_capacity(ptrs.len());
+        for (&p, &(eb, nb)) in ptrs.iter().zip(&pairs) {
+            old.push(access(self.view.rmw(self.mem, p, size, |cur| if cur == eb { nb } else { cur }))?);
+        }
+        if sem.acquires() {
+            self.view.acquire(self.mem);
         }
         Ok(bits_to_data(d, &old))
     }
-}
-
-fn locate<'v>(view: &'v View<'_>, addr: u64, size: usize) -> R<(&'v crate::memory::Region, usize)> {
-    view.locate(addr, size).or_else(|e| fault(e.0))
 }
 
 /// Storage bits of element `i` of `data` as type `d`.

@@ -13,7 +13,9 @@
 pub mod device;
 pub mod interp;
 pub mod memory;
+pub mod sched;
 pub mod value;
+pub mod view;
 
 use std::sync::Arc;
 use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};

@@ -4,9 +4,43 @@
 //! is undefined behaviour, so every buffer is a slice of `AtomicU64` and every access is an
 //! atomic one of the element's size inside its word. Addresses are `(slot + 1) << 40 | offset`:
 //! a pointer names its buffer, so every access is checked against that buffer's bounds.
+//!
+//! In a world (many ranks), memory is also *versioned*: while programs run, every published
+//! write keeps the word's earlier values with the global time they became visible and who wrote
+//! them. A program reads the newest version published no later than its last acquire (or
+//! written by itself), so a reader that skipped an acquire sees stale data, as the memory model
+//! allows, instead of whatever happened to be there. The writer of a signal's value is also what
+//! tells the runtime that a program waited on a sibling of its own independent launch.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+
+/// Who published a value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Writer {
+    /// A unique id of the program instance, stream or host (0 for the host).
+    pub task: u64,
+    /// The launch the writing program belongs to (0 outside launches).
+    pub launch: u64,
+    pub rank: u32,
+    pub program: [u32; 3],
+}
+
+impl Writer {
+    pub const HOST: Writer = Writer { task: 0, launch: 0, rank: u32::MAX, program: [0; 3] };
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Version {
+    time: u64,
+    word: u64,
+    writer: Writer,
+}
+
+/// Versions kept per word; older ones are dropped (a reader then sees a newer value, which the
+/// memory model always allows).
+const MAX_VERSIONS: usize = 32;
 
 const OFFSET_BITS: u32 = 40;
 const OFFSET_MASK: u64 = (1 << OFFSET_BITS) - 1;
@@ -17,12 +51,91 @@ pub struct Region {
     pub name: String,
     pub bytes: usize,
     words: Box<[AtomicU64]>,
+    history: Mutex<HashMap<usize, Vec<Version>>>,
+    has_history: AtomicBool,
 }
 
 impl Region {
     fn new(name: &str, bytes: usize) -> Region {
         let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        Region { name: name.to_string(), bytes, words }
+        Region {
+            name: name.to_string(),
+            bytes,
+            words,
+            history: Mutex::new(HashMap::new()),
+            has_history: AtomicBool::new(false),
+        }
+    }
+
+    fn extract(word: u64, offset: usize, size: usize) -> u64 {
+        if size == 8 {
+            return word;
+        }
+        (word >> ((offset % 8) * 8)) & ((1u64 << (size * 8)) - 1)
+    }
+
+    /// The element as a program with acquire time `acquired` (task `me`) may see it.
+    pub fn load_visible(&self, offset: usize, size: usize, acquired: u64, me: u64) -> u64 {
+        if !self.has_history.load(Ordering::Acquire) {
+            return self.load(offset, size);
+        }
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        match h.get(&(offset / 8)) {
+            None => self.load(offset, size),
+            Some(vs) => {
+                let v = vs.iter().rev().find(|v| v.time <= acquired || v.writer.task == me).unwrap_or(&vs[0]);
+                Self::extract(v.word, offset, size)
+            }
+        }
+    }
+
+    /// Makes `size` bytes at `offset` visible at `time`, recording the version when `record`.
+    pub fn publish(&self, offset: usize, size: usize, bits: u64, time: u64, writer: Writer, record: bool) {
+        self.rmw_publish(offset, size, |_| bits, time, writer, record);
+    }
+
+    /// Read-modify-write on the newest value, published at `time`; returns the old element.
+    pub fn rmw_publish(
+        &self,
+        offset: usize,
+        size: usize,
+        f: impl Fn(u64) -> u64,
+        time: u64,
+        writer: Writer,
+        record: bool,
+    ) -> u64 {
+        let w = offset / 8;
+        let before = self.words[w].load(Ordering::Acquire);
+        let old = self.rmw(offset, size, f);
+        let after = self.words[w].load(Ordering::Acquire);
+        if record || self.has_history.load(Ordering::Acquire) {
+            let mut h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            if record || h.contains_key(&w) {
+                let vs = h.entry(w).or_insert_with(|| vec![Version { time: 0, word: before, writer: Writer::HOST }]);
+                vs.push(Version { time, word: after, writer });
+                if vs.len() > MAX_VERSIONS {
+                    vs.remove(1);
+                }
+                self.has_history.store(true, Ordering::Release);
+            }
+        }
+        old
+    }
+
+    /// Who published the word's newest value.
+    pub fn writer_of(&self, offset: usize) -> Writer {
+        if !self.has_history.load(Ordering::Acquire) {
+            return Writer::HOST;
+        }
+        let h = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        h.get(&(offset / 8)).and_then(|vs| vs.last()).map_or(Writer::HOST, |v| v.writer)
+    }
+
+    /// Forgets all versions (when no program that could read them is left).
+    pub fn clear_history(&self) {
+        if self.has_history.swap(false, Ordering::AcqRel) {
+            self.history.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        }
     }
 
     /// Reads `size` (1, 2, 4 or 8) bytes at an aligned in-bounds `offset`.
@@ -58,10 +171,14 @@ impl Region {
     }
 }
 
-/// All buffers of one device.
+/// All buffers of one device (or, in a world, of every rank).
 #[derive(Default)]
 pub struct Memory {
     slots: RwLock<Vec<Option<Arc<Region>>>>,
+    /// Global publication clock (world mode).
+    clock: AtomicU64,
+    /// Programs currently running with a delayed view; versions are kept only while there are.
+    live_views: AtomicUsize,
 }
 
 /// Why an address could not be accessed.
@@ -100,6 +217,77 @@ impl View<'_> {
 }
 
 impl Memory {
+    /// A new publication time.
+    pub fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The latest publication time (what an acquire now makes visible).
+    pub fn now(&self) -> u64 {
+        self.clock.load(Ordering::Acquire)
+    }
+
+    /// Whether publications must keep versions (some program may read stale data).
+    pub fn recording(&self) -> bool {
+        self.live_views.load(Ordering::Acquire) > 0
+    }
+
+    pub fn view_started(&self) {
+        self.live_views.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A delayed view ended; when it was the last one, versions are dropped.
+    pub fn view_ended(&self) {
+        if self.live_views.fetch_sub(1, Ordering::AcqRel) == 1 {
+            for r in self.view().slots.iter().flatten() {
+                r.clear_history();
+            }
+        }
+    }
+
+    /// Writes `data` at `addr` as one publication (host copies, copy engines, puts).
+    pub fn publish_bytes(&self, addr: u64, data: &[u8], writer: Writer) -> Result<(), AccessError> {
+        let time = self.tick();
+        let record = self.recording();
+        let view = self.view();
+        if data.is_empty() {
+            return Ok(());
+        }
+        let (region, start) = view.locate(addr, 1)?;
+        if start + data.len() > region.bytes {
+            return Err(AccessError(format!(
+                "writing {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
+                data.len(),
+                region.name,
+                region.bytes
+            )));
+        }
+        let mut i = 0;
+        while i < data.len() {
+            let off = start + i;
+            if off % 8 == 0 && i + 8 <= data.len() {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(&data[i..i + 8]);
+                region.publish(off, 8, u64::from_le_bytes(b), time, writer, record);
+                i += 8;
+            } else {
+                region.publish(off, 1, data[i] as u64, time, writer, record);
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the buffer `addr` points into (its slot), if any.
+    pub fn slot_of(addr: u64) -> usize {
+        (addr >> OFFSET_BITS) as usize
+    }
+
+    /// The address of `offset` bytes into the buffer in `slot`.
+    pub fn address(slot: usize, offset: u64) -> u64 {
+        ((slot as u64) << OFFSET_BITS) | (offset & OFFSET_MASK)
+    }
+
     pub fn view(&self) -> View<'_> {
         View { slots: self.slots.read().unwrap_or_else(|e| e.into_inner()) }
     }
