@@ -16,6 +16,7 @@ pub mod memory;
 pub mod sched;
 pub mod value;
 pub mod view;
+pub mod world;
 
 use std::sync::Arc;
 use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};

@@ -23,7 +23,8 @@ const STACK_BYTES: usize = 1 << 20;
 pub struct Blocker {
     /// True once the task can continue (evaluated under the scheduler lock; must not block).
     pub ready: Box<dyn Fn() -> bool + Send>,
-    /// The diagnostic line if the wait can never complete.
+    /// The diagnostic line if the wait can never complete (empty: not worth reporting, e.g. an
+    /// idle stream).
     pub describe: Box<dyn Fn() -> String + Send>,
 }
 
@@ -123,6 +124,7 @@ impl Sched {
                     Status::Parked(b) => Some((b.describe)()),
                     _ => None,
                 })
+                .filter(|d| !d.is_empty())
                 .collect();
             if parked.is_empty() {
                 st.current = None;

@@ -78,8 +78,14 @@ pub enum BackendError {
     /// A fault while a kernel ran, located at a program and an op.
     #[error("kernel `{kernel}`, program {program:?}, op `{op}`{}: {message}", loc.map(|l| format!(" (line {}:{})", l.line, l.col)).unwrap_or_default())]
     Execution { kernel: String, program: [u32; 3], op: String, loc: Option<Loc>, message: String },
+    /// A problem the kernel cannot solve as posed (shapes, world size), found by its host code.
+    #[error("kernel `{kernel}`: {message}")]
+    Problem { kernel: String, message: String },
     #[error("host orchestration: {0}")]
     Host(String),
+    /// A failure on one rank of a world.
+    #[error("rank {rank}: {error}")]
+    Rank { rank: usize, error: Box<BackendError> },
 }
 
 /// A compiled kernel: the backend's payload plus what hosts need to launch it.

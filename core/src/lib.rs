@@ -1,7 +1,8 @@
 //! trident-core: the tile IR and everything target-independent around it.
 //!
 //! Owns: the IR ([`ir`]), the builder API ([`builder`]), the verifier ([`verify`]), the text
-//! format ([`text`]) and the backend contract with its registry ([`backend`]).
+//! format ([`text`]), the backend contract with its registry ([`backend`]) and the host API of
+//! multi-rank worlds ([`world`]).
 //! Does not own: execution (the backends), communication semantics (`trident-shmem-abi` holds
 //! that vocabulary), or any kernel (`trident-kernels`).
 
@@ -10,6 +11,7 @@ pub mod builder;
 pub mod ir;
 pub mod text;
 pub mod verify;
+pub mod world;
 
 pub use builder::{KernelBuilder, Tile};
 pub use ir::Function;

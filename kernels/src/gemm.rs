@@ -61,9 +61,28 @@ impl Gemm {
         let (pid_m, pid_n) = (pid / tiles_n, pid % tiles_n);
         let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
         let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
-        let rk = b.arange(0, bk as i64);
         let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
+        let acc = self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k));
+        let c_ptrs = c + rows * sc + cols;
+        b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+        b.finish()
+    }
 
+    /// The accumulator of one output tile: `sum_k a[rows, k] * b[k, cols]` with a K loop of
+    /// `block_k` steps, edge masks on every side. `rows` is `[block_m, 1]`, `cols` `[1, block_n]`;
+    /// `a` and `b` come with their row strides. Shared by every GEMM-shaped kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tile_product<'b>(
+        &self,
+        b: &'b KernelBuilder,
+        (a, sa): (Tile<'b>, Tile<'b>),
+        (bp, sb): (Tile<'b>, Tile<'b>),
+        rows: Tile<'b>,
+        cols: Tile<'b>,
+        (m, n, k): (Tile<'b>, Tile<'b>, Tile<'b>),
+    ) -> Tile<'b> {
+        let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
+        let rk = b.arange(0, bk as i64);
         let acc = b.zeros(&[bm, bn], self.accumulator());
         let a_ptrs = a + rows * sa + rk.expand_dims(0);
         let b_ptrs = bp + rk.expand_dims(1) * sb + cols;
@@ -75,9 +94,7 @@ impl Gemm {
             let acc = b.dot(ta, tb, acc, self.dot_precision());
             vec![acc, pa + bk as i32, pb + sb * bk as i32]
         });
-        let c_ptrs = c + rows * sc + cols;
-        b.store(c_ptrs, out[0].cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
-        b.finish()
+        out[0]
     }
 
     /// Programs for an `m x n` output.

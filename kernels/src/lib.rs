@@ -10,9 +10,8 @@ pub mod softmax;
 pub mod splitk_gemm;
 pub mod vector_add;
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::world::KernelCache;
 use trident_core::{Function, VerifyError};
 
 /// Ceiling division for grid sizes.
@@ -42,26 +41,21 @@ pub struct Launcher<'a> {
     pub backend: &'a dyn Backend,
     pub device: &'a dyn Device,
     pub opts: LaunchOptions,
-    compiled: Mutex<HashMap<String, Artifact>>,
+    cache: KernelCache,
 }
 
 impl<'a> Launcher<'a> {
     pub fn new(backend: &'a dyn Backend, device: &'a dyn Device, opts: LaunchOptions) -> Launcher<'a> {
-        Launcher { backend, device, opts, compiled: Mutex::new(HashMap::new()) }
+        Launcher { backend, device, opts, cache: KernelCache::default() }
     }
 
     /// The artifact of the specialization `key` (its meta-parameters), building it on first use.
     pub fn compile(
         &self,
         key: String,
-        build: impl FnOnce() -> Result<Function, VerifyError>,
+        build: impl Fn() -> Result<Function, VerifyError>,
     ) -> Result<Artifact, BackendError> {
-        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-            return Ok(a.clone());
-        }
-        let artifact = self.backend.compile(&build()?, None)?;
-        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key, artifact.clone());
-        Ok(artifact)
+        self.cache.get_or_compile(self.backend, &key, &build)
     }
 
     pub fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {

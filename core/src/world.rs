@@ -1,0 +1,79 @@
+//! The host side of a world: SPMD host code written once against [`RankCtx`].
+//!
+//! A world has N ranks; the user's host function runs once per rank with that rank's context
+//! (a thread per rank on the CPU and loopback worlds, a process per rank under NVSHMEM later),
+//! so host code never shares Rust state between ranks: it talks to other ranks only through
+//! symmetric memory, signals and the collective calls here ([`RankCtx::symm_alloc`],
+//! [`RankCtx::barrier`]). Device work is ordered per stream, as on GPUs: launches, copy-engine
+//! copies, and stream-ordered signal writes and waits (`cuStreamWriteValue64` /
+//! `cuStreamWaitValue64`), all asynchronous until [`RankCtx::synchronize`].
+
+use crate::backend::{Artifact, Backend, BackendError, Buffer, KernelArg};
+use crate::ir::CmpOp;
+use crate::{Function, VerifyError};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A stream of one rank: work on one stream runs in order, streams run concurrently.
+pub type StreamId = usize;
+
+/// One rank's view of the world, handed to the host function.
+pub trait RankCtx {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    fn backend(&self) -> &dyn Backend;
+
+    /// The artifact of the specialization `key`, built and compiled on first use on this rank.
+    fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError>;
+
+    /// A buffer only this rank uses (contents unspecified).
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
+    /// Collective: every rank calls it in the same order with the same size; returns this
+    /// rank's copy of a zero-filled symmetric buffer, which kernels reach on other ranks with
+    /// `symm_at`.
+    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
+    /// `rank`'s copy of a symmetric buffer (a destination for copies and signal writes).
+    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError>;
+
+    /// Host writes and reads (reads see what completed before the last `synchronize`).
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError>;
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError>;
+
+    /// Enqueues a kernel launch on `stream`.
+    fn launch(&self, stream: StreamId, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError>;
+    /// Enqueues a copy-engine copy (either side may be a peer's symmetric buffer).
+    fn copy(&self, stream: StreamId, dst: &Buffer, dst_offset: usize, src: &Buffer, src_offset: usize, bytes: usize)
+        -> Result<(), BackendError>;
+    /// Enqueues a 64-bit signal write, ordered after the stream's earlier work.
+    fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError>;
+    /// Enqueues a wait: the stream's later work starts once `signal <cmp> value`.
+    fn wait_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, cmp: CmpOp, value: u64)
+        -> Result<(), BackendError>;
+    /// Waits for all of this rank's streams; returns the first error any of them met.
+    fn synchronize(&self) -> Result<(), BackendError>;
+    /// Collective: returns once every rank's host reached it.
+    fn barrier(&self) -> Result<(), BackendError>;
+}
+
+/// Artifacts per specialization key, for one backend.
+#[derive(Default)]
+pub struct KernelCache {
+    compiled: Mutex<HashMap<String, Artifact>>,
+}
+
+impl KernelCache {
+    pub fn get_or_compile(
+        &self,
+        backend: &dyn Backend,
+        key: &str,
+        build: &dyn Fn() -> Result<Function, VerifyError>,
+    ) -> Result<Artifact, BackendError> {
+        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Ok(a.clone());
+        }
+        let artifact = backend.compile(&build()?, None)?;
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), artifact.clone());
+        Ok(artifact)
+    }
+}
