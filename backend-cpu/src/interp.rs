@@ -134,6 +134,9 @@ impl<'a> Program<'a> {
             p.env[param.value.index()] = Some(Val { ty, data });
         }
         p.block(func.body)?;
+        // The program's threads may retire at different times: others may run before its last
+        // buffered stores and transfers become visible.
+        p.hooks.yield_point(&mut p.view)?;
         access(p.view.finish(mem))
     }
 

@@ -20,6 +20,10 @@ pub struct Case {
     pub variant: &'static str,
     pub dtype: DType,
     pub shape: Vec<usize>,
+    /// Ranks (1 for single-device kernels).
+    pub world: usize,
+    /// Whether the kernel runs in a world (even of one rank).
+    pub distributed: bool,
 }
 
 impl Case {
@@ -36,7 +40,11 @@ pub struct Record {
     pub variant: String,
     pub dtype: String,
     pub shape: Vec<usize>,
+    pub world: usize,
     pub seed: u64,
+    /// Schedules the case ran under (chaos mode runs distributed cases several times).
+    pub schedules: usize,
+    pub failed_schedules: usize,
     pub error: Option<f64>,
     pub bound: f64,
     pub pass: bool,
@@ -50,19 +58,30 @@ pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for dtype in DTYPES {
         for n in [1, 100, 1024, 4099, 65536] {
-            cases.push(Case { kernel: "vector_add", variant: "-", dtype, shape: vec![n] });
+            cases.push(Case { kernel: "vector_add", variant: "-", dtype, shape: vec![n], world: 1, distributed: false });
         }
         for (r, c) in [(1, 1), (4, 100), (37, 781), (128, 1024), (3, 4096)] {
-            cases.push(Case { kernel: "softmax", variant: "-", dtype, shape: vec![r, c] });
+            cases.push(Case { kernel: "softmax", variant: "-", dtype, shape: vec![r, c], world: 1, distributed: false });
         }
         let variants: &[&'static str] = if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { &["f32acc"] };
         for &variant in variants {
             for s in [[1, 1, 1], [64, 64, 64], [100, 70, 33], [129, 65, 257], [17, 300, 64], [256, 256, 256]] {
-                cases.push(Case { kernel: "gemm", variant, dtype, shape: s.to_vec() });
+                cases.push(Case { kernel: "gemm", variant, dtype, shape: s.to_vec(), world: 1, distributed: false });
             }
         }
         for s in [[1, 1, 1, 2], [64, 64, 256, 4], [50, 70, 300, 3], [33, 33, 1000, 8]] {
-            cases.push(Case { kernel: "splitk_gemm", variant: "-", dtype, shape: s.to_vec() });
+            cases.push(Case { kernel: "splitk_gemm", variant: "-", dtype, shape: s.to_vec(), world: 1, distributed: false });
+        }
+    }
+    for dtype in DTYPES {
+        for &(kernel, variants) in crate::distributed::KERNELS {
+            for &variant in variants {
+                for shape in crate::distributed::shapes(kernel) {
+                    for world in crate::distributed::WORLDS {
+                        cases.push(Case { kernel, variant, dtype, shape: shape.clone(), world, distributed: true });
+                    }
+                }
+            }
         }
     }
     cases
@@ -73,6 +92,7 @@ pub fn bound(dtype: DType, variant: &str, reduction_len: usize) -> f64 {
     let base = match (dtype, variant) {
         (DType::F32, "tf32") => 5e-4,
         (DType::F32, "bf16x3") => 1e-5,
+        (_, "exact") => 0.0,
         (DType::F32, _) => 1e-6,
         (DType::F16, _) => 2e-3,
         (DType::BF16, _) => 1e-2,
@@ -155,45 +175,87 @@ fn execute(
     Ok(out)
 }
 
-/// Runs one case on a fresh device and checks it.
-pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend) -> Record {
+/// Runs one case and checks it; a distributed case runs under `schedules` different schedules
+/// (chaos mode) and passes only if every one of them does.
+pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend, schedules: usize) -> Record {
     let mut rng = case_rng(seed, index);
-    let p = prepare(case, &mut rng);
-    let bound = bound(case.dtype, case.variant, p.reduction_len);
     let mut record = Record {
         backend: backend.descriptor().name.to_string(),
         kernel: case.kernel.to_string(),
         variant: case.variant.to_string(),
         dtype: case.dtype.to_string(),
         shape: case.shape.clone(),
+        world: case.world,
         seed,
+        schedules: 1,
+        failed_schedules: 0,
         error: None,
-        bound,
+        bound: 0.0,
         pass: false,
         time_ms: 0.0,
         message: String::new(),
     };
-    let opts = LaunchOptions { seed: seed ^ index as u64 };
     let start = Instant::now();
-    let outcome = backend.open_device(0).and_then(|device| {
-        let out = execute(case, backend, device.as_ref(), &p, &opts)?;
-        let mut bytes = vec![0u8; p.expected.len() * case.dtype.size_bytes() as usize];
-        device.read(&out, 0, &mut bytes)?;
-        Ok(decode(&bytes, case.dtype))
-    });
-    record.time_ms = start.elapsed().as_secs_f64() * 1e3;
-    match outcome {
-        Err(e) => record.message = e.to_string(),
-        Ok(out) => match reference::normwise_error(&out, &p.expected) {
-            Err(i) => record.message = format!("output element {i} is {} (not written, or not finite)", out[i]),
-            Ok(err) => {
-                record.error = Some(err);
-                record.pass = err <= bound;
-                if !record.pass {
-                    record.message = format!("error {err:.3e} exceeds bound {bound:.1e}");
+    if case.distributed {
+        let data = std::sync::Arc::new(crate::distributed::prepare(case, &mut rng));
+        let exact = if case.kernel == "allgather" { "exact" } else { case.variant };
+        record.bound = bound(case.dtype, exact, data.reduction_len);
+        let expected: Vec<f64> = data.expected.concat();
+        record.schedules = schedules.max(1);
+        record.pass = true;
+        let mut worst = 0.0f64;
+        for s in 0..record.schedules {
+            let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
+            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed).map(|outs| outs.concat());
+            match judge(outcome, &expected, record.bound) {
+                Ok(err) => worst = worst.max(err),
+                Err((err, message)) => {
+                    record.failed_schedules += 1;
+                    if record.pass {
+                        record.message = format!("schedule {s} (seed {schedule_seed:#x}): {message}");
+                    }
+                    record.pass = false;
+                    if let Some(e) = err {
+                        worst = worst.max(e);
+                    }
                 }
             }
-        },
+        }
+        record.error = Some(worst);
+    } else {
+        let p = prepare(case, &mut rng);
+        record.bound = bound(case.dtype, case.variant, p.reduction_len);
+        let opts = LaunchOptions { seed: seed ^ index as u64 };
+        let outcome = backend.open_device(0).and_then(|device| {
+            let out = execute(case, backend, device.as_ref(), &p, &opts)?;
+            let mut bytes = vec![0u8; p.expected.len() * case.dtype.size_bytes() as usize];
+            device.read(&out, 0, &mut bytes)?;
+            Ok(decode(&bytes, case.dtype))
+        });
+        match judge(outcome, &p.expected, record.bound) {
+            Ok(err) => {
+                record.error = Some(err);
+                record.pass = true;
+            }
+            Err((err, message)) => {
+                record.error = err;
+                record.message = message;
+            }
+        }
     }
+    record.time_ms = start.elapsed().as_secs_f64() * 1e3;
     record
+}
+
+/// The normwise error if within `bound`, else the error (if any) and what went wrong.
+fn judge(outcome: Result<Vec<f64>, BackendError>, expected: &[f64], bound: f64) -> Result<f64, (Option<f64>, String)> {
+    let out = outcome.map_err(|e| (None, e.to_string()))?;
+    if out.len() != expected.len() {
+        return Err((None, format!("{} output elements, expected {}", out.len(), expected.len())));
+    }
+    match reference::normwise_error(&out, expected) {
+        Err(i) => Err((None, format!("output element {i} is {} (not written, or not finite)", out[i]))),
+        Ok(err) if err <= bound => Ok(err),
+        Ok(err) => Err((Some(err), format!("error {err:.3e} exceeds bound {bound:.1e}"))),
+    }
 }

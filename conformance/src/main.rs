@@ -18,6 +18,12 @@ struct Args {
     /// Only this element type (f32, bf16, f16).
     #[arg(long)]
     dtype: Option<String>,
+    /// Only cases at this world size (ranks).
+    #[arg(long)]
+    world: Option<usize>,
+    /// Run every distributed case under N different schedules and visibility delays.
+    #[arg(long, default_value_t = 1)]
+    chaos: usize,
     /// Replay a run: the seed it printed (decimal or 0x-hex).
     #[arg(long)]
     seed: Option<String>,
@@ -78,10 +84,11 @@ fn main() -> ExitCode {
         .enumerate()
         .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
         .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
+        .filter(|(_, c)| args.world.is_none_or(|w| c.world == w))
         .collect();
     if args.list {
         for (_, c) in &selected {
-            println!("{} {} {} {}", c.kernel, c.variant, c.dtype, c.shape_text());
+            println!("{} {} {} {} world {}", c.kernel, c.variant, c.dtype, c.shape_text(), c.world);
         }
         return ExitCode::SUCCESS;
     }
@@ -101,15 +108,20 @@ fn main() -> ExitCode {
     );
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
-        let r = run_case(case, *index, seed, backend.as_ref());
+        let r = run_case(case, *index, seed, backend.as_ref(), args.chaos);
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
-        let verdict = if r.pass { "ok".to_string() } else { format!("FAIL: {}", r.message) };
+        let verdict = match (r.pass, r.schedules) {
+            (true, 1) => "ok".to_string(),
+            (true, n) => format!("ok ({n} schedules)"),
+            (false, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
+        };
         println!(
-            "{:<12} {:<7} {:<5} {:<14} {:>10} {:>8.0e} {:>9.2}  {verdict}",
+            "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
             r.kernel,
             r.variant,
             r.dtype,
             case.shape_text(),
+            r.world,
             err,
             r.bound,
             r.time_ms

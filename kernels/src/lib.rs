@@ -5,7 +5,11 @@
 //! orchestration that checks shapes, sizes the grid and launches it on any backend's device.
 //! Kernels know nothing about backends beyond the `Backend`/`Device` traits.
 
+pub mod ag_gemm;
+pub mod allgather;
+pub mod allreduce;
 pub mod gemm;
+pub mod gemm_rs;
 pub mod softmax;
 pub mod splitk_gemm;
 pub mod vector_add;

@@ -1,0 +1,158 @@
+//! Distributed cases: a world of ranks runs each kernel's host orchestration SPMD; every rank's
+//! output is checked against an f64 reference of the whole collective.
+
+use crate::cases::Case;
+use crate::host::{decode, encode, poison, random};
+use crate::reference;
+use std::sync::Arc;
+use trident_backend_cpu::world::{CpuWorld, WorldOptions};
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_core::world::RankCtx;
+use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
+use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::gemm_rs::GemmRs;
+
+/// Kernels that run in a world, with their variants and shapes.
+pub const KERNELS: &[(&str, &[&str])] = &[
+    ("allgather", &["push", "ce"]),
+    ("allreduce", &["oneshot", "twoshot"]),
+    ("ag_gemm", &["ce", "kernel"]),
+    ("gemm_rs", &["-"]),
+];
+
+/// World sizes every distributed kernel runs at.
+pub const WORLDS: [usize; 4] = [1, 2, 4, 8];
+
+pub fn shapes(kernel: &str) -> Vec<Vec<usize>> {
+    match kernel {
+        // elements per rank
+        "allgather" => vec![vec![777], vec![4096]],
+        // elements
+        "allreduce" => vec![vec![1000], vec![8197]],
+        // M, N, K (M over all ranks; N per rank)
+        "ag_gemm" => vec![vec![128, 96, 64], vec![64, 40, 72]],
+        // M, N, K per rank
+        _ => vec![vec![128, 64, 32], vec![64, 80, 24]],
+    }
+}
+
+/// Inputs of every rank and the output every rank must end with.
+pub struct WorldData {
+    pub inputs: Vec<Vec<Vec<f64>>>,
+    pub expected: Vec<Vec<f64>>,
+    pub reduction_len: usize,
+}
+
+pub fn prepare(case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
+    let (w, d, s) = (case.world, case.dtype, &case.shape);
+    match case.kernel {
+        "allgather" => {
+            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
+            let all: Vec<f64> = inputs.iter().flat_map(|i| i[0].clone()).collect();
+            WorldData { expected: vec![all; w], inputs, reduction_len: 1 }
+        }
+        "allreduce" => {
+            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
+            let sum: Vec<f64> = (0..s[0]).map(|i| inputs.iter().map(|x| x[0][i]).sum()).collect();
+            WorldData { expected: vec![sum; w], inputs, reduction_len: w }
+        }
+        "ag_gemm" => {
+            let (m, n, k) = (s[0], s[1], s[2]);
+            let a = random(m * k, d, rng);
+            let rows = m / w.max(1);
+            let mut inputs = Vec::new();
+            let mut expected = Vec::new();
+            for r in 0..w {
+                let b = random(k * n, d, rng);
+                expected.push(reference::gemm(&a, &b, m, n, k));
+                inputs.push(vec![a[r * rows * k..(r + 1) * rows * k].to_vec(), b]);
+            }
+            WorldData { inputs, expected, reduction_len: k }
+        }
+        _ => {
+            let (m, n, k) = (s[0], s[1], s[2]);
+            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
+            let mut total = vec![0.0; m * n];
+            for x in &inputs {
+                for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
+                    *t += v;
+                }
+            }
+            let rows = m / w;
+            let expected = (0..w).map(|r| total[r * rows * n..(r + 1) * rows * n].to_vec()).collect();
+            WorldData { inputs, expected, reduction_len: k * w }
+        }
+    }
+}
+
+fn upload(ctx: &dyn RankCtx, name: &str, values: &[f64], d: DType) -> Result<Buffer, BackendError> {
+    let b = ctx.alloc(values.len() * d.size_bytes() as usize, name)?;
+    ctx.write(&b, 0, &encode(values, d))?;
+    Ok(b)
+}
+
+fn download(ctx: &dyn RankCtx, b: &Buffer, len: usize, d: DType) -> Result<Vec<f64>, BackendError> {
+    let mut bytes = vec![0u8; len * d.size_bytes() as usize];
+    ctx.read(b, 0, &mut bytes)?;
+    Ok(decode(&bytes, d))
+}
+
+/// Runs one rank's part of a case; returns its output.
+fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64>, BackendError> {
+    let (d, s, r) = (case.dtype, &case.shape, ctx.rank());
+    let inputs: Vec<Buffer> =
+        data.inputs[r].iter().enumerate().map(|(i, v)| upload(ctx, &format!("in{i}"), v, d)).collect::<Result<_, _>>()?;
+    let len = data.expected[r].len();
+    match (case.kernel, case.variant) {
+        ("allgather", variant) => {
+            let mut bufs = GatherBuffers::new(ctx, d, s[0])?;
+            ctx.fill(&bufs.out, &poison(d))?;
+            ctx.barrier()?;
+            if variant == "push" {
+                AllGather::new(d).run(ctx, &mut bufs, &inputs[0])?;
+            } else {
+                AllGatherCe { dtype: d }.run(ctx, &mut bufs, &inputs[0])?;
+            }
+            download(ctx, &bufs.out, len, d)
+        }
+        ("allreduce", variant) => {
+            let algo = if variant == "oneshot" { Algorithm::OneShot } else { Algorithm::TwoShot };
+            let ar = AllReduce::new(d, algo);
+            let mut bufs = ar.buffers(ctx, s[0])?;
+            ctx.fill(&bufs.out, &poison(d))?;
+            ctx.barrier()?;
+            ar.run(ctx, &mut bufs, &inputs[0])?;
+            download(ctx, &bufs.out, len, d)
+        }
+        ("ag_gemm", variant) => {
+            let mode = if variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
+            let (m, n, k) = (s[0], s[1], s[2]);
+            let op = AgGemm::new(d, mode);
+            let mut bufs = op.buffers(ctx, m, k)?;
+            let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
+            ctx.fill(&c, &poison(d))?;
+            ctx.barrier()?;
+            op.run(ctx, &mut bufs, &inputs[0], &inputs[1], &c, n)?;
+            download(ctx, &c, len, d)
+        }
+        _ => {
+            let (m, n, k) = (s[0], s[1], s[2]);
+            let op = GemmRs::new(d);
+            let mut bufs = op.buffers(ctx, m, n)?;
+            let out = ctx.alloc(len * d.size_bytes() as usize, "out")?;
+            ctx.fill(&out, &poison(d))?;
+            ctx.barrier()?;
+            op.run(ctx, &mut bufs, &inputs[0], &inputs[1], &out, k)?;
+            download(ctx, &out, len, d)
+        }
+    }
+}
+
+/// Runs a case in a world with the given schedule seed; returns every rank's output.
+pub fn execute(case: &Case, data: Arc<WorldData>, schedule_seed: u64) -> Result<Vec<Vec<f64>>, BackendError> {
+    let case2 = case.clone();
+    let opts = WorldOptions::new(case.world, schedule_seed);
+    CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
+}

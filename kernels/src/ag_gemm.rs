@@ -1,0 +1,127 @@
+//! AG-GEMM: `C_r = A_full @ B_r` while `A_full` is being gathered.
+//!
+//! `A` is `[M, K]` sharded by rows (rank r holds rows `r*M/W ..`), `B_r` is `[K, N_r]`. The
+//! gather (copy engine or the in-kernel push AllGather, on stream 1) fills the symmetric `A_full`
+//! and marks each rank's rows with `ready[c]`; the GEMM (stream 0) maps program ids to output
+//! tiles with a rank swizzle (tile rows of chunk r first, then r+1, ...), and before its K loop a
+//! program waits for the signals of every chunk its rows touch and feeds the token to its loads.
+//! The GEMM never waits on itself, so an independent launch is enough.
+
+use crate::allgather::{AllGather, AllGatherCe, GatherBuffers};
+use crate::gemm::Gemm;
+use crate::{cdiv, require_bytes, require_i32};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{CmpOp, DType, LaunchAttrs, MemSemantic, Scope};
+use trident_core::world::RankCtx;
+use trident_core::{Function, KernelBuilder, VerifyError};
+
+/// How `A_full` is gathered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GatherMode {
+    CopyEngine,
+    Kernel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AgGemm {
+    pub gemm: Gemm,
+    pub mode: GatherMode,
+}
+
+/// Symmetric state for `[m, k]` gathered A.
+pub struct AgGemmBuffers {
+    pub gather: GatherBuffers,
+    pub m: usize,
+    pub k: usize,
+}
+
+impl AgGemm {
+    pub fn new(dtype: DType, mode: GatherMode) -> AgGemm {
+        AgGemm { gemm: Gemm::new(dtype), mode }
+    }
+
+    fn problem(&self, message: String) -> BackendError {
+        BackendError::Problem { kernel: "ag_gemm".into(), message }
+    }
+
+    /// Collective: buffers for an `m x k` A; `m` must split evenly over the ranks.
+    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, k: usize) -> Result<AgGemmBuffers, BackendError> {
+        let w = ctx.world_size();
+        if m % w != 0 {
+            return Err(self.problem(format!("M = {m} rows cannot be sharded evenly over {w} ranks")));
+        }
+        Ok(AgGemmBuffers { gather: GatherBuffers::new(ctx, self.gemm.dtype, (m / w) * k)?, m, k })
+    }
+
+    pub fn build(&self) -> Result<Function, VerifyError> {
+        let g = &self.gemm;
+        let (bm, bn) = (g.block_m, g.block_n);
+        let name = format!("ag_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k);
+        let b = KernelBuilder::new(&name, LaunchAttrs { warps: g.warps, stages: g.stages, cooperative: false });
+        let (a_full, bp, c) = (b.arg_ptr("a_full", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("c", g.dtype));
+        let ready = b.arg_ptr("ready", DType::U64);
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let (rows_per_rank, target) = (b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
+
+        let pid = b.program_id_x();
+        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
+        let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
+        // Rank swizzle: start at the tile row holding this rank's first row (its own chunk,
+        // already local), then walk on to the chunks of r+1, r+2, ...
+        let first = (b.rank() * rows_per_rank) / bm as i32;
+        let tile_m = (pid / tiles_n + first) % tiles_m;
+        let row0 = tile_m * bm as i32;
+        let last_row = (row0 + bm as i32).min(m) - 1;
+        let (c_lo, c_hi) = (row0 / rows_per_rank, last_row / rows_per_rank);
+        let tok = b.wait(ready + c_lo, c_hi - c_lo + 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+        let a = a_full.consume_token(tok);
+
+        let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
+        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
+        let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
+        b.store(c + rows * n + cols, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
+        b.finish()
+    }
+
+    /// `c = A_full @ b` where this rank holds `a_shard` (`m/W x k`), `b` is `k x n`, `c` is `m x n`.
+    pub fn run(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut AgGemmBuffers,
+        a_shard: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+        n: usize,
+    ) -> Result<(), BackendError> {
+        let (m, k, w) = (bufs.m, bufs.k, ctx.world_size());
+        let es = self.gemm.dtype.size_bytes() as usize;
+        require_bytes(a_shard, (m / w) * k * es, "a_shard")?;
+        require_bytes(b, k * n * es, "b")?;
+        require_bytes(c, m * n * es, "c")?;
+        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
+        bufs.gather.epoch += 1;
+        let epoch = bufs.gather.epoch;
+        let target = match self.mode {
+            GatherMode::CopyEngine => AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
+            GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
+        };
+        if m > 0 && n > 0 {
+            let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
+            let grid = [(cdiv(m, self.gemm.block_m as usize) * cdiv(n, self.gemm.block_n as usize)) as u32, 1, 1];
+            let args = [
+                bufs.gather.out.arg(),
+                b.arg(),
+                c.arg(),
+                bufs.gather.ready.arg(),
+                KernelArg::i32(m32),
+                KernelArg::i32(n32),
+                KernelArg::i32(k32),
+                KernelArg::i32(require_i32(m / w, "rows_per_rank")?),
+                KernelArg::u64(target),
+            ];
+            ctx.launch(0, &kernel, grid, &args)?;
+        }
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+}

@@ -1,0 +1,150 @@
+//! AllReduce (sum): every rank ends with the elementwise sum of every rank's input, reduced in f32.
+//!
+//! * One-shot: each program copies its slice of the input into the symmetric `stage`, signals
+//!   every rank (`ready[program][rank] = epoch`), waits for every rank's signal for its slice, then
+//!   reads that slice from all W stages (`symm_at`) and sums. Reads W x the data; wins for small
+//!   messages.
+//! * Two-shot: rank r owns chunk r. Program i stages slice i of every chunk and signals each
+//!   chunk's owner; the owner sums slice i of its chunk from all stages, pushes the sum into every
+//!   rank's `out` and signals; everyone waits for every chunk's slice i. Moves 2 x the data.
+//!
+//! The sum runs over ranks 0..W in order on every rank, so all ranks get identical bits.
+
+use crate::{cdiv, require_bytes, require_i32};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
+use trident_core::world::RankCtx;
+use trident_core::{Function, KernelBuilder, Tile, VerifyError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    OneShot,
+    TwoShot,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AllReduce {
+    pub dtype: DType,
+    pub block: u32,
+    pub algorithm: Algorithm,
+}
+
+/// Symmetric state of an AllReduce of `n` elements.
+pub struct AllReduceBuffers {
+    pub stage: Buffer,
+    /// The result (symmetric: two-shot owners write into it).
+    pub out: Buffer,
+    pub ready: Buffer,
+    pub done: Buffer,
+    pub n: usize,
+    pub epoch: u64,
+}
+
+impl AllReduce {
+    pub fn new(dtype: DType, algorithm: Algorithm) -> AllReduce {
+        AllReduce { dtype, block: 1024, algorithm }
+    }
+
+    /// Elements each rank owns in the two-shot algorithm.
+    pub fn chunk(&self, n: usize, world: usize) -> usize {
+        match self.algorithm {
+            Algorithm::OneShot => n,
+            Algorithm::TwoShot => cdiv(n, world),
+        }
+    }
+
+    pub fn programs(&self, n: usize, world: usize) -> u32 {
+        cdiv(self.chunk(n, world).max(1), self.block as usize) as u32
+    }
+
+    /// Collective: the symmetric buffers for `n` elements.
+    pub fn buffers(&self, ctx: &dyn RankCtx, n: usize) -> Result<AllReduceBuffers, BackendError> {
+        let es = self.dtype.size_bytes() as usize;
+        let signals = self.programs(n, ctx.world_size()) as usize * ctx.world_size() * 8;
+        Ok(AllReduceBuffers {
+            stage: ctx.symm_alloc(n * es, "allreduce_stage")?,
+            out: ctx.symm_alloc(n * es, "allreduce_out")?,
+            ready: ctx.symm_alloc(signals, "allreduce_ready")?,
+            done: ctx.symm_alloc(signals, "allreduce_done")?,
+            n,
+            epoch: 0,
+        })
+    }
+
+    /// `sum over ranks p of load(symm_at(stage, p) + idx)` in f32.
+    fn sum_over_ranks<'b>(&self, b: &'b KernelBuilder, stage: Tile<'b>, idx: Tile<'b>, mask: Tile<'b>) -> Tile<'b> {
+        let acc = b.zeros(&idx.shape(), DType::F32);
+        b.for_range(0, b.num_ranks(), 1, &[acc], |p, c| {
+            vec![c[0] + b.load_or(b.symm_at(stage, p) + idx, mask, 0.0).cast(DType::F32)]
+        })[0]
+    }
+
+    pub fn build(&self) -> Result<Function, VerifyError> {
+        let name = format!("allreduce_{:?}_{}_{}", self.algorithm, self.dtype, self.block).to_lowercase();
+        let b = KernelBuilder::new(&name, LaunchAttrs::default());
+        let (input, stage, out) = (b.arg_ptr("input", self.dtype), b.arg_ptr("stage", self.dtype), b.arg_ptr("out", self.dtype));
+        let (ready, done) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("done", DType::U64));
+        let (n, chunk, epoch) = (b.arg("n", DType::I32), b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
+        let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
+        let lane = pid * self.block as i32 + b.arange(0, self.block as i64);
+        let my_signals = ready + pid * world;
+        match self.algorithm {
+            Algorithm::OneShot => {
+                let mask = lane.lt(n);
+                b.store(stage + lane, b.load(input + lane, Some(mask), None), Some(mask));
+                b.for_range(0, world, 1, &[], |p, _| {
+                    b.notify(ready + (pid * world + me), p, epoch, SignalOp::Set, CommScope::IntraNode);
+                    vec![]
+                });
+                let tok = b.wait(my_signals, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
+                let sum = self.sum_over_ranks(&b, stage.consume_token(tok), lane, mask);
+                b.store(out + lane, sum.cast(self.dtype), Some(mask));
+            }
+            Algorithm::TwoShot => {
+                let in_chunk = lane.lt(chunk);
+                // Stage slice `pid` of every chunk and tell the chunk's owner.
+                b.for_range(0, world, 1, &[], |c, _| {
+                    let idx = c * chunk + lane;
+                    let m = in_chunk & idx.lt(n);
+                    b.store(stage + idx, b.load(input + idx, Some(m), None), Some(m));
+                    b.notify(ready + (pid * world + me), c, epoch, SignalOp::Set, CommScope::IntraNode);
+                    vec![]
+                });
+                // Reduce slice `pid` of my chunk and push it to every rank.
+                let tok = b.wait(my_signals, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
+                let idx = me * chunk + lane;
+                let m = in_chunk & idx.lt(n);
+                let sum = self.sum_over_ranks(&b, stage.consume_token(tok), idx, m).cast(self.dtype);
+                b.for_range(0, world, 1, &[], |p, _| {
+                    b.store(b.symm_at(out, p) + idx, sum, Some(m));
+                    b.notify(done + (pid * world + me), p, epoch, SignalOp::Set, CommScope::IntraNode);
+                    vec![]
+                });
+                b.wait(done + pid * world, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
+            }
+        }
+        b.finish()
+    }
+
+    /// Sums `input` (n elements) over all ranks into `bufs.out`.
+    pub fn run(&self, ctx: &dyn RankCtx, bufs: &mut AllReduceBuffers, input: &Buffer) -> Result<(), BackendError> {
+        require_bytes(input, bufs.n * self.dtype.size_bytes() as usize, "input")?;
+        bufs.epoch += 1;
+        let w = ctx.world_size();
+        let (n, chunk) = (require_i32(bufs.n, "n")?, require_i32(self.chunk(bufs.n, w), "chunk")?);
+        let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
+        let args = [
+            input.arg(),
+            bufs.stage.arg(),
+            bufs.out.arg(),
+            bufs.ready.arg(),
+            bufs.done.arg(),
+            KernelArg::i32(n),
+            KernelArg::i32(chunk),
+            KernelArg::u64(bufs.epoch),
+        ];
+        ctx.launch(0, &kernel, [self.programs(bufs.n, w), 1, 1], &args)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+}

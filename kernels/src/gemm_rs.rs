@@ -1,0 +1,160 @@
+//! GEMM-RS: rank r ends with rows chunk r of `sum_p A_p @ B_p`.
+//!
+//! `A_r` is `[M, K_r]`, `B_r` is `[K_r, N]` (K split over ranks). Each output tile of the partial
+//! product belongs to the rank t that owns its rows; the GEMM's epilogue stores the tile into
+//! `partial[r]` on rank t (`symm_at`) and adds 1 to `arrived[row block][r]` there (`notify`
+//! carries the program barrier). Tiles for rank r+1 are computed first and rank r's own last. A
+//! reduction kernel on rank t waits until all W partials of a row block arrived (`epoch x column
+//! tiles` each) and sums them in f32.
+
+use crate::gemm::Gemm;
+use crate::{cdiv, require_bytes, require_i32};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
+use trident_core::world::RankCtx;
+use trident_core::{Function, KernelBuilder, VerifyError};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GemmRs {
+    pub gemm: Gemm,
+}
+
+/// Symmetric state for an `m x n` result.
+pub struct GemmRsBuffers {
+    /// `[world][m / world][n]` partial tiles, written by every rank (symmetric).
+    pub partial: Buffer,
+    /// `[row blocks per rank][world]` u64 arrival counters (symmetric).
+    pub arrived: Buffer,
+    pub m: usize,
+    pub n: usize,
+    pub epoch: u64,
+    /// The GEMM's tile height: a power of two dividing `m / world`, so no tile spans two owners.
+    pub block_m: u32,
+}
+
+impl GemmRs {
+    pub fn new(dtype: DType) -> GemmRs {
+        GemmRs { gemm: Gemm::new(dtype) }
+    }
+
+    fn problem(&self, message: String) -> BackendError {
+        BackendError::Problem { kernel: "gemm_rs".into(), message }
+    }
+
+    /// Collective: buffers for an `m x n` result; `m` must split evenly over the ranks.
+    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
+        let w = ctx.world_size();
+        if m % w != 0 || m == 0 {
+            return Err(self.problem(format!("M = {m} rows cannot be split evenly over {w} ranks")));
+        }
+        let rows = m / w;
+        let block_m = (1u32 << rows.trailing_zeros().min(31)).min(self.gemm.block_m);
+        let es = self.gemm.dtype.size_bytes() as usize;
+        Ok(GemmRsBuffers {
+            partial: ctx.symm_alloc(m * n * es, "gemm_rs_partial")?,
+            arrived: ctx.symm_alloc((rows / block_m as usize) * w * 8, "gemm_rs_arrived")?,
+            m,
+            n,
+            epoch: 0,
+            block_m,
+        })
+    }
+
+    fn gemm(&self, block_m: u32) -> Gemm {
+        Gemm { block_m, ..self.gemm }
+    }
+
+    pub fn build_gemm(&self, block_m: u32) -> Result<Function, VerifyError> {
+        let g = self.gemm(block_m);
+        let (bm, bn) = (g.block_m, g.block_n);
+        let b = KernelBuilder::new(
+            &format!("gemm_rs_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k),
+            LaunchAttrs { warps: g.warps, stages: g.stages, cooperative: false },
+        );
+        let (a, bp, partial) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));
+        let arrived = b.arg_ptr("arrived", DType::U64);
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let rows_per_rank = b.arg("rows_per_rank", DType::I32);
+        let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
+        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
+        let blocks_per_rank = rows_per_rank / bm as i32;
+        let t = pid / tiles_n;
+        // Swizzle: tiles owned by rank r+1 first, this rank's own last.
+        let owner = (me + 1 + t / blocks_per_rank) % world;
+        let local_block = t % blocks_per_rank;
+        let local_rows = (local_block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
+        let rows = local_rows + owner * rows_per_rank;
+        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
+        let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
+        let dst = b.symm_at(partial, owner) + ((me * rows_per_rank + local_rows) * n + cols);
+        b.store(dst, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
+        b.notify(arrived + (local_block * world + me), owner, 1u64, SignalOp::Add, CommScope::IntraNode);
+        b.finish()
+    }
+
+    pub fn build_reduce(&self, block_m: u32) -> Result<Function, VerifyError> {
+        let (bm, bn, dt) = (block_m, self.gemm.block_n, self.gemm.dtype);
+        let b = KernelBuilder::new(&format!("gemm_rs_reduce_{dt}_{bm}x{bn}"), LaunchAttrs::default());
+        let (partial, arrived, out) = (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
+        let (n, rows_per_rank, target) = (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
+        let (world, pid) = (b.num_ranks(), b.program_id_x());
+        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
+        let block = pid / tiles_n;
+        let tok = b.wait(arrived + block * world, world, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+        let partial = partial.consume_token(tok);
+        let rows = (block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
+        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
+        let mask = rows.lt(rows_per_rank) & cols.lt(n);
+        let acc = b.zeros(&[bm, bn], DType::F32);
+        let sum = b.for_range(0, world, 1, &[acc], |src, c| {
+            let tile = b.load_or(partial + ((src * rows_per_rank + rows) * n + cols), mask, 0.0);
+            vec![c[0] + tile.cast(DType::F32)]
+        })[0];
+        b.store(out + rows * n + cols, sum.cast(dt), Some(mask));
+        b.finish()
+    }
+
+    /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b` `k_r x n`.
+    pub fn run(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut GemmRsBuffers,
+        a: &Buffer,
+        b: &Buffer,
+        out: &Buffer,
+        k: usize,
+    ) -> Result<(), BackendError> {
+        let (m, n, w) = (bufs.m, bufs.n, ctx.world_size());
+        let es = self.gemm.dtype.size_bytes() as usize;
+        require_bytes(a, m * k * es, "a")?;
+        require_bytes(b, k * n * es, "b")?;
+        require_bytes(out, (m / w) * n * es, "out")?;
+        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
+        if n == 0 {
+            return Ok(());
+        }
+        bufs.epoch += 1;
+        let bm = bufs.block_m;
+        let tiles_n = cdiv(n, self.gemm.block_n as usize);
+        let rows = require_i32(m / w, "rows_per_rank")?;
+        let gemm = ctx.compile(&format!("{self:?}/gemm/{bm}"), &|| self.build_gemm(bm))?;
+        let reduce = ctx.compile(&format!("{self:?}/reduce/{bm}"), &|| self.build_reduce(bm))?;
+        let gemm_args = [
+            a.arg(),
+            b.arg(),
+            bufs.partial.arg(),
+            bufs.arrived.arg(),
+            KernelArg::i32(m32),
+            KernelArg::i32(n32),
+            KernelArg::i32(k32),
+            KernelArg::i32(rows),
+        ];
+        ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
+        let target = bufs.epoch * tiles_n as u64;
+        let reduce_args =
+            [bufs.partial.arg(), bufs.arrived.arg(), out.arg(), KernelArg::i32(n32), KernelArg::i32(rows), KernelArg::u64(target)];
+        ctx.launch(0, &reduce, [((m / w / bm as usize) * tiles_n) as u32, 1, 1], &reduce_args)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+}
