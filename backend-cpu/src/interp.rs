@@ -65,6 +65,8 @@ pub trait Hooks {
     fn barrier_all(&self, view: &ProgramView) -> R<()>;
     /// A signal was written (tracing).
     fn signal_written(&self, _view: &ProgramView, _addr: u64, _value: u64) {}
+    /// The program finished and published everything (race detection collects its clock).
+    fn program_done(&self, _view: &mut ProgramView) {}
 }
 
 /// The hooks of a single-device launch: one rank, programs run one after another, so a wait
@@ -137,7 +139,9 @@ impl<'a> Program<'a> {
         // The program's threads may retire at different times: others may run before its last
         // buffered stores and transfers become visible.
         p.hooks.yield_point(&mut p.view)?;
-        access(p.view.finish(mem))
+        access(p.view.finish(mem))?;
+        p.hooks.program_done(&mut p.view);
+        Ok(())
     }
 
     fn val(&self, v: Value) -> R<&Val> {
@@ -195,7 +199,9 @@ impl<'a> Program<'a> {
         let data = &func.ops[op];
         let rty = |i: usize| func.ty(data.results[i]).clone();
         let result = match &data.kind {
-            OpKind::For { lower, upper, step, init, body } => return self.run_for(data, *lower, *upper, *step, init, *body),
+            OpKind::For { lower, upper, step, init, body } => {
+                return self.run_for(data, *lower, *upper, *step, init, *body)
+            }
             OpKind::If { cond, then_block, else_block } => {
                 let c = self.val(*cond)?.scalar_i64() != 0;
                 let b = if c { *then_block } else { *else_block };
@@ -236,6 +242,7 @@ impl<'a> Program<'a> {
                 let v = self.val(*value)?.scalar_i64() as u64;
                 // Program barrier, release, then one thread writes the signal.
                 access(self.view.release_all(self.mem))?;
+                self.view.race_release(addr);
                 self.write_signal(addr, *sop, v)?;
                 return Ok(());
             }
@@ -296,6 +303,9 @@ impl<'a> Program<'a> {
                 self.hooks.wait(&self.view, &addrs, *cmp, want)?;
                 if sem.acquires() {
                     self.view.acquire(self.mem);
+                    for a in &addrs {
+                        self.view.race_acquire(*a);
+                    }
                 }
                 Val { ty: Type::token(), data: Data::Token }
             }
@@ -305,6 +315,7 @@ impl<'a> Program<'a> {
                 let want = self.val(*value)?.scalar_i64() as u64;
                 self.hooks.wait(&self.view, &[addr], *cmp, want)?;
                 self.view.acquire(self.mem);
+                self.view.race_acquire(addr);
                 let seen = access(self.view.rmw(self.mem, addr, 8, |old| old))?;
                 Val { ty: rty(0), data: Data::I(vec![seen as i64]) }
             }
@@ -359,7 +370,15 @@ impl<'a> Program<'a> {
         Ok(Transfer { dst, src, bytes: n, data, signal })
     }
 
-    fn run_for(&mut self, data: &OpData, lower: Value, upper: Value, step: Value, init: &[Value], body: Block) -> R<()> {
+    fn run_for(
+        &mut self,
+        data: &OpData,
+        lower: Value,
+        upper: Value,
+        step: Value,
+        init: &[Value],
+        body: Block,
+    ) -> R<()> {
         let ity = self.val(lower)?.ty.clone();
         let d = ity.dtype().unwrap_or(DType::I32);
         let (lo, hi, st) = (self.val(lower)?.scalar_i64(), self.val(upper)?.scalar_i64(), self.val(step)?.scalar_i64());
@@ -547,10 +566,18 @@ impl<'a> Program<'a> {
                 continue;
             }
             let operand = operands[i];
+            if sem.releases() {
+                self.view.race_release(p);
+            }
             old.push(access(self.view.rmw(self.mem, p, size, |cur| atomic_apply(op, d, cur, operand)))?);
         }
         if sem.acquires() {
             self.view.acquire(self.mem);
+            for (i, &p) in ptrs.iter().enumerate() {
+                if mask.as_ref().is_none_or(|m| m[i] != 0) {
+                    self.view.race_acquire(p);
+                }
+            }
         }
         Ok(bits_to_data(d, &old))
     }
@@ -568,10 +595,16 @@ impl<'a> Program<'a> {
         self.atomic_release(sem, scalar)?;
         let mut old = Vec::with_capacity(ptrs.len());
         for (&p, &(eb, nb)) in ptrs.iter().zip(&pairs) {
+            if sem.releases() {
+                self.view.race_release(p);
+            }
             old.push(access(self.view.rmw(self.mem, p, size, |cur| if cur == eb { nb } else { cur }))?);
         }
         if sem.acquires() {
             self.view.acquire(self.mem);
+            for &p in &ptrs {
+                self.view.race_acquire(p);
+            }
         }
         Ok(bits_to_data(d, &old))
     }

@@ -13,6 +13,7 @@
 pub mod device;
 pub mod interp;
 pub mod memory;
+pub mod race;
 pub mod sched;
 pub mod value;
 pub mod view;

@@ -132,15 +132,21 @@ impl Sched {
                 return;
             }
             // Deadlock: nothing runnable, and nothing can ever change a parked condition.
-            let report = format!("deadlock: no rank, program or copy can make progress; waiting:\n  {}", parked.join("\n  "));
+            let report =
+                format!("deadlock: no rank, program or copy can make progress; waiting:\n  {}", parked.join("\n  "));
             st.abort.get_or_insert(report);
             for s in st.slots.iter_mut() {
                 if matches!(s.status, Status::Parked(_)) {
                     s.status = Status::Runnable;
                 }
             }
-            runnable =
-                st.slots.iter().enumerate().filter(|(_, s)| matches!(s.status, Status::Runnable)).map(|(i, _)| i).collect();
+            runnable = st
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| matches!(s.status, Status::Runnable))
+                .map(|(i, _)| i)
+                .collect();
         }
         let pick = runnable[st.rng.gen_range(0..runnable.len())];
         st.current = Some(pick);
@@ -238,12 +244,24 @@ mod tests {
         let (s1, f1) = (s.clone(), flag.clone());
         s.spawn("waiter".into(), move |id| {
             let f = f1.clone();
-            s1.park(id, Blocker { ready: Box::new(move || f.load(Ordering::SeqCst) == 1), describe: Box::new(|| "flag".into()) })
-                .unwrap();
+            s1.park(
+                id,
+                Blocker {
+                    ready: Box::new(move || f.load(Ordering::SeqCst) == 1),
+                    describe: Box::new(|| "flag".into()),
+                },
+            )
+            .unwrap();
             // Nobody sets 2: deadlock.
             let f = f1.clone();
             let e = s1
-                .park(id, Blocker { ready: Box::new(move || f.load(Ordering::SeqCst) == 2), describe: Box::new(|| "flag == 2".into()) })
+                .park(
+                    id,
+                    Blocker {
+                        ready: Box::new(move || f.load(Ordering::SeqCst) == 2),
+                        describe: Box::new(|| "flag == 2".into()),
+                    },
+                )
                 .unwrap_err();
             assert!(e.contains("flag == 2"));
         })

@@ -14,6 +14,7 @@
 //!   point; a non-blocking put reads its source only then.
 
 use crate::memory::{AccessError, Memory, Region, View, Writer};
+use crate::race::{Races, VClock};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use trident_core::ir::SignalOp;
@@ -52,6 +53,16 @@ pub struct ProgramView {
     rng: rand::rngs::StdRng,
     /// Probability that a yield point publishes part of what is buffered.
     chaos: f64,
+    /// The race detector and this program's vector clock (`--race`).
+    race: Option<RaceCtx>,
+}
+
+/// A program's part in race detection.
+pub struct RaceCtx {
+    pub races: Races,
+    pub clock: VClock,
+    /// Names an address for reports.
+    pub place: std::sync::Arc<dyn Fn(u64) -> String + Send + Sync>,
 }
 
 fn locate<'v>(view: &'v View<'_>, addr: u64, size: usize) -> Result<(&'v Region, usize), AccessError> {
@@ -81,6 +92,44 @@ impl ProgramView {
             pending: Vec::new(),
             rng: rand::rngs::StdRng::seed_from_u64(seed),
             chaos,
+            race: None,
+        }
+    }
+
+    /// Turns on race detection for this program.
+    pub fn with_race(mut self, race: RaceCtx) -> ProgramView {
+        self.race = Some(race);
+        self
+    }
+
+    /// The program's final vector clock (to join into its launch).
+    pub fn take_clock(&mut self) -> Option<VClock> {
+        self.race.take().map(|r| r.clock)
+    }
+
+    fn race_access(&self, addr: u64, size: usize, write: bool) -> Result<(), AccessError> {
+        if let Some(r) = &self.race {
+            for b in addr..addr + size as u64 {
+                if let Some(report) = r.races.access(b, write, self.writer.task, &r.clock, &|| (r.place)(b)) {
+                    return Err(AccessError(report));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Release on the sync word `addr` (signal writes, release atomics).
+    pub fn race_release(&mut self, addr: u64) {
+        let task = self.writer.task;
+        if let Some(r) = &mut self.race {
+            r.races.release(addr, task, &mut r.clock);
+        }
+    }
+
+    /// Acquire of the sync word `addr` (completed waits, acquire atomics).
+    pub fn race_acquire(&mut self, addr: u64) {
+        if let Some(r) = &mut self.race {
+            r.races.acquire(addr, &mut r.clock);
         }
     }
 
@@ -95,6 +144,7 @@ impl ProgramView {
     /// Reads an element.
     pub fn load(&self, view: &View<'_>, addr: u64, size: usize) -> Result<u64, AccessError> {
         let (r, o) = locate(view, addr, size)?;
+        self.race_access(addr, size, false)?;
         if !self.delayed {
             return Ok(r.load(o, size));
         }
@@ -107,8 +157,16 @@ impl ProgramView {
     }
 
     /// Stores an element on behalf of `thread` (bounds are checked now, visibility comes later).
-    pub fn store(&mut self, view: &View<'_>, addr: u64, size: usize, bits: u64, thread: usize) -> Result<(), AccessError> {
+    pub fn store(
+        &mut self,
+        view: &View<'_>,
+        addr: u64,
+        size: usize,
+        bits: u64,
+        thread: usize,
+    ) -> Result<(), AccessError> {
         let (r, o) = locate(view, addr, size)?;
+        self.race_access(addr, size, true)?;
         if !self.delayed {
             r.store(o, size, bits);
             return Ok(());
@@ -120,13 +178,7 @@ impl ProgramView {
 
     /// Atomic read-modify-write on the newest value; the program's buffered stores are published
     /// first (early publication is always allowed), and the result is published at once.
-    pub fn rmw(
-        &mut self,
-        mem: &Memory,
-        addr: u64,
-        size: usize,
-        f: impl Fn(u64) -> u64,
-    ) -> Result<u64, AccessError> {
+    pub fn rmw(&mut self, mem: &Memory, addr: u64, size: usize, f: impl Fn(u64) -> u64) -> Result<u64, AccessError> {
         if self.delayed && self.own.contains_key(&addr) {
             self.release_all(mem)?;
         }
@@ -215,7 +267,14 @@ impl ProgramView {
         Ok(())
     }
 
-    fn deliver(&self, mem: &Memory, t: Transfer) -> Result<(), AccessError> {
+    fn deliver(&mut self, mem: &Memory, t: Transfer) -> Result<(), AccessError> {
+        if t.data.is_none() {
+            self.race_access(t.src, t.bytes, false)?;
+        }
+        self.race_access(t.dst, t.bytes, true)?;
+        if let Some((sig, _, _)) = t.signal {
+            self.race_release(sig);
+        }
         let data = match t.data {
             Some(d) => d,
             None => {

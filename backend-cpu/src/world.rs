@@ -12,8 +12,9 @@
 
 use crate::interp::{fault, Hooks, Program, ProgramCtx, R};
 use crate::memory::{Memory, Writer};
+use crate::race::{Races, VClock};
 use crate::sched::{Blocker, Sched, TaskId};
-use crate::view::ProgramView;
+use crate::view::{ProgramView, RaceCtx};
 use crate::CpuBackend;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -38,11 +39,13 @@ pub struct WorldOptions {
     pub trace: bool,
     /// Most programs a cooperative launch may have (the CPU's "resident" limit).
     pub max_cooperative_programs: u64,
+    /// Track happens-before with vector clocks and fail on the first data race.
+    pub race: bool,
 }
 
 impl WorldOptions {
     pub fn new(ranks: usize, seed: u64) -> WorldOptions {
-        WorldOptions { ranks, seed, chaos: 0.3, trace: false, max_cooperative_programs: 1024 }
+        WorldOptions { ranks, seed, chaos: 0.3, trace: false, max_cooperative_programs: 1024, race: false }
     }
 }
 
@@ -91,9 +94,41 @@ struct Inner {
     trace: Mutex<Vec<TraceEvent>>,
     next_tag: AtomicU64,
     next_launch: AtomicU64,
+    races: Option<Races>,
+    barrier_clock: Mutex<VClock>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Inner {
+    /// Where a byte lives, for race reports.
+    fn describe_byte(&self, addr: u64) -> String {
+        match self.symmetric_place(addr) {
+            Some((name, r, off)) => format!("`{name}` byte {off} on rank {r}"),
+            None => {
+                let v = self.mem.view();
+                match v.locate(addr, 1) {
+                    Ok((region, off)) => format!("`{}` byte {off}", region.name),
+                    Err(_) => format!("{addr:#x}"),
+                }
+            }
+        }
+    }
+
+    /// Race-checks `bytes` bytes at `addr` accessed by a stream or host task.
+    fn race_bytes(&self, addr: u64, bytes: usize, write: bool, task: u64, clock: &VClock) -> Result<(), BackendError> {
+        if let Some(races) = &self.races {
+            for b in addr..addr + bytes as u64 {
+                if let Some(report) = races.access(b, write, task, clock, &|| self.describe_byte(b)) {
+                    return Err(BackendError::Host(report));
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn tag(&self) -> u64 {
         self.next_tag.fetch_add(1, Ordering::Relaxed)
     }
@@ -135,6 +170,9 @@ impl Inner {
     }
 }
 
+/// What a rank's host task left: its result, or nothing if it never finished.
+type RankResult<T> = Option<Result<T, BackendError>>;
+
 /// Runs SPMD host code on a world of CPU ranks.
 pub struct CpuWorld;
 
@@ -149,6 +187,7 @@ impl CpuWorld {
             return Err(BackendError::Host(format!("a CPU world has 1..={MAX_RANKS} ranks, not {}", opts.ranks)));
         }
         let sched = Sched::new(opts.seed);
+        let races = opts.race.then(Races::default);
         let inner = Arc::new(Inner {
             symm: Mutex::new(Symm { calls: vec![0; opts.ranks], ..Symm::default() }),
             opts,
@@ -160,10 +199,11 @@ impl CpuWorld {
             trace: Mutex::new(Vec::new()),
             next_tag: AtomicU64::new(1),
             next_launch: AtomicU64::new(1),
+            races,
+            barrier_clock: Mutex::new(VClock::default()),
         });
         let n = inner.opts.ranks;
-        let results: Arc<Mutex<Vec<Option<Result<T, BackendError>>>>> =
-            Arc::new(Mutex::new((0..n).map(|_| None).collect()));
+        let results: Arc<Mutex<Vec<RankResult<T>>>> = Arc::new(Mutex::new((0..n).map(|_| None).collect()));
         let host = Arc::new(host);
         for rank in 0..n {
             let (inner2, results2, host2) = (inner.clone(), results.clone(), host.clone());
@@ -193,7 +233,9 @@ impl CpuWorld {
                 None => {
                     first_err.get_or_insert(BackendError::Rank {
                         rank,
-                        error: Box::new(BackendError::Host(abort.clone().unwrap_or_else(|| "host task did not finish".into()))),
+                        error: Box::new(BackendError::Host(
+                            abort.clone().unwrap_or_else(|| "host task did not finish".into()),
+                        )),
                     });
                 }
             }
@@ -217,7 +259,9 @@ struct Stream {
     id: StreamId,
     rank: usize,
     tag: u64,
-    queue: Mutex<VecDeque<StreamOp>>,
+    /// Each op with the enqueuing host's clock (race detection).
+    queue: Mutex<VecDeque<(StreamOp, VClock)>>,
+    clock: Mutex<VClock>,
     outstanding: AtomicUsize,
     closed: AtomicBool,
     error: Mutex<Option<BackendError>>,
@@ -242,6 +286,7 @@ struct CpuRank {
     streams: Mutex<Vec<Arc<Stream>>>,
     cache: KernelCache,
     backend: CpuBackend,
+    clock: Mutex<VClock>,
 }
 
 fn host_err(e: String) -> BackendError {
@@ -251,7 +296,19 @@ fn host_err(e: String) -> BackendError {
 impl CpuRank {
     fn new(inner: Arc<Inner>, rank: usize, task: TaskId) -> CpuRank {
         let tag = inner.tag();
-        CpuRank { inner, rank, task, tag, streams: Mutex::new(Vec::new()), cache: KernelCache::default(), backend: CpuBackend }
+        if let Some(r) = &inner.races {
+            r.label(tag, format!("rank {rank} host"));
+        }
+        CpuRank {
+            inner,
+            rank,
+            task,
+            tag,
+            streams: Mutex::new(Vec::new()),
+            cache: KernelCache::default(),
+            backend: CpuBackend,
+            clock: Mutex::new(VClock::default()),
+        }
     }
 
     fn writer(&self) -> Writer {
@@ -275,10 +332,14 @@ impl CpuRank {
             rank: self.rank,
             tag: self.inner.tag(),
             queue: Mutex::new(VecDeque::new()),
+            clock: Mutex::new(VClock::default()),
             outstanding: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             error: Mutex::new(None),
         });
+        if let Some(r) = &self.inner.races {
+            r.label(s.tag, format!("rank {} stream {id}", self.rank));
+        }
         let (inner, s2) = (self.inner.clone(), s.clone());
         self.inner
             .sched
@@ -290,7 +351,8 @@ impl CpuRank {
 
     fn enqueue(&self, stream: StreamId, op: StreamOp) -> Result<(), BackendError> {
         let s = self.stream(stream)?;
-        s.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(op);
+        let clock = lock(&self.clock).clone();
+        lock(&s.queue).push_back((op, clock));
         s.outstanding.fetch_add(1, Ordering::AcqRel);
         self.yield_now()
     }
@@ -333,8 +395,11 @@ impl RankCtx for CpuRank {
 
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         let name = format!("{name}@rank{}", self.rank);
-        let address =
-            self.inner.mem.alloc(&name, bytes.max(1)).map_err(|e| BackendError::Buffer { buffer: name.clone(), message: e.0 })?;
+        let address = self
+            .inner
+            .mem
+            .alloc(&name, bytes.max(1))
+            .map_err(|e| BackendError::Buffer { buffer: name.clone(), message: e.0 })?;
         Ok(Buffer { name, address, bytes })
     }
 
@@ -383,6 +448,7 @@ impl RankCtx for CpuRank {
 
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
         let addr = self.checked(buffer, offset, data.len())?;
+        self.inner.race_bytes(addr, data.len(), true, self.tag, &lock(&self.clock))?;
         self.inner
             .mem
             .publish_bytes(addr, data, self.writer())
@@ -391,7 +457,11 @@ impl RankCtx for CpuRank {
 
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         let addr = self.checked(buffer, offset, out.len())?;
-        self.inner.mem.read_bytes(addr, out).map_err(|e| BackendError::Buffer { buffer: buffer.name.clone(), message: e.0 })
+        self.inner.race_bytes(addr, out.len(), false, self.tag, &lock(&self.clock))?;
+        self.inner
+            .mem
+            .read_bytes(addr, out)
+            .map_err(|e| BackendError::Buffer { buffer: buffer.name.clone(), message: e.0 })
     }
 
     fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
@@ -402,9 +472,19 @@ impl RankCtx for CpuRank {
         self.write(buffer, 0, &data)
     }
 
-    fn launch(&self, stream: StreamId, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
+    fn launch(
+        &self,
+        stream: StreamId,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<(), BackendError> {
         if kernel.payload.downcast_ref::<Function>().is_none() {
-            return Err(BackendError::WrongBackend { kernel: kernel.kernel.clone(), compiled_by: kernel.backend, device: "cpu" });
+            return Err(BackendError::WrongBackend {
+                kernel: kernel.kernel.clone(),
+                compiled_by: kernel.backend,
+                device: "cpu",
+            });
         }
         check_args(kernel, args)?;
         let total = grid.iter().map(|&g| g as u64).product::<u64>();
@@ -423,8 +503,15 @@ impl RankCtx for CpuRank {
         self.enqueue(stream, StreamOp::Launch { kernel: kernel.clone(), grid, args: args.to_vec() })
     }
 
-    fn copy(&self, stream: StreamId, dst: &Buffer, dst_offset: usize, src: &Buffer, src_offset: usize, bytes: usize)
-        -> Result<(), BackendError> {
+    fn copy(
+        &self,
+        stream: StreamId,
+        dst: &Buffer,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
         let d = self.checked(dst, dst_offset, bytes)?;
         let s = self.checked(src, src_offset, bytes)?;
         self.enqueue(stream, StreamOp::Copy { dst: d, src: s, bytes })
@@ -435,8 +522,14 @@ impl RankCtx for CpuRank {
         self.enqueue(stream, StreamOp::WriteSignal { addr, value })
     }
 
-    fn wait_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, cmp: CmpOp, value: u64)
-        -> Result<(), BackendError> {
+    fn wait_signal(
+        &self,
+        stream: StreamId,
+        signal: &Buffer,
+        offset: usize,
+        cmp: CmpOp,
+        value: u64,
+    ) -> Result<(), BackendError> {
         let addr = self.checked(signal, offset, 8)?;
         self.enqueue(stream, StreamOp::WaitSignal { addr, cmp, value })
     }
@@ -452,18 +545,25 @@ impl RankCtx for CpuRank {
                 .park(
                     self.task,
                     Blocker {
-                        ready: Box::new(move || ready_streams.iter().all(|s| s.outstanding.load(Ordering::Acquire) == 0)),
+                        ready: Box::new(move || {
+                            ready_streams.iter().all(|s| s.outstanding.load(Ordering::Acquire) == 0)
+                        }),
                         describe: Box::new(move || {
                             let busy: Vec<String> = describe_streams
                                 .iter()
                                 .filter(|s| s.outstanding.load(Ordering::Acquire) > 0)
-                                .map(|s| format!("stream {} ({} ops left)", s.id, s.outstanding.load(Ordering::Acquire)))
+                                .map(|s| {
+                                    format!("stream {} ({} ops left)", s.id, s.outstanding.load(Ordering::Acquire))
+                                })
                                 .collect();
                             format!("rank {rank} host: synchronize, waiting for {}", busy.join(", "))
                         }),
                     },
                 )
                 .map_err(host_err)?;
+        }
+        for s in &streams {
+            lock(&self.clock).join(&lock(&s.clock));
         }
         for s in &streams {
             if let Some(e) = s.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -475,6 +575,15 @@ impl RankCtx for CpuRank {
 
     fn barrier(&self) -> Result<(), BackendError> {
         let n = self.world_size();
+        lock(&self.inner.barrier_clock).join(&lock(&self.clock));
+        let r = self.barrier_wait(n);
+        lock(&self.clock).join(&lock(&self.inner.barrier_clock));
+        r
+    }
+}
+
+impl CpuRank {
+    fn barrier_wait(&self, n: usize) -> Result<(), BackendError> {
         let generation = self.inner.barrier_generation.load(Ordering::Acquire);
         if self.inner.barrier_arrived.fetch_add(1, Ordering::AcqRel) + 1 == n {
             self.inner.barrier_arrived.store(0, Ordering::Release);
@@ -506,7 +615,9 @@ fn stream_task(inner: Arc<Inner>, s: Arc<Stream>, task: TaskId) {
             let parked = inner.sched.park(
                 task,
                 Blocker {
-                    ready: Box::new(move || s1.outstanding.load(Ordering::Acquire) > 0 || s1.closed.load(Ordering::Acquire)),
+                    ready: Box::new(move || {
+                        s1.outstanding.load(Ordering::Acquire) > 0 || s1.closed.load(Ordering::Acquire)
+                    }),
                     describe: Box::new(move || {
                         let _ = &s2;
                         String::new()
@@ -515,18 +626,19 @@ fn stream_task(inner: Arc<Inner>, s: Arc<Stream>, task: TaskId) {
             );
             if parked.is_err() {
                 // Deadlock elsewhere: drop what is queued so that waiting hosts unwind.
-                let n = s.queue.lock().unwrap_or_else(|e| e.into_inner()).drain(..).count();
+                let n = lock(&s.queue).drain(..).count();
                 s.outstanding.fetch_sub(n, Ordering::AcqRel);
                 return;
             }
         }
-        let op = s.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
-        let Some(op) = op else {
+        let op = lock(&s.queue).pop_front();
+        let Some((op, clock)) = op else {
             if s.closed.load(Ordering::Acquire) {
                 return;
             }
             continue;
         };
+        lock(&s.clock).join(&clock);
         let r = if s.failed() { Ok(()) } else { run_stream_op(&inner, &s, task, op) };
         if let Err(e) = r {
             s.fail(e);
@@ -538,20 +650,35 @@ fn stream_task(inner: Arc<Inner>, s: Arc<Stream>, task: TaskId) {
 fn run_stream_op(inner: &Arc<Inner>, s: &Arc<Stream>, task: TaskId, op: StreamOp) -> Result<(), BackendError> {
     inner.sched.yield_now(task).map_err(host_err)?;
     let writer = Writer { task: s.tag, launch: 0, rank: s.rank as u32, program: [0; 3] };
-    let buf_err = |e: crate::memory::AccessError| BackendError::Host(format!("rank {} stream {}: {}", s.rank, s.id, e.0));
+    let buf_err =
+        |e: crate::memory::AccessError| BackendError::Host(format!("rank {} stream {}: {}", s.rank, s.id, e.0));
     match op {
         StreamOp::Copy { dst, src, bytes } => {
+            {
+                let clock = lock(&s.clock);
+                inner.race_bytes(src, bytes, false, s.tag, &clock)?;
+                inner.race_bytes(dst, bytes, true, s.tag, &clock)?;
+            }
             let mut data = vec![0u8; bytes];
             inner.mem.read_bytes(src, &mut data).map_err(buf_err)?;
             inner.mem.publish_bytes(dst, &data, writer).map_err(buf_err)
         }
         StreamOp::WriteSignal { addr, value } => {
+            if let Some(r) = &inner.races {
+                r.release(addr, s.tag, &mut lock(&s.clock));
+            }
             inner.mem.publish_bytes(addr, &value.to_le_bytes(), writer).map_err(buf_err)?;
             inner.record_signal(addr, value, format!("rank {} stream {}", s.rank, s.id));
             Ok(())
         }
         StreamOp::WaitSignal { addr, cmp, value } => {
+            let acquired = |()| {
+                if let Some(r) = &inner.races {
+                    r.acquire(addr, &mut lock(&s.clock));
+                }
+            };
             if Inner::signals_ready(&inner.mem, &[addr], cmp, value) {
+                acquired(());
                 return Ok(());
             }
             let (m1, m2) = (inner.mem.clone(), inner.mem.clone());
@@ -565,10 +692,13 @@ fn run_stream_op(inner: &Arc<Inner>, s: &Arc<Stream>, task: TaskId, op: StreamOp
                         ready: Box::new(move || Inner::signals_ready(&m1, &[addr], cmp, value)),
                         describe: Box::new(move || {
                             let seen = m2.view().locate(addr, 8).map(|(r, o)| r.load(o, 8)).unwrap_or(0);
-                            format!("rank {rank} stream {id}: stream wait on {place}: expected {cmp} {value}, seen {seen}")
+                            format!(
+                                "rank {rank} stream {id}: stream wait on {place}: expected {cmp} {value}, seen {seen}"
+                            )
                         }),
                     },
                 )
+                .map(acquired)
                 .map_err(host_err)
         }
         StreamOp::Launch { kernel, grid, args } => run_launch(inner, s, task, kernel, grid, args),
@@ -587,6 +717,9 @@ struct LaunchState {
     start_time: u64,
     error: Mutex<Option<BackendError>>,
     barrier_calls: Mutex<HashMap<[u32; 3], u64>>,
+    /// The stream's clock at launch (programs start from it) and the join of finished programs.
+    clock_start: VClock,
+    clock_end: Mutex<VClock>,
 }
 
 impl LaunchState {
@@ -635,6 +768,8 @@ fn run_launch(
         start_time: inner.mem.now(),
         error: Mutex::new(None),
         barrier_calls: Mutex::new(HashMap::new()),
+        clock_start: lock(&s.clock).clone(),
+        clock_end: Mutex::new(VClock::default()),
     });
     let result = spawn_worker(inner, &launch).and_then(|_| {
         let (f1, f2) = (launch.finished.clone(), launch.finished.clone());
@@ -646,13 +781,17 @@ fn run_launch(
                 Blocker {
                     ready: Box::new(move || f1.load(Ordering::Acquire) == total),
                     describe: Box::new(move || {
-                        format!("rank {rank}: launch `{name}` ({} of {total} programs finished)", f2.load(Ordering::Acquire))
+                        format!(
+                            "rank {rank}: launch `{name}` ({} of {total} programs finished)",
+                            f2.load(Ordering::Acquire)
+                        )
                     }),
                 },
             )
             .map_err(host_err)
     });
     inner.mem.view_ended();
+    lock(&s.clock).join(&lock(&launch.clock_end));
     let launch_error = launch.error.lock().unwrap_or_else(|e| e.into_inner()).take();
     match launch_error {
         Some(e) => Err(e),
@@ -688,9 +827,21 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                 let tag = inner.tag();
                 let writer = Writer { task: tag, launch: launch.id, rank: launch.rank as u32, program: pid };
                 let seed = inner.opts.seed ^ tag.wrapping_mul(0xD1B5_4A32_D192_ED03);
-                let view = ProgramView::delayed(writer, launch.start_time, threads, seed, inner.opts.chaos);
+                let mut view = ProgramView::delayed(writer, launch.start_time, threads, seed, inner.opts.chaos);
+                if let Some(races) = &inner.races {
+                    races.label(tag, format!("rank {} program {pid:?} of `{}`", launch.rank, launch.kernel.kernel));
+                    let mut clock = launch.clock_start.clone();
+                    clock.tick(tag);
+                    let inner3 = inner.clone();
+                    view = view.with_race(RaceCtx {
+                        races: races.clone(),
+                        clock,
+                        place: Arc::new(move |a| inner3.describe_byte(a)),
+                    });
+                }
                 let hooks = WorldHooks { inner: &inner, launch: &launch, task, spawned: AtomicBool::new(false) };
-                let ctx = ProgramCtx { pid, grid: launch.grid, rank: launch.rank as u32, num_ranks: inner.opts.ranks as u32 };
+                let ctx =
+                    ProgramCtx { pid, grid: launch.grid, rank: launch.rank as u32, num_ranks: inner.opts.ranks as u32 };
                 if let Err(f) = Program::run(func, &inner.mem, ctx, &launch.args, view, &hooks) {
                     launch.fail(f.into_error(func, pid, launch.rank as u32));
                 }
@@ -795,7 +946,9 @@ impl Hooks for WorldHooks<'_> {
         }
         let s = self.inner.symm.lock().unwrap_or_else(|e| e.into_inner());
         let Some(&(a, r)) = s.by_slot.get(&Memory::slot_of(addr)) else {
-            return fault(format!("symm_at on {addr:#x}, which is not in the symmetric heap (allocate it with symm_alloc)"));
+            return fault(format!(
+                "symm_at on {addr:#x}, which is not in the symmetric heap (allocate it with symm_alloc)"
+            ));
         };
         let alloc = &s.allocs[a];
         Ok(alloc.addrs[rank as usize] + (addr - alloc.addrs[r]))
@@ -818,7 +971,8 @@ impl Hooks for WorldHooks<'_> {
         // Ranks launch the same kernels in the same order: the n-th launch of a kernel on one
         // rank meets the n-th launch of it on every other rank.
         let key = (self.launch.kernel.kernel.clone(), k, 0);
-        let counter = self.inner.kernel_barriers.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
+        let counter =
+            self.inner.kernel_barriers.lock().unwrap_or_else(|e| e.into_inner()).entry(key).or_default().clone();
         let want = total * self.inner.opts.ranks as u64;
         let arrived = counter.fetch_add(1, Ordering::AcqRel) + 1;
         let target = want * arrived.div_ceil(want);
@@ -827,9 +981,18 @@ impl Hooks for WorldHooks<'_> {
         self.park(Blocker {
             ready: Box::new(move || c1.load(Ordering::Acquire) >= target),
             describe: Box::new(move || {
-                format!("rank {rank}, program {pid:?}: barrier_all ({} of {target} arrived)", c2.load(Ordering::Acquire))
+                format!(
+                    "rank {rank}, program {pid:?}: barrier_all ({} of {target} arrived)",
+                    c2.load(Ordering::Acquire)
+                )
             }),
         })
+    }
+
+    fn program_done(&self, view: &mut ProgramView) {
+        if let Some(c) = view.take_clock() {
+            lock(&self.launch.clock_end).join(&c);
+        }
     }
 
     fn signal_written(&self, view: &ProgramView, addr: u64, value: u64) {

@@ -15,8 +15,12 @@ const SCHEDULES: u64 = 24;
 /// Rank 0 runs `writer`, rank 1 runs `reader`; both get (data, signal, out) symmetric buffers.
 /// The reader copies what it sees of `data` into `out`; returns rank 1's `out`.
 fn two_rank_protocol(writer: &Function, reader: &Function, seed: u64) -> Result<Vec<f32>, BackendError> {
+    protocol_with(writer, reader, WorldOptions::new(2, seed))
+}
+
+fn protocol_with(writer: &Function, reader: &Function, opts: WorldOptions) -> Result<Vec<f32>, BackendError> {
     let (writer, reader) = (writer.clone(), reader.clone());
-    let run = CpuWorld::run(WorldOptions::new(2, seed), move |ctx: &dyn RankCtx| {
+    let run = CpuWorld::run(opts, move |ctx: &dyn RankCtx| {
         let data = ctx.symm_alloc(N * 4, "data")?;
         let signal = ctx.symm_alloc(8, "signal")?;
         let out = ctx.symm_alloc(N * 4, "out")?;
@@ -112,6 +116,21 @@ fn missing_acquire_is_caught() {
     assert!(f > 0, "a relaxed wait followed by data reads was never caught in {SCHEDULES} schedules");
 }
 
+#[test]
+fn race_detector_reports_missing_acquire_in_every_schedule() {
+    let race = |seed: u64| WorldOptions { race: true, ..WorldOptions::new(2, seed) };
+    for seed in 0..SCHEDULES {
+        let e =
+            protocol_with(&writer(Publish::Notify), &reader(MemSemantic::Relaxed), race(seed)).unwrap_err().to_string();
+        assert!(
+            e.contains("data race on `data`") && e.contains("rank 0 program") && e.contains("rank 1 program"),
+            "{e}"
+        );
+        let out = protocol_with(&writer(Publish::Notify), &reader(MemSemantic::Acquire), race(seed)).unwrap();
+        assert!(correct(&out));
+    }
+}
+
 /// Rank 0 puts the tile with `put nbi` and signals, with or without `quiet` in between.
 fn nbi_writer(quiet: bool) -> Function {
     let b = KernelBuilder::new("nbi_writer", LaunchAttrs::default());
@@ -195,7 +214,15 @@ fn wait_that_nothing_satisfies_ends_with_the_diagnostic() {
     };
     let e = two_rank_protocol(&never, &reader(MemSemantic::Acquire), 5).unwrap_err().to_string();
     assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
-    for needle in ["deadlock", "rank 0", "`waits_forever`", "program [0, 0, 0]", "`signal`[0] on rank 0", "expected ge 42", "seen 0"] {
+    for needle in [
+        "deadlock",
+        "rank 0",
+        "`waits_forever`",
+        "program [0, 0, 0]",
+        "`signal`[0] on rank 0",
+        "expected ge 42",
+        "seen 0",
+    ] {
         assert!(e.contains(needle), "diagnostic lacks `{needle}`:\n{e}");
     }
     // The reader on rank 1 is reported too: it waits for a signal nobody writes.

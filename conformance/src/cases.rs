@@ -58,10 +58,24 @@ pub fn all_cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for dtype in DTYPES {
         for n in [1, 100, 1024, 4099, 65536] {
-            cases.push(Case { kernel: "vector_add", variant: "-", dtype, shape: vec![n], world: 1, distributed: false });
+            cases.push(Case {
+                kernel: "vector_add",
+                variant: "-",
+                dtype,
+                shape: vec![n],
+                world: 1,
+                distributed: false,
+            });
         }
         for (r, c) in [(1, 1), (4, 100), (37, 781), (128, 1024), (3, 4096)] {
-            cases.push(Case { kernel: "softmax", variant: "-", dtype, shape: vec![r, c], world: 1, distributed: false });
+            cases.push(Case {
+                kernel: "softmax",
+                variant: "-",
+                dtype,
+                shape: vec![r, c],
+                world: 1,
+                distributed: false,
+            });
         }
         let variants: &[&'static str] = if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { &["f32acc"] };
         for &variant in variants {
@@ -70,7 +84,14 @@ pub fn all_cases() -> Vec<Case> {
             }
         }
         for s in [[1, 1, 1, 2], [64, 64, 256, 4], [50, 70, 300, 3], [33, 33, 1000, 8]] {
-            cases.push(Case { kernel: "splitk_gemm", variant: "-", dtype, shape: s.to_vec(), world: 1, distributed: false });
+            cases.push(Case {
+                kernel: "splitk_gemm",
+                variant: "-",
+                dtype,
+                shape: s.to_vec(),
+                world: 1,
+                distributed: false,
+            });
         }
     }
     for dtype in DTYPES {
@@ -177,7 +198,7 @@ fn execute(
 
 /// Runs one case and checks it; a distributed case runs under `schedules` different schedules
 /// (chaos mode) and passes only if every one of them does.
-pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend, schedules: usize) -> Record {
+pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend, schedules: usize, race: bool) -> Record {
     let mut rng = case_rng(seed, index);
     let mut record = Record {
         backend: backend.descriptor().name.to_string(),
@@ -206,7 +227,8 @@ pub fn run_case(case: &Case, index: usize, seed: u64, backend: &dyn Backend, sch
         let mut worst = 0.0f64;
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
-            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed).map(|outs| outs.concat());
+            let outcome =
+                crate::distributed::execute(case, data.clone(), schedule_seed, race).map(|outs| outs.concat());
             match judge(outcome, &expected, record.bound) {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {

@@ -73,7 +73,8 @@ pub fn prepare(case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
         }
         _ => {
             let (m, n, k) = (s[0], s[1], s[2]);
-            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
+            let inputs: Vec<Vec<Vec<f64>>> =
+                (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
             let mut total = vec![0.0; m * n];
             for x in &inputs {
                 for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
@@ -102,8 +103,11 @@ fn download(ctx: &dyn RankCtx, b: &Buffer, len: usize, d: DType) -> Result<Vec<f
 /// Runs one rank's part of a case; returns its output.
 fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64>, BackendError> {
     let (d, s, r) = (case.dtype, &case.shape, ctx.rank());
-    let inputs: Vec<Buffer> =
-        data.inputs[r].iter().enumerate().map(|(i, v)| upload(ctx, &format!("in{i}"), v, d)).collect::<Result<_, _>>()?;
+    let inputs: Vec<Buffer> = data.inputs[r]
+        .iter()
+        .enumerate()
+        .map(|(i, v)| upload(ctx, &format!("in{i}"), v, d))
+        .collect::<Result<_, _>>()?;
     let len = data.expected[r].len();
     match (case.kernel, case.variant) {
         ("allgather", variant) => {
@@ -151,8 +155,13 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
 }
 
 /// Runs a case in a world with the given schedule seed; returns every rank's output.
-pub fn execute(case: &Case, data: Arc<WorldData>, schedule_seed: u64) -> Result<Vec<Vec<f64>>, BackendError> {
+pub fn execute(
+    case: &Case,
+    data: Arc<WorldData>,
+    schedule_seed: u64,
+    race: bool,
+) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
-    let opts = WorldOptions::new(case.world, schedule_seed);
+    let opts = WorldOptions { race, ..WorldOptions::new(case.world, schedule_seed) };
     CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
 }

@@ -24,6 +24,9 @@ struct Args {
     /// Run every distributed case under N different schedules and visibility delays.
     #[arg(long, default_value_t = 1)]
     chaos: usize,
+    /// Run distributed cases under the happens-before race detector.
+    #[arg(long)]
+    race: bool,
     /// Replay a run: the seed it printed (decimal or 0x-hex).
     #[arg(long)]
     seed: Option<String>,
@@ -98,17 +101,19 @@ fn main() -> ExitCode {
     }
     let backend = (desc.create)();
     println!(
-        "trident conformance: backend {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})",
+        "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
-        selected.len()
+        selected.len(),
+        args.chaos,
+        if args.race { ", race detector on" } else { "" }
     );
     println!(
-        "{:<12} {:<7} {:<5} {:<14} {:>10} {:>8} {:>9}  result",
-        "kernel", "variant", "dtype", "shape", "error", "bound", "time ms"
+        "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8} {:>9}  result",
+        "kernel", "variant", "dtype", "shape", "world", "error", "bound", "time ms"
     );
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
-        let r = run_case(case, *index, seed, backend.as_ref(), args.chaos);
+        let r = run_case(case, *index, seed, backend.as_ref(), args.chaos, args.race);
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
         let verdict = match (r.pass, r.schedules) {
             (true, 1) => "ok".to_string(),

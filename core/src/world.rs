@@ -41,15 +41,34 @@ pub trait RankCtx {
     fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError>;
 
     /// Enqueues a kernel launch on `stream`.
-    fn launch(&self, stream: StreamId, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError>;
+    fn launch(
+        &self,
+        stream: StreamId,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<(), BackendError>;
     /// Enqueues a copy-engine copy (either side may be a peer's symmetric buffer).
-    fn copy(&self, stream: StreamId, dst: &Buffer, dst_offset: usize, src: &Buffer, src_offset: usize, bytes: usize)
-        -> Result<(), BackendError>;
+    fn copy(
+        &self,
+        stream: StreamId,
+        dst: &Buffer,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), BackendError>;
     /// Enqueues a 64-bit signal write, ordered after the stream's earlier work.
     fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError>;
     /// Enqueues a wait: the stream's later work starts once `signal <cmp> value`.
-    fn wait_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, cmp: CmpOp, value: u64)
-        -> Result<(), BackendError>;
+    fn wait_signal(
+        &self,
+        stream: StreamId,
+        signal: &Buffer,
+        offset: usize,
+        cmp: CmpOp,
+        value: u64,
+    ) -> Result<(), BackendError>;
     /// Waits for all of this rank's streams; returns the first error any of them met.
     fn synchronize(&self) -> Result<(), BackendError>;
     /// Collective: returns once every rank's host reached it.

@@ -47,7 +47,7 @@ impl AgGemm {
     /// Collective: buffers for an `m x k` A; `m` must split evenly over the ranks.
     pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, k: usize) -> Result<AgGemmBuffers, BackendError> {
         let w = ctx.world_size();
-        if m % w != 0 {
+        if !m.is_multiple_of(w) {
             return Err(self.problem(format!("M = {m} rows cannot be sharded evenly over {w} ranks")));
         }
         Ok(AgGemmBuffers { gather: GatherBuffers::new(ctx, self.gemm.dtype, (m / w) * k)?, m, k })
@@ -102,7 +102,9 @@ impl AgGemm {
         bufs.gather.epoch += 1;
         let epoch = bufs.gather.epoch;
         let target = match self.mode {
-            GatherMode::CopyEngine => AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
+            GatherMode::CopyEngine => {
+                AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?
+            }
             GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
         };
         if m > 0 && n > 0 {

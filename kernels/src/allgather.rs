@@ -84,8 +84,14 @@ impl AllGather {
 
     /// Enqueues the gather of `src` (this rank's chunk) on `stream` for call `epoch`; returns the
     /// signal value that marks a chunk as arrived.
-    pub fn enqueue(&self, ctx: &dyn RankCtx, stream: StreamId, bufs: &GatherBuffers, src: &Buffer, epoch: u64)
-        -> Result<u64, BackendError> {
+    pub fn enqueue(
+        &self,
+        ctx: &dyn RankCtx,
+        stream: StreamId,
+        bufs: &GatherBuffers,
+        src: &Buffer,
+        epoch: u64,
+    ) -> Result<u64, BackendError> {
         require_bytes(src, bufs.chunk * self.dtype.size_bytes() as usize, "src")?;
         let chunk = require_i32(bufs.chunk, "chunk")?;
         let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
@@ -115,8 +121,14 @@ pub struct AllGatherCe {
 impl AllGatherCe {
     /// Enqueues this rank's pushes on `stream`: its own chunk first, then peers r+1, r+2, ...;
     /// each copy is followed by the stream write of `ready[r] = epoch` on its destination.
-    pub fn enqueue(&self, ctx: &dyn RankCtx, stream: StreamId, bufs: &GatherBuffers, src: &Buffer, epoch: u64)
-        -> Result<u64, BackendError> {
+    pub fn enqueue(
+        &self,
+        ctx: &dyn RankCtx,
+        stream: StreamId,
+        bufs: &GatherBuffers,
+        src: &Buffer,
+        epoch: u64,
+    ) -> Result<u64, BackendError> {
         let bytes = bufs.chunk * self.dtype.size_bytes() as usize;
         require_bytes(src, bytes, "src")?;
         let (r, w) = (ctx.rank(), ctx.world_size());

@@ -82,7 +82,8 @@ impl AllReduce {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let name = format!("allreduce_{:?}_{}_{}", self.algorithm, self.dtype, self.block).to_lowercase();
         let b = KernelBuilder::new(&name, LaunchAttrs::default());
-        let (input, stage, out) = (b.arg_ptr("input", self.dtype), b.arg_ptr("stage", self.dtype), b.arg_ptr("out", self.dtype));
+        let (input, stage, out) =
+            (b.arg_ptr("input", self.dtype), b.arg_ptr("stage", self.dtype), b.arg_ptr("out", self.dtype));
         let (ready, done) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("done", DType::U64));
         let (n, chunk, epoch) = (b.arg("n", DType::I32), b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());

@@ -44,7 +44,7 @@ impl GemmRs {
     /// Collective: buffers for an `m x n` result; `m` must split evenly over the ranks.
     pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
         let w = ctx.world_size();
-        if m % w != 0 || m == 0 {
+        if !m.is_multiple_of(w) || m == 0 {
             return Err(self.problem(format!("M = {m} rows cannot be split evenly over {w} ranks")));
         }
         let rows = m / w;
@@ -95,8 +95,10 @@ impl GemmRs {
     pub fn build_reduce(&self, block_m: u32) -> Result<Function, VerifyError> {
         let (bm, bn, dt) = (block_m, self.gemm.block_n, self.gemm.dtype);
         let b = KernelBuilder::new(&format!("gemm_rs_reduce_{dt}_{bm}x{bn}"), LaunchAttrs::default());
-        let (partial, arrived, out) = (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
-        let (n, rows_per_rank, target) = (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
+        let (partial, arrived, out) =
+            (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
+        let (n, rows_per_rank, target) =
+            (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
         let (world, pid) = (b.num_ranks(), b.program_id_x());
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let block = pid / tiles_n;
@@ -151,8 +153,14 @@ impl GemmRs {
         ];
         ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
         let target = bufs.epoch * tiles_n as u64;
-        let reduce_args =
-            [bufs.partial.arg(), bufs.arrived.arg(), out.arg(), KernelArg::i32(n32), KernelArg::i32(rows), KernelArg::u64(target)];
+        let reduce_args = [
+            bufs.partial.arg(),
+            bufs.arrived.arg(),
+            out.arg(),
+            KernelArg::i32(n32),
+            KernelArg::i32(rows),
+            KernelArg::u64(target),
+        ];
         ctx.launch(0, &reduce, [((m / w / bm as usize) * tiles_n) as u32, 1, 1], &reduce_args)?;
         ctx.synchronize()?;
         ctx.barrier()

@@ -4,7 +4,8 @@
 //!   unit tests of the workspace, then the conformance suite (release build) on the backend.
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
-//! * `cargo xtask ci`: format check, clippy with warnings as errors, then `test`.
+//! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
+//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -28,6 +29,15 @@ struct TestArgs {
     /// Only this element type.
     #[arg(long)]
     dtype: Option<String>,
+    /// Only cases at this world size.
+    #[arg(long)]
+    world: Option<String>,
+    /// Run every distributed case under N schedules.
+    #[arg(long)]
+    chaos: Option<String>,
+    /// Run distributed cases under the race detector.
+    #[arg(long)]
+    race: bool,
     /// Replay the inputs of an earlier run.
     #[arg(long)]
     seed: Option<String>,
@@ -78,7 +88,16 @@ fn conformance(args: &TestArgs) -> Command {
     let mut c = cargo();
     c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-conformance", "--"]);
     c.args(["--backend", &args.backend]);
-    for (flag, v) in [("--kernel", &args.kernel), ("--dtype", &args.dtype), ("--seed", &args.seed)] {
+    if args.race {
+        c.arg("--race");
+    }
+    for (flag, v) in [
+        ("--kernel", &args.kernel),
+        ("--dtype", &args.dtype),
+        ("--seed", &args.seed),
+        ("--world", &args.world),
+        ("--chaos", &args.chaos),
+    ] {
         if let Some(v) = v {
             c.args([flag, v.as_str()]);
         }
@@ -117,7 +136,27 @@ fn main() -> ExitCode {
             fmt.args(["fmt", "--all", "--check"]);
             let mut clippy = cargo();
             clippy.args(["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"]);
-            run(fmt).and_then(|_| run(clippy)).and_then(|_| test(a))
+            // After the full suite: every distributed kernel at world 4 under several schedules,
+            // and at world 2 under the race detector.
+            let chaos = TestArgs {
+                world: Some("4".into()),
+                chaos: Some("8".into()),
+                no_unit: true,
+                json: Some(workspace_root().join("target/conformance-cpu-chaos.json")),
+                ..a.clone()
+            };
+            let race = TestArgs {
+                world: Some("2".into()),
+                race: true,
+                no_unit: true,
+                json: Some(workspace_root().join("target/conformance-cpu-race.json")),
+                ..a.clone()
+            };
+            run(fmt)
+                .and_then(|_| run(clippy))
+                .and_then(|_| test(a))
+                .and_then(|_| test(&chaos))
+                .and_then(|_| test(&race))
         }
     };
     match result {
