@@ -68,3 +68,11 @@ impl Backend for CpuBackend {
         Ok(Arc::new(CpuDevice::default()))
     }
 }
+
+/// Keeps this backend's registration in a binary that reaches it only through the registry:
+/// `inventory` entries live in this module's object code, which the linker drops unless
+/// something in it is referenced. Call it once from `main`.
+#[inline(never)]
+pub fn link() {
+    std::hint::black_box(NAME);
+}

@@ -9,5 +9,8 @@ pub mod distributed;
 pub mod host;
 pub mod reference;
 
-// The backends this suite can run on: linking them registers them.
-use trident_backend_cpu as _;
+/// Registers the backends this suite can run on (call first in every binary).
+pub fn link_backends() {
+    trident_backend_cpu::link();
+    trident_backend_nvidia::link();
+}

@@ -55,6 +55,7 @@ fn fresh_seed() -> u64 {
 }
 
 fn main() -> ExitCode {
+    trident_conformance::link_backends();
     let args = Args::parse();
     if args.list_backends {
         for d in backend::registered() {

@@ -67,6 +67,9 @@ pub enum BackendError {
     NoDevice { backend: &'static str, reason: String },
     #[error(transparent)]
     Verify(#[from] VerifyError),
+    /// The backend cannot compile this kernel (an op outside what it lowers yet, say).
+    #[error("backend `{backend}` cannot compile kernel `{kernel}`: {message}")]
+    Compile { backend: &'static str, kernel: String, message: String },
     #[error("kernel `{kernel}` compiled by backend `{compiled_by}` cannot run on backend `{device}`")]
     WrongBackend { kernel: String, compiled_by: &'static str, device: &'static str },
     #[error("kernel `{kernel}`, argument {index} (`%{param}`): {message}")]

@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod builder;
 pub mod ir;
+pub mod simt;
 pub mod text;
 pub mod verify;
 pub mod world;

@@ -66,3 +66,21 @@ impl<'a> Launcher<'a> {
         self.device.launch(kernel, grid, args, &self.opts)
     }
 }
+
+/// Every kernel of the library at its default meta-parameters for `dtype`, by name (what
+/// `cargo xtask emit --kernel NAME` compiles).
+pub fn catalogue(dtype: trident_core::ir::DType) -> Vec<(&'static str, Result<Function, VerifyError>)> {
+    use allreduce::{Algorithm, AllReduce};
+    vec![
+        ("vector_add", vector_add::VectorAdd { dtype, block: 1024 }.build()),
+        ("softmax", softmax::Softmax::for_cols(dtype, 1024).build()),
+        ("gemm", gemm::Gemm::new(dtype).build()),
+        ("splitk_gemm", splitk_gemm::SplitKGemm::new(dtype, 4).build()),
+        ("allgather", allgather::AllGather::new(dtype).build()),
+        ("allreduce_oneshot", AllReduce::new(dtype, Algorithm::OneShot).build()),
+        ("allreduce_twoshot", AllReduce::new(dtype, Algorithm::TwoShot).build()),
+        ("ag_gemm", ag_gemm::AgGemm::new(dtype, ag_gemm::GatherMode::CopyEngine).build()),
+        ("gemm_rs_gemm", gemm_rs::GemmRs::new(dtype).build_gemm(64)),
+        ("gemm_rs_reduce", gemm_rs::GemmRs::new(dtype).build_reduce(64)),
+    ]
+}

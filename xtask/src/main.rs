@@ -60,6 +60,13 @@ enum Cmd {
     Demo,
     /// fmt check, clippy -D warnings, then test.
     Ci(TestArgs),
+    /// Release binaries for the GPU machine in `bundle/` (run them with scripts/gpu-check.sh).
+    Bundle,
+    /// Print a kernel's code for a backend (`--backend nvidia --target sm_90 --kernel NAME [--time]`).
+    Emit {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 fn cargo() -> Command {
@@ -122,6 +129,39 @@ fn test(args: &TestArgs) -> Result<(), String> {
     run(conformance(args))
 }
 
+/// Builds the release binaries and copies them with the commit id into `bundle/`.
+fn bundle() -> Result<(), String> {
+    let mut c = cargo();
+    c.args(["build", "--release", "-p", "trident-conformance"]);
+    run(c)?;
+    let root = workspace_root();
+    let dir = root.join("bundle");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    for bin in ["trident-conformance", "trident-demo", "trident-emit"] {
+        let from = root.join("target/release").join(bin);
+        std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
+    }
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .current_dir(&root)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let dirty = Command::new("git")
+        .args(["status", "--porcelain"])
+        .current_dir(&root)
+        .output()
+        .map(|o| !o.stdout.is_empty())
+        .unwrap_or(false);
+    let stamp = if dirty { format!("{commit}+uncommitted") } else { commit };
+    std::fs::write(dir.join("COMMIT"), stamp + "\n").map_err(|e| e.to_string())?;
+    eprintln!(
+        "xtask: bundle ready in {} (run scripts/gpu-check.sh on the GPU machine, carrying `bundle`)",
+        dir.display()
+    );
+    Ok(())
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.cmd {
@@ -129,6 +169,13 @@ fn main() -> ExitCode {
         Cmd::Demo => {
             let mut c = cargo();
             c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-demo"]);
+            run(c)
+        }
+        Cmd::Bundle => bundle(),
+        Cmd::Emit { args } => {
+            let mut c = cargo();
+            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);
+            c.args(args);
             run(c)
         }
         Cmd::Ci(a) => {

@@ -13,6 +13,7 @@ use trident_core::{text, verify};
 use trident_kernels::gemm::Gemm;
 
 fn main() -> ExitCode {
+    trident_conformance::link_backends();
     match demo().and_then(|_| ag_gemm_demo()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

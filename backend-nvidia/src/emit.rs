@@ -1,0 +1,563 @@
+//! The PTX writer: SIMT IR to PTX text, one instruction at a time.
+//!
+//! Register classes: `%p` predicates, `%r` 32-bit (and narrower) integers, `%rd` 64-bit integers
+//! and addresses, `%h` f16/bf16 storage, `%f` f32, `%fd` f64. f16/bf16 arithmetic converts to
+//! f32, computes, and rounds back (`EXECUTION.md`); bf16 widens by a shift so that sm_80 needs
+//! no `cvt.f32.bf16`.
+
+use crate::target::Target;
+use std::fmt::Write;
+use trident_core::ir::{Axis, BinaryOp, CmpOp, Literal, UnaryOp};
+use trident_core::simt::{Inst, Kernel, Reg, SType, Special};
+
+/// An instruction the writer cannot express for its types.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("PTX writer: {0}")]
+pub struct EmitError(pub String);
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Class {
+    P,
+    R,
+    Rd,
+    H,
+    F,
+    Fd,
+}
+
+fn class(t: SType) -> Class {
+    match t {
+        SType::Pred => Class::P,
+        SType::Int { bits: 64, .. } | SType::Ptr => Class::Rd,
+        SType::Int { .. } => Class::R,
+        SType::F16 | SType::BF16 => Class::H,
+        SType::F32 => Class::F,
+        SType::F64 => Class::Fd,
+    }
+}
+
+fn prefix(c: Class) -> &'static str {
+    match c {
+        Class::P => "%p",
+        Class::R => "%r",
+        Class::Rd => "%rd",
+        Class::H => "%h",
+        Class::F => "%f",
+        Class::Fd => "%fd",
+    }
+}
+
+/// PTX type suffix for arithmetic on a type.
+fn arith(t: SType) -> &'static str {
+    match t {
+        SType::Int { bits: 64, signed: true } => "s64",
+        SType::Int { bits: 64, signed: false } | SType::Ptr => "u64",
+        SType::Int { signed: true, .. } => "s32",
+        SType::Int { signed: false, .. } => "u32",
+        SType::F32 | SType::F16 | SType::BF16 => "f32",
+        SType::F64 => "f64",
+        SType::Pred => "pred",
+    }
+}
+
+/// PTX type for memory accesses and parameters.
+fn mem(t: SType) -> &'static str {
+    match t {
+        SType::Pred | SType::Int { bits: 8, signed: false } => "u8",
+        SType::Int { bits: 8, signed: true } => "s8",
+        SType::Int { bits: 16, signed: true } => "s16",
+        SType::Int { bits: 16, signed: false } => "u16",
+        SType::Int { bits: 32, signed: true } => "s32",
+        SType::Int { bits: 32, signed: false } => "u32",
+        SType::Int { signed: true, .. } => "s64",
+        SType::Int { .. } | SType::Ptr => "u64",
+        SType::F16 | SType::BF16 => "b16",
+        SType::F32 => "f32",
+        SType::F64 => "f64",
+    }
+}
+
+struct Writer<'k> {
+    k: &'k Kernel,
+    names: Vec<String>,
+    counts: [u32; 6],
+    body: String,
+}
+
+fn ci(c: Class) -> usize {
+    c as usize
+}
+
+impl<'k> Writer<'k> {
+    fn n(&self, r: Reg) -> &str {
+        &self.names[r.0 as usize]
+    }
+
+    fn temp(&mut self, c: Class) -> String {
+        let i = self.counts[ci(c)];
+        self.counts[ci(c)] += 1;
+        format!("{}{}", prefix(c), i)
+    }
+
+    fn line(&mut self, s: String) {
+        self.body.push_str("  ");
+        self.body.push_str(&s);
+        self.body.push_str(";\n");
+    }
+
+    /// An f32 register holding `r` (converting f16/bf16).
+    fn widen(&mut self, r: Reg) -> String {
+        match self.k.ty(r) {
+            SType::F16 => {
+                let f = self.temp(Class::F);
+                self.line(format!("cvt.f32.f16 {f}, {}", self.n(r)));
+                f
+            }
+            SType::BF16 => {
+                let (w, f) = (self.temp(Class::R), self.temp(Class::F));
+                self.line(format!("cvt.u32.u16 {w}, {}", self.n(r)));
+                self.line(format!("shl.b32 {w}, {w}, 16"));
+                self.line(format!("mov.b32 {f}, {w}"));
+                f
+            }
+            _ => self.n(r).to_string(),
+        }
+    }
+
+    /// Stores the f32 value `f` into `dst` (rounding to f16/bf16 when needed).
+    fn narrow(&mut self, dst: Reg, f: &str) {
+        let d = self.n(dst).to_string();
+        match self.k.ty(dst) {
+            SType::F16 => self.line(format!("cvt.rn.f16.f32 {d}, {f}")),
+            SType::BF16 => self.line(format!("cvt.rn.bf16.f32 {d}, {f}")),
+            _ => {
+                if d != f {
+                    self.line(format!("mov.f32 {d}, {f}"))
+                }
+            }
+        }
+    }
+
+    fn is_half(&self, r: Reg) -> bool {
+        matches!(self.k.ty(r), SType::F16 | SType::BF16)
+    }
+
+    /// Writes `f(dst_f32, srcs_f32)` for half types via f32, or directly otherwise.
+    fn via_f32(&mut self, dst: Reg, srcs: &[Reg], op: impl Fn(&str, &[String]) -> String) {
+        if self.is_half(dst) || srcs.iter().any(|s| self.is_half(*s)) {
+            let ws: Vec<String> = srcs.iter().map(|s| self.widen(*s)).collect();
+            let t = self.temp(Class::F);
+            let text = op(&t, &ws);
+            self.line(text);
+            if self.is_half(dst) {
+                self.narrow(dst, &t);
+            } else {
+                let d = self.n(dst).to_string();
+                self.line(format!("mov.f32 {d}, {t}"));
+            }
+        } else {
+            let ws: Vec<String> = srcs.iter().map(|s| self.n(*s).to_string()).collect();
+            let d = self.n(dst).to_string();
+            let text = op(&d, &ws);
+            self.line(text);
+        }
+    }
+
+    fn inst(&mut self, i: &Inst) -> Result<(), EmitError> {
+        match i {
+            Inst::Param { dst, index } => {
+                let t = self.k.params[*index as usize].1;
+                let d = self.n(*dst).to_string();
+                match t {
+                    SType::Pred => {
+                        let r = self.temp(Class::R);
+                        self.line(format!("ld.param.u8 {r}, [p{index}]"));
+                        self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+                    }
+                    _ => self.line(format!("ld.param.{} {d}, [p{index}]", mem(t))),
+                }
+            }
+            Inst::Special { dst, which } => {
+                let sreg = match which {
+                    Special::ThreadId => "%tid.x".to_string(),
+                    Special::ProgramId(a) => format!("%ctaid.{}", axis(*a)),
+                    Special::NumPrograms(a) => format!("%nctaid.{}", axis(*a)),
+                };
+                let d = self.n(*dst).to_string();
+                self.line(format!("mov.u32 {d}, {sreg}"));
+            }
+            Inst::Const { dst, value } => {
+                let d = self.n(*dst).to_string();
+                let t = self.k.ty(*dst);
+                let v = match (t, value) {
+                    (SType::F32, l) => format!("0f{:08X}", (l.as_f64() as f32).to_bits()),
+                    (SType::F64, l) => format!("0d{:016X}", l.as_f64().to_bits()),
+                    (SType::F16, l) => format!("0x{:04X}", f16_bits(l.as_f64() as f32)),
+                    (SType::BF16, l) => format!("0x{:04X}", bf16_bits(l.as_f64() as f32)),
+                    (_, Literal::Int(i)) => i.to_string(),
+                    (_, Literal::Float(f)) => (*f as i64).to_string(),
+                };
+                match t {
+                    SType::Pred => self.line(format!("setp.ne.u32 {d}, {}, 0", if v == "0" { 0 } else { 1 })),
+                    SType::F16 | SType::BF16 => self.line(format!("mov.b16 {d}, {v}")),
+                    SType::F32 => self.line(format!("mov.f32 {d}, {v}")),
+                    SType::F64 => self.line(format!("mov.f64 {d}, {v}")),
+                    _ if class(t) == Class::Rd => self.line(format!("mov.b64 {d}, {v}")),
+                    _ => self.line(format!("mov.b32 {d}, {v}")),
+                }
+            }
+            Inst::Unary { dst, op, src } => self.unary(*dst, *op, *src)?,
+            Inst::Binary { dst, op, a, b } => self.binary(*dst, *op, *a, *b)?,
+            Inst::Cmp { dst, op, a, b } => {
+                let t = self.k.ty(*a);
+                let d = self.n(*dst).to_string();
+                let (x, y) = if self.is_half(*a) {
+                    (self.widen(*a), self.widen(*b))
+                } else {
+                    (self.n(*a).into(), self.n(*b).into())
+                };
+                let c = match (op, t.is_float()) {
+                    (CmpOp::Ne, true) => "neu",
+                    (o, _) => o.as_str(),
+                };
+                if t == SType::Pred {
+                    let r = self.temp(Class::P);
+                    match op {
+                        CmpOp::Eq => {
+                            self.line(format!("xor.pred {r}, {x}, {y}"));
+                            self.line(format!("not.pred {d}, {r}"));
+                        }
+                        CmpOp::Ne => self.line(format!("xor.pred {d}, {x}, {y}")),
+                        _ => return Err(EmitError("ordered comparison of i1 values".into())),
+                    }
+                } else {
+                    self.line(format!("setp.{c}.{} {d}, {x}, {y}", arith(t)));
+                }
+            }
+            Inst::Select { dst, cond, on_true, on_false } => {
+                let t = self.k.ty(*dst);
+                let (d, c, a, b) = (self.n(*dst), self.n(*cond), self.n(*on_true), self.n(*on_false));
+                let (d, c, a, b) = (d.to_string(), c.to_string(), a.to_string(), b.to_string());
+                let suffix = match class(t) {
+                    Class::H => "b16",
+                    Class::R => "b32",
+                    Class::Rd => "b64",
+                    Class::F => "f32",
+                    Class::Fd => "f64",
+                    Class::P => {
+                        let (t1, t2) = (self.temp(Class::P), self.temp(Class::P));
+                        self.line(format!("and.pred {t1}, {c}, {a}"));
+                        self.line(format!("not.pred {t2}, {c}"));
+                        self.line(format!("and.pred {t2}, {t2}, {b}"));
+                        self.line(format!("or.pred {d}, {t1}, {t2}"));
+                        return Ok(());
+                    }
+                };
+                if suffix == "b16" {
+                    // selp has no 16-bit form: select through 32-bit registers.
+                    let (x, y, z) = (self.temp(Class::R), self.temp(Class::R), self.temp(Class::R));
+                    self.line(format!("cvt.u32.u16 {x}, {a}"));
+                    self.line(format!("cvt.u32.u16 {y}, {b}"));
+                    self.line(format!("selp.b32 {z}, {x}, {y}, {c}"));
+                    self.line(format!("cvt.u16.u32 {d}, {z}"));
+                } else {
+                    self.line(format!("selp.{suffix} {d}, {a}, {b}, {c}"));
+                }
+            }
+            Inst::Cast { dst, src } => self.cast(*dst, *src)?,
+            Inst::AddrOffset { dst, base, offset, scale } => {
+                let (d, b) = (self.n(*dst).to_string(), self.n(*base).to_string());
+                let t = self.temp(Class::Rd);
+                match self.k.ty(*offset) {
+                    SType::Int { bits: 64, .. } => {
+                        let o = self.n(*offset).to_string();
+                        self.line(format!("mul.lo.s64 {t}, {o}, {scale}"));
+                    }
+                    SType::Int { signed, .. } => {
+                        let o = self.n(*offset).to_string();
+                        self.line(format!("mul.wide.{} {t}, {o}, {scale}", if signed { "s32" } else { "u32" }));
+                    }
+                    other => return Err(EmitError(format!("address offset of type {other:?}"))),
+                }
+                self.line(format!("add.s64 {d}, {b}, {t}"));
+            }
+            Inst::Load { dst, addr, pred, other } => {
+                let t = self.k.ty(*dst);
+                let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
+                if let Some(o) = other {
+                    let o = self.n(*o).to_string();
+                    let mov = match class(t) {
+                        Class::P => "mov.pred",
+                        Class::R => "mov.b32",
+                        Class::Rd => "mov.b64",
+                        Class::H => "mov.b16",
+                        Class::F => "mov.f32",
+                        Class::Fd => "mov.f64",
+                    };
+                    self.line(format!("{mov} {d}, {o}"));
+                }
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                if t == SType::Pred {
+                    let r = self.temp(Class::R);
+                    self.line(format!("mov.b32 {r}, 0"));
+                    self.line(format!("{guard}ld.global.u8 {r}, [{a}]"));
+                    self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+                } else {
+                    self.line(format!("{guard}ld.global.{} {d}, [{a}]", mem(t)));
+                }
+            }
+            Inst::Store { addr, value, pred } => {
+                let t = self.k.ty(*value);
+                let (v, a) = (self.n(*value).to_string(), self.n(*addr).to_string());
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                if t == SType::Pred {
+                    let r = self.temp(Class::R);
+                    self.line(format!("selp.u32 {r}, 1, 0, {v}"));
+                    self.line(format!("{guard}st.global.u8 [{a}], {r}"));
+                } else {
+                    self.line(format!("{guard}st.global.{} [{a}], {v}", mem(t)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn unary(&mut self, dst: Reg, op: UnaryOp, src: Reg) -> Result<(), EmitError> {
+        let t = self.k.ty(dst);
+        if !t.is_float() {
+            let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
+            let text = match (op, t) {
+                (UnaryOp::Not, SType::Pred) => format!("not.pred {d}, {s}"),
+                (UnaryOp::Not, _) => format!("not.b{} {d}, {s}", if class(t) == Class::Rd { 64 } else { 32 }),
+                (UnaryOp::Neg, _) => format!("neg.{} {d}, {s}", arith(t).replace('u', "s")),
+                (UnaryOp::Abs, SType::Int { signed: true, .. }) => format!("abs.{} {d}, {s}", arith(t)),
+                (UnaryOp::Abs, _) => format!("mov.b{} {d}, {s}", if class(t) == Class::Rd { 64 } else { 32 }),
+                _ => return Err(EmitError(format!("`{op}` on {t:?}"))),
+            };
+            self.line(text);
+            return Ok(());
+        }
+        let sfx = if t == SType::F64 { "f64" } else { "f32" };
+        if t == SType::F64
+            && !matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil)
+        {
+            return Err(EmitError(format!("`{op}` on f64 needs a libdevice routine (not emitted yet)")));
+        }
+        let log2e = format!("0f{:08X}", std::f32::consts::LOG2_E.to_bits());
+        let ln2 = format!("0f{:08X}", std::f32::consts::LN_2.to_bits());
+        self.via_f32(dst, &[src], |d, s| {
+            let s = &s[0];
+            match op {
+                UnaryOp::Neg => format!("neg.{sfx} {d}, {s}"),
+                UnaryOp::Abs => format!("abs.{sfx} {d}, {s}"),
+                UnaryOp::Sqrt if sfx == "f64" => format!("sqrt.rn.f64 {d}, {s}"),
+                UnaryOp::Sqrt => format!("sqrt.rn.f32 {d}, {s}"),
+                UnaryOp::Rsqrt => format!("rsqrt.approx.f32 {d}, {s}"),
+                UnaryOp::Exp2 => format!("ex2.approx.f32 {d}, {s}"),
+                UnaryOp::Exp => format!("mul.f32 {d}, {s}, {log2e};\n  ex2.approx.f32 {d}, {d}"),
+                UnaryOp::Log2 => format!("lg2.approx.f32 {d}, {s}"),
+                UnaryOp::Log => format!("lg2.approx.f32 {d}, {s};\n  mul.f32 {d}, {d}, {ln2}"),
+                UnaryOp::Sin => format!("sin.approx.f32 {d}, {s}"),
+                UnaryOp::Cos => format!("cos.approx.f32 {d}, {s}"),
+                UnaryOp::Tanh => format!("tanh.approx.f32 {d}, {s}"),
+                UnaryOp::Floor => format!("cvt.rmi.{sfx}.{sfx} {d}, {s}"),
+                UnaryOp::Ceil => format!("cvt.rpi.{sfx}.{sfx} {d}, {s}"),
+                UnaryOp::Not => format!("// not on float {d}, {s}"),
+            }
+        });
+        Ok(())
+    }
+
+    fn binary(&mut self, dst: Reg, op: BinaryOp, a: Reg, b: Reg) -> Result<(), EmitError> {
+        let t = self.k.ty(dst);
+        if t.is_float() {
+            let sfx = if t == SType::F64 { "f64" } else { "f32" };
+            let name = match op {
+                BinaryOp::Add => "add.rn",
+                BinaryOp::Sub => "sub.rn",
+                BinaryOp::Mul => "mul.rn",
+                BinaryOp::Div => "div.rn",
+                BinaryOp::Min => "min",
+                BinaryOp::Max => "max",
+                _ => return Err(EmitError(format!("`{op}` on floats (not emitted yet)"))),
+            };
+            self.via_f32(dst, &[a, b], |d, s| format!("{name}.{sfx} {d}, {}, {}", s[0], s[1]));
+            return Ok(());
+        }
+        let (d, x, y) = (self.n(dst).to_string(), self.n(a).to_string(), self.n(b).to_string());
+        if t == SType::Pred {
+            let name = match op {
+                BinaryOp::And | BinaryOp::Mul | BinaryOp::Min => "and",
+                BinaryOp::Or | BinaryOp::Max => "or",
+                BinaryOp::Xor | BinaryOp::Add | BinaryOp::Sub => "xor",
+                _ => return Err(EmitError(format!("`{op}` on i1"))),
+            };
+            self.line(format!("{name}.pred {d}, {x}, {y}"));
+            return Ok(());
+        }
+        let ar = arith(t);
+        let bits = if class(t) == Class::Rd { 64 } else { 32 };
+        let text = match op {
+            BinaryOp::Add => format!("add.{ar} {d}, {x}, {y}"),
+            BinaryOp::Sub => format!("sub.{ar} {d}, {x}, {y}"),
+            BinaryOp::Mul => format!("mul.lo.{ar} {d}, {x}, {y}"),
+            BinaryOp::Div => format!("div.{ar} {d}, {x}, {y}"),
+            BinaryOp::Rem => format!("rem.{ar} {d}, {x}, {y}"),
+            BinaryOp::Min => format!("min.{ar} {d}, {x}, {y}"),
+            BinaryOp::Max => format!("max.{ar} {d}, {x}, {y}"),
+            BinaryOp::And => format!("and.b{bits} {d}, {x}, {y}"),
+            BinaryOp::Or => format!("or.b{bits} {d}, {x}, {y}"),
+            BinaryOp::Xor => format!("xor.b{bits} {d}, {x}, {y}"),
+            BinaryOp::Shl => format!("shl.b{bits} {d}, {x}, {y}"),
+            BinaryOp::Shr => format!("shr.{ar} {d}, {x}, {y}"),
+        };
+        // Shift amounts are 32-bit registers in PTX; 64-bit shifts take the low word.
+        if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && bits == 64 {
+            let s = self.temp(Class::R);
+            self.line(format!("cvt.u32.u64 {s}, {y}"));
+            let text = text.replace(&format!(", {y}"), &format!(", {s}"));
+            self.line(text);
+        } else {
+            self.line(text);
+        }
+        // Narrow integers wrap to their width.
+        if let SType::Int { bits: w @ (8 | 16), signed } = t {
+            let (c, s) = (if signed { "s" } else { "u" }, w);
+            self.line(format!("cvt.{c}{s}.{c}32 {d}, {d}"));
+            self.line(format!("cvt.{c}32.{c}{s} {d}, {d}"));
+        }
+        Ok(())
+    }
+
+    fn cast(&mut self, dst: Reg, src: Reg) -> Result<(), EmitError> {
+        let (dt, st) = (self.k.ty(dst), self.k.ty(src));
+        let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
+        match (dt, st) {
+            (a, b) if a == b => self.line(format!("mov.{} {d}, {s}", mov_type(a))),
+            (SType::Pred, _) if st.is_float() => {
+                let w = self.widen(src);
+                self.line(format!("setp.neu.f32 {d}, {w}, 0f00000000"));
+            }
+            (SType::Pred, _) => self.line(format!("setp.ne.{} {d}, {s}, 0", arith(st))),
+            (_, SType::Pred) => {
+                if dt.is_float() {
+                    let f = self.temp(Class::F);
+                    self.line(format!("selp.f32 {f}, 0f3F800000, 0f00000000, {s}"));
+                    self.narrow(dst, &f);
+                } else {
+                    self.line(format!("selp.{} {d}, 1, 0, {s}", arith(dt)));
+                }
+            }
+            (SType::F64, _) if st.is_float() => {
+                let w = self.widen(src);
+                self.line(format!("cvt.f64.f32 {d}, {w}"));
+            }
+            (_, SType::F64) if dt.is_float() => {
+                let f = self.temp(Class::F);
+                self.line(format!("cvt.rn.f32.f64 {f}, {s}"));
+                self.narrow(dst, &f);
+            }
+            (_, _) if dt.is_float() && st.is_float() => {
+                let w = self.widen(src);
+                self.narrow(dst, &w);
+            }
+            (_, _) if dt.is_float() => {
+                if dt == SType::F64 {
+                    self.line(format!("cvt.rn.f64.{} {d}, {s}", arith(st)));
+                } else {
+                    let f = self.temp(Class::F);
+                    self.line(format!("cvt.rn.f32.{} {f}, {s}", arith(st)));
+                    self.narrow(dst, &f);
+                }
+            }
+            (_, _) if st.is_float() => {
+                let w = if st == SType::F64 { s.clone() } else { self.widen(src) };
+                let from = if st == SType::F64 { "f64" } else { "f32" };
+                self.line(format!("cvt.rzi.{}.{from} {d}, {w}", arith(dt)));
+            }
+            _ => {
+                // Integer to integer: 32/64-bit registers; narrower types are kept extended.
+                let (dc, sc) = (class(dt), class(st));
+                if dc == sc {
+                    self.line(format!("mov.b{} {d}, {s}", if dc == Class::Rd { 64 } else { 32 }));
+                } else {
+                    self.line(format!("cvt.{}.{} {d}, {s}", arith(dt), arith(st)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn mov_type(t: SType) -> &'static str {
+    match class(t) {
+        Class::P => "pred",
+        Class::R => "b32",
+        Class::Rd => "b64",
+        Class::H => "b16",
+        Class::F => "f32",
+        Class::Fd => "f64",
+    }
+}
+
+fn axis(a: Axis) -> &'static str {
+    match a {
+        Axis::X => "x",
+        Axis::Y => "y",
+        Axis::Z => "z",
+    }
+}
+
+fn f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+fn bf16_bits(x: f32) -> u16 {
+    half::bf16::from_f32(x).to_bits()
+}
+
+/// Writes the PTX module for one kernel.
+pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
+    let mut w = Writer { k, names: Vec::with_capacity(k.regs.len()), counts: [0; 6], body: String::new() };
+    for &t in &k.regs {
+        let c = class(t);
+        let name = w.temp(c);
+        w.names.push(name);
+    }
+    for i in &k.body {
+        w.inst(i)?;
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "// Generated by trident from kernel `{}`.", k.name);
+    let _ = writeln!(out, ".version {}", target.ptx_version());
+    let _ = writeln!(out, ".target {}", target.name());
+    let _ = writeln!(out, ".address_size 64\n");
+    let n = k.params.len();
+    let params: Vec<String> = k
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, (name, t))| {
+            let ty = if *t == SType::Pred { "u8" } else { mem(*t) };
+            format!("  .param .{ty} p{i}{} // %{name}", if i + 1 < n { "," } else { "" })
+        })
+        .collect();
+    let _ = writeln!(out, ".visible .entry {}(\n{}\n) .maxntid {}, 1, 1\n{{", k.name, params.join("\n"), k.threads());
+    for (c, n) in [
+        (Class::P, "pred"),
+        (Class::R, "b32"),
+        (Class::Rd, "b64"),
+        (Class::H, "b16"),
+        (Class::F, "f32"),
+        (Class::Fd, "f64"),
+    ] {
+        let count = w.counts[ci(c)];
+        if count > 0 {
+            let _ = writeln!(out, "  .reg .{n} {}<{count}>;", prefix(c));
+        }
+    }
+    out.push('\n');
+    out.push_str(&w.body);
+    out.push_str("  ret;\n}\n");
+    Ok(out)
+}

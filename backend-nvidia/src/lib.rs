@@ -1,0 +1,84 @@
+//! trident-backend-nvidia: tile IR -> SIMT IR -> PTX, and a CUDA runtime loaded at run time.
+//!
+//! Owns: target lookup ([`target`]), the PTX writer ([`emit`]) and the device runtime
+//! ([`runtime`]). The layout decisions live in `trident_core::simt`, shared with the AMD
+//! backend. This is the walking skeleton: kernels within the SIMT lowering's current subset
+//! (elementwise 1-D tiles) compile and run; others give a typed `Compile` error naming the op.
+
+pub mod emit;
+pub mod runtime;
+pub mod target;
+
+use std::sync::Arc;
+use target::Target;
+use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};
+use trident_core::simt::{lower, LowerOptions};
+use trident_core::{verify, Function};
+
+pub const NAME: &str = "nvidia";
+
+inventory::submit! {
+    BackendDescriptor {
+        name: NAME,
+        description: "PTX for sm_90a/sm_90/sm_80, run through the CUDA driver (loaded at run time)",
+        targets: Target::NAMES,
+        create: || Box::new(NvidiaBackend),
+    }
+}
+
+/// A compiled kernel: PTX text and its entry point.
+pub struct PtxModule {
+    pub ptx: String,
+    pub entry: String,
+    /// Threads per program.
+    pub threads: u32,
+}
+
+pub struct NvidiaBackend;
+
+impl NvidiaBackend {
+    /// PTX for `func` on `target` (no driver needed).
+    pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
+        verify(func)?;
+        let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
+        let k = lower(func, LowerOptions { warp_size: 32 }).map_err(|e| compile_err(e.to_string()))?;
+        let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
+        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads() })
+    }
+}
+
+impl Backend for NvidiaBackend {
+    fn descriptor(&self) -> &'static BackendDescriptor {
+        trident_core::backend::registered()
+            .into_iter()
+            .find(|d| d.name == NAME)
+            .expect("the nvidia backend registers itself in this crate")
+    }
+
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+        let name = self.descriptor().resolve_target(target)?;
+        let t = Target::lookup(name).unwrap_or(Target::Sm90a);
+        let m = Self::ptx(func, t)?;
+        Ok(Artifact {
+            kernel: func.name.clone(),
+            backend: NAME,
+            target: name.to_string(),
+            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            attrs: func.attrs,
+            text: m.ptx.clone(),
+            payload: Arc::new(m),
+        })
+    }
+
+    fn open_device(&self, index: usize) -> Result<Arc<dyn Device>, BackendError> {
+        Ok(Arc::new(runtime::CudaDevice::open(index)?))
+    }
+}
+
+/// Keeps this backend's registration in a binary that reaches it only through the registry:
+/// `inventory` entries live in this module's object code, which the linker drops unless
+/// something in it is referenced. Call it once from `main`.
+#[inline(never)]
+pub fn link() {
+    std::hint::black_box(NAME);
+}

@@ -1,0 +1,227 @@
+//! The CUDA runtime of the NVIDIA backend: cudarc's driver API, loaded at run time.
+//!
+//! Nothing here links CUDA: `cargo build` works without it, and [`CudaDevice::open`] first checks
+//! that the driver library can be loaded (cudarc would panic otherwise), returning the typed
+//! "no CUDA driver" error. Modules are loaded eagerly at their first launch and every function
+//! is resolved then; the raw `CUmodule` is kept (NVSHMEM's `nvshmemx_cumodule_init` needs it).
+
+use crate::PtxModule;
+use cudarc::driver::{result, sys};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Mutex;
+use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::ir::{DType, Literal};
+
+/// Whether the CUDA driver library can be loaded here.
+pub fn driver_available() -> Result<(), String> {
+    let mut reasons = Vec::new();
+    for name in ["libcuda.so.1", "libcuda.so"] {
+        // SAFETY: loading the driver runs only its own initialisers; the handle is dropped at once
+        // (cudarc loads it again for its calls).
+        match unsafe { libloading::Library::new(name) } {
+            Ok(_) => return Ok(()),
+            Err(e) => reasons.push(format!("{name}: {e}")),
+        }
+    }
+    Err(format!("no CUDA driver ({})", reasons.join("; ")))
+}
+
+struct Loaded {
+    _module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+/// One GPU, through its primary context.
+pub struct CudaDevice {
+    ctx: sys::CUcontext,
+    name: String,
+    modules: Mutex<HashMap<String, Loaded>>,
+}
+
+// SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
+// the context is made current on that thread, which every method does first.
+unsafe impl Send for CudaDevice {}
+// SAFETY: as above; the module table is behind a mutex.
+unsafe impl Sync for CudaDevice {}
+
+fn driver_err(what: &str, e: result::DriverError) -> BackendError {
+    BackendError::NoDevice { backend: crate::NAME, reason: format!("{what}: {e:?}") }
+}
+
+impl CudaDevice {
+    pub fn open(index: usize) -> Result<CudaDevice, BackendError> {
+        driver_available().map_err(|reason| BackendError::NoDevice { backend: crate::NAME, reason })?;
+        result::init().map_err(|e| driver_err("cuInit", e))?;
+        let count = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
+        if index as i32 >= count {
+            return Err(BackendError::NoDevice {
+                backend: crate::NAME,
+                reason: format!("device {index} requested, {count} present"),
+            });
+        }
+        let dev = result::device::get(index as i32).map_err(|e| driver_err("cuDeviceGet", e))?;
+        let name = result::device::get_name(dev).unwrap_or_default();
+        // SAFETY: `dev` is a valid device handle from cuDeviceGet.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
+        let d = CudaDevice { ctx, name, modules: Mutex::new(HashMap::new()) };
+        d.current()?;
+        Ok(d)
+    }
+
+    /// The GPU's name as the driver reports it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn current(&self) -> Result<(), BackendError> {
+        // SAFETY: `self.ctx` is the retained primary context of this device.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))
+    }
+
+    fn buffer_err(buffer: &Buffer, what: &str, e: result::DriverError) -> BackendError {
+        BackendError::Buffer { buffer: buffer.name.clone(), message: format!("{what}: {e:?}") }
+    }
+
+    fn check_range(buffer: &Buffer, offset: usize, len: usize) -> Result<(), BackendError> {
+        if offset.checked_add(len).is_none_or(|end| end > buffer.bytes) {
+            return Err(BackendError::Buffer {
+                buffer: buffer.name.clone(),
+                message: format!("{len} bytes at offset {offset} overrun its {} bytes", buffer.bytes),
+            });
+        }
+        Ok(())
+    }
+
+    fn function(&self, kernel: &Artifact, module: &PtxModule) -> Result<sys::CUfunction, BackendError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = modules.get(&module.ptx) {
+            return Ok(l.function);
+        }
+        let fail = |what: &str, e: result::DriverError| BackendError::Launch {
+            kernel: kernel.kernel.clone(),
+            message: format!("{what}: {e:?}"),
+        };
+        let image = CString::new(module.ptx.clone()).map_err(|_| BackendError::Launch {
+            kernel: kernel.kernel.clone(),
+            message: "PTX contains a NUL byte".into(),
+        })?;
+        // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
+        let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| fail("cuModuleLoadData", e))?;
+        let entry = CString::new(module.entry.clone()).unwrap_or_default();
+        // SAFETY: `m` was just loaded and `entry` names a `.visible .entry` of it.
+        let f = unsafe { result::module::get_function(m, entry) }.map_err(|e| fail("cuModuleGetFunction", e))?;
+        modules.insert(module.ptx.clone(), Loaded { _module: m, function: f });
+        Ok(f)
+    }
+}
+
+/// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
+fn scalar_slot(lit: Literal, d: DType) -> u64 {
+    match d {
+        DType::F32 => (lit.as_f64() as f32).to_bits() as u64,
+        DType::F64 => lit.as_f64().to_bits(),
+        DType::F16 => half::f16::from_f64(lit.as_f64()).to_bits() as u64,
+        DType::BF16 => half::bf16::from_f64(lit.as_f64()).to_bits() as u64,
+        _ => match lit {
+            Literal::Int(i) => i as u64,
+            Literal::Float(f) => f as i64 as u64,
+        },
+    }
+}
+
+impl Device for CudaDevice {
+    fn backend(&self) -> &'static str {
+        crate::NAME
+    }
+
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.current()?;
+        // SAFETY: plain device allocation in the current context.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(|e| BackendError::Buffer {
+            buffer: name.to_string(),
+            message: format!("cuMemAlloc of {bytes} bytes: {e:?}"),
+        })?;
+        Ok(Buffer { name: name.to_string(), address: ptr, bytes })
+    }
+
+    fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
+        self.current()?;
+        // SAFETY: `buffer.address` came from `alloc` on this device.
+        unsafe { result::free_sync(buffer.address) }.map_err(|e| Self::buffer_err(buffer, "cuMemFree", e))
+    }
+
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        Self::check_range(buffer, offset, data.len())?;
+        self.current()?;
+        // SAFETY: the range was checked against the allocation.
+        unsafe { result::memcpy_htod_sync(buffer.address + offset as u64, data) }
+            .map_err(|e| Self::buffer_err(buffer, "cuMemcpyHtoD", e))
+    }
+
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        Self::check_range(buffer, offset, out.len())?;
+        self.current()?;
+        // SAFETY: the range was checked against the allocation.
+        unsafe { result::memcpy_dtoh_sync(out, buffer.address + offset as u64) }
+            .map_err(|e| Self::buffer_err(buffer, "cuMemcpyDtoH", e))
+    }
+
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
+        if pattern.is_empty() {
+            return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
+        }
+        let data: Vec<u8> = pattern.iter().copied().cycle().take(buffer.bytes).collect();
+        self.write(buffer, 0, &data)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        _opts: &LaunchOptions,
+    ) -> Result<(), BackendError> {
+        let module = kernel.payload.downcast_ref::<PtxModule>().ok_or(BackendError::WrongBackend {
+            kernel: kernel.kernel.clone(),
+            compiled_by: kernel.backend,
+            device: crate::NAME,
+        })?;
+        check_args(kernel, args)?;
+        if grid.contains(&0) {
+            return Err(BackendError::Launch {
+                kernel: kernel.kernel.clone(),
+                message: format!("empty grid {grid:?}"),
+            });
+        }
+        self.current()?;
+        let f = self.function(kernel, module)?;
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => p,
+                KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
+        let fail = |what: &str, e: result::DriverError| BackendError::Launch {
+            kernel: kernel.kernel.clone(),
+            message: format!("{what}: {e:?}"),
+        };
+        // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
+        // kernel parameter (each parameter is at most 8 bytes), checked against the signature.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (grid[0], grid[1], grid[2]),
+                (module.threads, 1, 1),
+                0,
+                std::ptr::null_mut(),
+                &mut params,
+            )
+        }
+        .map_err(|e| fail("cuLaunchKernel", e))?;
+        result::ctx::synchronize().map_err(|e| fail("kernel execution", e))
+    }
+}

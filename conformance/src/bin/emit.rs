@@ -1,0 +1,80 @@
+//! `cargo xtask emit`: prints a kernel's code for a backend and target, optionally timed.
+
+use clap::Parser;
+use std::process::ExitCode;
+use std::time::Instant;
+use trident_core::backend;
+use trident_core::ir::DType;
+
+#[derive(Parser)]
+#[command(about = "Compiles a library kernel and prints the backend's code")]
+struct Args {
+    #[arg(long, default_value = "nvidia")]
+    backend: String,
+    /// Target of the backend (default: its first).
+    #[arg(long)]
+    target: Option<String>,
+    /// Kernel name (see --list).
+    #[arg(long, default_value = "vector_add")]
+    kernel: String,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
+    #[arg(long)]
+    time: bool,
+    /// List kernel names.
+    #[arg(long)]
+    list: bool,
+}
+
+fn main() -> ExitCode {
+    trident_conformance::link_backends();
+    let a = Args::parse();
+    let Some(dtype) = DType::parse(&a.dtype) else {
+        eprintln!("error: --dtype {}: not an element type", a.dtype);
+        return ExitCode::from(2);
+    };
+    let cat = trident_kernels::catalogue(dtype);
+    if a.list {
+        for (n, _) in &cat {
+            println!("{n}");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let Some((_, built)) = cat.into_iter().find(|(n, _)| *n == a.kernel) else {
+        eprintln!("error: no kernel `{}` (try --list)", a.kernel);
+        return ExitCode::from(2);
+    };
+    let result = backend::lookup(&a.backend).map_err(|e| e.to_string()).and_then(|d| {
+        let func = built.map_err(|e| e.to_string())?;
+        let b = (d.create)();
+        if a.time {
+            let mut times = Vec::new();
+            for _ in 0..20 {
+                let t = Instant::now();
+                b.compile(&func, a.target.as_deref()).map_err(|e| e.to_string())?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            times.sort_by(|x, y| x.total_cmp(y));
+            Ok(format!(
+                "{}: tile IR -> {} {} in {:.3} ms (median of 20)",
+                func.name,
+                d.name,
+                a.target.as_deref().unwrap_or(d.targets[0]),
+                times[10]
+            ))
+        } else {
+            b.compile(&func, a.target.as_deref()).map(|art| art.text).map_err(|e| e.to_string())
+        }
+    });
+    match result {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The SIMT IR: a tile program after layout assignment, as the program of one thread.
+//!
+//! Every tile value of the tile IR becomes, in each thread, the registers holding the elements
+//! that thread owns under the value's [`Layout`]; scalars are one uniform register. Instructions
+//! are typed scalar operations on virtual registers, global loads and stores with an optional
+//! predicate, and special registers (thread and program ids). Both GPU backends consume this IR:
+//! the PTX writer and the AMDGCN writer are straight translations of it, so layout decisions are
+//! made once, here.
+//!
+//! This is the first slice (`DESIGN.md`, SIMT IR): one-dimensional blocked layouts and the
+//! elementwise subset (program ids, `arange`, `splat`, arithmetic, compares, selects, casts,
+//! pointer arithmetic, masked loads and stores). Ops outside it are reported by [`lower`] as
+//! [`LowerError::Unsupported`] naming the op, so a backend never emits wrong code for them.
+//! Shared memory, shuffles, control flow, matrix instructions and the distributed ops extend
+//! [`Inst`] next.
+
+pub mod lower;
+
+pub use lower::{lower, LowerError, LowerOptions};
+
+use crate::ir::{Axis, BinaryOp, CmpOp, DType, Literal, UnaryOp};
+
+/// A per-thread scalar type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SType {
+    Pred,
+    Int {
+        bits: u8,
+        signed: bool,
+    },
+    F16,
+    BF16,
+    F32,
+    F64,
+    /// A global address.
+    Ptr,
+}
+
+impl SType {
+    pub fn of(d: DType) -> SType {
+        match d {
+            DType::I1 => SType::Pred,
+            DType::I8 => SType::Int { bits: 8, signed: true },
+            DType::I16 => SType::Int { bits: 16, signed: true },
+            DType::I32 => SType::Int { bits: 32, signed: true },
+            DType::I64 => SType::Int { bits: 64, signed: true },
+            DType::U8 => SType::Int { bits: 8, signed: false },
+            DType::U16 => SType::Int { bits: 16, signed: false },
+            DType::U32 => SType::Int { bits: 32, signed: false },
+            DType::U64 => SType::Int { bits: 64, signed: false },
+            DType::F16 => SType::F16,
+            DType::BF16 => SType::BF16,
+            DType::F32 => SType::F32,
+            DType::F64 => SType::F64,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, SType::F16 | SType::BF16 | SType::F32 | SType::F64)
+    }
+}
+
+/// A virtual register.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Reg(pub u32);
+
+/// Hardware-provided values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Special {
+    /// Thread index in the program (`%tid.x`).
+    ThreadId,
+    /// Program id along an axis (`%ctaid`).
+    ProgramId(Axis),
+    /// Programs along an axis (`%nctaid`).
+    NumPrograms(Axis),
+}
+
+/// One per-thread instruction. Operands are registers defined earlier.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Inst {
+    /// Kernel parameter `index`.
+    Param {
+        dst: Reg,
+        index: u32,
+    },
+    Special {
+        dst: Reg,
+        which: Special,
+    },
+    Const {
+        dst: Reg,
+        value: Literal,
+    },
+    /// Elementwise math; f16/bf16 compute in f32 and round (the writer inserts conversions).
+    Unary {
+        dst: Reg,
+        op: UnaryOp,
+        src: Reg,
+    },
+    Binary {
+        dst: Reg,
+        op: BinaryOp,
+        a: Reg,
+        b: Reg,
+    },
+    Cmp {
+        dst: Reg,
+        op: CmpOp,
+        a: Reg,
+        b: Reg,
+    },
+    Select {
+        dst: Reg,
+        cond: Reg,
+        on_true: Reg,
+        on_false: Reg,
+    },
+    /// Conversion between the registers' types.
+    Cast {
+        dst: Reg,
+        src: Reg,
+    },
+    /// `dst = base + offset * scale` on addresses (`offset` is an integer register).
+    AddrOffset {
+        dst: Reg,
+        base: Reg,
+        offset: Reg,
+        scale: u32,
+    },
+    /// Global load of `dst`'s type; lanes with a false `pred` keep `dst = other`.
+    Load {
+        dst: Reg,
+        addr: Reg,
+        pred: Option<Reg>,
+        other: Option<Reg>,
+    },
+    Store {
+        addr: Reg,
+        value: Reg,
+        pred: Option<Reg>,
+    },
+}
+
+/// A kernel as the program of one thread.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    pub name: String,
+    /// Parameter names and types, in launch order.
+    pub params: Vec<(String, SType)>,
+    /// Type of every register.
+    pub regs: Vec<SType>,
+    pub body: Vec<Inst>,
+    /// Threads per program = warps x warp size.
+    pub warps: u32,
+    pub warp_size: u32,
+}
+
+impl Kernel {
+    pub fn threads(&self) -> u32 {
+        self.warps * self.warp_size
+    }
+
+    pub fn ty(&self, r: Reg) -> SType {
+        self.regs[r.0 as usize]
+    }
+}

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine over a bundle made by `cargo xtask bundle` (no Rust toolchain there).
+# Checks what the NVIDIA backend can run and writes JSON and logs under $OUT (or ./gpu-out).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+B=bundle
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(cat $B/COMMIT 2>/dev/null)"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
+} | tee "$OUT/device.txt"
+$B/trident-conformance --list-backends | tee -a "$OUT/device.txt"
+status=0
+# Every conformance case the NVIDIA backend compiles today (the SIMT lowering's subset).
+$B/trident-conformance --backend nvidia --kernel vector_add --json "$OUT/conformance-nvidia.json" 2>&1 | tee "$OUT/conformance-nvidia.log" || status=1
+# IR -> PTX time, and the PTX of one kernel for reference.
+$B/trident-emit --backend nvidia --kernel vector_add --dtype bf16 --time | tee -a "$OUT/device.txt"
+exit $status
