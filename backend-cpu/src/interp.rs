@@ -715,7 +715,7 @@ fn strided_indices(shape: &[u32], strides: &[usize]) -> Vec<usize> {
     out
 }
 
-fn concat(a: &Data, b: &Data) -> Data {
+pub(crate) fn concat(a: &Data, b: &Data) -> Data {
     match (a, b) {
         (Data::F(x), Data::F(y)) => Data::F([x.as_slice(), y].concat()),
         (Data::D(x), Data::D(y)) => Data::D([x.as_slice(), y].concat()),
@@ -725,7 +725,7 @@ fn concat(a: &Data, b: &Data) -> Data {
     }
 }
 
-fn unary(op: UnaryOp, x: &Val) -> R<Data> {
+pub(crate) fn unary(op: UnaryOp, x: &Val) -> R<Data> {
     let d = x.ty.dtype().unwrap_or(DType::F32);
     Ok(match &x.data {
         Data::F(v) => {
@@ -782,7 +782,7 @@ fn unary(op: UnaryOp, x: &Val) -> R<Data> {
     })
 }
 
-fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
+pub(crate) fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
     let d = l.ty.dtype().unwrap_or(DType::F32);
     Ok(match (&l.data, &r.data) {
         (Data::F(a), Data::F(b)) => {
@@ -863,7 +863,7 @@ fn int_binary(op: BinaryOp, d: DType, x: i64, y: i64) -> R<i64> {
     })
 }
 
-fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
+pub(crate) fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
     let d = l.ty.dtype();
     let unsigned = d.is_some_and(|d| !d.is_signed_int() && d.is_int()) || d.is_none();
     let out: Vec<i64> = match (&l.data, &r.data) {
@@ -901,7 +901,7 @@ fn icmp(op: CmpOp, x: i64, y: i64) -> i64 {
     }) as i64
 }
 
-fn cast(x: &Val, to: DType) -> Data {
+pub(crate) fn cast(x: &Val, to: DType) -> Data {
     let from = x.ty.dtype().unwrap_or(DType::F32);
     let as_f64: Vec<f64> = match &x.data {
         Data::F(v) => v.iter().map(|&a| a as f64).collect(),

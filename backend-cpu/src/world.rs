@@ -390,7 +390,7 @@ impl RankCtx for CpuRank {
     }
 
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
-        self.cache.get_or_compile(&self.backend, key, build)
+        self.cache.get_or_compile(&self.backend, None, key, build)
     }
 
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {

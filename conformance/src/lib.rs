@@ -12,5 +12,6 @@ pub mod reference;
 /// Registers the backends this suite can run on (call first in every binary).
 pub fn link_backends() {
     trident_backend_cpu::link();
+    trident_backend_cpu::simt_exec::link();
     trident_backend_nvidia::link();
 }

@@ -3,7 +3,7 @@
 use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
-use trident_conformance::cases::{all_cases, run_case, Record};
+use trident_conformance::cases::{all_cases, run_case, Record, RunConfig};
 use trident_core::backend;
 
 #[derive(Parser, Debug)]
@@ -12,6 +12,9 @@ struct Args {
     /// Backend to run on.
     #[arg(long, default_value = "cpu")]
     backend: String,
+    /// Backend target (default: the backend's first).
+    #[arg(long)]
+    target: Option<String>,
     /// Only kernels whose name contains this.
     #[arg(long)]
     kernel: Option<String>,
@@ -101,6 +104,12 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let backend = (desc.create)();
+    if let Err(e) = desc.resolve_target(args.target.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let cfg =
+        RunConfig { backend: backend.as_ref(), target: args.target.clone(), schedules: args.chaos, race: args.race };
     println!(
         "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
@@ -114,12 +123,13 @@ fn main() -> ExitCode {
     );
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
-        let r = run_case(case, *index, seed, backend.as_ref(), args.chaos, args.race);
+        let r = run_case(case, *index, seed, &cfg);
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
-        let verdict = match (r.pass, r.schedules) {
-            (true, 1) => "ok".to_string(),
-            (true, n) => format!("ok ({n} schedules)"),
-            (false, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
+        let verdict = match (r.pass, r.skipped, r.schedules) {
+            (_, true, _) => format!("skipped: {}", r.message),
+            (true, _, 1) => "ok".to_string(),
+            (true, _, n) => format!("ok ({n} schedules)"),
+            (false, _, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
         };
         println!(
             "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
@@ -143,8 +153,9 @@ fn main() -> ExitCode {
         }
         println!("wrote {} records to {}", records.len(), path.display());
     }
-    let failed = records.iter().filter(|r| !r.pass).count();
-    println!("conformance: {} passed, {} failed", records.len() - failed, failed);
+    let skipped = records.iter().filter(|r| r.skipped).count();
+    let failed = records.iter().filter(|r| !r.pass && !r.skipped).count();
+    println!("conformance: {} passed, {} failed, {} skipped", records.len() - failed - skipped, failed, skipped);
     if failed > 0 {
         println!("replay the failures with --seed {seed:#x}");
         return ExitCode::FAILURE;

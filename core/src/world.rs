@@ -85,13 +85,14 @@ impl KernelCache {
     pub fn get_or_compile(
         &self,
         backend: &dyn Backend,
+        target: Option<&str>,
         key: &str,
         build: &dyn Fn() -> Result<Function, VerifyError>,
     ) -> Result<Artifact, BackendError> {
         if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
             return Ok(a.clone());
         }
-        let artifact = backend.compile(&build()?, None)?;
+        let artifact = backend.compile(&build()?, target)?;
         self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), artifact.clone());
         Ok(artifact)
     }

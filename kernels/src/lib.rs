@@ -45,12 +45,14 @@ pub struct Launcher<'a> {
     pub backend: &'a dyn Backend,
     pub device: &'a dyn Device,
     pub opts: LaunchOptions,
+    /// The backend target kernels are compiled for (`None`: the backend's default).
+    pub target: Option<String>,
     cache: KernelCache,
 }
 
 impl<'a> Launcher<'a> {
     pub fn new(backend: &'a dyn Backend, device: &'a dyn Device, opts: LaunchOptions) -> Launcher<'a> {
-        Launcher { backend, device, opts, cache: KernelCache::default() }
+        Launcher { backend, device, opts, target: None, cache: KernelCache::default() }
     }
 
     /// The artifact of the specialization `key` (its meta-parameters), building it on first use.
@@ -59,7 +61,7 @@ impl<'a> Launcher<'a> {
         key: String,
         build: impl Fn() -> Result<Function, VerifyError>,
     ) -> Result<Artifact, BackendError> {
-        self.cache.get_or_compile(self.backend, &key, &build)
+        self.cache.get_or_compile(self.backend, self.target.as_deref(), &key, &build)
     }
 
     pub fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {

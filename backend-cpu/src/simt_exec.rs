@@ -1,0 +1,308 @@
+//! Execution of the SIMT IR on the CPU: the lowered form of a kernel, run one program at a time
+//! with every thread of the program in lock-step (each register is a vector over the threads), so
+//! the layout and lowering that the GPU backends share are tested without a GPU.
+//!
+//! Registered as backend `cpu-simt` with targets `warp32` and `warp64` (the lowering's warp size).
+
+use crate::interp::Fault;
+use crate::memory::Memory;
+use crate::value::*;
+use std::sync::Arc;
+use trident_core::backend::{
+    check_args, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
+};
+use trident_core::ir::*;
+use trident_core::simt::{lower, Inst, Kernel, LowerOptions, Reg, SType, Special};
+use trident_core::{verify, Function};
+
+pub const NAME: &str = "cpu-simt";
+pub const TARGETS: &[&str] = &["warp32", "warp64"];
+
+inventory::submit! {
+    BackendDescriptor {
+        name: NAME,
+        description: "the SIMT lowering shared by the GPU backends, executed on the host (warp 32 or 64)",
+        targets: TARGETS,
+        create: || Box::new(SimtBackend),
+    }
+}
+
+pub struct SimtBackend;
+
+impl Backend for SimtBackend {
+    fn descriptor(&self) -> &'static BackendDescriptor {
+        trident_core::backend::registered().into_iter().find(|d| d.name == NAME).expect("registered in this crate")
+    }
+
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+        let target = self.descriptor().resolve_target(target)?;
+        verify(func)?;
+        let warp_size = if target == "warp64" { 64 } else { 32 };
+        let k = lower(func, LowerOptions { warp_size }).map_err(|e| BackendError::Compile {
+            backend: NAME,
+            kernel: func.name.clone(),
+            message: e.to_string(),
+        })?;
+        Ok(Artifact {
+            kernel: func.name.clone(),
+            backend: NAME,
+            target: target.to_string(),
+            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            attrs: func.attrs,
+            text: format!("{:#?}", k.body),
+            payload: Arc::new(k),
+        })
+    }
+
+    fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {
+        Ok(Arc::new(SimtDevice { inner: crate::CpuDevice::default() }))
+    }
+}
+
+/// Host memory like the CPU device; launches run SIMT kernels.
+pub struct SimtDevice {
+    inner: crate::CpuDevice,
+}
+
+impl Device for SimtDevice {
+    fn backend(&self) -> &'static str {
+        NAME
+    }
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.inner.alloc(bytes, name)
+    }
+    fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
+        self.inner.free(buffer)
+    }
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.inner.write(buffer, offset, data)
+    }
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read(buffer, offset, out)
+    }
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
+        self.inner.fill(buffer, pattern)
+    }
+
+    fn launch(
+        &self,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        opts: &LaunchOptions,
+    ) -> Result<(), BackendError> {
+        let k = kernel.payload.downcast_ref::<Kernel>().ok_or(BackendError::WrongBackend {
+            kernel: kernel.kernel.clone(),
+            compiled_by: kernel.backend,
+            device: NAME,
+        })?;
+        check_args(kernel, args)?;
+        if grid.contains(&0) {
+            return Err(BackendError::Launch {
+                kernel: kernel.kernel.clone(),
+                message: format!("empty grid {grid:?}"),
+            });
+        }
+        use rand::seq::SliceRandom;
+        use rand::SeedableRng;
+        let mut order = Vec::new();
+        for z in 0..grid[2] {
+            for y in 0..grid[1] {
+                for x in 0..grid[0] {
+                    order.push([x, y, z]);
+                }
+            }
+        }
+        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+        for pid in order {
+            run_program(k, self.inner.memory(), pid, grid, args).map_err(|f| BackendError::Execution {
+                kernel: kernel.kernel.clone(),
+                program: pid,
+                op: "simt".into(),
+                loc: None,
+                message: f.message,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+fn fault<T>(m: impl Into<String>) -> Result<T, Fault> {
+    Err(Fault { op: None, message: m.into() })
+}
+
+/// The element type a SIMT register stores its lanes as.
+fn dtype(t: SType) -> DType {
+    match t {
+        SType::Pred => DType::I1,
+        SType::Int { bits: 8, signed: true } => DType::I8,
+        SType::Int { bits: 16, signed: true } => DType::I16,
+        SType::Int { bits: 32, signed: true } => DType::I32,
+        SType::Int { bits: 64, signed: true } => DType::I64,
+        SType::Int { bits: 8, .. } => DType::U8,
+        SType::Int { bits: 16, .. } => DType::U16,
+        SType::Int { bits: 32, .. } => DType::U32,
+        SType::Int { .. } | SType::Ptr => DType::U64,
+        SType::F16 => DType::F16,
+        SType::BF16 => DType::BF16,
+        SType::F32 => DType::F32,
+        SType::F64 => DType::F64,
+    }
+}
+
+fn val(t: SType, data: Data) -> Val {
+    let elem = if t == SType::Ptr { Elem::Ptr(DType::U8) } else { Elem::Num(dtype(t)) };
+    let n = match &data {
+        Data::F(v) => v.len(),
+        Data::D(v) => v.len(),
+        Data::I(v) => v.len(),
+        Data::P(v) => v.len(),
+        Data::Token => 1,
+    };
+    Val { ty: Type::tile(elem, &[n as u32]), data }
+}
+
+/// Runs every thread of one program, lanes in lock-step.
+fn run_program(k: &Kernel, mem: &Memory, pid: [u32; 3], grid: [u32; 3], args: &[KernelArg]) -> Result<(), Fault> {
+    let lanes = k.threads() as usize;
+    let mut regs: Vec<Option<Val>> = vec![None; k.regs.len()];
+    let get = |regs: &Vec<Option<Val>>, r: Reg| -> Result<Val, Fault> {
+        regs[r.0 as usize]
+            .clone()
+            .ok_or_else(|| Fault { op: None, message: format!("register {r:?} read before written") })
+    };
+    for inst in &k.body {
+        match inst {
+            Inst::Param { dst, index } => {
+                let d = match args[*index as usize] {
+                    KernelArg::Ptr(p) => Data::P(vec![p; lanes]),
+                    KernelArg::Scalar(lit, dt) => literal(lit, dt).splat(lanes),
+                };
+                let d = match (k.ty(*dst), d) {
+                    (SType::Ptr, Data::P(v)) => Data::P(v),
+                    (_, d) => d,
+                };
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), d));
+            }
+            Inst::Special { dst, which } => {
+                let v: Vec<i64> = match which {
+                    Special::ThreadId => (0..lanes as i64).collect(),
+                    Special::ProgramId(a) => vec![pid[a.index()] as i64; lanes],
+                    Special::NumPrograms(a) => vec![grid[a.index()] as i64; lanes],
+                };
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), Data::I(v)));
+            }
+            Inst::Const { dst, value } => {
+                let t = k.ty(*dst);
+                let d = if t == SType::Ptr { Data::P(vec![0; lanes]) } else { literal(*value, dtype(t)).splat(lanes) };
+                regs[dst.0 as usize] = Some(val(t, d));
+            }
+            Inst::Unary { dst, op, src } => {
+                let x = get(&regs, *src)?;
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::unary(*op, &x)?));
+            }
+            Inst::Binary { dst, op, a, b } => {
+                let (x, y) = (get(&regs, *a)?, get(&regs, *b)?);
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::binary(*op, &x, &y)?));
+            }
+            Inst::Cmp { dst, op, a, b } => {
+                let (x, y) = (get(&regs, *a)?, get(&regs, *b)?);
+                regs[dst.0 as usize] = Some(val(SType::Pred, crate::interp::compare(*op, &x, &y)));
+            }
+            Inst::Select { dst, cond, on_true, on_false } => {
+                let (c, t, f) = (get(&regs, *cond)?, get(&regs, *on_true)?, get(&regs, *on_false)?);
+                let idx: Vec<usize> =
+                    c.ints().iter().enumerate().map(|(i, &ci)| if ci != 0 { i } else { i + lanes }).collect();
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::concat(&t.data, &f.data).gather(&idx)));
+            }
+            Inst::Cast { dst, src } => {
+                let x = get(&regs, *src)?;
+                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::cast(&x, dtype(k.ty(*dst)))));
+            }
+            Inst::AddrOffset { dst, base, offset, scale } => {
+                let (b, o) = (get(&regs, *base)?, get(&regs, *offset)?);
+                let unsigned = matches!(k.ty(*offset), SType::Int { bits: 64, signed: false });
+                let v = b
+                    .ptrs()
+                    .iter()
+                    .zip(o.ints())
+                    .map(|(&p, &off)| {
+                        let off = if unsigned { off as u64 as i128 } else { off as i128 };
+                        (p as i128 + off * *scale as i128) as u64
+                    })
+                    .collect();
+                regs[dst.0 as usize] = Some(val(SType::Ptr, Data::P(v)));
+            }
+            Inst::Load { dst, addr, pred, other } => {
+                let t = k.ty(*dst);
+                let d = dtype(t);
+                let size = d.size_bytes() as usize;
+                let a = get(&regs, *addr)?;
+                let p = match pred {
+                    Some(p) => Some(get(&regs, *p)?),
+                    None => None,
+                };
+                let o = match other {
+                    Some(o) => Some(get(&regs, *o)?),
+                    None => None,
+                };
+                let view = mem.view();
+                let mut out = empty_for(Elem::Num(d), lanes);
+                for (i, &addr) in a.ptrs().iter().enumerate() {
+                    let on = p.as_ref().is_none_or(|p| p.ints()[i] != 0);
+                    let e = if on {
+                        let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("load: {}", e.0)))?;
+                        from_bits(d, r.load(off, size))
+                    } else {
+                        match o.as_ref().map(|o| &o.data) {
+                            Some(Data::F(v)) => Elt::F(v[i]),
+                            Some(Data::D(v)) => Elt::D(v[i]),
+                            Some(Data::I(v)) => Elt::I(v[i]),
+                            _ if d == DType::F64 => Elt::D(f64::NAN),
+                            _ if d.is_float() => Elt::F(f32::NAN),
+                            _ => Elt::I(0),
+                        }
+                    };
+                    match (&mut out, e) {
+                        (Data::F(v), Elt::F(x)) => v.push(x),
+                        (Data::D(v), Elt::D(x)) => v.push(x),
+                        (Data::I(v), Elt::I(x)) => v.push(x),
+                        _ => return fault("loaded element does not match the register type"),
+                    }
+                }
+                regs[dst.0 as usize] = Some(val(t, out));
+            }
+            Inst::Store { addr, value, pred } => {
+                let d = dtype(k.ty(*value));
+                let size = d.size_bytes() as usize;
+                let (a, v) = (get(&regs, *addr)?, get(&regs, *value)?);
+                let p = match pred {
+                    Some(p) => Some(get(&regs, *p)?),
+                    None => None,
+                };
+                let view = mem.view();
+                for (i, &addr) in a.ptrs().iter().enumerate() {
+                    if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
+                        continue;
+                    }
+                    let bits = match &v.data {
+                        Data::F(x) => f32_bits(d, x[i]),
+                        Data::D(x) => x[i].to_bits(),
+                        Data::I(x) => x[i] as u64 & size_mask(size),
+                        Data::P(x) => x[i],
+                        Data::Token => 0,
+                    };
+                    let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("store: {}", e.0)))?;
+                    r.store(off, size, bits);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps this backend's registration linked (see [`crate::link`]).
+#[inline(never)]
+pub fn link() {
+    std::hint::black_box(NAME);
+}
