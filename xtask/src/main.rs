@@ -5,7 +5,11 @@
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
-//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector.
+//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector,
+//!   the SIMT lowering on `cpu-simt` at warp 32 and 64, and `ptx-check` when ptxas is present.
+//! * `cargo xtask emit --backend nvidia --target sm_90 --kernel NAME [--time]`: a kernel's code.
+//! * `cargo xtask bundle`: release binaries for the GPU machine in `bundle/`.
+//! * `cargo xtask ptx-check`: every compiled kernel's PTX through ptxas for sm_80/sm_90/sm_90a.
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -32,6 +36,9 @@ struct TestArgs {
     /// Only cases at this world size.
     #[arg(long)]
     world: Option<String>,
+    /// Backend target (e.g. `warp64` for `cpu-simt`, `sm_90` for `nvidia`).
+    #[arg(long)]
+    target: Option<String>,
     /// Run every distributed case under N schedules.
     #[arg(long)]
     chaos: Option<String>,
@@ -62,6 +69,9 @@ enum Cmd {
     Ci(TestArgs),
     /// Release binaries for the GPU machine in `bundle/` (run them with scripts/gpu-check.sh).
     Bundle,
+    /// Assembles the PTX of every kernel the NVIDIA backend compiles, for sm_80, sm_90 and
+    /// sm_90a, with `ptxas` (from `$PTXAS` or the PATH).
+    PtxCheck,
     /// Print a kernel's code for a backend (`--backend nvidia --target sm_90 --kernel NAME [--time]`).
     Emit {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -103,6 +113,7 @@ fn conformance(args: &TestArgs) -> Command {
         ("--dtype", &args.dtype),
         ("--seed", &args.seed),
         ("--world", &args.world),
+        ("--target", &args.target),
         ("--chaos", &args.chaos),
     ] {
         if let Some(v) = v {
@@ -127,6 +138,55 @@ fn test(args: &TestArgs) -> Result<(), String> {
         run(c)?;
     }
     run(conformance(args))
+}
+
+/// The `ptxas` to use: `$PTXAS`, else the one on the PATH.
+fn ptxas() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("PTXAS") {
+        return Some(PathBuf::from(p));
+    }
+    let ok = Command::new("ptxas").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    ok.then(|| PathBuf::from("ptxas"))
+}
+
+fn ptx_check() -> Result<(), String> {
+    let Some(ptxas) = ptxas() else {
+        return Err("ptxas not found: set PTXAS (the PyPI wheel nvidia-cuda-nvcc==13.0.88 ships it)".into());
+    };
+    let root = workspace_root();
+    let mut assembled = 0;
+    for target in ["sm_80", "sm_90", "sm_90a"] {
+        let dir = root.join("target/ptx").join(target);
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut c = cargo();
+        c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);
+        c.args(["--backend", "nvidia", "--target", target, "--all-to"]).arg(&dir);
+        run(c)?;
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|e| format!("reading {}: {e}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        files.sort();
+        for f in files {
+            let out = Command::new(&ptxas)
+                .arg(format!("-arch={target}"))
+                .arg(&f)
+                .arg("-o")
+                .arg(f.with_extension("cubin"))
+                .output()
+                .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "ptxas -arch={target} rejected {}:\n{}",
+                    f.display(),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            assembled += 1;
+        }
+    }
+    eprintln!("xtask: ptxas assembled {assembled} PTX modules (sm_80, sm_90, sm_90a)");
+    Ok(())
 }
 
 /// Builds the release binaries and copies them with the commit id into `bundle/`.
@@ -172,6 +232,7 @@ fn main() -> ExitCode {
             run(c)
         }
         Cmd::Bundle => bundle(),
+        Cmd::PtxCheck => ptx_check(),
         Cmd::Emit { args } => {
             let mut c = cargo();
             c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);
@@ -192,6 +253,14 @@ fn main() -> ExitCode {
                 json: Some(workspace_root().join("target/conformance-cpu-chaos.json")),
                 ..a.clone()
             };
+            // The SIMT lowering executed on the host at both warp sizes.
+            let simt = |target: &str| TestArgs {
+                backend: "cpu-simt".into(),
+                target: Some(target.into()),
+                no_unit: true,
+                json: Some(workspace_root().join(format!("target/conformance-cpu-simt-{target}.json"))),
+                ..a.clone()
+            };
             let race = TestArgs {
                 world: Some("2".into()),
                 race: true,
@@ -199,11 +268,23 @@ fn main() -> ExitCode {
                 json: Some(workspace_root().join("target/conformance-cpu-race.json")),
                 ..a.clone()
             };
+            let ptx = || {
+                if ptxas().is_some() {
+                    ptx_check()
+                } else {
+                    eprintln!("xtask: skipped: PTX assembly check (no ptxas: set PTXAS; .ci/run installs it)");
+                    Ok(())
+                }
+            };
             run(fmt)
                 .and_then(|_| run(clippy))
                 .and_then(|_| test(a))
                 .and_then(|_| test(&chaos))
                 .and_then(|_| test(&race))
+                .and_then(|_| test(&simt("warp32")))
+                .and_then(|_| test(&simt("warp64")))
+                .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
+                .and_then(|_| ptx())
         }
     };
     match result {

@@ -25,6 +25,10 @@ struct Args {
     /// List kernel names.
     #[arg(long)]
     list: bool,
+    /// Write the code of every kernel x f32/bf16/f16 that the backend compiles into this folder
+    /// (one file each), listing the ones it cannot compile yet.
+    #[arg(long)]
+    all_to: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -34,6 +38,9 @@ fn main() -> ExitCode {
         eprintln!("error: --dtype {}: not an element type", a.dtype);
         return ExitCode::from(2);
     };
+    if let Some(dir) = &a.all_to {
+        return emit_all(&a, dir);
+    }
     let cat = trident_kernels::catalogue(dtype);
     if a.list {
         for (n, _) in &cat {
@@ -77,4 +84,47 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn emit_all(a: &Args, dir: &std::path::Path) -> ExitCode {
+    let desc = match backend::lookup(&a.backend) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        eprintln!("error: creating {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let b = (desc.create)();
+    let (mut written, mut skipped) = (0, 0);
+    for d in [DType::F32, DType::BF16, DType::F16] {
+        for (name, built) in trident_kernels::catalogue(d) {
+            let r = built
+                .map_err(|e| e.to_string())
+                .and_then(|f| b.compile(&f, a.target.as_deref()).map_err(|e| e.to_string()));
+            match r {
+                Ok(art) => {
+                    let path = dir.join(format!("{name}_{d}.ptx"));
+                    if let Err(e) = std::fs::write(&path, art.text) {
+                        eprintln!("error: writing {}: {e}", path.display());
+                        return ExitCode::FAILURE;
+                    }
+                    written += 1;
+                }
+                Err(e) if e.contains("not supported by the SIMT lowering yet") => {
+                    println!("skipped {name} {d}: {}", e.rsplit(": ").next().unwrap_or(&e));
+                    skipped += 1;
+                }
+                Err(e) => {
+                    eprintln!("error: {name} {d}: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+    }
+    println!("emitted {written} kernels into {}, {skipped} skipped (not lowered yet)", dir.display());
+    ExitCode::SUCCESS
 }

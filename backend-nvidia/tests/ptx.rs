@@ -1,0 +1,70 @@
+//! PTX snapshots, the "no CUDA driver" path, and a GPU run when a GPU is present.
+
+use trident_backend_nvidia::runtime::CudaDevice;
+use trident_backend_nvidia::target::Target;
+use trident_backend_nvidia::NvidiaBackend;
+use trident_core::backend::{Backend, BackendError, Device, KernelArg, LaunchOptions};
+use trident_core::ir::{DType, LaunchAttrs};
+use trident_core::{Function, KernelBuilder};
+
+fn vector_add(d: DType) -> Function {
+    let b = KernelBuilder::new(&format!("vadd_{d}"), LaunchAttrs::default());
+    let (x, y, out) = (b.arg_ptr("x", d), b.arg_ptr("y", d), b.arg_ptr("out", d));
+    let n = b.arg("n", DType::I32);
+    let offs = b.program_id_x() * 256 + b.arange(0, 256);
+    let m = offs.lt(n);
+    b.store(out + offs, b.load(x + offs, Some(m), None) + b.load(y + offs, Some(m), None), Some(m));
+    b.finish().unwrap()
+}
+
+#[test]
+fn vector_add_ptx_snapshots() {
+    for d in [DType::F32, DType::BF16] {
+        let m = NvidiaBackend::ptx(&vector_add(d), Target::Sm90a).unwrap();
+        insta::assert_snapshot!(format!("vadd_{d}_sm_90a"), m.ptx);
+    }
+}
+
+#[test]
+fn unsupported_ops_are_a_typed_compile_error() {
+    let b = KernelBuilder::new("red", LaunchAttrs::default());
+    let x = b.arg_ptr("x", DType::F32);
+    let v = b.load(x + b.arange(0, 64), None, None);
+    b.store(x, v.sum(0), None);
+    let e = NvidiaBackend.compile(&b.finish().unwrap(), Some("sm_90")).unwrap_err();
+    assert!(matches!(&e, BackendError::Compile { kernel, .. } if kernel == "red"), "{e}");
+    assert!(e.to_string().contains("`reduce`"), "{e}");
+    let e = NvidiaBackend.compile(&vector_add(DType::F32), Some("sm_70")).unwrap_err();
+    assert!(e.to_string().contains("does not support target `sm_70`"), "{e}");
+}
+
+/// Runs on a GPU machine; elsewhere it must fail with the typed "no CUDA driver" error, never panic.
+#[test]
+fn vector_add_on_the_gpu_or_no_device() {
+    let dev = match CudaDevice::open(0) {
+        Ok(d) => d,
+        Err(BackendError::NoDevice { reason, .. }) => {
+            eprintln!("skipped: {reason}");
+            assert!(reason.contains("no CUDA driver") || reason.contains("device"), "{reason}");
+            return;
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    };
+    let n = 1000usize;
+    let k = NvidiaBackend.compile(&vector_add(DType::F32), None).unwrap();
+    let xs: Vec<f32> = (0..n).map(|i| i as f32 * 0.5).collect();
+    let ys: Vec<f32> = (0..n).map(|i| 3.0 - i as f32).collect();
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (x, y, out) =
+        (dev.alloc(n * 4, "x").unwrap(), dev.alloc(n * 4, "y").unwrap(), dev.alloc(n * 4, "out").unwrap());
+    dev.write(&x, 0, &bytes(&xs)).unwrap();
+    dev.write(&y, 0, &bytes(&ys)).unwrap();
+    dev.fill(&out, &f32::NAN.to_le_bytes()).unwrap();
+    dev.launch(&k, [4, 1, 1], &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n as i32)], &LaunchOptions::default())
+        .unwrap();
+    let mut raw = vec![0u8; n * 4];
+    dev.read(&out, 0, &mut raw).unwrap();
+    for (i, c) in raw.chunks(4).enumerate() {
+        assert_eq!(f32::from_le_bytes([c[0], c[1], c[2], c[3]]), xs[i] + ys[i], "element {i}");
+    }
+}
