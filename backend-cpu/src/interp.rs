@@ -636,7 +636,7 @@ fn bits_to_data(d: DType, bits: &[u64]) -> Data {
 }
 
 /// New storage bits of an atomic read-modify-write.
-fn atomic_apply(op: AtomicOp, d: DType, cur: u64, operand: u64) -> u64 {
+pub(crate) fn atomic_apply(op: AtomicOp, d: DType, cur: u64, operand: u64) -> u64 {
     let size = d.size_bytes() as usize;
     let m = size_mask(size);
     if op == AtomicOp::Xchg {

@@ -162,65 +162,128 @@ fn val(t: SType, data: Data) -> Val {
     Val { ty: Type::tile(elem, &[n as u32]), data }
 }
 
+/// One program's state: a lane vector per register and the shared memory.
+struct Exec<'a> {
+    k: &'a Kernel,
+    mem: &'a Memory,
+    pid: [u32; 3],
+    grid: [u32; 3],
+    args: &'a [KernelArg],
+    lanes: usize,
+    regs: Vec<Option<Val>>,
+    shared: Vec<u8>,
+}
+
 /// Runs every thread of one program, lanes in lock-step.
 fn run_program(k: &Kernel, mem: &Memory, pid: [u32; 3], grid: [u32; 3], args: &[KernelArg]) -> Result<(), Fault> {
     let lanes = k.threads() as usize;
-    let mut regs: Vec<Option<Val>> = vec![None; k.regs.len()];
-    let get = |regs: &Vec<Option<Val>>, r: Reg| -> Result<Val, Fault> {
-        regs[r.0 as usize]
+    let mut e = Exec {
+        k,
+        mem,
+        pid,
+        grid,
+        args,
+        lanes,
+        regs: vec![None; k.regs.len()],
+        shared: vec![0; k.shared_bytes as usize],
+    };
+    e.body(&k.body)
+}
+
+impl Exec<'_> {
+    fn get(&self, r: Reg) -> Result<Val, Fault> {
+        self.regs[r.0 as usize]
             .clone()
             .ok_or_else(|| Fault { op: None, message: format!("register {r:?} read before written") })
-    };
-    for inst in &k.body {
+    }
+
+    fn set(&mut self, r: Reg, data: Data) {
+        let data = match (self.k.ty(r), data) {
+            (SType::Ptr, Data::I(v)) => Data::P(v.into_iter().map(|x| x as u64).collect()),
+            (_, d) => d,
+        };
+        self.regs[r.0 as usize] = Some(val(self.k.ty(r), data));
+    }
+
+    fn uniform(&self, r: Reg) -> Result<i64, Fault> {
+        Ok(self.get(r)?.scalar_i64())
+    }
+
+    fn copy_all(&mut self, dsts: &[Reg], srcs: &[Reg]) -> Result<(), Fault> {
+        let vals: Vec<Val> = srcs.iter().map(|s| self.get(*s)).collect::<Result<_, _>>()?;
+        for (d, v) in dsts.iter().zip(vals) {
+            self.regs[d.0 as usize] = Some(v);
+        }
+        Ok(())
+    }
+
+    fn body(&mut self, body: &[Inst]) -> Result<(), Fault> {
+        for inst in body {
+            self.inst(inst)?;
+        }
+        Ok(())
+    }
+
+    fn inst(&mut self, inst: &Inst) -> Result<(), Fault> {
+        let (k, lanes) = (self.k, self.lanes);
         match inst {
             Inst::Param { dst, index } => {
-                let d = match args[*index as usize] {
+                let d = match self.args[*index as usize] {
                     KernelArg::Ptr(p) => Data::P(vec![p; lanes]),
                     KernelArg::Scalar(lit, dt) => literal(lit, dt).splat(lanes),
                 };
-                let d = match (k.ty(*dst), d) {
-                    (SType::Ptr, Data::P(v)) => Data::P(v),
-                    (_, d) => d,
-                };
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), d));
+                self.set(*dst, d);
             }
             Inst::Special { dst, which } => {
                 let v: Vec<i64> = match which {
                     Special::ThreadId => (0..lanes as i64).collect(),
-                    Special::ProgramId(a) => vec![pid[a.index()] as i64; lanes],
-                    Special::NumPrograms(a) => vec![grid[a.index()] as i64; lanes],
+                    Special::ProgramId(a) => vec![self.pid[a.index()] as i64; lanes],
+                    Special::NumPrograms(a) => vec![self.grid[a.index()] as i64; lanes],
                 };
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), Data::I(v)));
+                self.set(*dst, Data::I(v));
             }
             Inst::Const { dst, value } => {
                 let t = k.ty(*dst);
                 let d = if t == SType::Ptr { Data::P(vec![0; lanes]) } else { literal(*value, dtype(t)).splat(lanes) };
-                regs[dst.0 as usize] = Some(val(t, d));
+                self.set(*dst, d);
             }
             Inst::Unary { dst, op, src } => {
-                let x = get(&regs, *src)?;
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::unary(*op, &x)?));
+                let d = crate::interp::unary(*op, &self.get(*src)?)?;
+                self.set(*dst, d);
             }
             Inst::Binary { dst, op, a, b } => {
-                let (x, y) = (get(&regs, *a)?, get(&regs, *b)?);
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::binary(*op, &x, &y)?));
+                let d = crate::interp::binary(*op, &self.get(*a)?, &self.get(*b)?)?;
+                self.set(*dst, d);
             }
             Inst::Cmp { dst, op, a, b } => {
-                let (x, y) = (get(&regs, *a)?, get(&regs, *b)?);
-                regs[dst.0 as usize] = Some(val(SType::Pred, crate::interp::compare(*op, &x, &y)));
+                let d = crate::interp::compare(*op, &self.get(*a)?, &self.get(*b)?);
+                self.set(*dst, d);
             }
             Inst::Select { dst, cond, on_true, on_false } => {
-                let (c, t, f) = (get(&regs, *cond)?, get(&regs, *on_true)?, get(&regs, *on_false)?);
+                let (c, t, f) = (self.get(*cond)?, self.get(*on_true)?, self.get(*on_false)?);
                 let idx: Vec<usize> =
                     c.ints().iter().enumerate().map(|(i, &ci)| if ci != 0 { i } else { i + lanes }).collect();
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::concat(&t.data, &f.data).gather(&idx)));
+                self.set(*dst, crate::interp::concat(&t.data, &f.data).gather(&idx));
             }
             Inst::Cast { dst, src } => {
-                let x = get(&regs, *src)?;
-                regs[dst.0 as usize] = Some(val(k.ty(*dst), crate::interp::cast(&x, dtype(k.ty(*dst)))));
+                let d = crate::interp::cast(&self.get(*src)?, dtype(k.ty(*dst)));
+                self.set(*dst, d);
+            }
+            Inst::Mov { dst, src } => self.copy_all(&[*dst], &[*src])?,
+            Inst::Fma { dst, a, b, c } => {
+                let d = match (&self.get(*a)?.data, &self.get(*b)?.data, &self.get(*c)?.data) {
+                    (Data::F(x), Data::F(y), Data::F(z)) => {
+                        Data::F((0..lanes).map(|i| x[i].mul_add(y[i], z[i])).collect())
+                    }
+                    (Data::D(x), Data::D(y), Data::D(z)) => {
+                        Data::D((0..lanes).map(|i| x[i].mul_add(y[i], z[i])).collect())
+                    }
+                    _ => return fault("fma on non-float registers"),
+                };
+                self.set(*dst, d);
             }
             Inst::AddrOffset { dst, base, offset, scale } => {
-                let (b, o) = (get(&regs, *base)?, get(&regs, *offset)?);
+                let (b, o) = (self.get(*base)?, self.get(*offset)?);
                 let unsigned = matches!(k.ty(*offset), SType::Int { bits: 64, signed: false });
                 let v = b
                     .ptrs()
@@ -231,22 +294,15 @@ fn run_program(k: &Kernel, mem: &Memory, pid: [u32; 3], grid: [u32; 3], args: &[
                         (p as i128 + off * *scale as i128) as u64
                     })
                     .collect();
-                regs[dst.0 as usize] = Some(val(SType::Ptr, Data::P(v)));
+                self.set(*dst, Data::P(v));
             }
             Inst::Load { dst, addr, pred, other } => {
-                let t = k.ty(*dst);
-                let d = dtype(t);
+                let d = dtype(k.ty(*dst));
                 let size = d.size_bytes() as usize;
-                let a = get(&regs, *addr)?;
-                let p = match pred {
-                    Some(p) => Some(get(&regs, *p)?),
-                    None => None,
-                };
-                let o = match other {
-                    Some(o) => Some(get(&regs, *o)?),
-                    None => None,
-                };
-                let view = mem.view();
+                let a = self.get(*addr)?;
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let o = other.map(|o| self.get(o)).transpose()?;
+                let view = self.mem.view();
                 let mut out = empty_for(Elem::Num(d), lanes);
                 for (i, &addr) in a.ptrs().iter().enumerate() {
                     let on = p.as_ref().is_none_or(|p| p.ints()[i] != 0);
@@ -263,42 +319,143 @@ fn run_program(k: &Kernel, mem: &Memory, pid: [u32; 3], grid: [u32; 3], args: &[
                             _ => Elt::I(0),
                         }
                     };
-                    match (&mut out, e) {
-                        (Data::F(v), Elt::F(x)) => v.push(x),
-                        (Data::D(v), Elt::D(x)) => v.push(x),
-                        (Data::I(v), Elt::I(x)) => v.push(x),
-                        _ => return fault("loaded element does not match the register type"),
-                    }
+                    push(&mut out, e)?;
                 }
-                regs[dst.0 as usize] = Some(val(t, out));
+                self.set(*dst, out);
             }
             Inst::Store { addr, value, pred } => {
                 let d = dtype(k.ty(*value));
                 let size = d.size_bytes() as usize;
-                let (a, v) = (get(&regs, *addr)?, get(&regs, *value)?);
-                let p = match pred {
-                    Some(p) => Some(get(&regs, *p)?),
-                    None => None,
-                };
-                let view = mem.view();
+                let (a, v) = (self.get(*addr)?, self.get(*value)?);
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let view = self.mem.view();
                 for (i, &addr) in a.ptrs().iter().enumerate() {
                     if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
                         continue;
                     }
-                    let bits = match &v.data {
-                        Data::F(x) => f32_bits(d, x[i]),
-                        Data::D(x) => x[i].to_bits(),
-                        Data::I(x) => x[i] as u64 & size_mask(size),
-                        Data::P(x) => x[i],
-                        Data::Token => 0,
-                    };
                     let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("store: {}", e.0)))?;
-                    r.store(off, size, bits);
+                    r.store(off, size, bits_of(&v.data, i, d));
                 }
             }
+            Inst::SharedStore { offset, value, pred } => {
+                let d = dtype(k.ty(*value));
+                let size = trident_core::simt::lower::shared_size(k.ty(*value)) as usize;
+                let (o, v) = (self.get(*offset)?, self.get(*value)?);
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                for i in 0..lanes {
+                    if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
+                        continue;
+                    }
+                    let off = o.ints()[i] as usize;
+                    let bytes = bits_of(&v.data, i, d).to_le_bytes();
+                    let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
+                        op: None,
+                        message: format!("shared store at {off} out of {} bytes", k.shared_bytes),
+                    })?;
+                    slot.copy_from_slice(&bytes[..size]);
+                }
+            }
+            Inst::SharedLoad { dst, offset } => {
+                let d = dtype(k.ty(*dst));
+                let size = trident_core::simt::lower::shared_size(k.ty(*dst)) as usize;
+                let o = self.get(*offset)?;
+                let mut out = empty_for(Elem::Num(d), lanes);
+                for i in 0..lanes {
+                    let off = o.ints()[i] as usize;
+                    let slot = self.shared.get(off..off + size).ok_or_else(|| Fault {
+                        op: None,
+                        message: format!("shared load at {off} out of {} bytes", k.shared_bytes),
+                    })?;
+                    let mut b = [0u8; 8];
+                    b[..size].copy_from_slice(slot);
+                    push(&mut out, from_bits(d, u64::from_le_bytes(b)))?;
+                }
+                self.set(*dst, out);
+            }
+            // Lanes run in lock-step: every earlier instruction finished for all of them.
+            Inst::Barrier => {}
+            Inst::Atomic { dst, op, addr, value, pred, .. } => {
+                let d = dtype(k.ty(*value));
+                let size = d.size_bytes() as usize;
+                let (a, v) = (self.get(*addr)?, self.get(*value)?);
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let view = self.mem.view();
+                let mut old = Vec::with_capacity(lanes);
+                for (i, &addr) in a.ptrs().iter().enumerate() {
+                    if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
+                        old.push(0);
+                        continue;
+                    }
+                    let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("atomic: {}", e.0)))?;
+                    let operand = bits_of(&v.data, i, d);
+                    old.push(r.rmw(off, size, |cur| crate::interp::atomic_apply(*op, d, cur, operand)));
+                }
+                let mut out = empty_for(Elem::Num(d), lanes);
+                for b in old {
+                    push(&mut out, from_bits(d, b))?;
+                }
+                self.set(*dst, out);
+            }
+            Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
+                let (lo, hi, st) = (self.uniform(*lo)?, self.uniform(*hi)?, self.uniform(*step)?);
+                if st <= 0 {
+                    return fault(format!("loop step {st} is not positive"));
+                }
+                self.copy_all(phis, inits)?;
+                let mut i = lo;
+                while i < hi {
+                    self.set(*iv, Data::I(vec![i; lanes]));
+                    self.body(body)?;
+                    self.copy_all(phis, nexts)?;
+                    i += st;
+                }
+                self.copy_all(results, phis)?;
+            }
+            Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
+                if self.uniform(*cond)? != 0 {
+                    self.body(then_body)?;
+                    self.copy_all(results, then_yields)?;
+                } else {
+                    self.body(else_body)?;
+                    self.copy_all(results, else_yields)?;
+                }
+            }
+            Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
+                self.copy_all(phis, inits)?;
+                loop {
+                    self.body(cond_body)?;
+                    if self.uniform(*cond)? == 0 {
+                        break;
+                    }
+                    self.body(body)?;
+                    self.copy_all(phis, nexts)?;
+                }
+                self.copy_all(results, phis)?;
+            }
         }
+        Ok(())
+    }
+}
+
+fn push(out: &mut Data, e: Elt) -> Result<(), Fault> {
+    match (out, e) {
+        (Data::F(v), Elt::F(x)) => v.push(x),
+        (Data::D(v), Elt::D(x)) => v.push(x),
+        (Data::I(v), Elt::I(x)) => v.push(x),
+        _ => return fault("element does not match the register type"),
     }
     Ok(())
+}
+
+fn bits_of(data: &Data, i: usize, d: DType) -> u64 {
+    let size = d.size_bytes() as usize;
+    match data {
+        Data::F(x) => f32_bits(d, x[i]),
+        Data::D(x) => x[i].to_bits(),
+        Data::I(x) => x[i] as u64 & size_mask(size),
+        Data::P(x) => x[i],
+        Data::Token => 0,
+    }
 }
 
 /// Keeps this backend's registration linked (see [`crate::link`]).

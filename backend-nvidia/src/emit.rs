@@ -7,7 +7,7 @@
 
 use crate::target::Target;
 use std::fmt::Write;
-use trident_core::ir::{Axis, BinaryOp, CmpOp, Literal, UnaryOp};
+use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, UnaryOp};
 use trident_core::simt::{Inst, Kernel, Reg, SType, Special};
 
 /// An instruction the writer cannot express for its types.
@@ -82,6 +82,9 @@ struct Writer<'k> {
     names: Vec<String>,
     counts: [u32; 6],
     body: String,
+    labels: u32,
+    /// Register holding the shared-memory window address of the program's scratch.
+    smem: Option<String>,
 }
 
 fn ci(c: Class) -> usize {
@@ -306,6 +309,124 @@ impl<'k> Writer<'k> {
                     self.line(format!("{guard}ld.global.{} {d}, [{a}]", mem(t)));
                 }
             }
+            Inst::Fma { dst, a, b, c } => {
+                let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
+                let (d, x, y, z) =
+                    (self.n(*dst).to_string(), self.n(*a).to_string(), self.n(*b).to_string(), self.n(*c).to_string());
+                self.line(format!("fma.rn.{sfx} {d}, {x}, {y}, {z}"));
+            }
+            Inst::Mov { dst, src } => self.mov(*dst, *src),
+            Inst::SharedStore { offset, value, pred } => {
+                let t = self.k.ty(*value);
+                let addr = self.shared_addr(*offset)?;
+                let v = self.n(*value).to_string();
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                if t == SType::Pred {
+                    let r = self.temp(Class::R);
+                    self.line(format!("selp.u32 {r}, 1, 0, {v}"));
+                    self.line(format!("{guard}st.shared.u8 [{addr}], {r}"));
+                } else {
+                    self.line(format!("{guard}st.shared.{} [{addr}], {v}", mem(t)));
+                }
+            }
+            Inst::SharedLoad { dst, offset } => {
+                let t = self.k.ty(*dst);
+                let addr = self.shared_addr(*offset)?;
+                let d = self.n(*dst).to_string();
+                if t == SType::Pred {
+                    let r = self.temp(Class::R);
+                    self.line(format!("ld.shared.u8 {r}, [{addr}]"));
+                    self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+                } else {
+                    self.line(format!("ld.shared.{} {d}, [{addr}]", mem(t)));
+                }
+            }
+            Inst::Barrier => self.line("bar.sync 0".into()),
+            Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
+                let t = self.k.ty(*value);
+                let ty = match (op, t) {
+                    (AtomicOp::Add, SType::F32) => "f32",
+                    (AtomicOp::Add, SType::F64) => "f64",
+                    (_, SType::F32 | SType::F64 | SType::F16 | SType::BF16 | SType::Pred) => {
+                        return Err(EmitError(format!("atomic `{op}` on {t:?} (not emitted yet)")))
+                    }
+                    (AtomicOp::And | AtomicOp::Or | AtomicOp::Xor | AtomicOp::Xchg, _) => {
+                        if class(t) == Class::Rd {
+                            "b64"
+                        } else {
+                            "b32"
+                        }
+                    }
+                    (AtomicOp::Add, _) => {
+                        if class(t) == Class::Rd {
+                            "u64"
+                        } else {
+                            "u32"
+                        }
+                    }
+                    (_, _) => arith(t),
+                };
+                let name = match op {
+                    AtomicOp::Xchg => "exch".to_string(),
+                    o => o.as_str().to_string(),
+                };
+                let sem = match sem {
+                    MemSemantic::Relaxed => "relaxed",
+                    MemSemantic::Acquire => "acquire",
+                    MemSemantic::Release => "release",
+                    MemSemantic::AcqRel => "acq_rel",
+                };
+                let scope = match scope {
+                    Scope::Cta => "cta",
+                    Scope::Gpu => "gpu",
+                    Scope::Sys => "sys",
+                };
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
+                self.line(format!("{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}"));
+            }
+            Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
+                let l = self.label();
+                self.movs(phis, inits);
+                self.mov(*iv, *lo);
+                let t = arith(self.k.ty(*iv));
+                let p = self.temp(Class::P);
+                let (ivn, hin, stn) = (self.n(*iv).to_string(), self.n(*hi).to_string(), self.n(*step).to_string());
+                self.body.push_str(&format!("$L{l}_head:\n"));
+                self.line(format!("setp.ge.{t} {p}, {ivn}, {hin}"));
+                self.line(format!("@{p} bra $L{l}_end"));
+                self.insts(body)?;
+                self.parallel_movs(phis, nexts);
+                self.line(format!("add.{t} {ivn}, {ivn}, {stn}"));
+                self.line(format!("bra.uni $L{l}_head"));
+                self.body.push_str(&format!("$L{l}_end:\n"));
+                self.movs(results, phis);
+            }
+            Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
+                let l = self.label();
+                let c = self.n(*cond).to_string();
+                self.line(format!("@!{c} bra $L{l}_else"));
+                self.insts(then_body)?;
+                self.movs(results, then_yields);
+                self.line(format!("bra.uni $L{l}_end"));
+                self.body.push_str(&format!("$L{l}_else:\n"));
+                self.insts(else_body)?;
+                self.movs(results, else_yields);
+                self.body.push_str(&format!("$L{l}_end:\n"));
+            }
+            Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
+                let l = self.label();
+                self.movs(phis, inits);
+                self.body.push_str(&format!("$L{l}_head:\n"));
+                self.insts(cond_body)?;
+                let c = self.n(*cond).to_string();
+                self.line(format!("@!{c} bra $L{l}_end"));
+                self.insts(body)?;
+                self.parallel_movs(phis, nexts);
+                self.line(format!("bra.uni $L{l}_head"));
+                self.body.push_str(&format!("$L{l}_end:\n"));
+                self.movs(results, phis);
+            }
             Inst::Store { addr, value, pred } => {
                 let t = self.k.ty(*value);
                 let (v, a) = (self.n(*value).to_string(), self.n(*addr).to_string());
@@ -320,6 +441,67 @@ impl<'k> Writer<'k> {
             }
         }
         Ok(())
+    }
+
+    fn insts(&mut self, body: &[Inst]) -> Result<(), EmitError> {
+        for i in body {
+            self.inst(i)?;
+        }
+        Ok(())
+    }
+
+    fn label(&mut self) -> u32 {
+        self.labels += 1;
+        self.labels
+    }
+
+    fn mov(&mut self, dst: Reg, src: Reg) {
+        if dst == src {
+            return;
+        }
+        let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
+        let t = mov_type(self.k.ty(dst));
+        self.line(format!("mov.{t} {d}, {s}"));
+    }
+
+    fn movs(&mut self, dsts: &[Reg], srcs: &[Reg]) {
+        for (d, s) in dsts.iter().zip(srcs) {
+            self.mov(*d, *s);
+        }
+    }
+
+    /// `dsts = srcs` all at once (a source may be another destination).
+    fn parallel_movs(&mut self, dsts: &[Reg], srcs: &[Reg]) {
+        let temps: Vec<String> = srcs
+            .iter()
+            .map(|s| {
+                let c = class(self.k.ty(*s));
+                let t = self.temp(c);
+                let name = self.n(*s).to_string();
+                let mt = mov_type(self.k.ty(*s));
+                self.line(format!("mov.{mt} {t}, {name}"));
+                t
+            })
+            .collect();
+        for (d, t) in dsts.iter().zip(temps) {
+            let (dn, mt) = (self.n(*d).to_string(), mov_type(self.k.ty(*d)));
+            self.line(format!("mov.{mt} {dn}, {t}"));
+        }
+    }
+
+    /// A 32-bit shared-window address for a byte offset register.
+    fn shared_addr(&mut self, offset: Reg) -> Result<String, EmitError> {
+        let base = self.smem.clone().ok_or_else(|| EmitError("shared access without shared memory".into()))?;
+        let r = self.temp(Class::R);
+        let o = self.n(offset).to_string();
+        match class(self.k.ty(offset)) {
+            Class::R => self.line(format!("add.u32 {r}, {base}, {o}")),
+            _ => {
+                self.line(format!("cvt.u32.u64 {r}, {o}"));
+                self.line(format!("add.u32 {r}, {base}, {r}"));
+            }
+        }
+        Ok(r)
     }
 
     fn unary(&mut self, dst: Reg, op: UnaryOp, src: Reg) -> Result<(), EmitError> {
@@ -518,15 +700,25 @@ fn bf16_bits(x: f32) -> u16 {
 
 /// Writes the PTX module for one kernel.
 pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
-    let mut w = Writer { k, names: Vec::with_capacity(k.regs.len()), counts: [0; 6], body: String::new() };
+    let mut w = Writer {
+        k,
+        names: Vec::with_capacity(k.regs.len()),
+        counts: [0; 6],
+        body: String::new(),
+        labels: 0,
+        smem: None,
+    };
     for &t in &k.regs {
         let c = class(t);
         let name = w.temp(c);
         w.names.push(name);
     }
-    for i in &k.body {
-        w.inst(i)?;
+    if k.shared_bytes > 0 {
+        let base = w.temp(Class::R);
+        w.line(format!("mov.u32 {base}, trident_smem"));
+        w.smem = Some(base);
     }
+    w.insts(&k.body)?;
     let mut out = String::new();
     let _ = writeln!(out, "// Generated by trident from kernel `{}`.", k.name);
     let _ = writeln!(out, ".version {}", target.ptx_version());
@@ -555,6 +747,9 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         if count > 0 {
             let _ = writeln!(out, "  .reg .{n} {}<{count}>;", prefix(c));
         }
+    }
+    if k.shared_bytes > 0 {
+        let _ = writeln!(out, "  .shared .align 16 .b8 trident_smem[{}];", k.shared_bytes);
     }
     out.push('\n');
     out.push_str(&w.body);

@@ -7,18 +7,19 @@
 //! the PTX writer and the AMDGCN writer are straight translations of it, so layout decisions are
 //! made once, here.
 //!
-//! This is the first slice (`DESIGN.md`, SIMT IR): one-dimensional blocked layouts and the
-//! elementwise subset (program ids, `arange`, `splat`, arithmetic, compares, selects, casts,
-//! pointer arithmetic, masked loads and stores). Ops outside it are reported by [`lower`] as
-//! [`LowerError::Unsupported`] naming the op, so a backend never emits wrong code for them.
-//! Shared memory, shuffles, control flow, matrix instructions and the distributed ops extend
-//! [`Inst`] next.
+//! Current slice: every tile uses the *flat blocked* layout (row-major element index distributed
+//! blocked over the threads); layout changes (broadcast, transpose), reductions and `dot` go
+//! through shared memory (`dot` as an FMA loop over K), and `for`/`if`/`while` are structured
+//! instructions with uniform conditions. Ops outside this slice (the distributed ops so far) are
+//! reported by [`lower`] as [`LowerError::Unsupported`] naming the op, so a backend never emits
+//! wrong code for them. Shuffle reductions, MMA layouts, `cp.async`/TMA and warp specialization
+//! replace the shared-memory paths where performance needs them.
 
 pub mod lower;
 
 pub use lower::{lower, LowerError, LowerOptions};
 
-use crate::ir::{Axis, BinaryOp, CmpOp, DType, Literal, UnaryOp};
+use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, UnaryOp};
 
 /// A per-thread scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -139,6 +140,71 @@ pub enum Inst {
         value: Reg,
         pred: Option<Reg>,
     },
+    /// `dst = a * b + c` (f32 or f64), one rounding.
+    Fma {
+        dst: Reg,
+        a: Reg,
+        b: Reg,
+        c: Reg,
+    },
+    Mov {
+        dst: Reg,
+        src: Reg,
+    },
+    /// Store to the program's shared memory at a byte offset.
+    SharedStore {
+        offset: Reg,
+        value: Reg,
+        pred: Option<Reg>,
+    },
+    SharedLoad {
+        dst: Reg,
+        offset: Reg,
+    },
+    /// Every thread of the program meets; shared-memory accesses before it are visible after it.
+    Barrier,
+    /// Global atomic read-modify-write of `value`'s type; `dst` gets the old value.
+    Atomic {
+        dst: Reg,
+        op: AtomicOp,
+        addr: Reg,
+        value: Reg,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        scope: Scope,
+    },
+    /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
+    /// uniform trip count (signed compare).
+    Loop {
+        iv: Reg,
+        lo: Reg,
+        hi: Reg,
+        step: Reg,
+        phis: Vec<Reg>,
+        inits: Vec<Reg>,
+        body: Vec<Inst>,
+        nexts: Vec<Reg>,
+        results: Vec<Reg>,
+    },
+    /// Uniform branch: `results` take the yields of the branch taken.
+    If {
+        cond: Reg,
+        then_body: Vec<Inst>,
+        then_yields: Vec<Reg>,
+        else_body: Vec<Inst>,
+        else_yields: Vec<Reg>,
+        results: Vec<Reg>,
+    },
+    /// `phis = inits; loop { cond_body; if !cond break; body; phis = nexts }; results = phis`.
+    While {
+        phis: Vec<Reg>,
+        inits: Vec<Reg>,
+        cond_body: Vec<Inst>,
+        cond: Reg,
+        body: Vec<Inst>,
+        nexts: Vec<Reg>,
+        results: Vec<Reg>,
+    },
 }
 
 /// A kernel as the program of one thread.
@@ -153,6 +219,8 @@ pub struct Kernel {
     /// Threads per program = warps x warp size.
     pub warps: u32,
     pub warp_size: u32,
+    /// Bytes of shared memory a program uses.
+    pub shared_bytes: u32,
 }
 
 impl Kernel {
