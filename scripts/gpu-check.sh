@@ -15,6 +15,8 @@ $B/trident-conformance --list-backends | tee -a "$OUT/device.txt"
 status=0
 # Every conformance case; what the NVIDIA backend cannot compile yet is reported as skipped.
 $B/trident-conformance --backend nvidia --json "$OUT/conformance-nvidia.json" 2>&1 | tee "$OUT/conformance-nvidia.log" || status=1
+# Planted never-satisfied wait: ends within its bound with the diagnostic; the next launch works.
+$B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
 # IR -> PTX time of each kernel (median of 20 compiles).
 for k in vector_add softmax gemm splitk_gemm; do
   $B/trident-emit --backend nvidia --kernel $k --dtype bf16 --time | tee -a "$OUT/device.txt"

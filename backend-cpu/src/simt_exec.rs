@@ -103,6 +103,11 @@ impl Device for SimtDevice {
                 message: format!("empty grid {grid:?}"),
             });
         }
+        // Hidden parameters: a world of one rank; its heap-base table only needs to exist.
+        let table = self.inner.alloc(8 * trident_core::simt::diag::WORDS, "__hidden")?;
+        let mut all = args.to_vec();
+        all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0)]);
+        let args = &all[..];
         use rand::seq::SliceRandom;
         use rand::SeedableRng;
         let mut order = Vec::new();
@@ -395,6 +400,47 @@ impl Exec<'_> {
                     push(&mut out, from_bits(d, b))?;
                 }
                 self.set(*dst, out);
+            }
+            Inst::PtrRebase { dst, ptr, from, to } => {
+                let (p, f, t) = (self.get(*ptr)?, self.get(*from)?, self.get(*to)?);
+                let v = (0..lanes)
+                    .map(|i| p.ptrs()[i].wrapping_sub(f.ints()[i] as u64).wrapping_add(t.ints()[i] as u64))
+                    .collect();
+                self.set(*dst, Data::P(v));
+            }
+            // Lock-step lanes and immediate memory: nothing to order.
+            Inst::Fence { .. } => {}
+            Inst::Signal { addr, value, op, pred } => {
+                let (a, v, p) = (self.get(*addr)?, self.get(*value)?, self.get(*pred)?);
+                let view = self.mem.view();
+                for i in 0..lanes {
+                    if p.ints()[i] == 0 {
+                        continue;
+                    }
+                    let (r, off) = view.locate(a.ptrs()[i], 8).or_else(|e| fault(format!("signal: {}", e.0)))?;
+                    let x = v.ints()[i] as u64;
+                    r.rmw(off, 8, |old| match op {
+                        SignalOp::Set => x,
+                        SignalOp::Add => old.wrapping_add(x),
+                    });
+                }
+            }
+            Inst::WaitSignals { base, count, cmp, value } => {
+                // Programs run one at a time here: a signal that does not hold now never will.
+                let (b, c, v) = (self.get(*base)?, self.uniform(*count)?, self.get(*value)?);
+                let want = v.ints()[0] as u64;
+                let view = self.mem.view();
+                for i in 0..c.max(0) as u64 {
+                    let addr = b.ptrs()[0].wrapping_add(8 * i);
+                    let (r, off) = view.locate(addr, 8).or_else(|e| fault(format!("wait: {}", e.0)))?;
+                    let seen = r.load(off, 8);
+                    if !cmp.holds(seen, want) {
+                        return fault(format!(
+                            "wait can never complete: program {:?}, signal {i} at {addr:#x} is {seen}, waiting for {cmp} {want}",
+                            self.pid
+                        ));
+                    }
+                }
             }
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
                 let (lo, hi, st) = (self.uniform(*lo)?, self.uniform(*hi)?, self.uniform(*step)?);

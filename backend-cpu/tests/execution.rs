@@ -164,7 +164,7 @@ fn program_order_is_seeded_and_replayable() {
         let c = dev.alloc(4, "counter").unwrap();
         dev.fill(&c, &[0]).unwrap();
         let o = dev.alloc(64 * 4, "out").unwrap();
-        dev.launch(&k, [64, 1, 1], &[c.arg(), o.arg()], &LaunchOptions { seed }).unwrap();
+        dev.launch(&k, [64, 1, 1], &[c.arg(), o.arg()], &LaunchOptions { seed, ..LaunchOptions::default() }).unwrap();
         read_i32(dev.as_ref(), &o)
     };
     let (a, a2, b2) = (run(1), run(1), run(2));

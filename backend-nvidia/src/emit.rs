@@ -7,7 +7,8 @@
 
 use crate::target::Target;
 use std::fmt::Write;
-use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, UnaryOp};
+use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
+use trident_core::simt::diag;
 use trident_core::simt::{Inst, Kernel, Reg, SType, Special};
 
 /// An instruction the writer cannot express for its types.
@@ -385,6 +386,25 @@ impl<'k> Writer<'k> {
                 let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
                 self.line(format!("{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}"));
             }
+            Inst::PtrRebase { dst, ptr, from, to } => {
+                let (d, p, f, t) = (
+                    self.n(*dst).to_string(),
+                    self.n(*ptr).to_string(),
+                    self.n(*from).to_string(),
+                    self.n(*to).to_string(),
+                );
+                self.line(format!("sub.s64 {d}, {p}, {f}"));
+                self.line(format!("add.s64 {d}, {d}, {t}"));
+            }
+            Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
+            Inst::Signal { addr, value, op, pred } => {
+                let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());
+                match op {
+                    SignalOp::Set => self.line(format!("@{p} st.relaxed.sys.global.u64 [{a}], {v}")),
+                    SignalOp::Add => self.line(format!("@{p} red.relaxed.sys.global.add.u64 [{a}], {v}")),
+                }
+            }
+            Inst::WaitSignals { base, count, cmp, value } => self.wait_signals(*base, *count, *cmp, *value)?,
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
                 let l = self.label();
                 self.movs(phis, inits);
@@ -440,6 +460,91 @@ impl<'k> Writer<'k> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Bounded spin of lanes `0..count`, diagnostics on timeout, then a uniform exit if any
+    /// program aborted (thread 0 reads the flag and shares it, so every thread decides alike).
+    fn wait_signals(&mut self, base: Reg, count: Reg, cmp: CmpOp, value: Reg) -> Result<(), EmitError> {
+        let l = self.label();
+        let np = self.k.params.len();
+        let param = |i: usize| format!("p{}", np - trident_core::simt::HIDDEN_PARAMS.len() + i);
+        let (diag_p, bound_p, rank_p) = (param(3), param(4), param(0));
+        let (b, c, v) = (self.n(base).to_string(), self.n(count).to_string(), self.n(value).to_string());
+        let tid = self.temp(Class::R);
+        let (pl, pok, pab, pin, pw) =
+            (self.temp(Class::P), self.temp(Class::P), self.temp(Class::P), self.temp(Class::P), self.temp(Class::P));
+        let (dg, bound, off, addr, t0, t, seen, flag, old) = (
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+            self.temp(Class::Rd),
+        );
+        let c_name = match cmp {
+            CmpOp::Eq => "eq",
+            CmpOp::Ne => "ne",
+            CmpOp::Lt => "lt",
+            CmpOp::Le => "le",
+            CmpOp::Gt => "gt",
+            CmpOp::Ge => "ge",
+        };
+        self.line(format!("ld.param.u64 {dg}, [{diag_p}]"));
+        self.line(format!("ld.param.u64 {bound}, [{bound_p}]"));
+        self.line(format!("mov.u32 {tid}, %tid.x"));
+        self.line(format!("setp.lt.s32 {pl}, {tid}, {c}"));
+        self.line(format!("@!{pl} bra $W{l}_done"));
+        self.line(format!("mul.wide.s32 {off}, {tid}, 8"));
+        self.line(format!("add.s64 {addr}, {b}, {off}"));
+        self.line(format!("mov.u64 {t0}, %globaltimer"));
+        self.body.push_str(&format!("$W{l}_spin:\n"));
+        self.line(format!("ld.acquire.sys.global.u64 {seen}, [{addr}]"));
+        self.line(format!("setp.{c_name}.u64 {pok}, {seen}, {v}"));
+        self.line(format!("@{pok} bra $W{l}_done"));
+        self.line(format!("ld.volatile.global.u64 {flag}, [{dg}]"));
+        self.line(format!("setp.ne.u64 {pab}, {flag}, 0"));
+        self.line(format!("@{pab} bra $W{l}_done"));
+        self.line(format!("mov.u64 {t}, %globaltimer"));
+        self.line(format!("sub.u64 {t}, {t}, {t0}"));
+        self.line(format!("setp.lt.u64 {pin}, {t}, {bound}"));
+        self.line(format!("@{pin} bra $W{l}_spin"));
+        // Timed out: the first lane anywhere claims the record and fills it.
+        self.line(format!("atom.relaxed.gpu.global.cas.b64 {old}, [{dg}], 0, 2"));
+        self.line(format!("setp.ne.u64 {pw}, {old}, 0"));
+        self.line(format!("@{pw} bra $W{l}_done"));
+        let r32 = self.temp(Class::R);
+        let w = |i: usize| format!("[{dg}+{}]", 8 * i);
+        self.line(format!("ld.param.s32 {r32}, [{rank_p}]"));
+        self.line(format!("cvt.u64.u32 {t}, {r32}"));
+        self.line(format!("st.global.u64 {}, {t}", w(diag::RANK)));
+        for (i, sreg) in [(diag::PROGRAM_X, "%ctaid.x"), (diag::PROGRAM_Y, "%ctaid.y"), (diag::PROGRAM_Z, "%ctaid.z")] {
+            self.line(format!("mov.u32 {r32}, {sreg}"));
+            self.line(format!("cvt.u64.u32 {t}, {r32}"));
+            self.line(format!("st.global.u64 {}, {t}", w(i)));
+        }
+        self.line(format!("st.global.u64 {}, {addr}", w(diag::SIGNAL)));
+        self.line(format!("st.global.u64 {}, {v}", w(diag::EXPECTED)));
+        self.line(format!("st.global.u64 {}, {seen}", w(diag::SEEN)));
+        self.line(format!("mov.u64 {t}, {}", cmp_code(cmp)));
+        self.line(format!("st.global.u64 {}, {t}", w(diag::CMP)));
+        self.line(format!("mov.u64 {t}, 1"));
+        self.line(format!("st.release.gpu.global.u64 [{dg}], {t}"));
+        self.body.push_str(&format!("$W{l}_done:\n"));
+        self.line("bar.sync 0".into());
+        // Thread 0 decides for everyone whether the program stops here.
+        let base_s = self.smem.clone().ok_or_else(|| EmitError("wait without shared memory".into()))?;
+        let p0 = self.temp(Class::P);
+        self.line(format!("setp.eq.s32 {p0}, {tid}, 0"));
+        self.line(format!("@{p0} ld.volatile.global.u64 {flag}, [{dg}]"));
+        self.line(format!("@{p0} st.shared.u64 [{base_s}], {flag}"));
+        self.line("bar.sync 0".into());
+        self.line(format!("ld.shared.u64 {flag}, [{base_s}]"));
+        self.line(format!("setp.ne.u64 {pab}, {flag}, 0"));
+        self.line(format!("@{pab} bra.uni $EXIT"));
         Ok(())
     }
 
@@ -671,6 +776,19 @@ impl<'k> Writer<'k> {
     }
 }
 
+fn scope_name(s: Scope) -> &'static str {
+    match s {
+        Scope::Cta => "cta",
+        Scope::Gpu => "gpu",
+        Scope::Sys => "sys",
+    }
+}
+
+/// The comparison's number in the diagnostics record (`CmpOp::ALL` order).
+pub fn cmp_code(c: CmpOp) -> u64 {
+    CmpOp::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64
+}
+
 fn mov_type(t: SType) -> &'static str {
     match class(t) {
         Class::P => "pred",
@@ -753,6 +871,6 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     }
     out.push('\n');
     out.push_str(&w.body);
-    out.push_str("  ret;\n}\n");
+    out.push_str("$EXIT:\n  ret;\n}\n");
     Ok(out)
 }

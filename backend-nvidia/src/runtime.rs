@@ -12,6 +12,7 @@ use std::ffi::{c_void, CString};
 use std::sync::Mutex;
 use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Literal};
+use trident_core::simt::diag;
 
 /// Whether the CUDA driver library can be loaded here.
 pub fn driver_available() -> Result<(), String> {
@@ -37,6 +38,10 @@ pub struct CudaDevice {
     ctx: sys::CUcontext,
     name: String,
     modules: Mutex<HashMap<String, Loaded>>,
+    /// Live allocations (address, bytes, name), to name buffers in diagnostics.
+    live: Mutex<Vec<(u64, usize, String)>>,
+    /// The heap-base table and the wait-diagnostics record every kernel receives.
+    hidden: Mutex<Option<(Buffer, Buffer)>>,
 }
 
 // SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
@@ -64,7 +69,13 @@ impl CudaDevice {
         let name = result::device::get_name(dev).unwrap_or_default();
         // SAFETY: `dev` is a valid device handle from cuDeviceGet.
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
-        let d = CudaDevice { ctx, name, modules: Mutex::new(HashMap::new()) };
+        let d = CudaDevice {
+            ctx,
+            name,
+            modules: Mutex::new(HashMap::new()),
+            live: Mutex::new(Vec::new()),
+            hidden: Mutex::new(None),
+        };
         d.current()?;
         Ok(d)
     }
@@ -117,6 +128,54 @@ impl CudaDevice {
     }
 }
 
+impl CudaDevice {
+    fn hidden_buffers(&self) -> Result<(Buffer, Buffer), BackendError> {
+        if let Some(h) = self.hidden.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Ok(h);
+        }
+        // One rank: symm_at(p, 0) is p, whatever the base.
+        let table = self.alloc(8, "__heap_bases")?;
+        self.write(&table, 0, &0u64.to_le_bytes())?;
+        let diag = self.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
+        *self.hidden.lock().unwrap_or_else(|e| e.into_inner()) = Some((table.clone(), diag.clone()));
+        Ok((table, diag))
+    }
+
+    /// Turns a timed-out wait's record into an error naming rank, program, signal, expected, seen.
+    fn check_waits(&self, kernel: &Artifact, diag_buf: &Buffer, opts: &LaunchOptions) -> Result<(), BackendError> {
+        let mut raw = [0u8; 8 * diag::WORDS];
+        self.read(diag_buf, 0, &mut raw)?;
+        let w = |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
+        if w(diag::FLAG) == 0 {
+            return Ok(());
+        }
+        let addr = w(diag::SIGNAL);
+        let place = self
+            .live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|(a, n, _)| addr >= *a && addr < a + *n as u64)
+            .map(|(a, _, name)| format!("`{name}`[{}]", (addr - a) / 8))
+            .unwrap_or_else(|| format!("{addr:#x}"));
+        let cmp =
+            trident_core::ir::CmpOp::ALL.get(w(diag::CMP) as usize).copied().unwrap_or(trident_core::ir::CmpOp::Ge);
+        Err(BackendError::Execution {
+            kernel: kernel.kernel.clone(),
+            program: [w(diag::PROGRAM_X) as u32, w(diag::PROGRAM_Y) as u32, w(diag::PROGRAM_Z) as u32],
+            op: "wait".into(),
+            loc: None,
+            message: format!(
+                "wait timed out after {:?} on rank {}: signal {place} expected {cmp} {}, seen {}; every program of the launch was stopped",
+                opts.wait_bound,
+                w(diag::RANK),
+                w(diag::EXPECTED),
+                w(diag::SEEN)
+            ),
+        })
+    }
+}
+
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
 fn scalar_slot(lit: Literal, d: DType) -> u64 {
     match d {
@@ -143,11 +202,13 @@ impl Device for CudaDevice {
             buffer: name.to_string(),
             message: format!("cuMemAlloc of {bytes} bytes: {e:?}"),
         })?;
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).push((ptr, bytes, name.to_string()));
         Ok(Buffer { name: name.to_string(), address: ptr, bytes })
     }
 
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
         self.current()?;
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).retain(|(a, _, _)| *a != buffer.address);
         // SAFETY: `buffer.address` came from `alloc` on this device.
         unsafe { result::free_sync(buffer.address) }.map_err(|e| Self::buffer_err(buffer, "cuMemFree", e))
     }
@@ -181,7 +242,7 @@ impl Device for CudaDevice {
         kernel: &Artifact,
         grid: [u32; 3],
         args: &[KernelArg],
-        _opts: &LaunchOptions,
+        opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
         let module = kernel.payload.downcast_ref::<PtxModule>().ok_or(BackendError::WrongBackend {
             kernel: kernel.kernel.clone(),
@@ -197,7 +258,17 @@ impl Device for CudaDevice {
         }
         self.current()?;
         let f = self.function(kernel, module)?;
-        let mut slots: Vec<u64> = args
+        let (table, diag) = self.hidden_buffers()?;
+        self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
+        let mut all = args.to_vec();
+        all.extend([
+            KernelArg::i32(0),
+            KernelArg::i32(1),
+            table.arg(),
+            diag.arg(),
+            KernelArg::u64(opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64),
+        ]);
+        let mut slots: Vec<u64> = all
             .iter()
             .map(|a| match *a {
                 KernelArg::Ptr(p) => p,
@@ -222,6 +293,7 @@ impl Device for CudaDevice {
             )
         }
         .map_err(|e| fail("cuLaunchKernel", e))?;
-        result::ctx::synchronize().map_err(|e| fail("kernel execution", e))
+        result::ctx::synchronize().map_err(|e| fail("kernel execution", e))?;
+        self.check_waits(kernel, &diag, opts)
     }
 }

@@ -264,7 +264,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
     } else {
         let p = prepare(case, &mut rng);
         record.bound = bound(case.dtype, case.variant, p.reduction_len);
-        let opts = LaunchOptions { seed: seed ^ index as u64 };
+        let opts = LaunchOptions { seed: seed ^ index as u64, ..LaunchOptions::default() };
         let outcome = backend.open_device(0).and_then(|device| {
             let out = execute(case, backend, device.as_ref(), &p, &opts, cfg.target.clone())?;
             let mut bytes = vec![0u8; p.expected.len() * case.dtype.size_bytes() as usize];

@@ -191,11 +191,13 @@ pub fn check_args(kernel: &Artifact, args: &[KernelArg]) -> Result<(), BackendEr
 pub struct LaunchOptions {
     /// Seeds whatever the backend randomizes (the CPU backend's program order).
     pub seed: u64,
+    /// How long a GPU wait may spin before it gives up with a diagnostic.
+    pub wait_bound: std::time::Duration,
 }
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { seed: 0x7121_d3a7 }
+        LaunchOptions { seed: 0x7121_d3a7, wait_bound: std::time::Duration::from_secs(2) }
     }
 }
 

@@ -197,7 +197,7 @@ fn bundle() -> Result<(), String> {
     let root = workspace_root();
     let dir = root.join("bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for bin in ["trident-conformance", "trident-demo", "trident-emit"] {
+    for bin in ["trident-conformance", "trident-demo", "trident-emit", "trident-gpu-selftest"] {
         let from = root.join("target/release").join(bin);
         std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
     }

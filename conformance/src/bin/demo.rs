@@ -49,7 +49,11 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     device.write(&db, 0, &encode(&b, DType::F32))?;
     device.fill(&dc, &poison(DType::F32))?;
     let start = Instant::now();
-    let launcher = trident_kernels::Launcher::new(backend.as_ref(), device.as_ref(), LaunchOptions { seed });
+    let launcher = trident_kernels::Launcher::new(
+        backend.as_ref(),
+        device.as_ref(),
+        LaunchOptions { seed, ..LaunchOptions::default() },
+    );
     gemm.run(&launcher, &da, &db, &dc, (m, n, k))?;
     let elapsed = start.elapsed();
     println!(

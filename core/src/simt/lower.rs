@@ -59,11 +59,15 @@ struct Lowering<'f> {
     vals: HashMap<Value, Vec<Reg>>,
     tid: Reg,
     shared: u32,
+    /// Registers of the hidden parameters (`super::HIDDEN_PARAMS`).
+    hidden: Vec<Reg>,
 }
 
 /// Lowers a verified function.
 pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> {
-    let params = func.params.iter().map(|p| (p.name.clone(), stype(func.ty(p.value)))).collect();
+    let mut params: Vec<(String, SType)> =
+        func.params.iter().map(|p| (p.name.clone(), stype(func.ty(p.value)))).collect();
+    params.extend(super::HIDDEN_PARAMS.iter().map(|(n, t)| (n.to_string(), *t)));
     let k = Kernel {
         name: func.name.clone(),
         params,
@@ -73,13 +77,18 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
         warp_size: opts.warp_size,
         shared_bytes: 0,
     };
-    let mut l = Lowering { func, k, cur: Vec::new(), vals: HashMap::new(), tid: Reg(0), shared: 0 };
+    let mut l = Lowering { func, k, cur: Vec::new(), vals: HashMap::new(), tid: Reg(0), shared: 0, hidden: Vec::new() };
     l.tid = l.reg(I32);
     l.emit(Inst::Special { dst: l.tid, which: Special::ThreadId });
     for (i, p) in func.params.iter().enumerate() {
         let r = l.reg(l.k.params[i].1);
         l.emit(Inst::Param { dst: r, index: i as u32 });
         l.vals.insert(p.value, vec![r]);
+    }
+    for i in func.params.len()..l.k.params.len() {
+        let r = l.reg(l.k.params[i].1);
+        l.emit(Inst::Param { dst: r, index: i as u32 });
+        l.hidden.push(r);
     }
     l.block(func.body)?;
     l.k.body = std::mem::take(&mut l.cur);
@@ -489,12 +498,78 @@ impl Lowering<'_> {
                 self.bind_results(op, results);
                 return Ok(());
             }
-            _ => return self.unsupported(op, "the distributed ops are lowered in the next slice (loopback world)"),
+            OpKind::Rank => vec![self.hidden[0]],
+            OpKind::NumRanks => vec![self.hidden[1]],
+            OpKind::SymmAt { ptr, rank } => {
+                let (p, r) = (self.held(*ptr)[0], self.held(*rank)[0]);
+                vec![self.symm_at(p, r)]
+            }
+            OpKind::Notify { sig, rank, value, op: sop, .. } => {
+                let (s0, r, v) = (self.held(*sig)[0], self.held(*rank)[0], self.held(*value)[0]);
+                let target = self.symm_at(s0, r);
+                // Program barrier, release fence, then one thread writes the signal.
+                self.emit(Inst::Barrier);
+                self.emit(Inst::Fence { scope: Scope::Sys });
+                let first = self.first_thread();
+                self.emit(Inst::Signal { addr: target, value: v, op: *sop, pred: first });
+                Vec::new()
+            }
+            OpKind::Wait { sigs, count, cmp, value, .. } => {
+                let (b, c, v) = (self.held(*sigs)[0], self.held(*count)[0], self.held(*value)[0]);
+                self.shared = self.shared.max(8);
+                self.emit(Inst::WaitSignals { base: b, count: c, cmp: *cmp, value: v });
+                let t = self.reg(SType::Int { bits: 64, signed: false });
+                self.emit(Inst::Const { dst: t, value: Literal::Int(0) });
+                vec![t]
+            }
+            OpKind::SignalWaitUntil { sig, cmp, value } => {
+                let (b, v) = (self.held(*sig)[0], self.held(*value)[0]);
+                let one = self.iconst(1);
+                self.shared = self.shared.max(8);
+                self.emit(Inst::WaitSignals { base: b, count: one, cmp: *cmp, value: v });
+                let seen = self.reg(SType::Int { bits: 64, signed: false });
+                self.emit(Inst::Load { dst: seen, addr: b, pred: None, other: None });
+                vec![seen]
+            }
+            OpKind::Fence | OpKind::Quiet => {
+                // No transfer is ever outstanding in lowered code (puts and gets are not lowered).
+                self.emit(Inst::Fence { scope: Scope::Sys });
+                Vec::new()
+            }
+            _ => {
+                return self
+                    .unsupported(op, "puts, gets and barrier_all are lowered in the next slice (loopback world)")
+            }
         };
         if let Some(r) = data.results.first() {
             self.vals.insert(*r, regs);
         }
         Ok(())
+    }
+
+    fn first_thread(&mut self) -> Reg {
+        let zero = self.iconst(0);
+        let first = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: first, op: CmpOp::Eq, a: self.tid, b: zero });
+        first
+    }
+
+    /// `ptr` moved from this rank's symmetric heap to `rank`'s (`__heap_bases[rank]`).
+    fn symm_at(&mut self, ptr: Reg, rank: Reg) -> Reg {
+        let u64t = SType::Int { bits: 64, signed: false };
+        let bases = self.hidden[2];
+        let base_of = |l: &mut Self, r: Reg| {
+            let a = l.reg(SType::Ptr);
+            l.emit(Inst::AddrOffset { dst: a, base: bases, offset: r, scale: 8 });
+            let v = l.reg(u64t);
+            l.emit(Inst::Load { dst: v, addr: a, pred: None, other: None });
+            v
+        };
+        let me = self.hidden[0];
+        let (from, to) = (base_of(self, me), base_of(self, rank));
+        let d = self.reg(SType::Ptr);
+        self.emit(Inst::PtrRebase { dst: d, ptr, from, to });
+        d
     }
 
     fn bind_results(&mut self, op: Op, results: Vec<Vec<Reg>>) {
@@ -650,8 +725,8 @@ mod tests {
 
         let b = KernelBuilder::new("who", LaunchAttrs::default());
         let out = b.arg_ptr("out", DType::I32);
-        b.store(out, b.rank(), None);
+        b.put(out, out, 4i64, 0, Group::Block, false);
         let e = lower(&b.finish().unwrap(), LowerOptions { warp_size: 32 }).unwrap_err();
-        assert!(e.to_string().contains("`rank`"), "{e}");
+        assert!(e.to_string().contains("`put`"), "{e}");
     }
 }

@@ -19,7 +19,7 @@ pub mod lower;
 
 pub use lower::{lower, LowerError, LowerOptions};
 
-use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, UnaryOp};
+use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
 
 /// A per-thread scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -74,6 +74,33 @@ pub enum Special {
     ProgramId(Axis),
     /// Programs along an axis (`%nctaid`).
     NumPrograms(Axis),
+}
+
+/// Parameters every lowered kernel takes after its own, filled by the runtime.
+pub const HIDDEN_PARAMS: &[(&str, SType)] = &[
+    ("__rank", SType::Int { bits: 32, signed: true }),
+    ("__num_ranks", SType::Int { bits: 32, signed: true }),
+    // u64 per rank: the base address of each rank's symmetric heap.
+    ("__heap_bases", SType::Ptr),
+    // The wait diagnostics record (see `WaitSignals`).
+    ("__diag", SType::Ptr),
+    // Bound of every wait, in nanoseconds of `%globaltimer`.
+    ("__wait_bound_ns", SType::Int { bits: 64, signed: false }),
+];
+
+/// Layout of the diagnostics record a timed-out wait fills (u64 words).
+pub mod diag {
+    /// 0: nothing happened; 1: a wait timed out (the first writer wins).
+    pub const FLAG: usize = 0;
+    pub const RANK: usize = 1;
+    pub const PROGRAM_X: usize = 2;
+    pub const PROGRAM_Y: usize = 3;
+    pub const PROGRAM_Z: usize = 4;
+    pub const SIGNAL: usize = 5;
+    pub const EXPECTED: usize = 6;
+    pub const SEEN: usize = 7;
+    pub const CMP: usize = 8;
+    pub const WORDS: usize = 9;
 }
 
 /// One per-thread instruction. Operands are registers defined earlier.
@@ -185,6 +212,35 @@ pub enum Inst {
         body: Vec<Inst>,
         nexts: Vec<Reg>,
         results: Vec<Reg>,
+    },
+    /// `ptr - from + to`: an address moved from one rank's heap to another's (`symm_at`).
+    PtrRebase {
+        dst: Reg,
+        ptr: Reg,
+        from: Reg,
+        to: Reg,
+    },
+    /// Memory fence at a scope (`fence.acq_rel.<scope>`).
+    Fence {
+        scope: Scope,
+    },
+    /// One thread (`pred`) updates a 64-bit signal with relaxed semantics at system scope.
+    Signal {
+        addr: Reg,
+        value: Reg,
+        op: SignalOp,
+        pred: Reg,
+    },
+    /// Lanes `0..count` each spin (acquire, system scope) until the signal at `base + 8*lane`
+    /// satisfies `signal <cmp> value`, or until `__wait_bound_ns` passed or another program
+    /// aborted; a timed-out lane records the diagnostics record (rank, program, signal, expected,
+    /// seen) once and raises the abort flag. Then all threads meet; if the flag is raised, the
+    /// program returns.
+    WaitSignals {
+        base: Reg,
+        count: Reg,
+        cmp: CmpOp,
+        value: Reg,
     },
     /// Uniform branch: `results` take the yields of the branch taken.
     If {
