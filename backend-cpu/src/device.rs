@@ -5,7 +5,7 @@ use crate::memory::{Memory, Writer};
 use crate::view::ProgramView;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::Function;
 
 /// Most programs one launch may have (a guard against absurd grids, not a hardware limit).
@@ -49,14 +49,6 @@ impl Device for CpuDevice {
         self.mem.read_bytes(buffer.address + offset as u64, out).map_err(|e| Self::buffer_error(buffer, e))
     }
 
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
-        if pattern.is_empty() {
-            return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
-        }
-        let data: Vec<u8> = pattern.iter().copied().cycle().take(buffer.bytes).collect();
-        self.write(buffer, 0, &data)
-    }
-
     fn launch(
         &self,
         kernel: &Artifact,
@@ -69,24 +61,8 @@ impl Device for CpuDevice {
             compiled_by: kernel.backend,
             device: crate::NAME,
         })?;
-        check_args(kernel, args)?;
-        let total = grid.iter().map(|&g| g as u64).product::<u64>();
-        if grid.contains(&0) || total > MAX_PROGRAMS {
-            return Err(BackendError::Launch {
-                kernel: kernel.kernel.clone(),
-                message: format!("grid {grid:?} must have 1..={MAX_PROGRAMS} programs and no empty axis"),
-            });
-        }
-        let mut order: Vec<[u32; 3]> = Vec::with_capacity(total as usize);
-        for z in 0..grid[2] {
-            for y in 0..grid[1] {
-                for x in 0..grid[0] {
-                    order.push([x, y, z]);
-                }
-            }
-        }
-        // Independent launches promise no order: run them in a random one (seeded, replayable).
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+        check_launch(kernel, grid, args, MAX_PROGRAMS)?;
+        let order = program_order(grid, opts.seed);
         let hooks = DirectHooks { mem: &self.mem };
         for pid in order {
             let ctx = ProgramCtx { pid, grid, rank: 0, num_ranks: 1 };
@@ -95,4 +71,19 @@ impl Device for CpuDevice {
         }
         Ok(())
     }
+}
+
+/// Every program id of a grid in a random order (seeded, replayable): independent launches
+/// promise no order, so the CPU backends never use the natural one.
+pub fn program_order(grid: [u32; 3], seed: u64) -> Vec<[u32; 3]> {
+    let mut order = Vec::with_capacity(grid.iter().map(|&g| g as usize).product());
+    for z in 0..grid[2] {
+        for y in 0..grid[1] {
+            for x in 0..grid[0] {
+                order.push([x, y, z]);
+            }
+        }
+    }
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    order
 }

@@ -9,7 +9,7 @@ use crate::memory::Memory;
 use crate::value::*;
 use std::sync::Arc;
 use trident_core::backend::{
-    check_args, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
+    check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
 };
 use trident_core::ir::*;
 use trident_core::simt::{lower, Inst, Kernel, LowerOptions, Reg, SType, Special};
@@ -80,9 +80,6 @@ impl Device for SimtDevice {
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         self.inner.read(buffer, offset, out)
     }
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
-        self.inner.fill(buffer, pattern)
-    }
 
     fn launch(
         &self,
@@ -96,29 +93,13 @@ impl Device for SimtDevice {
             compiled_by: kernel.backend,
             device: NAME,
         })?;
-        check_args(kernel, args)?;
-        if grid.contains(&0) {
-            return Err(BackendError::Launch {
-                kernel: kernel.kernel.clone(),
-                message: format!("empty grid {grid:?}"),
-            });
-        }
+        check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
         // Hidden parameters: a world of one rank; its heap-base table only needs to exist.
         let table = self.inner.alloc(8 * trident_core::simt::diag::WORDS, "__hidden")?;
         let mut all = args.to_vec();
         all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0)]);
         let args = &all[..];
-        use rand::seq::SliceRandom;
-        use rand::SeedableRng;
-        let mut order = Vec::new();
-        for z in 0..grid[2] {
-            for y in 0..grid[1] {
-                for x in 0..grid[0] {
-                    order.push([x, y, z]);
-                }
-            }
-        }
-        order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+        let order = crate::device::program_order(grid, opts.seed);
         for pid in order {
             run_program(k, self.inner.memory(), pid, grid, args).map_err(|f| BackendError::Execution {
                 kernel: kernel.kernel.clone(),

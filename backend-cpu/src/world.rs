@@ -16,12 +16,10 @@ use crate::race::{Races, VClock};
 use crate::sched::{Blocker, Sched, TaskId};
 use crate::view::{ProgramView, RaceCtx};
 use crate::CpuBackend;
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use trident_core::backend::{check_args, Artifact, Backend, BackendError, Buffer, KernelArg};
+use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
 use trident_core::world::{KernelCache, RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
@@ -464,14 +462,6 @@ impl RankCtx for CpuRank {
             .map_err(|e| BackendError::Buffer { buffer: buffer.name.clone(), message: e.0 })
     }
 
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
-        if pattern.is_empty() {
-            return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
-        }
-        let data: Vec<u8> = pattern.iter().copied().cycle().take(buffer.bytes).collect();
-        self.write(buffer, 0, &data)
-    }
-
     fn launch(
         &self,
         stream: StreamId,
@@ -486,11 +476,8 @@ impl RankCtx for CpuRank {
                 device: "cpu",
             });
         }
-        check_args(kernel, args)?;
+        check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
         let total = grid.iter().map(|&g| g as u64).product::<u64>();
-        if grid.contains(&0) || total > crate::device::MAX_PROGRAMS {
-            return Err(BackendError::Launch { kernel: kernel.kernel.clone(), message: format!("bad grid {grid:?}") });
-        }
         if kernel.attrs.cooperative && total > self.inner.opts.max_cooperative_programs {
             return Err(BackendError::Launch {
                 kernel: kernel.kernel.clone(),
@@ -745,15 +732,7 @@ fn run_launch(
     args: Vec<KernelArg>,
 ) -> Result<(), BackendError> {
     let id = inner.next_launch.fetch_add(1, Ordering::Relaxed);
-    let mut order = Vec::new();
-    for z in 0..grid[2] {
-        for y in 0..grid[1] {
-            for x in 0..grid[0] {
-                order.push([x, y, z]);
-            }
-        }
-    }
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(inner.opts.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+    let order = crate::device::program_order(grid, inner.opts.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let total = order.len();
     inner.mem.view_started();
     let launch = Arc::new(LaunchState {

@@ -10,7 +10,7 @@ use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Mutex;
-use trident_core::backend::{check_args, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Literal};
 use trident_core::simt::diag;
 
@@ -229,14 +229,6 @@ impl Device for CudaDevice {
             .map_err(|e| Self::buffer_err(buffer, "cuMemcpyDtoH", e))
     }
 
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
-        if pattern.is_empty() {
-            return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
-        }
-        let data: Vec<u8> = pattern.iter().copied().cycle().take(buffer.bytes).collect();
-        self.write(buffer, 0, &data)
-    }
-
     fn launch(
         &self,
         kernel: &Artifact,
@@ -249,13 +241,7 @@ impl Device for CudaDevice {
             compiled_by: kernel.backend,
             device: crate::NAME,
         })?;
-        check_args(kernel, args)?;
-        if grid.contains(&0) {
-            return Err(BackendError::Launch {
-                kernel: kernel.kernel.clone(),
-                message: format!("empty grid {grid:?}"),
-            });
-        }
+        check_launch(kernel, grid, args, u64::MAX)?;
         self.current()?;
         let f = self.function(kernel, module)?;
         let (table, diag) = self.hidden_buffers()?;

@@ -186,6 +186,33 @@ pub fn check_args(kernel: &Artifact, args: &[KernelArg]) -> Result<(), BackendEr
     Ok(())
 }
 
+/// `buffer.bytes` bytes of repeated `pattern` (an empty pattern is an error).
+pub fn fill_bytes(buffer: &Buffer, pattern: &[u8]) -> Result<Vec<u8>, BackendError> {
+    if pattern.is_empty() {
+        return Err(BackendError::Buffer { buffer: buffer.name.clone(), message: "empty fill pattern".into() });
+    }
+    Ok(pattern.iter().copied().cycle().take(buffer.bytes).collect())
+}
+
+/// Checks a launch before any backend runs it: arguments against parameters, and a grid with no
+/// empty axis and at most `max_programs` programs.
+pub fn check_launch(
+    kernel: &Artifact,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    max_programs: u64,
+) -> Result<(), BackendError> {
+    check_args(kernel, args)?;
+    let total = grid.iter().map(|&g| g as u64).product::<u64>();
+    if grid.contains(&0) || total > max_programs {
+        return Err(BackendError::Launch {
+            kernel: kernel.kernel.clone(),
+            message: format!("grid {grid:?} must have 1..={max_programs} programs and no empty axis"),
+        });
+    }
+    Ok(())
+}
+
 /// How to launch.
 #[derive(Clone, Copy, Debug)]
 pub struct LaunchOptions {
@@ -226,7 +253,9 @@ pub trait Device: Send + Sync {
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
 
     /// Fills the whole buffer with copies of `pattern` (poisoning outputs, zeroing workspaces).
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError>;
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
+        self.write(buffer, 0, &fill_bytes(buffer, pattern)?)
+    }
 
     /// Runs `kernel` over `grid` programs and waits for it to finish.
     fn launch(

@@ -38,7 +38,9 @@ pub trait RankCtx {
     /// Host writes and reads (reads see what completed before the last `synchronize`).
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError>;
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError>;
-    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError>;
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
+        self.write(buffer, 0, &crate::backend::fill_bytes(buffer, pattern)?)
+    }
 
     /// Enqueues a kernel launch on `stream`.
     fn launch(
