@@ -4,9 +4,11 @@
 //!
 //! Registered as backend `cpu-simt` with targets `warp32` and `warp64` (the lowering's warp size).
 
-use crate::interp::Fault;
+use crate::interp::{DirectHooks, Fault, Hooks};
 use crate::memory::Memory;
+use crate::memory::Writer;
 use crate::value::*;
+use crate::view::ProgramView;
 use std::sync::Arc;
 use trident_core::backend::{
     check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
@@ -101,12 +103,16 @@ impl Device for SimtDevice {
         let args = &all[..];
         let order = crate::device::program_order(grid, opts.seed);
         for pid in order {
-            run_program(k, self.inner.memory(), pid, grid, args).map_err(|f| BackendError::Execution {
-                kernel: kernel.kernel.clone(),
-                program: pid,
-                op: "simt".into(),
-                loc: None,
-                message: f.message,
+            let view = ProgramView::immediate(Writer::HOST);
+            let hooks = DirectHooks { mem: self.inner.memory() };
+            run_program(k, self.inner.memory(), pid, grid, args, view, &hooks).map_err(|f| {
+                BackendError::Execution {
+                    kernel: kernel.kernel.clone(),
+                    program: pid,
+                    op: "simt".into(),
+                    loc: None,
+                    message: f.message,
+                }
             })?;
         }
         Ok(())
@@ -152,6 +158,8 @@ fn val(t: SType, data: Data) -> Val {
 struct Exec<'a> {
     k: &'a Kernel,
     mem: &'a Memory,
+    view: ProgramView,
+    hooks: &'a dyn Hooks,
     pid: [u32; 3],
     grid: [u32; 3],
     args: &'a [KernelArg],
@@ -160,20 +168,26 @@ struct Exec<'a> {
     shared: Vec<u8>,
 }
 
-/// Runs every thread of one program, lanes in lock-step.
-fn run_program(k: &Kernel, mem: &Memory, pid: [u32; 3], grid: [u32; 3], args: &[KernelArg]) -> Result<(), Fault> {
+/// Runs every thread of one program, lanes in lock-step, with memory seen through `view` and
+/// communication through `hooks` (a single-device launch or a world).
+#[allow(clippy::too_many_arguments)]
+pub fn run_program(
+    k: &Kernel,
+    mem: &Memory,
+    pid: [u32; 3],
+    grid: [u32; 3],
+    args: &[KernelArg],
+    view: ProgramView,
+    hooks: &dyn Hooks,
+) -> Result<(), Fault> {
     let lanes = k.threads() as usize;
-    let mut e = Exec {
-        k,
-        mem,
-        pid,
-        grid,
-        args,
-        lanes,
-        regs: vec![None; k.regs.len()],
-        shared: vec![0; k.shared_bytes as usize],
-    };
-    e.body(&k.body)
+    let shared = vec![0; k.shared_bytes as usize];
+    let mut e = Exec { k, mem, view, hooks, pid, grid, args, lanes, regs: vec![None; k.regs.len()], shared };
+    e.body(&k.body)?;
+    e.hooks.yield_point(&mut e.view)?;
+    e.view.finish(mem).or_else(|x| fault(x.0))?;
+    e.hooks.program_done(&mut e.view);
+    Ok(())
 }
 
 impl Exec<'_> {
@@ -293,8 +307,7 @@ impl Exec<'_> {
                 for (i, &addr) in a.ptrs().iter().enumerate() {
                     let on = p.as_ref().is_none_or(|p| p.ints()[i] != 0);
                     let e = if on {
-                        let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("load: {}", e.0)))?;
-                        from_bits(d, r.load(off, size))
+                        from_bits(d, self.view.load(&view, addr, size).or_else(|e| fault(format!("load: {}", e.0)))?)
                     } else {
                         match o.as_ref().map(|o| &o.data) {
                             Some(Data::F(v)) => Elt::F(v[i]),
@@ -319,8 +332,9 @@ impl Exec<'_> {
                     if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
                         continue;
                     }
-                    let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("store: {}", e.0)))?;
-                    r.store(off, size, bits_of(&v.data, i, d));
+                    self.view
+                        .store(&view, addr, size, bits_of(&v.data, i, d), i)
+                        .or_else(|e| fault(format!("store: {}", e.0)))?;
                 }
             }
             Inst::SharedStore { offset, value, pred } => {
@@ -358,23 +372,34 @@ impl Exec<'_> {
                 }
                 self.set(*dst, out);
             }
-            // Lanes run in lock-step: every earlier instruction finished for all of them.
-            Inst::Barrier => {}
-            Inst::Atomic { dst, op, addr, value, pred, .. } => {
+            // Lanes run in lock-step; the view orders every thread's stores before later releases.
+            Inst::Barrier => self.view.barrier(),
+            Inst::Atomic { dst, op, addr, value, pred, sem, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
                 let d = dtype(k.ty(*value));
                 let size = d.size_bytes() as usize;
                 let (a, v) = (self.get(*addr)?, self.get(*value)?);
                 let p = pred.map(|p| self.get(p)).transpose()?;
-                let view = self.mem.view();
-                let mut old = Vec::with_capacity(lanes);
-                for (i, &addr) in a.ptrs().iter().enumerate() {
-                    if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
-                        old.push(0);
-                        continue;
+                let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
+                if sem.releases() {
+                    // Each active thread releases what it (and any barrier before) ordered.
+                    if active.len() == lanes {
+                        self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
+                    } else {
+                        for &t in &active {
+                            self.view.release_thread(self.mem, t).or_else(|e| fault(e.0))?;
+                        }
                     }
-                    let (r, off) = view.locate(addr, size).or_else(|e| fault(format!("atomic: {}", e.0)))?;
+                }
+                let mut old = vec![0u64; lanes];
+                for &i in &active {
                     let operand = bits_of(&v.data, i, d);
-                    old.push(r.rmw(off, size, |cur| crate::interp::atomic_apply(*op, d, cur, operand)));
+                    let f = |cur| crate::interp::atomic_apply(*op, d, cur, operand);
+                    old[i] =
+                        self.view.rmw(self.mem, a.ptrs()[i], size, f).or_else(|e| fault(format!("atomic: {}", e.0)))?;
+                }
+                if sem.acquires() {
+                    self.view.acquire(self.mem);
                 }
                 let mut out = empty_for(Elem::Num(d), lanes);
                 for b in old {
@@ -382,46 +407,39 @@ impl Exec<'_> {
                 }
                 self.set(*dst, out);
             }
-            Inst::PtrRebase { dst, ptr, from, to } => {
-                let (p, f, t) = (self.get(*ptr)?, self.get(*from)?, self.get(*to)?);
-                let v = (0..lanes)
-                    .map(|i| p.ptrs()[i].wrapping_sub(f.ints()[i] as u64).wrapping_add(t.ints()[i] as u64))
-                    .collect();
+            Inst::SymmAt { dst, ptr, rank } => {
+                let (p, r) = (self.get(*ptr)?, self.get(*rank)?);
+                let v = (0..lanes).map(|i| self.hooks.translate(p.ptrs()[i], r.ints()[i])).collect::<Result<_, _>>()?;
                 self.set(*dst, Data::P(v));
             }
-            // Lock-step lanes and immediate memory: nothing to order.
-            Inst::Fence { .. } => {}
+            // Every thread runs `fence.acq_rel`: releases what it stored, acquires what others did.
+            Inst::Fence { .. } => {
+                self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
+                self.view.acquire(self.mem);
+            }
             Inst::Signal { addr, value, op, pred } => {
+                self.hooks.yield_point(&mut self.view)?;
                 let (a, v, p) = (self.get(*addr)?, self.get(*value)?, self.get(*pred)?);
-                let view = self.mem.view();
                 for i in 0..lanes {
                     if p.ints()[i] == 0 {
                         continue;
                     }
-                    let (r, off) = view.locate(a.ptrs()[i], 8).or_else(|e| fault(format!("signal: {}", e.0)))?;
                     let x = v.ints()[i] as u64;
-                    r.rmw(off, 8, |old| match op {
+                    let f = |old: u64| match op {
                         SignalOp::Set => x,
                         SignalOp::Add => old.wrapping_add(x),
-                    });
+                    };
+                    self.view.rmw(self.mem, a.ptrs()[i], 8, f).or_else(|e| fault(format!("signal: {}", e.0)))?;
+                    self.hooks.signal_written(&self.view, a.ptrs()[i], x);
                 }
             }
             Inst::WaitSignals { base, count, cmp, value } => {
-                // Programs run one at a time here: a signal that does not hold now never will.
+                self.hooks.yield_point(&mut self.view)?;
                 let (b, c, v) = (self.get(*base)?, self.uniform(*count)?, self.get(*value)?);
                 let want = v.ints()[0] as u64;
-                let view = self.mem.view();
-                for i in 0..c.max(0) as u64 {
-                    let addr = b.ptrs()[0].wrapping_add(8 * i);
-                    let (r, off) = view.locate(addr, 8).or_else(|e| fault(format!("wait: {}", e.0)))?;
-                    let seen = r.load(off, 8);
-                    if !cmp.holds(seen, want) {
-                        return fault(format!(
-                            "wait can never complete: program {:?}, signal {i} at {addr:#x} is {seen}, waiting for {cmp} {want}",
-                            self.pid
-                        ));
-                    }
-                }
+                let addrs: Vec<u64> = (0..c.max(0) as u64).map(|i| b.ptrs()[0].wrapping_add(8 * i)).collect();
+                self.hooks.wait(&self.view, &addrs, *cmp, want)?;
+                self.view.acquire(self.mem);
             }
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
                 let (lo, hi, st) = (self.uniform(*lo)?, self.uniform(*hi)?, self.uniform(*step)?);

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
+use trident_core::simt::Kernel;
 use trident_core::world::{KernelCache, RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
 
@@ -39,11 +40,21 @@ pub struct WorldOptions {
     pub max_cooperative_programs: u64,
     /// Track happens-before with vector clocks and fail on the first data race.
     pub race: bool,
+    /// Run kernels through the SIMT lowering (at this warp size) instead of the tile interpreter.
+    pub simt_warp: Option<u32>,
 }
 
 impl WorldOptions {
     pub fn new(ranks: usize, seed: u64) -> WorldOptions {
-        WorldOptions { ranks, seed, chaos: 0.3, trace: false, max_cooperative_programs: 1024, race: false }
+        WorldOptions {
+            ranks,
+            seed,
+            chaos: 0.3,
+            trace: false,
+            max_cooperative_programs: 1024,
+            race: false,
+            simt_warp: None,
+        }
     }
 }
 
@@ -283,7 +294,8 @@ struct CpuRank {
     tag: u64,
     streams: Mutex<Vec<Arc<Stream>>>,
     cache: KernelCache,
-    backend: CpuBackend,
+    backend: Box<dyn Backend>,
+    target: Option<&'static str>,
     clock: Mutex<VClock>,
 }
 
@@ -297,6 +309,11 @@ impl CpuRank {
         if let Some(r) = &inner.races {
             r.label(tag, format!("rank {rank} host"));
         }
+        let backend: Box<dyn Backend> = match inner.opts.simt_warp {
+            Some(_) => Box::new(crate::simt_exec::SimtBackend),
+            None => Box::new(CpuBackend),
+        };
+        let target = inner.opts.simt_warp.map(|w| if w == 64 { "warp64" } else { "warp32" });
         CpuRank {
             inner,
             rank,
@@ -304,7 +321,8 @@ impl CpuRank {
             tag,
             streams: Mutex::new(Vec::new()),
             cache: KernelCache::default(),
-            backend: CpuBackend,
+            backend,
+            target,
             clock: Mutex::new(VClock::default()),
         }
     }
@@ -384,11 +402,11 @@ impl RankCtx for CpuRank {
     }
 
     fn backend(&self) -> &dyn Backend {
-        &self.backend
+        self.backend.as_ref()
     }
 
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
-        self.cache.get_or_compile(&self.backend, None, key, build)
+        self.cache.get_or_compile(self.backend.as_ref(), self.target, key, build)
     }
 
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
@@ -469,7 +487,9 @@ impl RankCtx for CpuRank {
         grid: [u32; 3],
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
-        if kernel.payload.downcast_ref::<Function>().is_none() {
+        let ours =
+            kernel.payload.downcast_ref::<Function>().is_some() || kernel.payload.downcast_ref::<Kernel>().is_some();
+        if !ours {
             return Err(BackendError::WrongBackend {
                 kernel: kernel.kernel.clone(),
                 compiled_by: kernel.backend,
@@ -710,8 +730,12 @@ struct LaunchState {
 }
 
 impl LaunchState {
-    fn func(&self) -> &Function {
-        self.kernel.payload.downcast_ref::<Function>().expect("checked when the launch was enqueued")
+    /// Threads that own tile elements (the store-buffer split of delayed visibility).
+    fn threads(&self) -> usize {
+        match self.kernel.payload.downcast_ref::<Kernel>() {
+            Some(k) => k.threads() as usize,
+            None => self.kernel.attrs.warps as usize * 32,
+        }
     }
 
     fn cooperative(&self) -> bool {
@@ -790,8 +814,7 @@ fn spawn_worker(inner: &Arc<Inner>, launch: &Arc<LaunchState>) -> Result<(), Bac
 /// Claims programs of a launch one after another; a program that parks leaves the rest to a new
 /// worker, so every program of a launch can be resident at once.
 fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
-    let func = launch.func();
-    let threads = (launch.kernel.attrs.warps as usize) * 32;
+    let threads = launch.threads();
     loop {
         let i = launch.next.fetch_add(1, Ordering::AcqRel);
         if i >= launch.order.len() {
@@ -821,8 +844,37 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                 let hooks = WorldHooks { inner: &inner, launch: &launch, task, spawned: AtomicBool::new(false) };
                 let ctx =
                     ProgramCtx { pid, grid: launch.grid, rank: launch.rank as u32, num_ranks: inner.opts.ranks as u32 };
-                if let Err(f) = Program::run(func, &inner.mem, ctx, &launch.args, view, &hooks) {
-                    launch.fail(f.into_error(func, pid, launch.rank as u32));
+                let run = match (
+                    launch.kernel.payload.downcast_ref::<Function>(),
+                    launch.kernel.payload.downcast_ref::<Kernel>(),
+                ) {
+                    (Some(func), _) => Program::run(func, &inner.mem, ctx, &launch.args, view, &hooks)
+                        .map_err(|f| f.into_error(func, pid, ctx.rank)),
+                    (None, Some(k)) => {
+                        // Hidden parameters: rank and world size; the CPU resolves `symm_at`
+                        // through its own symmetric-heap map, and waits never time out here.
+                        let mut args = launch.args.clone();
+                        args.extend([
+                            KernelArg::i32(ctx.rank as i32),
+                            KernelArg::i32(ctx.num_ranks as i32),
+                            KernelArg::Ptr(0),
+                            KernelArg::Ptr(0),
+                            KernelArg::u64(0),
+                        ]);
+                        crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks).map_err(
+                            |f| BackendError::Execution {
+                                kernel: format!("{} on rank {}", k.name, ctx.rank),
+                                program: pid,
+                                op: "simt".into(),
+                                loc: None,
+                                message: f.message,
+                            },
+                        )
+                    }
+                    _ => Err(BackendError::Host("unknown kernel payload".into())),
+                };
+                if let Err(e) = run {
+                    launch.fail(e);
                 }
             }
         }

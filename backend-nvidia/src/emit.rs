@@ -386,15 +386,28 @@ impl<'k> Writer<'k> {
                 let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
                 self.line(format!("{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}"));
             }
-            Inst::PtrRebase { dst, ptr, from, to } => {
-                let (d, p, f, t) = (
-                    self.n(*dst).to_string(),
-                    self.n(*ptr).to_string(),
-                    self.n(*from).to_string(),
-                    self.n(*to).to_string(),
+            Inst::SymmAt { dst, ptr, rank } => {
+                // dst = ptr - __heap_bases[__rank] + __heap_bases[rank]
+                let np = self.k.params.len() - trident_core::simt::HIDDEN_PARAMS.len();
+                let (table, me, off, a, from, to) = (
+                    self.temp(Class::Rd),
+                    self.temp(Class::R),
+                    self.temp(Class::Rd),
+                    self.temp(Class::Rd),
+                    self.temp(Class::Rd),
+                    self.temp(Class::Rd),
                 );
-                self.line(format!("sub.s64 {d}, {p}, {f}"));
-                self.line(format!("add.s64 {d}, {d}, {t}"));
+                let (d, p, r) = (self.n(*dst).to_string(), self.n(*ptr).to_string(), self.n(*rank).to_string());
+                self.line(format!("ld.param.u64 {table}, [p{}]", np + 2));
+                self.line(format!("ld.param.s32 {me}, [p{np}]"));
+                self.line(format!("mul.wide.s32 {off}, {me}, 8"));
+                self.line(format!("add.s64 {a}, {table}, {off}"));
+                self.line(format!("ld.global.u64 {from}, [{a}]"));
+                self.line(format!("mul.wide.s32 {off}, {r}, 8"));
+                self.line(format!("add.s64 {a}, {table}, {off}"));
+                self.line(format!("ld.global.u64 {to}, [{a}]"));
+                self.line(format!("sub.s64 {d}, {p}, {from}"));
+                self.line(format!("add.s64 {d}, {d}, {to}"));
             }
             Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
             Inst::Signal { addr, value, op, pred } => {

@@ -233,7 +233,11 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         message: String::new(),
     };
     let start = Instant::now();
-    if case.distributed && backend.descriptor().name != "cpu" {
+    let simt_warp = match backend.descriptor().name {
+        "cpu-simt" => Some(if cfg.target.as_deref() == Some("warp64") { 64 } else { 32 }),
+        _ => None,
+    };
+    if case.distributed && !matches!(backend.descriptor().name, "cpu" | "cpu-simt") {
         record.skipped = true;
         record.message = "worlds of ranks run on the cpu backend only so far".into();
     } else if case.distributed {
@@ -246,8 +250,8 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         let mut worst = 0.0f64;
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
-            let outcome =
-                crate::distributed::execute(case, data.clone(), schedule_seed, race).map(|outs| outs.concat());
+            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed, race, simt_warp)
+                .map(|outs| outs.concat());
             match judge(outcome, &expected, record.bound) {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {

@@ -160,8 +160,9 @@ pub fn execute(
     data: Arc<WorldData>,
     schedule_seed: u64,
     race: bool,
+    simt_warp: Option<u32>,
 ) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
-    let opts = WorldOptions { race, ..WorldOptions::new(case.world, schedule_seed) };
+    let opts = WorldOptions { race, simt_warp, ..WorldOptions::new(case.world, schedule_seed) };
     CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
 }

@@ -554,21 +554,9 @@ impl Lowering<'_> {
         first
     }
 
-    /// `ptr` moved from this rank's symmetric heap to `rank`'s (`__heap_bases[rank]`).
     fn symm_at(&mut self, ptr: Reg, rank: Reg) -> Reg {
-        let u64t = SType::Int { bits: 64, signed: false };
-        let bases = self.hidden[2];
-        let base_of = |l: &mut Self, r: Reg| {
-            let a = l.reg(SType::Ptr);
-            l.emit(Inst::AddrOffset { dst: a, base: bases, offset: r, scale: 8 });
-            let v = l.reg(u64t);
-            l.emit(Inst::Load { dst: v, addr: a, pred: None, other: None });
-            v
-        };
-        let me = self.hidden[0];
-        let (from, to) = (base_of(self, me), base_of(self, rank));
         let d = self.reg(SType::Ptr);
-        self.emit(Inst::PtrRebase { dst: d, ptr, from, to });
+        self.emit(Inst::SymmAt { dst: d, ptr, rank });
         d
     }
 

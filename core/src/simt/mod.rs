@@ -213,12 +213,13 @@ pub enum Inst {
         nexts: Vec<Reg>,
         results: Vec<Reg>,
     },
-    /// `ptr - from + to`: an address moved from one rank's heap to another's (`symm_at`).
-    PtrRebase {
+    /// The address of the symmetric object at `ptr` on `rank` (`symm_at`). The writers decide
+    /// how: the PTX writer rebases between entries of the `__heap_bases` table, the CPU runs it
+    /// through its world's symmetric-heap map.
+    SymmAt {
         dst: Reg,
         ptr: Reg,
-        from: Reg,
-        to: Reg,
+        rank: Reg,
     },
     /// Memory fence at a scope (`fence.acq_rel.<scope>`).
     Fence {
