@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine over a bundle made by `cargo xtask bundle` (no Rust toolchain there).
 # Checks what the NVIDIA backend can run and writes JSON and logs under $OUT (or ./gpu-out).
+# Each step has its own time limit, so that a hang in one step still returns the others.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-out}
@@ -13,12 +14,16 @@ B=bundle
 } | tee "$OUT/device.txt"
 $B/trident-conformance --list-backends | tee -a "$OUT/device.txt"
 status=0
-# Every conformance case; what the NVIDIA backend cannot compile yet is reported as skipped.
-$B/trident-conformance --backend nvidia --json "$OUT/conformance-nvidia.json" 2>&1 | tee "$OUT/conformance-nvidia.log" || status=1
 # Planted never-satisfied wait: ends within its bound with the diagnostic; the next launch works.
-$B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
+timeout 60 $B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
+# Single-device kernels, and distributed kernels in the loopback world (ranks on this GPU).
+for w in 1 2 4 8; do
+  timeout 150 $B/trident-conformance --backend nvidia --world $w --json "$OUT/conformance-nvidia-world$w.json" \
+    > "$OUT/conformance-nvidia-world$w.log" 2>&1 || status=1
+  tail -1 "$OUT/conformance-nvidia-world$w.log"
+done
 # IR -> PTX time of each kernel (median of 20 compiles).
-for k in vector_add softmax gemm splitk_gemm; do
+for k in vector_add softmax gemm splitk_gemm ag_gemm; do
   $B/trident-emit --backend nvidia --kernel $k --dtype bf16 --time | tee -a "$OUT/device.txt"
 done
 exit $status

@@ -8,6 +8,7 @@
 pub mod emit;
 pub mod runtime;
 pub mod target;
+pub mod world;
 
 use std::sync::Arc;
 use target::Target;

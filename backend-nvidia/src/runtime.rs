@@ -85,7 +85,7 @@ impl CudaDevice {
         &self.name
     }
 
-    fn current(&self) -> Result<(), BackendError> {
+    pub(crate) fn current(&self) -> Result<(), BackendError> {
         // SAFETY: `self.ctx` is the retained primary context of this device.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))
     }
@@ -104,7 +104,7 @@ impl CudaDevice {
         Ok(())
     }
 
-    fn function(&self, kernel: &Artifact, module: &PtxModule) -> Result<sys::CUfunction, BackendError> {
+    pub(crate) fn function(&self, kernel: &Artifact, module: &PtxModule) -> Result<sys::CUfunction, BackendError> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = modules.get(&module.ptx) {
             return Ok(l.function);
@@ -142,7 +142,12 @@ impl CudaDevice {
     }
 
     /// Turns a timed-out wait's record into an error naming rank, program, signal, expected, seen.
-    fn check_waits(&self, kernel: &Artifact, diag_buf: &Buffer, opts: &LaunchOptions) -> Result<(), BackendError> {
+    pub(crate) fn check_waits(
+        &self,
+        kernel: &str,
+        diag_buf: &Buffer,
+        bound: std::time::Duration,
+    ) -> Result<(), BackendError> {
         let mut raw = [0u8; 8 * diag::WORDS];
         self.read(diag_buf, 0, &mut raw)?;
         let w = |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
@@ -161,13 +166,13 @@ impl CudaDevice {
         let cmp =
             trident_core::ir::CmpOp::ALL.get(w(diag::CMP) as usize).copied().unwrap_or(trident_core::ir::CmpOp::Ge);
         Err(BackendError::Execution {
-            kernel: kernel.kernel.clone(),
+            kernel: kernel.to_string(),
             program: [w(diag::PROGRAM_X) as u32, w(diag::PROGRAM_Y) as u32, w(diag::PROGRAM_Z) as u32],
             op: "wait".into(),
             loc: None,
             message: format!(
                 "wait timed out after {:?} on rank {}: signal {place} expected {cmp} {}, seen {}; every program of the launch was stopped",
-                opts.wait_bound,
+                bound,
                 w(diag::RANK),
                 w(diag::EXPECTED),
                 w(diag::SEEN)
@@ -177,7 +182,7 @@ impl CudaDevice {
 }
 
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
-fn scalar_slot(lit: Literal, d: DType) -> u64 {
+pub(crate) fn scalar_slot(lit: Literal, d: DType) -> u64 {
     match d {
         DType::F32 => (lit.as_f64() as f32).to_bits() as u64,
         DType::F64 => lit.as_f64().to_bits(),
@@ -280,6 +285,6 @@ impl Device for CudaDevice {
         }
         .map_err(|e| fail("cuLaunchKernel", e))?;
         result::ctx::synchronize().map_err(|e| fail("kernel execution", e))?;
-        self.check_waits(kernel, &diag, opts)
+        self.check_waits(&kernel.kernel, &diag, opts.wait_bound)
     }
 }

@@ -237,10 +237,15 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         "cpu-simt" => Some(if cfg.target.as_deref() == Some("warp64") { 64 } else { 32 }),
         _ => None,
     };
-    if case.distributed && !matches!(backend.descriptor().name, "cpu" | "cpu-simt") {
+    let kind = match backend.descriptor().name {
+        "nvidia" => Some(crate::distributed::WorldKind::Gpu),
+        "cpu" | "cpu-simt" => Some(crate::distributed::WorldKind::Cpu { race, simt_warp }),
+        _ => None,
+    };
+    if case.distributed && kind.is_none() {
         record.skipped = true;
-        record.message = "worlds of ranks run on the cpu backend only so far".into();
-    } else if case.distributed {
+        record.message = format!("backend `{}` has no world of ranks yet", backend.descriptor().name);
+    } else if let (true, Some(kind)) = (case.distributed, kind) {
         let data = std::sync::Arc::new(crate::distributed::prepare(case, &mut rng));
         let exact = if case.kernel == "allgather" { "exact" } else { case.variant };
         record.bound = bound(case.dtype, exact, data.reduction_len);
@@ -250,8 +255,8 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         let mut worst = 0.0f64;
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
-            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed, race, simt_warp)
-                .map(|outs| outs.concat());
+            let outcome =
+                crate::distributed::execute(case, data.clone(), schedule_seed, kind).map(|outs| outs.concat());
             match judge(outcome, &expected, record.bound) {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {

@@ -6,6 +6,7 @@ use crate::host::{decode, encode, poison, random};
 use crate::reference;
 use std::sync::Arc;
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
+use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
@@ -13,6 +14,15 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
 use trident_kernels::gemm_rs::GemmRs;
+
+/// Where a distributed case runs.
+#[derive(Clone, Copy, Debug)]
+pub enum WorldKind {
+    /// The CPU world: tile interpreter, or the SIMT lowering at a warp size.
+    Cpu { race: bool, simt_warp: Option<u32> },
+    /// The loopback world: every rank on one GPU.
+    Gpu,
+}
 
 /// Kernels that run in a world, with their variants and shapes.
 pub const KERNELS: &[(&str, &[&str])] = &[
@@ -159,10 +169,14 @@ pub fn execute(
     case: &Case,
     data: Arc<WorldData>,
     schedule_seed: u64,
-    race: bool,
-    simt_warp: Option<u32>,
+    kind: WorldKind,
 ) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
-    let opts = WorldOptions { race, simt_warp, ..WorldOptions::new(case.world, schedule_seed) };
-    CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
+    match kind {
+        WorldKind::Cpu { race, simt_warp } => {
+            let opts = WorldOptions { race, simt_warp, ..WorldOptions::new(case.world, schedule_seed) };
+            CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
+        }
+        WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| rank_main(&case2, &data, ctx)),
+    }
 }

@@ -1,0 +1,350 @@
+//! The loopback world: N ranks on one GPU, one host thread and one set of streams per rank.
+//!
+//! It runs the same SPMD host code as the CPU world (`RankCtx`) on real hardware, so signal
+//! protocols are tested with the PTX that multi-GPU runs use (every cross-rank op is `.sys`).
+//! Each rank has its own symmetric heap (one allocation, bump-allocated identically on every
+//! rank), and `__heap_bases` holds their addresses for `symm_at`. Modules are loaded eagerly
+//! (`CUDA_MODULE_LOADING=EAGER`) and every rank loads a kernel before any rank launches it (a
+//! host barrier after the first compile of each kernel), because a lazy load cannot happen while
+//! another rank's kernel spins (`probes/loopback-signals`). Kernel waits are bounded by
+//! `%globaltimer`; a timed-out wait stops its launch and `synchronize` reports the diagnostic.
+//! Limits of this first version: stream waits (`wait_signal`) have no watchdog yet, and the
+//! grids of concurrently running rank kernels must fit the GPU together (conformance sizes do).
+
+use crate::runtime::{scalar_slot, CudaDevice};
+use crate::{NvidiaBackend, PtxModule};
+use cudarc::driver::{result, sys};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::Duration;
+use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg};
+use trident_core::ir::CmpOp;
+use trident_core::simt::diag;
+use trident_core::world::{RankCtx, StreamId};
+use trident_core::{Function, VerifyError};
+
+#[derive(Clone, Debug)]
+pub struct GpuWorldOptions {
+    pub ranks: usize,
+    pub wait_bound: Duration,
+    /// Bytes of symmetric heap per rank.
+    pub heap_bytes: usize,
+}
+
+impl GpuWorldOptions {
+    pub fn new(ranks: usize) -> GpuWorldOptions {
+        GpuWorldOptions { ranks, wait_bound: Duration::from_secs(2), heap_bytes: 256 << 20 }
+    }
+}
+
+struct Shared {
+    dev: CudaDevice,
+    opts: GpuWorldOptions,
+    heaps: Vec<Buffer>,
+    table: Buffer,
+    diags: Vec<Buffer>,
+    /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
+    next: Mutex<Vec<usize>>,
+    barrier: Barrier,
+}
+
+/// Runs SPMD host code on N ranks of one GPU.
+pub struct GpuWorld;
+
+impl GpuWorld {
+    pub fn run<T: Send + 'static>(
+        opts: GpuWorldOptions,
+        host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Result<Vec<T>, BackendError> {
+        let n = opts.ranks;
+        if n == 0 || n > 64 {
+            return Err(BackendError::Host(format!("a loopback world has 1..=64 ranks, not {n}")));
+        }
+        // SAFETY: set before the driver is initialised in this process by CudaDevice::open, and
+        // the tests and binaries that use the world do not read the environment concurrently.
+        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+        let dev = CudaDevice::open(0)?;
+        let heaps: Vec<Buffer> =
+            (0..n).map(|r| dev.alloc(opts.heap_bytes, &format!("heap@rank{r}"))).collect::<Result<_, _>>()?;
+        for h in &heaps {
+            dev.fill(h, &[0])?;
+        }
+        let table = dev.alloc(8 * n, "__heap_bases")?;
+        let bases: Vec<u8> = heaps.iter().flat_map(|h| h.address.to_le_bytes()).collect();
+        dev.write(&table, 0, &bases)?;
+        let diags: Vec<Buffer> =
+            (0..n).map(|r| dev.alloc(8 * diag::WORDS, &format!("__diag@rank{r}"))).collect::<Result<_, _>>()?;
+        let shared =
+            Arc::new(Shared { dev, opts, heaps, table, diags, next: Mutex::new(vec![0; n]), barrier: Barrier::new(n) });
+        let host = Arc::new(host);
+        let handles: Vec<_> = (0..n)
+            .map(|rank| {
+                let (shared, host) = (shared.clone(), host.clone());
+                std::thread::spawn(move || {
+                    let ctx =
+                        GpuRank { shared, rank, streams: Mutex::new(Vec::new()), compiled: Mutex::new(HashMap::new()) };
+                    let r = host(&ctx);
+                    let done = ctx.synchronize();
+                    ctx.destroy_streams();
+                    r.and_then(|v| done.map(|_| v))
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(n);
+        let mut first_err = None;
+        for (rank, h) in handles.into_iter().enumerate() {
+            match h.join() {
+                Ok(Ok(v)) => out.push(v),
+                Ok(Err(e)) => {
+                    first_err.get_or_insert(BackendError::Rank { rank, error: Box::new(e) });
+                }
+                Err(_) => {
+                    first_err.get_or_insert(BackendError::Rank {
+                        rank,
+                        error: Box::new(BackendError::Host("host thread panicked".into())),
+                    });
+                }
+            }
+        }
+        for h in shared.heaps.iter().chain(shared.diags.iter()).chain(std::iter::once(&shared.table)) {
+            let _ = shared.dev.free(h);
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+}
+
+struct GpuRank {
+    shared: Arc<Shared>,
+    rank: usize,
+    streams: Mutex<Vec<(StreamId, sys::CUstream)>>,
+    compiled: Mutex<HashMap<String, Artifact>>,
+}
+
+fn driver(what: &str, e: result::DriverError) -> BackendError {
+    BackendError::Host(format!("{what}: {e:?}"))
+}
+
+impl GpuRank {
+    fn stream(&self, id: StreamId) -> Result<sys::CUstream, BackendError> {
+        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, s)) = streams.iter().find(|(i, _)| *i == id) {
+            return Ok(*s);
+        }
+        self.shared.dev.current()?;
+        let s =
+            result::stream::create(result::stream::StreamKind::NonBlocking).map_err(|e| driver("cuStreamCreate", e))?;
+        streams.push((id, s));
+        Ok(s)
+    }
+
+    fn destroy_streams(&self) {
+        for (_, s) in self.streams.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            // SAFETY: the stream was created by this rank and synchronised before.
+            let _ = unsafe { result::stream::destroy(s) };
+        }
+    }
+
+    fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendError> {
+        if offset.checked_add(len).is_none_or(|e| e > buffer.bytes) {
+            return Err(BackendError::Buffer {
+                buffer: buffer.name.clone(),
+                message: format!("{len} bytes at {offset} overrun {} bytes", buffer.bytes),
+            });
+        }
+        Ok(buffer.address + offset as u64)
+    }
+}
+
+impl RankCtx for GpuRank {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.shared.opts.ranks
+    }
+
+    fn backend(&self) -> &dyn Backend {
+        &NvidiaBackend
+    }
+
+    fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
+        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            return Ok(a.clone());
+        }
+        let a = NvidiaBackend.compile(&build()?, None)?;
+        let module =
+            a.payload.downcast_ref::<PtxModule>().ok_or_else(|| BackendError::Host("not a PTX artifact".into()))?;
+        self.shared.dev.current()?;
+        self.shared.dev.function(&a, module)?;
+        // Every rank has loaded the module before any rank launches it (SPMD: all compile it).
+        self.shared.barrier.wait();
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), a.clone());
+        Ok(a)
+    }
+
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.shared.dev.alloc(bytes.max(1), &format!("{name}@rank{}", self.rank))
+    }
+
+    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        let mut next = self.shared.next.lock().unwrap_or_else(|e| e.into_inner());
+        let off = next[self.rank];
+        let end = off + bytes.max(1).div_ceil(256) * 256;
+        if end > self.shared.opts.heap_bytes {
+            return Err(BackendError::Buffer {
+                buffer: name.to_string(),
+                message: format!("symmetric heap of {} bytes exhausted", self.shared.opts.heap_bytes),
+            });
+        }
+        next[self.rank] = end;
+        drop(next);
+        let b = Buffer {
+            name: format!("{name}@rank{}", self.rank),
+            address: self.shared.heaps[self.rank].address + off as u64,
+            bytes,
+        };
+        // Symmetric buffers start zeroed on every rank, as in the CPU world.
+        self.shared.dev.fill(&b, &[0])?;
+        Ok(b)
+    }
+
+    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
+        let mine = &self.shared.heaps[self.rank];
+        if rank >= self.world_size()
+            || buffer.address < mine.address
+            || buffer.address >= mine.address + mine.bytes as u64
+        {
+            return Err(BackendError::Buffer {
+                buffer: buffer.name.clone(),
+                message: format!("not a symmetric buffer, or rank {rank} out of range"),
+            });
+        }
+        let off = buffer.address - mine.address;
+        Ok(Buffer {
+            name: format!("{}@rank{rank}", buffer.name),
+            address: self.shared.heaps[rank].address + off,
+            bytes: buffer.bytes,
+        })
+    }
+
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.shared.dev.write(buffer, offset, data)
+    }
+
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.shared.dev.read(buffer, offset, out)
+    }
+
+    fn launch(
+        &self,
+        stream: StreamId,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+    ) -> Result<(), BackendError> {
+        let module = kernel.payload.downcast_ref::<PtxModule>().ok_or(BackendError::WrongBackend {
+            kernel: kernel.kernel.clone(),
+            compiled_by: kernel.backend,
+            device: crate::NAME,
+        })?;
+        check_launch(kernel, grid, args, u64::MAX)?;
+        let s = self.stream(stream)?;
+        self.shared.dev.current()?;
+        let f = self.shared.dev.function(kernel, module)?;
+        let mut all = args.to_vec();
+        all.extend([
+            KernelArg::i32(self.rank as i32),
+            KernelArg::i32(self.world_size() as i32),
+            self.shared.table.arg(),
+            self.shared.diags[self.rank].arg(),
+            KernelArg::u64(self.shared.opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64),
+        ]);
+        let mut slots: Vec<u64> = all
+            .iter()
+            .map(|a| match *a {
+                KernelArg::Ptr(p) => p,
+                KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
+            })
+            .collect();
+        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
+        // SAFETY: `f` belongs to a loaded module; one live 8-byte slot per parameter, copied by
+        // the driver before the call returns.
+        unsafe { result::launch_kernel(f, (grid[0], grid[1], grid[2]), (module.threads, 1, 1), 0, s, &mut params) }
+            .map_err(|e| BackendError::Launch {
+                kernel: kernel.kernel.clone(),
+                message: format!("cuLaunchKernel: {e:?}"),
+            })
+    }
+
+    fn copy(
+        &self,
+        stream: StreamId,
+        dst: &Buffer,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        let (d, s) = (Self::in_buffer(dst, dst_offset, bytes)?, Self::in_buffer(src, src_offset, bytes)?);
+        let st = self.stream(stream)?;
+        self.shared.dev.current()?;
+        // SAFETY: both ranges were checked against their buffers.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(d, s, bytes, st) }.result().map_err(|e| driver("cuMemcpyDtoDAsync", e))
+    }
+
+    fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
+        let a = Self::in_buffer(signal, offset, 8)?;
+        let st = self.stream(stream)?;
+        self.shared.dev.current()?;
+        // SAFETY: `a` is 8 bytes inside a device buffer.
+        unsafe { sys::cuStreamWriteValue64_v2(st, a, value, 0) }.result().map_err(|e| driver("cuStreamWriteValue64", e))
+    }
+
+    fn wait_signal(
+        &self,
+        stream: StreamId,
+        signal: &Buffer,
+        offset: usize,
+        cmp: CmpOp,
+        value: u64,
+    ) -> Result<(), BackendError> {
+        let flags = match cmp {
+            CmpOp::Ge => 0, // CU_STREAM_WAIT_VALUE_GEQ
+            CmpOp::Eq => 1, // CU_STREAM_WAIT_VALUE_EQ
+            other => return Err(BackendError::Host(format!("stream waits support ge and eq, not {other}"))),
+        };
+        let a = Self::in_buffer(signal, offset, 8)?;
+        let st = self.stream(stream)?;
+        self.shared.dev.current()?;
+        // SAFETY: `a` is 8 bytes inside a device buffer.
+        unsafe { sys::cuStreamWaitValue64_v2(st, a, value, flags) }
+            .result()
+            .map_err(|e| driver("cuStreamWaitValue64", e))
+    }
+
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.shared.dev.current()?;
+        let streams: Vec<sys::CUstream> =
+            self.streams.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, s)| *s).collect();
+        for s in streams {
+            // SAFETY: a stream created by this rank.
+            unsafe { result::stream::synchronize(s) }.map_err(|e| driver("cuStreamSynchronize", e))?;
+        }
+        let d = &self.shared.diags[self.rank];
+        let r = self.shared.dev.check_waits(&format!("a kernel of rank {}", self.rank), d, self.shared.opts.wait_bound);
+        if r.is_err() {
+            self.shared.dev.write(d, 0, &[0u8; 8 * diag::WORDS])?;
+        }
+        r
+    }
+
+    fn barrier(&self) -> Result<(), BackendError> {
+        self.shared.barrier.wait();
+        Ok(())
+    }
+}
