@@ -234,6 +234,16 @@ impl Device for CudaDevice {
             .map_err(|e| Self::buffer_err(buffer, "cuMemcpyDtoH", e))
     }
 
+    fn fill(&self, buffer: &Buffer, pattern: &[u8]) -> Result<(), BackendError> {
+        if let [byte] = pattern {
+            self.current()?;
+            // SAFETY: the whole allocation of `buffer`.
+            return unsafe { result::memset_d8_sync(buffer.address, *byte, buffer.bytes) }
+                .map_err(|e| Self::buffer_err(buffer, "cuMemsetD8", e));
+        }
+        self.write(buffer, 0, &trident_core::backend::fill_bytes(buffer, pattern)?)
+    }
+
     fn launch(
         &self,
         kernel: &Artifact,

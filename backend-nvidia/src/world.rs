@@ -34,12 +34,12 @@ pub struct GpuWorldOptions {
 
 impl GpuWorldOptions {
     pub fn new(ranks: usize) -> GpuWorldOptions {
-        GpuWorldOptions { ranks, wait_bound: Duration::from_secs(2), heap_bytes: 256 << 20 }
+        GpuWorldOptions { ranks, wait_bound: Duration::from_secs(2), heap_bytes: 64 << 20 }
     }
 }
 
 struct Shared {
-    dev: CudaDevice,
+    dev: Arc<CudaDevice>,
     opts: GpuWorldOptions,
     heaps: Vec<Buffer>,
     table: Buffer,
@@ -47,6 +47,19 @@ struct Shared {
     /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
     next: Mutex<Vec<usize>>,
     barrier: Barrier,
+}
+
+/// The process's device 0, opened once: worlds share its context and its loaded modules (a
+/// module is JIT-compiled once per process, not once per world).
+fn device() -> Result<Arc<CudaDevice>, BackendError> {
+    static DEVICE: Mutex<Option<Arc<CudaDevice>>> = Mutex::new(None);
+    let mut d = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(dev) = d.as_ref() {
+        return Ok(dev.clone());
+    }
+    let dev = Arc::new(CudaDevice::open(0)?);
+    *d = Some(dev.clone());
+    Ok(dev)
 }
 
 /// Runs SPMD host code on N ranks of one GPU.
@@ -64,7 +77,7 @@ impl GpuWorld {
         // SAFETY: set before the driver is initialised in this process by CudaDevice::open, and
         // the tests and binaries that use the world do not read the environment concurrently.
         unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
-        let dev = CudaDevice::open(0)?;
+        let dev = device()?;
         let heaps: Vec<Buffer> =
             (0..n).map(|r| dev.alloc(opts.heap_bytes, &format!("heap@rank{r}"))).collect::<Result<_, _>>()?;
         for h in &heaps {
