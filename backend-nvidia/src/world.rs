@@ -16,7 +16,7 @@ use crate::{NvidiaBackend, PtxModule};
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg};
 use trident_core::ir::CmpOp;
@@ -46,7 +46,49 @@ struct Shared {
     diags: Vec<Buffer>,
     /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
     next: Mutex<Vec<usize>>,
-    barrier: Barrier,
+    barrier: HostBarrier,
+}
+
+/// A host barrier that a failing rank breaks, so that the others return an error instead of
+/// waiting forever for a rank that will not come.
+struct HostBarrier {
+    n: usize,
+    state: Mutex<(usize, u64, Option<String>)>,
+    cv: Condvar,
+}
+
+impl HostBarrier {
+    fn new(n: usize) -> HostBarrier {
+        HostBarrier { n, state: Mutex::new((0, 0, None)), cv: Condvar::new() }
+    }
+
+    fn wait(&self, rank: usize) -> Result<(), BackendError> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(why) = &st.2 {
+            return Err(BackendError::Host(format!("rank {rank}: barrier abandoned: {why}")));
+        }
+        let generation = st.1;
+        st.0 += 1;
+        if st.0 == self.n {
+            st.0 = 0;
+            st.1 += 1;
+            self.cv.notify_all();
+            return Ok(());
+        }
+        while st.1 == generation {
+            if let Some(why) = &st.2 {
+                return Err(BackendError::Host(format!("rank {rank}: barrier abandoned: {why}")));
+            }
+            st = self.cv.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+        Ok(())
+    }
+
+    fn abandon(&self, why: String) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        st.2.get_or_insert(why);
+        self.cv.notify_all();
+    }
 }
 
 /// The process's device 0, opened once: worlds share its context and its loaded modules (a
@@ -88,8 +130,19 @@ impl GpuWorld {
         dev.write(&table, 0, &bases)?;
         let diags: Vec<Buffer> =
             (0..n).map(|r| dev.alloc(8 * diag::WORDS, &format!("__diag@rank{r}"))).collect::<Result<_, _>>()?;
-        let shared =
-            Arc::new(Shared { dev, opts, heaps, table, diags, next: Mutex::new(vec![0; n]), barrier: Barrier::new(n) });
+        // Fresh allocations may hold an earlier world's bytes: a stale flag would abort every wait.
+        for d in &diags {
+            dev.fill(d, &[0])?;
+        }
+        let shared = Arc::new(Shared {
+            dev,
+            opts,
+            heaps,
+            table,
+            diags,
+            next: Mutex::new(vec![0; n]),
+            barrier: HostBarrier::new(n),
+        });
         let host = Arc::new(host);
         let handles: Vec<_> = (0..n)
             .map(|rank| {
@@ -100,7 +153,11 @@ impl GpuWorld {
                     let r = host(&ctx);
                     let done = ctx.synchronize();
                     ctx.destroy_streams();
-                    r.and_then(|v| done.map(|_| v))
+                    let r = r.and_then(|v| done.map(|_| v));
+                    if let Err(e) = &r {
+                        ctx.shared.barrier.abandon(format!("rank {rank} failed: {e}"));
+                    }
+                    r
                 })
             })
             .collect();
@@ -195,7 +252,7 @@ impl RankCtx for GpuRank {
         self.shared.dev.current()?;
         self.shared.dev.function(&a, module)?;
         // Every rank has loaded the module before any rank launches it (SPMD: all compile it).
-        self.shared.barrier.wait();
+        self.shared.barrier.wait(self.rank)?;
         self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), a.clone());
         Ok(a)
     }
@@ -357,7 +414,6 @@ impl RankCtx for GpuRank {
     }
 
     fn barrier(&self) -> Result<(), BackendError> {
-        self.shared.barrier.wait();
-        Ok(())
+        self.shared.barrier.wait(self.rank)
     }
 }

@@ -99,6 +99,8 @@ impl AgGemm {
         require_bytes(b, k * n * es, "b")?;
         require_bytes(c, m * n * es, "c")?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
+        // Compile (and, on GPUs, load) the GEMM before any gather kernel starts spinning.
+        let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
         bufs.gather.epoch += 1;
         let epoch = bufs.gather.epoch;
         let target = match self.mode {
@@ -108,7 +110,6 @@ impl AgGemm {
             GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
         };
         if m > 0 && n > 0 {
-            let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
             let grid = [(cdiv(m, self.gemm.block_m as usize) * cdiv(n, self.gemm.block_n as usize)) as u32, 1, 1];
             let args = [
                 bufs.gather.out.arg(),
