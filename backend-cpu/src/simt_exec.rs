@@ -102,20 +102,19 @@ impl Device for SimtDevice {
         all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0)]);
         let args = &all[..];
         let order = crate::device::program_order(grid, opts.seed);
-        for pid in order {
+        let hooks = DirectHooks { mem: self.inner.memory() };
+        let result = order.into_iter().try_for_each(|pid| {
             let view = ProgramView::immediate(Writer::HOST);
-            let hooks = DirectHooks { mem: self.inner.memory() };
-            run_program(k, self.inner.memory(), pid, grid, args, view, &hooks).map_err(|f| {
-                BackendError::Execution {
-                    kernel: kernel.kernel.clone(),
-                    program: pid,
-                    op: "simt".into(),
-                    loc: None,
-                    message: f.message,
-                }
-            })?;
-        }
-        Ok(())
+            run_program(k, self.inner.memory(), pid, grid, args, view, &hooks).map_err(|f| BackendError::Execution {
+                kernel: kernel.kernel.clone(),
+                program: pid,
+                op: "simt".into(),
+                loc: None,
+                message: f.message,
+            })
+        });
+        self.inner.free(&table)?;
+        result
     }
 }
 
