@@ -181,6 +181,49 @@ impl CudaDevice {
     }
 }
 
+/// The hidden parameters every lowered kernel takes after its own (`simt::HIDDEN_PARAMS`).
+pub(crate) fn hidden_args(
+    rank: usize,
+    ranks: usize,
+    table: &Buffer,
+    diag: &Buffer,
+    bound: std::time::Duration,
+) -> [KernelArg; 5] {
+    [
+        KernelArg::i32(rank as i32),
+        KernelArg::i32(ranks as i32),
+        table.arg(),
+        diag.arg(),
+        KernelArg::u64(bound.as_nanos().min(u64::MAX as u128) as u64),
+    ]
+}
+
+/// Enqueues `f` on `stream` with `args` and then the hidden parameters.
+pub(crate) fn launch_raw(
+    kernel: &Artifact,
+    module: &PtxModule,
+    f: sys::CUfunction,
+    grid: [u32; 3],
+    stream: sys::CUstream,
+    args: &[KernelArg],
+    hidden: [KernelArg; 5],
+) -> Result<(), BackendError> {
+    let mut slots: Vec<u64> = args
+        .iter()
+        .chain(hidden.iter())
+        .map(|a| match *a {
+            KernelArg::Ptr(p) => p,
+            KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
+        })
+        .collect();
+    let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
+    // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
+    // kernel parameter (each at most 8 bytes, checked against the signature), which the driver
+    // copies before the call returns.
+    unsafe { result::launch_kernel(f, (grid[0], grid[1], grid[2]), (module.threads, 1, 1), 0, stream, &mut params) }
+        .map_err(|e| BackendError::Launch { kernel: kernel.kernel.clone(), message: format!("cuLaunchKernel: {e:?}") })
+}
+
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
 pub(crate) fn scalar_slot(lit: Literal, d: DType) -> u64 {
     match d {
@@ -261,40 +304,12 @@ impl Device for CudaDevice {
         let f = self.function(kernel, module)?;
         let (table, diag) = self.hidden_buffers()?;
         self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
-        let mut all = args.to_vec();
-        all.extend([
-            KernelArg::i32(0),
-            KernelArg::i32(1),
-            table.arg(),
-            diag.arg(),
-            KernelArg::u64(opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64),
-        ]);
-        let mut slots: Vec<u64> = all
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p,
-                KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
-            })
-            .collect();
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|s| s as *mut u64 as *mut c_void).collect();
-        let fail = |what: &str, e: result::DriverError| BackendError::Launch {
+        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound);
+        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden)?;
+        result::ctx::synchronize().map_err(|e| BackendError::Launch {
             kernel: kernel.kernel.clone(),
-            message: format!("{what}: {e:?}"),
-        };
-        // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
-        // kernel parameter (each parameter is at most 8 bytes), checked against the signature.
-        unsafe {
-            result::launch_kernel(
-                f,
-                (grid[0], grid[1], grid[2]),
-                (module.threads, 1, 1),
-                0,
-                std::ptr::null_mut(),
-                &mut params,
-            )
-        }
-        .map_err(|e| fail("cuLaunchKernel", e))?;
-        result::ctx::synchronize().map_err(|e| fail("kernel execution", e))?;
+            message: format!("kernel execution: {e:?}"),
+        })?;
         self.check_waits(&kernel.kernel, &diag, opts.wait_bound)
     }
 }

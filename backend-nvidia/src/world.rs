@@ -11,11 +11,10 @@
 //! Limits of this first version: stream waits (`wait_signal`) have no watchdog yet, and the
 //! grids of concurrently running rank kernels must fit the GPU together (conformance sizes do).
 
-use crate::runtime::{scalar_slot, CudaDevice};
+use crate::runtime::{hidden_args, launch_raw, CudaDevice};
 use crate::{NvidiaBackend, PtxModule};
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
-use std::ffi::c_void;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg};
@@ -326,29 +325,9 @@ impl RankCtx for GpuRank {
         let s = self.stream(stream)?;
         self.shared.dev.current()?;
         let f = self.shared.dev.function(kernel, module)?;
-        let mut all = args.to_vec();
-        all.extend([
-            KernelArg::i32(self.rank as i32),
-            KernelArg::i32(self.world_size() as i32),
-            self.shared.table.arg(),
-            self.shared.diags[self.rank].arg(),
-            KernelArg::u64(self.shared.opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64),
-        ]);
-        let mut slots: Vec<u64> = all
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p,
-                KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
-            })
-            .collect();
-        let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
-        // SAFETY: `f` belongs to a loaded module; one live 8-byte slot per parameter, copied by
-        // the driver before the call returns.
-        unsafe { result::launch_kernel(f, (grid[0], grid[1], grid[2]), (module.threads, 1, 1), 0, s, &mut params) }
-            .map_err(|e| BackendError::Launch {
-                kernel: kernel.kernel.clone(),
-                message: format!("cuLaunchKernel: {e:?}"),
-            })
+        let (sh, r) = (&self.shared, self.rank);
+        let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound);
+        launch_raw(kernel, module, f, grid, s, args, hidden)
     }
 
     fn copy(
