@@ -396,3 +396,33 @@ impl RankCtx for GpuRank {
         self.shared.barrier.wait(self.rank)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HostBarrier;
+    use std::sync::Arc;
+
+    #[test]
+    fn barrier_releases_all_ranks_and_a_failing_rank_breaks_it() {
+        let b = Arc::new(HostBarrier::new(3));
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                let b = b.clone();
+                std::thread::spawn(move || b.wait(r).is_ok())
+            })
+            .collect();
+        assert!(hs.into_iter().all(|h| h.join().unwrap()));
+        // Two ranks wait, the third fails instead of arriving: both get an error, no hang.
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let b = b.clone();
+                std::thread::spawn(move || b.wait(r).unwrap_err().to_string())
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        b.abandon("rank 2 failed: test".into());
+        for h in hs {
+            assert!(h.join().unwrap().contains("rank 2 failed"));
+        }
+    }
+}
