@@ -279,11 +279,12 @@ fn main() -> ExitCode {
             run(fmt)
                 .and_then(|_| run(clippy))
                 .and_then(|_| test(a))
+                // Without a GPU this prints a visible "skipped: no CUDA driver" for every case.
+                .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
                 .and_then(|_| test(&chaos))
                 .and_then(|_| test(&race))
                 .and_then(|_| test(&simt("warp32")))
                 .and_then(|_| test(&simt("warp64")))
-                .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
                 .and_then(|_| ptx())
         }
     };
