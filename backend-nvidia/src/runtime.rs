@@ -37,6 +37,8 @@ struct Loaded {
 pub struct CudaDevice {
     ctx: sys::CUcontext,
     name: String,
+    /// Multiprocessors (for the occupancy check of cooperative launches).
+    pub(crate) sms: u32,
     modules: Mutex<HashMap<String, Loaded>>,
     /// Live allocations (address, bytes, name), to name buffers in diagnostics.
     live: Mutex<Vec<(u64, usize, String)>>,
@@ -69,9 +71,15 @@ impl CudaDevice {
         let name = result::device::get_name(dev).unwrap_or_default();
         // SAFETY: `dev` is a valid device handle from cuDeviceGet.
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
+        // SAFETY: `dev` is a valid device handle.
+        let sms = unsafe {
+            result::device::get_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        }
+        .map_err(|e| driver_err("cuDeviceGetAttribute", e))? as u32;
         let d = CudaDevice {
             ctx,
             name,
+            sms,
             modules: Mutex::new(HashMap::new()),
             live: Mutex::new(Vec::new()),
             hidden: Mutex::new(None),
@@ -198,7 +206,9 @@ pub(crate) fn hidden_args(
     ]
 }
 
-/// Enqueues `f` on `stream` with `args` and then the hidden parameters.
+/// Enqueues `f` on `stream` with `args` and then the hidden parameters (cooperative launches
+/// after an occupancy check against `sms` multiprocessors).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_raw(
     kernel: &Artifact,
     module: &PtxModule,
@@ -207,6 +217,7 @@ pub(crate) fn launch_raw(
     stream: sys::CUstream,
     args: &[KernelArg],
     hidden: [KernelArg; 5],
+    sms: u32,
 ) -> Result<(), BackendError> {
     let mut slots: Vec<u64> = args
         .iter()
@@ -217,11 +228,32 @@ pub(crate) fn launch_raw(
         })
         .collect();
     let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
+    let fail = |what: &str, e: result::DriverError| BackendError::Launch {
+        kernel: kernel.kernel.clone(),
+        message: format!("{what}: {e:?}"),
+    };
+    let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
+    if kernel.attrs.cooperative {
+        // All programs must be resident at once: refuse what cannot be, never start it.
+        // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
+        let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, 0) }
+            .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        let fit = per_sm.max(0) as u64 * sms as u64;
+        let total = grid.iter().map(|&x| x as u64).product::<u64>();
+        if total > fit {
+            return Err(BackendError::Launch {
+                kernel: kernel.kernel.clone(),
+                message: format!("cooperative launch of {total} programs: at most {fit} can be resident ({per_sm} per SM x {sms} SMs)"),
+            });
+        }
+        // SAFETY: as below; cooperative launches take the same parameter array.
+        return unsafe { result::launch_cooperative_kernel(f, g, b, 0, stream, &mut params) }
+            .map_err(|e| fail("cuLaunchCooperativeKernel", e));
+    }
     // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
     // kernel parameter (each at most 8 bytes, checked against the signature), which the driver
     // copies before the call returns.
-    unsafe { result::launch_kernel(f, (grid[0], grid[1], grid[2]), (module.threads, 1, 1), 0, stream, &mut params) }
-        .map_err(|e| BackendError::Launch { kernel: kernel.kernel.clone(), message: format!("cuLaunchKernel: {e:?}") })
+    unsafe { result::launch_kernel(f, g, b, 0, stream, &mut params) }.map_err(|e| fail("cuLaunchKernel", e))
 }
 
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
@@ -305,7 +337,7 @@ impl Device for CudaDevice {
         let (table, diag) = self.hidden_buffers()?;
         self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
         let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound);
-        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden)?;
+        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms)?;
         result::ctx::synchronize().map_err(|e| BackendError::Launch {
             kernel: kernel.kernel.clone(),
             message: format!("kernel execution: {e:?}"),

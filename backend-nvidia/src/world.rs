@@ -327,7 +327,7 @@ impl RankCtx for GpuRank {
         let f = self.shared.dev.function(kernel, module)?;
         let (sh, r) = (&self.shared, self.rank);
         let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound);
-        launch_raw(kernel, module, f, grid, s, args, hidden)
+        launch_raw(kernel, module, f, grid, s, args, hidden, sh.dev.sms)
     }
 
     fn copy(

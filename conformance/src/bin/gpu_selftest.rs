@@ -79,5 +79,37 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         return Err("after the signal was set, the next launch did not write its output".into());
     }
     println!("next launch in the same process: correct");
+
+    // 3. A cooperative launch whose programs wait on each other completes; one that cannot be
+    //    resident is refused with a typed error before it starts.
+    let b = KernelBuilder::new("siblings", LaunchAttrs { cooperative: true, ..LaunchAttrs::default() });
+    let (sig, out) = (b.arg_ptr("sig", DType::U64), b.arg_ptr("out", DType::I32));
+    let pid = b.program_id_x();
+    b.if_else(
+        pid.eq(0),
+        || {
+            let t = b.wait(sig, 1, CmpOp::Ge, 1u64, Scope::Gpu, MemSemantic::Acquire);
+            b.store(out.consume_token(t), 42, None);
+            vec![]
+        },
+        || {
+            b.notify(sig, b.rank(), 1u64, trident_core::ir::SignalOp::Set, trident_core::ir::CommScope::Gpu);
+            vec![]
+        },
+    );
+    let k = backend.compile(&b.finish()?, None)?;
+    dev.fill(&s, &[0])?;
+    dev.fill(&o, &[0])?;
+    dev.launch(&k, [2, 1, 1], &[s.arg(), o.arg()], &LaunchOptions::default())?;
+    dev.read(&o, 0, &mut raw)?;
+    if i32::from_le_bytes([raw[0], raw[1], raw[2], raw[3]]) != 42 {
+        return Err("cooperative sibling wait did not complete correctly".into());
+    }
+    let e = dev.launch(&k, [1 << 20, 1, 1], &[s.arg(), o.arg()], &LaunchOptions::default());
+    match e {
+        Err(e) if e.to_string().contains("can be resident") => println!("oversized cooperative launch refused: {e}"),
+        other => return Err(format!("oversized cooperative launch was not refused: {other:?}").into()),
+    }
+    println!("cooperative launch: correct");
     Ok(())
 }
