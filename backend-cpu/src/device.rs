@@ -56,11 +56,7 @@ impl Device for CpuDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let func = kernel.payload.downcast_ref::<Function>().ok_or(BackendError::WrongBackend {
-            kernel: kernel.kernel.clone(),
-            compiled_by: kernel.backend,
-            device: crate::NAME,
-        })?;
+        let func = kernel.payload_for::<Function>(crate::NAME)?;
         check_launch(kernel, grid, args, MAX_PROGRAMS)?;
         let order = program_order(grid, opts.seed);
         let hooks = DirectHooks { mem: &self.mem };

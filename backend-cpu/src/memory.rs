@@ -216,6 +216,42 @@ impl View<'_> {
     }
 }
 
+impl View<'_> {
+    /// The region and start offset of `len` bytes at `addr` (`None` for an empty span), checked
+    /// as a whole; `verb` says what the caller was doing, for the error.
+    pub fn locate_span(&self, addr: u64, len: usize, verb: &str) -> Result<Option<(&Region, usize)>, AccessError> {
+        if len == 0 {
+            return Ok(None);
+        }
+        let (region, start) = self.locate(addr, 1)?;
+        if start + len > region.bytes {
+            return Err(AccessError(format!(
+                "{verb} {len} bytes at offset {start} overruns buffer `{}` ({} bytes)",
+                region.name, region.bytes
+            )));
+        }
+        Ok(Some((region, start)))
+    }
+}
+
+/// Walks `len` bytes from `start` as whole aligned words where possible, single bytes elsewhere:
+/// `f(offset, index into the span, size)`.
+fn for_each_word(start: usize, len: usize, mut f: impl FnMut(usize, usize, usize)) {
+    let mut i = 0;
+    while i < len {
+        let size = if (start + i).is_multiple_of(8) && i + 8 <= len { 8 } else { 1 };
+        f(start + i, i, size);
+        i += size;
+    }
+}
+
+/// Little-endian bits of up to 8 bytes.
+fn le_bits(bytes: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b[..bytes.len()].copy_from_slice(bytes);
+    u64::from_le_bytes(b)
+}
+
 impl Memory {
     /// A new publication time.
     pub fn tick(&self) -> u64 {
@@ -247,34 +283,12 @@ impl Memory {
 
     /// Writes `data` at `addr` as one publication (host copies, copy engines, puts).
     pub fn publish_bytes(&self, addr: u64, data: &[u8], writer: Writer) -> Result<(), AccessError> {
-        let time = self.tick();
-        let record = self.recording();
+        let (time, record) = (self.tick(), self.recording());
         let view = self.view();
-        if data.is_empty() {
-            return Ok(());
-        }
-        let (region, start) = view.locate(addr, 1)?;
-        if start + data.len() > region.bytes {
-            return Err(AccessError(format!(
-                "writing {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
-                data.len(),
-                region.name,
-                region.bytes
-            )));
-        }
-        let mut i = 0;
-        while i < data.len() {
-            let off = start + i;
-            if off % 8 == 0 && i + 8 <= data.len() {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&data[i..i + 8]);
-                region.publish(off, 8, u64::from_le_bytes(b), time, writer, record);
-                i += 8;
-            } else {
-                region.publish(off, 1, data[i] as u64, time, writer, record);
-                i += 1;
-            }
-        }
+        let Some((region, start)) = view.locate_span(addr, data.len(), "writing")? else { return Ok(()) };
+        for_each_word(start, data.len(), |off, i, size| {
+            region.publish(off, size, le_bits(&data[i..i + size]), time, writer, record)
+        });
         Ok(())
     }
 
@@ -317,60 +331,18 @@ impl Memory {
     /// Copies host bytes into memory at `addr` (byte-granular, bounds-checked as a whole).
     pub fn write_bytes(&self, addr: u64, data: &[u8]) -> Result<(), AccessError> {
         let view = self.view();
-        if data.is_empty() {
-            return Ok(());
-        }
-        let (region, start) = view.locate(addr, 1)?;
-        if start + data.len() > region.bytes {
-            return Err(AccessError(format!(
-                "writing {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
-                data.len(),
-                region.name,
-                region.bytes
-            )));
-        }
-        let mut i = 0;
-        while i < data.len() {
-            let off = start + i;
-            if off % 8 == 0 && i + 8 <= data.len() {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(&data[i..i + 8]);
-                region.store(off, 8, u64::from_le_bytes(b));
-                i += 8;
-            } else {
-                region.store(off, 1, data[i] as u64);
-                i += 1;
-            }
-        }
+        let Some((region, start)) = view.locate_span(addr, data.len(), "writing")? else { return Ok(()) };
+        for_each_word(start, data.len(), |off, i, size| region.store(off, size, le_bits(&data[i..i + size])));
         Ok(())
     }
 
     /// Copies memory at `addr` into `out`.
     pub fn read_bytes(&self, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let view = self.view();
-        if out.is_empty() {
-            return Ok(());
-        }
-        let (region, start) = view.locate(addr, 1)?;
-        if start + out.len() > region.bytes {
-            return Err(AccessError(format!(
-                "reading {} bytes at offset {start} overruns buffer `{}` ({} bytes)",
-                out.len(),
-                region.name,
-                region.bytes
-            )));
-        }
-        let mut i = 0;
-        while i < out.len() {
-            let off = start + i;
-            if off % 8 == 0 && i + 8 <= out.len() {
-                out[i..i + 8].copy_from_slice(&region.load(off, 8).to_le_bytes());
-                i += 8;
-            } else {
-                out[i] = region.load(off, 1) as u8;
-                i += 1;
-            }
-        }
+        let Some((region, start)) = view.locate_span(addr, out.len(), "reading")? else { return Ok(()) };
+        for_each_word(start, out.len(), |off, i, size| {
+            out[i..i + size].copy_from_slice(&region.load(off, size).to_le_bytes()[..size])
+        });
         Ok(())
     }
 

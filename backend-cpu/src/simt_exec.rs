@@ -90,11 +90,7 @@ impl Device for SimtDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let k = kernel.payload.downcast_ref::<Kernel>().ok_or(BackendError::WrongBackend {
-            kernel: kernel.kernel.clone(),
-            compiled_by: kernel.backend,
-            device: NAME,
-        })?;
+        let k = kernel.payload_for::<Kernel>(NAME)?;
         check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
         // Hidden parameters: a world of one rank; its heap-base table only needs to exist.
         let table = self.inner.alloc(8 * trident_core::simt::diag::WORDS, "__hidden")?;

@@ -326,11 +326,7 @@ impl Device for CudaDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let module = kernel.payload.downcast_ref::<PtxModule>().ok_or(BackendError::WrongBackend {
-            kernel: kernel.kernel.clone(),
-            compiled_by: kernel.backend,
-            device: crate::NAME,
-        })?;
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         check_launch(kernel, grid, args, u64::MAX)?;
         self.current()?;
         let f = self.function(kernel, module)?;

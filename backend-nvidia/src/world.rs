@@ -246,8 +246,7 @@ impl RankCtx for GpuRank {
             return Ok(a.clone());
         }
         let a = NvidiaBackend.compile(&build()?, None)?;
-        let module =
-            a.payload.downcast_ref::<PtxModule>().ok_or_else(|| BackendError::Host("not a PTX artifact".into()))?;
+        let module = a.payload_for::<PtxModule>(crate::NAME)?;
         self.shared.dev.current()?;
         self.shared.dev.function(&a, module)?;
         // Every rank has loaded the module before any rank launches it (SPMD: all compile it).
@@ -316,11 +315,7 @@ impl RankCtx for GpuRank {
         grid: [u32; 3],
         args: &[KernelArg],
     ) -> Result<(), BackendError> {
-        let module = kernel.payload.downcast_ref::<PtxModule>().ok_or(BackendError::WrongBackend {
-            kernel: kernel.kernel.clone(),
-            compiled_by: kernel.backend,
-            device: crate::NAME,
-        })?;
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         check_launch(kernel, grid, args, u64::MAX)?;
         let s = self.stream(stream)?;
         self.shared.dev.current()?;

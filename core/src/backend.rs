@@ -105,6 +105,17 @@ pub struct Artifact {
     pub payload: Arc<dyn Any + Send + Sync>,
 }
 
+impl Artifact {
+    /// The backend-private compiled form, if this artifact is one of `device`'s kind (`T`).
+    pub fn payload_for<T: Any>(&self, device: &'static str) -> Result<&T, BackendError> {
+        self.payload.downcast_ref::<T>().ok_or(BackendError::WrongBackend {
+            kernel: self.kernel.clone(),
+            compiled_by: self.backend,
+            device,
+        })
+    }
+}
+
 impl std::fmt::Debug for Artifact {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Artifact")
