@@ -94,8 +94,9 @@ impl Device for SimtDevice {
         check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
         // Hidden parameters: a world of one rank; its heap-base table only needs to exist.
         let table = self.inner.alloc(8 * trident_core::simt::diag::WORDS, "__hidden")?;
+        self.inner.write(&table, 0, &[0; 8 * trident_core::simt::diag::WORDS])?;
         let mut all = args.to_vec();
-        all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0)]);
+        all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0), table.arg()]);
         let args = &all[..];
         let order = crate::device::program_order(grid, opts.seed);
         let hooks = DirectHooks { mem: self.inner.memory() };
@@ -304,14 +305,7 @@ impl Exec<'_> {
                     let e = if on {
                         from_bits(d, self.view.load(&view, addr, size).or_else(|e| fault(format!("load: {}", e.0)))?)
                     } else {
-                        match o.as_ref().map(|o| &o.data) {
-                            Some(Data::F(v)) => Elt::F(v[i]),
-                            Some(Data::D(v)) => Elt::D(v[i]),
-                            Some(Data::I(v)) => Elt::I(v[i]),
-                            _ if d == DType::F64 => Elt::D(f64::NAN),
-                            _ if d.is_float() => Elt::F(f32::NAN),
-                            _ => Elt::I(0),
-                        }
+                        masked(d, o.as_ref().map(|o| &o.data), i)
                     };
                     push(&mut out, e)?;
                 }
@@ -331,6 +325,66 @@ impl Exec<'_> {
                         .store(&view, addr, size, bits_of(&v.data, i, d), i)
                         .or_else(|e| fault(format!("store: {}", e.0)))?;
                 }
+            }
+            Inst::VLoad { dsts, addr, pred, others } => {
+                let d = dtype(k.ty(dsts[0]));
+                let size = d.size_bytes() as usize;
+                let a = self.get(*addr)?;
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let others: Vec<Val> = others.iter().map(|o| self.get(*o)).collect::<Result<_, _>>()?;
+                let view = self.mem.view();
+                let mut outs: Vec<Data> = dsts.iter().map(|_| empty_for(Elem::Num(d), lanes)).collect();
+                for (i, &base) in a.ptrs().iter().enumerate() {
+                    let on = p.as_ref().is_none_or(|p| p.ints()[i] != 0);
+                    if on && base % (size * dsts.len()) as u64 != 0 {
+                        return fault(format!("vector load at {base:#x} not aligned to {} bytes", size * dsts.len()));
+                    }
+                    for (j, out) in outs.iter_mut().enumerate() {
+                        let e = if on {
+                            let at = base + (j * size) as u64;
+                            from_bits(d, self.view.load(&view, at, size).or_else(|e| fault(format!("load: {}", e.0)))?)
+                        } else {
+                            masked(d, others.get(j).map(|o| &o.data), i)
+                        };
+                        push(out, e)?;
+                    }
+                }
+                for (dst, out) in dsts.iter().zip(outs) {
+                    self.set(*dst, out);
+                }
+            }
+            Inst::VStore { addr, values, pred } => {
+                let d = dtype(k.ty(values[0]));
+                let size = d.size_bytes() as usize;
+                let a = self.get(*addr)?;
+                let vs: Vec<Val> = values.iter().map(|v| self.get(*v)).collect::<Result<_, _>>()?;
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let view = self.mem.view();
+                for (i, &base) in a.ptrs().iter().enumerate() {
+                    if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
+                        continue;
+                    }
+                    if base % (size * vs.len()) as u64 != 0 {
+                        return fault(format!("vector store at {base:#x} not aligned to {} bytes", size * vs.len()));
+                    }
+                    for (j, v) in vs.iter().enumerate() {
+                        let at = base + (j * size) as u64;
+                        self.view
+                            .store(&view, at, size, bits_of(&v.data, i, d), i)
+                            .or_else(|e| fault(format!("store: {}", e.0)))?;
+                    }
+                }
+            }
+            Inst::IsAligned { dst, addr, bytes } => {
+                let a = self.get(*addr)?;
+                let v = a.ptrs().iter().map(|&p| (p % *bytes as u64 == 0) as i64).collect();
+                self.set(*dst, Data::I(v));
+            }
+            Inst::Shuffle { dst, src, lane_xor } => {
+                let v = self.get(*src)?;
+                let ws = k.warp_size as usize;
+                let idx: Vec<usize> = (0..lanes).map(|i| (i / ws) * ws + ((i % ws) ^ *lane_xor as usize)).collect();
+                self.set(*dst, v.data.gather(&idx));
             }
             Inst::SharedStore { offset, value, pred } => {
                 let d = dtype(k.ty(*value));
@@ -474,6 +528,18 @@ impl Exec<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// What a masked-off lane of a load holds: lane `i` of `other`, or NaN / 0.
+fn masked(d: DType, other: Option<&Data>, i: usize) -> Elt {
+    match other {
+        Some(Data::F(v)) => Elt::F(v[i]),
+        Some(Data::D(v)) => Elt::D(v[i]),
+        Some(Data::I(v)) => Elt::I(v[i]),
+        _ if d == DType::F64 => Elt::D(f64::NAN),
+        _ if d.is_float() => Elt::F(f32::NAN),
+        _ => Elt::I(0),
     }
 }
 

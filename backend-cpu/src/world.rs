@@ -105,6 +105,8 @@ struct Inner {
     next_launch: AtomicU64,
     races: Option<Races>,
     barrier_clock: Mutex<VClock>,
+    /// The `__barrier` words of lowered kernels' `barrier_all` (count, generation).
+    barrier_words: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -197,11 +199,14 @@ impl CpuWorld {
         }
         let sched = Sched::new(opts.seed);
         let races = opts.race.then(Races::default);
+        let mem = Arc::new(Memory::default());
+        let barrier_words = mem.alloc("__barrier", 16).map_err(|e| BackendError::Host(e.0))?;
         let inner = Arc::new(Inner {
             symm: Mutex::new(Symm { calls: vec![0; opts.ranks], ..Symm::default() }),
             opts,
             sched: sched.clone(),
-            mem: Arc::new(Memory::default()),
+            mem,
+            barrier_words,
             barrier_arrived: AtomicUsize::new(0),
             barrier_generation: Arc::new(AtomicU64::new(0)),
             kernel_barriers: Mutex::new(HashMap::new()),
@@ -860,6 +865,7 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                             KernelArg::Ptr(0),
                             KernelArg::Ptr(0),
                             KernelArg::u64(0),
+                            KernelArg::Ptr(inner.barrier_words),
                         ]);
                         crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks).map_err(
                             |f| BackendError::Execution {

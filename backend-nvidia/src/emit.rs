@@ -310,6 +310,30 @@ impl<'k> Writer<'k> {
                     self.line(format!("{guard}ld.global.{} {d}, [{a}]", mem(t)));
                 }
             }
+            Inst::VLoad { dsts, addr, pred, others } => {
+                let t = self.k.ty(dsts[0]);
+                for (d, o) in dsts.iter().zip(others) {
+                    self.mov(*d, *o);
+                }
+                let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
+                let a = self.n(*addr).to_string();
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                self.line(format!("{guard}ld.global.v{}.{} {{{}}}, [{a}]", dsts.len(), vec_type(t), names.join(", ")));
+            }
+            Inst::VStore { addr, values, pred } => {
+                let t = self.k.ty(values[0]);
+                let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
+                let a = self.n(*addr).to_string();
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                self.line(format!("{guard}st.global.v{}.{} [{a}], {{{}}}", values.len(), vec_type(t), names.join(", ")));
+            }
+            Inst::IsAligned { dst, addr, bytes } => {
+                let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
+                let t = self.temp(Class::Rd);
+                self.line(format!("and.b64 {t}, {a}, {}", bytes - 1));
+                self.line(format!("setp.eq.u64 {d}, {t}, 0"));
+            }
+            Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
             Inst::Fma { dst, a, b, c } => {
                 let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
                 let (d, x, y, z) =
@@ -561,6 +585,37 @@ impl<'k> Writer<'k> {
         Ok(())
     }
 
+    /// `shfl.sync.bfly` over the full warp; 64-bit values go as two halves, predicates and
+    /// 16-bit values through a 32-bit register.
+    fn shuffle(&mut self, dst: Reg, src: Reg, xor: u32) {
+        let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
+        let shfl = |w: &mut Self, out: &str, inp: &str| {
+            w.line(format!("shfl.sync.bfly.b32 {out}, {inp}, {xor}, 31, -1"));
+        };
+        match class(self.k.ty(src)) {
+            Class::R | Class::F => shfl(self, &d, &s),
+            Class::Rd | Class::Fd => {
+                let (lo, hi) = (self.temp(Class::R), self.temp(Class::R));
+                self.line(format!("mov.b64 {{{lo}, {hi}}}, {s}"));
+                shfl(self, &lo, &lo);
+                shfl(self, &hi, &hi);
+                self.line(format!("mov.b64 {d}, {{{lo}, {hi}}}"));
+            }
+            Class::H => {
+                let w = self.temp(Class::R);
+                self.line(format!("cvt.u32.u16 {w}, {s}"));
+                shfl(self, &w, &w);
+                self.line(format!("cvt.u16.u32 {d}, {w}"));
+            }
+            Class::P => {
+                let w = self.temp(Class::R);
+                self.line(format!("selp.u32 {w}, 1, 0, {s}"));
+                shfl(self, &w, &w);
+                self.line(format!("setp.ne.u32 {d}, {w}, 0"));
+            }
+        }
+    }
+
     fn insts(&mut self, body: &[Inst]) -> Result<(), EmitError> {
         for i in body {
             self.inst(i)?;
@@ -800,6 +855,17 @@ fn scope_name(s: Scope) -> &'static str {
 /// The comparison's number in the diagnostics record (`CmpOp::ALL` order).
 pub fn cmp_code(c: CmpOp) -> u64 {
     CmpOp::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64
+}
+
+/// Element type of a vector access (bit types: any register of the size).
+fn vec_type(t: SType) -> &'static str {
+    match t {
+        SType::F16 | SType::BF16 | SType::Int { bits: 16, .. } => "b16",
+        SType::F32 => "f32",
+        SType::F64 => "f64",
+        SType::Int { bits: 64, .. } | SType::Ptr => "b64",
+        _ => "b32",
+    }
 }
 
 fn mov_type(t: SType) -> &'static str {

@@ -43,7 +43,7 @@ pub struct CudaDevice {
     /// Live allocations (address, bytes, name), to name buffers in diagnostics.
     live: Mutex<Vec<(u64, usize, String)>>,
     /// The heap-base table and the wait-diagnostics record every kernel receives.
-    hidden: Mutex<Option<(Buffer, Buffer)>>,
+    hidden: Mutex<Option<(Buffer, Buffer, Buffer)>>,
 }
 
 // SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
@@ -137,7 +137,7 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    fn hidden_buffers(&self) -> Result<(Buffer, Buffer), BackendError> {
+    fn hidden_buffers(&self) -> Result<(Buffer, Buffer, Buffer), BackendError> {
         if let Some(h) = self.hidden.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Ok(h);
         }
@@ -145,8 +145,9 @@ impl CudaDevice {
         let table = self.alloc(8, "__heap_bases")?;
         self.write(&table, 0, &0u64.to_le_bytes())?;
         let diag = self.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
-        *self.hidden.lock().unwrap_or_else(|e| e.into_inner()) = Some((table.clone(), diag.clone()));
-        Ok((table, diag))
+        let barrier = self.alloc(16, "__barrier_all")?;
+        *self.hidden.lock().unwrap_or_else(|e| e.into_inner()) = Some((table.clone(), diag.clone(), barrier.clone()));
+        Ok((table, diag, barrier))
     }
 
     /// Turns a timed-out wait's record into an error naming rank, program, signal, expected, seen.
@@ -196,13 +197,15 @@ pub(crate) fn hidden_args(
     table: &Buffer,
     diag: &Buffer,
     bound: std::time::Duration,
-) -> [KernelArg; 5] {
+    barrier: &Buffer,
+) -> [KernelArg; 6] {
     [
         KernelArg::i32(rank as i32),
         KernelArg::i32(ranks as i32),
         table.arg(),
         diag.arg(),
         KernelArg::u64(bound.as_nanos().min(u64::MAX as u128) as u64),
+        barrier.arg(),
     ]
 }
 
@@ -216,7 +219,7 @@ pub(crate) fn launch_raw(
     grid: [u32; 3],
     stream: sys::CUstream,
     args: &[KernelArg],
-    hidden: [KernelArg; 5],
+    hidden: [KernelArg; 6],
     sms: u32,
 ) -> Result<(), BackendError> {
     let mut slots: Vec<u64> = args
@@ -330,9 +333,10 @@ impl Device for CudaDevice {
         check_launch(kernel, grid, args, u64::MAX)?;
         self.current()?;
         let f = self.function(kernel, module)?;
-        let (table, diag) = self.hidden_buffers()?;
+        let (table, diag, barrier) = self.hidden_buffers()?;
         self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
-        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound);
+        self.write(&barrier, 0, &[0u8; 16])?;
+        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound, &barrier);
         launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms)?;
         result::ctx::synchronize().map_err(|e| BackendError::Launch {
             kernel: kernel.kernel.clone(),

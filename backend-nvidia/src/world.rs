@@ -43,6 +43,8 @@ struct Shared {
     heaps: Vec<Buffer>,
     table: Buffer,
     diags: Vec<Buffer>,
+    /// Count and generation words of `barrier_all`, shared by every rank.
+    barrier_all: Buffer,
     /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
     next: Mutex<Vec<usize>>,
     barrier: HostBarrier,
@@ -133,7 +135,10 @@ impl GpuWorld {
         for d in &diags {
             dev.fill(d, &[0])?;
         }
+        let barrier_all = dev.alloc(16, "__barrier_all")?;
+        dev.fill(&barrier_all, &[0])?;
         let shared = Arc::new(Shared {
+            barrier_all,
             dev,
             opts,
             heaps,
@@ -176,7 +181,7 @@ impl GpuWorld {
                 }
             }
         }
-        for h in shared.heaps.iter().chain(shared.diags.iter()).chain(std::iter::once(&shared.table)) {
+        for h in shared.heaps.iter().chain(shared.diags.iter()).chain([&shared.table, &shared.barrier_all]) {
             let _ = shared.dev.free(h);
         }
         match first_err {
@@ -321,7 +326,7 @@ impl RankCtx for GpuRank {
         self.shared.dev.current()?;
         let f = self.shared.dev.function(kernel, module)?;
         let (sh, r) = (&self.shared, self.rank);
-        let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound);
+        let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound, &sh.barrier_all);
         launch_raw(kernel, module, f, grid, s, args, hidden, sh.dev.sms)
     }
 

@@ -1,20 +1,20 @@
 //! The SIMT IR: a tile program after layout assignment, as the program of one thread.
 //!
 //! Every tile value of the tile IR becomes, in each thread, the registers holding the elements
-//! that thread owns under the value's [`Layout`]; scalars are one uniform register. Instructions
-//! are typed scalar operations on virtual registers, global loads and stores with an optional
-//! predicate, and special registers (thread and program ids). Both GPU backends consume this IR:
-//! the PTX writer and the AMDGCN writer are straight translations of it, so layout decisions are
-//! made once, here.
+//! that thread owns under the value's blocked layout ([`layout::Blocked`]); scalars are one
+//! uniform register. Instructions are typed scalar operations on virtual registers, global loads
+//! and stores (scalar or vector, with an optional predicate), shared memory, barriers, warp
+//! shuffles, atomics, structured control flow, and the communication instructions (peer
+//! addresses, signals, bounded waits). Both GPU backends consume this IR: the PTX writer and the
+//! AMDGCN writer are straight translations of it, so layout decisions are made once, here, and the
+//! CPU backend executes it to test them without a GPU.
 //!
-//! Current slice: every tile uses the *flat blocked* layout (row-major element index distributed
-//! blocked over the threads); layout changes (broadcast, transpose), reductions and `dot` go
-//! through shared memory (`dot` as an FMA loop over K), and `for`/`if`/`while` are structured
-//! instructions with uniform conditions. Ops outside this slice (the distributed ops so far) are
-//! reported by [`lower`] as [`LowerError::Unsupported`] naming the op, so a backend never emits
-//! wrong code for them. Shuffle reductions, MMA layouts, `cp.async`/TMA and warp specialization
-//! replace the shared-memory paths where performance needs them.
+//! Ops outside what [`lower`] handles are reported as [`LowerError::Unsupported`] naming the op,
+//! so a backend never emits wrong code for them. MMA layouts, `cp.async`/TMA and warp
+//! specialization replace the shared-memory `dot` where performance needs them.
 
+pub mod contiguity;
+pub mod layout;
 pub mod lower;
 
 pub use lower::{lower, LowerError, LowerOptions};
@@ -86,6 +86,8 @@ pub const HIDDEN_PARAMS: &[(&str, SType)] = &[
     ("__diag", SType::Ptr),
     // Bound of every wait, in nanoseconds of `%globaltimer`.
     ("__wait_bound_ns", SType::Int { bits: 64, signed: false }),
+    // Two u64 words shared by every rank of the world (arrival count, generation): `barrier_all`.
+    ("__barrier", SType::Ptr),
 ];
 
 /// Layout of the diagnostics record a timed-out wait fills (u64 words).
@@ -166,6 +168,34 @@ pub enum Inst {
         addr: Reg,
         value: Reg,
         pred: Option<Reg>,
+    },
+    /// Vector load of `dsts.len()` (2 or 4) consecutive elements of `dsts`' type from `addr`
+    /// (aligned to the whole vector); lanes with a false `pred` keep `dsts = others` (or any value
+    /// when `others` is empty).
+    VLoad {
+        dsts: Vec<Reg>,
+        addr: Reg,
+        pred: Option<Reg>,
+        others: Vec<Reg>,
+    },
+    /// Vector store of `values` (2 or 4) to consecutive elements at `addr` (aligned).
+    VStore {
+        addr: Reg,
+        values: Vec<Reg>,
+        pred: Option<Reg>,
+    },
+    /// `dst = addr % bytes == 0` (`bytes` a power of two).
+    IsAligned {
+        dst: Reg,
+        addr: Reg,
+        bytes: u32,
+    },
+    /// Butterfly shuffle: `dst` gets `src` of lane `lane ^ lane_xor` of the same warp. Every lane
+    /// of the warp executes it (uniform control flow).
+    Shuffle {
+        dst: Reg,
+        src: Reg,
+        lane_xor: u32,
     },
     /// `dst = a * b + c` (f32 or f64), one rounding.
     Fma {

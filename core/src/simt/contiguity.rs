@@ -1,0 +1,223 @@
+//! Contiguity analysis (Triton's axis info, along the last dimension): for every integer and
+//! pointer tile, how many consecutive elements of each aligned run along the last dimension hold
+//! consecutive values (`contiguity`), and how many hold equal values (`constancy`). The lowering
+//! turns loads and stores whose pointers are contiguous over a thread's vector into vector
+//! accesses (alignment and masks are checked at run time, see `lower.rs`).
+//!
+//! Runs are aligned: `contiguity = c` means elements `[k c, (k + 1) c)` along the last dimension
+//! are consecutive; both facts are powers of two. Loop-carried values take the meet of their
+//! initial value and every `next`, iterated to a fixed point.
+
+use crate::ir::*;
+use std::collections::HashMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AxisInfo {
+    pub contiguity: u32,
+    pub constancy: u32,
+}
+
+impl AxisInfo {
+    const NONE: AxisInfo = AxisInfo { contiguity: 1, constancy: 1 };
+
+    fn meet(self, o: AxisInfo) -> AxisInfo {
+        AxisInfo { contiguity: self.contiguity.min(o.contiguity), constancy: self.constancy.min(o.constancy) }
+    }
+}
+
+/// Largest power of two dividing `x` (`cap` for 0).
+fn pow2_divisor(x: i64, cap: u32) -> u32 {
+    if x == 0 {
+        cap
+    } else {
+        (1u64 << x.unsigned_abs().trailing_zeros().min(31)).min(cap as u64) as u32
+    }
+}
+
+pub struct Contiguity<'f> {
+    func: &'f Function,
+    info: HashMap<Value, AxisInfo>,
+}
+
+impl<'f> Contiguity<'f> {
+    pub fn analyse(func: &'f Function) -> Contiguity<'f> {
+        let mut c = Contiguity { func, info: HashMap::new() };
+        c.block(func.body);
+        c
+    }
+
+    /// Facts about `v` along its last dimension (scalars are constant).
+    pub fn get(&self, v: Value) -> AxisInfo {
+        let t = self.func.ty(v);
+        if t.is_scalar() {
+            return AxisInfo { contiguity: 1, constancy: u32::MAX };
+        }
+        self.info.get(&v).copied().unwrap_or(AxisInfo::NONE)
+    }
+
+    fn last(&self, v: Value) -> u32 {
+        self.func.ty(v).shape.last().copied().unwrap_or(1)
+    }
+
+    fn block(&mut self, b: Block) {
+        for &op in &self.func.blocks[b].ops.clone() {
+            self.op(op);
+        }
+    }
+
+    /// Analyses a loop body until its carried values' facts stop shrinking.
+    fn fixpoint(&mut self, args: &[Value], init: &[Value], body: Block) {
+        for (a, i) in args.iter().zip(init) {
+            let f = self.get(*i);
+            self.info.insert(*a, f);
+        }
+        for _ in 0..8 {
+            self.block(body);
+            let nexts = self.func.blocks[body].yields.clone();
+            let mut changed = false;
+            for (a, n) in args.iter().zip(&nexts) {
+                let m = self.get(*a).meet(self.get(*n));
+                if m != self.get(*a) {
+                    self.info.insert(*a, m);
+                    changed = true;
+                }
+            }
+            if !changed {
+                return;
+            }
+        }
+        for a in args {
+            self.info.insert(*a, AxisInfo::NONE);
+        }
+        self.block(body);
+    }
+
+    fn op(&mut self, op: Op) {
+        let d = &self.func.ops[op];
+        let g = |v: Value| self.get(v);
+        let result = d.results.first().copied();
+        let info = match &d.kind {
+            OpKind::Arange { start, end } => {
+                let n = (end - start) as u32;
+                AxisInfo { contiguity: pow2_divisor(*start, n), constancy: 1 }
+            }
+            OpKind::Splat(_) => {
+                let r = result.expect("splat has a result");
+                AxisInfo { contiguity: 1, constancy: self.last(r) }
+            }
+            OpKind::Broadcast(x) => {
+                let r = result.expect("broadcast has a result");
+                if self.last(*x) == 1 && self.last(r) > 1 {
+                    AxisInfo { contiguity: 1, constancy: self.last(r) }
+                } else {
+                    g(*x)
+                }
+            }
+            OpKind::Reshape(x) | OpKind::ConsumeToken { value: x, .. } => {
+                let r = result.expect("reshape has a result");
+                if self.last(*x) == self.last(r) {
+                    g(*x)
+                } else {
+                    AxisInfo::NONE
+                }
+            }
+            OpKind::Binary { op: b, lhs, rhs } => {
+                let (a, c) = (g(*lhs), g(*rhs));
+                let constancy = a.constancy.min(c.constancy);
+                let contiguity = match b {
+                    BinaryOp::Add => a.contiguity.min(c.constancy).max(a.constancy.min(c.contiguity)),
+                    BinaryOp::Sub => a.contiguity.min(c.constancy),
+                    _ => 1,
+                };
+                AxisInfo { contiguity: contiguity.max(1), constancy }
+            }
+            OpKind::AddPtr { ptr, offset } => {
+                let (a, c) = (g(*ptr), g(*offset));
+                AxisInfo {
+                    contiguity: a.contiguity.min(c.constancy).max(a.constancy.min(c.contiguity)).max(1),
+                    constancy: a.constancy.min(c.constancy),
+                }
+            }
+            OpKind::Cast(x) => {
+                let r = result.expect("cast has a result");
+                let int = |v: Value| self.func.ty(v).elem.dtype().is_some_and(|d| d.is_int());
+                if int(r) && int(*x) {
+                    g(*x)
+                } else {
+                    AxisInfo { contiguity: 1, constancy: g(*x).constancy }
+                }
+            }
+            OpKind::Unary { x, .. } => AxisInfo { contiguity: 1, constancy: g(*x).constancy },
+            OpKind::Cmp { lhs, rhs, .. } => {
+                AxisInfo { contiguity: 1, constancy: g(*lhs).constancy.min(g(*rhs).constancy) }
+            }
+            OpKind::Select { cond, on_true, on_false } => AxisInfo {
+                contiguity: 1,
+                constancy: g(*cond).constancy.min(g(*on_true).constancy).min(g(*on_false).constancy),
+            },
+            OpKind::For { init, body, .. } => {
+                let args = self.func.blocks[*body].args[1..].to_vec();
+                self.fixpoint(&args, &init.clone(), *body);
+                let facts: Vec<AxisInfo> = args.iter().map(|a| self.get(*a)).collect();
+                for (r, f) in self.func.ops[op].results.iter().zip(facts) {
+                    self.info.insert(*r, f);
+                }
+                return;
+            }
+            OpKind::While { init, cond, body } => {
+                let (init, cond, body) = (init.clone(), *cond, *body);
+                let args = self.func.blocks[body].args.clone();
+                let cargs = self.func.blocks[cond].args.clone();
+                // Conservative: the condition block sees the carried values too.
+                for a in &cargs {
+                    self.info.insert(*a, AxisInfo::NONE);
+                }
+                self.block(cond);
+                self.fixpoint(&args, &init, body);
+                for r in &self.func.ops[op].results {
+                    self.info.insert(*r, AxisInfo::NONE);
+                }
+                return;
+            }
+            OpKind::If { then_block, else_block, .. } => {
+                let (t, e) = (*then_block, *else_block);
+                self.block(t);
+                self.block(e);
+                let ty = self.func.blocks[t].yields.clone();
+                let ey = self.func.blocks[e].yields.clone();
+                for ((r, a), b) in self.func.ops[op].results.iter().zip(ty).zip(ey) {
+                    let f = self.get(a).meet(self.get(b));
+                    self.info.insert(*r, f);
+                }
+                return;
+            }
+            _ => AxisInfo::NONE,
+        };
+        if let Some(r) = result {
+            self.info.insert(r, info);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::builder::KernelBuilder;
+
+    #[test]
+    fn pointer_tiles_of_a_gemm_are_contiguous_along_k() {
+        let b = KernelBuilder::new("t", LaunchAttrs::default());
+        let (a, sa) = (b.arg_ptr("a", DType::F32), b.arg("sa", DType::I32));
+        let rows = (b.program_id_x() * 64 + b.arange(0, 64)).expand_dims(1);
+        let rk = b.arange(0, 32);
+        let p = a + rows * sa + rk.expand_dims(0);
+        let strided = a + rk.expand_dims(0) * sa;
+        let out = b.for_range(0, 128, 32, &[p], |_, c: &[crate::builder::Tile]| vec![c[0] + 32i32]);
+        let (pv, sv, ov) = (p.value(), strided.value(), out[0].value());
+        let f = b.finish().unwrap();
+        let c = Contiguity::analyse(&f);
+        assert_eq!(c.get(pv).contiguity, 32);
+        assert_eq!(c.get(sv).contiguity, 1);
+        assert_eq!(c.get(ov).contiguity, 32);
+    }
+}
