@@ -325,7 +325,12 @@ impl<'k> Writer<'k> {
                 let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
                 let a = self.n(*addr).to_string();
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                self.line(format!("{guard}st.global.v{}.{} [{a}], {{{}}}", values.len(), vec_type(t), names.join(", ")));
+                self.line(format!(
+                    "{guard}st.global.v{}.{} [{a}], {{{}}}",
+                    values.len(),
+                    vec_type(t),
+                    names.join(", ")
+                ));
             }
             Inst::IsAligned { dst, addr, bytes } => {
                 let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());

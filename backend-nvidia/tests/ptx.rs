@@ -29,10 +29,10 @@ fn vector_add_ptx_snapshots() {
 fn unsupported_ops_are_a_typed_compile_error() {
     let b = KernelBuilder::new("who", LaunchAttrs::default());
     let x = b.arg_ptr("x", DType::I32);
-    b.put(x, x, 4i64, 0, trident_core::ir::Group::Block, true);
+    b.atomic_cas(x, 0i32, 1i32, trident_core::ir::MemSemantic::AcqRel, trident_core::ir::Scope::Gpu);
     let e = NvidiaBackend.compile(&b.finish().unwrap(), Some("sm_90")).unwrap_err();
     assert!(matches!(&e, BackendError::Compile { kernel, .. } if kernel == "who"), "{e}");
-    assert!(e.to_string().contains("`put`"), "{e}");
+    assert!(e.to_string().contains("`atomic_cas`"), "{e}");
     let e = NvidiaBackend.compile(&vector_add(DType::F32), Some("sm_70")).unwrap_err();
     assert!(e.to_string().contains("does not support target `sm_70`"), "{e}");
 }

@@ -40,7 +40,13 @@ impl Blocked {
         let mut tpw = vec![1; rank];
         let mut wpp = vec![1; rank];
         if rank == 0 {
-            return Blocked { shape: vec![], size_per_thread: spt, threads_per_warp: tpw, warps_per_program: wpp, order };
+            return Blocked {
+                shape: vec![],
+                size_per_thread: spt,
+                threads_per_warp: tpw,
+                warps_per_program: wpp,
+                order,
+            };
         }
         // Wide enough for vector accesses, narrow enough that the program's threads are not
         // spent on replicas when the tile is small.

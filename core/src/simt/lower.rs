@@ -224,20 +224,39 @@ impl Lowering<'_> {
         let saved = std::mem::take(&mut self.cur);
         let pos: Vec<Reg> = (0..l.rank())
             .map(|d| {
-                let lane = self.bin_c(BinaryOp::Shr, self.lane, log2(l.lane_stride(d)));
-                let lane = self.bin_c(BinaryOp::And, lane, l.threads_per_warp[d] as i64 - 1);
-                let warp = self.bin_c(BinaryOp::Shr, self.warp, log2(l.warp_stride(d)));
-                let warp = self.bin_c(BinaryOp::And, warp, l.warps_per_program[d] as i64 - 1);
-                let t = self.bin_c(BinaryOp::Shl, warp, log2(l.threads_per_warp[d]));
-                let t = self.bin(BinaryOp::Or, t, lane);
-                let p = self.bin_c(BinaryOp::Shl, t, log2(l.size_per_thread[d]));
-                self.bin_c(BinaryOp::And, p, shape[d] as i64 - 1)
+                let lane = self.field(self.lane, l.lane_stride(d), l.threads_per_warp[d]);
+                let warp = self.field(self.warp, l.warp_stride(d), l.warps_per_program[d]);
+                let t = match (warp, lane) {
+                    (None, None) => self.iconst(0),
+                    (Some(w), None) => self.bin_c(BinaryOp::Shl, w, log2(l.threads_per_warp[d])),
+                    (None, Some(ln)) => ln,
+                    (Some(w), Some(ln)) => {
+                        let w = self.bin_c(BinaryOp::Shl, w, log2(l.threads_per_warp[d]));
+                        self.bin(BinaryOp::Or, w, ln)
+                    }
+                };
+                let p =
+                    if l.size_per_thread[d] > 1 { self.bin_c(BinaryOp::Shl, t, log2(l.size_per_thread[d])) } else { t };
+                if l.program_tile(d) > shape[d] {
+                    self.bin_c(BinaryOp::And, p, shape[d] as i64 - 1)
+                } else {
+                    p
+                }
             })
             .collect();
         let defs = std::mem::replace(&mut self.cur, saved);
         self.prologue.extend(defs);
         self.positions.insert(shape.to_vec(), pos.clone());
         pos
+    }
+
+    /// `(x / stride) % count` for powers of two, or `None` when `count` is 1.
+    fn field(&mut self, x: Reg, stride: u32, count: u32) -> Option<Reg> {
+        if count == 1 {
+            return None;
+        }
+        let s = if stride > 1 { self.bin_c(BinaryOp::Shr, x, log2(stride)) } else { x };
+        Some(self.bin_c(BinaryOp::And, s, count as i64 - 1))
     }
 
     /// The coordinates of slot `s` of the layout of `shape` (prologue, shared between slots).
@@ -514,7 +533,10 @@ impl Lowering<'_> {
         let strip = |s: &[u32]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<u32>>();
         if strip(dst) == strip(src) {
             let mut kept = coords.iter().zip(dst).filter(|(_, &d)| d != 1).map(|(c, _)| *c);
-            return src.iter().map(|&d| if d == 1 { self.iconst(0) } else { kept.next().expect("same dims") }).collect();
+            return src
+                .iter()
+                .map(|&d| if d == 1 { self.iconst(0) } else { kept.next().expect("same dims") })
+                .collect();
         }
         let f = self.flatten(coords, dst);
         self.unflatten(f, src)
@@ -849,10 +871,14 @@ impl Lowering<'_> {
         masks.into_iter().flatten().fold(ok, |acc, &m| self.bin(BinaryOp::And, acc, m))
     }
 
-    /// `!ok & mask`: the lanes of a group that take the scalar path.
-    fn fallback(&mut self, ok: Reg, mask: Option<Reg>) -> Reg {
+    fn not(&mut self, p: Reg) -> Reg {
         let not = self.reg(SType::Pred);
-        self.emit(Inst::Unary { dst: not, op: UnaryOp::Not, src: ok });
+        self.emit(Inst::Unary { dst: not, op: UnaryOp::Not, src: p });
+        not
+    }
+
+    /// `not_ok & mask`: the lanes of a group that take the scalar path.
+    fn fallback(&mut self, not: Reg, mask: Option<Reg>) -> Reg {
         match mask {
             Some(m) => self.bin(BinaryOp::And, not, m),
             None => not,
@@ -885,8 +911,9 @@ impl Lowering<'_> {
             let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
             let others: Vec<Reg> = o.as_ref().map(|o| group.iter().map(|&s| pick(o, s)).collect()).unwrap_or_default();
             self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: Some(ok), others });
+            let not_ok = self.not(ok);
             for (i, &s) in group.iter().enumerate() {
-                let pred = self.fallback(ok, masks.as_ref().map(|ms| ms[i]));
+                let pred = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
                 let dst = self.reg(st);
                 self.emit(Inst::Load { dst, addr: p[s], pred: Some(pred), other: Some(vec_dsts[i]) });
                 out.push(dst);
@@ -913,8 +940,9 @@ impl Lowering<'_> {
             let ok = self.group_ok(p[g], w * shared_size(t), masks.as_deref());
             let values: Vec<Reg> = group.iter().map(|&s| pick(&v, s)).collect();
             self.emit(Inst::VStore { addr: p[g], values, pred: Some(ok) });
+            let not_ok = self.not(ok);
             for (i, &s) in group.iter().enumerate() {
-                let pred = self.fallback(ok, masks.as_ref().map(|ms| ms[i]));
+                let pred = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
                 self.emit(Inst::Store { addr: p[s], value: pick(&v, s), pred: Some(pred) });
             }
         }
