@@ -177,6 +177,14 @@ impl<'a> Program<'a> {
         }
     }
 
+    /// Progress: a program that blocks in a wait lets its outstanding transfers complete first
+    /// (hardware delivers them while the issuer spins), so a `put_signal` followed by a wait on
+    /// a peer's reply cannot deadlock on its own undelivered signal. Plain stores stay buffered:
+    /// only a release publishes them.
+    fn deliver_before_blocking(&mut self) -> R<()> {
+        self.view.quiet(self.mem).or_else(|e| fault(e.0))
+    }
+
     fn scalar_ptr(&self, v: Value) -> R<u64> {
         match self.val(v)?.ptrs().first() {
             Some(p) => Ok(*p),
@@ -300,6 +308,7 @@ impl<'a> Program<'a> {
                 }
                 let addrs: Vec<u64> = (0..n as u64).map(|i| base.wrapping_add(8 * i)).collect();
                 let want = self.val(*value)?.scalar_i64() as u64;
+                self.deliver_before_blocking()?;
                 self.hooks.wait(&self.view, &addrs, *cmp, want)?;
                 if sem.acquires() {
                     self.view.acquire(self.mem);
@@ -313,6 +322,7 @@ impl<'a> Program<'a> {
                 self.hooks.yield_point(&mut self.view)?;
                 let addr = self.scalar_ptr(*sig)?;
                 let want = self.val(*value)?.scalar_i64() as u64;
+                self.deliver_before_blocking()?;
                 self.hooks.wait(&self.view, &[addr], *cmp, want)?;
                 self.view.acquire(self.mem);
                 self.view.race_acquire(addr);

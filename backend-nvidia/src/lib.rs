@@ -1,11 +1,12 @@
 //! trident-backend-nvidia: tile IR -> SIMT IR -> PTX, and a CUDA runtime loaded at run time.
 //!
 //! Owns: target lookup ([`target`]), the PTX writer ([`emit`]) and the device runtime
-//! ([`runtime`]). The layout decisions live in `trident_core::simt`, shared with the AMD
-//! backend. This is the walking skeleton: kernels within the SIMT lowering's current subset
-//! (elementwise 1-D tiles) compile and run; others give a typed `Compile` error naming the op.
+//! ([`runtime`], [`event`], the loopback [`world`]). The layout decisions live in
+//! `trident_core::simt`, shared with the AMD backend; ops the lowering does not handle yet give a
+//! typed `Compile` error naming the op.
 
 pub mod emit;
+pub mod event;
 pub mod runtime;
 pub mod target;
 pub mod world;
@@ -33,6 +34,8 @@ pub struct PtxModule {
     pub entry: String,
     /// Threads per program.
     pub threads: u32,
+    /// Some program may spin on a signal (see `simt::Kernel::waits`).
+    pub waits: bool,
 }
 
 pub struct NvidiaBackend;
@@ -44,7 +47,7 @@ impl NvidiaBackend {
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
         let k = lower(func, LowerOptions { warp_size: 32 }).map_err(|e| compile_err(e.to_string()))?;
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
-        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads() })
+        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads(), waits: k.waits() })
     }
 }
 

@@ -93,7 +93,7 @@ impl CudaDevice {
         &self.name
     }
 
-    pub(crate) fn current(&self) -> Result<(), BackendError> {
+    pub fn current(&self) -> Result<(), BackendError> {
         // SAFETY: `self.ctx` is the retained primary context of this device.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))
     }
@@ -209,8 +209,10 @@ pub(crate) fn hidden_args(
     ]
 }
 
-/// Enqueues `f` on `stream` with `args` and then the hidden parameters (cooperative launches
-/// after an occupancy check against `sms` multiprocessors).
+/// Enqueues `f` on `stream` with `args` and then the hidden parameters. `sharing` is how many
+/// ranks launch this grid on the GPU at the same time (1 for a device of its own): a cooperative
+/// launch, or one whose programs wait on signals, must fit the GPU together with theirs
+/// (occupancy x SMs), and is refused with a typed error otherwise, never started to deadlock.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_raw(
     kernel: &Artifact,
@@ -221,6 +223,7 @@ pub(crate) fn launch_raw(
     args: &[KernelArg],
     hidden: [KernelArg; 6],
     sms: u32,
+    sharing: u32,
 ) -> Result<(), BackendError> {
     let mut slots: Vec<u64> = args
         .iter()
@@ -236,19 +239,25 @@ pub(crate) fn launch_raw(
         message: format!("{what}: {e:?}"),
     };
     let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
-    if kernel.attrs.cooperative {
-        // All programs must be resident at once: refuse what cannot be, never start it.
+    let resident = kernel.attrs.cooperative || (module.waits && sharing > 1);
+    if resident {
         // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
         let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, 0) }
             .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
         let fit = per_sm.max(0) as u64 * sms as u64;
         let total = grid.iter().map(|&x| x as u64).product::<u64>();
-        if total > fit {
+        if total * sharing as u64 > fit {
+            let why = if kernel.attrs.cooperative { "cooperative launch" } else { "launch of a waiting kernel" };
+            let ranks = if sharing > 1 { format!(" x {sharing} ranks sharing the GPU") } else { String::new() };
             return Err(BackendError::Launch {
                 kernel: kernel.kernel.clone(),
-                message: format!("cooperative launch of {total} programs: at most {fit} can be resident ({per_sm} per SM x {sms} SMs)"),
+                message: format!(
+                    "{why} of {total} programs{ranks}: at most {fit} can be resident ({per_sm} per SM x {sms} SMs)"
+                ),
             });
         }
+    }
+    if kernel.attrs.cooperative {
         // SAFETY: as below; cooperative launches take the same parameter array.
         return unsafe { result::launch_cooperative_kernel(f, g, b, 0, stream, &mut params) }
             .map_err(|e| fail("cuLaunchCooperativeKernel", e));
@@ -337,7 +346,7 @@ impl Device for CudaDevice {
         self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
         self.write(&barrier, 0, &[0u8; 16])?;
         let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound, &barrier);
-        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms)?;
+        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms, 1)?;
         result::ctx::synchronize().map_err(|e| BackendError::Launch {
             kernel: kernel.kernel.clone(),
             message: format!("kernel execution: {e:?}"),

@@ -8,8 +8,13 @@
 //! host barrier after the first compile of each kernel), because a lazy load cannot happen while
 //! another rank's kernel spins (`probes/loopback-signals`). Kernel waits are bounded by
 //! `%globaltimer`; a timed-out wait stops its launch and `synchronize` reports the diagnostic.
-//! Limits of this first version: stream waits (`wait_signal`) have no watchdog yet, and the
-//! grids of concurrently running rank kernels must fit the GPU together (conformance sizes do).
+//! Stream waits (`cuStreamWaitValue64`) have no timeout of their own: `synchronize` is their
+//! watchdog. It polls the rank's streams up to `stream_wait_bound`; a stream still blocked then
+//! has its unsatisfied waits named (rank, stream, signal buffer and index, expected, seen) and
+//! released (the host writes the awaited value from a helper stream, so the GPU drains and the
+//! process can go on), and the call fails with that diagnostic. A kernel that waits (or a
+//! cooperative one) is refused when its grid times the ranks sharing the GPU cannot be resident at
+//! once (`runtime::launch_raw`), so concurrently launched rank kernels are co-resident.
 
 use crate::runtime::{hidden_args, launch_raw, CudaDevice};
 use crate::{NvidiaBackend, PtxModule};
@@ -26,14 +31,23 @@ use trident_core::{Function, VerifyError};
 #[derive(Clone, Debug)]
 pub struct GpuWorldOptions {
     pub ranks: usize,
+    /// Bound of every wait inside a kernel.
     pub wait_bound: Duration,
+    /// How long `synchronize` lets a stream stay blocked (stream waits, long kernels) before it
+    /// reports and releases the stream's waits.
+    pub stream_wait_bound: Duration,
     /// Bytes of symmetric heap per rank.
     pub heap_bytes: usize,
 }
 
 impl GpuWorldOptions {
     pub fn new(ranks: usize) -> GpuWorldOptions {
-        GpuWorldOptions { ranks, wait_bound: Duration::from_secs(2), heap_bytes: 64 << 20 }
+        GpuWorldOptions {
+            ranks,
+            wait_bound: Duration::from_secs(2),
+            stream_wait_bound: Duration::from_secs(10),
+            heap_bytes: 64 << 20,
+        }
     }
 }
 
@@ -152,8 +166,13 @@ impl GpuWorld {
             .map(|rank| {
                 let (shared, host) = (shared.clone(), host.clone());
                 std::thread::spawn(move || {
-                    let ctx =
-                        GpuRank { shared, rank, streams: Mutex::new(Vec::new()), compiled: Mutex::new(HashMap::new()) };
+                    let ctx = GpuRank {
+                        shared,
+                        rank,
+                        streams: Mutex::new(Vec::new()),
+                        compiled: Mutex::new(HashMap::new()),
+                        pending: Mutex::new(Vec::new()),
+                    };
                     let r = host(&ctx);
                     let done = ctx.synchronize();
                     ctx.destroy_streams();
@@ -196,6 +215,25 @@ struct GpuRank {
     rank: usize,
     streams: Mutex<Vec<(StreamId, sys::CUstream)>>,
     compiled: Mutex<HashMap<String, Artifact>>,
+    /// Stream waits enqueued since the last `synchronize`.
+    pending: Mutex<Vec<StreamWait>>,
+}
+
+/// A `wait_signal` as the watchdog needs it.
+#[derive(Clone, Debug)]
+struct StreamWait {
+    stream: StreamId,
+    signal: String,
+    index: usize,
+    addr: u64,
+    cmp: CmpOp,
+    value: u64,
+}
+
+impl StreamWait {
+    fn satisfied(&self, seen: u64) -> bool {
+        self.cmp.holds(seen, self.value)
+    }
 }
 
 fn driver(what: &str, e: result::DriverError) -> BackendError {
@@ -219,6 +257,75 @@ impl GpuRank {
         for (_, s) in self.streams.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
             // SAFETY: the stream was created by this rank and synchronised before.
             let _ = unsafe { result::stream::destroy(s) };
+        }
+    }
+
+    /// Polls `s` until it is idle (true) or `deadline` passed (false).
+    fn drain(&self, s: sys::CUstream, deadline: std::time::Instant) -> Result<bool, BackendError> {
+        let mut nap = Duration::from_micros(20);
+        loop {
+            // SAFETY: a stream created by this rank.
+            match unsafe { sys::cuStreamQuery(s) } {
+                sys::CUresult::CUDA_SUCCESS => return Ok(true),
+                sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(BackendError::Host(format!("cuStreamQuery: {other:?}"))),
+            }
+            if std::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(Duration::from_millis(2));
+        }
+    }
+
+    /// The watchdog's verdict on a stream still blocked at the deadline: names its unsatisfied
+    /// waits, releases them (writing the awaited value from a helper stream) and drains.
+    fn release_stuck(&self, id: StreamId, streams: &[(StreamId, sys::CUstream)]) -> BackendError {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut blocked = Vec::new();
+        for w in pending.iter().filter(|w| w.stream == id) {
+            let mut raw = [0u8; 8];
+            // SAFETY: 8 bytes inside a device buffer checked when the wait was enqueued; a
+            // synchronous copy does not wait for the (non-blocking) stuck stream.
+            let seen = unsafe { result::memcpy_dtoh_sync(&mut raw, w.addr) }.map(|_| u64::from_le_bytes(raw));
+            match seen {
+                Ok(v) if w.satisfied(v) => {}
+                Ok(v) => blocked.push((w.clone(), v)),
+                Err(e) => return driver("cuMemcpyDtoH (watchdog)", e),
+            }
+        }
+        let bound = self.shared.opts.stream_wait_bound;
+        let what = match blocked.first() {
+            Some((w, seen)) => format!(
+                "stream wait timed out after {bound:?} on rank {}, stream {id}: signal `{}`[{}] expected {} {}, seen {seen}; the wait was released and the stream drained",
+                self.rank, w.signal, w.index, w.cmp, w.value
+            ),
+            None => format!(
+                "rank {}, stream {id} still busy after {bound:?} with no unsatisfied stream wait (a kernel longer than the bound?)",
+                self.rank
+            ),
+        };
+        if let Ok(helper) = result::stream::create(result::stream::StreamKind::NonBlocking) {
+            for (w, _) in &blocked {
+                // SAFETY: as above; the helper stream is ours and destroyed below.
+                let _ = unsafe { sys::cuStreamWriteValue64_v2(helper, w.addr, w.value, 0) }.result();
+            }
+            // SAFETY: the helper stream, then the rank's own streams.
+            unsafe {
+                let _ = result::stream::synchronize(helper);
+                let _ = result::stream::destroy(helper);
+            }
+            let later = std::time::Instant::now() + bound;
+            for (_, s) in streams {
+                let _ = self.drain(*s, later);
+            }
+        }
+        BackendError::Execution {
+            kernel: format!("stream {id} of rank {}", self.rank),
+            program: [0; 3],
+            op: "wait_signal".into(),
+            loc: None,
+            message: what,
         }
     }
 
@@ -327,7 +434,7 @@ impl RankCtx for GpuRank {
         let f = self.shared.dev.function(kernel, module)?;
         let (sh, r) = (&self.shared, self.rank);
         let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound, &sh.barrier_all);
-        launch_raw(kernel, module, f, grid, s, args, hidden, sh.dev.sms)
+        launch_raw(kernel, module, f, grid, s, args, hidden, sh.dev.sms, self.world_size() as u32)
     }
 
     fn copy(
@@ -373,17 +480,27 @@ impl RankCtx for GpuRank {
         // SAFETY: `a` is 8 bytes inside a device buffer.
         unsafe { sys::cuStreamWaitValue64_v2(st, a, value, flags) }
             .result()
-            .map_err(|e| driver("cuStreamWaitValue64", e))
+            .map_err(|e| driver("cuStreamWaitValue64", e))?;
+        let w = StreamWait { stream, signal: signal.name.clone(), index: offset / 8, addr: a, cmp, value };
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(w);
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
         self.shared.dev.current()?;
-        let streams: Vec<sys::CUstream> =
-            self.streams.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(_, s)| *s).collect();
-        for s in streams {
-            // SAFETY: a stream created by this rank.
-            unsafe { result::stream::synchronize(s) }.map_err(|e| driver("cuStreamSynchronize", e))?;
+        let streams: Vec<(StreamId, sys::CUstream)> = self.streams.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let deadline = std::time::Instant::now() + self.shared.opts.stream_wait_bound;
+        let mut stuck = None;
+        for (id, s) in &streams {
+            if !self.drain(*s, deadline)? {
+                stuck = Some(*id);
+                break;
+            }
         }
+        if let Some(id) = stuck {
+            return Err(self.release_stuck(id, &streams));
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
         let d = &self.shared.diags[self.rank];
         let r = self.shared.dev.check_waits(&format!("a kernel of rank {}", self.rank), d, self.shared.opts.wait_bound);
         if r.is_err() {

@@ -247,7 +247,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         record.message = format!("backend `{}` has no world of ranks yet", backend.descriptor().name);
     } else if let (true, Some(kind)) = (case.distributed, kind) {
         let data = std::sync::Arc::new(crate::distributed::prepare(case, &mut rng));
-        let exact = if case.kernel == "allgather" { "exact" } else { case.variant };
+        let exact = if matches!(case.kernel, "allgather" | "ring_shift") { "exact" } else { case.variant };
         record.bound = bound(case.dtype, exact, data.reduction_len);
         let expected: Vec<f64> = data.expected.concat();
         record.schedules = schedules.max(1);

@@ -14,6 +14,7 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
 use trident_kernels::gemm_rs::GemmRs;
+use trident_kernels::ring_shift::{RingShift, ShiftMode};
 
 /// Where a distributed case runs.
 #[derive(Clone, Copy, Debug)]
@@ -30,6 +31,7 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ("allreduce", &["oneshot", "twoshot"]),
     ("ag_gemm", &["ce", "kernel"]),
     ("gemm_rs", &["-"]),
+    ("ring_shift", &["put", "get"]),
 ];
 
 /// World sizes every distributed kernel runs at.
@@ -38,7 +40,7 @@ pub const WORLDS: [usize; 4] = [1, 2, 4, 8];
 pub fn shapes(kernel: &str) -> Vec<Vec<usize>> {
     match kernel {
         // elements per rank
-        "allgather" => vec![vec![777], vec![4096]],
+        "allgather" | "ring_shift" => vec![vec![777], vec![4096]],
         // elements
         "allreduce" => vec![vec![1000], vec![8197]],
         // M, N, K (M over all ranks; N per rank)
@@ -62,6 +64,11 @@ pub fn prepare(case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
             let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
             let all: Vec<f64> = inputs.iter().flat_map(|i| i[0].clone()).collect();
             WorldData { expected: vec![all; w], inputs, reduction_len: 1 }
+        }
+        "ring_shift" => {
+            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
+            let expected = (0..w).map(|r| inputs[(r + w - 1) % w][0].clone()).collect();
+            WorldData { expected, inputs, reduction_len: 1 }
         }
         "allreduce" => {
             let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
@@ -129,6 +136,16 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
             } else {
                 AllGatherCe { dtype: d }.run(ctx, &mut bufs, &inputs[0])?;
             }
+            download(ctx, &bufs.out, len, d)
+        }
+        ("ring_shift", variant) => {
+            let mode = if variant == "put" { ShiftMode::Put } else { ShiftMode::Get };
+            let op = RingShift::new(d, mode);
+            let mut bufs = op.buffers(ctx, s[0])?;
+            ctx.write(&bufs.src, 0, &encode(&data.inputs[r][0], d))?;
+            ctx.fill(&bufs.out, &poison(d))?;
+            ctx.barrier()?;
+            op.run(ctx, &mut bufs)?;
             download(ctx, &bufs.out, len, d)
         }
         ("allreduce", variant) => {

@@ -10,6 +10,7 @@ pub mod allgather;
 pub mod allreduce;
 pub mod gemm;
 pub mod gemm_rs;
+pub mod ring_shift;
 pub mod softmax;
 pub mod splitk_gemm;
 pub mod vector_add;
@@ -84,5 +85,7 @@ pub fn catalogue(dtype: trident_core::ir::DType) -> Vec<(&'static str, Result<Fu
         ("ag_gemm", ag_gemm::AgGemm::new(dtype, ag_gemm::GatherMode::CopyEngine).build()),
         ("gemm_rs_gemm", gemm_rs::GemmRs::new(dtype).build_gemm(64)),
         ("gemm_rs_reduce", gemm_rs::GemmRs::new(dtype).build_reduce(64)),
+        ("ring_shift_put", ring_shift::RingShift::new(dtype, ring_shift::ShiftMode::Put).build()),
+        ("ring_shift_get", ring_shift::RingShift::new(dtype, ring_shift::ShiftMode::Get).build()),
     ]
 }

@@ -318,4 +318,19 @@ impl Kernel {
     pub fn ty(&self, r: Reg) -> SType {
         self.regs[r.0 as usize]
     }
+
+    /// True when some program may spin on a signal (`WaitSignals` anywhere in the body): such a
+    /// kernel needs whatever it waits for to make progress while it occupies the GPU.
+    pub fn waits(&self) -> bool {
+        fn any(body: &[Inst]) -> bool {
+            body.iter().any(|i| match i {
+                Inst::WaitSignals { .. } => true,
+                Inst::Loop { body, .. } => any(body),
+                Inst::If { then_body, else_body, .. } => any(then_body) || any(else_body),
+                Inst::While { cond_body, body, .. } => any(cond_body) || any(body),
+                _ => false,
+            })
+        }
+        any(&self.body)
+    }
 }

@@ -15,5 +15,14 @@ pub fn all_kernels() -> Vec<Function> {
     for p in [InputPrecision::Tf32, InputPrecision::Bf16x3] {
         v.push(Gemm::new(DType::F32).with_precision(p).build().unwrap());
     }
+    // The distributed kernels (their communication ops print and parse too).
+    v.extend(
+        trident_kernels::catalogue(DType::F32)
+            .into_iter()
+            .filter(|(name, _)| {
+                ["allgather", "allreduce", "ag_gemm", "gemm_rs", "ring_shift"].iter().any(|p| name.starts_with(p))
+            })
+            .map(|(_, f)| f.unwrap()),
+    );
     v
 }

@@ -1,0 +1,64 @@
+//! CUDA events: points in a stream that the host can wait for and time between.
+
+use crate::runtime::CudaDevice;
+use cudarc::driver::{result, sys};
+use std::time::Duration;
+use trident_core::backend::BackendError;
+
+fn err(what: &str, e: result::DriverError) -> BackendError {
+    BackendError::Host(format!("{what}: {e:?}"))
+}
+
+/// An event of the device's context (timing enabled), destroyed on drop.
+pub struct Event {
+    ev: sys::CUevent,
+}
+
+// SAFETY: a CUevent handle may be used from any thread of the process (the driver API is
+// thread-safe); the context is made current before every call.
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
+
+impl Event {
+    pub fn new(dev: &CudaDevice) -> Result<Event, BackendError> {
+        dev.current()?;
+        let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(|e| err("cuEventCreate", e))?;
+        Ok(Event { ev })
+    }
+
+    /// Captures the work enqueued on `stream` so far (null: the legacy default stream).
+    pub fn record(&self, stream: sys::CUstream) -> Result<(), BackendError> {
+        // SAFETY: a live event and a stream of the same context.
+        unsafe { result::event::record(self.ev, stream) }.map_err(|e| err("cuEventRecord", e))
+    }
+
+    /// Waits until the captured work is done.
+    pub fn synchronize(&self) -> Result<(), BackendError> {
+        // SAFETY: a live event.
+        unsafe { result::event::synchronize(self.ev) }.map_err(|e| err("cuEventSynchronize", e))
+    }
+
+    /// True when the captured work is done (never blocks).
+    pub fn done(&self) -> Result<bool, BackendError> {
+        // SAFETY: a live event.
+        match unsafe { sys::cuEventQuery(self.ev) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => Err(BackendError::Host(format!("cuEventQuery: {other:?}"))),
+        }
+    }
+
+    /// GPU time from `start` to this event (both recorded and complete).
+    pub fn elapsed_since(&self, start: &Event) -> Result<Duration, BackendError> {
+        // SAFETY: two live events of one context.
+        let ms = unsafe { result::event::elapsed(start.ev, self.ev) }.map_err(|e| err("cuEventElapsedTime", e))?;
+        Ok(Duration::from_secs_f64(ms as f64 / 1e3))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event is not used after this.
+        let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}
