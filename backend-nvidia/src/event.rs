@@ -26,8 +26,14 @@ impl Event {
         Ok(Event { ev })
     }
 
+    /// Captures the work enqueued so far on the legacy default stream (where `Device::launch`
+    /// runs).
+    pub fn record_default(&self) -> Result<(), BackendError> {
+        self.record(std::ptr::null_mut())
+    }
+
     /// Captures the work enqueued on `stream` so far (null: the legacy default stream).
-    pub fn record(&self, stream: sys::CUstream) -> Result<(), BackendError> {
+    pub(crate) fn record(&self, stream: sys::CUstream) -> Result<(), BackendError> {
         // SAFETY: a live event and a stream of the same context.
         unsafe { result::event::record(self.ev, stream) }.map_err(|e| err("cuEventRecord", e))
     }
