@@ -18,7 +18,7 @@ status=0
 timeout 60 $B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
 # Single-device kernels, and distributed kernels in the loopback world (ranks on this GPU).
 for w in 1 2 4 8; do
-  timeout 150 $B/trident-conformance --backend nvidia --world $w --json "$OUT/conformance-nvidia-world$w.json" \
+  timeout 120 $B/trident-conformance --backend nvidia --world $w --json "$OUT/conformance-nvidia-world$w.json" \
     > "$OUT/conformance-nvidia-world$w.log" 2>&1 || status=1
   tail -1 "$OUT/conformance-nvidia-world$w.log"
 done

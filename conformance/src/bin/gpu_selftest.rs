@@ -3,11 +3,19 @@
 //! 1. A planted wait that nothing satisfies ends within its bound with a diagnostic naming rank,
 //!    program, signal, expected and seen, and every program of the launch stops (no trap).
 //! 2. The next launch in the same process still works and is correct.
+//! 3. A cooperative launch whose programs wait on each other completes; an oversized one is
+//!    refused before it starts.
+//! 4. CUDA events time a kernel.
+//! 5. Loopback world: a stream wait that nothing satisfies is reported by the `synchronize`
+//!    watchdog (rank, stream, signal, expected, seen) and released; the world's next launch works.
+//! 6. Loopback world: a waiting kernel whose grid x ranks cannot be co-resident is refused.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use trident_core::backend::{self, LaunchOptions};
 use trident_core::ir::{CmpOp, DType, LaunchAttrs, MemSemantic, Scope};
+use trident_backend_nvidia::event::Event;
+use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
 use trident_core::KernelBuilder;
 
 fn main() -> ExitCode {
@@ -111,5 +119,87 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("oversized cooperative launch was not refused: {other:?}").into()),
     }
     println!("cooperative launch: correct");
+
+    // 4. Events around a launch on the default stream.
+    let cuda = trident_backend_nvidia::runtime::CudaDevice::open(0)?;
+    let (e0, e1) = (Event::new(&cuda)?, Event::new(&cuda)?);
+    let va = trident_kernels::vector_add::VectorAdd { dtype: DType::F32, block: 1024 };
+    let kv = backend.compile(&va.build()?, None)?;
+    let n = 1 << 24;
+    let bufs: Vec<_> = ["x", "y", "z"].iter().map(|b| cuda.alloc(n * 4, b)).collect::<Result<_, _>>()?;
+    for b in &bufs {
+        cuda.fill(b, &[0])?;
+    }
+    let args = [bufs[0].arg(), bufs[1].arg(), bufs[2].arg(), trident_core::backend::KernelArg::i32(n as i32)];
+    use trident_core::backend::Device;
+    cuda.launch(&kv, [(n / 1024) as u32, 1, 1], &args, &LaunchOptions::default())?;
+    e0.record_default()?;
+    cuda.launch(&kv, [(n / 1024) as u32, 1, 1], &args, &LaunchOptions::default())?;
+    e1.record_default()?;
+    e1.synchronize()?;
+    let t = e1.elapsed_since(&e0)?;
+    let gbs = (3 * n * 4) as f64 / t.as_secs_f64() / 1e9;
+    println!("events: vector_add of {n} f32 took {t:?} ({gbs:.0} GB/s, launch and sync included)");
+    if t.is_zero() || t > Duration::from_secs(1) {
+        return Err(format!("implausible event time {t:?}").into());
+    }
+
+    // 5. The stream-wait watchdog.
+    let mut opts = GpuWorldOptions::new(2);
+    opts.stream_wait_bound = Duration::from_millis(500);
+    let start = Instant::now();
+    let r = GpuWorld::run(opts.clone(), |ctx| {
+        let sig = ctx.symm_alloc(8, "never_written")?;
+        ctx.barrier()?;
+        if ctx.rank() == 1 {
+            ctx.wait_signal(0, &sig, 0, CmpOp::Ge, 3)?;
+        }
+        ctx.synchronize()
+    });
+    let took = start.elapsed();
+    let e = match r {
+        Ok(_) => return Err("the planted stream wait completed".into()),
+        Err(e) => e.to_string(),
+    };
+    println!("planted stream wait ended after {took:?} (bound 500ms): {e}");
+    for needle in ["stream wait timed out", "rank 1", "`never_written@rank1`[0]", "expected ge 3", "seen 0"] {
+        if !e.contains(needle) {
+            return Err(format!("stream-wait diagnostic lacks `{needle}`").into());
+        }
+    }
+    let sums = GpuWorld::run(opts.clone(), move |ctx| {
+        let x = ctx.alloc(1024 * 4, "x")?;
+        let v: Vec<u8> = (0..1024).flat_map(|i| (i as f32 + ctx.rank() as f32).to_le_bytes()).collect();
+        ctx.write(&x, 0, &v)?;
+        let k = ctx.compile("vadd", &|| va.build())?;
+        ctx.launch(0, &k, [1, 1, 1], &[x.arg(), x.arg(), x.arg(), trident_core::backend::KernelArg::i32(1024)])?;
+        ctx.synchronize()?;
+        let mut out = vec![0u8; 1024 * 4];
+        ctx.read(&x, 0, &mut out)?;
+        Ok(out.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).sum::<f32>())
+    })?;
+    let want = |r: f32| (0..1024).map(|i| 2.0 * (i as f32 + r)).sum::<f32>();
+    if sums != [want(0.0), want(1.0)] {
+        return Err(format!("after the watchdog, the next world computed {sums:?}").into());
+    }
+    println!("next world after the watchdog: correct");
+
+    // 6. Co-residency of waiting kernels in the loopback world.
+    let r = GpuWorld::run(GpuWorldOptions::new(4), move |ctx| {
+        let sig = ctx.symm_alloc(8, "sig")?;
+        let k = ctx.compile("planted_wait", &|| {
+            let b = KernelBuilder::new("waits_for_peer", LaunchAttrs::default());
+            let s = b.arg_ptr("sig", DType::U64);
+            b.wait(s, 1, CmpOp::Ge, 1u64, Scope::Sys, MemSemantic::Acquire);
+            b.finish()
+        })?;
+        ctx.launch(0, &k, [1 << 16, 1, 1], &[sig.arg()])
+    });
+    match r {
+        Err(e) if e.to_string().contains("x 4 ranks sharing the GPU") => {
+            println!("oversized waiting launch in a world of 4 refused: {e}")
+        }
+        other => return Err(format!("an oversized waiting launch was not refused: {other:?}").into()),
+    }
     Ok(())
 }
