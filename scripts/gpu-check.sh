@@ -17,10 +17,12 @@ status=0
 # Planted never-satisfied wait: ends within its bound with the diagnostic; the next launch works.
 timeout 60 $B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
 # Single-device kernels, and distributed kernels in the loopback world (ranks on this GPU).
+# (At most 8 files come back from the device machine: the four worlds share one log.)
 for w in 1 2 4 8; do
+  echo "== world $w" >> "$OUT/conformance-nvidia.log"
   timeout 120 $B/trident-conformance --backend nvidia --world $w --json "$OUT/conformance-nvidia-world$w.json" \
-    > "$OUT/conformance-nvidia-world$w.log" 2>&1 || status=1
-  tail -1 "$OUT/conformance-nvidia-world$w.log"
+    >> "$OUT/conformance-nvidia.log" 2>&1 || status=1
+  tail -1 "$OUT/conformance-nvidia.log"
 done
 # IR -> PTX time of each kernel (median of 20 compiles).
 for k in vector_add softmax gemm splitk_gemm ag_gemm; do
