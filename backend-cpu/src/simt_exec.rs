@@ -40,7 +40,8 @@ impl Backend for SimtBackend {
         let target = self.descriptor().resolve_target(target)?;
         verify(func)?;
         let warp_size = if target == "warp64" { 64 } else { 32 };
-        let k = lower(func, LowerOptions { warp_size }).map_err(|e| BackendError::Compile {
+        let opts = if warp_size == 64 { LowerOptions::AMD_CDNA } else { LowerOptions::NVIDIA };
+        let k = lower(func, opts).map_err(|e| BackendError::Compile {
             backend: NAME,
             kernel: func.name.clone(),
             message: e.to_string(),
@@ -446,6 +447,34 @@ impl Exec<'_> {
                     let f = |cur| crate::interp::atomic_apply(*op, d, cur, operand);
                     old[i] =
                         self.view.rmw(self.mem, a.ptrs()[i], size, f).or_else(|e| fault(format!("atomic: {}", e.0)))?;
+                }
+                if sem.acquires() {
+                    self.view.acquire(self.mem);
+                }
+                let mut out = empty_for(Elem::Num(d), lanes);
+                for b in old {
+                    push(&mut out, from_bits(d, b))?;
+                }
+                self.set(*dst, out);
+            }
+            Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let d = dtype(k.ty(*desired));
+                let size = d.size_bytes() as usize;
+                let (a, e, n) = (self.get(*addr)?, self.get(*expected)?, self.get(*desired)?);
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
+                if sem.releases() {
+                    for &t in &active {
+                        self.view.release_thread(self.mem, t).or_else(|e| fault(e.0))?;
+                    }
+                }
+                let mut old = vec![0u64; lanes];
+                for &i in &active {
+                    let (eb, nb) = (bits_of(&e.data, i, d), bits_of(&n.data, i, d));
+                    let f = |cur: u64| if cur == eb { nb } else { cur };
+                    old[i] =
+                        self.view.rmw(self.mem, a.ptrs()[i], size, f).or_else(|e| fault(format!("cas: {}", e.0)))?;
                 }
                 if sem.acquires() {
                     self.view.acquire(self.mem);

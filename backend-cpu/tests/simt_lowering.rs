@@ -138,6 +138,49 @@ fn vector_accesses_fall_back_when_misaligned_or_masked() {
     }
 }
 
+/// Compare-and-swap on a tile (each lane its own word) and on a scalar (one thread, result
+/// shared), against the host.
+#[test]
+fn compare_and_swap_matches_the_host() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let b = KernelBuilder::new("cas", LaunchAttrs::default());
+    let (cells, olds, counter) =
+        (b.arg_ptr("words", DType::I32), b.arg_ptr("olds", DType::I32), b.arg_ptr("counter", DType::I64));
+    let i = b.arange(0, 256);
+    let old = b.atomic_cas(cells + i, b.zeros(&[256], DType::I32), i + 100, MemSemantic::AcqRel, Scope::Gpu);
+    b.store(olds + i, old, None);
+    // Scalar: every program claims the counter once; its old value lands in the program's slot.
+    let prev = b.atomic_cas(counter, 0i64, 1i64, MemSemantic::AcqRel, Scope::Gpu);
+    b.store(olds + 256 + b.program_id_x(), prev.cast(DType::I32), None);
+    let f = b.finish().unwrap();
+    for target in TARGETS {
+        let k = SimtBackend.compile(&f, Some(target)).unwrap();
+        let dev = SimtBackend.open_device(0).unwrap();
+        let init: Vec<i32> = (0..256).map(|_| rng.gen_range(0..2)).collect();
+        let w = dev.alloc(256 * 4, "words").unwrap();
+        dev.write(&w, 0, &init.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        let o = dev.alloc(258 * 4, "olds").unwrap();
+        dev.write(&o, 0, &[0xff; 258 * 4]).unwrap();
+        let c = dev.alloc(8, "counter").unwrap();
+        dev.write(&c, 0, &[0; 8]).unwrap();
+        dev.launch(&k, [2, 1, 1], &[w.arg(), o.arg(), c.arg()], &LaunchOptions::default()).unwrap();
+        let read = |b: &trident_core::backend::Buffer, n: usize| {
+            let mut bytes = vec![0u8; n * 4];
+            dev.read(b, 0, &mut bytes).unwrap();
+            words(&bytes).into_iter().map(i32::from_le_bytes).collect::<Vec<i32>>()
+        };
+        let (words_after, olds) = (read(&w, 256), read(&o, 258));
+        for j in 0..256 {
+            // Program 0 swaps the zeros; program 1 sees the swapped values and changes nothing.
+            let want = if init[j] == 0 { 100 + j as i32 } else { init[j] };
+            assert_eq!(words_after[j], want, "word {j}, {target}");
+        }
+        let mut claims = olds[256..].to_vec();
+        claims.sort();
+        assert_eq!(claims, [0, 1], "exactly one program claims the counter, {target}");
+    }
+}
+
 /// Each rank puts its `n` floats to the next rank with `put_signal`, gets the previous rank's
 /// input with `get`, and meets every rank at `barrier_all` before reading what it received.
 #[test]

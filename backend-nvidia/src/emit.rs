@@ -400,20 +400,22 @@ impl<'k> Writer<'k> {
                     AtomicOp::Xchg => "exch".to_string(),
                     o => o.as_str().to_string(),
                 };
-                let sem = match sem {
-                    MemSemantic::Relaxed => "relaxed",
-                    MemSemantic::Acquire => "acquire",
-                    MemSemantic::Release => "release",
-                    MemSemantic::AcqRel => "acq_rel",
-                };
-                let scope = match scope {
-                    Scope::Cta => "cta",
-                    Scope::Gpu => "gpu",
-                    Scope::Sys => "sys",
-                };
+                let (sem, scope) = (sem_name(*sem), scope_name(*scope));
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
                 let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
                 self.line(format!("{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}"));
+            }
+            Inst::AtomicCas { dst, addr, expected, desired, pred, sem, scope } => {
+                let ty = match class(self.k.ty(*desired)) {
+                    Class::R | Class::F => "b32",
+                    Class::Rd | Class::Fd => "b64",
+                    _ => return Err(EmitError(format!("atomic_cas on {:?} (not emitted yet)", self.k.ty(*desired)))),
+                };
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
+                let (e, n) = (self.n(*expected).to_string(), self.n(*desired).to_string());
+                let (sem, scope) = (sem_name(*sem), scope_name(*scope));
+                self.line(format!("{guard}atom.{sem}.{scope}.global.cas.{ty} {d}, [{a}], {e}, {n}"));
             }
             Inst::SymmAt { dst, ptr, rank } => {
                 // dst = ptr - __heap_bases[__rank] + __heap_bases[rank]
@@ -846,6 +848,15 @@ impl<'k> Writer<'k> {
             }
         }
         Ok(())
+    }
+}
+
+fn sem_name(s: MemSemantic) -> &'static str {
+    match s {
+        MemSemantic::Relaxed => "relaxed",
+        MemSemantic::Acquire => "acquire",
+        MemSemantic::Release => "release",
+        MemSemantic::AcqRel => "acq_rel",
     }
 }
 

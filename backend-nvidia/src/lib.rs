@@ -45,7 +45,7 @@ impl NvidiaBackend {
     pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
-        let k = lower(func, LowerOptions { warp_size: 32 }).map_err(|e| compile_err(e.to_string()))?;
+        let k = lower(func, LowerOptions::NVIDIA).map_err(|e| compile_err(e.to_string()))?;
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
         Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads(), waits: k.waits() })
     }

@@ -28,11 +28,24 @@ fn vector_add_ptx_snapshots() {
 #[test]
 fn unsupported_ops_are_a_typed_compile_error() {
     let b = KernelBuilder::new("who", LaunchAttrs::default());
-    let x = b.arg_ptr("x", DType::I32);
-    b.atomic_cas(x, 0i32, 1i32, trident_core::ir::MemSemantic::AcqRel, trident_core::ir::Scope::Gpu);
+    let x = b.arg_ptr("x", DType::F32);
+    use trident_core::ir::{AtomicOp, MemSemantic, Scope};
+    b.atomic(AtomicOp::Max, x, 1.0f32, None, MemSemantic::Relaxed, Scope::Gpu);
     let e = NvidiaBackend.compile(&b.finish().unwrap(), Some("sm_90")).unwrap_err();
     assert!(matches!(&e, BackendError::Compile { kernel, .. } if kernel == "who"), "{e}");
-    assert!(e.to_string().contains("`atomic_cas`"), "{e}");
+    assert!(e.to_string().contains("atomic `max`"), "{e}");
+    // Tiles whose staging overflows the static shared-memory limit are a compile error.
+    let big = {
+        let b = KernelBuilder::new("big_dot", LaunchAttrs::default());
+        let c = b.arg_ptr("c", DType::F32);
+        let (x, y) = (b.zeros(&[128, 64], DType::F32), b.zeros(&[64, 128], DType::F32));
+        let acc = b.dot(x, y, b.zeros(&[128, 128], DType::F32), trident_core::ir::InputPrecision::Ieee);
+        let offs = b.arange(0, 128).expand_dims(1) * 128i32 + b.arange(0, 128).expand_dims(0);
+        b.store(c + offs, acc, None);
+        b
+    };
+    let e = NvidiaBackend.compile(&big.finish().unwrap(), Some("sm_90")).unwrap_err();
+    assert!(e.to_string().contains("bytes of shared memory") && e.to_string().contains("49152"), "{e}");
     let e = NvidiaBackend.compile(&vector_add(DType::F32), Some("sm_70")).unwrap_err();
     assert!(e.to_string().contains("does not support target `sm_70`"), "{e}");
 }

@@ -12,10 +12,10 @@
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
-use trident_core::backend::{self, LaunchOptions};
-use trident_core::ir::{CmpOp, DType, LaunchAttrs, MemSemantic, Scope};
 use trident_backend_nvidia::event::Event;
 use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
+use trident_core::backend::{self, LaunchOptions};
+use trident_core::ir::{CmpOp, DType, LaunchAttrs, MemSemantic, Scope};
 use trident_core::KernelBuilder;
 
 fn main() -> ExitCode {

@@ -32,6 +32,8 @@ use std::collections::{BTreeMap, HashMap};
 pub enum LowerError {
     #[error("`{op}`{}: not supported by the SIMT lowering yet: {reason}", loc.map(|l| format!(" (line {}:{})", l.line, l.col)).unwrap_or_default())]
     Unsupported { op: String, loc: Option<Loc>, reason: String },
+    #[error("kernel `{kernel}` needs {bytes} bytes of shared memory per program; the target allows {limit} (smaller tiles, or fewer stages)")]
+    SharedMemory { kernel: String, bytes: u32, limit: u32 },
 }
 
 /// Target parameters of the lowering.
@@ -39,6 +41,14 @@ pub enum LowerError {
 pub struct LowerOptions {
     /// 32 on NVIDIA, 64 on AMD CDNA.
     pub warp_size: u32,
+    /// Bytes of statically allocated shared memory a program may use (48 KiB on NVIDIA, the
+    /// static `.shared` limit; 64 KiB of LDS on AMD CDNA).
+    pub shared_limit: u32,
+}
+
+impl LowerOptions {
+    pub const NVIDIA: LowerOptions = LowerOptions { warp_size: 32, shared_limit: 48 << 10 };
+    pub const AMD_CDNA: LowerOptions = LowerOptions { warp_size: 64, shared_limit: 64 << 10 };
 }
 
 const I32: SType = SType::Int { bits: 32, signed: true };
@@ -152,6 +162,9 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
     head.append(&mut l.cur);
     l.k.body = head;
     l.k.shared_bytes = l.shared;
+    if l.shared > opts.shared_limit {
+        return Err(LowerError::SharedMemory { kernel: func.name.clone(), bytes: l.shared, limit: opts.shared_limit });
+    }
     Ok(l.k)
 }
 
@@ -367,11 +380,6 @@ impl Lowering<'_> {
             .collect()
     }
 
-    fn unsupported<T>(&self, op: Op, reason: &str) -> Result<T, LowerError> {
-        let d = &self.func.ops[op];
-        Err(LowerError::Unsupported { op: d.kind.mnemonic().to_string(), loc: d.loc, reason: reason.to_string() })
-    }
-
     fn held(&self, v: Value) -> Vec<Reg> {
         self.vals[&v].clone()
     }
@@ -542,9 +550,14 @@ impl Lowering<'_> {
         self.unflatten(f, src)
     }
 
-    /// Thread 0 runs `atomic` (predicated); every thread gets its result through shared memory.
-    fn scalar_atomic(&mut self, make: impl Fn(Reg, Option<Reg>) -> Inst, t: SType) -> Reg {
+    /// Thread 0 runs `atomic` (predicated, and masked by the scalar `mask`); every thread gets
+    /// its result through shared memory.
+    fn scalar_atomic(&mut self, make: impl Fn(Reg, Option<Reg>) -> Inst, t: SType, mask: Option<Reg>) -> Reg {
         let first = self.first_thread();
+        let first = match mask {
+            Some(m) => self.bin(BinaryOp::And, first, m),
+            None => first,
+        };
         let old = self.reg(t);
         self.emit(make(old, Some(first)));
         self.emit(Inst::Barrier);
@@ -651,13 +664,12 @@ impl Lowering<'_> {
                 let (aop, sem, scope) = (*aop, *sem, *scope);
                 let (p, v) = (self.held(*ptr), self.held(*value));
                 if self.func.ty(*ptr).is_scalar() {
-                    if mask.is_some() {
-                        return self.unsupported(op, "masked scalar atomics");
-                    }
                     let (p0, v0) = (p[0], v[0]);
+                    let m = mask.map(|m| self.held(m)[0]);
                     let r = self.scalar_atomic(
                         |dst, first| Inst::Atomic { dst, op: aop, addr: p0, value: v0, pred: first, sem, scope },
                         st,
+                        m,
                     );
                     vec![r]
                 } else {
@@ -798,7 +810,28 @@ impl Lowering<'_> {
                 self.barrier_all();
                 Vec::new()
             }
-            OpKind::AtomicCas { .. } => return self.unsupported(op, "compare-and-swap is not lowered yet"),
+            OpKind::AtomicCas { ptr, expected, desired, sem, scope } => {
+                let (sem, scope) = (*sem, *scope);
+                if self.func.ty(*ptr).is_scalar() {
+                    let (p, e, d) = (self.held(*ptr)[0], self.held(*expected)[0], self.held(*desired)[0]);
+                    let r = self.scalar_atomic(
+                        |dst, first| Inst::AtomicCas { dst, addr: p, expected: e, desired: d, pred: first, sem, scope },
+                        st,
+                        None,
+                    );
+                    vec![r]
+                } else {
+                    self.map(&[*ptr, *expected, *desired], st, |dst, s| Inst::AtomicCas {
+                        dst,
+                        addr: s[0],
+                        expected: s[1],
+                        desired: s[2],
+                        pred: None,
+                        sem,
+                        scope,
+                    })
+                }
+            }
         };
         if let Some(r) = data.results.first() {
             self.vals.insert(*r, regs);
@@ -1304,21 +1337,22 @@ mod tests {
         let v = b.load(x + offs, Some(offs.lt(1000)), None);
         b.store(out + offs, v * 2.0f32, Some(offs.lt(1000)));
         let f = b.finish().unwrap();
-        let k = lower(&f, LowerOptions { warp_size: 32 }).unwrap();
+        let k = lower(&f, LowerOptions::NVIDIA).unwrap();
         // 256 elements over 128 threads: one vector group of two per thread (plus the scalar
         // fallback for a misaligned or partly masked group).
         let count = |k: &Kernel, f: fn(&Inst) -> bool| k.body.iter().filter(|i| f(i)).count();
         assert_eq!(count(&k, |i| matches!(i, Inst::VStore { values, .. } if values.len() == 2)), 1);
         assert_eq!(count(&k, |i| matches!(i, Inst::Store { .. })), 2);
         assert_eq!(count(&k, |i| matches!(i, Inst::VLoad { .. })), 1);
-        let k64 = lower(&f, LowerOptions { warp_size: 64 }).unwrap();
+        let k64 = lower(&f, LowerOptions::AMD_CDNA).unwrap();
         assert_eq!(count(&k64, |i| matches!(i, Inst::Store { .. })), 1);
         assert_eq!(count(&k64, |i| matches!(i, Inst::VStore { .. })), 0);
 
+        // A scalar compare-and-swap runs in one thread and is shared through shared memory.
         let b = KernelBuilder::new("cas", LaunchAttrs::default());
         let out = b.arg_ptr("out", DType::I32);
         b.atomic_cas(out, 0i32, 1i32, MemSemantic::AcqRel, Scope::Gpu);
-        let e = lower(&b.finish().unwrap(), LowerOptions { warp_size: 32 }).unwrap_err();
-        assert!(e.to_string().contains("`atomic_cas`"), "{e}");
+        let k = lower(&b.finish().unwrap(), LowerOptions::NVIDIA).unwrap();
+        assert_eq!(count(&k, |i| matches!(i, Inst::AtomicCas { pred: Some(_), .. })), 1);
     }
 }

@@ -230,6 +230,17 @@ pub enum Inst {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// Global compare-and-swap: `dst` gets the old value; `desired` is stored where the old value
+    /// equals `expected` (bitwise).
+    AtomicCas {
+        dst: Reg,
+        addr: Reg,
+        expected: Reg,
+        desired: Reg,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        scope: Scope,
+    },
     /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
     /// uniform trip count (signed compare).
     Loop {
