@@ -28,4 +28,14 @@ done
 for k in vector_add softmax gemm splitk_gemm ag_gemm; do
   $B/trident-emit --backend nvidia --kernel $k --dtype bf16 --time | tee -a "$OUT/device.txt"
 done
+# Benchmarks: trident's kernels (CUDA events) vs the vendor baseline measured in the same run
+# (cuBLAS / PyTorch through bench/baseline.py, with the venv of DEVICE.md), next to the roofline.
+if [ "${BENCH:-1}" = 1 ]; then
+  PY=/opt/torch/.venv/bin/python
+  [ -x "$PY" ] || PY=python3
+  $B/trident-bench --cases > /tmp/bench-cases.txt
+  timeout 120 "$PY" bench/baseline.py /tmp/bench-cases.txt /tmp/bench-baseline.json 2>&1 | tail -8 || status=1
+  timeout 240 $B/trident-bench --baseline /tmp/bench-baseline.json --json "$OUT/bench.json" 2>&1 \
+    | tee -a "$OUT/device.txt" || status=1
+fi
 exit $status

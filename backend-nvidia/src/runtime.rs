@@ -146,8 +146,46 @@ impl CudaDevice {
         self.write(&table, 0, &0u64.to_le_bytes())?;
         let diag = self.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
         let barrier = self.alloc(16, "__barrier_all")?;
+        // Fresh allocations may hold old bytes: a stale flag would abort every wait.
+        self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
+        self.write(&barrier, 0, &[0u8; 16])?;
         *self.hidden.lock().unwrap_or_else(|e| e.into_inner()) = Some((table.clone(), diag.clone(), barrier.clone()));
         Ok((table, diag, barrier))
+    }
+
+    /// Enqueues a launch on the legacy default stream and returns at once (benchmarks time
+    /// batches of these with events); [`CudaDevice::finish`] waits and reports timed-out waits.
+    pub fn enqueue(
+        &self,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        opts: &LaunchOptions,
+    ) -> Result<(), BackendError> {
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
+        check_launch(kernel, grid, args, u64::MAX)?;
+        self.current()?;
+        let f = self.function(kernel, module)?;
+        let (table, diag, barrier) = self.hidden_buffers()?;
+        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound, &barrier);
+        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms, 1)
+    }
+
+    /// Waits for everything enqueued and reports a timed-out wait of `kernel`'s launches.
+    pub fn finish(&self, kernel: &str, opts: &LaunchOptions) -> Result<(), BackendError> {
+        self.current()?;
+        result::ctx::synchronize().map_err(|e| BackendError::Launch {
+            kernel: kernel.to_string(),
+            message: format!("kernel execution: {e:?}"),
+        })?;
+        let (_, diag, barrier) = self.hidden_buffers()?;
+        let r = self.check_waits(kernel, &diag, opts.wait_bound);
+        if r.is_err() {
+            // A stopped launch may leave the record set and a `barrier_all` count mid-round.
+            self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
+            self.write(&barrier, 0, &[0u8; 16])?;
+        }
+        r
     }
 
     /// Turns a timed-out wait's record into an error naming rank, program, signal, expected, seen.
@@ -338,19 +376,7 @@ impl Device for CudaDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
-        check_launch(kernel, grid, args, u64::MAX)?;
-        self.current()?;
-        let f = self.function(kernel, module)?;
-        let (table, diag, barrier) = self.hidden_buffers()?;
-        self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
-        self.write(&barrier, 0, &[0u8; 16])?;
-        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound, &barrier);
-        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms, 1)?;
-        result::ctx::synchronize().map_err(|e| BackendError::Launch {
-            kernel: kernel.kernel.clone(),
-            message: format!("kernel execution: {e:?}"),
-        })?;
-        self.check_waits(&kernel.kernel, &diag, opts.wait_bound)
+        self.enqueue(kernel, grid, args, opts)?;
+        self.finish(&kernel.kernel, opts)
     }
 }

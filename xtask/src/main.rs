@@ -72,6 +72,12 @@ enum Cmd {
     /// Assembles the PTX of every kernel the NVIDIA backend compiles, for sm_80, sm_90 and
     /// sm_90a, with `ptxas` (from `$PTXAS` or the PATH).
     PtxCheck,
+    /// Time the library's kernels on the GPU against a baseline measured in the same run
+    /// (`--baseline FILE` from bench/baseline.py; `--json OUT`); skips without a CUDA driver.
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// Print a kernel's code for a backend (`--backend nvidia --target sm_90 --kernel NAME [--time]`).
     Emit {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -197,7 +203,7 @@ fn bundle() -> Result<(), String> {
     let root = workspace_root();
     let dir = root.join("bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for bin in ["trident-conformance", "trident-demo", "trident-emit", "trident-gpu-selftest"] {
+    for bin in ["trident-conformance", "trident-demo", "trident-emit", "trident-gpu-selftest", "trident-bench"] {
         let from = root.join("target/release").join(bin);
         std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
     }
@@ -233,6 +239,12 @@ fn main() -> ExitCode {
         }
         Cmd::Bundle => bundle(),
         Cmd::PtxCheck => ptx_check(),
+        Cmd::Bench { args } => {
+            let mut c = cargo();
+            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-bench", "--"]);
+            c.args(args);
+            run(c)
+        }
         Cmd::Emit { args } => {
             let mut c = cargo();
             c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);

@@ -1,0 +1,318 @@
+//! `trident-bench`: times the library's kernels on the GPU with CUDA events and compares them
+//! with a baseline measured in the same run (cuBLAS and PyTorch through `bench/baseline.py`),
+//! next to the roofline. Every timed kernel is first checked against an f64 host reference on
+//! fresh random inputs with poisoned outputs.
+//!
+//! `trident-bench --cases` prints the cases (one per line) for the baseline script;
+//! `trident-bench --baseline FILE --json OUT` runs them.
+
+use clap::Parser;
+use rand::{Rng, SeedableRng};
+use std::process::ExitCode;
+use std::sync::Arc;
+use trident_backend_nvidia::event::Event;
+use trident_backend_nvidia::runtime::CudaDevice;
+use trident_conformance::host::{decode, encode, poison, random};
+use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::ir::DType;
+use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, Launcher};
+
+/// H200 SXM peaks (NVIDIA datasheet): dense bf16 tensor-core FLOP/s and HBM3e bandwidth.
+const PEAK_BF16_FLOPS: f64 = 989e12;
+const PEAK_HBM_BYTES: f64 = 4.8e12;
+
+#[derive(Parser)]
+#[command(about = "trident kernels vs a baseline measured in the same run, with the roofline")]
+struct Args {
+    /// Print the cases, one per line (`name dtype dims...`), and exit.
+    #[arg(long)]
+    cases: bool,
+    /// Baseline timings (JSON from bench/baseline.py: {"case": ms}).
+    #[arg(long)]
+    baseline: Option<String>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    json: Option<String>,
+    /// Timed repetitions per case (after two warm-up runs).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    name: &'static str,
+    dtype: DType,
+    dims: Vec<usize>,
+}
+
+impl Case {
+    fn key(&self) -> String {
+        let dims: Vec<String> = self.dims.iter().map(|d| d.to_string()).collect();
+        format!("{} {} {}", self.name, self.dtype, dims.join(" "))
+    }
+
+    /// Work done: (FLOPs, bytes moved at least once).
+    fn work(&self) -> (f64, f64) {
+        let s = self.dtype.size_bytes() as f64;
+        let d: Vec<f64> = self.dims.iter().map(|&x| x as f64).collect();
+        match self.name {
+            "vector_add" => (d[0], 3.0 * d[0] * s),
+            "softmax" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
+            _ => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s),
+        }
+    }
+
+    /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
+    fn floor_ms(&self) -> f64 {
+        let (flops, bytes) = self.work();
+        let compute = if self.name == "gemm" { flops / PEAK_BF16_FLOPS } else { 0.0 };
+        compute.max(bytes / PEAK_HBM_BYTES) * 1e3
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let c = |name, dtype, dims: &[usize]| Case { name, dtype, dims: dims.to_vec() };
+    vec![
+        c("vector_add", DType::F32, &[1 << 26]),
+        c("softmax", DType::BF16, &[16384, 4096]),
+        c("gemm", DType::BF16, &[4096, 4096, 4096]),
+        c("gemm", DType::BF16, &[8192, 3584, 8192]),
+        c("gemm", DType::BF16, &[8192, 8192, 8192]),
+    ]
+}
+
+/// `Device` whose launches are enqueued without waiting, so a kernel's host orchestration can be
+/// timed with events around it.
+struct Enqueuing(Arc<CudaDevice>);
+
+impl Device for Enqueuing {
+    fn backend(&self) -> &'static str {
+        self.0.backend()
+    }
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.0.alloc(bytes, name)
+    }
+    fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
+        self.0.free(buffer)
+    }
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.0.write(buffer, offset, data)
+    }
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.0.read(buffer, offset, out)
+    }
+    fn launch(&self, k: &Artifact, grid: [u32; 3], args: &[KernelArg], o: &LaunchOptions) -> Result<(), BackendError> {
+        self.0.enqueue(k, grid, args, o)
+    }
+}
+
+struct Measured {
+    ms: f64,
+    error: f64,
+}
+
+fn upload(dev: &CudaDevice, name: &str, v: &[f64], d: DType) -> Result<Buffer, BackendError> {
+    let b = dev.alloc(v.len() * d.size_bytes() as usize, name)?;
+    dev.write(&b, 0, &encode(v, d))?;
+    Ok(b)
+}
+
+/// Runs `op` twice to warm up, checks the output with `check`, then times `reps` runs.
+fn time(
+    dev: &CudaDevice,
+    reps: usize,
+    mut op: impl FnMut() -> Result<(), BackendError>,
+    check: impl Fn() -> Result<f64, BackendError>,
+) -> Result<(f64, f64), BackendError> {
+    let opts = LaunchOptions::default();
+    op()?;
+    dev.finish("bench", &opts)?;
+    let error = check()?;
+    op()?;
+    let mut ms = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let (a, b) = (Event::new(dev)?, Event::new(dev)?);
+        a.record_default()?;
+        op()?;
+        b.record_default()?;
+        b.synchronize()?;
+        ms.push(b.elapsed_since(&a)?.as_secs_f64() * 1e3);
+    }
+    dev.finish("bench", &opts)?;
+    ms.sort_by(f64::total_cmp);
+    Ok((ms[ms.len() / 2], error))
+}
+
+fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured, BackendError> {
+    let backend = trident_backend_nvidia::NvidiaBackend;
+    let dev = Enqueuing(cuda.clone());
+    let l = Launcher::new(&backend as &dyn Backend, &dev, LaunchOptions::default());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let d = case.dtype;
+    let es = d.size_bytes() as usize;
+    let (ms, error) = match case.name {
+        "vector_add" => {
+            let n = case.dims[0];
+            let (x, y) = (random(n, d, &mut rng), random(n, d, &mut rng));
+            let (xb, yb) = (upload(cuda, "x", &x, d)?, upload(cuda, "y", &y, d)?);
+            let out = cuda.alloc(n * es, "out")?;
+            cuda.fill(&out, &poison(d))?;
+            let k = VectorAdd { dtype: d, block: 1024 };
+            time(
+                cuda,
+                reps,
+                || k.run(&l, &xb, &yb, &out, n),
+                || {
+                    let mut raw = vec![0u8; n * es];
+                    cuda.read(&out, 0, &mut raw)?;
+                    let got = decode(&raw, d);
+                    Ok((0..n).map(|i| (got[i] - (x[i] + y[i])).abs()).fold(0.0, f64::max))
+                },
+            )?
+        }
+        "softmax" => {
+            let (rows, cols) = (case.dims[0], case.dims[1]);
+            let x = random(rows * cols, d, &mut rng);
+            let xb = upload(cuda, "x", &x, d)?;
+            let out = cuda.alloc(rows * cols * es, "out")?;
+            cuda.fill(&out, &poison(d))?;
+            let k = Softmax::for_cols(d, cols);
+            time(
+                cuda,
+                reps,
+                || k.run(&l, &xb, &out, rows, cols),
+                || {
+                    let mut worst = 0.0f64;
+                    for _ in 0..16 {
+                        let r = rng_row(rows);
+                        let mut raw = vec![0u8; cols * es];
+                        cuda.read(&out, r * cols * es, &mut raw)?;
+                        let got = decode(&raw, d);
+                        let row = &x[r * cols..(r + 1) * cols];
+                        let m = row.iter().copied().fold(f64::MIN, f64::max);
+                        let sum: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                        for (g, v) in got.iter().zip(row) {
+                            worst = worst.max((g - (v - m).exp() / sum).abs());
+                        }
+                    }
+                    Ok(worst)
+                },
+            )?
+        }
+        _ => {
+            let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
+            let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
+            let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
+            let c = cuda.alloc(m * n * es, "c")?;
+            cuda.fill(&c, &poison(d))?;
+            let g = Gemm::new(d);
+            time(
+                cuda,
+                reps,
+                || g.run(&l, &ab, &bb, &c, (m, n, k)),
+                || {
+                    // 256 random entries against f64 dot products, relative to sum |a||b|.
+                    let mut worst = 0.0f64;
+                    for _ in 0..256 {
+                        let (i, j) = (rng_row(m), rng_row(n));
+                        let mut raw = vec![0u8; es];
+                        cuda.read(&c, (i * n + j) * es, &mut raw)?;
+                        let got = decode(&raw, d)[0];
+                        let (mut want, mut scale) = (0.0, 0.0);
+                        for p in 0..k {
+                            want += a[i * k + p] * b[p * n + j];
+                            scale += (a[i * k + p] * b[p * n + j]).abs();
+                        }
+                        worst = worst.max((got - want).abs() / scale.max(1e-30));
+                    }
+                    Ok(worst)
+                },
+            )?
+        }
+    };
+    Ok(Measured { ms, error })
+}
+
+fn rng_row(n: usize) -> usize {
+    rand::thread_rng().gen_range(0..n)
+}
+
+fn main() -> ExitCode {
+    trident_conformance::link_backends();
+    let args = Args::parse();
+    if args.cases {
+        for c in cases() {
+            println!("{}", c.key());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let cuda = match CudaDevice::open(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            println!("bench: skipped: {e}");
+            return ExitCode::SUCCESS;
+        }
+    };
+    let baseline: serde_json::Map<String, serde_json::Value> = args
+        .baseline
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    println!("device: {}", cuda.name());
+    println!(
+        "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "case", "trident ms", "rate", "base ms", "base rate", "vs base", "floor ms", "error"
+    );
+    let mut records = Vec::new();
+    let mut failed = false;
+    for case in cases() {
+        let (flops, bytes) = case.work();
+        let rate = |ms: f64| {
+            if case.name == "gemm" {
+                format!("{:.1} TF/s", flops / ms / 1e9)
+            } else {
+                format!("{:.0} GB/s", bytes / ms / 1e6)
+            }
+        };
+        let base = baseline.get(&case.key()).and_then(|v| v.as_f64());
+        match run_case(&cuda, &case, args.reps) {
+            Ok(m) => {
+                let vs = base.map(|b| format!("{:.3}x", b / m.ms)).unwrap_or_else(|| "-".into());
+                println!(
+                    "{:<34} {:>10.3} {:>10} {:>10} {:>10} {:>9} {:>9.3} {:>9.1e}",
+                    case.key(),
+                    m.ms,
+                    rate(m.ms),
+                    base.map(|b| format!("{b:.3}")).unwrap_or_else(|| "-".into()),
+                    base.map(rate).unwrap_or_else(|| "-".into()),
+                    vs,
+                    case.floor_ms(),
+                    m.error
+                );
+                records.push(serde_json::json!({
+                    "case": case.key(), "trident_ms": m.ms, "baseline_ms": base,
+                    "speedup_vs_baseline": base.map(|b| b / m.ms), "floor_ms": case.floor_ms(),
+                    "max_error": m.error,
+                }));
+            }
+            Err(e) => {
+                failed = true;
+                println!("{:<34} FAILED: {e}", case.key());
+                records.push(serde_json::json!({ "case": case.key(), "error": e.to_string() }));
+            }
+        }
+    }
+    if let Some(p) = args.json {
+        let doc = serde_json::json!({ "device": cuda.name(), "results": records });
+        if let Err(e) = std::fs::write(&p, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
+            println!("bench: cannot write {p}: {e}");
+            failed = true;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
