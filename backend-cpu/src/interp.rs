@@ -523,18 +523,7 @@ impl<'a> Program<'a> {
         // that a kernel relying on them fails its check instead of passing by luck.
         let mut out = empty_for(Elem::Num(d), ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
-            let e = if on(i) {
-                from_bits(d, access(self.view.load(&view, p, size))?)
-            } else {
-                match other {
-                    Some(Data::F(v)) => Elt::F(v[i]),
-                    Some(Data::D(v)) => Elt::D(v[i]),
-                    Some(Data::I(v)) => Elt::I(v[i]),
-                    _ if d == DType::F64 => Elt::D(f64::NAN),
-                    _ if d.is_float() => Elt::F(f32::NAN),
-                    _ => Elt::I(norm_i(d, 0x5A5A_5A5A_5A5A_5A5A)),
-                }
-            };
+            let e = if on(i) { from_bits(d, access(self.view.load(&view, p, size))?) } else { masked_off(d, other, i) };
             match (&mut out, e) {
                 (Data::F(v), Elt::F(x)) => v.push(x),
                 (Data::D(v), Elt::D(x)) => v.push(x),

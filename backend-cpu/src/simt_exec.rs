@@ -214,6 +214,53 @@ impl Exec<'_> {
         Ok(())
     }
 
+    /// Read-modify-write of each active lane's word at `addr` (`f(lane, current)` is the new
+    /// value), releasing before and acquiring after as `sem` says; `dst` gets the old values.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_lanes(
+        &mut self,
+        dst: Reg,
+        addr: Reg,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        d: DType,
+        what: &str,
+        f: &dyn Fn(usize, u64) -> u64,
+    ) -> Result<(), Fault> {
+        self.hooks.yield_point(&mut self.view)?;
+        let lanes = self.lanes;
+        let size = d.size_bytes() as usize;
+        let a = self.get(addr)?;
+        let p = pred.map(|p| self.get(p)).transpose()?;
+        let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
+        if sem.releases() {
+            // Each active thread releases what it (and any barrier before) ordered.
+            if active.len() == lanes {
+                self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
+            } else {
+                for &t in &active {
+                    self.view.release_thread(self.mem, t).or_else(|e| fault(e.0))?;
+                }
+            }
+        }
+        let mut old = vec![0u64; lanes];
+        for &i in &active {
+            old[i] = self
+                .view
+                .rmw(self.mem, a.ptrs()[i], size, |cur| f(i, cur))
+                .or_else(|e| fault(format!("{what}: {}", e.0)))?;
+        }
+        if sem.acquires() {
+            self.view.acquire(self.mem);
+        }
+        let mut out = empty_for(Elem::Num(d), lanes);
+        for b in old {
+            push(&mut out, from_bits(d, b))?;
+        }
+        self.set(dst, out);
+        Ok(())
+    }
+
     fn body(&mut self, body: &[Inst]) -> Result<(), Fault> {
         for inst in body {
             self.inst(inst)?;
@@ -306,7 +353,7 @@ impl Exec<'_> {
                     let e = if on {
                         from_bits(d, self.view.load(&view, addr, size).or_else(|e| fault(format!("load: {}", e.0)))?)
                     } else {
-                        masked(d, o.as_ref().map(|o| &o.data), i)
+                        masked_off(d, o.as_ref().map(|o| &o.data), i)
                     };
                     push(&mut out, e)?;
                 }
@@ -345,7 +392,7 @@ impl Exec<'_> {
                             let at = base + (j * size) as u64;
                             from_bits(d, self.view.load(&view, at, size).or_else(|e| fault(format!("load: {}", e.0)))?)
                         } else {
-                            masked(d, others.get(j).map(|o| &o.data), i)
+                            masked_off(d, others.get(j).map(|o| &o.data), i)
                         };
                         push(out, e)?;
                     }
@@ -425,65 +472,22 @@ impl Exec<'_> {
             // Lanes run in lock-step; the view orders every thread's stores before later releases.
             Inst::Barrier => self.view.barrier(),
             Inst::Atomic { dst, op, addr, value, pred, sem, .. } => {
-                self.hooks.yield_point(&mut self.view)?;
                 let d = dtype(k.ty(*value));
-                let size = d.size_bytes() as usize;
-                let (a, v) = (self.get(*addr)?, self.get(*value)?);
-                let p = pred.map(|p| self.get(p)).transpose()?;
-                let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
-                if sem.releases() {
-                    // Each active thread releases what it (and any barrier before) ordered.
-                    if active.len() == lanes {
-                        self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
-                    } else {
-                        for &t in &active {
-                            self.view.release_thread(self.mem, t).or_else(|e| fault(e.0))?;
-                        }
-                    }
-                }
-                let mut old = vec![0u64; lanes];
-                for &i in &active {
-                    let operand = bits_of(&v.data, i, d);
-                    let f = |cur| crate::interp::atomic_apply(*op, d, cur, operand);
-                    old[i] =
-                        self.view.rmw(self.mem, a.ptrs()[i], size, f).or_else(|e| fault(format!("atomic: {}", e.0)))?;
-                }
-                if sem.acquires() {
-                    self.view.acquire(self.mem);
-                }
-                let mut out = empty_for(Elem::Num(d), lanes);
-                for b in old {
-                    push(&mut out, from_bits(d, b))?;
-                }
-                self.set(*dst, out);
+                let v = self.get(*value)?;
+                let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, bits_of(&v.data, i, d));
+                self.atomic_lanes(*dst, *addr, *pred, *sem, d, "atomic", &f)?;
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
-                self.hooks.yield_point(&mut self.view)?;
                 let d = dtype(k.ty(*desired));
-                let size = d.size_bytes() as usize;
-                let (a, e, n) = (self.get(*addr)?, self.get(*expected)?, self.get(*desired)?);
-                let p = pred.map(|p| self.get(p)).transpose()?;
-                let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
-                if sem.releases() {
-                    for &t in &active {
-                        self.view.release_thread(self.mem, t).or_else(|e| fault(e.0))?;
+                let (e, n) = (self.get(*expected)?, self.get(*desired)?);
+                let f = |i: usize, cur: u64| {
+                    if cur == bits_of(&e.data, i, d) {
+                        bits_of(&n.data, i, d)
+                    } else {
+                        cur
                     }
-                }
-                let mut old = vec![0u64; lanes];
-                for &i in &active {
-                    let (eb, nb) = (bits_of(&e.data, i, d), bits_of(&n.data, i, d));
-                    let f = |cur: u64| if cur == eb { nb } else { cur };
-                    old[i] =
-                        self.view.rmw(self.mem, a.ptrs()[i], size, f).or_else(|e| fault(format!("cas: {}", e.0)))?;
-                }
-                if sem.acquires() {
-                    self.view.acquire(self.mem);
-                }
-                let mut out = empty_for(Elem::Num(d), lanes);
-                for b in old {
-                    push(&mut out, from_bits(d, b))?;
-                }
-                self.set(*dst, out);
+                };
+                self.atomic_lanes(*dst, *addr, *pred, *sem, d, "cas", &f)?;
             }
             Inst::SymmAt { dst, ptr, rank } => {
                 let (p, r) = (self.get(*ptr)?, self.get(*rank)?);
@@ -557,18 +561,6 @@ impl Exec<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// What a masked-off lane of a load holds: lane `i` of `other`, or NaN / 0.
-fn masked(d: DType, other: Option<&Data>, i: usize) -> Elt {
-    match other {
-        Some(Data::F(v)) => Elt::F(v[i]),
-        Some(Data::D(v)) => Elt::D(v[i]),
-        Some(Data::I(v)) => Elt::I(v[i]),
-        _ if d == DType::F64 => Elt::D(f64::NAN),
-        _ if d.is_float() => Elt::F(f32::NAN),
-        _ => Elt::I(0),
     }
 }
 

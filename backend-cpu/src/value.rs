@@ -189,3 +189,16 @@ pub fn literal(lit: Literal, d: DType) -> Data {
         )]),
     }
 }
+
+/// What a masked-off lane of a load holds: lane `i` of `other`, or NaN (floats) / `0x5A..`
+/// (integers), so a kernel that uses it anyway is caught.
+pub fn masked_off(d: DType, other: Option<&Data>, i: usize) -> Elt {
+    match other {
+        Some(Data::F(v)) => Elt::F(v[i]),
+        Some(Data::D(v)) => Elt::D(v[i]),
+        Some(Data::I(v)) => Elt::I(v[i]),
+        _ if d == DType::F64 => Elt::D(f64::NAN),
+        _ if d.is_float() => Elt::F(f32::NAN),
+        _ => Elt::I(norm_i(d, 0x5A5A_5A5A_5A5A_5A5A)),
+    }
+}
