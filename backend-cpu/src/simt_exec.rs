@@ -489,6 +489,49 @@ impl Exec<'_> {
                 };
                 self.atomic_lanes(*dst, *addr, *pred, *sem, d, "cas", &f)?;
             }
+            Inst::Mma { d, a, b, c, ab } => {
+                let half = |bits: u64| match ab {
+                    SType::BF16 => half::bf16::from_bits(bits as u16).to_f32(),
+                    _ => half::f16::from_bits(bits as u16).to_f32(),
+                };
+                let av: Vec<Val> = a.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                let bv: Vec<Val> = b.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                let mut dv = vec![vec![0f32; lanes]; 4];
+                for w in 0..lanes / 32 {
+                    let (mut ma, mut mb, mut mc) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
+                    for l in 0..32 {
+                        let (i, g, t) = (w * 32 + l, l / 4, l % 4);
+                        for (r, (row, col)) in
+                            [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)].into_iter().enumerate()
+                        {
+                            let bits = av[r].ints()[i] as u64;
+                            ma[row][col] = half(bits & 0xffff);
+                            ma[row][col + 1] = half(bits >> 16 & 0xffff);
+                        }
+                        for (r, k) in [2 * t, 2 * t + 8].into_iter().enumerate() {
+                            let bits = bv[r].ints()[i] as u64;
+                            mb[k][g] = half(bits & 0xffff);
+                            mb[k + 1][g] = half(bits >> 16 & 0xffff);
+                        }
+                        for (r, cr) in cv.iter().enumerate() {
+                            let Data::F(x) = &cr.data else { return fault("mma accumulator is not f32") };
+                            mc[g + 8 * (r / 2)][2 * t + r % 2] = x[i];
+                        }
+                    }
+                    for l in 0..32 {
+                        let (i, g, t) = (w * 32 + l, l / 4, l % 4);
+                        for (r, out) in dv.iter_mut().enumerate() {
+                            let (row, col) = (g + 8 * (r / 2), 2 * t + r % 2);
+                            let dot: f64 = (0..16).map(|k| ma[row][k] as f64 * mb[k][col] as f64).sum();
+                            out[i] = (dot + mc[row][col] as f64) as f32;
+                        }
+                    }
+                }
+                for (r, out) in d.iter().zip(dv) {
+                    self.set(*r, Data::F(out));
+                }
+            }
             Inst::SymmAt { dst, ptr, rank } => {
                 let (p, r) = (self.get(*ptr)?, self.get(*rank)?);
                 let v = (0..lanes).map(|i| self.hooks.translate(p.ptrs()[i], r.ints()[i])).collect::<Result<_, _>>()?;

@@ -339,6 +339,14 @@ impl<'k> Writer<'k> {
                 self.line(format!("setp.eq.u64 {d}, {t}, 0"));
             }
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
+            Inst::Mma { d, a, b, c, ab } => {
+                let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
+                let list = |w: &Self, rs: &[Reg]| rs.iter().map(|r| w.n(*r).to_string()).collect::<Vec<_>>().join(", ");
+                let (dd, aa, bb, cc) = (list(self, d), list(self, a), list(self, b), list(self, c));
+                self.line(format!(
+                    "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{dd}}}, {{{aa}}}, {{{bb}}}, {{{cc}}}"
+                ));
+            }
             Inst::Fma { dst, a, b, c } => {
                 let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
                 let (d, x, y, z) =

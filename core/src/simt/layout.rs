@@ -167,6 +167,70 @@ impl Blocked {
     }
 }
 
+/// The accumulator layout of a `dot` on tensor cores (`mma.m16n8k16`, f32 accumulators): the
+/// `[M, N]` tile is split over `warps_m x warps_n` warps (warp `w` takes block row `w % warps_m`
+/// and block column `w / warps_m`), each warp's block into 16 x 8 instruction tiles, and each
+/// instruction tile over the lanes as PTX defines it: with `g = lane / 4` and `t = lane % 4`,
+/// register `r` of a tile holds row `g + 8 (r / 2)`, column `2 t + r % 2`. Slot
+/// `((i * tiles_n) + j) * 4 + r` is register `r` of instruction tile `(i, j)` of the warp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MmaLayout {
+    pub m: u32,
+    pub n: u32,
+    pub warps_m: u32,
+    pub warps_n: u32,
+}
+
+impl MmaLayout {
+    pub const TILE_M: u32 = 16;
+    pub const TILE_N: u32 = 8;
+    pub const TILE_K: u32 = 16;
+
+    /// The split of `warps` warps over an `m x n` output, if the tile fits whole instruction
+    /// tiles (as many warps along M as divide it, the rest along N).
+    pub fn new(m: u32, n: u32, warps: u32) -> Option<MmaLayout> {
+        let mut wm = warps.min(m / Self::TILE_M).max(1);
+        while wm >= 1 {
+            let wn = warps / wm;
+            if warps.is_multiple_of(wm) && m.is_multiple_of(Self::TILE_M * wm) && n.is_multiple_of(Self::TILE_N * wn) {
+                return Some(MmaLayout { m, n, warps_m: wm, warps_n: wn });
+            }
+            wm /= 2;
+        }
+        None
+    }
+
+    /// Instruction tiles per warp along M and N.
+    pub fn tiles(&self) -> (u32, u32) {
+        (self.m / self.warps_m / Self::TILE_M, self.n / self.warps_n / Self::TILE_N)
+    }
+
+    pub fn slots(&self) -> u32 {
+        let (ti, tj) = self.tiles();
+        ti * tj * 4
+    }
+
+    /// The thread-independent part of slot `s`'s (row, column).
+    pub fn offset(&self, s: u32) -> [u32; 2] {
+        let (_, tj) = self.tiles();
+        let (tile, r) = (s / 4, s % 4);
+        let (i, j) = (tile / tj, tile % tj);
+        [i * Self::TILE_M + 8 * (r / 2), j * Self::TILE_N + r % 2]
+    }
+
+    /// The thread-dependent part: the warp's block origin plus `(g, 2 t)`.
+    pub fn position(&self, thread: u32, warp_size: u32) -> [u32; 2] {
+        let (lane, warp) = (thread % warp_size, thread / warp_size);
+        let (wm, wn) = (warp % self.warps_m, warp / self.warps_m);
+        [wm * (self.m / self.warps_m) + lane / 4, wn * (self.n / self.warps_n) + 2 * (lane % 4)]
+    }
+
+    pub fn element(&self, thread: u32, s: u32, warp_size: u32) -> [u32; 2] {
+        let (p, o) = (self.position(thread, warp_size), self.offset(s));
+        [p[0] + o[0], p[1] + o[1]]
+    }
+}
+
 /// Row-major index of `coords` in `shape`.
 pub fn row_major(coords: &[u32], shape: &[u32]) -> u64 {
     coords.iter().zip(shape).fold(0u64, |acc, (&c, &d)| acc * d as u64 + c as u64)
@@ -243,6 +307,24 @@ mod tests {
         assert_eq!(l.element(32, 0, 32), [2, 0]);
         assert_eq!(l.lane_stride(1), 1);
         assert_eq!(l.lane_stride(0), 16);
+    }
+
+    #[test]
+    fn mma_layout_covers_every_element_once() {
+        for (m, n, warps) in [(64, 64, 4), (32, 32, 4), (128, 64, 8), (16, 8, 1), (64, 32, 8)] {
+            let l = MmaLayout::new(m, n, warps).unwrap();
+            let mut seen = std::collections::HashSet::new();
+            for t in 0..warps * 32 {
+                for s in 0..l.slots() {
+                    let e = l.element(t, s, 32);
+                    assert!(e[0] < m && e[1] < n);
+                    assert!(seen.insert(e), "{l:?}: {e:?} twice");
+                }
+            }
+            assert_eq!(seen.len() as u32, m * n);
+        }
+        assert_eq!(MmaLayout::new(64, 64, 4), Some(MmaLayout { m: 64, n: 64, warps_m: 4, warps_n: 1 }));
+        assert!(MmaLayout::new(8, 8, 4).is_none());
     }
 
     #[test]

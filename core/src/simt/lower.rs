@@ -22,7 +22,7 @@
 //! uniform control flow.
 
 use super::contiguity::Contiguity;
-use super::layout::{same_elements, Blocked};
+use super::layout::{same_elements, Blocked, MmaLayout};
 use super::{Inst, Kernel, Reg, SType, Special};
 use crate::ir::*;
 use std::collections::{BTreeMap, HashMap};
@@ -103,6 +103,10 @@ struct Lowering<'f> {
     memo: HashMap<(Value, Vec<Reg>), Reg>,
     remat: HashMap<Value, bool>,
     contiguity: Contiguity<'f>,
+    /// Values held in a tensor-core accumulator layout instead of their shape's blocked one
+    /// (`dot` results and the loop-carried accumulators feeding them).
+    mma_held: HashMap<Value, (MmaLayout, Vec<Reg>)>,
+    mma_positions: HashMap<MmaLayout, [Reg; 2]>,
 }
 
 /// Lowers a verified function.
@@ -137,6 +141,8 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
         memo: HashMap::new(),
         remat: HashMap::new(),
         contiguity: Contiguity::analyse(func),
+        mma_held: HashMap::new(),
+        mma_positions: HashMap::new(),
     };
     let mut head = Vec::new();
     l.tid = l.reg(I32);
@@ -380,8 +386,14 @@ impl Lowering<'_> {
             .collect()
     }
 
-    fn held(&self, v: Value) -> Vec<Reg> {
-        self.vals[&v].clone()
+    /// `v`'s registers in its shape's blocked layout (a tensor-core accumulator is converted
+    /// through shared memory, at this point of the program).
+    fn held(&mut self, v: Value) -> Vec<Reg> {
+        if let Some(r) = self.vals.get(&v) {
+            return r.clone();
+        }
+        let (l, regs) = self.mma_held[&v].clone();
+        self.mma_to_blocked(l, &regs)
     }
 
     fn block(&mut self, b: Block) -> Result<(), LowerError> {
@@ -391,15 +403,28 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// Lowers a region into a fresh instruction list; returns it and the yielded registers.
-    fn region(&mut self, b: Block) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
+    /// Lowers a region into a fresh instruction list; returns it and the yielded registers
+    /// (yield `i` in the accumulator layout `mma[i]` where given, else blocked).
+    fn region(&mut self, b: Block, mma: &[Option<MmaLayout>]) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
         let r = self.block(b);
+        let yields = if r.is_ok() {
+            let ys = self.func.blocks[b].yields.clone();
+            let mut out = Vec::new();
+            for (i, v) in ys.into_iter().enumerate() {
+                match mma.get(i).copied().flatten() {
+                    Some(l) => out.extend(self.held_mma(v, l)),
+                    None => out.extend(self.held(v)),
+                }
+            }
+            out
+        } else {
+            Vec::new()
+        };
         let body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
         r?;
-        let yields = self.func.blocks[b].yields.iter().flat_map(|v| self.held(*v)).collect();
         Ok((body, yields))
     }
 
@@ -692,20 +717,47 @@ impl Lowering<'_> {
                 Vec::new()
             }
             OpKind::Reduce { op: rop, axis, x } => self.reduce(*rop, *axis as usize, *x, &shape, st),
-            OpKind::Dot { a, b, acc, .. } => self.dot(*a, *b, *acc, st),
+            OpKind::Dot { a, b, acc, .. } => match self.dot_mma_layout(op) {
+                Some(l) => {
+                    let regs = self.dot_mma(*a, *b, *acc, l);
+                    self.mma_held.insert(data.results[0], (l, regs));
+                    return Ok(());
+                }
+                None => self.dot(*a, *b, *acc, st),
+            },
             OpKind::For { lower, upper, step, init, body } => {
                 let (lo, hi, stp) = (self.held(*lower)[0], self.held(*upper)[0], self.held(*step)[0]);
                 let types: Vec<Type> = init.iter().map(|v| self.func.ty(*v).clone()).collect();
-                let phis = self.slots_of(&types);
-                let inits: Vec<Reg> = init.iter().flat_map(|v| self.held(*v)).collect();
                 let args = self.func.blocks[*body].args.clone();
+                // A carried accumulator that the body only feeds to a tensor-core `dot` stays in
+                // the accumulator layout across iterations.
+                let mma: Vec<Option<MmaLayout>> = (0..init.len()).map(|i| self.carried_mma(*body, i)).collect();
+                let mut phis = self.slots_of(&types);
+                let mut inits = Vec::new();
+                for (i, v) in init.iter().enumerate() {
+                    match mma[i] {
+                        Some(l) => {
+                            phis[i] = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+                            inits.extend(self.held_mma(*v, l));
+                        }
+                        None => inits.extend(self.held(*v)),
+                    }
+                }
                 let iv = self.reg(stype(self.func.ty(args[0])));
                 self.vals.insert(args[0], vec![iv]);
-                for (a, p) in args[1..].iter().zip(&phis) {
-                    self.vals.insert(*a, p.clone());
+                for (i, (a, p)) in args[1..].iter().zip(&phis).enumerate() {
+                    match mma[i] {
+                        Some(l) => {
+                            self.mma_held.insert(*a, (l, p.clone()));
+                        }
+                        None => {
+                            self.vals.insert(*a, p.clone());
+                        }
+                    }
                 }
-                let (body_insts, nexts) = self.region(*body)?;
-                let results = self.slots_of(&types);
+                let (body_insts, nexts) = self.region(*body, &mma)?;
+                let results: Vec<Vec<Reg>> =
+                    phis.iter().map(|p| p.iter().map(|r| self.reg(self.k.ty(*r))).collect()).collect();
                 let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
                 self.emit(Inst::Loop {
                     iv,
@@ -718,13 +770,23 @@ impl Lowering<'_> {
                     nexts,
                     results: flat(&results),
                 });
-                self.bind_results(op, results);
+                let rs = self.func.ops[op].results.clone();
+                for (i, (r, regs)) in rs.into_iter().zip(results).enumerate() {
+                    match mma[i] {
+                        Some(l) => {
+                            self.mma_held.insert(r, (l, regs));
+                        }
+                        None => {
+                            self.vals.insert(r, regs);
+                        }
+                    }
+                }
                 return Ok(());
             }
             OpKind::If { cond, then_block, else_block } => {
                 let c = self.held(*cond)[0];
-                let (then_body, then_yields) = self.region(*then_block)?;
-                let (else_body, else_yields) = self.region(*else_block)?;
+                let (then_body, then_yields) = self.region(*then_block, &[])?;
+                let (else_body, else_yields) = self.region(*else_block, &[])?;
                 let types: Vec<Type> = data.results.iter().map(|r| self.func.ty(*r).clone()).collect();
                 let results = self.slots_of(&types);
                 let flat: Vec<Reg> = results.iter().flatten().copied().collect();
@@ -742,8 +804,8 @@ impl Lowering<'_> {
                         self.vals.insert(*a, p.clone());
                     }
                 }
-                let (cond_body, cy) = self.region(*cond)?;
-                let (body_insts, nexts) = self.region(*body)?;
+                let (cond_body, cy) = self.region(*cond, &[])?;
+                let (body_insts, nexts) = self.region(*body, &[])?;
                 let results = self.slots_of(&types);
                 let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
                 self.emit(Inst::While {
@@ -989,7 +1051,8 @@ impl Lowering<'_> {
         let size = self.func.ty(dst).elem.pointee().map_or(1, |d| d.size_bytes());
         let (d0, s0, r) = (self.held(dst)[0], self.held(src)[0], self.held(rank)[0]);
         let (to, from) = if is_put { (self.symm_at(d0, r), s0) } else { (d0, self.symm_at(s0, r)) };
-        let n_bytes = self.cast(self.held(bytes)[0], I32);
+        let b0 = self.held(bytes)[0];
+        let n_bytes = self.cast(b0, I32);
         self.emit(Inst::Barrier);
         let elems = self.bin_c(BinaryOp::Shr, n_bytes, log2(size));
         let word = SType::Int { bits: (8 * size) as u8, signed: false };
@@ -1315,6 +1378,201 @@ impl Lowering<'_> {
     }
 }
 
+impl Lowering<'_> {
+    /// The tensor-core layout of a `dot`, when it has one: f16/bf16 operands of one type, an
+    /// f32 accumulator, K a multiple of 16 and an output of whole 16 x 8 tiles per warp.
+    fn dot_mma_layout(&self, op: Op) -> Option<MmaLayout> {
+        let OpKind::Dot { a, b, acc, .. } = &self.func.ops[op].kind else { return None };
+        let (at, bt, ct) = (self.func.ty(*a), self.func.ty(*b), self.func.ty(*acc));
+        let (ea, eb, ec) = (at.elem.dtype()?, bt.elem.dtype()?, ct.elem.dtype()?);
+        if ea != eb || !matches!(ea, DType::F16 | DType::BF16) || ec != DType::F32 {
+            return None;
+        }
+        if !at.shape[1].is_multiple_of(MmaLayout::TILE_K) || self.k.warp_size != 32 {
+            return None;
+        }
+        MmaLayout::new(ct.shape[0], ct.shape[1], self.k.warps)
+    }
+
+    /// The accumulator layout of carried value `i` of a `for` body: its next value is a
+    /// tensor-core `dot` accumulating into the carried value itself.
+    fn carried_mma(&self, body: Block, i: usize) -> Option<MmaLayout> {
+        let arg = self.func.blocks[body].args[i + 1];
+        let next = *self.func.blocks[body].yields.get(i)?;
+        let ValueDef::Result { op, .. } = self.func.values[next].def else { return None };
+        match &self.func.ops[op].kind {
+            OpKind::Dot { acc, .. } if *acc == arg => self.dot_mma_layout(op),
+            _ => None,
+        }
+    }
+
+    /// Per-thread (row, column) position of an accumulator layout (prologue).
+    fn mma_position(&mut self, l: MmaLayout) -> [Reg; 2] {
+        if let Some(p) = self.mma_positions.get(&l) {
+            return *p;
+        }
+        let saved = std::mem::take(&mut self.cur);
+        let (g, t2) = self.group_and_pair();
+        let wm = self.bin_c(BinaryOp::And, self.warp, l.warps_m as i64 - 1);
+        let wn = self.bin_c(BinaryOp::Shr, self.warp, log2(l.warps_m));
+        let row0 = self.bin_c(BinaryOp::Mul, wm, (l.m / l.warps_m) as i64);
+        let col0 = self.bin_c(BinaryOp::Mul, wn, (l.n / l.warps_n) as i64);
+        let p = [self.bin(BinaryOp::Add, row0, g), self.bin(BinaryOp::Add, col0, t2)];
+        let defs = std::mem::replace(&mut self.cur, saved);
+        self.prologue.extend(defs);
+        self.mma_positions.insert(l, p);
+        p
+    }
+
+    /// `(lane / 4, 2 (lane % 4))`: the lane's group and its column pair in a fragment.
+    fn group_and_pair(&mut self) -> (Reg, Reg) {
+        let g = self.bin_c(BinaryOp::Shr, self.lane, 2);
+        let t = self.bin_c(BinaryOp::And, self.lane, 3);
+        (g, self.bin_c(BinaryOp::Shl, t, 1))
+    }
+
+    fn mma_coords(&mut self, l: MmaLayout, s: u32) -> [Reg; 2] {
+        let p = self.mma_position(l);
+        let o = l.offset(s);
+        let mut c = [p[0], p[1]];
+        for d in 0..2 {
+            if o[d] > 0 {
+                c[d] = self.bin_c(BinaryOp::Add, p[d], o[d] as i64);
+            }
+        }
+        c
+    }
+
+    /// An accumulator-layout tile in the blocked layout of its shape, through shared memory.
+    fn mma_to_blocked(&mut self, l: MmaLayout, regs: &[Reg]) -> Vec<Reg> {
+        let shape = [l.m, l.n];
+        self.emit(Inst::Barrier);
+        self.shared = self.shared.max(l.m * l.n * 4);
+        for (s, &r) in regs.iter().enumerate() {
+            let c = self.mma_coords(l, s as u32);
+            let f = self.flatten(&c, &shape);
+            let off = self.shared_offset(f, 4, 0);
+            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
+        }
+        self.emit(Inst::Barrier);
+        let slots = self.layout(&shape).slots();
+        (0..slots)
+            .map(|s| {
+                let c = self.slot_coords(&shape, s);
+                let f = self.flatten(&c, &shape);
+                self.shared_load(SType::F32, f, 0)
+            })
+            .collect()
+    }
+
+    /// `v` in the accumulator layout `l` (f32): as held, a splat copied into every register, or
+    /// converted from its blocked layout through shared memory.
+    fn held_mma(&mut self, v: Value, l: MmaLayout) -> Vec<Reg> {
+        if let Some((hl, regs)) = self.mma_held.get(&v) {
+            if *hl == l {
+                return regs.clone();
+            }
+        }
+        if let ValueDef::Result { op, .. } = self.func.values[v].def {
+            if let OpKind::Splat(x) = self.func.ops[op].kind {
+                let r = self.held(x)[0];
+                let r = self.cast(r, SType::F32);
+                return vec![r; l.slots() as usize];
+            }
+        }
+        let shape = [l.m, l.n];
+        let src = self.held(v);
+        let src: Vec<Reg> = src.into_iter().map(|r| self.cast(r, SType::F32)).collect();
+        self.emit(Inst::Barrier);
+        self.stage_in_shared(&src, &shape, 0);
+        self.emit(Inst::Barrier);
+        (0..l.slots())
+            .map(|s| {
+                let c = self.mma_coords(l, s);
+                let f = self.flatten(&c, &shape);
+                self.shared_load(SType::F32, f, 0)
+            })
+            .collect()
+    }
+
+    /// `acc + a @ b` on tensor cores: A (row-major `[M, K]`) and B (transposed to `[N, K]`) are
+    /// staged in shared memory, where every fragment register is one aligned 32-bit load of two
+    /// neighbours along K; each warp runs `mma.m16n8k16` over its instruction tiles per 16 of K.
+    fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: MmaLayout) -> Vec<Reg> {
+        let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
+        let ab = stype(&at);
+        let kk = at.shape[1];
+        let (ar, br) = (self.held(a), self.held(b));
+        let c = self.held_mma(acc, l);
+        let a_bytes = (l.m * kk * 2).next_multiple_of(16);
+        self.emit(Inst::Barrier);
+        self.stage_in_shared(&ar, &at.shape, 0);
+        // B transposed: element (k, n) at n * K + k.
+        self.shared = self.shared.max(a_bytes + l.n * kk * 2);
+        for (s, &r) in br.iter().enumerate() {
+            let cb = self.slot_coords(&bt.shape, s as u32);
+            let f = self.flatten(&[cb[1], cb[0]], &[l.n, kk]);
+            let off = self.shared_offset(f, 2, a_bytes);
+            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
+        }
+        self.emit(Inst::Barrier);
+        let (ti, tj) = l.tiles();
+        let p = self.mma_position(l);
+        // Rows of A this lane reads: the warp's block row + g (the position's row); columns of
+        // B: the warp's block column + g, i.e. the position's column - 2t + g.
+        let (g, t2) = self.group_and_pair();
+        let col0 = self.bin(BinaryOp::Sub, p[1], t2);
+        let b_row = self.bin(BinaryOp::Add, col0, g);
+        let word = I32;
+        let mut acc = c;
+        for k0 in (0..kk).step_by(MmaLayout::TILE_K as usize) {
+            let load = |me: &mut Self, row: Reg, row_off: u32, col: u32, base: u32| {
+                // Element (row + row_off, k0 + col + 2t) and its neighbour, as one word.
+                let r = me.bin_c(BinaryOp::Add, row, row_off as i64);
+                let r = me.bin_c(BinaryOp::Mul, r, kk as i64);
+                let e = me.bin_c(BinaryOp::Add, r, (k0 + col) as i64);
+                let e = me.bin(BinaryOp::Add, e, t2);
+                let off = me.shared_offset(e, 2, base);
+                let d = me.reg(word);
+                me.emit(Inst::SharedLoad { dst: d, offset: off });
+                d
+            };
+            let a_frags: Vec<Vec<Reg>> = (0..ti)
+                .map(|i| {
+                    let m0 = i * MmaLayout::TILE_M;
+                    vec![
+                        load(self, p[0], m0, 0, 0),
+                        load(self, p[0], m0 + 8, 0, 0),
+                        load(self, p[0], m0, 8, 0),
+                        load(self, p[0], m0 + 8, 8, 0),
+                    ]
+                })
+                .collect();
+            let b_frags: Vec<Vec<Reg>> = (0..tj)
+                .map(|j| {
+                    let n0 = j * MmaLayout::TILE_N;
+                    vec![load(self, b_row, n0, 0, a_bytes), load(self, b_row, n0, 8, a_bytes)]
+                })
+                .collect();
+            for i in 0..ti {
+                for j in 0..tj {
+                    let at = ((i * tj + j) * 4) as usize;
+                    let d: Vec<Reg> = (0..4).map(|_| self.reg(SType::F32)).collect();
+                    self.emit(Inst::Mma {
+                        d: d.clone(),
+                        a: a_frags[i as usize].clone(),
+                        b: b_frags[j as usize].clone(),
+                        c: acc[at..at + 4].to_vec(),
+                        ab,
+                    });
+                    acc.splice(at..at + 4, d);
+                }
+            }
+        }
+        acc
+    }
+}
+
 /// Source coordinates of a transpose's result coordinates (`result[i] = source[perm[i]]`).
 fn permute_back(c: &[Reg], perm: &[u32]) -> Vec<Reg> {
     let mut s = vec![c[0]; c.len()];
@@ -1328,6 +1586,43 @@ fn permute_back(c: &[Reg], perm: &[u32]) -> Vec<Reg> {
 mod tests {
     use super::*;
     use crate::builder::KernelBuilder;
+
+    /// An f16/bf16 `dot` with an f32 accumulator runs on tensor cores, its loop-carried
+    /// accumulator staying in the MMA layout (no shared-memory round trip inside the K loop);
+    /// f32 inputs keep the FMA loop; warp 64 (AMD) has no `mma.sync`.
+    #[test]
+    fn half_dots_use_tensor_cores() {
+        let build = |d: DType| {
+            let b = KernelBuilder::new("mm", LaunchAttrs::default());
+            let (x, y, c) = (b.arg_ptr("x", d), b.arg_ptr("y", d), b.arg_ptr("c", DType::F32));
+            let i = b.arange(0, 64);
+            let k = b.arange(0, 32);
+            let xa = b.load(x + i.expand_dims(1) * 32i32 + k.expand_dims(0), None, None);
+            let ya = b.load(y + k.expand_dims(1) * 64i32 + i.expand_dims(0), None, None);
+            let out = b.for_range(0, 4, 1, &[b.zeros(&[64, 64], DType::F32)], |_, acc: &[crate::builder::Tile]| {
+                vec![b.dot(xa, ya, acc[0], InputPrecision::Ieee)]
+            });
+            b.store(c + i.expand_dims(1) * 64i32 + i.expand_dims(0), out[0], None);
+            b.finish().unwrap()
+        };
+        fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
+            body.iter()
+                .map(|i| match i {
+                    Inst::Loop { body, .. } => count(body, f) + f(i) as usize,
+                    _ => f(i) as usize,
+                })
+                .sum()
+        }
+        let k = lower(&build(DType::BF16), LowerOptions::NVIDIA).unwrap();
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 16);
+        let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
+        // Inside the loop: staging of A and B only (two barriers), no accumulator conversion.
+        assert_eq!(body.iter().filter(|i| matches!(i, Inst::Barrier)).count(), 2);
+        let k = lower(&build(DType::F32), LowerOptions::NVIDIA).unwrap();
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
+        let k = lower(&build(DType::BF16), LowerOptions::AMD_CDNA).unwrap();
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
+    }
 
     #[test]
     fn vector_add_lowers_and_communication_is_reported() {

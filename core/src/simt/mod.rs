@@ -241,6 +241,17 @@ pub enum Inst {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// Warp-wide tensor-core `d = a b + c` on one 16 x 8 x 16 tile (`mma.sync.m16n8k16`, row-major
+    /// A, column-major B, f32 accumulators): `a` is 4 and `b` 2 32-bit registers, each holding
+    /// two `ab` elements (lower column / row in the low half), `c` and `d` 4 f32 registers, in
+    /// the fragment layout of PTX (see `layout::MmaLayout`). Every lane of the warp executes it.
+    Mma {
+        d: Vec<Reg>,
+        a: Vec<Reg>,
+        b: Vec<Reg>,
+        c: Vec<Reg>,
+        ab: SType,
+    },
     /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
     /// uniform trip count (signed compare).
     Loop {
