@@ -109,6 +109,8 @@ impl Device for Enqueuing {
 struct Measured {
     ms: f64,
     error: f64,
+    /// The fastest configuration, where several were tried.
+    config: String,
 }
 
 fn upload(dev: &CudaDevice, name: &str, v: &[f64], d: DType) -> Result<Buffer, BackendError> {
@@ -205,32 +207,43 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
             let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
             let c = cuda.alloc(m * n * es, "c")?;
             cuda.fill(&c, &poison(d))?;
-            let g = Gemm::new(d);
-            time(
-                cuda,
-                reps,
-                || g.run(&l, &ab, &bb, &c, (m, n, k)),
-                || {
-                    // 256 random entries against f64 dot products, relative to sum |a||b|.
-                    let mut worst = 0.0f64;
-                    for _ in 0..256 {
-                        let (i, j) = (rng_row(m), rng_row(n));
-                        let mut raw = vec![0u8; es];
-                        cuda.read(&c, (i * n + j) * es, &mut raw)?;
-                        let got = decode(&raw, d)[0];
-                        let (mut want, mut scale) = (0.0, 0.0);
-                        for p in 0..k {
-                            want += a[i * k + p] * b[p * n + j];
-                            scale += (a[i * k + p] * b[p * n + j]).abs();
+            // A small autotuning sweep (like Triton's `autotune`): every configuration is
+            // checked, the fastest is reported.
+            let mut best: Option<(f64, f64, String)> = None;
+            for (bm, bn, bk, warps) in [(64, 64, 32, 4), (128, 64, 32, 4), (128, 128, 32, 8), (128, 128, 64, 8)] {
+                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, ..Gemm::new(d) };
+                cuda.fill(&c, &poison(d))?;
+                let (ms, err) = time(
+                    cuda,
+                    reps,
+                    || g.run(&l, &ab, &bb, &c, (m, n, k)),
+                    || {
+                        // 256 random entries against f64 dot products, relative to sum |a||b|.
+                        let mut worst = 0.0f64;
+                        for _ in 0..256 {
+                            let (i, j) = (rng_row(m), rng_row(n));
+                            let mut raw = vec![0u8; es];
+                            cuda.read(&c, (i * n + j) * es, &mut raw)?;
+                            let got = decode(&raw, d)[0];
+                            let (mut want, mut scale) = (0.0, 0.0);
+                            for p in 0..k {
+                                want += a[i * k + p] * b[p * n + j];
+                                scale += (a[i * k + p] * b[p * n + j]).abs();
+                            }
+                            worst = worst.max((got - want).abs() / scale.max(1e-30));
                         }
-                        worst = worst.max((got - want).abs() / scale.max(1e-30));
-                    }
-                    Ok(worst)
-                },
-            )?
+                        Ok(worst)
+                    },
+                )?;
+                if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
+                    best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w")));
+                }
+            }
+            let (ms, err, cfg) = best.expect("at least one configuration");
+            return Ok(Measured { ms, error: err, config: cfg });
         }
     };
-    Ok(Measured { ms, error })
+    Ok(Measured { ms, error, config: String::new() })
 }
 
 fn rng_row(n: usize) -> usize {
@@ -261,7 +274,7 @@ fn main() -> ExitCode {
         .unwrap_or_default();
     println!("device: {}", cuda.name());
     println!(
-        "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}",
+        "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  config",
         "case", "trident ms", "rate", "base ms", "base rate", "vs base", "floor ms", "error"
     );
     let mut records = Vec::new();
@@ -280,7 +293,7 @@ fn main() -> ExitCode {
             Ok(m) => {
                 let vs = base.map(|b| format!("{:.3}x", b / m.ms)).unwrap_or_else(|| "-".into());
                 println!(
-                    "{:<34} {:>10.3} {:>10} {:>10} {:>10} {:>9} {:>9.3} {:>9.1e}",
+                    "{:<34} {:>10.3} {:>10} {:>10} {:>10} {:>9} {:>9.3} {:>9.1e}  {}",
                     case.key(),
                     m.ms,
                     rate(m.ms),
@@ -288,12 +301,13 @@ fn main() -> ExitCode {
                     base.map(rate).unwrap_or_else(|| "-".into()),
                     vs,
                     case.floor_ms(),
-                    m.error
+                    m.error,
+                    m.config
                 );
                 records.push(serde_json::json!({
                     "case": case.key(), "trident_ms": m.ms, "baseline_ms": base,
                     "speedup_vs_baseline": base.map(|b| b / m.ms), "floor_ms": case.floor_ms(),
-                    "max_error": m.error,
+                    "max_error": m.error, "config": m.config,
                 }));
             }
             Err(e) => {

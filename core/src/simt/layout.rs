@@ -187,17 +187,26 @@ impl MmaLayout {
     pub const TILE_K: u32 = 16;
 
     /// The split of `warps` warps over an `m x n` output, if the tile fits whole instruction
-    /// tiles (as many warps along M as divide it, the rest along N).
+    /// tiles: of the splits that do, the one with the fewest fragment loads per instruction
+    /// (`4 tiles_m + 2 tiles_n` 32-bit loads for `tiles_m x tiles_n` MMAs), more warps along M on
+    /// ties.
     pub fn new(m: u32, n: u32, warps: u32) -> Option<MmaLayout> {
-        let mut wm = warps.min(m / Self::TILE_M).max(1);
-        while wm >= 1 {
+        let mut best: Option<(u64, MmaLayout)> = None;
+        let mut wm = 1;
+        while wm <= warps {
             let wn = warps / wm;
-            if warps.is_multiple_of(wm) && m.is_multiple_of(Self::TILE_M * wm) && n.is_multiple_of(Self::TILE_N * wn) {
-                return Some(MmaLayout { m, n, warps_m: wm, warps_n: wn });
+            if m.is_multiple_of(Self::TILE_M * wm) && n.is_multiple_of(Self::TILE_N * wn) {
+                let l = MmaLayout { m, n, warps_m: wm, warps_n: wn };
+                let (ti, tj) = l.tiles();
+                // Loads per MMA, scaled to stay an integer.
+                let cost = (4 * ti as u64 + 2 * tj as u64) * 1_000_000 / (ti as u64 * tj as u64);
+                if best.is_none_or(|(c, _)| cost <= c) {
+                    best = Some((cost, l));
+                }
             }
-            wm /= 2;
+            wm *= 2;
         }
-        None
+        best.map(|(_, l)| l)
     }
 
     /// Instruction tiles per warp along M and N.
@@ -323,7 +332,8 @@ mod tests {
             }
             assert_eq!(seen.len() as u32, m * n);
         }
-        assert_eq!(MmaLayout::new(64, 64, 4), Some(MmaLayout { m: 64, n: 64, warps_m: 4, warps_n: 1 }));
+        assert_eq!(MmaLayout::new(64, 64, 4), Some(MmaLayout { m: 64, n: 64, warps_m: 2, warps_n: 2 }));
+        assert_eq!(MmaLayout::new(128, 128, 8), Some(MmaLayout { m: 128, n: 128, warps_m: 4, warps_n: 2 }));
         assert!(MmaLayout::new(8, 8, 4).is_none());
     }
 

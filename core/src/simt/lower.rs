@@ -596,6 +596,10 @@ impl Lowering<'_> {
     }
 
     fn op(&mut self, op: Op) -> Result<(), LowerError> {
+        if let Some(l) = self.mma_elementwise(op) {
+            self.elementwise_in_mma(op, l);
+            return Ok(());
+        }
         let data = &self.func.ops[op];
         let rt = data.results.first().map(|r| self.func.ty(*r).clone());
         let st = rt.as_ref().map(stype).unwrap_or(SType::F32);
@@ -1018,6 +1022,11 @@ impl Lowering<'_> {
     }
 
     fn store(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
+        if let Some((l, regs)) = self.mma_held.get(&value).cloned() {
+            if self.rematerializable(ptr) && mask.is_none_or(|m| self.rematerializable(m)) {
+                return self.store_from_mma(ptr, mask, l, &regs);
+            }
+        }
         let t = stype(self.func.ty(value));
         let (p, v) = (self.held(ptr), self.held(value));
         let m = mask.map(|m| self.held(m));
@@ -1379,6 +1388,81 @@ impl Lowering<'_> {
 }
 
 impl Lowering<'_> {
+    /// The accumulator layout an elementwise op can be computed in without moving data: some
+    /// tile operand is held in it and every other one is a scalar, held in it too, or
+    /// rematerializable at its coordinates.
+    fn mma_elementwise(&mut self, op: Op) -> Option<MmaLayout> {
+        let data = &self.func.ops[op];
+        if !matches!(
+            data.kind,
+            OpKind::Unary { .. } | OpKind::Binary { .. } | OpKind::Cmp { .. } | OpKind::Select { .. } | OpKind::Cast(_)
+        ) {
+            return None;
+        }
+        let operands: Vec<Value> = data.kind.operands().into_iter().map(|(_, v)| v).collect();
+        let l = operands.iter().find_map(|v| self.mma_held.get(v).map(|(l, _)| *l))?;
+        let fits =
+            operands.iter().all(|v| self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.rematerializable(*v));
+        fits.then_some(l)
+    }
+
+    /// Computes an elementwise op slot by slot in the accumulator layout `l`.
+    fn elementwise_in_mma(&mut self, op: Op, l: MmaLayout) {
+        let data = &self.func.ops[op];
+        let kind = data.kind.clone();
+        let result = data.results[0];
+        let rt = stype(self.func.ty(result));
+        let operands: Vec<Value> = kind.operands().into_iter().map(|(_, v)| v).collect();
+        let mut out = Vec::with_capacity(l.slots() as usize);
+        for slot in 0..l.slots() {
+            let c = self.mma_coords(l, slot);
+            let srcs: Vec<Reg> = operands
+                .iter()
+                .map(|v| match self.mma_held.get(v) {
+                    Some((_, regs)) => regs[slot as usize],
+                    None => self.eval(*v, &c),
+                })
+                .collect();
+            let dst = self.reg(if matches!(kind, OpKind::Cmp { .. }) { SType::Pred } else { rt });
+            self.emit(match kind {
+                OpKind::Unary { op, .. } => Inst::Unary { dst, op, src: srcs[0] },
+                OpKind::Binary { op, .. } => Inst::Binary { dst, op, a: srcs[0], b: srcs[1] },
+                OpKind::Cmp { op, .. } => Inst::Cmp { dst, op, a: srcs[0], b: srcs[1] },
+                OpKind::Select { .. } => Inst::Select { dst, cond: srcs[0], on_true: srcs[1], on_false: srcs[2] },
+                _ => Inst::Cast { dst, src: srcs[0] },
+            });
+            out.push(dst);
+        }
+        self.mma_held.insert(result, (l, out));
+    }
+
+    /// Stores a tile held in the accumulator layout where it is, with the (rematerialized)
+    /// pointers and mask at its coordinates: column pairs as 2-wide vector stores when aligned
+    /// and both unmasked, scalar stores otherwise. No conversion through shared memory.
+    fn store_from_mma(&mut self, ptr: Value, mask: Option<Value>, l: MmaLayout, regs: &[Reg]) {
+        let t = self.k.ty(regs[0]);
+        let size = shared_size(t);
+        let pair = self.contiguity.get(ptr).contiguity >= 2 && size >= 2 && size <= 8;
+        for g in (0..l.slots()).step_by(2) {
+            let (c0, c1) = (self.mma_coords(l, g), self.mma_coords(l, g + 1));
+            let (p0, p1) = (self.eval(ptr, &c0), self.eval(ptr, &c1));
+            let masks = mask.map(|m| [self.eval(m, &c0), self.eval(m, &c1)]);
+            let (v0, v1) = (regs[g as usize], regs[g as usize + 1]);
+            if !pair {
+                self.emit(Inst::Store { addr: p0, value: v0, pred: masks.map(|m| m[0]) });
+                self.emit(Inst::Store { addr: p1, value: v1, pred: masks.map(|m| m[1]) });
+                continue;
+            }
+            let ok = self.group_ok(p0, 2 * size, masks.as_ref().map(|m| &m[..]));
+            self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: Some(ok) });
+            let not_ok = self.not(ok);
+            for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {
+                let pred = self.fallback(not_ok, masks.map(|m| m[i]));
+                self.emit(Inst::Store { addr: p, value: v, pred: Some(pred) });
+            }
+        }
+    }
+
     /// The tensor-core layout of a `dot`, when it has one: f16/bf16 operands of one type, an
     /// f32 accumulator, K a multiple of 16 and an output of whole 16 x 8 tiles per warp.
     fn dot_mma_layout(&self, op: Op) -> Option<MmaLayout> {
