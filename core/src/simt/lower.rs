@@ -1442,7 +1442,7 @@ impl Lowering<'_> {
     fn store_from_mma(&mut self, ptr: Value, mask: Option<Value>, l: MmaLayout, regs: &[Reg]) {
         let t = self.k.ty(regs[0]);
         let size = shared_size(t);
-        let pair = self.contiguity.get(ptr).contiguity >= 2 && size >= 2 && size <= 8;
+        let pair = self.contiguity.get(ptr).contiguity >= 2 && (2..=8).contains(&size);
         for g in (0..l.slots()).step_by(2) {
             let (c0, c1) = (self.mma_coords(l, g), self.mma_coords(l, g + 1));
             let (p0, p1) = (self.eval(ptr, &c0), self.eval(ptr, &c1));
