@@ -489,6 +489,36 @@ impl Exec<'_> {
                 };
                 self.atomic_lanes(*dst, *addr, *pred, *sem, d, "cas", &f)?;
             }
+            Inst::LdMatrix { dsts, offset, trans } => {
+                let o = self.get(*offset)?;
+                let mut out = vec![vec![0i64; lanes]; dsts.len()];
+                let half_at = |sh: &[u8], at: usize| -> Result<u64, Fault> {
+                    sh.get(at..at + 2)
+                        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
+                        .ok_or_else(|| Fault { op: None, message: format!("ldmatrix at {at} out of shared memory") })
+                };
+                for w in 0..lanes / 32 {
+                    for (j, out_j) in out.iter_mut().enumerate() {
+                        // Row r of matrix j starts at lane 8 j + r's offset.
+                        let row = |r: usize| o.ints()[w * 32 + 8 * j + r] as usize;
+                        for l in 0..32 {
+                            let (g, t) = (l / 4, l % 4);
+                            let (e0, e1) = if *trans {
+                                (
+                                    half_at(&self.shared, row(2 * t) + 2 * g)?,
+                                    half_at(&self.shared, row(2 * t + 1) + 2 * g)?,
+                                )
+                            } else {
+                                (half_at(&self.shared, row(g) + 4 * t)?, half_at(&self.shared, row(g) + 4 * t + 2)?)
+                            };
+                            out_j[w * 32 + l] = (e0 | e1 << 16) as u32 as i32 as i64;
+                        }
+                    }
+                }
+                for (dst, v) in dsts.iter().zip(out) {
+                    self.set(*dst, Data::I(v));
+                }
+            }
             Inst::Mma { d, a, b, c, ab } => {
                 let half = |bits: u64| match ab {
                     SType::BF16 => half::bf16::from_bits(bits as u16).to_f32(),

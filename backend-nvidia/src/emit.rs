@@ -339,6 +339,16 @@ impl<'k> Writer<'k> {
                 self.line(format!("setp.eq.u64 {d}, {t}, 0"));
             }
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
+            Inst::LdMatrix { dsts, offset, trans } => {
+                let addr = self.shared_addr(*offset)?;
+                let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
+                let t = if *trans { ".trans" } else { "" };
+                self.line(format!(
+                    "ldmatrix.sync.aligned.m8n8.x{}{t}.shared.b16 {{{}}}, [{addr}]",
+                    dsts.len(),
+                    names.join(", ")
+                ));
+            }
             Inst::Mma { d, a, b, c, ab } => {
                 let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
                 let list = |w: &Self, rs: &[Reg]| rs.iter().map(|r| w.n(*r).to_string()).collect::<Vec<_>>().join(", ");

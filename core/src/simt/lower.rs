@@ -1579,65 +1579,85 @@ impl Lowering<'_> {
             .collect()
     }
 
-    /// `acc + a @ b` on tensor cores: A (row-major `[M, K]`) and B (transposed to `[N, K]`) are
-    /// staged in shared memory, where every fragment register is one aligned 32-bit load of two
-    /// neighbours along K; each warp runs `mma.m16n8k16` over its instruction tiles per 16 of K.
+    /// Stages a tile row-major in shared memory at `base` with rows padded by 16 bytes (so the
+    /// 8 rows an `ldmatrix` reads fall in distinct banks); returns the row stride in elements.
+    fn stage_padded(&mut self, regs: &[Reg], shape: &[u32], base: u32) -> u32 {
+        let size = shared_size(self.k.ty(regs[0]));
+        let stride = shape[1] + 16 / size;
+        self.shared = self.shared.max(base + shape[0] * stride * size);
+        for (s, &r) in regs.iter().enumerate() {
+            let c = self.slot_coords(shape, s as u32);
+            let row = self.bin_c(BinaryOp::Mul, c[0], stride as i64);
+            let e = self.bin(BinaryOp::Add, row, c[1]);
+            let off = self.shared_offset(e, size, base);
+            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
+        }
+        stride
+    }
+
+    /// `acc + a @ b` on tensor cores: A (`[M, K]`) and B (`[K, N]`) are staged row-major in
+    /// shared memory (rows padded); per 16 of K, each warp fetches A fragments with `ldmatrix`
+    /// and B fragments with `ldmatrix.trans` (two instruction tiles per x4), then runs
+    /// `mma.m16n8k16` over its instruction tiles.
     fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: MmaLayout) -> Vec<Reg> {
         let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
         let ab = stype(&at);
         let kk = at.shape[1];
         let (ar, br) = (self.held(a), self.held(b));
         let c = self.held_mma(acc, l);
-        let a_bytes = (l.m * kk * 2).next_multiple_of(16);
         self.emit(Inst::Barrier);
-        self.stage_in_shared(&ar, &at.shape, 0);
-        // B transposed: element (k, n) at n * K + k.
-        self.shared = self.shared.max(a_bytes + l.n * kk * 2);
-        for (s, &r) in br.iter().enumerate() {
-            let cb = self.slot_coords(&bt.shape, s as u32);
-            let f = self.flatten(&[cb[1], cb[0]], &[l.n, kk]);
-            let off = self.shared_offset(f, 2, a_bytes);
-            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
-        }
+        let a_stride = self.stage_padded(&ar, &at.shape, 0);
+        let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
+        let b_stride = self.stage_padded(&br, &bt.shape, a_bytes);
         self.emit(Inst::Barrier);
         let (ti, tj) = l.tiles();
         let p = self.mma_position(l);
-        // Rows of A this lane reads: the warp's block row + g (the position's row); columns of
-        // B: the warp's block column + g, i.e. the position's column - 2t + g.
+        // This lane's row within the 16 x 16 block an x4 `ldmatrix` reads: (l % 8) + 8 ((l / 8) % 2),
+        // and its column block 8 (l / 16).
+        let lo = self.bin_c(BinaryOp::And, self.lane, 7);
+        let mid = self.bin_c(BinaryOp::Shr, self.lane, 3);
+        let mid = self.bin_c(BinaryOp::And, mid, 1);
+        let mid = self.bin_c(BinaryOp::Shl, mid, 3);
+        let r16 = self.bin(BinaryOp::Add, lo, mid);
+        let hi = self.bin_c(BinaryOp::Shr, self.lane, 4);
+        let c16 = self.bin_c(BinaryOp::Shl, hi, 3);
+        // The warp's block origin: the position minus the lane's (g, 2t).
         let (g, t2) = self.group_and_pair();
+        let row0 = self.bin(BinaryOp::Sub, p[0], g);
         let col0 = self.bin(BinaryOp::Sub, p[1], t2);
-        let b_row = self.bin(BinaryOp::Add, col0, g);
-        let word = I32;
+        // A rows of this lane: row0 + r16 (+ 16 i); B rows (k): r16 (+ k0); B columns: col0 + c16.
+        let a_row = self.bin(BinaryOp::Add, row0, r16);
+        let a_lane = self.bin_c(BinaryOp::Mul, a_row, a_stride as i64);
+        let a_lane = self.bin(BinaryOp::Add, a_lane, c16);
+        let b_lane = self.bin_c(BinaryOp::Mul, r16, b_stride as i64);
+        let b_col = self.bin(BinaryOp::Add, col0, c16);
+        let b_lane = self.bin(BinaryOp::Add, b_lane, b_col);
         let mut acc = c;
         for k0 in (0..kk).step_by(MmaLayout::TILE_K as usize) {
-            let load = |me: &mut Self, row: Reg, row_off: u32, col: u32, base: u32| {
-                // Element (row + row_off, k0 + col + 2t) and its neighbour, as one word.
-                let r = me.bin_c(BinaryOp::Add, row, row_off as i64);
-                let r = me.bin_c(BinaryOp::Mul, r, kk as i64);
-                let e = me.bin_c(BinaryOp::Add, r, (k0 + col) as i64);
-                let e = me.bin(BinaryOp::Add, e, t2);
-                let off = me.shared_offset(e, 2, base);
-                let d = me.reg(word);
-                me.emit(Inst::SharedLoad { dst: d, offset: off });
-                d
-            };
             let a_frags: Vec<Vec<Reg>> = (0..ti)
                 .map(|i| {
-                    let m0 = i * MmaLayout::TILE_M;
-                    vec![
-                        load(self, p[0], m0, 0, 0),
-                        load(self, p[0], m0 + 8, 0, 0),
-                        load(self, p[0], m0, 8, 0),
-                        load(self, p[0], m0 + 8, 8, 0),
-                    ]
+                    let e = self.bin_c(BinaryOp::Add, a_lane, ((i * MmaLayout::TILE_M) * a_stride + k0) as i64);
+                    let off = self.shared_offset(e, 2, 0);
+                    let dsts: Vec<Reg> = (0..4).map(|_| self.reg(I32)).collect();
+                    self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: false });
+                    // ldmatrix order: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+                    // (rows 8-15, k 8-15) = a0, a1, a2, a3.
+                    dsts
                 })
                 .collect();
-            let b_frags: Vec<Vec<Reg>> = (0..tj)
-                .map(|j| {
-                    let n0 = j * MmaLayout::TILE_N;
-                    vec![load(self, b_row, n0, 0, a_bytes), load(self, b_row, n0, 8, a_bytes)]
-                })
-                .collect();
+            let mut b_frags: Vec<Vec<Reg>> = Vec::new();
+            for jj in (0..tj).step_by(2) {
+                let two = jj + 1 < tj;
+                let e = self.bin_c(BinaryOp::Add, b_lane, (k0 * b_stride + jj * MmaLayout::TILE_N) as i64);
+                let off = self.shared_offset(e, 2, a_bytes);
+                let dsts: Vec<Reg> = (0..if two { 4 } else { 2 }).map(|_| self.reg(I32)).collect();
+                self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: true });
+                // Matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
+                b_frags.push(dsts[..2].to_vec());
+                if two {
+                    b_frags.push(dsts[2..].to_vec());
+                }
+            }
             for i in 0..ti {
                 for j in 0..tj {
                     let at = ((i * tj + j) * 4) as usize;

@@ -241,6 +241,16 @@ pub enum Inst {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// Warp-wide `ldmatrix.m8n8`: `dsts.len()` (1, 2 or 4) 8 x 8 matrices of 16-bit elements
+    /// from shared memory. Lanes `8 j .. 8 j + 7` give (in `offset`, bytes) the rows of matrix
+    /// `j`, 16 contiguous bytes each; lane `l` receives in `dsts[j]` row `l / 4`, columns
+    /// `2 (l % 4)` and `+1` (low half first), or with `trans` column `l / 4`, rows `2 (l % 4)`
+    /// and `+1`. Every lane of the warp executes it.
+    LdMatrix {
+        dsts: Vec<Reg>,
+        offset: Reg,
+        trans: bool,
+    },
     /// Warp-wide tensor-core `d = a b + c` on one 16 x 8 x 16 tile (`mma.sync.m16n8k16`, row-major
     /// A, column-major B, f32 accumulators): `a` is 4 and `b` 2 32-bit registers, each holding
     /// two `ab` elements (lower column / row in the low half), `c` and `d` 4 f32 registers, in
