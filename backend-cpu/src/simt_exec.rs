@@ -452,6 +452,30 @@ impl Exec<'_> {
                     slot.copy_from_slice(&bytes[..size]);
                 }
             }
+            Inst::SharedVStore { offset, values } => {
+                let d = dtype(k.ty(values[0]));
+                let size = trident_core::simt::lower::shared_size(k.ty(values[0])) as usize;
+                let o = self.get(*offset)?;
+                let vs: Vec<Val> = values.iter().map(|v| self.get(*v)).collect::<Result<_, _>>()?;
+                for i in 0..lanes {
+                    let base = o.ints()[i] as usize;
+                    if base % (size * vs.len()) != 0 {
+                        return fault(format!(
+                            "shared vector store at {base} not aligned to {} bytes",
+                            size * vs.len()
+                        ));
+                    }
+                    for (j, v) in vs.iter().enumerate() {
+                        let off = base + j * size;
+                        let bytes = bits_of(&v.data, i, d).to_le_bytes();
+                        let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
+                            op: None,
+                            message: format!("shared store at {off} out of {} bytes", k.shared_bytes),
+                        })?;
+                        slot.copy_from_slice(&bytes[..size]);
+                    }
+                }
+            }
             Inst::SharedLoad { dst, offset } => {
                 let d = dtype(k.ty(*dst));
                 let size = trident_core::simt::lower::shared_size(k.ty(*dst)) as usize;

@@ -377,6 +377,12 @@ impl<'k> Writer<'k> {
                     self.line(format!("{guard}st.shared.{} [{addr}], {v}", mem(t)));
                 }
             }
+            Inst::SharedVStore { offset, values } => {
+                let t = self.k.ty(values[0]);
+                let addr = self.shared_addr(*offset)?;
+                let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
+                self.line(format!("st.shared.v{}.{} [{addr}], {{{}}}", values.len(), vec_type(t), names.join(", ")));
+            }
             Inst::SharedLoad { dst, offset } => {
                 let t = self.k.ty(*dst);
                 let addr = self.shared_addr(*offset)?;

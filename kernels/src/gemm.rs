@@ -84,15 +84,15 @@ impl Gemm {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let rk = b.arange(0, bk as i64);
         let acc = b.zeros(&[bm, bn], self.accumulator());
-        let a_ptrs = a + rows * sa + rk.expand_dims(0);
-        let b_ptrs = bp + rk.expand_dims(1) * sb + cols;
-        let out = b.for_range(0, k, bk as i32, &[acc, a_ptrs, b_ptrs], |k0, carried: &[Tile]| {
-            let (acc, pa, pb) = (carried[0], carried[1], carried[2]);
+        // Pointers are recomputed from k0 in every step rather than carried: index math the
+        // compiler rematerializes, so no tile of 64-bit addresses stays live across the loop.
+        let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
             let kk = rk + k0;
+            let pa = a + rows * sa + kk.expand_dims(0);
+            let pb = bp + kk.expand_dims(1) * sb + cols;
             let ta = b.load_or(pa, rows.lt(m) & kk.expand_dims(0).lt(k), 0.0);
             let tb = b.load_or(pb, kk.expand_dims(1).lt(k) & cols.lt(n), 0.0);
-            let acc = b.dot(ta, tb, acc, self.dot_precision());
-            vec![acc, pa + bk as i32, pb + sb * bk as i32]
+            vec![b.dot(ta, tb, carried[0], self.dot_precision())]
         });
         out[0]
     }

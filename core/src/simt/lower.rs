@@ -1585,12 +1585,19 @@ impl Lowering<'_> {
         let size = shared_size(self.k.ty(regs[0]));
         let stride = shape[1] + 16 / size;
         self.shared = self.shared.max(base + shape[0] * stride * size);
-        for (s, &r) in regs.iter().enumerate() {
-            let c = self.slot_coords(shape, s as u32);
+        // A thread's contiguous elements go as one vector store (rows start 16-byte aligned).
+        let vec = self.layout(shape).vector().min(16 / size).max(1) as usize;
+        for g in (0..regs.len()).step_by(vec) {
+            let c = self.slot_coords(shape, g as u32);
             let row = self.bin_c(BinaryOp::Mul, c[0], stride as i64);
             let e = self.bin(BinaryOp::Add, row, c[1]);
             let off = self.shared_offset(e, size, base);
-            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
+            let values = regs[g..(g + vec).min(regs.len())].to_vec();
+            if values.len() > 1 {
+                self.emit(Inst::SharedVStore { offset: off, values });
+            } else {
+                self.emit(Inst::SharedStore { offset: off, value: values[0], pred: None });
+            }
         }
         stride
     }

@@ -218,6 +218,12 @@ pub enum Inst {
         dst: Reg,
         offset: Reg,
     },
+    /// Vector store of `values` (2 or 4, one type) to consecutive shared-memory elements at
+    /// `offset` (aligned to the whole vector).
+    SharedVStore {
+        offset: Reg,
+        values: Vec<Reg>,
+    },
     /// Every thread of the program meets; shared-memory accesses before it are visible after it.
     Barrier,
     /// Global atomic read-modify-write of `value`'s type; `dst` gets the old value.
