@@ -459,7 +459,7 @@ impl Exec<'_> {
                 let vs: Vec<Val> = values.iter().map(|v| self.get(*v)).collect::<Result<_, _>>()?;
                 for i in 0..lanes {
                     let base = o.ints()[i] as usize;
-                    if base % (size * vs.len()) != 0 {
+                    if !base.is_multiple_of(size * vs.len()) {
                         return fault(format!(
                             "shared vector store at {base} not aligned to {} bytes",
                             size * vs.len()
