@@ -513,6 +513,33 @@ impl Exec<'_> {
                 };
                 self.atomic_lanes(*dst, *addr, *pred, *sem, d, "cas", &f)?;
             }
+            // Copies complete at once here (the GPU's asynchrony is covered by the waits and
+            // barriers the lowering places; the GPU conformance run checks them).
+            Inst::AsyncCopy { offset, addr, bytes, pred } => {
+                let (o, a, p) = (self.get(*offset)?, self.get(*addr)?, self.get(*pred)?);
+                let view = self.mem.view();
+                for i in 0..lanes {
+                    if p.ints()[i] == 0 {
+                        continue;
+                    }
+                    let (src, dst) = (a.ptrs()[i], o.ints()[i] as usize);
+                    if src % *bytes as u64 != 0 || dst % *bytes as usize != 0 {
+                        return fault(format!("cp.async of {bytes} bytes from {src:#x} to shared {dst} not aligned"));
+                    }
+                    for b in (0..*bytes as usize).step_by(2) {
+                        let x = self
+                            .view
+                            .load(&view, src + b as u64, 2)
+                            .or_else(|e| fault(format!("cp.async: {}", e.0)))?;
+                        let slot = self.shared.get_mut(dst + b..dst + b + 2).ok_or_else(|| Fault {
+                            op: None,
+                            message: format!("cp.async to shared {} out of {} bytes", dst + b, k.shared_bytes),
+                        })?;
+                        slot.copy_from_slice(&(x as u16).to_le_bytes());
+                    }
+                }
+            }
+            Inst::AsyncCommit | Inst::AsyncWait { .. } => {}
             Inst::LdMatrix { dsts, offset, trans } => {
                 let o = self.get(*offset)?;
                 let mut out = vec![vec![0i64; lanes]; dsts.len()];

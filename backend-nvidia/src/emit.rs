@@ -339,6 +339,14 @@ impl<'k> Writer<'k> {
                 self.line(format!("setp.eq.u64 {d}, {t}, 0"));
             }
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
+            Inst::AsyncCopy { offset, addr, bytes, pred } => {
+                let saddr = self.shared_addr(*offset)?;
+                let (a, p) = (self.n(*addr).to_string(), self.n(*pred).to_string());
+                let cache = if *bytes == 16 { "cg" } else { "ca" };
+                self.line(format!("@{p} cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}"));
+            }
+            Inst::AsyncCommit => self.line("cp.async.commit_group".into()),
+            Inst::AsyncWait { pending } => self.line(format!("cp.async.wait_group {pending}")),
             Inst::LdMatrix { dsts, offset, trans } => {
                 let addr = self.shared_addr(*offset)?;
                 let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
@@ -961,6 +969,9 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     let _ = writeln!(out, ".version {}", target.ptx_version());
     let _ = writeln!(out, ".target {}", target.name());
     let _ = writeln!(out, ".address_size 64\n");
+    if k.shared_bytes > 0 {
+        let _ = writeln!(out, ".extern .shared .align 16 .b8 trident_smem[];\n");
+    }
     let n = k.params.len();
     let params: Vec<String> = k
         .params
@@ -986,7 +997,8 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         }
     }
     if k.shared_bytes > 0 {
-        let _ = writeln!(out, "  .shared .align 16 .b8 trident_smem[{}];", k.shared_bytes);
+        // Dynamic shared memory: the launch gives the size (beyond 48 KiB after an opt-in).
+        let _ = writeln!(out, "  // {} bytes of dynamic shared memory", k.shared_bytes);
     }
     out.push('\n');
     out.push_str(&w.body);

@@ -36,6 +36,8 @@ pub struct PtxModule {
     pub threads: u32,
     /// Some program may spin on a signal (see `simt::Kernel::waits`).
     pub waits: bool,
+    /// Dynamic shared memory per program (bytes), given at launch.
+    pub shared_bytes: u32,
 }
 
 pub struct NvidiaBackend;
@@ -45,9 +47,16 @@ impl NvidiaBackend {
     pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
-        let k = lower(func, LowerOptions::NVIDIA).map_err(|e| compile_err(e.to_string()))?;
+        let opts = LowerOptions { shared_limit: target.shared_limit(), ..LowerOptions::NVIDIA };
+        let k = lower(func, opts).map_err(|e| compile_err(e.to_string()))?;
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
-        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads(), waits: k.waits() })
+        Ok(PtxModule {
+            ptx,
+            entry: k.name.clone(),
+            threads: k.threads(),
+            waits: k.waits(),
+            shared_bytes: k.shared_bytes,
+        })
     }
 }
 

@@ -131,6 +131,17 @@ impl CudaDevice {
         let entry = CString::new(module.entry.clone()).unwrap_or_default();
         // SAFETY: `m` was just loaded and `entry` names a `.visible .entry` of it.
         let f = unsafe { result::module::get_function(m, entry) }.map_err(|e| fail("cuModuleGetFunction", e))?;
+        if module.shared_bytes > 48 << 10 {
+            // SAFETY: `f` is a function of the module just loaded.
+            unsafe {
+                result::function::set_function_attribute(
+                    f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    module.shared_bytes as i32,
+                )
+            }
+            .map_err(|e| fail("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", e))?;
+        }
         modules.insert(module.ptx.clone(), Loaded { _module: m, function: f });
         Ok(f)
     }
@@ -280,8 +291,14 @@ pub(crate) fn launch_raw(
     let resident = kernel.attrs.cooperative || (module.waits && sharing > 1);
     if resident {
         // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
-        let per_sm = unsafe { result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, 0) }
-            .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
+        let per_sm = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(
+                f,
+                module.threads as i32,
+                module.shared_bytes as usize,
+            )
+        }
+        .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
         let fit = per_sm.max(0) as u64 * sms as u64;
         let total = grid.iter().map(|&x| x as u64).product::<u64>();
         if total * sharing as u64 > fit {
@@ -297,13 +314,14 @@ pub(crate) fn launch_raw(
     }
     if kernel.attrs.cooperative {
         // SAFETY: as below; cooperative launches take the same parameter array.
-        return unsafe { result::launch_cooperative_kernel(f, g, b, 0, stream, &mut params) }
+        return unsafe { result::launch_cooperative_kernel(f, g, b, module.shared_bytes, stream, &mut params) }
             .map_err(|e| fail("cuLaunchCooperativeKernel", e));
     }
     // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
     // kernel parameter (each at most 8 bytes, checked against the signature), which the driver
     // copies before the call returns.
-    unsafe { result::launch_kernel(f, g, b, 0, stream, &mut params) }.map_err(|e| fail("cuLaunchKernel", e))
+    unsafe { result::launch_kernel(f, g, b, module.shared_bytes, stream, &mut params) }
+        .map_err(|e| fail("cuLaunchKernel", e))
 }
 
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).

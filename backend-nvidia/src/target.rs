@@ -29,6 +29,15 @@ impl Target {
         }
     }
 
+    /// Most shared memory one program may use (bytes, dynamic shared memory opted in):
+    /// 227 KiB on Hopper, 163 KiB on A100.
+    pub fn shared_limit(self) -> u32 {
+        match self {
+            Target::Sm80 => 163 << 10,
+            Target::Sm90 | Target::Sm90a => 227 << 10,
+        }
+    }
+
     /// PTX ISA version emitted: 8.0 is the first with `sm_90a` and is accepted by CUDA 12.0+
     /// drivers (the test machine's CUDA 13.0 driver JIT accepts up to 9.0).
     pub fn ptx_version(self) -> &'static str {

@@ -210,8 +210,14 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
             let mut best: Option<(f64, f64, String)> = None;
-            for (bm, bn, bk, warps) in [(64, 64, 32, 4), (128, 64, 32, 4), (128, 128, 32, 8), (128, 128, 64, 8)] {
-                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, ..Gemm::new(d) };
+            for (bm, bn, bk, warps, stages) in [
+                (64, 64, 32, 4, 2),
+                (128, 128, 32, 8, 3),
+                (128, 128, 64, 8, 3),
+                (128, 256, 64, 8, 3),
+                (256, 128, 64, 8, 3),
+            ] {
+                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, ..Gemm::new(d) };
                 cuda.fill(&c, &poison(d))?;
                 let (ms, err) = time(
                     cuda,
@@ -236,7 +242,7 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
                     },
                 )?;
                 if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
-                    best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w")));
+                    best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
                 }
             }
             let (ms, err, cfg) = best.expect("at least one configuration");

@@ -247,6 +247,22 @@ pub enum Inst {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// Asynchronous copy of `bytes` (4, 8 or 16) from global `addr` to shared memory at
+    /// `offset` (both aligned to `bytes`) where `pred` holds (`cp.async`); complete once a later
+    /// `AsyncWait` lets its group through.
+    AsyncCopy {
+        offset: Reg,
+        addr: Reg,
+        bytes: u32,
+        pred: Reg,
+    },
+    /// Closes the group of the thread's copies issued since the last commit.
+    AsyncCommit,
+    /// Waits until at most `pending` of the thread's committed groups are incomplete (shared
+    /// memory written by the others is visible to other threads after a following `Barrier`).
+    AsyncWait {
+        pending: u32,
+    },
     /// Warp-wide `ldmatrix.m8n8`: `dsts.len()` (1, 2 or 4) 8 x 8 matrices of 16-bit elements
     /// from shared memory. Lanes `8 j .. 8 j + 7` give (in `offset`, bytes) the rows of matrix
     /// `j`, 16 contiguous bytes each; lane `l` receives in `dsts[j]` row `l / 4`, columns
