@@ -1959,9 +1959,7 @@ impl Lowering<'_> {
     }
 
     /// `acc + a @ b` on tensor cores: A (`[M, K]`) and B (`[K, N]`) are staged row-major in
-    /// shared memory (rows padded); per 16 of K, each warp fetches A fragments with `ldmatrix`
-    /// and B fragments with `ldmatrix.trans` (two instruction tiles per x4), then runs
-    /// `mma.m16n8k16` over its instruction tiles.
+    /// shared memory (rows padded), then `mma_steps` runs the K tile.
     fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: MmaLayout) -> Vec<Reg> {
         let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
         let ab = stype(&at);
@@ -1973,70 +1971,8 @@ impl Lowering<'_> {
         let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
         let b_stride = self.stage_padded(&br, &bt.shape, a_bytes);
         self.emit(Inst::Barrier);
-        let (ti, tj) = l.tiles();
-        let p = self.mma_position(l);
-        // This lane's row within the 16 x 16 block an x4 `ldmatrix` reads: (l % 8) + 8 ((l / 8) % 2),
-        // and its column block 8 (l / 16).
-        let lo = self.bin_c(BinaryOp::And, self.lane, 7);
-        let mid = self.bin_c(BinaryOp::Shr, self.lane, 3);
-        let mid = self.bin_c(BinaryOp::And, mid, 1);
-        let mid = self.bin_c(BinaryOp::Shl, mid, 3);
-        let r16 = self.bin(BinaryOp::Add, lo, mid);
-        let hi = self.bin_c(BinaryOp::Shr, self.lane, 4);
-        let c16 = self.bin_c(BinaryOp::Shl, hi, 3);
-        // The warp's block origin: the position minus the lane's (g, 2t).
-        let (g, t2) = self.group_and_pair();
-        let row0 = self.bin(BinaryOp::Sub, p[0], g);
-        let col0 = self.bin(BinaryOp::Sub, p[1], t2);
-        // A rows of this lane: row0 + r16 (+ 16 i); B rows (k): r16 (+ k0); B columns: col0 + c16.
-        let a_row = self.bin(BinaryOp::Add, row0, r16);
-        let a_lane = self.bin_c(BinaryOp::Mul, a_row, a_stride as i64);
-        let a_lane = self.bin(BinaryOp::Add, a_lane, c16);
-        let b_lane = self.bin_c(BinaryOp::Mul, r16, b_stride as i64);
-        let b_col = self.bin(BinaryOp::Add, col0, c16);
-        let b_lane = self.bin(BinaryOp::Add, b_lane, b_col);
-        let mut acc = c;
-        for k0 in (0..kk).step_by(MmaLayout::TILE_K as usize) {
-            let a_frags: Vec<Vec<Reg>> = (0..ti)
-                .map(|i| {
-                    let e = self.bin_c(BinaryOp::Add, a_lane, ((i * MmaLayout::TILE_M) * a_stride + k0) as i64);
-                    let off = self.shared_offset(e, 2, 0);
-                    let dsts: Vec<Reg> = (0..4).map(|_| self.reg(I32)).collect();
-                    self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: false });
-                    // ldmatrix order: (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
-                    // (rows 8-15, k 8-15) = a0, a1, a2, a3.
-                    dsts
-                })
-                .collect();
-            let mut b_frags: Vec<Vec<Reg>> = Vec::new();
-            for jj in (0..tj).step_by(2) {
-                let two = jj + 1 < tj;
-                let e = self.bin_c(BinaryOp::Add, b_lane, (k0 * b_stride + jj * MmaLayout::TILE_N) as i64);
-                let off = self.shared_offset(e, 2, a_bytes);
-                let dsts: Vec<Reg> = (0..if two { 4 } else { 2 }).map(|_| self.reg(I32)).collect();
-                self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: true });
-                // Matrices (k 0-7, n 0-7), (k 8-15, n 0-7), (k 0-7, n 8-15), (k 8-15, n 8-15).
-                b_frags.push(dsts[..2].to_vec());
-                if two {
-                    b_frags.push(dsts[2..].to_vec());
-                }
-            }
-            for i in 0..ti {
-                for j in 0..tj {
-                    let at = ((i * tj + j) * 4) as usize;
-                    let d: Vec<Reg> = (0..4).map(|_| self.reg(SType::F32)).collect();
-                    self.emit(Inst::Mma {
-                        d: d.clone(),
-                        a: a_frags[i as usize].clone(),
-                        b: b_frags[j as usize].clone(),
-                        c: acc[at..at + 4].to_vec(),
-                        ab,
-                    });
-                    acc.splice(at..at + 4, d);
-                }
-            }
-        }
-        acc
+        let base = self.iconst(0);
+        self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c)
     }
 }
 
