@@ -62,6 +62,16 @@ impl Case {
         }
     }
 
+    /// The largest error the check accepts: the output type's rounding with margin (absolute for
+    /// vector_add and softmax, relative to sum |a b| for GEMM).
+    fn bound(&self) -> f64 {
+        match self.dtype {
+            DType::F32 => 1e-6,
+            DType::F16 => 2e-3,
+            _ => 1e-2,
+        }
+    }
+
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
     fn floor_ms(&self) -> f64 {
         let (flops, bytes) = self.work();
@@ -241,6 +251,12 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
                         Ok(worst)
                     },
                 )?;
+                if err > case.bound() {
+                    return Err(BackendError::Host(format!(
+                        "configuration {bm}x{bn}x{bk}/{warps}w/{stages}s: error {err:.2e} over the bound {:.0e}",
+                        case.bound()
+                    )));
+                }
                 if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
                     best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
                 }
@@ -249,6 +265,9 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
             return Ok(Measured { ms, error: err, config: cfg });
         }
     };
+    if error > case.bound() {
+        return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
+    }
     Ok(Measured { ms, error, config: String::new() })
 }
 
