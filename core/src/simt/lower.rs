@@ -2036,6 +2036,33 @@ mod tests {
         assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
     }
 
+    /// A K loop that loads both operands of a tensor-core `dot` is pipelined: `stages - 1`
+    /// steps of `cp.async` before the loop, one step issued per iteration, a wait leaving
+    /// `stages - 2` groups in flight.
+    #[test]
+    fn gemm_k_loops_are_pipelined() {
+        let b = KernelBuilder::new("mm", LaunchAttrs { warps: 4, stages: 3, cooperative: false });
+        let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
+        let k = b.arg("k", DType::I32);
+        let (i, kr) = (b.arange(0, 64), b.arange(0, 32));
+        let out = b.for_range(0, k, 32, &[b.zeros(&[64, 64], DType::F32)], |k0, acc: &[crate::builder::Tile]| {
+            let kk = kr + k0;
+            let xa = b.load_or(x + i.expand_dims(1) * k + kk.expand_dims(0), kk.expand_dims(0).lt(k), 0.0);
+            let ya = b.load_or(y + kk.expand_dims(1) * 64i32 + i.expand_dims(0), kk.expand_dims(1).lt(k), 0.0);
+            vec![b.dot(xa, ya, acc[0], InputPrecision::Ieee)]
+        });
+        b.store(c + i.expand_dims(1) * 64i32 + i.expand_dims(0), out[0], None);
+        let k = lower(&b.finish().unwrap(), LowerOptions::NVIDIA).unwrap();
+        let commits = |body: &[Inst]| body.iter().filter(|i| matches!(i, Inst::AsyncCommit)).count();
+        assert_eq!(commits(&k.body), 2, "two steps issued before the loop");
+        let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
+        assert_eq!(commits(body), 1);
+        assert!(matches!(body[0], Inst::AsyncWait { pending: 1 }));
+        assert!(body.iter().any(|i| matches!(i, Inst::AsyncCopy { .. })));
+        assert!(body.iter().any(|i| matches!(i, Inst::Mma { .. })));
+        assert!(!body.iter().any(|i| matches!(i, Inst::VLoad { .. })), "operands do not pass through registers");
+    }
+
     #[test]
     fn vector_add_lowers_and_communication_is_reported() {
         let b = KernelBuilder::new("add", LaunchAttrs::default());
