@@ -610,7 +610,7 @@ impl<'a> Program<'a> {
 }
 
 /// Storage bits of element `i` of `data` as type `d`.
-fn elem_bits(data: &Data, i: usize, d: DType) -> u64 {
+pub(crate) fn elem_bits(data: &Data, i: usize, d: DType) -> u64 {
     let size = d.size_bytes() as usize;
     match data {
         Data::F(v) => f32_bits(d, v[i]),

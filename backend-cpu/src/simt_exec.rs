@@ -4,7 +4,7 @@
 //!
 //! Registered as backend `cpu-simt` with targets `warp32` and `warp64` (the lowering's warp size).
 
-use crate::interp::{DirectHooks, Fault, Hooks};
+use crate::interp::{elem_bits, DirectHooks, Fault, Hooks};
 use crate::memory::Memory;
 use crate::memory::Writer;
 use crate::value::*;
@@ -214,6 +214,28 @@ impl Exec<'_> {
         Ok(())
     }
 
+    /// The low `size` bytes of `bits` into shared memory at byte `off`.
+    fn shared_put(&mut self, off: usize, size: usize, bits: u64) -> Result<(), Fault> {
+        let total = self.k.shared_bytes;
+        let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
+            op: None,
+            message: format!("shared store of {size} bytes at {off} out of {total} bytes"),
+        })?;
+        slot.copy_from_slice(&bits.to_le_bytes()[..size]);
+        Ok(())
+    }
+
+    /// `size` bytes of shared memory at byte `off`, zero-extended.
+    fn shared_get(&self, off: usize, size: usize) -> Result<u64, Fault> {
+        let slot = self.shared.get(off..off + size).ok_or_else(|| Fault {
+            op: None,
+            message: format!("shared load of {size} bytes at {off} out of {} bytes", self.k.shared_bytes),
+        })?;
+        let mut b = [0u8; 8];
+        b[..size].copy_from_slice(slot);
+        Ok(u64::from_le_bytes(b))
+    }
+
     /// Read-modify-write of each active lane's word at `addr` (`f(lane, current)` is the new
     /// value), releasing before and acquiring after as `sem` says; `dst` gets the old values.
     #[allow(clippy::too_many_arguments)]
@@ -370,7 +392,7 @@ impl Exec<'_> {
                         continue;
                     }
                     self.view
-                        .store(&view, addr, size, bits_of(&v.data, i, d), i)
+                        .store(&view, addr, size, elem_bits(&v.data, i, d), i)
                         .or_else(|e| fault(format!("store: {}", e.0)))?;
                 }
             }
@@ -418,7 +440,7 @@ impl Exec<'_> {
                     for (j, v) in vs.iter().enumerate() {
                         let at = base + (j * size) as u64;
                         self.view
-                            .store(&view, at, size, bits_of(&v.data, i, d), i)
+                            .store(&view, at, size, elem_bits(&v.data, i, d), i)
                             .or_else(|e| fault(format!("store: {}", e.0)))?;
                     }
                 }
@@ -443,13 +465,7 @@ impl Exec<'_> {
                     if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
                         continue;
                     }
-                    let off = o.ints()[i] as usize;
-                    let bytes = bits_of(&v.data, i, d).to_le_bytes();
-                    let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
-                        op: None,
-                        message: format!("shared store at {off} out of {} bytes", k.shared_bytes),
-                    })?;
-                    slot.copy_from_slice(&bytes[..size]);
+                    self.shared_put(o.ints()[i] as usize, size, elem_bits(&v.data, i, d))?;
                 }
             }
             Inst::SharedVStore { offset, values } => {
@@ -466,13 +482,7 @@ impl Exec<'_> {
                         ));
                     }
                     for (j, v) in vs.iter().enumerate() {
-                        let off = base + j * size;
-                        let bytes = bits_of(&v.data, i, d).to_le_bytes();
-                        let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
-                            op: None,
-                            message: format!("shared store at {off} out of {} bytes", k.shared_bytes),
-                        })?;
-                        slot.copy_from_slice(&bytes[..size]);
+                        self.shared_put(base + j * size, size, elem_bits(&v.data, i, d))?;
                     }
                 }
             }
@@ -482,14 +492,7 @@ impl Exec<'_> {
                 let o = self.get(*offset)?;
                 let mut out = empty_for(Elem::Num(d), lanes);
                 for i in 0..lanes {
-                    let off = o.ints()[i] as usize;
-                    let slot = self.shared.get(off..off + size).ok_or_else(|| Fault {
-                        op: None,
-                        message: format!("shared load at {off} out of {} bytes", k.shared_bytes),
-                    })?;
-                    let mut b = [0u8; 8];
-                    b[..size].copy_from_slice(slot);
-                    push(&mut out, from_bits(d, u64::from_le_bytes(b)))?;
+                    push(&mut out, from_bits(d, self.shared_get(o.ints()[i] as usize, size)?))?;
                 }
                 self.set(*dst, out);
             }
@@ -498,15 +501,15 @@ impl Exec<'_> {
             Inst::Atomic { dst, op, addr, value, pred, sem, .. } => {
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
-                let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, bits_of(&v.data, i, d));
+                let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, elem_bits(&v.data, i, d));
                 self.atomic_lanes(*dst, *addr, *pred, *sem, d, "atomic", &f)?;
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
                 let d = dtype(k.ty(*desired));
                 let (e, n) = (self.get(*expected)?, self.get(*desired)?);
                 let f = |i: usize, cur: u64| {
-                    if cur == bits_of(&e.data, i, d) {
-                        bits_of(&n.data, i, d)
+                    if cur == elem_bits(&e.data, i, d) {
+                        elem_bits(&n.data, i, d)
                     } else {
                         cur
                     }
@@ -531,11 +534,7 @@ impl Exec<'_> {
                             .view
                             .load(&view, src + b as u64, 2)
                             .or_else(|e| fault(format!("cp.async: {}", e.0)))?;
-                        let slot = self.shared.get_mut(dst + b..dst + b + 2).ok_or_else(|| Fault {
-                            op: None,
-                            message: format!("cp.async to shared {} out of {} bytes", dst + b, k.shared_bytes),
-                        })?;
-                        slot.copy_from_slice(&(x as u16).to_le_bytes());
+                        self.shared_put(dst + b, 2, x)?;
                     }
                 }
             }
@@ -543,25 +542,18 @@ impl Exec<'_> {
             Inst::LdMatrix { dsts, offset, trans } => {
                 let o = self.get(*offset)?;
                 let mut out = vec![vec![0i64; lanes]; dsts.len()];
-                let half_at = |sh: &[u8], at: usize| -> Result<u64, Fault> {
-                    sh.get(at..at + 2)
-                        .map(|b| u16::from_le_bytes([b[0], b[1]]) as u64)
-                        .ok_or_else(|| Fault { op: None, message: format!("ldmatrix at {at} out of shared memory") })
-                };
                 for w in 0..lanes / 32 {
                     for (j, out_j) in out.iter_mut().enumerate() {
                         // Row r of matrix j starts at lane 8 j + r's offset.
                         let row = |r: usize| o.ints()[w * 32 + 8 * j + r] as usize;
                         for l in 0..32 {
                             let (g, t) = (l / 4, l % 4);
-                            let (e0, e1) = if *trans {
-                                (
-                                    half_at(&self.shared, row(2 * t) + 2 * g)?,
-                                    half_at(&self.shared, row(2 * t + 1) + 2 * g)?,
-                                )
+                            let (a0, a1) = if *trans {
+                                (row(2 * t) + 2 * g, row(2 * t + 1) + 2 * g)
                             } else {
-                                (half_at(&self.shared, row(g) + 4 * t)?, half_at(&self.shared, row(g) + 4 * t + 2)?)
+                                (row(g) + 4 * t, row(g) + 4 * t + 2)
                             };
+                            let (e0, e1) = (self.shared_get(a0, 2)?, self.shared_get(a1, 2)?);
                             out_j[w * 32 + l] = (e0 | e1 << 16) as u32 as i32 as i64;
                         }
                     }
@@ -696,17 +688,6 @@ fn push(out: &mut Data, e: Elt) -> Result<(), Fault> {
         _ => return fault("element does not match the register type"),
     }
     Ok(())
-}
-
-fn bits_of(data: &Data, i: usize, d: DType) -> u64 {
-    let size = d.size_bytes() as usize;
-    match data {
-        Data::F(x) => f32_bits(d, x[i]),
-        Data::D(x) => x[i].to_bits(),
-        Data::I(x) => x[i] as u64 & size_mask(size),
-        Data::P(x) => x[i],
-        Data::Token => 0,
-    }
 }
 
 /// Keeps this backend's registration linked (see [`crate::link`]).
