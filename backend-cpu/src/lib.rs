@@ -45,10 +45,7 @@ pub struct CpuBackend;
 
 impl Backend for CpuBackend {
     fn descriptor(&self) -> &'static BackendDescriptor {
-        trident_core::backend::registered()
-            .into_iter()
-            .find(|d| d.name == NAME)
-            .expect("the cpu backend registers itself in this crate")
+        trident_core::backend::lookup(NAME).expect("the cpu backend registers itself in this crate")
     }
 
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {

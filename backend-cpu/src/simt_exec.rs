@@ -33,7 +33,7 @@ pub struct SimtBackend;
 
 impl Backend for SimtBackend {
     fn descriptor(&self) -> &'static BackendDescriptor {
-        trident_core::backend::registered().into_iter().find(|d| d.name == NAME).expect("registered in this crate")
+        trident_core::backend::lookup(NAME).expect("the cpu-simt backend registers itself in this crate")
     }
 
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {

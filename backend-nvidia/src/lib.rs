@@ -62,10 +62,7 @@ impl NvidiaBackend {
 
 impl Backend for NvidiaBackend {
     fn descriptor(&self) -> &'static BackendDescriptor {
-        trident_core::backend::registered()
-            .into_iter()
-            .find(|d| d.name == NAME)
-            .expect("the nvidia backend registers itself in this crate")
+        trident_core::backend::lookup(NAME).expect("the nvidia backend registers itself in this crate")
     }
 
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
