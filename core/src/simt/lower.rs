@@ -439,6 +439,35 @@ impl Lowering<'_> {
             .collect()
     }
 
+    /// One element of an elementwise op (unary, binary, compare, select, cast, pointer offset):
+    /// `srcs` are its operands' registers in `OpKind::operands` order, `rt` its result type
+    /// (compares give predicates, pointer offsets addresses); returns the result register.
+    fn elementwise(&mut self, kind: &OpKind, rt: SType, srcs: &[Reg]) -> Reg {
+        let inst = |dst| match *kind {
+            OpKind::Unary { op, .. } => Inst::Unary { dst, op, src: srcs[0] },
+            OpKind::Binary { op, .. } => Inst::Binary { dst, op, a: srcs[0], b: srcs[1] },
+            OpKind::Cmp { op, .. } => Inst::Cmp { dst, op, a: srcs[0], b: srcs[1] },
+            OpKind::Select { .. } => Inst::Select { dst, cond: srcs[0], on_true: srcs[1], on_false: srcs[2] },
+            OpKind::AddPtr { ptr, .. } => Inst::AddrOffset {
+                dst,
+                base: srcs[0],
+                offset: srcs[1],
+                scale: self.func.ty(ptr).elem.pointee().map_or(1, |d| d.size_bytes()),
+            },
+            _ => unreachable!("not an elementwise op: {}", kind.mnemonic()),
+        };
+        let t = match kind {
+            OpKind::Cast(_) => return self.cast(srcs[0], rt),
+            OpKind::Cmp { .. } => SType::Pred,
+            OpKind::AddPtr { .. } => SType::Ptr,
+            _ => rt,
+        };
+        let dst = self.reg(t);
+        let i = inst(dst);
+        self.emit(i);
+        dst
+    }
+
     /// Applies `f` slot by slot (scalar operands broadcast).
     fn map(&mut self, operands: &[Value], rt: SType, f: impl Fn(Reg, &[Reg]) -> Inst) -> Vec<Reg> {
         let held: Vec<Vec<Reg>> = operands.iter().map(|v| self.held(*v)).collect();
@@ -505,40 +534,14 @@ impl Lowering<'_> {
                 }
             }
             OpKind::Splat(x) => self.scalar_value(x),
-            OpKind::Unary { op, x } => {
-                let a = self.eval(x, coords);
-                let dst = self.reg(st);
-                self.emit(Inst::Unary { dst, op, src: a });
-                dst
-            }
-            OpKind::Binary { op, lhs, rhs } => {
-                let (a, b) = (self.eval(lhs, coords), self.eval(rhs, coords));
-                let dst = self.reg(st);
-                self.emit(Inst::Binary { dst, op, a, b });
-                dst
-            }
-            OpKind::Cmp { op, lhs, rhs } => {
-                let (a, b) = (self.eval(lhs, coords), self.eval(rhs, coords));
-                let dst = self.reg(SType::Pred);
-                self.emit(Inst::Cmp { dst, op, a, b });
-                dst
-            }
-            OpKind::Select { cond, on_true, on_false } => {
-                let (c, a, b) = (self.eval(cond, coords), self.eval(on_true, coords), self.eval(on_false, coords));
-                let dst = self.reg(st);
-                self.emit(Inst::Select { dst, cond: c, on_true: a, on_false: b });
-                dst
-            }
-            OpKind::Cast(x) => {
-                let a = self.eval(x, coords);
-                self.cast(a, st)
-            }
-            OpKind::AddPtr { ptr, offset } => {
-                let scale = self.func.ty(ptr).elem.pointee().map_or(1, |d| d.size_bytes());
-                let (base, offset) = (self.eval(ptr, coords), self.eval(offset, coords));
-                let dst = self.reg(SType::Ptr);
-                self.emit(Inst::AddrOffset { dst, base, offset, scale });
-                dst
+            k @ (OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Cmp { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast(_)
+            | OpKind::AddPtr { .. }) => {
+                let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.eval(x, coords)).collect();
+                self.elementwise(&k, st, &srcs)
             }
             OpKind::Broadcast(x) => {
                 let src = self.func.ty(x).shape.clone();
@@ -588,33 +591,13 @@ impl Lowering<'_> {
                 self.emit(Inst::Special { dst, which });
                 dst
             }
-            OpKind::Unary { op: u, x } => {
-                let src = self.scalar_value(x);
-                let dst = self.reg(st);
-                self.emit(Inst::Unary { dst, op: u, src });
-                dst
-            }
-            OpKind::Binary { op: b, lhs, rhs } => {
-                let (a, c) = (self.scalar_value(lhs), self.scalar_value(rhs));
-                let dst = self.reg(st);
-                self.emit(Inst::Binary { dst, op: b, a, b: c });
-                dst
-            }
-            OpKind::Cmp { op: c, lhs, rhs } => {
-                let (a, b) = (self.scalar_value(lhs), self.scalar_value(rhs));
-                let dst = self.reg(SType::Pred);
-                self.emit(Inst::Cmp { dst, op: c, a, b });
-                dst
-            }
-            OpKind::Select { cond, on_true, on_false } => {
-                let (c, a, b) = (self.scalar_value(cond), self.scalar_value(on_true), self.scalar_value(on_false));
-                let dst = self.reg(st);
-                self.emit(Inst::Select { dst, cond: c, on_true: a, on_false: b });
-                dst
-            }
-            OpKind::Cast(x) => {
-                let src = self.scalar_value(x);
-                self.cast(src, st)
+            k @ (OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Cmp { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast(_)) => {
+                let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.scalar_value(x)).collect();
+                self.elementwise(&k, st, &srcs)
             }
             _ => return self.held(v)[0],
         };
@@ -720,30 +703,22 @@ impl Lowering<'_> {
                     }
                 }
             }
-            OpKind::Unary { op: u, x } => {
-                let u = *u;
-                self.map(&[*x], st, |dst, s| Inst::Unary { dst, op: u, src: s[0] })
-            }
-            OpKind::Binary { op: b, lhs, rhs } => {
-                let b = *b;
-                self.map(&[*lhs, *rhs], st, |dst, s| Inst::Binary { dst, op: b, a: s[0], b: s[1] })
-            }
-            OpKind::Cmp { op: c, lhs, rhs } => {
-                let c = *c;
-                self.map(&[*lhs, *rhs], SType::Pred, |dst, s| Inst::Cmp { dst, op: c, a: s[0], b: s[1] })
-            }
-            OpKind::Select { cond, on_true, on_false } => self.map(&[*cond, *on_true, *on_false], st, |dst, s| {
-                Inst::Select { dst, cond: s[0], on_true: s[1], on_false: s[2] }
-            }),
-            OpKind::Cast(x) => self.map(&[*x], st, |dst, s| Inst::Cast { dst, src: s[0] }),
-            OpKind::AddPtr { ptr, offset } => {
-                let scale = self.func.ty(*ptr).elem.pointee().map_or(1, |d| d.size_bytes());
-                self.map(&[*ptr, *offset], SType::Ptr, |dst, s| Inst::AddrOffset {
-                    dst,
-                    base: s[0],
-                    offset: s[1],
-                    scale,
-                })
+            k @ (OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Cmp { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast(_)
+            | OpKind::AddPtr { .. }) => {
+                let k = k.clone();
+                let held: Vec<Vec<Reg>> = k.operands().into_iter().map(|(_, v)| self.held(v)).collect();
+                let slots = held.iter().map(|h| h.len()).max().unwrap_or(1);
+                (0..slots)
+                    .map(|s| {
+                        // Scalar operands broadcast.
+                        let srcs: Vec<Reg> = held.iter().map(|h| h[s.min(h.len() - 1)]).collect();
+                        self.elementwise(&k, st, &srcs)
+                    })
+                    .collect()
             }
             OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other, st),
             OpKind::Store { ptr, value, mask } => {
@@ -1489,14 +1464,7 @@ impl Lowering<'_> {
                     None => self.eval(*v, &c),
                 })
                 .collect();
-            let dst = self.reg(if matches!(kind, OpKind::Cmp { .. }) { SType::Pred } else { rt });
-            self.emit(match kind {
-                OpKind::Unary { op, .. } => Inst::Unary { dst, op, src: srcs[0] },
-                OpKind::Binary { op, .. } => Inst::Binary { dst, op, a: srcs[0], b: srcs[1] },
-                OpKind::Cmp { op, .. } => Inst::Cmp { dst, op, a: srcs[0], b: srcs[1] },
-                OpKind::Select { .. } => Inst::Select { dst, cond: srcs[0], on_true: srcs[1], on_false: srcs[2] },
-                _ => Inst::Cast { dst, src: srcs[0] },
-            });
+            let dst = self.elementwise(&kind, rt, &srcs);
             out.push(dst);
         }
         self.mma_held.insert(result, (l, out));
