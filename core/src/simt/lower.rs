@@ -492,16 +492,7 @@ impl Lowering<'_> {
         }
         let ok = match self.func.values[v].def {
             ValueDef::Result { op, .. } => match &self.func.ops[op].kind {
-                OpKind::Arange { .. } | OpKind::Splat(_) => true,
-                k @ (OpKind::Unary { .. }
-                | OpKind::Binary { .. }
-                | OpKind::Cmp { .. }
-                | OpKind::Select { .. }
-                | OpKind::Cast(_)
-                | OpKind::AddPtr { .. }
-                | OpKind::Broadcast(_)
-                | OpKind::Reshape(_)
-                | OpKind::Transpose { .. }) => {
+                k if is_index_math(k) => {
                     let operands: Vec<Value> = k.operands().into_iter().map(|(_, v)| v).collect();
                     operands.into_iter().all(|o| self.rematerializable(o))
                 }
@@ -644,6 +635,10 @@ impl Lowering<'_> {
             self.elementwise_in_mma(op, l);
             return Ok(());
         }
+        if let Some(plan) = self.pipeline_plan(op) {
+            self.pipelined_for(op, plan);
+            return Ok(());
+        }
         let data = &self.func.ops[op];
         let rt = data.results.first().map(|r| self.func.ty(*r).clone());
         let st = rt.as_ref().map(stype).unwrap_or(SType::F32);
@@ -765,11 +760,6 @@ impl Lowering<'_> {
                 }
                 None => self.dot(*a, *b, *acc, st),
             },
-            OpKind::For { .. } if self.pipeline_plan(op).is_some() => {
-                let plan = self.pipeline_plan(op).expect("checked");
-                self.pipelined_for(op, plan);
-                return Ok(());
-            }
             OpKind::For { lower, upper, step, init, body } => {
                 let (lo, hi, stp) = (self.held(*lower)[0], self.held(*upper)[0], self.held(*step)[0]);
                 let types: Vec<Type> = init.iter().map(|v| self.func.ty(*v).clone()).collect();
@@ -1106,7 +1096,7 @@ impl Lowering<'_> {
         self.emit(Inst::Barrier);
         let elems = self.bin_c(BinaryOp::Shr, n_bytes, log2(size));
         let word = SType::Int { bits: (8 * size) as u8, signed: false };
-        self.copy_loop(to, from, elems, 0, size, word);
+        self.copy_loop(to, from, elems, size, word);
         if size > 1 {
             let tail = self.bin_c(BinaryOp::And, n_bytes, size as i64 - 1);
             let done = self.bin_c(BinaryOp::Shl, elems, log2(size));
@@ -1114,14 +1104,14 @@ impl Lowering<'_> {
             let (to_t, from_t) = (self.reg(SType::Ptr), self.reg(SType::Ptr));
             self.emit(Inst::AddrOffset { dst: to_t, base: to, offset: done, scale: 1 });
             self.emit(Inst::AddrOffset { dst: from_t, base: from, offset: done, scale: 1 });
-            self.copy_loop(to_t, from_t, tail, 0, 1, byte);
+            self.copy_loop(to_t, from_t, tail, 1, byte);
         }
         self.emit(Inst::Barrier);
     }
 
     /// `to[i] = from[i]` for `i < n`, spread over the program's threads.
-    fn copy_loop(&mut self, to: Reg, from: Reg, n: Reg, lo: i64, size: u32, t: SType) {
-        let (lo, step) = (self.iconst(lo), self.iconst(self.threads() as i64));
+    fn copy_loop(&mut self, to: Reg, from: Reg, n: Reg, size: u32, t: SType) {
+        let (lo, step) = (self.iconst(0), self.iconst(self.threads() as i64));
         let iv = self.reg(I32);
         let saved = std::mem::take(&mut self.cur);
         let i = self.bin(BinaryOp::Add, iv, self.tid);
@@ -1542,23 +1532,8 @@ impl Lowering<'_> {
         let pure = self.func.blocks[body].ops.iter().all(|&o| {
             o == dot
                 || loads.iter().any(|l| l.0 == o)
-                || matches!(
-                    self.func.ops[o].kind,
-                    OpKind::Const(_)
-                        | OpKind::Arange { .. }
-                        | OpKind::Splat(_)
-                        | OpKind::Broadcast(_)
-                        | OpKind::Reshape(_)
-                        | OpKind::Transpose { .. }
-                        | OpKind::Unary { .. }
-                        | OpKind::Binary { .. }
-                        | OpKind::Cmp { .. }
-                        | OpKind::Select { .. }
-                        | OpKind::Cast(_)
-                        | OpKind::AddPtr { .. }
-                        | OpKind::ProgramId(_)
-                        | OpKind::NumPrograms(_)
-                )
+                || is_index_math(&self.func.ops[o].kind)
+                || matches!(self.func.ops[o].kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
         });
         if !pure {
             return None;
@@ -1951,6 +1926,25 @@ struct Pipeline {
     stages: u32,
     a: (Value, Value, Value),
     b: (Value, Value, Value),
+}
+
+/// Pure tile ops of index arithmetic and layout: what can be recomputed at any coordinates
+/// when its operands can (`Lowering::rematerializable`).
+fn is_index_math(k: &OpKind) -> bool {
+    matches!(
+        k,
+        OpKind::Arange { .. }
+            | OpKind::Splat(_)
+            | OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Cmp { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast(_)
+            | OpKind::AddPtr { .. }
+            | OpKind::Broadcast(_)
+            | OpKind::Reshape(_)
+            | OpKind::Transpose { .. }
+    )
 }
 
 /// Source coordinates of a transpose's result coordinates (`result[i] = source[perm[i]]`).
