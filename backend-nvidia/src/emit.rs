@@ -286,29 +286,11 @@ impl<'k> Writer<'k> {
                 self.line(format!("add.s64 {d}, {b}, {t}"));
             }
             Inst::Load { dst, addr, pred, other } => {
-                let t = self.k.ty(*dst);
-                let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
                 if let Some(o) = other {
-                    let o = self.n(*o).to_string();
-                    let mov = match class(t) {
-                        Class::P => "mov.pred",
-                        Class::R => "mov.b32",
-                        Class::Rd => "mov.b64",
-                        Class::H => "mov.b16",
-                        Class::F => "mov.f32",
-                        Class::Fd => "mov.f64",
-                    };
-                    self.line(format!("{mov} {d}, {o}"));
+                    self.mov(*dst, *o);
                 }
-                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                if t == SType::Pred {
-                    let r = self.temp(Class::R);
-                    self.line(format!("mov.b32 {r}, 0"));
-                    self.line(format!("{guard}ld.global.u8 {r}, [{a}]"));
-                    self.line(format!("setp.ne.u32 {d}, {r}, 0"));
-                } else {
-                    self.line(format!("{guard}ld.global.{} {d}, [{a}]", mem(t)));
-                }
+                let a = self.n(*addr).to_string();
+                self.load_line("global", *dst, &a, *pred);
             }
             Inst::VLoad { dsts, addr, pred, others } => {
                 let t = self.k.ty(dsts[0]);
@@ -373,17 +355,8 @@ impl<'k> Writer<'k> {
             }
             Inst::Mov { dst, src } => self.mov(*dst, *src),
             Inst::SharedStore { offset, value, pred } => {
-                let t = self.k.ty(*value);
                 let addr = self.shared_addr(*offset)?;
-                let v = self.n(*value).to_string();
-                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                if t == SType::Pred {
-                    let r = self.temp(Class::R);
-                    self.line(format!("selp.u32 {r}, 1, 0, {v}"));
-                    self.line(format!("{guard}st.shared.u8 [{addr}], {r}"));
-                } else {
-                    self.line(format!("{guard}st.shared.{} [{addr}], {v}", mem(t)));
-                }
+                self.store_line("shared", &addr, *value, *pred);
             }
             Inst::SharedVStore { offset, values } => {
                 let t = self.k.ty(values[0]);
@@ -392,16 +365,8 @@ impl<'k> Writer<'k> {
                 self.line(format!("st.shared.v{}.{} [{addr}], {{{}}}", values.len(), vec_type(t), names.join(", ")));
             }
             Inst::SharedLoad { dst, offset } => {
-                let t = self.k.ty(*dst);
                 let addr = self.shared_addr(*offset)?;
-                let d = self.n(*dst).to_string();
-                if t == SType::Pred {
-                    let r = self.temp(Class::R);
-                    self.line(format!("ld.shared.u8 {r}, [{addr}]"));
-                    self.line(format!("setp.ne.u32 {d}, {r}, 0"));
-                } else {
-                    self.line(format!("ld.shared.{} {d}, [{addr}]", mem(t)));
-                }
+                self.load_line("shared", *dst, &addr, None);
             }
             Inst::Barrier => self.line("bar.sync 0".into()),
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
@@ -524,16 +489,8 @@ impl<'k> Writer<'k> {
                 self.movs(results, phis);
             }
             Inst::Store { addr, value, pred } => {
-                let t = self.k.ty(*value);
-                let (v, a) = (self.n(*value).to_string(), self.n(*addr).to_string());
-                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                if t == SType::Pred {
-                    let r = self.temp(Class::R);
-                    self.line(format!("selp.u32 {r}, 1, 0, {v}"));
-                    self.line(format!("{guard}st.global.u8 [{a}], {r}"));
-                } else {
-                    self.line(format!("{guard}st.global.{} [{a}], {v}", mem(t)));
-                }
+                let a = self.n(*addr).to_string();
+                self.store_line("global", &a, *value, *pred);
             }
         }
         Ok(())
@@ -652,6 +609,36 @@ impl<'k> Writer<'k> {
                 shfl(self, &w, &w);
                 self.line(format!("setp.ne.u32 {d}, {w}, 0"));
             }
+        }
+    }
+
+    /// `ld.<space>` of `dst`'s type from `addr` where `pred` holds; predicates travel as a byte
+    /// (a guarded-off predicate load reads false).
+    fn load_line(&mut self, space: &str, dst: Reg, addr: &str, pred: Option<Reg>) {
+        let t = self.k.ty(dst);
+        let d = self.n(dst).to_string();
+        let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+        if t == SType::Pred {
+            let r = self.temp(Class::R);
+            self.line(format!("mov.b32 {r}, 0"));
+            self.line(format!("{guard}ld.{space}.u8 {r}, [{addr}]"));
+            self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+        } else {
+            self.line(format!("{guard}ld.{space}.{} {d}, [{addr}]", mem(t)));
+        }
+    }
+
+    /// `st.<space>` of `value` at `addr` where `pred` holds; predicates travel as a byte.
+    fn store_line(&mut self, space: &str, addr: &str, value: Reg, pred: Option<Reg>) {
+        let t = self.k.ty(value);
+        let v = self.n(value).to_string();
+        let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+        if t == SType::Pred {
+            let r = self.temp(Class::R);
+            self.line(format!("selp.u32 {r}, 1, 0, {v}"));
+            self.line(format!("{guard}st.{space}.u8 [{addr}], {r}"));
+        } else {
+            self.line(format!("{guard}st.{space}.{} [{addr}], {v}", mem(t)));
         }
     }
 
