@@ -10,6 +10,7 @@ use crate::value::*;
 use crate::view::{ProgramView, Transfer};
 use trident_core::backend::KernelArg;
 use trident_core::ir::*;
+use trident_core::math::{self, native::Native};
 
 /// A failure inside a program, located at an op.
 #[derive(Debug)]
@@ -649,8 +650,8 @@ pub(crate) fn atomic_apply(op: AtomicOp, d: DType, cur: u64, operand: u64) -> u6
         };
         let r = match op {
             AtomicOp::Add => a + b,
-            AtomicOp::Max => a.max(b),
-            AtomicOp::Min => a.min(b),
+            AtomicOp::Max => min_num_f64(BinaryOp::Max, a, b),
+            AtomicOp::Min => min_num_f64(BinaryOp::Min, a, b),
             _ => a,
         };
         return if d == DType::F64 {
@@ -728,23 +729,22 @@ pub(crate) fn unary(op: UnaryOp, x: &Val) -> R<Data> {
     let d = x.ty.dtype().unwrap_or(DType::F32);
     Ok(match &x.data {
         Data::F(v) => {
+            // f32 (and f16/bf16, computed in f32): core's definitions, bit for bit what the GPU
+            // backends compute.
             let f: fn(f32) -> f32 = match op {
                 UnaryOp::Neg => |a| -a,
                 UnaryOp::Abs => f32::abs,
-                UnaryOp::Exp => f32::exp,
-                UnaryOp::Exp2 => f32::exp2,
-                UnaryOp::Log => f32::ln,
-                UnaryOp::Log2 => f32::log2,
                 UnaryOp::Sqrt => f32::sqrt,
-                UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
-                UnaryOp::Sin => f32::sin,
-                UnaryOp::Cos => f32::cos,
-                UnaryOp::Tanh => f32::tanh,
                 UnaryOp::Floor => f32::floor,
                 UnaryOp::Ceil => f32::ceil,
                 UnaryOp::Not => return fault("`not` on a float"),
+                _ => |_| f32::NAN,
             };
-            let mut out: Vec<f32> = v.iter().map(|&a| f(a)).collect();
+            let mut out: Vec<f32> = if math::is_expanded(op) {
+                v.iter().map(|&a| math::unary(&mut Native, op, a).unwrap_or(f32::NAN)).collect()
+            } else {
+                v.iter().map(|&a| f(a)).collect()
+            };
             round_all(d, &mut out);
             Data::F(out)
         }
@@ -754,13 +754,17 @@ pub(crate) fn unary(op: UnaryOp, x: &Val) -> R<Data> {
                 UnaryOp::Abs => f64::abs,
                 UnaryOp::Exp => f64::exp,
                 UnaryOp::Exp2 => f64::exp2,
+                UnaryOp::Expm1 => f64::exp_m1,
                 UnaryOp::Log => f64::ln,
                 UnaryOp::Log2 => f64::log2,
+                UnaryOp::Log1p => f64::ln_1p,
                 UnaryOp::Sqrt => f64::sqrt,
                 UnaryOp::Rsqrt => |a| 1.0 / a.sqrt(),
                 UnaryOp::Sin => f64::sin,
                 UnaryOp::Cos => f64::cos,
                 UnaryOp::Tanh => f64::tanh,
+                UnaryOp::Erf => libm::erf,
+                UnaryOp::Sigmoid => |a| if a < 0.0 { a.exp() / (1.0 + a.exp()) } else { 1.0 / (1.0 + (-a).exp()) },
                 UnaryOp::Floor => f64::floor,
                 UnaryOp::Ceil => f64::ceil,
                 UnaryOp::Not => return fault("`not` on a float"),
@@ -781,6 +785,29 @@ pub(crate) fn unary(op: UnaryOp, x: &Val) -> R<Data> {
     })
 }
 
+macro_rules! min_num {
+    ($name:ident, $t:ty) => {
+        /// IEEE minimumNumber (`Max`: maximumNumber): a NaN operand gives the other, and of
+        /// two equal operands `-0 < +0` (the OR or AND of their bits).
+        pub fn $name(op: BinaryOp, a: $t, b: $t) -> $t {
+            let min = op == BinaryOp::Min;
+            if a.is_nan() {
+                b
+            } else if b.is_nan() {
+                a
+            } else if a == b {
+                <$t>::from_bits(if min { a.to_bits() | b.to_bits() } else { a.to_bits() & b.to_bits() })
+            } else if (a < b) == min {
+                a
+            } else {
+                b
+            }
+        }
+    };
+}
+min_num!(min_num_f32, f32);
+min_num!(min_num_f64, f64);
+
 pub(crate) fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
     let d = l.ty.dtype().unwrap_or(DType::F32);
     Ok(match (&l.data, &r.data) {
@@ -790,9 +817,11 @@ pub(crate) fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
                 BinaryOp::Sub => |x, y| x - y,
                 BinaryOp::Mul => |x, y| x * y,
                 BinaryOp::Div => |x, y| x / y,
+                // Rust's `%` is the exact fmod (what core's definition computes, bit for bit).
                 BinaryOp::Rem => |x, y| x % y,
-                BinaryOp::Min => f32::min,
-                BinaryOp::Max => f32::max,
+                BinaryOp::Pow => |x, y| math::pow(&mut Native, x, y),
+                BinaryOp::Min => |x, y| min_num_f32(BinaryOp::Min, x, y),
+                BinaryOp::Max => |x, y| min_num_f32(BinaryOp::Max, x, y),
                 _ => return fault(format!("`{op}` on floats")),
             };
             let mut out: Vec<f32> = a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect();
@@ -806,8 +835,9 @@ pub(crate) fn binary(op: BinaryOp, l: &Val, r: &Val) -> R<Data> {
                 BinaryOp::Mul => |x, y| x * y,
                 BinaryOp::Div => |x, y| x / y,
                 BinaryOp::Rem => |x, y| x % y,
-                BinaryOp::Min => f64::min,
-                BinaryOp::Max => f64::max,
+                BinaryOp::Pow => f64::powf,
+                BinaryOp::Min => |x, y| min_num_f64(BinaryOp::Min, x, y),
+                BinaryOp::Max => |x, y| min_num_f64(BinaryOp::Max, x, y),
                 _ => return fault(format!("`{op}` on floats")),
             };
             Data::D(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
@@ -830,7 +860,9 @@ fn int_binary(op: BinaryOp, d: DType, x: i64, y: i64) -> R<i64> {
         BinaryOp::Add => x.wrapping_add(y),
         BinaryOp::Sub => x.wrapping_sub(y),
         BinaryOp::Mul => x.wrapping_mul(y),
-        BinaryOp::Div | BinaryOp::Rem if y == 0 => return fault("integer division by zero"),
+        // Division by zero as RISC-V defines it: all ones, and the dividend for the remainder.
+        BinaryOp::Div if y == 0 => -1,
+        BinaryOp::Rem if y == 0 => x,
         BinaryOp::Div if unsigned => ((x as u64) / (y as u64)) as i64,
         BinaryOp::Rem if unsigned => ((x as u64) % (y as u64)) as i64,
         BinaryOp::Div => x.wrapping_div(y),
@@ -859,6 +891,7 @@ fn int_binary(op: BinaryOp, d: DType, x: i64, y: i64) -> R<i64> {
             }
         }
         BinaryOp::Shr => x >> (y as u64).min(63),
+        BinaryOp::Pow => return fault("`pow` on integers"),
     })
 }
 
@@ -908,7 +941,12 @@ pub(crate) fn cast(x: &Val, to: DType) -> Data {
         Data::I(v) if to.is_int() => {
             return Data::I(v.iter().map(|&a| if to == DType::I1 { (a != 0) as i64 } else { norm_i(to, a) }).collect())
         }
-        Data::I(v) => v.iter().map(|&a| int_to_f64(from, a)).collect(),
+        // Integers round once, straight to f64 or to f32 (f16/bf16 then round from that).
+        Data::I(v) if to == DType::F64 => return Data::D(v.iter().map(|&a| int_to_f64(from, a)).collect()),
+        Data::I(v) => {
+            let f = |a: i64| if from == DType::U64 { a as u64 as f32 } else { a as f32 };
+            return Data::F(v.iter().map(|&a| round_f(to, f(a))).collect());
+        }
         _ => Vec::new(),
     };
     match to {
@@ -918,6 +956,8 @@ pub(crate) fn cast(x: &Val, to: DType) -> Data {
     }
 }
 
+/// Reductions. Float `max`/`min` ignore NaN (minimumNumber, `-0 < +0`); `argmax`/`argmin`
+/// skip NaN unless every element is NaN (then the first); ties go to the first index.
 fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
     let shape = &x.ty.shape;
     let outer: usize = shape[..axis].iter().map(|&d| d as usize).product();
@@ -926,8 +966,9 @@ fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
     let d = x.ty.dtype().unwrap_or(DType::F32);
     let at = |o: usize, k: usize, i: usize| (o * len + k) * inner + i;
     let arg = matches!(op, ReduceOp::Argmax | ReduceOp::Argmin);
+    // `$fold(best, e)` folds a sum or a max/min; `$better(e, best)` decides an arg reduction.
     macro_rules! fold {
-        ($v:expr, $better:expr, $sum:expr, $wrap:expr) => {{
+        ($v:expr, $fold:expr, $better:expr, $wrap:expr) => {{
             let mut vals = Vec::with_capacity(outer * inner);
             let mut idxs = Vec::with_capacity(outer * inner);
             for o in 0..outer {
@@ -936,8 +977,8 @@ fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
                     let mut bi = 0usize;
                     for k in 1..len {
                         let e = $v[at(o, k, i)];
-                        if matches!(op, ReduceOp::Sum) {
-                            best = $sum(best, e);
+                        if !arg {
+                            best = $fold(best, e);
                         } else if $better(e, best) {
                             best = e;
                             bi = k;
@@ -955,25 +996,41 @@ fn reduce(op: ReduceOp, axis: usize, x: &Val) -> Data {
         }};
     }
     let max = matches!(op, ReduceOp::Max | ReduceOp::Argmax);
+    let pick = if max { BinaryOp::Max } else { BinaryOp::Min };
     match &x.data {
-        Data::F(v) => {
-            fold!(v, |e: f32, b: f32| if max { e > b } else { e < b }, |a: f32, b: f32| a + b, |mut vals: Vec<f32>| {
+        Data::F(v) => fold!(
+            v,
+            |b: f32, e: f32| if op == ReduceOp::Sum { b + e } else { min_num_f32(pick, b, e) },
+            |e: f32, b: f32| (if max { e > b } else { e < b }) || (b.is_nan() && !e.is_nan()),
+            |mut vals: Vec<f32>| {
                 round_all(d, &mut vals);
                 Data::F(vals)
-            })
-        }
-        Data::D(v) => fold!(v, |e: f64, b: f64| if max { e > b } else { e < b }, |a: f64, b: f64| a + b, Data::D),
+            }
+        ),
+        Data::D(v) => fold!(
+            v,
+            |b: f64, e: f64| if op == ReduceOp::Sum { b + e } else { min_num_f64(pick, b, e) },
+            |e: f64, b: f64| (if max { e > b } else { e < b }) || (b.is_nan() && !e.is_nan()),
+            Data::D
+        ),
         Data::I(v) => {
             let unsigned = !d.is_signed_int();
+            let better = |e: i64, b: i64| match (max, unsigned) {
+                (true, true) => (e as u64) > (b as u64),
+                (false, true) => (e as u64) < (b as u64),
+                (true, false) => e > b,
+                (false, false) => e < b,
+            };
             fold!(
                 v,
-                |e: i64, b: i64| match (max, unsigned) {
-                    (true, true) => (e as u64) > (b as u64),
-                    (false, true) => (e as u64) < (b as u64),
-                    (true, false) => e > b,
-                    (false, false) => e < b,
+                |b: i64, e: i64| if op == ReduceOp::Sum {
+                    norm_i(d, b.wrapping_add(e))
+                } else if better(e, b) {
+                    e
+                } else {
+                    b
                 },
-                |a: i64, b: i64| norm_i(d, a.wrapping_add(b)),
+                better,
                 Data::I
             )
         }

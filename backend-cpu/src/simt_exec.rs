@@ -314,16 +314,55 @@ impl Exec<'_> {
                 self.set(*dst, d);
             }
             Inst::Unary { dst, op, src } => {
+                let t = k.ty(*src);
+                let primitive = match t {
+                    SType::F32 | SType::F64 => {
+                        matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil)
+                    }
+                    SType::Pred => *op == UnaryOp::Not,
+                    SType::Int { bits: 32 | 64, .. } => matches!(op, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs),
+                    _ => false,
+                };
+                if !primitive {
+                    return contract(format!("`{op}` on {t:?} is not a SIMT primitive"));
+                }
                 let d = crate::interp::unary(*op, &self.get(*src)?)?;
                 self.set(*dst, d);
             }
             Inst::Binary { dst, op, a, b } => {
-                let d = crate::interp::binary(*op, &self.get(*a)?, &self.get(*b)?)?;
+                let (x, y) = (self.get(*a)?, self.get(*b)?);
+                let d = self.binary_primitive(k.ty(*a), *op, &x, &y)?;
                 self.set(*dst, d);
             }
             Inst::Cmp { dst, op, a, b } => {
+                let t = k.ty(*a);
+                if matches!(t, SType::F16 | SType::BF16 | SType::Int { bits: 8 | 16, .. })
+                    || (t == SType::Pred && !matches!(op, CmpOp::Eq | CmpOp::Ne))
+                {
+                    return contract(format!("`{op}` comparison on {t:?} is not a SIMT primitive"));
+                }
                 let d = crate::interp::compare(*op, &self.get(*a)?, &self.get(*b)?);
                 self.set(*dst, d);
+            }
+            Inst::Bitcast { dst, src } => {
+                let v = self.get(*src)?;
+                let d = match (&v.data, k.ty(*dst)) {
+                    (Data::F(x), SType::Int { bits: 32, signed }) => Data::I(
+                        x.iter().map(|f| if signed { f.to_bits() as i32 as i64 } else { f.to_bits() as i64 }).collect(),
+                    ),
+                    (Data::D(x), SType::Int { bits: 64, .. }) => {
+                        Data::I(x.iter().map(|f| f.to_bits() as i64).collect())
+                    }
+                    (Data::I(x), SType::F32) => Data::F(x.iter().map(|&i| f32::from_bits(i as u32)).collect()),
+                    (Data::I(x), SType::F64) => Data::D(x.iter().map(|&i| f64::from_bits(i as u64)).collect()),
+                    _ => return contract(format!("bitcast from {:?} to {:?}", k.ty(*src), k.ty(*dst))),
+                };
+                self.set(*dst, d);
+            }
+            Inst::Approx { dst, func, src } => {
+                let Data::F(x) = self.get(*src)?.data else { return contract("approximation of a non-f32 register") };
+                let f = *func;
+                self.set(*dst, Data::F(x.iter().map(|&a| trident_core::math::native::approx_f32(f, a)).collect()));
             }
             Inst::Select { dst, cond, on_true, on_false } => {
                 let (c, t, f) = (self.get(*cond)?, self.get(*on_true)?, self.get(*on_false)?);
@@ -677,6 +716,58 @@ impl Exec<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// A SIMT instruction the lowering should never have produced (`simt/mod.rs`'s contract).
+fn contract<T>(m: impl Into<String>) -> Result<T, Fault> {
+    fault(format!("SIMT contract broken by the lowering: {}", m.into()))
+}
+
+impl Exec<'_> {
+    /// `Binary` as the writers implement it: integer arithmetic on 32/64-bit registers with a
+    /// safe divisor and shift amount, float arithmetic on f32/f64, and `min`/`max` leaving the
+    /// sign of equal zeros to the lowering (here the wrong one, so a missing fix shows).
+    fn binary_primitive(&self, t: SType, op: BinaryOp, x: &Val, y: &Val) -> Result<Data, Fault> {
+        match t {
+            SType::Int { bits: 8 | 16, .. } | SType::F16 | SType::BF16 => {
+                return contract(format!("`{op}` on {t:?} (the lowering widens it)"));
+            }
+            SType::Pred if !matches!(op, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor) => {
+                return contract(format!("`{op}` on i1 (the lowering widens it)"));
+            }
+            SType::F32 | SType::F64 if matches!(op, BinaryOp::Rem | BinaryOp::Pow) => {
+                return contract(format!("`{op}` on {t:?} (the lowering expands it)"));
+            }
+            SType::Int { bits, signed } => {
+                let (a, b) = (x.ints(), y.ints());
+                for (&p, &q) in a.iter().zip(b) {
+                    if matches!(op, BinaryOp::Div | BinaryOp::Rem) {
+                        let min = if bits == 64 { i64::MIN } else { i32::MIN as i64 };
+                        if q == 0 || (signed && q == -1 && p == min) {
+                            return contract(format!("`{op}` of {p} by {q}"));
+                        }
+                    }
+                    if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && !(0..bits as i64).contains(&q) {
+                        let q = if signed { q } else { q & ((1i128 << bits) - 1) as i64 };
+                        return contract(format!("shift by {q} on a {bits}-bit register"));
+                    }
+                }
+            }
+            _ => {}
+        }
+        let d = crate::interp::binary(op, x, y)?;
+        Ok(match (d, op) {
+            (Data::F(mut v), BinaryOp::Min | BinaryOp::Max) => {
+                for (o, (a, b)) in v.iter_mut().zip(x.floats().iter().zip(y.floats())) {
+                    if *a == 0.0 && *b == 0.0 {
+                        *o = if op == BinaryOp::Min { 0.0 } else { -0.0 };
+                    }
+                }
+                Data::F(v)
+            }
+            (d, _) => d,
+        })
     }
 }
 

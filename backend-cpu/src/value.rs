@@ -59,6 +59,13 @@ impl Val {
         }
     }
 
+    pub fn floats(&self) -> &[f32] {
+        match &self.data {
+            Data::F(v) => v,
+            _ => &[],
+        }
+    }
+
     pub fn ptrs(&self) -> &[u64] {
         match &self.data {
             Data::P(v) => v,

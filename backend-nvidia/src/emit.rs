@@ -9,7 +9,7 @@ use crate::target::Target;
 use std::fmt::Write;
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
 use trident_core::simt::diag;
-use trident_core::simt::{Inst, Kernel, Reg, SType, Special};
+use trident_core::simt::{ApproxFn, Inst, Kernel, Reg, SType, Special};
 
 /// An instruction the writer cannot express for its types.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -198,6 +198,11 @@ impl<'k> Writer<'k> {
                     (SType::F64, l) => format!("0d{:016X}", l.as_f64().to_bits()),
                     (SType::F16, l) => format!("0x{:04X}", f16_bits(l.as_f64() as f32)),
                     (SType::BF16, l) => format!("0x{:04X}", bf16_bits(l.as_f64() as f32)),
+                    // Narrow integers live sign- or zero-extended in 32-bit registers.
+                    (SType::Int { bits: 8, signed: true }, Literal::Int(i)) => (*i as i8).to_string(),
+                    (SType::Int { bits: 8, signed: false }, Literal::Int(i)) => (*i as u8).to_string(),
+                    (SType::Int { bits: 16, signed: true }, Literal::Int(i)) => (*i as i16).to_string(),
+                    (SType::Int { bits: 16, signed: false }, Literal::Int(i)) => (*i as u16).to_string(),
                     (_, Literal::Int(i)) => i.to_string(),
                     (_, Literal::Float(f)) => (*f as i64).to_string(),
                 };
@@ -269,6 +274,23 @@ impl<'k> Writer<'k> {
                 }
             }
             Inst::Cast { dst, src } => self.cast(*dst, *src)?,
+            Inst::Bitcast { dst, src } => {
+                let (d, x) = (self.n(*dst).to_string(), self.n(*src).to_string());
+                let w = if matches!(class(self.k.ty(*dst)), Class::Rd | Class::Fd) { 64 } else { 32 };
+                self.line(format!("mov.b{w} {d}, {x}"));
+            }
+            Inst::Approx { dst, func, src } => {
+                let (d, x) = (self.n(*dst).to_string(), self.n(*src).to_string());
+                let name = match func {
+                    ApproxFn::Exp2 => "ex2",
+                    ApproxFn::Log2 => "lg2",
+                    ApproxFn::Sin => "sin",
+                    ApproxFn::Cos => "cos",
+                    ApproxFn::Rsqrt => "rsqrt",
+                    ApproxFn::Rcp => "rcp",
+                };
+                self.line(format!("{name}.approx.f32 {d}, {x}"));
+            }
             Inst::AddrOffset { dst, base, offset, scale } => {
                 let (d, b) = (self.n(*dst).to_string(), self.n(*base).to_string());
                 let t = self.temp(Class::Rd);
@@ -374,8 +396,10 @@ impl<'k> Writer<'k> {
                 let ty = match (op, t) {
                     (AtomicOp::Add, SType::F32) => "f32",
                     (AtomicOp::Add, SType::F64) => "f64",
+                    (AtomicOp::Xchg, SType::F32) => "b32",
+                    (AtomicOp::Xchg, SType::F64) => "b64",
                     (_, SType::F32 | SType::F64 | SType::F16 | SType::BF16 | SType::Pred) => {
-                        return Err(EmitError(format!("atomic `{op}` on {t:?} (not emitted yet)")))
+                        return Err(EmitError(format!("PTX has no atomic `{op}` on {t:?}")))
                     }
                     (AtomicOp::And | AtomicOp::Or | AtomicOp::Xor | AtomicOp::Xchg, _) => {
                         if class(t) == Class::Rd {
@@ -619,8 +643,12 @@ impl<'k> Writer<'k> {
         let d = self.n(dst).to_string();
         let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
         if t == SType::Pred {
+            // A guarded-off lane keeps what `dst` held (the load's `other`, moved in first).
             let r = self.temp(Class::R);
-            self.line(format!("mov.b32 {r}, 0"));
+            match pred {
+                Some(_) => self.line(format!("selp.u32 {r}, 1, 0, {d}")),
+                None => self.line(format!("mov.b32 {r}, 0")),
+            }
             self.line(format!("{guard}ld.{space}.u8 {r}, [{addr}]"));
             self.line(format!("setp.ne.u32 {d}, {r}, 0"));
         } else {
@@ -719,31 +747,20 @@ impl<'k> Writer<'k> {
             return Ok(());
         }
         let sfx = if t == SType::F64 { "f64" } else { "f32" };
-        if t == SType::F64
-            && !matches!(op, UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil)
-        {
-            return Err(EmitError(format!("`{op}` on f64 needs a libdevice routine (not emitted yet)")));
-        }
-        let log2e = format!("0f{:08X}", std::f32::consts::LOG2_E.to_bits());
-        let ln2 = format!("0f{:08X}", std::f32::consts::LN_2.to_bits());
+        let text = match op {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Sqrt => "sqrt.rn",
+            UnaryOp::Floor => "cvt.rmi",
+            UnaryOp::Ceil => "cvt.rpi",
+            // The lowering expands the elementary functions (`trident_core::math`).
+            _ => return Err(EmitError(format!("`{op}` on {t:?} is not a SIMT primitive"))),
+        };
         self.via_f32(dst, &[src], |d, s| {
             let s = &s[0];
             match op {
-                UnaryOp::Neg => format!("neg.{sfx} {d}, {s}"),
-                UnaryOp::Abs => format!("abs.{sfx} {d}, {s}"),
-                UnaryOp::Sqrt if sfx == "f64" => format!("sqrt.rn.f64 {d}, {s}"),
-                UnaryOp::Sqrt => format!("sqrt.rn.f32 {d}, {s}"),
-                UnaryOp::Rsqrt => format!("rsqrt.approx.f32 {d}, {s}"),
-                UnaryOp::Exp2 => format!("ex2.approx.f32 {d}, {s}"),
-                UnaryOp::Exp => format!("mul.f32 {d}, {s}, {log2e};\n  ex2.approx.f32 {d}, {d}"),
-                UnaryOp::Log2 => format!("lg2.approx.f32 {d}, {s}"),
-                UnaryOp::Log => format!("lg2.approx.f32 {d}, {s};\n  mul.f32 {d}, {d}, {ln2}"),
-                UnaryOp::Sin => format!("sin.approx.f32 {d}, {s}"),
-                UnaryOp::Cos => format!("cos.approx.f32 {d}, {s}"),
-                UnaryOp::Tanh => format!("tanh.approx.f32 {d}, {s}"),
-                UnaryOp::Floor => format!("cvt.rmi.{sfx}.{sfx} {d}, {s}"),
-                UnaryOp::Ceil => format!("cvt.rpi.{sfx}.{sfx} {d}, {s}"),
-                UnaryOp::Not => format!("// not on float {d}, {s}"),
+                UnaryOp::Floor | UnaryOp::Ceil => format!("{text}.{sfx}.{sfx} {d}, {s}"),
+                _ => format!("{text}.{sfx} {d}, {s}"),
             }
         });
         Ok(())
@@ -760,7 +777,11 @@ impl<'k> Writer<'k> {
                 BinaryOp::Div => "div.rn",
                 BinaryOp::Min => "min",
                 BinaryOp::Max => "max",
-                _ => return Err(EmitError(format!("`{op}` on floats (not emitted yet)"))),
+                _ => {
+                    return Err(EmitError(format!(
+                        "`{op}` on floats is not a SIMT primitive (the lowering expands it)"
+                    )))
+                }
             };
             self.via_f32(dst, &[a, b], |d, s| format!("{name}.{sfx} {d}, {}, {}", s[0], s[1]));
             return Ok(());
@@ -776,8 +797,19 @@ impl<'k> Writer<'k> {
             self.line(format!("{name}.pred {d}, {x}, {y}"));
             return Ok(());
         }
+        if let SType::Int { bits: 8 | 16, .. } = t {
+            return Err(EmitError(format!("`{op}` on {t:?} is not a SIMT primitive (the lowering widens it)")));
+        }
         let ar = arith(t);
         let bits = if class(t) == Class::Rd { 64 } else { 32 };
+        // Shift amounts are 32-bit registers in PTX; 64-bit shifts take the low word.
+        let y = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && bits == 64 {
+            let s = self.temp(Class::R);
+            self.line(format!("cvt.u32.u64 {s}, {y}"));
+            s
+        } else {
+            y
+        };
         let text = match op {
             BinaryOp::Add => format!("add.{ar} {d}, {x}, {y}"),
             BinaryOp::Sub => format!("sub.{ar} {d}, {x}, {y}"),
@@ -791,22 +823,9 @@ impl<'k> Writer<'k> {
             BinaryOp::Xor => format!("xor.b{bits} {d}, {x}, {y}"),
             BinaryOp::Shl => format!("shl.b{bits} {d}, {x}, {y}"),
             BinaryOp::Shr => format!("shr.{ar} {d}, {x}, {y}"),
+            BinaryOp::Pow => return Err(EmitError("`pow` on integers".into())),
         };
-        // Shift amounts are 32-bit registers in PTX; 64-bit shifts take the low word.
-        if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && bits == 64 {
-            let s = self.temp(Class::R);
-            self.line(format!("cvt.u32.u64 {s}, {y}"));
-            let text = text.replace(&format!(", {y}"), &format!(", {s}"));
-            self.line(text);
-        } else {
-            self.line(text);
-        }
-        // Narrow integers wrap to their width.
-        if let SType::Int { bits: w @ (8 | 16), signed } = t {
-            let (c, s) = (if signed { "s" } else { "u" }, w);
-            self.line(format!("cvt.{c}{s}.{c}32 {d}, {d}"));
-            self.line(format!("cvt.{c}32.{c}{s} {d}, {d}"));
-        }
+        self.line(text);
         Ok(())
     }
 
@@ -815,11 +834,15 @@ impl<'k> Writer<'k> {
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
         match (dt, st) {
             (a, b) if a == b => self.line(format!("mov.{} {d}, {s}", mov_type(a))),
+            (SType::Pred, SType::F64) => self.line(format!("setp.neu.f64 {d}, {s}, 0d0000000000000000")),
             (SType::Pred, _) if st.is_float() => {
                 let w = self.widen(src);
                 self.line(format!("setp.neu.f32 {d}, {w}, 0f00000000"));
             }
             (SType::Pred, _) => self.line(format!("setp.ne.{} {d}, {s}, 0", arith(st))),
+            (SType::F64, SType::Pred) => {
+                self.line(format!("selp.f64 {d}, 0d3FF0000000000000, 0d0000000000000000, {s}"))
+            }
             (_, SType::Pred) => {
                 if dt.is_float() {
                     let f = self.temp(Class::F);
@@ -857,9 +880,22 @@ impl<'k> Writer<'k> {
                 self.line(format!("cvt.rzi.{}.{from} {d}, {w}", arith(dt)));
             }
             _ => {
-                // Integer to integer: 32/64-bit registers; narrower types are kept extended.
+                // Integer to integer: truncate to the destination, then sign- or zero-extend as
+                // it says. Registers are 32 or 64 bits; narrow values live extended in 32 bits.
                 let (dc, sc) = (class(dt), class(st));
-                if dc == sc {
+                if let SType::Int { bits: b @ (8 | 16), signed } = dt {
+                    let c = if signed { "s" } else { "u" };
+                    let src32 = if sc == Class::Rd {
+                        let t = self.temp(Class::R);
+                        self.line(format!("cvt.u32.u64 {t}, {s}"));
+                        t
+                    } else {
+                        s.clone()
+                    };
+                    self.line(format!("cvt.{c}{b}.u32 {d}, {src32}"));
+                    // The destination register holds the narrow value extended to 32 bits.
+                    self.line(format!("cvt.{c}32.{c}{b} {d}, {d}"));
+                } else if dc == sc {
                     self.line(format!("mov.b{} {d}, {s}", if dc == Class::Rd { 64 } else { 32 }));
                 } else {
                     self.line(format!("cvt.{}.{} {d}, {s}", arith(dt), arith(st)));

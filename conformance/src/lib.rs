@@ -7,6 +7,7 @@
 pub mod cases;
 pub mod distributed;
 pub mod host;
+pub mod ops;
 pub mod reference;
 
 /// Registers the backends this suite can run on (call first in every binary).

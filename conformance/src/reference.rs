@@ -1,5 +1,7 @@
 //! f64 references, written independently of the IR: plain loops on the host.
 
+use trident_core::ir::{BinaryOp, DType, UnaryOp};
+
 /// `x + y`.
 pub fn vector_add(x: &[f64], y: &[f64]) -> Vec<f64> {
     x.iter().zip(y).map(|(a, b)| a + b).collect()
@@ -43,6 +45,126 @@ pub fn normwise_error(out: &[f64], reference: &[f64]) -> Result<f64, usize> {
     Ok(if norm > 0.0 { diff / norm } else { diff })
 }
 
+/// The exact value of a float unary op at `x`, to f64 precision (std's f64 functions, and
+/// [`erf`] and [`sigmoid`] below).
+pub fn unary_f64(op: UnaryOp, x: f64) -> f64 {
+    match op {
+        UnaryOp::Neg => -x,
+        UnaryOp::Abs => x.abs(),
+        UnaryOp::Exp => x.exp(),
+        UnaryOp::Exp2 => x.exp2(),
+        UnaryOp::Expm1 => x.exp_m1(),
+        UnaryOp::Log => x.ln(),
+        UnaryOp::Log2 => x.log2(),
+        UnaryOp::Log1p => x.ln_1p(),
+        UnaryOp::Sqrt => x.sqrt(),
+        UnaryOp::Rsqrt => 1.0 / x.sqrt(),
+        UnaryOp::Sin => x.sin(),
+        UnaryOp::Cos => x.cos(),
+        UnaryOp::Tanh => x.tanh(),
+        UnaryOp::Sigmoid => sigmoid(x),
+        UnaryOp::Erf => erf(x),
+        UnaryOp::Floor => x.floor(),
+        UnaryOp::Ceil => x.ceil(),
+        UnaryOp::Not => f64::NAN,
+    }
+}
+
+/// The exact value of a float binary op (`pow`, ..) at `(x, y)`, to f64 precision.
+pub fn binary_f64(op: BinaryOp, x: f64, y: f64) -> f64 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Rem => x % y,
+        BinaryOp::Pow => x.powf(y),
+        BinaryOp::Min => x.min(y),
+        BinaryOp::Max => x.max(y),
+        _ => f64::NAN,
+    }
+}
+
+/// The logistic function in f64.
+pub fn sigmoid(x: f64) -> f64 {
+    if x < 0.0 {
+        let e = x.exp();
+        e / (1.0 + e)
+    } else {
+        1.0 / (1.0 + (-x).exp())
+    }
+}
+
+/// The error function in f64 (relative error near 1e-15): a series without cancellation below
+/// 3, Laplace's continued fraction for erfc above.
+pub fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    if a.is_nan() {
+        return x;
+    }
+    if a.is_infinite() {
+        return 1f64.copysign(x);
+    }
+    let v = if a < 3.0 {
+        // erf(a) = 2/sqrt(pi) exp(-a^2) sum 2^n a^(2n+1) / (1 3 5 .. (2n+1)).
+        let (mut term, mut sum, mut n) = (a, a, 0.0);
+        while term > sum * 1e-18 {
+            n += 1.0;
+            term *= 2.0 * a * a / (2.0 * n + 1.0);
+            sum += term;
+        }
+        2.0 / std::f64::consts::PI.sqrt() * exp_minus_square(a) * sum
+    } else {
+        // erfc(a) = exp(-a^2) / sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ..)))).
+        let mut t = a;
+        for k in (1..80).rev() {
+            t = a + (k as f64 / 2.0) / t;
+        }
+        1.0 - exp_minus_square(a) / std::f64::consts::PI.sqrt() / t
+    };
+    v.copysign(x)
+}
+
+/// `exp(-a^2)` with the square kept exact (`a^2 = h + l`): `exp(-h) (1 - l)`.
+fn exp_minus_square(a: f64) -> f64 {
+    let h = a * a;
+    if h.is_infinite() {
+        return 0.0;
+    }
+    let l = a.mul_add(a, -h);
+    (-h).exp() * (1.0 - l)
+}
+
+/// Distance in ulps of the result type between `y` and the value of that type nearest `r`
+/// (0 when both are NaN or the same infinity, `u64::MAX` when only one is NaN). `bits` is the
+/// significand precision: 24 for f32, 11 for f16, 8 for bf16.
+pub fn ulps(y: f64, r: f64, d: DType) -> u64 {
+    let cr = crate::ops::values::round_to(r, d);
+    if y.is_nan() || cr.is_nan() {
+        return if y.is_nan() && cr.is_nan() { 0 } else { u64::MAX };
+    }
+    // Ordinal of a value among the type's values: sign-magnitude bits made monotonic.
+    let key = |x: f64| -> i128 {
+        let b: i128 = match d {
+            DType::F16 => half::f16::from_f64(crate::ops::values::round_to(x, d)).to_bits() as i16 as i128,
+            DType::BF16 => half::bf16::from_f64(crate::ops::values::round_to(x, d)).to_bits() as i16 as i128,
+            DType::F32 => (x as f32).to_bits() as i32 as i128,
+            _ => x.to_bits() as i64 as i128,
+        };
+        let width: u32 = match d {
+            DType::F16 | DType::BF16 => 16,
+            DType::F32 => 32,
+            _ => 64,
+        };
+        if b < 0 {
+            -(b + (1i128 << (width - 1)))
+        } else {
+            b
+        }
+    };
+    (key(y) - key(cr)).unsigned_abs() as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -54,5 +176,13 @@ mod tests {
         assert!(s.iter().all(|v| (v - 0.5).abs() < 1e-15));
         assert_eq!(normwise_error(&[1.0, f64::NAN], &[1.0, 1.0]), Err(1));
         assert!(normwise_error(&[3.0, 4.0], &[3.0, 4.0]).unwrap() == 0.0);
+        assert_eq!(ulps(1.0, 1.0, DType::F32), 0);
+        assert_eq!(ulps(f32::from_bits(0x3f80_0001) as f64, 1.0, DType::F32), 1);
+        assert_eq!(ulps(-0.0, 1e-46, DType::F32), 0);
+        assert_eq!(ulps(1e-45, 0.0, DType::F32), 1);
+        assert_eq!(ulps(f64::NAN, f64::NAN, DType::BF16), 0);
+        assert!((erf(0.5) - 0.520_499_877_813_046_5).abs() < 1e-15);
+        assert!((erf(3.5) - 0.999_999_256_901_627_7).abs() < 1e-15);
+        assert!((erf(-5.0) + 0.999_999_999_998_462_5).abs() < 1e-15);
     }
 }

@@ -612,6 +612,12 @@ impl<'b> Tile<'b> {
     pub fn tanh(self) -> Tile<'b> {
         self.unary(UnaryOp::Tanh)
     }
+    pub fn sigmoid(self) -> Tile<'b> {
+        self.unary(UnaryOp::Sigmoid)
+    }
+    pub fn erf(self) -> Tile<'b> {
+        self.unary(UnaryOp::Erf)
+    }
     pub fn apply(self, op: UnaryOp) -> Tile<'b> {
         self.unary(op)
     }
@@ -668,6 +674,10 @@ impl<'b> Tile<'b> {
     }
     pub fn max(self, rhs: impl IntoTile<'b>) -> Tile<'b> {
         self.binary(BinaryOp::Max, rhs)
+    }
+    /// `self` to the power `rhs` (floats).
+    pub fn pow(self, rhs: impl IntoTile<'b>) -> Tile<'b> {
+        self.binary(BinaryOp::Pow, rhs)
     }
 
     /// `cond ? on_true : on_false` elementwise, with `self` as the condition.

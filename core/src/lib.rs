@@ -1,7 +1,8 @@
 //! trident-core: the tile IR and everything target-independent around it.
 //!
 //! Owns: the IR ([`ir`]), the builder API ([`builder`]), the verifier ([`verify`]), the text
-//! format ([`text`]), the backend contract with its registry ([`backend`]) and the host API of
+//! format ([`text`]), the elementary functions every backend shares ([`math`]), the SIMT
+//! lowering ([`simt`]), the backend contract with its registry ([`backend`]) and the host API of
 //! multi-rank worlds ([`world`]).
 //! Does not own: execution (the backends), communication semantics (`trident-shmem-abi` holds
 //! that vocabulary), or any kernel (`trident-kernels`).
@@ -9,6 +10,7 @@
 pub mod backend;
 pub mod builder;
 pub mod ir;
+pub mod math;
 pub mod simt;
 pub mod text;
 pub mod verify;

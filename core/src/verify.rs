@@ -304,6 +304,9 @@ impl<'a> Verifier<'a> {
                 if !ok || !t.is_scalar() {
                     return self.fail("result", format!("literal {lit:?} cannot have type `{t}`"));
                 }
+                if let (Some(d), Some(why)) = (t.dtype(), t.dtype().and_then(|d| literal_range_error(*lit, d))) {
+                    return self.fail("result", format!("literal {} does not fit `{d}`: {why}", literal_text(*lit, d)));
+                }
             }
             OpKind::ProgramId(_) | OpKind::NumPrograms(_) | OpKind::Rank | OpKind::NumRanks => {
                 self.results_are(results, &[Type::num(DType::I32)])?
@@ -372,6 +375,9 @@ impl<'a> Verifier<'a> {
                 }
                 if op.int_only() && d.is_float() {
                     return self.fail("lhs", format!("`{op}` needs integer operands, found `{lt}`"));
+                }
+                if op.float_only() && !d.is_float() {
+                    return self.fail("lhs", format!("`{op}` needs float operands, found `{lt}`"));
                 }
                 self.results_are(results, std::slice::from_ref(lt))?;
             }
@@ -569,6 +575,47 @@ impl<'a> Verifier<'a> {
             }
         }
         Ok(())
+    }
+}
+
+/// Why `lit` is not a value of type `d` (`None` when it is). Integers must lie in the type's
+/// range (a `u64` literal is its bit pattern, so every one fits); a finite float literal must
+/// stay finite when rounded to the type (`inf` and `nan` are written as such).
+pub fn literal_range_error(lit: Literal, d: DType) -> Option<String> {
+    match lit {
+        Literal::Int(i) => {
+            let (lo, hi): (i128, i128) = match d {
+                DType::I1 => (0, 1),
+                DType::I8 => (i8::MIN as i128, i8::MAX as i128),
+                DType::I16 => (i16::MIN as i128, i16::MAX as i128),
+                DType::I32 => (i32::MIN as i128, i32::MAX as i128),
+                DType::U8 => (0, u8::MAX as i128),
+                DType::U16 => (0, u16::MAX as i128),
+                DType::U32 => (0, u32::MAX as i128),
+                _ => return None,
+            };
+            let v = i as i128;
+            (v < lo || v > hi).then(|| format!("`{d}` holds {lo}..={hi}"))
+        }
+        Literal::Float(f) if f.is_finite() => {
+            let rounds_to_inf = match d {
+                DType::F16 => half::f16::from_f64(f).is_infinite(),
+                DType::BF16 => half::bf16::from_f64(f).is_infinite(),
+                DType::F32 => (f as f32).is_infinite(),
+                _ => false,
+            };
+            rounds_to_inf.then(|| format!("it rounds to infinity in `{d}` (write `inf` for infinity)"))
+        }
+        Literal::Float(_) => None,
+    }
+}
+
+/// A literal as the text format writes it for type `d` (`u64` unsigned).
+pub fn literal_text(lit: Literal, d: DType) -> String {
+    match lit {
+        Literal::Int(i) if d == DType::U64 => (i as u64).to_string(),
+        Literal::Int(i) => i.to_string(),
+        Literal::Float(f) => f.to_string(),
     }
 }
 

@@ -50,7 +50,10 @@ impl Gemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}", self.dtype, self.dot_precision());
-        let b = KernelBuilder::new(&name, LaunchAttrs { warps: self.warps, stages: self.stages, cooperative: false });
+        let b = KernelBuilder::new(
+            &name,
+            LaunchAttrs { warps: self.warps, stages: self.stages, cooperative: false, fast_math: false },
+        );
         let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
         let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
         let (sa, sb, sc) =

@@ -142,6 +142,14 @@ trident_shmem_abi::keyword_enum! {
         Tanh = "tanh",
         Floor = "floor",
         Ceil = "ceil",
+        /// The error function.
+        Erf = "erf",
+        /// The logistic function `1 / (1 + exp(-x))`.
+        Sigmoid = "sigmoid",
+        /// `log(1 + x)`, accurate near 0.
+        Log1p = "log1p",
+        /// `exp(x) - 1`, accurate near 0.
+        Expm1 = "expm1",
     }
 }
 
@@ -169,6 +177,8 @@ trident_shmem_abi::keyword_enum! {
         Shl = "shl",
         /// Arithmetic for signed, logical for unsigned integers.
         Shr = "shr",
+        /// `lhs` to the power `rhs` (floats only; IEEE `pow`).
+        Pow = "pow",
     }
 }
 
@@ -176,6 +186,11 @@ impl BinaryOp {
     /// Ops defined on integers (and `i1`) only.
     pub fn int_only(self) -> bool {
         matches!(self, BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr)
+    }
+
+    /// Ops defined on floats only.
+    pub fn float_only(self) -> bool {
+        matches!(self, BinaryOp::Pow)
     }
 }
 
@@ -226,11 +241,14 @@ pub struct LaunchAttrs {
     pub stages: u32,
     /// All programs resident at once; programs may wait on each other (`EXECUTION.md`).
     pub cooperative: bool,
+    /// Elementary functions may use the hardware's approximations (`exp`, `log`, `sin`, ..
+    /// within the bounds of `docs/ACCURACY.md`) instead of the accurate definitions.
+    pub fast_math: bool,
 }
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false }
+        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false }
     }
 }
 

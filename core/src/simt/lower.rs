@@ -21,6 +21,11 @@
 //! Scalars are one uniform register, and `for`/`if`/`while` (whose conditions are scalars) are
 //! uniform control flow.
 
+mod arith;
+mod atomic;
+mod elementwise;
+mod support;
+
 use super::contiguity::Contiguity;
 use super::layout::{same_elements, Blocked, MmaLayout};
 use super::{Inst, Kernel, Reg, SType, Special};
@@ -107,10 +112,17 @@ struct Lowering<'f> {
     /// (`dot` results and the loop-carried accumulators feeding them).
     mma_held: HashMap<Value, (MmaLayout, Vec<Reg>)>,
     mma_positions: HashMap<MmaLayout, [Reg; 2]>,
+    /// Constants defined in the prologue, by (type, bits, is float).
+    typed_consts: HashMap<(SType, u64, bool), Reg>,
+    /// The value of every integer constant register.
+    const_ints: HashMap<Reg, i64>,
+    /// Values that some op or block uses (a result nobody reads needs no delivery).
+    used: std::collections::HashSet<Value>,
 }
 
 /// Lowers a verified function.
 pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> {
+    support::check(func)?;
     let mut params: Vec<(String, SType)> =
         func.params.iter().map(|p| (p.name.clone(), stype(func.ty(p.value)))).collect();
     params.extend(super::HIDDEN_PARAMS.iter().map(|(n, t)| (n.to_string(), *t)));
@@ -143,6 +155,9 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
         contiguity: Contiguity::analyse(func),
         mma_held: HashMap::new(),
         mma_positions: HashMap::new(),
+        typed_consts: HashMap::new(),
+        const_ints: HashMap::new(),
+        used: used_values(func),
     };
     let mut head = Vec::new();
     l.tid = l.reg(I32);
@@ -196,6 +211,7 @@ impl Lowering<'_> {
         let r = self.reg(I32);
         self.prologue.push(Inst::Const { dst: r, value: Literal::Int(v) });
         self.consts.insert(v, r);
+        self.const_ints.insert(r, v);
         r
     }
 
@@ -439,49 +455,6 @@ impl Lowering<'_> {
             .collect()
     }
 
-    /// One element of an elementwise op (unary, binary, compare, select, cast, pointer offset):
-    /// `srcs` are its operands' registers in `OpKind::operands` order, `rt` its result type
-    /// (compares give predicates, pointer offsets addresses); returns the result register.
-    fn elementwise(&mut self, kind: &OpKind, rt: SType, srcs: &[Reg]) -> Reg {
-        let inst = |dst| match *kind {
-            OpKind::Unary { op, .. } => Inst::Unary { dst, op, src: srcs[0] },
-            OpKind::Binary { op, .. } => Inst::Binary { dst, op, a: srcs[0], b: srcs[1] },
-            OpKind::Cmp { op, .. } => Inst::Cmp { dst, op, a: srcs[0], b: srcs[1] },
-            OpKind::Select { .. } => Inst::Select { dst, cond: srcs[0], on_true: srcs[1], on_false: srcs[2] },
-            OpKind::AddPtr { ptr, .. } => Inst::AddrOffset {
-                dst,
-                base: srcs[0],
-                offset: srcs[1],
-                scale: self.func.ty(ptr).elem.pointee().map_or(1, |d| d.size_bytes()),
-            },
-            _ => unreachable!("not an elementwise op: {}", kind.mnemonic()),
-        };
-        let t = match kind {
-            OpKind::Cast(_) => return self.cast(srcs[0], rt),
-            OpKind::Cmp { .. } => SType::Pred,
-            OpKind::AddPtr { .. } => SType::Ptr,
-            _ => rt,
-        };
-        let dst = self.reg(t);
-        let i = inst(dst);
-        self.emit(i);
-        dst
-    }
-
-    /// Applies `f` slot by slot (scalar operands broadcast).
-    fn map(&mut self, operands: &[Value], rt: SType, f: impl Fn(Reg, &[Reg]) -> Inst) -> Vec<Reg> {
-        let held: Vec<Vec<Reg>> = operands.iter().map(|v| self.held(*v)).collect();
-        let slots = held.iter().map(|h| h.len()).max().unwrap_or(1);
-        (0..slots)
-            .map(|s| {
-                let srcs: Vec<Reg> = held.iter().map(|h| h[s.min(h.len() - 1)]).collect();
-                let dst = self.reg(rt);
-                self.emit(f(dst, &srcs));
-                dst
-            })
-            .collect()
-    }
-
     /// True when `v` is a tree of index arithmetic that can be recomputed at any coordinates.
     fn rematerializable(&mut self, v: Value) -> bool {
         if self.func.ty(v).is_scalar() {
@@ -567,11 +540,7 @@ impl Lowering<'_> {
         let ValueDef::Result { op, .. } = self.func.values[v].def else { return self.held(v)[0] };
         let st = stype(self.func.ty(v));
         let r = match self.func.ops[op].kind.clone() {
-            OpKind::Const(value) => {
-                let dst = self.reg(st);
-                self.emit(Inst::Const { dst, value });
-                dst
-            }
+            OpKind::Const(value) => self.konst(st, value),
             OpKind::ProgramId(a) | OpKind::NumPrograms(a) => {
                 let dst = self.reg(I32);
                 let which = if matches!(self.func.ops[op].kind, OpKind::ProgramId(_)) {
@@ -644,11 +613,7 @@ impl Lowering<'_> {
         let st = rt.as_ref().map(stype).unwrap_or(SType::F32);
         let shape = rt.as_ref().map(|t| t.shape.clone()).unwrap_or_default();
         let regs: Vec<Reg> = match &data.kind {
-            OpKind::Const(lit) => {
-                let dst = self.reg(st);
-                self.emit(Inst::Const { dst, value: *lit });
-                vec![dst]
-            }
+            OpKind::Const(lit) => vec![self.konst(st, *lit)],
             OpKind::ProgramId(a) | OpKind::NumPrograms(a) => {
                 let dst = self.reg(I32);
                 let which = if matches!(data.kind, OpKind::ProgramId(_)) {
@@ -733,15 +698,13 @@ impl Lowering<'_> {
                     );
                     vec![r]
                 } else {
-                    let mut ops = vec![*ptr, *value];
-                    ops.extend(mask);
-                    let has_mask = mask.is_some();
-                    self.map(&ops, st, |dst, s| Inst::Atomic {
+                    let m = mask.map(|m| self.held(m));
+                    self.tile_atomic(data.results[0], &shape, st, &p, m.as_deref(), &|dst, s, pred| Inst::Atomic {
                         dst,
                         op: aop,
-                        addr: s[0],
-                        value: s[1],
-                        pred: has_mask.then(|| s[2]),
+                        addr: p[s],
+                        value: v[s],
+                        pred,
                         sem,
                         scope,
                     })
@@ -909,21 +872,30 @@ impl Lowering<'_> {
             }
             OpKind::AtomicCas { ptr, expected, desired, sem, scope } => {
                 let (sem, scope) = (*sem, *scope);
+                let (p, e, d) = (self.held(*ptr), self.held(*expected), self.held(*desired));
                 if self.func.ty(*ptr).is_scalar() {
-                    let (p, e, d) = (self.held(*ptr)[0], self.held(*expected)[0], self.held(*desired)[0]);
+                    let (p0, e0, d0) = (p[0], e[0], d[0]);
                     let r = self.scalar_atomic(
-                        |dst, first| Inst::AtomicCas { dst, addr: p, expected: e, desired: d, pred: first, sem, scope },
+                        |dst, first| Inst::AtomicCas {
+                            dst,
+                            addr: p0,
+                            expected: e0,
+                            desired: d0,
+                            pred: first,
+                            sem,
+                            scope,
+                        },
                         st,
                         None,
                     );
                     vec![r]
                 } else {
-                    self.map(&[*ptr, *expected, *desired], st, |dst, s| Inst::AtomicCas {
+                    self.tile_atomic(data.results[0], &shape, st, &p, None, &|dst, s, pred| Inst::AtomicCas {
                         dst,
-                        addr: s[0],
-                        expected: s[1],
-                        desired: s[2],
-                        pred: None,
+                        addr: p[s],
+                        expected: e[s],
+                        desired: d[s],
+                        pred,
                         sem,
                         scope,
                     })
@@ -1212,31 +1184,40 @@ impl Lowering<'_> {
     }
 
     /// Combines two partial reductions `(value, index)`; `b` covers later coordinates on ties.
+    /// Float `max`/`min` ignore NaN (minimumNumber, `-0 < +0`); `argmax`/`argmin` treat NaN as
+    /// worse than any number (and two NaNs as a tie), so they return the first NaN only when
+    /// every element is NaN. Both rules are symmetric, so every lane of a butterfly agrees.
     fn combine(&mut self, rop: ReduceOp, a: (Reg, Reg), b: (Reg, Reg)) -> (Reg, Reg) {
+        let t = self.k.ty(a.0);
         match rop {
             ReduceOp::Sum => (self.bin(BinaryOp::Add, a.0, b.0), a.1),
+            ReduceOp::Max | ReduceOp::Min if t.is_float() => {
+                let op = if rop == ReduceOp::Max { BinaryOp::Max } else { BinaryOp::Min };
+                (self.min_max(op, a.0, b.0), a.1)
+            }
             _ => {
                 let c = if matches!(rop, ReduceOp::Max | ReduceOp::Argmax) { CmpOp::Gt } else { CmpOp::Lt };
-                let better = self.reg(SType::Pred);
-                self.emit(Inst::Cmp { dst: better, op: c, a: b.0, b: a.0 });
-                let better = if matches!(rop, ReduceOp::Argmax | ReduceOp::Argmin) {
-                    let (eq, earlier) = (self.reg(SType::Pred), self.reg(SType::Pred));
-                    self.emit(Inst::Cmp { dst: eq, op: CmpOp::Eq, a: b.0, b: a.0 });
-                    self.emit(Inst::Cmp { dst: earlier, op: CmpOp::Lt, a: b.1, b: a.1 });
-                    let tie = self.bin(BinaryOp::And, eq, earlier);
-                    self.bin(BinaryOp::Or, better, tie)
-                } else {
-                    better
-                };
-                let t = self.k.ty(a.0);
-                let v = self.reg(t);
-                self.emit(Inst::Select { dst: v, cond: better, on_true: b.0, on_false: a.0 });
-                if !matches!(rop, ReduceOp::Argmax | ReduceOp::Argmin) {
+                let mut better = self.cmp_raw(c, b.0, a.0);
+                let arg = matches!(rop, ReduceOp::Argmax | ReduceOp::Argmin);
+                if arg {
+                    let mut tie = self.cmp_raw(CmpOp::Eq, b.0, a.0);
+                    if t.is_float() {
+                        let (an, bn) = (self.cmp_raw(CmpOp::Ne, a.0, a.0), self.cmp_raw(CmpOp::Ne, b.0, b.0));
+                        let b_num = self.not(bn);
+                        let over_nan = self.bin(BinaryOp::And, an, b_num);
+                        better = self.bin(BinaryOp::Or, better, over_nan);
+                        let both = self.bin(BinaryOp::And, an, bn);
+                        tie = self.bin(BinaryOp::Or, tie, both);
+                    }
+                    let earlier = self.cmp_raw(CmpOp::Lt, b.1, a.1);
+                    let tie = self.bin(BinaryOp::And, tie, earlier);
+                    better = self.bin(BinaryOp::Or, better, tie);
+                }
+                let v = self.select_raw(better, b.0, a.0);
+                if !arg {
                     return (v, a.1);
                 }
-                let i = self.reg(I32);
-                self.emit(Inst::Select { dst: i, cond: better, on_true: b.1, on_false: a.1 });
-                (v, i)
+                (v, self.select_raw(better, b.1, a.1))
             }
         }
     }
@@ -1249,8 +1230,12 @@ impl Lowering<'_> {
         let shape = xt.shape.clone();
         let l = self.layout(&shape);
         let et = stype(&xt);
-        // f16/bf16 accumulate in f32 (rounded once at the end).
-        let acc_t = if matches!(et, SType::F16 | SType::BF16) { SType::F32 } else { et };
+        // f16/bf16 accumulate in f32 (rounded once at the end), narrow integers and i1 in 32
+        // bits (wrapped at the end).
+        let acc_t = match et {
+            SType::F16 | SType::BF16 => SType::F32,
+            t => elementwise::arith_type(t),
+        };
         let arg = matches!(rop, ReduceOp::Argmax | ReduceOp::Argmin);
         let src = self.held(x);
         // 1. Within the thread, in increasing coordinate along the axis.
@@ -1291,7 +1276,7 @@ impl Lowering<'_> {
         let wstride = l.warp_stride(axis);
         if warps == 1 && rshape.is_empty() {
             let (v, i) = parts[0].0;
-            return vec![if arg { self.cast(i, rt) } else { self.cast(v, rt) }];
+            return vec![if arg { self.cast(i, rt) } else { self.narrow_int(v, rt) }];
         }
         let vsize = shared_size(acc_t).max(4);
         let ibase = (l.warps_per_program[axis] * n_res * vsize).next_multiple_of(16);
@@ -1335,7 +1320,7 @@ impl Lowering<'_> {
                 });
             }
             let (v, i) = acc.expect("at least one warp");
-            out.push(if arg { self.cast(i, rt) } else { self.cast(v, rt) });
+            out.push(if arg { self.cast(i, rt) } else { self.narrow_int(v, rt) });
         }
         out
     }
@@ -1928,9 +1913,30 @@ struct Pipeline {
     b: (Value, Value, Value),
 }
 
+/// Every value some op reads or some block yields.
+fn used_values(func: &Function) -> std::collections::HashSet<Value> {
+    let mut used = std::collections::HashSet::new();
+    for (_, d) in func.ops.iter() {
+        used.extend(d.kind.operands().into_iter().map(|(_, v)| v));
+    }
+    for (_, b) in func.blocks.iter() {
+        used.extend(b.yields.iter().copied());
+    }
+    used
+}
+
 /// Pure tile ops of index arithmetic and layout: what can be recomputed at any coordinates
-/// when its operands can (`Lowering::rematerializable`).
+/// when its operands can (`Lowering::rematerializable`). Elementary functions and `pow` are
+/// not: they expand to long sequences.
 fn is_index_math(k: &OpKind) -> bool {
+    if let OpKind::Unary { op, .. } = k {
+        if crate::math::is_expanded(*op) {
+            return false;
+        }
+    }
+    if matches!(k, OpKind::Binary { op: BinaryOp::Pow, .. }) {
+        return false;
+    }
     matches!(
         k,
         OpKind::Arange { .. }
@@ -2003,7 +2009,7 @@ mod tests {
     /// `stages - 2` groups in flight.
     #[test]
     fn gemm_k_loops_are_pipelined() {
-        let b = KernelBuilder::new("mm", LaunchAttrs { warps: 4, stages: 3, cooperative: false });
+        let b = KernelBuilder::new("mm", LaunchAttrs { warps: 4, stages: 3, cooperative: false, fast_math: false });
         let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
         let k = b.arg("k", DType::I32);
         let (i, kr) = (b.arange(0, 64), b.arange(0, 32));

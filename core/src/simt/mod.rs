@@ -12,6 +12,28 @@
 //! Ops outside what [`lower`] handles are reported as [`LowerError::Unsupported`] naming the op,
 //! so a backend never emits wrong code for them. MMA layouts, `cp.async`/TMA and warp
 //! specialization replace the shared-memory `dot` where performance needs them.
+//!
+//! # What a writer implements
+//!
+//! The lowering expands everything whose meaning is not one instruction on every GPU (the
+//! semantics of `docs/SEMANTICS.md`), so the instructions a writer translates are *primitives*
+//! with one meaning, and `cpu-simt` faults where the lowering breaks this contract:
+//!
+//! * Integer `Binary`, `Unary` and `Cmp` act on 32- and 64-bit registers only (the lowering
+//!   widens 8/16-bit integers and `i1` arithmetic) and wrap. `Div`/`Rem` get a nonzero divisor
+//!   and never `MIN / -1`; shift amounts are below the width. (The IR's rules for division by
+//!   zero and wide shifts are selects around these.)
+//! * Float `Binary`, `Unary`, `Cmp` and `Fma` act on f32 and f64 registers only (f16/bf16 values
+//!   are converted). `add`, `sub`, `mul`, `div`, `sqrt` and `fma` are correctly rounded with
+//!   subnormals kept. `Min`/`Max` are IEEE minNum/maxNum: a NaN operand gives the other one,
+//!   the sign of a zero result is unspecified (the lowering fixes it). The only float `Unary`
+//!   ops are `neg`, `abs`, `sqrt`, `floor` and `ceil`; `exp`, `log`, .. arrive expanded
+//!   (`crate::math`), or as [`Inst::Approx`] under fast math. Comparisons are ordered, but
+//!   `ne`, which is true when an operand is NaN.
+//! * `Cast`: integer to integer truncates, then sign- or zero-extends as the destination type
+//!   says; float to a 32- or 64-bit integer truncates toward zero, saturating, NaN to 0; to and
+//!   between floats rounds to nearest even; to `i1` is `!= 0` (NaN gives 1); from `i1` is 1/0.
+//!   `Bitcast` reinterprets bits of the same width.
 
 pub mod contiguity;
 pub mod layout;
@@ -20,6 +42,7 @@ pub mod lower;
 pub use lower::{lower, LowerError, LowerOptions};
 
 use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
+pub use crate::math::ApproxFn;
 
 /// A per-thread scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -145,9 +168,21 @@ pub enum Inst {
         on_true: Reg,
         on_false: Reg,
     },
-    /// Conversion between the registers' types.
+    /// Conversion between the registers' types (see the module docs for its meaning).
     Cast {
         dst: Reg,
+        src: Reg,
+    },
+    /// The same bits as another type of the same width (f32 <-> i32/u32, f64 <-> i64/u64).
+    Bitcast {
+        dst: Reg,
+        src: Reg,
+    },
+    /// A hardware approximation of an f32 function (fast math only; `crate::math::ApproxFn`
+    /// gives each one's documented error).
+    Approx {
+        dst: Reg,
+        func: ApproxFn,
         src: Reg,
     },
     /// `dst = base + offset * scale` on addresses (`offset` is an integer register).

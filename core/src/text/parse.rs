@@ -269,6 +269,14 @@ impl Parser<'_> {
         }
     }
 
+    fn boolean(&mut self) -> PResult<bool> {
+        match self.ident("`true` or `false`")?.as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => self.err(format!("`{other}` is not `true` or `false`")),
+        }
+    }
+
     fn elem(&mut self) -> PResult<Elem> {
         self.skip_ws();
         if self.eat("!ptr") {
@@ -357,13 +365,8 @@ impl Parser<'_> {
                     match key.as_str() {
                         "warps" => attrs.warps = self.u32()?,
                         "stages" => attrs.stages = self.u32()?,
-                        "cooperative" => {
-                            attrs.cooperative = match self.ident("`true` or `false`")?.as_str() {
-                                "true" => true,
-                                "false" => false,
-                                other => return self.err(format!("`{other}` is not `true` or `false`")),
-                            }
-                        }
+                        "cooperative" => attrs.cooperative = self.boolean()?,
+                        "fast_math" => attrs.fast_math = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {
@@ -503,9 +506,14 @@ impl Parser<'_> {
                             _ => return self.err(format!("`{t}` is not a float literal")),
                         },
                     },
+                    // u64 literals are written unsigned and stored as their bit pattern.
+                    Some(DType::U64) => match t.parse::<u64>() {
+                        Ok(u) => Literal::Int(u as i64),
+                        Err(_) => return self.err(format!("`{t}` is not a u64 literal (0..=18446744073709551615)")),
+                    },
                     Some(_) => match t.parse::<i64>() {
                         Ok(i) => Literal::Int(i),
-                        Err(_) => return self.err(format!("`{t}` is not an integer literal")),
+                        Err(_) => return self.err(format!("`{t}` is not an integer literal that fits 64 bits")),
                     },
                     None => return self.err(format!("`const` needs a numeric type, found `{ty}`")),
                 };

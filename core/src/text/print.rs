@@ -1,6 +1,6 @@
 //! The printer of the text format.
 
-use crate::ir::{Block, Function, Literal, Op, OpKind, Value};
+use crate::ir::{Block, DType, Function, Literal, Op, OpKind, Value};
 use std::collections::HashMap;
 use std::fmt::Write;
 
@@ -13,9 +13,12 @@ pub fn print(func: &Function) -> String {
     let params: Vec<String> =
         func.params.iter().map(|param| format!("%{}: {}", param.name, func.ty(param.value))).collect();
     let a = func.attrs;
+    // `fast_math` is printed only when set: it is the exception, and kernels written before it
+    // existed keep their text.
+    let fast = if a.fast_math { ", fast_math = true" } else { "" };
     let _ = writeln!(
         p.out,
-        "kernel @{}({}) attributes {{warps = {}, stages = {}, cooperative = {}}} {{",
+        "kernel @{}({}) attributes {{warps = {}, stages = {}, cooperative = {}{fast}}} {{",
         func.name,
         params.join(", "),
         a.warps,
@@ -90,7 +93,11 @@ impl Printer<'_> {
         let data = &func.ops[op];
         self.indent(depth);
         // Operand names are taken before results are defined (an op never uses its results).
-        let head = self.head(&data.kind);
+        let head = match (&data.kind, data.results.first().and_then(|r| func.ty(*r).dtype())) {
+            // u64 literals are stored as their bit pattern and written unsigned.
+            (OpKind::Const(Literal::Int(i)), Some(DType::U64)) => format!("const {}", *i as u64),
+            (kind, _) => self.head(kind),
+        };
         if !data.results.is_empty() {
             let names: Vec<String> = data.results.iter().map(|r| self.define(*r)).collect();
             let _ = write!(self.out, "{} = ", names.join(", "));

@@ -1,0 +1,318 @@
+//! `trident-ops`: the differential test of every op x element type on one backend, and the
+//! check of the support matrix (`docs/SUPPORT.md`) against what the backends compile.
+
+use clap::Parser;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use trident_conformance::ops::matrix::{cell, Matrix, COLUMNS};
+use trident_conformance::ops::run::{Outcome, Runner, Status};
+use trident_conformance::ops::{cases, OpCase};
+use trident_core::backend::{self, BackendError};
+use trident_core::ir::DType;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "trident-ops",
+    about = "Runs every op x element type alone on a backend against the host reference, and checks the support matrix"
+)]
+struct Args {
+    /// Backend to run on (`--list-backends` in trident-conformance lists them).
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Backend target (default: its first).
+    #[arg(long)]
+    target: Option<String>,
+    /// Only ops whose name contains this (`exp`, `cmp`, `cast.f16`, `atomic`).
+    #[arg(long)]
+    op: Option<String>,
+    /// Only this element type.
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Also the fast-math forms of the f32 functions.
+    #[arg(long)]
+    fast: bool,
+    /// Replay a run: the seed it printed (decimal or 0x-hex).
+    #[arg(long)]
+    seed: Option<String>,
+    /// Write one JSON record per case here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// The support matrix to check (or write with --bless).
+    #[arg(long, default_value = "docs/SUPPORT.md")]
+    matrix: PathBuf,
+    /// Rewrite the support matrix from what every backend compiles, then exit.
+    #[arg(long)]
+    bless: bool,
+    /// Only check the support matrix (compile every case); run nothing.
+    #[arg(long)]
+    compile_only: bool,
+    /// Write the backend's code of every selected case x layout into this folder, then exit
+    /// (`cargo xtask ptx-check` assembles them).
+    #[arg(long)]
+    emit: Option<PathBuf>,
+}
+
+fn usage(m: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {m}");
+    ExitCode::from(2)
+}
+
+fn parse_seed(s: &str) -> Result<u64, String> {
+    let r = match s.strip_prefix("0x") {
+        Some(h) => u64::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|_| format!("--seed {s}: not a decimal or 0x-hex u64"))
+}
+
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    (t as u64) ^ ((t >> 64) as u64) ^ (std::process::id() as u64).rotate_left(32)
+}
+
+/// Runners (one per target) for a matrix column's backend, compile-only.
+fn column_runners<'a>(
+    backends: &'a [(String, Box<dyn trident_core::backend::Backend>)],
+    column: &str,
+) -> Vec<Runner<'a>> {
+    let targets = COLUMNS.iter().find(|c| c.0 == column).map(|c| c.1).unwrap_or(&[]);
+    backends
+        .iter()
+        .filter(|(n, _)| n == column)
+        .flat_map(|(_, b)| {
+            targets.iter().map(move |t| Runner {
+                backend: b.as_ref(),
+                target: (b.descriptor().targets.contains(t)).then_some(*t),
+                device: None,
+                seed: 0,
+            })
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    trident_conformance::link_backends();
+    let a = Args::parse();
+    let desc = match backend::lookup(&a.backend) {
+        Ok(d) => d,
+        Err(e) => return usage(e),
+    };
+    if let Err(e) = desc.resolve_target(a.target.as_deref()) {
+        return usage(e);
+    }
+    let dtype = match a.dtype.as_deref().map(|d| DType::parse(d).ok_or(d)) {
+        Some(Err(d)) => return usage(format!("--dtype {d}: not an element type")),
+        Some(Ok(d)) => Some(d),
+        None => None,
+    };
+    let seed = match a.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    // Fail before any work when the report cannot be written.
+    if let Some(p) = &a.json {
+        if let Err(e) = std::fs::write(p, "") {
+            return usage(format!("--json {}: {e}", p.display()));
+        }
+    }
+    let all = cases(a.fast);
+    let selected: Vec<(usize, OpCase)> = all
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, c)| a.op.as_ref().is_none_or(|o| c.op_name().contains(o.as_str())))
+        .filter(|(_, c)| dtype.is_none_or(|d| c.dtype == d))
+        .collect();
+    if selected.is_empty() {
+        return usage("no case matches --op/--dtype");
+    }
+
+    if let Some(dir) = &a.emit {
+        return emit(desc, a.target.as_deref(), &selected, dir);
+    }
+
+    // The support matrix: every column's backend compiles every case (no device needed).
+    let backends: Vec<(String, Box<dyn trident_core::backend::Backend>)> = COLUMNS
+        .iter()
+        .filter_map(|(name, _)| backend::lookup(name).ok().map(|d| (name.to_string(), (d.create)())))
+        .collect();
+    let base_cases: Vec<&(usize, OpCase)> = selected.iter().filter(|(_, c)| !c.fast).collect();
+    if a.bless {
+        if a.op.is_some() || dtype.is_some() {
+            return usage("--bless rewrites the whole matrix: give no --op or --dtype");
+        }
+        let mut m = Matrix::default();
+        for (_, c) in &base_cases {
+            for (col, _) in COLUMNS {
+                match cell(&column_runners(&backends, col), c) {
+                    Ok(x) => m.set(c, col, x),
+                    Err(e) => return usage(e),
+                }
+            }
+        }
+        if let Err(e) = std::fs::write(&a.matrix, m.render()) {
+            return usage(format!("writing {}: {e}", a.matrix.display()));
+        }
+        println!("wrote {} rows to {}", m.rows.len(), a.matrix.display());
+        return ExitCode::SUCCESS;
+    }
+    let matrix = match std::fs::read_to_string(&a.matrix).map_err(|e| e.to_string()).and_then(|t| Matrix::parse(&t)) {
+        Ok(m) => m,
+        Err(e) => return usage(format!("reading the support matrix {}: {e}", a.matrix.display())),
+    };
+    let column = COLUMNS.iter().find(|c| c.0 == desc.name).map(|c| c.0);
+    let mut disagreements = Vec::new();
+    if let Some(col) = column {
+        let runners = column_runners(&backends, col);
+        for (_, c) in &base_cases {
+            let got = match cell(&runners, c) {
+                Ok(x) => x,
+                Err(e) => {
+                    disagreements.push(e);
+                    continue;
+                }
+            };
+            match matrix.get(c, col) {
+                None => disagreements.push(format!("{} {}: not in the matrix", c.op_name(), c.dtype)),
+                Some(want) if *want != got => disagreements.push(format!(
+                    "{} {} on {col}: the matrix says {}, the backend {}",
+                    c.op_name(),
+                    c.dtype,
+                    want.as_ref().map_or("supported".to_string(), |r| format!("refused ({r})")),
+                    got.map_or("compiles it".to_string(), |r| format!("refuses it: {r}"))
+                )),
+                _ => {}
+            }
+        }
+        println!(
+            "support matrix {}: {} {} cases on {col} ({}), {} disagreement(s)",
+            a.matrix.display(),
+            base_cases.len(),
+            if a.op.is_some() || dtype.is_some() { "selected" } else { "" },
+            COLUMNS.iter().find(|x| x.0 == col).map(|x| x.1.join(", ")).unwrap_or_default(),
+            disagreements.len()
+        );
+        for d in &disagreements {
+            println!("  MATRIX: {d}");
+        }
+    }
+    if a.compile_only {
+        return if disagreements.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
+
+    let b = (desc.create)();
+    let device = match b.open_device(0) {
+        Ok(d) => d,
+        Err(e @ BackendError::NoDevice { .. }) => {
+            println!("trident-ops: backend {}: skipped: {e}", desc.name);
+            println!("ops: 0 passed, 0 failed, {} skipped", selected.len());
+            return if disagreements.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        }
+        Err(e) => return usage(e),
+    };
+    let target = a.target.as_deref();
+    let runner = Runner { backend: b.as_ref(), target, device: Some(device), seed };
+    println!(
+        "trident-ops: backend {} target {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})",
+        desc.name,
+        target.unwrap_or(desc.targets[0]),
+        selected.len()
+    );
+    let mut outcomes: Vec<Outcome> = Vec::new();
+    for (index, c) in &selected {
+        let o = runner.run(c, *index);
+        // A refusal must be one the matrix lists; a listed one is not a failure.
+        let listed = column.and_then(|col| matrix.get(c, col)).is_some_and(|x| x.is_some());
+        let verdict = match (&o.status, c.fast) {
+            (Status::Pass, _) => "ok".to_string(),
+            (Status::Refused, false) if listed => format!("refused (listed): {}", o.message),
+            (Status::Refused, _) => format!("REFUSED (not in the matrix): {}", o.message),
+            (Status::Fail, _) => format!("FAIL: {}", o.message),
+        };
+        if o.status != Status::Pass || a.op.is_some() {
+            println!("{:<22} {:<5} max {:>3} ulp {:>6} elements  {verdict}", o.op, o.dtype, o.max_ulp, o.checked);
+            let _ = std::io::stdout().flush();
+        }
+        outcomes.push(o);
+    }
+    let failed: Vec<&Outcome> = outcomes
+        .iter()
+        .zip(&selected)
+        .filter(|(o, (_, c))| {
+            o.status == Status::Fail
+                || (o.status == Status::Refused
+                    && !column.and_then(|col| matrix.get(c, col)).is_some_and(|x| x.is_some()))
+        })
+        .map(|(o, _)| o)
+        .collect();
+    let refused = outcomes.iter().filter(|o| o.status == Status::Refused).count();
+    print_accuracy(&outcomes);
+    if let Some(p) = &a.json {
+        let text = serde_json::to_string_pretty(&outcomes).unwrap_or_default();
+        if let Err(e) = std::fs::write(p, text + "\n") {
+            return usage(format!("writing {}: {e}", p.display()));
+        }
+        println!("wrote {} records to {}", outcomes.len(), p.display());
+    }
+    let passed = outcomes.iter().filter(|o| o.status == Status::Pass).count();
+    let refused_unlisted = failed.iter().filter(|o| o.status == Status::Refused).count();
+    println!(
+        "ops: {passed} passed, {} failed, {} refused as the matrix lists, {} matrix disagreement(s)",
+        failed.len(),
+        refused - refused_unlisted,
+        disagreements.len()
+    );
+    if !failed.is_empty() || !disagreements.is_empty() {
+        println!("replay with --seed {seed:#x}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Writes the code of every case x layout the backend compiles.
+fn emit(
+    desc: &'static trident_core::backend::BackendDescriptor,
+    target: Option<&str>,
+    selected: &[(usize, OpCase)],
+    dir: &std::path::Path,
+) -> ExitCode {
+    if let Err(e) = std::fs::create_dir_all(dir) {
+        return usage(format!("creating {}: {e}", dir.display()));
+    }
+    let b = (desc.create)();
+    let mut n = 0;
+    for (_, c) in selected {
+        for lay in trident_conformance::ops::kernel::layouts(c.family) {
+            let f = match trident_conformance::ops::kernel::build(c, &lay) {
+                Ok(f) => f,
+                Err(e) => return usage(format!("{} {}: {e}", c.op_name(), c.dtype)),
+            };
+            let Ok(art) = b.compile(&f, target) else { continue };
+            let path = dir.join(format!("{}_{}_{}.ptx", c.op_name(), c.dtype, lay.text()));
+            if let Err(e) = std::fs::write(&path, art.text) {
+                return usage(format!("writing {}: {e}", path.display()));
+            }
+            n += 1;
+        }
+    }
+    println!("emitted {n} kernels into {}", dir.display());
+    ExitCode::SUCCESS
+}
+
+/// The largest ulp distance per float function and element type, as `docs/ACCURACY.md` lists.
+fn print_accuracy(outcomes: &[Outcome]) {
+    let mut t: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    for o in outcomes.iter().filter(|o| o.status == Status::Pass && o.max_ulp > 0) {
+        t.entry(o.op.clone()).or_default().insert(o.dtype.clone(), o.max_ulp);
+    }
+    if t.is_empty() {
+        return;
+    }
+    println!("largest distance from the correctly rounded result (ulp), by op and type:");
+    for (op, row) in &t {
+        let cells: Vec<String> = row.iter().map(|(d, u)| format!("{d} {u}")).collect();
+        println!("  {op:<16} {}", cells.join(", "));
+    }
+}

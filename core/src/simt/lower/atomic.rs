@@ -1,0 +1,102 @@
+//! Atomics on tiles act once per tile element, whatever the layout: a layout that wraps a
+//! small tile over more threads than it has elements gives several threads a replica of the
+//! same element, and only the *owner* (the replica whose unwrapped position lies inside the
+//! tile) performs the read-modify-write. The others receive its old value through shared
+//! memory when the result is used. Masked-off elements of the result are 0.
+
+use super::*;
+
+impl Lowering<'_> {
+    /// A predicate true in the threads that own their elements of a tile of `shape`, or `None`
+    /// when the layout has no replicas.
+    fn owner(&mut self, shape: &[u32]) -> Option<Reg> {
+        let l = self.layout(shape);
+        let mut own: Option<Reg> = None;
+        for (d, &extent) in shape.iter().enumerate() {
+            if l.program_tile(d) <= extent {
+                continue;
+            }
+            // The thread's position along d before wrapping: (warp part | lane part) * spt.
+            let lane = self.field(self.lane, l.lane_stride(d), l.threads_per_warp[d]);
+            let warp = self.field(self.warp, l.warp_stride(d), l.warps_per_program[d]);
+            let t = match (warp, lane) {
+                (None, None) => continue,
+                (Some(w), None) => self.bin_c(BinaryOp::Shl, w, log2(l.threads_per_warp[d])),
+                (None, Some(ln)) => ln,
+                (Some(w), Some(ln)) => {
+                    let w = self.bin_c(BinaryOp::Shl, w, log2(l.threads_per_warp[d]));
+                    self.bin(BinaryOp::Or, w, ln)
+                }
+            };
+            let p = self.bin_c(BinaryOp::Shl, t, log2(l.size_per_thread[d]));
+            let lim = self.iconst(extent as i64);
+            let inside = self.cmp_raw(CmpOp::Lt, p, lim);
+            own = Some(match own {
+                Some(o) => self.bin(BinaryOp::And, o, inside),
+                None => inside,
+            });
+        }
+        own
+    }
+
+    /// A tile atomic of element type `t` at pointers `p` (one per slot): `make(dst, slot,
+    /// pred)` is the instruction of one slot. Returns the old values, in the tile's layout.
+    pub(super) fn tile_atomic(
+        &mut self,
+        result: Value,
+        shape: &[u32],
+        t: SType,
+        p: &[Reg],
+        mask: Option<&[Reg]>,
+        make: &dyn Fn(Reg, usize, Option<Reg>) -> Inst,
+    ) -> Vec<Reg> {
+        let owner = self.owner(shape);
+        let used = self.used.contains(&result);
+        let mut olds = Vec::with_capacity(p.len());
+        let mut preds = Vec::with_capacity(p.len());
+        for s in 0..p.len() {
+            let m = mask.map(|m| m[s.min(m.len() - 1)]);
+            let pred = match (m, owner) {
+                (None, None) => None,
+                (Some(x), None) | (None, Some(x)) => Some(x),
+                (Some(m), Some(o)) => Some(self.bin(BinaryOp::And, m, o)),
+            };
+            let dst = self.reg(t);
+            self.emit(make(dst, s, pred));
+            // Masked-off elements read 0 (the replicas' are replaced below).
+            let old = match (m, used) {
+                (Some(m), true) => {
+                    let zero = self.konst(t, Literal::Int(0));
+                    self.select_raw(m, dst, zero)
+                }
+                _ => dst,
+            };
+            olds.push(old);
+            preds.push(pred);
+        }
+        let Some(owner) = owner.filter(|_| used) else { return olds };
+        // Replicas take the owners' old values through shared memory.
+        let size = shared_size(t);
+        let n: u32 = shape.iter().product();
+        self.shared = self.shared.max(n * size);
+        self.emit(Inst::Barrier);
+        let offs: Vec<Reg> = (0..olds.len() as u32)
+            .map(|s| {
+                let c = self.slot_coords(shape, s);
+                let f = self.flatten(&c, shape);
+                self.shared_offset(f, size, 0)
+            })
+            .collect();
+        for (off, old) in offs.iter().zip(&olds) {
+            self.emit(Inst::SharedStore { offset: *off, value: *old, pred: Some(owner) });
+        }
+        self.emit(Inst::Barrier);
+        offs.iter()
+            .map(|off| {
+                let d = self.reg(t);
+                self.emit(Inst::SharedLoad { dst: d, offset: *off });
+                d
+            })
+            .collect()
+    }
+}
