@@ -17,13 +17,22 @@ status=0
 # Planted never-satisfied wait: ends within its bound with the diagnostic; the next launch works.
 timeout 60 $B/trident-gpu-selftest 2>&1 | tee "$OUT/selftest.log" || status=1
 # Single-device kernels, and distributed kernels in the loopback world (ranks on this GPU).
-# (At most 8 files come back from the device machine: the four worlds share one log.)
+# (At most 8 files come back from the device machine: the worlds share one log, and one JSON.)
 for w in 1 2 4 8; do
   echo "== world $w" >> "$OUT/conformance-nvidia.log"
   timeout 120 $B/trident-conformance --backend nvidia --world $w --json "$OUT/conformance-nvidia-world$w.json" \
     >> "$OUT/conformance-nvidia.log" 2>&1 || status=1
   tail -1 "$OUT/conformance-nvidia.log"
 done
+# Every op x element type alone against the host reference, default and fast math; the
+# support matrix's nvidia column checked against what compiles.
+timeout 300 $B/trident-ops --backend nvidia --fast --json "$OUT/ops-nvidia.json" > "$OUT/ops-nvidia.log" 2>&1 || status=1
+tail -1 "$OUT/ops-nvidia.log"
+# The elementary functions on the GPU: bit-identical to the host evaluation (every 64th f32
+# bit pattern), and the hardware's fast-math approximations measured.
+timeout 300 $B/trident-math --backend nvidia --stride ${MATH_STRIDE:-64} --fast --json "$OUT/math-nvidia.json" \
+  > "$OUT/math-nvidia.log" 2>&1 || status=1
+cat "$OUT/math-nvidia.log"
 # IR -> PTX time of each kernel (median of 20 compiles).
 for k in vector_add softmax gemm splitk_gemm ag_gemm; do
   $B/trident-emit --backend nvidia --kernel $k --dtype bf16 --time | tee -a "$OUT/device.txt"

@@ -55,8 +55,10 @@ pub struct Record {
     pub message: String,
 }
 
-/// Every case, in a stable order (the order defines per-case seeds).
-pub fn all_cases() -> Vec<Case> {
+/// Every case, in a stable order (the order defines per-case seeds). Distributed kernels run
+/// at the standard world sizes, or at `world` alone when one is given (any size a world takes).
+pub fn all_cases(world: Option<usize>) -> Vec<Case> {
+    let worlds: Vec<usize> = world.map_or_else(|| crate::distributed::WORLDS.to_vec(), |w| vec![w]);
     let mut cases = Vec::new();
     for dtype in DTYPES {
         for n in [1, 100, 1024, 4099, 65536] {
@@ -99,8 +101,8 @@ pub fn all_cases() -> Vec<Case> {
     for dtype in DTYPES {
         for &(kernel, variants) in crate::distributed::KERNELS {
             for &variant in variants {
-                for shape in crate::distributed::shapes(kernel) {
-                    for world in crate::distributed::WORLDS {
+                for &world in &worlds {
+                    for shape in crate::distributed::shapes(kernel, world) {
                         cases.push(Case { kernel, variant, dtype, shape: shape.clone(), world, distributed: true });
                     }
                 }

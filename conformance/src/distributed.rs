@@ -37,16 +37,28 @@ pub const KERNELS: &[(&str, &[&str])] = &[
 /// World sizes every distributed kernel runs at.
 pub const WORLDS: [usize; 4] = [1, 2, 4, 8];
 
-pub fn shapes(kernel: &str) -> Vec<Vec<usize>> {
+/// A kernel's shapes at world size `world`. GEMM-RS splits M over the ranks in power-of-two
+/// tiles, so M stays as it is where `M / world` is a power of two and becomes a multiple of
+/// `16 world` otherwise; AG-GEMM's M (over all ranks) becomes a multiple of `world`.
+pub fn shapes(kernel: &str, world: usize) -> Vec<Vec<usize>> {
+    let split = |m: usize| {
+        if m.is_multiple_of(world) && (m / world).is_power_of_two() {
+            m
+        } else {
+            m.next_multiple_of(16 * world)
+        }
+    };
     match kernel {
         // elements per rank
         "allgather" | "ring_shift" => vec![vec![777], vec![4096]],
         // elements
         "allreduce" => vec![vec![1000], vec![8197]],
         // M, N, K (M over all ranks; N per rank)
-        "ag_gemm" => vec![vec![128, 96, 64], vec![64, 40, 72]],
-        // M, N, K per rank
-        _ => vec![vec![128, 64, 32], vec![64, 80, 24]],
+        "ag_gemm" => {
+            vec![vec![128usize.next_multiple_of(world), 96, 64], vec![64usize.next_multiple_of(world), 40, 72]]
+        }
+        // M, N, K (M over all ranks)
+        _ => vec![vec![split(128), 64, 32], vec![split(64), 80, 24]],
     }
 }
 

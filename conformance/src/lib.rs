@@ -7,6 +7,7 @@
 pub mod cases;
 pub mod distributed;
 pub mod host;
+pub mod npy;
 pub mod ops;
 pub mod reference;
 

@@ -42,7 +42,14 @@ struct Args {
     /// List the cases and exit.
     #[arg(long)]
     list: bool,
+    /// Check the options (backend, target, filters, world size, report path) and exit: what
+    /// `cargo xtask test` does before any work.
+    #[arg(long)]
+    check: bool,
 }
+
+/// Ranks a world may have (the CPU and loopback worlds' limit).
+const MAX_WORLD: usize = 64;
 
 fn parse_seed(s: &str) -> Result<u64, String> {
     let r = match s.strip_prefix("0x") {
@@ -66,27 +73,44 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    let usage = |m: String| {
+        eprintln!("error: {m}");
+        ExitCode::from(2)
+    };
     let desc = match backend::lookup(&args.backend) {
         Ok(d) => d,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage(e.to_string()),
     };
+    if let Err(e) = desc.resolve_target(args.target.as_deref()) {
+        return usage(e.to_string());
+    }
     if let Some(d) = &args.dtype {
         if !trident_conformance::cases::DTYPES.iter().any(|x| x.as_str() == d) {
-            eprintln!("error: --dtype {d}: the suite runs f32, bf16 and f16");
-            return ExitCode::from(2);
+            return usage(format!("--dtype {d}: the suite runs f32, bf16 and f16"));
         }
+    }
+    if let Some(w) = args.world {
+        if w == 0 || w > MAX_WORLD {
+            return usage(format!("--world {w}: a world has 1..={MAX_WORLD} ranks"));
+        }
+    }
+    if args.chaos == 0 {
+        return usage("--chaos 0: give the number of schedules per distributed case, at least 1".into());
+    }
+    if args.race && !matches!(desc.name, "cpu" | "cpu-simt") {
+        return usage(format!("--race: the race detector runs in the CPU world (cpu, cpu-simt), not on {}", desc.name));
     }
     let seed = match args.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage(e),
     };
-    let selected: Vec<(usize, _)> = all_cases()
+    // The report path must be writable before any case runs.
+    if let Some(path) = &args.json {
+        if let Err(e) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            return usage(format!("--json {}: {e}", path.display()));
+        }
+    }
+    let selected: Vec<(usize, _)> = all_cases(args.world)
         .into_iter()
         .enumerate()
         .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
@@ -100,14 +124,13 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if selected.is_empty() {
-        eprintln!("error: no case matches the filters");
-        return ExitCode::from(2);
+        return usage("no case matches the filters".into());
+    }
+    if args.check {
+        println!("options ok: backend {}, {} cases", desc.name, selected.len());
+        return ExitCode::SUCCESS;
     }
     let backend = (desc.create)();
-    if let Err(e) = desc.resolve_target(args.target.as_deref()) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
     // A backend whose driver or device is absent skips every case, visibly.
     if let Err(e @ trident_core::backend::BackendError::NoDevice { .. }) = backend.open_device(0) {
         println!("trident conformance: backend {}: skipped: {e}", desc.name);

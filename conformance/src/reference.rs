@@ -95,17 +95,19 @@ pub fn sigmoid(x: f64) -> f64 {
     }
 }
 
-/// The error function in f64 (relative error near 1e-15): a series without cancellation below
-/// 3, Laplace's continued fraction for erfc above.
+/// The error function in f64 (relative error below 3e-15, 13 ulp): a series without cancellation below
+/// 2, Laplace's continued fraction for erfc above (where erfc < 0.005, so its own error
+/// hardly shows).
 pub fn erf(x: f64) -> f64 {
     let a = x.abs();
     if a.is_nan() {
         return x;
     }
-    if a.is_infinite() {
+    // erfc(6) < 2^-55: erf rounds to 1 in f64 from here on.
+    if a >= 6.0 {
         return 1f64.copysign(x);
     }
-    let v = if a < 3.0 {
+    let v = if a < 2.0 {
         // erf(a) = 2/sqrt(pi) exp(-a^2) sum 2^n a^(2n+1) / (1 3 5 .. (2n+1)).
         let (mut term, mut sum, mut n) = (a, a, 0.0);
         while term > sum * 1e-18 {
@@ -117,7 +119,8 @@ pub fn erf(x: f64) -> f64 {
     } else {
         // erfc(a) = exp(-a^2) / sqrt(pi) / (a + (1/2)/(a + 1/(a + (3/2)/(a + ..)))).
         let mut t = a;
-        for k in (1..80).rev() {
+        let terms = if a < 3.0 { 400 } else { 120 };
+        for k in (1..terms).rev() {
             t = a + (k as f64 / 2.0) / t;
         }
         1.0 - exp_minus_square(a) / std::f64::consts::PI.sqrt() / t

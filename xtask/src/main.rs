@@ -1,13 +1,20 @@
 //! `cargo xtask`: the project's entry points.
 //!
 //! * `cargo xtask test [--backend cpu] [--kernel K] [--dtype D] [--seed S] [--json FILE]`:
-//!   unit tests of the workspace, then the conformance suite (release build) on the backend.
+//!   checks the options, then unit tests of the workspace, the conformance suite (release
+//!   build) and the differential test of every op x element type (`trident-ops`, which also
+//!   checks the support matrix `docs/SUPPORT.md`) on the backend.
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
 //!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector,
 //!   the SIMT lowering on `cpu-simt` at warp 32 and 64, and `ptx-check` when ptxas is present.
-//! * `cargo xtask emit --backend nvidia --target sm_90 --kernel NAME [--time]`: a kernel's code.
+//! * `cargo xtask emit --backend nvidia --target sm_90 (--kernel NAME | --file K.tile) [--time]`:
+//!   a kernel's code.
+//! * `cargo xtask run K.tile --grid X[,Y,Z] --arg NAME=VALUE ..`: runs a `.tile` kernel and
+//!   writes the buffers it wrote as `.npy` (`trident-run --help`).
+//! * `cargo xtask ops [--backend B] [--op NAME] [--bless]`: the differential test alone.
+//! * `cargo xtask math [--stride N] [--backend B]`: accuracy of the elementary functions.
 //! * `cargo xtask bundle`: release binaries for the GPU machine in `bundle/`.
 //! * `cargo xtask ptx-check`: every compiled kernel's PTX through ptxas for sm_80/sm_90/sm_90a.
 
@@ -57,6 +64,12 @@ struct TestArgs {
     /// Skip the workspace unit tests; run the conformance suite only.
     #[arg(long)]
     no_unit: bool,
+    /// Only ops whose name contains this in the differential test (`exp`, `cast`, `atomic`).
+    #[arg(long)]
+    op: Option<String>,
+    /// Skip the differential test of every op.
+    #[arg(long)]
+    no_ops: bool,
 }
 
 #[derive(Subcommand)]
@@ -74,12 +87,36 @@ enum Cmd {
     PtxCheck,
     /// Time the library's kernels on the GPU against a baseline measured in the same run
     /// (`--baseline FILE` from bench/baseline.py; `--json OUT`); skips without a CUDA driver.
+    #[command(disable_help_flag = true)]
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Print a kernel's code for a backend (`--backend nvidia --target sm_90 --kernel NAME [--time]`).
+    /// Print a kernel's code for a backend (`--backend nvidia --target sm_90 --kernel NAME` or
+    /// `--file K.tile`; `--help` lists every option).
+    #[command(disable_help_flag = true)]
     Emit {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Run a `.tile` kernel: `K.tile --grid X[,Y,Z] --arg NAME=VALUE ..` (`--help` lists every
+    /// option).
+    #[command(disable_help_flag = true)]
+    Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The differential test of every op x element type, and the support matrix (`--bless`
+    /// rewrites it; `--help` lists every option).
+    #[command(disable_help_flag = true)]
+    Ops {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Accuracy of the elementary functions over the f32 inputs (`--stride N`, `--backend B`;
+    /// `--help` lists every option).
+    #[command(disable_help_flag = true)]
+    Math {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -95,16 +132,36 @@ fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().map(PathBuf::from).unwrap_or_default()
 }
 
-/// Runs a command, echoing it; Err with a message when it fails.
-fn run(mut cmd: Command) -> Result<(), String> {
+/// Why a step failed: the message, and whether it was a usage error (exit code 2).
+struct Failure {
+    message: String,
+    usage: bool,
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure { message, usage: false }
+    }
+}
+
+/// Runs a command, echoing it; a child's usage error (exit code 2) stays one.
+fn run(mut cmd: Command) -> Result<(), Failure> {
     let shown = format!("{cmd:?}").replace('"', "");
     eprintln!("xtask: {shown}");
     let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
     if status.success() {
         Ok(())
     } else {
-        Err(format!("`{shown}` failed ({status})"))
+        Err(Failure { message: format!("`{shown}` failed ({status})"), usage: status.code() == Some(2) })
     }
+}
+
+/// `cargo run --release` of one of the conformance crate's binaries with `args`.
+fn tool(bin: &str, args: &[String]) -> Command {
+    let mut c = cargo();
+    c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", bin, "--"]);
+    c.args(args);
+    c
 }
 
 fn conformance(args: &TestArgs) -> Command {
@@ -132,18 +189,51 @@ fn conformance(args: &TestArgs) -> Command {
     c
 }
 
-fn test(args: &TestArgs) -> Result<(), String> {
+/// The differential test of every op on the test's backend (not for the distributed modes).
+fn ops(args: &TestArgs) -> Option<Command> {
+    if args.no_ops || args.world.is_some() || args.chaos.is_some() || args.race {
+        return None;
+    }
+    let mut a = vec!["--backend".to_string(), args.backend.clone()];
+    for (flag, v) in [("--target", &args.target), ("--seed", &args.seed), ("--op", &args.op), ("--dtype", &args.dtype)]
+    {
+        if let Some(v) = v {
+            a.extend([flag.to_string(), v.clone()]);
+        }
+    }
+    let target = args.target.as_deref().map(|t| format!("-{t}")).unwrap_or_default();
+    a.extend([
+        "--json".into(),
+        workspace_root().join(format!("target/ops-{}{target}.json", args.backend)).display().to_string(),
+    ]);
+    Some(tool("trident-ops", &a))
+}
+
+fn test(args: &TestArgs) -> Result<(), Failure> {
     if args.list_backends {
         let mut c = conformance(args);
         c.arg("--list-backends");
         return run(c);
+    }
+    // Every option is checked before any work (an unknown backend, a world the backends do
+    // not take, an unwritable report path).
+    let mut check = conformance(args);
+    check.arg("--check");
+    run(check)?;
+    if let Some(mut c) = ops(args) {
+        c.arg("--check-args");
+        run(c)?;
     }
     if !args.no_unit {
         let mut c = cargo();
         c.args(["test", "--workspace", "--quiet"]);
         run(c)?;
     }
-    run(conformance(args))
+    run(conformance(args))?;
+    match ops(args) {
+        Some(c) => run(c),
+        None => Ok(()),
+    }
 }
 
 /// The `ptxas` to use: `$PTXAS`, else the one on the PATH.
@@ -155,55 +245,96 @@ fn ptxas() -> Option<PathBuf> {
     ok.then(|| PathBuf::from("ptxas"))
 }
 
-fn ptx_check() -> Result<(), String> {
+fn ptx_check() -> Result<(), Failure> {
     let Some(ptxas) = ptxas() else {
-        return Err("ptxas not found: set PTXAS (the PyPI wheel nvidia-cuda-nvcc==13.0.88 ships it)".into());
+        return Err(
+            String::from("ptxas not found: set PTXAS (the PyPI wheel nvidia-cuda-nvcc==13.0.88 ships it)").into()
+        );
     };
     let root = workspace_root();
-    let mut assembled = 0;
+    let mut jobs: Vec<(String, PathBuf)> = Vec::new();
     for target in ["sm_80", "sm_90", "sm_90a"] {
+        // The catalogue's kernels, and (for sm_80 and sm_90a) every case of the differential
+        // test in every layout.
         let dir = root.join("target/ptx").join(target);
         let _ = std::fs::remove_dir_all(&dir);
-        let mut c = cargo();
-        c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);
-        c.args(["--backend", "nvidia", "--target", target, "--all-to"]).arg(&dir);
-        run(c)?;
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|e| format!("reading {}: {e}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .collect();
-        files.sort();
-        for f in files {
-            let out = Command::new(&ptxas)
-                .arg(format!("-arch={target}"))
-                .arg(&f)
-                .arg("-o")
-                .arg(f.with_extension("cubin"))
-                .output()
-                .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "ptxas -arch={target} rejected {}:\n{}",
-                    f.display(),
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            assembled += 1;
+        let base = ["--backend", "nvidia", "--target", target].map(String::from);
+        let mut a = base.to_vec();
+        a.extend(["--all-to".to_string(), dir.display().to_string()]);
+        run(tool("trident-emit", &a))?;
+        if target != "sm_90" {
+            let mut a = base.to_vec();
+            a.extend(["--emit".to_string(), dir.join("ops").display().to_string()]);
+            run(tool("trident-ops", &a))?;
+        }
+        for d in [dir.clone(), dir.join("ops")] {
+            let Ok(entries) = std::fs::read_dir(&d) else { continue };
+            jobs.extend(
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "ptx"))
+                    .map(|p| (target.to_string(), p)),
+            );
         }
     }
-    eprintln!("xtask: ptxas assembled {assembled} PTX modules (sm_80, sm_90, sm_90a)");
+    jobs.sort();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut errs = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((target, f)) = jobs.get(i) else { break };
+                        match Command::new(&ptxas)
+                            .arg(format!("-arch={target}"))
+                            .arg(f)
+                            .arg("-o")
+                            .arg(f.with_extension("cubin"))
+                            .output()
+                        {
+                            Ok(o) if o.status.success() => {}
+                            Ok(o) => errs.push(format!(
+                                "ptxas -arch={target} rejected {}:\n{}",
+                                f.display(),
+                                String::from_utf8_lossy(&o.stderr)
+                            )),
+                            Err(e) => errs.push(format!("running {}: {e}", ptxas.display())),
+                        }
+                    }
+                    errs
+                })
+            })
+            .collect();
+        handles.into_iter().flat_map(|h| h.join().unwrap_or_default()).collect()
+    });
+    if let Some(e) = errors.first() {
+        return Err(format!("{} of {} PTX modules rejected; the first: {e}", errors.len(), jobs.len()).into());
+    }
+    eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a; every op case for sm_80 and sm_90a)", jobs.len());
     Ok(())
 }
 
 /// Builds the release binaries and copies them with the commit id into `bundle/`.
-fn bundle() -> Result<(), String> {
+fn bundle() -> Result<(), Failure> {
     let mut c = cargo();
     c.args(["build", "--release", "-p", "trident-conformance"]);
     run(c)?;
     let root = workspace_root();
     let dir = root.join("bundle");
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for bin in ["trident-conformance", "trident-demo", "trident-emit", "trident-gpu-selftest", "trident-bench"] {
+    for bin in [
+        "trident-conformance",
+        "trident-demo",
+        "trident-emit",
+        "trident-gpu-selftest",
+        "trident-bench",
+        "trident-ops",
+        "trident-math",
+        "trident-run",
+    ] {
         let from = root.join("target/release").join(bin);
         std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
     }
@@ -239,18 +370,11 @@ fn main() -> ExitCode {
         }
         Cmd::Bundle => bundle(),
         Cmd::PtxCheck => ptx_check(),
-        Cmd::Bench { args } => {
-            let mut c = cargo();
-            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-bench", "--"]);
-            c.args(args);
-            run(c)
-        }
-        Cmd::Emit { args } => {
-            let mut c = cargo();
-            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-emit", "--"]);
-            c.args(args);
-            run(c)
-        }
+        Cmd::Bench { args } => run(tool("trident-bench", args)),
+        Cmd::Emit { args } => run(tool("trident-emit", args)),
+        Cmd::Run { args } => run(tool("trident-run", args)),
+        Cmd::Ops { args } => run(tool("trident-ops", args)),
+        Cmd::Math { args } => run(tool("trident-math", args)),
         Cmd::Ci(a) => {
             let mut fmt = cargo();
             fmt.args(["fmt", "--all", "--check"]);
@@ -303,8 +427,8 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("xtask: error: {e}");
-            ExitCode::FAILURE
+            eprintln!("xtask: error: {}", e.message);
+            ExitCode::from(if e.usage { 2 } else { 1 })
         }
     }
 }

@@ -7,7 +7,7 @@ use trident_core::backend;
 use trident_core::ir::DType;
 
 #[derive(Parser)]
-#[command(about = "Compiles a library kernel and prints the backend's code")]
+#[command(name = "trident-emit", about = "Compiles a library kernel or a .tile file and prints the backend's code")]
 struct Args {
     #[arg(long, default_value = "nvidia")]
     backend: String,
@@ -17,6 +17,9 @@ struct Args {
     /// Kernel name (see --list).
     #[arg(long, default_value = "vector_add")]
     kernel: String,
+    /// A kernel in the text format instead of a library kernel.
+    #[arg(long, conflicts_with = "kernel")]
+    file: Option<std::path::PathBuf>,
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
@@ -48,32 +51,64 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let Some((_, built)) = cat.into_iter().find(|(n, _)| *n == a.kernel) else {
-        eprintln!("error: no kernel `{}` (try --list)", a.kernel);
-        return ExitCode::from(2);
-    };
-    let result = backend::lookup(&a.backend).map_err(|e| e.to_string()).and_then(|d| {
-        let func = built.map_err(|e| e.to_string())?;
-        let b = (d.create)();
-        if a.time {
-            let mut times = Vec::new();
-            for _ in 0..20 {
-                let t = Instant::now();
-                b.compile(&func, a.target.as_deref()).map_err(|e| e.to_string())?;
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-            times.sort_by(|x, y| x.total_cmp(y));
-            Ok(format!(
-                "{}: tile IR -> {} {} in {:.3} ms (median of 20)",
-                func.name,
-                d.name,
-                a.target.as_deref().unwrap_or(d.targets[0]),
-                times[10]
-            ))
-        } else {
-            b.compile(&func, a.target.as_deref()).map(|art| art.text).map_err(|e| e.to_string())
+    // Usage errors (exit 2) before any work: the backend, its target, the kernel.
+    let d = match backend::lookup(&a.backend) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
         }
-    });
+    };
+    if let Err(e) = d.resolve_target(a.target.as_deref()) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    let built = match &a.file {
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => trident_core::text::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+            Err(e) => {
+                eprintln!("error: {}: {e}", path.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => match cat.into_iter().find(|(n, _)| *n == a.kernel) {
+            Some((_, built)) => built.map_err(|e| e.to_string()),
+            None => {
+                eprintln!("error: no kernel `{}` (try --list)", a.kernel);
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let result = {
+        let func = match built {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let b = (d.create)();
+        (|| -> Result<String, String> {
+            if a.time {
+                let mut times = Vec::new();
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    b.compile(&func, a.target.as_deref()).map_err(|e| e.to_string())?;
+                    times.push(t.elapsed().as_secs_f64() * 1e3);
+                }
+                times.sort_by(|x, y| x.total_cmp(y));
+                Ok(format!(
+                    "{}: tile IR -> {} {} in {:.3} ms (median of 20)",
+                    func.name,
+                    d.name,
+                    a.target.as_deref().unwrap_or(d.targets[0]),
+                    times[10]
+                ))
+            } else {
+                b.compile(&func, a.target.as_deref()).map(|art| art.text).map_err(|e| e.to_string())
+            }
+        })()
+    };
     match result {
         Ok(text) => {
             println!("{text}");

@@ -48,6 +48,9 @@ struct Args {
     /// Only check the support matrix (compile every case); run nothing.
     #[arg(long)]
     compile_only: bool,
+    /// Check the options and exit (what `cargo xtask test` does before any work).
+    #[arg(long)]
+    check_args: bool,
     /// Write the backend's code of every selected case x layout into this folder, then exit
     /// (`cargo xtask ptx-check` assembles them).
     #[arg(long)]
@@ -129,6 +132,10 @@ fn main() -> ExitCode {
         return usage("no case matches --op/--dtype");
     }
 
+    if a.check_args {
+        println!("options ok: backend {}, {} cases", desc.name, selected.len());
+        return ExitCode::SUCCESS;
+    }
     if let Some(dir) = &a.emit {
         return emit(desc, a.target.as_deref(), &selected, dir);
     }

@@ -183,9 +183,9 @@ pub fn bound(c: &OpCase) -> Bound {
     match d {
         // f32 results of f16/bf16 inputs, rounded once more.
         DType::F16 | DType::BF16 => Bound::Ulps(1),
-        // The CPU backend's f64 functions are the host libm's, compared with an f64 reference
-        // of about the same accuracy.
-        DType::F64 => Bound::Ulps(8),
+        // The CPU backend's f64 functions are the host libm's, compared with f64 references
+        // accurate to about 1e-15 (the series of `reference::erf` loses up to 13 ulp).
+        DType::F64 => Bound::Ulps(16),
         _ => Bound::Ulps(2),
     }
 }

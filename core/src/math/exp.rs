@@ -61,6 +61,21 @@ pub fn exp<M: Arith>(m: &mut M, x: M::F) -> M::F {
     m.sel(nan, x, y)
 }
 
+/// `e^x` for `x <= 0` as an unevaluated pair `hi + lo` (the rounding of `1 + p` kept), for
+/// callers that need more than one rounding's accuracy. NaN gives NaN in `hi`.
+pub(super) fn exp_pair<M: Arith>(m: &mut M, x: M::F) -> (M::F, M::F) {
+    let xc = clamp(m, x, -104.0, 89.0);
+    let (k, r) = reduce(m, xc);
+    let p = expm1_reduced(m, r);
+    let one = m.f(1.0);
+    let (h, l) = fast_two_sum(m, one, p);
+    let ki = m.f2i(k);
+    let hi = scale(m, h, ki);
+    let lo = scale(m, l, ki);
+    let nan = is_nan(m, x);
+    (m.sel(nan, x, hi), lo)
+}
+
 /// `e^x - 1`, accurate near 0: `2^k (1 + p) - 1 = 2^k p + (2^k - 1)` with `2^k - 1` kept exact
 /// as a pair.
 pub fn expm1<M: Arith>(m: &mut M, x: M::F) -> M::F {

@@ -1,6 +1,6 @@
 //! `tanh`, `sigmoid`, `erf` (the GELU, SiLU and softplus epilogues) and `rsqrt`.
 
-use super::exp::{exp, expm1};
+use super::exp::{exp, exp_pair, expm1};
 use super::*;
 
 /// `tanh(x) = x + x^3 T(x^2)` for `|x| < 0.55`.
@@ -52,15 +52,25 @@ pub fn tanh<M: Arith>(m: &mut M, x: M::F) -> M::F {
 }
 
 /// The logistic function `1 / (1 + e^-x)`, written `e^x / (1 + e^x)` for negative `x` so that
-/// small results keep their relative accuracy.
+/// small results keep their relative accuracy. `e = e^-|x|` is a pair `eh + el`, `1 + eh` is
+/// kept exact as `s + t`, and the quotients by `s` are corrected for `t + el`.
 pub fn sigmoid<M: Arith>(m: &mut M, x: M::F) -> M::F {
     let ax = m.abs(x);
     let nax = m.neg(ax);
-    let e = exp(m, nax);
+    let (eh, el) = exp_pair(m, nax);
     let one = m.f(1.0);
-    let den = m.add(one, e);
-    let pos = m.div(one, den);
-    let neg = m.div(e, den);
+    let (s, t) = fast_two_sum(m, one, eh);
+    let u = m.add(t, el);
+    // 1 / (s + u) = q (1 - u q) with q = 1 / s.
+    let q = m.div(one, s);
+    let uq = m.mul(u, q);
+    let nuq = m.neg(uq);
+    let pos = m.fma(nuq, q, q);
+    // (eh + el) / (s + u) = r + q (el - r u) with r = eh / s.
+    let r = m.div(eh, s);
+    let nr = m.neg(r);
+    let v = m.fma(nr, u, el);
+    let neg = m.fma(q, v, r);
     let zero = m.f(0.0);
     let is_neg = m.cmp(CmpOp::Lt, x, zero);
     m.sel(is_neg, neg, pos)
