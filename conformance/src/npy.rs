@@ -124,7 +124,7 @@ mod tests {
     fn round_trip() {
         for d in [DType::F32, DType::BF16, DType::I8, DType::U64, DType::I1, DType::F16] {
             let bytes: Vec<u8> = (0..d.size_bytes() as usize * 5)
-                .map(|i| if d == DType::I1 { (i % 2) as u8 } else { i as u8 * 7 })
+                .map(|i| if d == DType::I1 { (i % 2) as u8 } else { (i as u8).wrapping_mul(7) })
                 .collect();
             let bytes =
                 if d == DType::BF16 { vec![0x80, 0x3f, 0x00, 0xc0, 0, 0, 0x49, 0x40, 0x80, 0xff] } else { bytes };
