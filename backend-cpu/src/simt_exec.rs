@@ -371,7 +371,23 @@ impl Exec<'_> {
                 self.set(*dst, crate::interp::concat(&t.data, &f.data).gather(&idx));
             }
             Inst::Cast { dst, src } => {
-                let d = crate::interp::cast(&self.get(*src)?, dtype(k.ty(*dst)));
+                let x = self.get(*src)?;
+                let to = dtype(k.ty(*dst));
+                let mut d = crate::interp::cast(&x, to);
+                // A NaN converted to a (32/64-bit) integer is the hardware's business: give
+                // MIN, as PTX does for 64-bit results, so that a missing NaN select shows.
+                if let (SType::Int { bits, signed }, Data::I(v)) = (k.ty(*dst), &mut d) {
+                    let nan: Vec<bool> = match &x.data {
+                        Data::F(f) => f.iter().map(|a| a.is_nan()).collect(),
+                        Data::D(f) => f.iter().map(|a| a.is_nan()).collect(),
+                        _ => Vec::new(),
+                    };
+                    for (o, n) in v.iter_mut().zip(nan) {
+                        if n {
+                            *o = if signed { i64::MIN >> (64 - bits) } else { 1i64 << (bits - 1) };
+                        }
+                    }
+                }
                 self.set(*dst, d);
             }
             Inst::Mov { dst, src } => self.copy_all(&[*dst], &[*src])?,

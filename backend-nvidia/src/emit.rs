@@ -929,9 +929,13 @@ pub fn cmp_code(c: CmpOp) -> u64 {
 }
 
 /// Element type of a vector access (bit types: any register of the size).
+/// 16-bit integers live extended in 32-bit registers: their loads say how (`s16` sign-, `u16`
+/// zero-extends); a `b16` load would leave a negative value's upper bits clear.
 fn vec_type(t: SType) -> &'static str {
     match t {
-        SType::F16 | SType::BF16 | SType::Int { bits: 16, .. } => "b16",
+        SType::F16 | SType::BF16 => "b16",
+        SType::Int { bits: 16, signed: true } => "s16",
+        SType::Int { bits: 16, signed: false } => "u16",
         SType::F32 => "f32",
         SType::F64 => "f64",
         SType::Int { bits: 64, .. } | SType::Ptr => "b64",

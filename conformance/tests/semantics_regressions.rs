@@ -217,3 +217,20 @@ fn masked_i1_loads_keep_other() {
     let outs = run("cpu-simt", None, &f, &[vec![0; 128], vec![7; 128]], &[]);
     assert!(outs[1][..64].iter().all(|&b| b == 0) && outs[1][64..].iter().all(|&b| b == 1), "{:?}", outs[1]);
 }
+
+/// 16-bit integers loaded by vector accesses are sign- (or zero-) extended into their 32-bit
+/// registers (a `b16` vector load left a negative i16's upper bits clear on the H200:
+/// -26700 compared greater than 9405).
+#[test]
+fn sixteen_bit_vector_loads_extend() {
+    for (d, want) in [(DType::I16, ".s16"), (DType::U16, ".u16")] {
+        let b = KernelBuilder::new("widen", LaunchAttrs::default());
+        let (x, out) = (b.arg_ptr("x", d), b.arg_ptr("out", DType::I32));
+        let offs = b.arange(0, 1024);
+        let v = b.load(x + offs, None, None).cast(DType::I32);
+        b.store(out + offs, v, None);
+        let text = ptx(&b.finish().expect("valid"));
+        let loads: Vec<&str> = text.lines().filter(|l| l.contains("ld.global.v")).collect();
+        assert!(!loads.is_empty() && loads.iter().all(|l| l.contains(want)), "{d}: {loads:?}");
+    }
+}

@@ -31,7 +31,8 @@
 //!   (`crate::math`), or as [`Inst::Approx`] under fast math. Comparisons are ordered, but
 //!   `ne`, which is true when an operand is NaN.
 //! * `Cast`: integer to integer truncates, then sign- or zero-extends as the destination type
-//!   says; float to a 32- or 64-bit integer truncates toward zero, saturating, NaN to 0; to and
+//!   says; float to a 32- or 64-bit integer truncates toward zero, saturating (a NaN gives
+//!   any value: the lowering selects 0); to and
 //!   between floats rounds to nearest even; to `i1` is `!= 0` (NaN gives 1); from `i1` is 1/0.
 //!   `Bitcast` reinterprets bits of the same width.
 

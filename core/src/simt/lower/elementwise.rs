@@ -62,11 +62,23 @@ impl Lowering<'_> {
         }
         if let (true, SType::Int { bits: b @ (8 | 16), signed }) = (from.is_float(), to) {
             let (lo, hi) = if signed { (-(1i64 << (b - 1)), (1i64 << (b - 1)) - 1) } else { (0, (1i64 << b) - 1) };
-            let w = self.cast(r, I32);
+            let w = self.convert(r, I32);
             let (lo, hi) = (self.iconst(lo), self.iconst(hi));
             let w = self.bin(BinaryOp::Max, w, lo);
             let w = self.bin(BinaryOp::Min, w, hi);
             return self.cast(w, to);
+        }
+        if matches!(from, SType::F16 | SType::BF16) && matches!(to, SType::Int { .. }) {
+            let f = self.cast(r, SType::F32);
+            return self.convert(f, to);
+        }
+        if from.is_float() && matches!(to, SType::Int { .. }) {
+            // The hardware's NaN result differs by width (PTX gives MIN for 64-bit
+            // destinations): NaN converts to 0 by a select.
+            let c = self.cast(r, to);
+            let nan = self.cmp_raw(CmpOp::Ne, r, r);
+            let zero = self.konst(to, Literal::Int(0));
+            return self.select_raw(nan, zero, c);
         }
         self.cast(r, to)
     }
