@@ -2,6 +2,7 @@
 //!
 //! `out[r, :] = exp(x[r, :] - max(x[r, :])) / sum(exp(x[r, :] - max(x[r, :])))`, computed in f32
 //! whatever the storage type, with masked-off columns loaded as `-inf` so they vanish in `exp`.
+//! The quotient is `e * (1 / sum)`: one reciprocal per row.
 
 use crate::{require_bytes, require_i32, Launcher};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -34,7 +35,9 @@ impl Softmax {
         let v = b.load_or(x + row_start + offs, mask, f64::NEG_INFINITY).cast(DType::F32);
         let shifted = v - v.max_along(0);
         let e = shifted.exp();
-        let y = e / e.sum(0);
+        // One correctly rounded reciprocal per row, then products (within an ulp of the
+        // quotients; a division per element costs more than the whole exp).
+        let y = e * (b.f32(1.0) / e.sum(0));
         b.store(out + row_start + offs, y.cast(self.dtype), Some(mask));
         b.finish()
     }

@@ -8,7 +8,8 @@
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
 //!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector,
-//!   the SIMT lowering on `cpu-simt` at warp 32 and 64, and `ptx-check` when ptxas is present.
+//!   the SIMT lowering on `cpu-simt` at warp 32 and 64 (suite and differential test), its
+//!   elementary functions against the host's bit for bit, and `ptx-check` when ptxas is present.
 //! * `cargo xtask emit --backend nvidia --target sm_90 (--kernel NAME | --file K.tile) [--time]`:
 //!   a kernel's code.
 //! * `cargo xtask run K.tile --grid X[,Y,Z] --arg NAME=VALUE ..`: runs a `.tile` kernel and
@@ -421,6 +422,11 @@ fn main() -> ExitCode {
                 .and_then(|_| test(&race))
                 .and_then(|_| test(&simt("warp32")))
                 .and_then(|_| test(&simt("warp64")))
+                // The elementary functions of the lowering bit-identical to the host's.
+                .and_then(|_| {
+                    let a = ["--stride", "65537", "--backend", "cpu-simt"].map(String::from);
+                    run(tool("trident-math", &a))
+                })
                 .and_then(|_| ptx())
         }
     };

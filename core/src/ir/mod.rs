@@ -20,6 +20,10 @@
 //!
 //! # Evaluation
 //!
+//! What each op computes (wrapping integers, division by zero, shifts, NaN-ignoring `min` and
+//! `max`, accurate elementary functions, saturating casts, atomics once per element, ..) is
+//! written down once, in [`semantics`] (`docs/SEMANTICS.md`).
+//!
 //! Ops of a block execute in order. An op that reads or writes memory does so for every element
 //! whose mask is true (all elements without a mask); masked-off lanes of a `load` produce
 //! `other` (or an unspecified value when `other` is absent). Ops on a scalar pointer (a scalar
@@ -30,6 +34,7 @@
 //! which is barrier + release + signal write.
 
 pub mod arena;
+pub mod semantics;
 pub mod types;
 
 pub use arena::{Arena, Handle};

@@ -69,6 +69,9 @@ pub trait Arith {
     fn sqrt(&mut self, a: Self::F) -> Self::F;
     fn floor(&mut self, a: Self::F) -> Self::F;
     fn abs(&mut self, a: Self::F) -> Self::F;
+    /// IEEE minNum / maxNum: a NaN operand gives the other one; of two zeros, either.
+    fn fmin(&mut self, a: Self::F, b: Self::F) -> Self::F;
+    fn fmax(&mut self, a: Self::F, b: Self::F) -> Self::F;
     fn neg(&mut self, a: Self::F) -> Self::F;
     /// IEEE comparison: false when either side is NaN, except `ne`.
     fn cmp(&mut self, op: CmpOp, a: Self::F, b: Self::F) -> Self::B;
@@ -217,13 +220,11 @@ fn sel_c<M: Arith>(m: &mut M, c: M::B, k: f32, y: M::F) -> M::F {
     m.sel(c, k, y)
 }
 
-/// `x` clamped to `[lo, hi]`; NaN stays NaN.
+/// `x` clamped to `[lo, hi]` by minNum/maxNum (a NaN becomes `lo`: callers select NaN back).
 fn clamp<M: Arith>(m: &mut M, x: M::F, lo: f32, hi: f32) -> M::F {
     let (l, h) = (m.f(lo), m.f(hi));
-    let below = m.cmp(CmpOp::Lt, x, l);
-    let x = m.sel(below, l, x);
-    let above = m.cmp(CmpOp::Gt, x, h);
-    m.sel(above, h, x)
+    let x = m.fmax(x, l);
+    m.fmin(x, h)
 }
 
 /// Round to the nearest integer (ties to even) for `|x| < 2^22`, by the magic-number trick.

@@ -64,6 +64,14 @@ impl Arith for Native {
         a.abs()
     }
     #[inline(always)]
+    fn fmin(&mut self, a: f32, b: f32) -> f32 {
+        a.min(b)
+    }
+    #[inline(always)]
+    fn fmax(&mut self, a: f32, b: f32) -> f32 {
+        a.max(b)
+    }
+    #[inline(always)]
     fn neg(&mut self, a: f32) -> f32 {
         -a
     }

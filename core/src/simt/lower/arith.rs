@@ -97,6 +97,12 @@ impl Arith for Lowering<'_> {
     fn neg(&mut self, a: Reg) -> Reg {
         self.unary_raw(UnaryOp::Neg, a)
     }
+    fn fmin(&mut self, a: Reg, b: Reg) -> Reg {
+        self.bin(BinaryOp::Min, a, b)
+    }
+    fn fmax(&mut self, a: Reg, b: Reg) -> Reg {
+        self.bin(BinaryOp::Max, a, b)
+    }
     fn cmp(&mut self, op: CmpOp, a: Reg, b: Reg) -> Reg {
         self.cmp_raw(op, a, b)
     }
