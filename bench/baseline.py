@@ -29,7 +29,7 @@ def main(cases_path: str, out_path: str) -> None:
             x, y = (torch.rand(dims[0], device=dev, dtype=dt) for _ in range(2))
             z = torch.empty_like(x)
             ms = do_bench(lambda: torch.add(x, y, out=z), return_mode="median")
-        elif name == "softmax":
+        elif name in ("softmax", "softmax_fast"):
             x = torch.rand(dims[0], dims[1], device=dev, dtype=dt)
             ms = do_bench(lambda: torch.softmax(x, dim=-1), return_mode="median")
         elif name == "gemm":

@@ -15,17 +15,19 @@ pub struct Softmax {
     /// Columns per program: a power of two at least the row length.
     pub block: u32,
     pub warps: u32,
+    /// `exp` through the hardware's approximation (`LaunchAttrs::fast_math`).
+    pub fast_math: bool,
 }
 
 impl Softmax {
     /// The specialization for rows of `cols` elements.
     pub fn for_cols(dtype: DType, cols: usize) -> Softmax {
         let block = cols.max(1).next_power_of_two() as u32;
-        Softmax { dtype, block, warps: if block >= 2048 { 8 } else { 4 } }
+        Softmax { dtype, block, warps: if block >= 2048 { 8 } else { 4 }, fast_math: false }
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let attrs = LaunchAttrs { warps: self.warps, ..LaunchAttrs::default() };
+        let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&format!("softmax_{}_{}", self.dtype, self.block), attrs);
         let (x, out) = (b.arg_ptr("x", self.dtype), b.arg_ptr("out", self.dtype));
         let (cols, stride) = (b.arg("cols", DType::I32), b.arg("row_stride", DType::I32));

@@ -57,7 +57,7 @@ impl Case {
         let d: Vec<f64> = self.dims.iter().map(|&x| x as f64).collect();
         match self.name {
             "vector_add" => (d[0], 3.0 * d[0] * s),
-            "softmax" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
+            "softmax" | "softmax_fast" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
             _ => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s),
         }
     }
@@ -85,6 +85,8 @@ fn cases() -> Vec<Case> {
     vec![
         c("vector_add", DType::F32, &[1 << 26]),
         c("softmax", DType::BF16, &[16384, 4096]),
+        // The same with `fast_math` (`exp` by ex2.approx), to show what accuracy costs.
+        c("softmax_fast", DType::BF16, &[16384, 4096]),
         c("gemm", DType::BF16, &[4096, 4096, 4096]),
         c("gemm", DType::BF16, &[8192, 3584, 8192]),
         c("gemm", DType::BF16, &[8192, 8192, 8192]),
@@ -182,13 +184,13 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
                 },
             )?
         }
-        "softmax" => {
+        "softmax" | "softmax_fast" => {
             let (rows, cols) = (case.dims[0], case.dims[1]);
             let x = random(rows * cols, d, &mut rng);
             let xb = upload(cuda, "x", &x, d)?;
             let out = cuda.alloc(rows * cols * es, "out")?;
             cuda.fill(&out, &poison(d))?;
-            let k = Softmax::for_cols(d, cols);
+            let k = Softmax { fast_math: case.name == "softmax_fast", ..Softmax::for_cols(d, cols) };
             time(
                 cuda,
                 reps,
