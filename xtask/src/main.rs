@@ -157,6 +157,17 @@ fn run(mut cmd: Command) -> Result<(), Failure> {
     }
 }
 
+/// `cargo run --release` of a conformance binary in the caller's directory, so that the
+/// paths a user gives (`.tile` files, `.npy` inputs, `--out`) mean what they say.
+fn tool_here(bin: &str, args: &[String]) -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    let manifest = workspace_root().join("Cargo.toml");
+    c.args(["run", "--quiet", "--release", "--manifest-path"]).arg(manifest);
+    c.args(["-p", "trident-conformance", "--bin", bin, "--"]);
+    c.args(args);
+    c
+}
+
 /// `cargo run --release` of one of the conformance crate's binaries with `args`.
 fn tool(bin: &str, args: &[String]) -> Command {
     let mut c = cargo();
@@ -372,8 +383,8 @@ fn main() -> ExitCode {
         Cmd::Bundle => bundle(),
         Cmd::PtxCheck => ptx_check(),
         Cmd::Bench { args } => run(tool("trident-bench", args)),
-        Cmd::Emit { args } => run(tool("trident-emit", args)),
-        Cmd::Run { args } => run(tool("trident-run", args)),
+        Cmd::Emit { args } => run(tool_here("trident-emit", args)),
+        Cmd::Run { args } => run(tool_here("trident-run", args)),
         Cmd::Ops { args } => run(tool("trident-ops", args)),
         Cmd::Math { args } => run(tool("trident-math", args)),
         Cmd::Ci(a) => {

@@ -55,6 +55,20 @@ struct Row {
     over_one_ulp: u64,
     /// Device mode: results that differ from the host's bits.
     mismatches: u64,
+    /// On fast math's input domain (`ops::fast_domain`): the largest absolute error, and the
+    /// largest error relative to |f(x)| where f(x) >= 2^-64.
+    domain_max_abs: f64,
+    domain_max_rel: f64,
+}
+
+/// Errors of `y` against `r` on the fast-math domain: (abs, rel).
+fn domain_err(op: UnaryOp, x: f32, y: f32, r: f64) -> (f64, f64) {
+    if !trident_conformance::ops::fast_domain(op, x as f64) || !r.is_finite() {
+        return (0.0, 0.0);
+    }
+    let e = (y as f64 - r).abs();
+    let e = if e.is_nan() { f64::INFINITY } else { e };
+    (e, if r.abs() >= 2f64.powi(-64) { e / r.abs() } else { 0.0 })
 }
 
 fn ops(filter: &Option<String>) -> Vec<UnaryOp> {
@@ -76,15 +90,21 @@ fn host(a: &Args, op: UnaryOp, fast: bool, threads: usize) -> Row {
     let count = (1u64 << 32).div_ceil(a.stride);
     let chunk = count.div_ceil(threads as u64);
     let (worst, worst_x, inexact, over) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let (dabs, drel) = (AtomicU64::new(0), AtomicU64::new(0));
     std::thread::scope(|s| {
         for t in 0..threads as u64 {
             let (worst, worst_x, inexact, over) = (&worst, &worst_x, &inexact, &over);
+            let (dabs, drel) = (&dabs, &drel);
             let stride = a.stride;
             s.spawn(move || {
                 let (mut w, mut wx, mut ni, mut ov) = (0u64, 0u32, 0u64, 0u64);
+                let (mut da, mut dr) = (0f64, 0f64);
                 for k in t * chunk..((t + 1) * chunk).min(count) {
                     let x = f32::from_bits((k * stride) as u32);
-                    let u = ulps(host_eval(op, fast, x) as f64, unary_f64(op, x as f64), DType::F32);
+                    let (y, r) = (host_eval(op, fast, x), unary_f64(op, x as f64));
+                    let (ea, er) = domain_err(op, x, y, r);
+                    (da, dr) = (da.max(ea), dr.max(er));
+                    let u = ulps(y as f64, r, DType::F32);
                     ni += (u >= 1) as u64;
                     ov += (u >= 2) as u64;
                     if u > w {
@@ -93,6 +113,9 @@ fn host(a: &Args, op: UnaryOp, fast: bool, threads: usize) -> Row {
                 }
                 inexact.fetch_add(ni, Ordering::Relaxed);
                 over.fetch_add(ov, Ordering::Relaxed);
+                // Non-negative f64s order like their bits.
+                dabs.fetch_max(da.to_bits(), Ordering::Relaxed);
+                drel.fetch_max(dr.to_bits(), Ordering::Relaxed);
                 if worst.fetch_max(w, Ordering::Relaxed) < w {
                     worst_x.store(wx as u64, Ordering::Relaxed);
                 }
@@ -108,6 +131,8 @@ fn host(a: &Args, op: UnaryOp, fast: bool, threads: usize) -> Row {
         not_correctly_rounded: inexact.into_inner(),
         over_one_ulp: over.into_inner(),
         mismatches: 0,
+        domain_max_abs: f64::from_bits(dabs.into_inner()),
+        domain_max_rel: f64::from_bits(drel.into_inner()),
     }
 }
 
@@ -142,32 +167,38 @@ fn device(a: &Args, name: &str, op: UnaryOp, fast: bool, threads: usize) -> Resu
         dev.read(&yb, 0, &mut out).map_err(|e| e.to_string())?;
         let ys: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let per = (n as usize).div_ceil(threads);
-        let results: Vec<(u64, u64, u64, u64, u32)> = std::thread::scope(|s| {
+        let results: Vec<(u64, u64, u64, u64, u32, f64, f64)> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..threads)
                 .map(|t| {
                     let (xs, ys) = (&xs, &ys);
                     s.spawn(move || {
                         let (mut mism, mut w, mut ni, mut ov, mut wx) = (0u64, 0u64, 0u64, 0u64, 0u32);
+                        let (mut da, mut dr) = (0f64, 0f64);
                         for i in t * per..((t + 1) * per).min(n as usize) {
                             let (x, y) = (xs[i], ys[i]);
                             let h = host_eval(op, fast, x);
                             if h.to_bits() != y.to_bits() && !(h.is_nan() && y.is_nan()) {
                                 mism += 1;
                             }
-                            let u = ulps(y as f64, unary_f64(op, x as f64), DType::F32);
+                            let r = unary_f64(op, x as f64);
+                            let (ea, er) = domain_err(op, x, y, r);
+                            (da, dr) = (da.max(ea), dr.max(er));
+                            let u = ulps(y as f64, r, DType::F32);
                             ni += (u >= 1) as u64;
                             ov += (u >= 2) as u64;
                             if u > w {
                                 (w, wx) = (u, x.to_bits());
                             }
                         }
-                        (mism, w, ni, ov, wx)
+                        (mism, w, ni, ov, wx, da, dr)
                     })
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap_or_default()).collect()
         });
-        for (mism, w, ni, ov, wx) in results {
+        for (mism, w, ni, ov, wx, da, dr) in results {
+            row.domain_max_abs = row.domain_max_abs.max(da);
+            row.domain_max_rel = row.domain_max_rel.max(dr);
             row.mismatches += mism;
             row.not_correctly_rounded += ni;
             row.over_one_ulp += ov;
@@ -238,7 +269,7 @@ fn main() -> ExitCode {
                 failed = true;
             }
             println!(
-                "{:<10} {:>5} {:>8} {:>14e} {:>16} {:>12} {:>11}  ({:.1} s)",
+                "{:<10} {:>5} {:>8} {:>14e} {:>16} {:>12} {:>11} {:>9.1e} {:>9.1e}  ({:.1} s)",
                 row.op,
                 if fast { "fast" } else { "exact" },
                 row.max_ulp,
@@ -246,6 +277,8 @@ fn main() -> ExitCode {
                 row.not_correctly_rounded,
                 row.over_one_ulp,
                 vs_host,
+                row.domain_max_abs,
+                row.domain_max_rel,
                 t.elapsed().as_secs_f64()
             );
             rows.push(row);

@@ -120,6 +120,17 @@ fn main() -> ExitCode {
             return usage(format!("--json {}: {e}", p.display()));
         }
     }
+    // The default matrix is the repository's, from wherever the tool runs.
+    let matrix_path = if a.matrix.is_relative() && !a.matrix.exists() {
+        let at_repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(&a.matrix);
+        if at_repo.exists() || a.bless {
+            at_repo
+        } else {
+            a.matrix.clone()
+        }
+    } else {
+        a.matrix.clone()
+    };
     let all = cases(a.fast);
     let selected: Vec<(usize, OpCase)> = all
         .iter()
@@ -159,15 +170,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        if let Err(e) = std::fs::write(&a.matrix, m.render()) {
-            return usage(format!("writing {}: {e}", a.matrix.display()));
+        if let Err(e) = std::fs::write(&matrix_path, m.render()) {
+            return usage(format!("writing {}: {e}", matrix_path.display()));
         }
-        println!("wrote {} rows to {}", m.rows.len(), a.matrix.display());
+        println!("wrote {} rows to {}", m.rows.len(), matrix_path.display());
         return ExitCode::SUCCESS;
     }
-    let matrix = match std::fs::read_to_string(&a.matrix).map_err(|e| e.to_string()).and_then(|t| Matrix::parse(&t)) {
+    let matrix = match std::fs::read_to_string(&matrix_path).map_err(|e| e.to_string()).and_then(|t| Matrix::parse(&t))
+    {
         Ok(m) => m,
-        Err(e) => return usage(format!("reading the support matrix {}: {e}", a.matrix.display())),
+        Err(e) => return usage(format!("reading the support matrix {}: {e}", matrix_path.display())),
     };
     let column = COLUMNS.iter().find(|c| c.0 == desc.name).map(|c| c.0);
     let mut disagreements = Vec::new();
@@ -195,7 +207,7 @@ fn main() -> ExitCode {
         }
         println!(
             "support matrix {}: {} {} cases on {col} ({}), {} disagreement(s)",
-            a.matrix.display(),
+            matrix_path.display(),
             base_cases.len(),
             if a.op.is_some() || dtype.is_some() { "selected" } else { "" },
             COLUMNS.iter().find(|x| x.0 == col).map(|x| x.1.join(", ")).unwrap_or_default(),
