@@ -899,38 +899,16 @@ pub(crate) fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
     let d = l.ty.dtype();
     let unsigned = d.is_some_and(|d| !d.is_signed_int() && d.is_int()) || d.is_none();
     let out: Vec<i64> = match (&l.data, &r.data) {
-        (Data::F(a), Data::F(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x as f64, y as f64)).collect(),
-        (Data::D(a), Data::D(b)) => a.iter().zip(b).map(|(&x, &y)| fcmp(op, x, y)).collect(),
+        (Data::F(a), Data::F(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
+        (Data::D(a), Data::D(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
         (Data::I(a), Data::I(b)) if unsigned => {
             a.iter().zip(b).map(|(&x, &y)| op.holds(x as u64, y as u64) as i64).collect()
         }
-        (Data::I(a), Data::I(b)) => a.iter().zip(b).map(|(&x, &y)| icmp(op, x, y)).collect(),
+        (Data::I(a), Data::I(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
         (Data::P(a), Data::P(b)) => a.iter().zip(b).map(|(&x, &y)| op.holds(x, y) as i64).collect(),
         _ => Vec::new(),
     };
     Data::I(out)
-}
-
-fn fcmp(op: CmpOp, x: f64, y: f64) -> i64 {
-    (match op {
-        CmpOp::Eq => x == y,
-        CmpOp::Ne => x != y,
-        CmpOp::Lt => x < y,
-        CmpOp::Le => x <= y,
-        CmpOp::Gt => x > y,
-        CmpOp::Ge => x >= y,
-    }) as i64
-}
-
-fn icmp(op: CmpOp, x: i64, y: i64) -> i64 {
-    (match op {
-        CmpOp::Eq => x == y,
-        CmpOp::Ne => x != y,
-        CmpOp::Lt => x < y,
-        CmpOp::Le => x <= y,
-        CmpOp::Gt => x > y,
-        CmpOp::Ge => x >= y,
-    }) as i64
 }
 
 pub(crate) fn cast(x: &Val, to: DType) -> Data {

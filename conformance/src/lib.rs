@@ -5,6 +5,7 @@
 //! outputs poisoned first. Inputs come from a fresh seed per run (printed; `--seed` replays).
 
 pub mod cases;
+pub mod cli;
 pub mod distributed;
 pub mod host;
 pub mod npy;

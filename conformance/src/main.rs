@@ -4,6 +4,7 @@ use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 use trident_conformance::cases::{all_cases, run_case, Record, RunConfig};
+use trident_conformance::cli::{self, usage};
 use trident_core::backend;
 
 #[derive(Parser, Debug)]
@@ -51,19 +52,6 @@ struct Args {
 /// Ranks a world may have (the CPU and loopback worlds' limit).
 const MAX_WORLD: usize = 64;
 
-fn parse_seed(s: &str) -> Result<u64, String> {
-    let r = match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => s.parse(),
-    };
-    r.map_err(|_| format!("--seed {s}: not a decimal or 0x-hex u64"))
-}
-
-fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    (t as u64) ^ ((t >> 64) as u64) ^ (std::process::id() as u64).rotate_left(32)
-}
-
 fn main() -> ExitCode {
     trident_conformance::link_backends();
     let args = Args::parse();
@@ -73,17 +61,10 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    let usage = |m: String| {
-        eprintln!("error: {m}");
-        ExitCode::from(2)
-    };
-    let desc = match backend::lookup(&args.backend) {
+    let desc = match cli::backend(&args.backend, args.target.as_deref()) {
         Ok(d) => d,
-        Err(e) => return usage(e.to_string()),
+        Err(e) => return usage(e),
     };
-    if let Err(e) = desc.resolve_target(args.target.as_deref()) {
-        return usage(e.to_string());
-    }
     if let Some(d) = &args.dtype {
         if !trident_conformance::cases::DTYPES.iter().any(|x| x.as_str() == d) {
             return usage(format!("--dtype {d}: the suite runs f32, bf16 and f16"));
@@ -95,12 +76,12 @@ fn main() -> ExitCode {
         }
     }
     if args.chaos == 0 {
-        return usage("--chaos 0: give the number of schedules per distributed case, at least 1".into());
+        return usage("--chaos 0: give the number of schedules per distributed case, at least 1");
     }
     if args.race && !matches!(desc.name, "cpu" | "cpu-simt") {
         return usage(format!("--race: the race detector runs in the CPU world (cpu, cpu-simt), not on {}", desc.name));
     }
-    let seed = match args.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
+    let seed = match cli::seed(args.seed.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
@@ -124,7 +105,7 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if selected.is_empty() {
-        return usage("no case matches the filters".into());
+        return usage("no case matches the filters");
     }
     if args.check {
         println!("options ok: backend {}, {} cases", desc.name, selected.len());

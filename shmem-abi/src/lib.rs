@@ -106,15 +106,16 @@ keyword_enum! {
 }
 
 impl CmpOp {
-    /// Evaluates `signal <self> value` on 64-bit unsigned signals.
-    pub fn holds(self, signal: u64, value: u64) -> bool {
+    /// Evaluates `a <self> b` (64-bit unsigned signals; IEEE for floats: false with a NaN,
+    /// but `ne`).
+    pub fn holds<T: PartialOrd>(self, a: T, b: T) -> bool {
         match self {
-            CmpOp::Eq => signal == value,
-            CmpOp::Ne => signal != value,
-            CmpOp::Gt => signal > value,
-            CmpOp::Ge => signal >= value,
-            CmpOp::Lt => signal < value,
-            CmpOp::Le => signal <= value,
+            CmpOp::Eq => a == b,
+            CmpOp::Ne => a != b,
+            CmpOp::Gt => a > b,
+            CmpOp::Ge => a >= b,
+            CmpOp::Lt => a < b,
+            CmpOp::Le => a <= b,
         }
     }
 }

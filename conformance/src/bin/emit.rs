@@ -3,7 +3,7 @@
 use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
-use trident_core::backend;
+use trident_conformance::cli::{self, usage};
 use trident_core::ir::DType;
 
 #[derive(Parser)]
@@ -38,8 +38,7 @@ fn main() -> ExitCode {
     trident_conformance::link_backends();
     let a = Args::parse();
     let Some(dtype) = DType::parse(&a.dtype) else {
-        eprintln!("error: --dtype {}: not an element type", a.dtype);
-        return ExitCode::from(2);
+        return usage(format!("--dtype {}: not an element type", a.dtype));
     };
     if let Some(dir) = &a.all_to {
         return emit_all(&a, dir);
@@ -52,40 +51,24 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     // Usage errors (exit 2) before any work: the backend, its target, the kernel.
-    let d = match backend::lookup(&a.backend) {
+    let d = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage(e),
     };
-    if let Err(e) = d.resolve_target(a.target.as_deref()) {
-        eprintln!("error: {e}");
-        return ExitCode::from(2);
-    }
     let built = match &a.file {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => trident_core::text::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
-            Err(e) => {
-                eprintln!("error: {}: {e}", path.display());
-                return ExitCode::from(2);
-            }
+            Err(e) => return usage(format!("{}: {e}", path.display())),
         },
         None => match cat.into_iter().find(|(n, _)| *n == a.kernel) {
             Some((_, built)) => built.map_err(|e| e.to_string()),
-            None => {
-                eprintln!("error: no kernel `{}` (try --list)", a.kernel);
-                return ExitCode::from(2);
-            }
+            None => return usage(format!("no kernel `{}` (try --list)", a.kernel)),
         },
     };
     let result = {
         let func = match built {
             Ok(f) => f,
-            Err(e) => {
-                eprintln!("error: {e}");
-                return ExitCode::from(2);
-            }
+            Err(e) => return usage(e),
         };
         let b = (d.create)();
         (|| -> Result<String, String> {
@@ -122,12 +105,9 @@ fn main() -> ExitCode {
 }
 
 fn emit_all(a: &Args, dir: &std::path::Path) -> ExitCode {
-    let desc = match backend::lookup(&a.backend) {
+    let desc = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return usage(e),
     };
     if let Err(e) = std::fs::create_dir_all(dir) {
         eprintln!("error: creating {}: {e}", dir.display());

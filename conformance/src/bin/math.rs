@@ -10,7 +10,6 @@
 
 use clap::Parser;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use trident_conformance::reference::{ulps, unary_f64};
 use trident_core::backend::{self, LaunchOptions};
 use trident_core::ir::{DType, LaunchAttrs, UnaryOp};
@@ -44,7 +43,7 @@ struct Args {
     json: Option<std::path::PathBuf>,
 }
 
-#[derive(serde::Serialize, Default, Clone)]
+#[derive(serde::Serialize, Clone)]
 struct Row {
     op: String,
     fast: bool,
@@ -61,15 +60,92 @@ struct Row {
     domain_max_rel: f64,
 }
 
-/// Errors of `y` against `r` on the fast-math domain: (abs, rel).
-fn domain_err(op: UnaryOp, x: f32, y: f32, r: f64) -> (f64, f64) {
-    // Results that round to infinity are judged by ulps, not here.
-    if !trident_conformance::ops::fast_domain(op, x as f64) || (r as f32).is_infinite() || r.is_nan() {
-        return (0.0, 0.0);
+/// What a run found over some inputs (merged across threads and launches).
+#[derive(Clone, Copy, Default)]
+struct Tally {
+    worst: u64,
+    worst_x: u32,
+    inexact: u64,
+    over: u64,
+    dabs: f64,
+    drel: f64,
+    mismatches: u64,
+}
+
+impl Tally {
+    /// `y = op(x)`; `host` is the host's bits to match (device mode).
+    fn add(&mut self, op: UnaryOp, x: f32, y: f32, host: Option<f32>) {
+        if host.is_some_and(|h| h.to_bits() != y.to_bits() && !(h.is_nan() && y.is_nan())) {
+            self.mismatches += 1;
+        }
+        let r = unary_f64(op, x as f64);
+        let u = ulps(y as f64, r, DType::F32);
+        self.inexact += (u >= 1) as u64;
+        self.over += (u >= 2) as u64;
+        if u > self.worst {
+            (self.worst, self.worst_x) = (u, x.to_bits());
+        }
+        // On fast math's domain: absolute error, and relative where |f(x)| >= 2^-64; results
+        // that round to infinity are judged by ulps only.
+        if trident_conformance::ops::fast_domain(op, x as f64) && !(r as f32).is_infinite() && !r.is_nan() {
+            let e = (y as f64 - r).abs();
+            let e = if e.is_nan() { f64::INFINITY } else { e };
+            self.dabs = self.dabs.max(e);
+            if r.abs() >= 2f64.powi(-64) {
+                self.drel = self.drel.max(e / r.abs());
+            }
+        }
     }
-    let e = (y as f64 - r).abs();
-    let e = if e.is_nan() { f64::INFINITY } else { e };
-    (e, if r.abs() >= 2f64.powi(-64) { e / r.abs() } else { 0.0 })
+
+    fn merge(&mut self, o: Tally) {
+        if o.worst > self.worst {
+            (self.worst, self.worst_x) = (o.worst, o.worst_x);
+        }
+        self.inexact += o.inexact;
+        self.over += o.over;
+        self.dabs = self.dabs.max(o.dabs);
+        self.drel = self.drel.max(o.drel);
+        self.mismatches += o.mismatches;
+    }
+
+    fn row(&self, op: UnaryOp, fast: bool, inputs: u64) -> Row {
+        Row {
+            op: op.to_string(),
+            fast,
+            inputs,
+            max_ulp: self.worst,
+            worst_input: f32::from_bits(self.worst_x),
+            not_correctly_rounded: self.inexact,
+            over_one_ulp: self.over,
+            mismatches: self.mismatches,
+            domain_max_abs: self.dabs,
+            domain_max_rel: self.drel,
+        }
+    }
+}
+
+/// Tallies `item(i)` (input, result, host's result) for `i` in `0..n` over `threads` threads.
+fn tally(n: u64, threads: usize, item: &(dyn Fn(u64) -> (f32, f32, Option<f32>) + Sync), op: UnaryOp) -> Tally {
+    let per = n.div_ceil(threads as u64);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads as u64)
+            .map(|t| {
+                s.spawn(move || {
+                    let mut acc = Tally::default();
+                    for i in t * per..((t + 1) * per).min(n) {
+                        let (x, y, h) = item(i);
+                        acc.add(op, x, y, h);
+                    }
+                    acc
+                })
+            })
+            .collect();
+        let mut all = Tally::default();
+        for h in hs {
+            all.merge(h.join().unwrap_or_default());
+        }
+        all
+    })
 }
 
 fn ops(filter: &Option<String>) -> Vec<UnaryOp> {
@@ -89,52 +165,17 @@ fn host_eval(op: UnaryOp, fast: bool, x: f32) -> f32 {
 
 fn host(a: &Args, op: UnaryOp, fast: bool, threads: usize) -> Row {
     let count = (1u64 << 32).div_ceil(a.stride);
-    let chunk = count.div_ceil(threads as u64);
-    let (worst, worst_x, inexact, over) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
-    let (dabs, drel) = (AtomicU64::new(0), AtomicU64::new(0));
-    std::thread::scope(|s| {
-        for t in 0..threads as u64 {
-            let (worst, worst_x, inexact, over) = (&worst, &worst_x, &inexact, &over);
-            let (dabs, drel) = (&dabs, &drel);
-            let stride = a.stride;
-            s.spawn(move || {
-                let (mut w, mut wx, mut ni, mut ov) = (0u64, 0u32, 0u64, 0u64);
-                let (mut da, mut dr) = (0f64, 0f64);
-                for k in t * chunk..((t + 1) * chunk).min(count) {
-                    let x = f32::from_bits((k * stride) as u32);
-                    let (y, r) = (host_eval(op, fast, x), unary_f64(op, x as f64));
-                    let (ea, er) = domain_err(op, x, y, r);
-                    (da, dr) = (da.max(ea), dr.max(er));
-                    let u = ulps(y as f64, r, DType::F32);
-                    ni += (u >= 1) as u64;
-                    ov += (u >= 2) as u64;
-                    if u > w {
-                        (w, wx) = (u, x.to_bits());
-                    }
-                }
-                inexact.fetch_add(ni, Ordering::Relaxed);
-                over.fetch_add(ov, Ordering::Relaxed);
-                // Non-negative f64s order like their bits.
-                dabs.fetch_max(da.to_bits(), Ordering::Relaxed);
-                drel.fetch_max(dr.to_bits(), Ordering::Relaxed);
-                if worst.fetch_max(w, Ordering::Relaxed) < w {
-                    worst_x.store(wx as u64, Ordering::Relaxed);
-                }
-            });
-        }
-    });
-    Row {
-        op: op.to_string(),
-        fast,
-        inputs: count,
-        max_ulp: worst.into_inner(),
-        worst_input: f32::from_bits(worst_x.into_inner() as u32),
-        not_correctly_rounded: inexact.into_inner(),
-        over_one_ulp: over.into_inner(),
-        mismatches: 0,
-        domain_max_abs: f64::from_bits(dabs.into_inner()),
-        domain_max_rel: f64::from_bits(drel.into_inner()),
-    }
+    let stride = a.stride;
+    let t = tally(
+        count,
+        threads,
+        &|k| {
+            let x = f32::from_bits((k * stride) as u32);
+            (x, host_eval(op, fast, x), None)
+        },
+        op,
+    );
+    t.row(op, fast, count)
 }
 
 /// Runs `op` over the sampled inputs on a device, in launches of 2^24 elements.
@@ -154,7 +195,7 @@ fn device(a: &Args, name: &str, op: UnaryOp, fast: bool, threads: usize) -> Resu
         dev.alloc(4 * CHUNK as usize, "x").map_err(|e| e.to_string())?,
         dev.alloc(4 * CHUNK as usize, "out").map_err(|e| e.to_string())?,
     );
-    let mut row = Row { op: op.to_string(), fast, inputs: count, ..Row::default() };
+    let mut all = Tally::default();
     let mut start = 0;
     while start < count {
         let n = CHUNK.min(count - start);
@@ -167,51 +208,12 @@ fn device(a: &Args, name: &str, op: UnaryOp, fast: bool, threads: usize) -> Resu
         let mut out = vec![0u8; 4 * n_pad as usize];
         dev.read(&yb, 0, &mut out).map_err(|e| e.to_string())?;
         let ys: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        let per = (n as usize).div_ceil(threads);
-        let results: Vec<(u64, u64, u64, u64, u32, f64, f64)> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    let (xs, ys) = (&xs, &ys);
-                    s.spawn(move || {
-                        let (mut mism, mut w, mut ni, mut ov, mut wx) = (0u64, 0u64, 0u64, 0u64, 0u32);
-                        let (mut da, mut dr) = (0f64, 0f64);
-                        for i in t * per..((t + 1) * per).min(n as usize) {
-                            let (x, y) = (xs[i], ys[i]);
-                            let h = host_eval(op, fast, x);
-                            if h.to_bits() != y.to_bits() && !(h.is_nan() && y.is_nan()) {
-                                mism += 1;
-                            }
-                            let r = unary_f64(op, x as f64);
-                            let (ea, er) = domain_err(op, x, y, r);
-                            (da, dr) = (da.max(ea), dr.max(er));
-                            let u = ulps(y as f64, r, DType::F32);
-                            ni += (u >= 1) as u64;
-                            ov += (u >= 2) as u64;
-                            if u > w {
-                                (w, wx) = (u, x.to_bits());
-                            }
-                        }
-                        (mism, w, ni, ov, wx, da, dr)
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap_or_default()).collect()
-        });
-        for (mism, w, ni, ov, wx, da, dr) in results {
-            row.domain_max_abs = row.domain_max_abs.max(da);
-            row.domain_max_rel = row.domain_max_rel.max(dr);
-            row.mismatches += mism;
-            row.not_correctly_rounded += ni;
-            row.over_one_ulp += ov;
-            if w > row.max_ulp {
-                row.max_ulp = w;
-                row.worst_input = f32::from_bits(wx);
-            }
-        }
+        let t = tally(n, threads, &|i| (xs[i as usize], ys[i as usize], Some(host_eval(op, fast, xs[i as usize]))), op);
+        all.merge(t);
         start += n;
     }
     let _ = (dev.free(&xb), dev.free(&yb));
-    Ok(row)
+    Ok(all.row(op, fast, count))
 }
 
 fn main() -> ExitCode {

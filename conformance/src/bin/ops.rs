@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use trident_conformance::cli::{self, usage};
 use trident_conformance::ops::matrix::{cell, Matrix, COLUMNS};
 use trident_conformance::ops::run::{Outcome, Runner, Status};
 use trident_conformance::ops::{cases, OpCase};
@@ -57,24 +58,6 @@ struct Args {
     emit: Option<PathBuf>,
 }
 
-fn usage(m: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {m}");
-    ExitCode::from(2)
-}
-
-fn parse_seed(s: &str) -> Result<u64, String> {
-    let r = match s.strip_prefix("0x") {
-        Some(h) => u64::from_str_radix(h, 16),
-        None => s.parse(),
-    };
-    r.map_err(|_| format!("--seed {s}: not a decimal or 0x-hex u64"))
-}
-
-fn fresh_seed() -> u64 {
-    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    (t as u64) ^ ((t >> 64) as u64) ^ (std::process::id() as u64).rotate_left(32)
-}
-
 /// Runners (one per target) for a matrix column's backend, compile-only.
 fn column_runners<'a>(
     backends: &'a [(String, Box<dyn trident_core::backend::Backend>)],
@@ -98,19 +81,16 @@ fn column_runners<'a>(
 fn main() -> ExitCode {
     trident_conformance::link_backends();
     let a = Args::parse();
-    let desc = match backend::lookup(&a.backend) {
+    let desc = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = desc.resolve_target(a.target.as_deref()) {
-        return usage(e);
-    }
     let dtype = match a.dtype.as_deref().map(|d| DType::parse(d).ok_or(d)) {
         Some(Err(d)) => return usage(format!("--dtype {d}: not an element type")),
         Some(Ok(d)) => Some(d),
         None => None,
     };
-    let seed = match a.seed.as_deref().map(parse_seed).unwrap_or_else(|| Ok(fresh_seed())) {
+    let seed = match cli::seed(a.seed.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };

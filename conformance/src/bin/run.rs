@@ -16,9 +16,10 @@ use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
+use trident_conformance::cli::{self, usage};
 use trident_conformance::npy;
 use trident_conformance::ops::values::{encode, V};
-use trident_core::backend::{self, Buffer, KernelArg, LaunchOptions};
+use trident_core::backend::{Buffer, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Elem, Literal};
 
 #[derive(Parser, Debug)]
@@ -50,11 +51,6 @@ struct Args {
     /// Extra timed runs (median reported); inputs are rewritten before each.
     #[arg(long, default_value_t = 0)]
     repeat: usize,
-}
-
-fn usage(m: impl std::fmt::Display) -> ExitCode {
-    eprintln!("error: {m}");
-    ExitCode::from(2)
 }
 
 /// A parameter's argument, resolved before anything runs.
@@ -130,13 +126,10 @@ fn main() -> ExitCode {
     trident_conformance::link_backends();
     let a = Args::parse();
     // Everything is checked before anything runs.
-    let desc = match backend::lookup(&a.backend) {
+    let desc = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,
         Err(e) => return usage(e),
     };
-    if let Err(e) = desc.resolve_target(a.target.as_deref()) {
-        return usage(e);
-    }
     let grid = match parse_grid(&a.grid) {
         Ok(g) => g,
         Err(e) => return usage(e),

@@ -93,25 +93,9 @@ pub fn binary(op: BinaryOp, d: DType, x: V, y: V) -> V {
 
 pub fn compare(op: CmpOp, d: DType, x: V, y: V) -> bool {
     if d.is_float() {
-        let (a, b) = (x.f(), y.f());
-        match op {
-            CmpOp::Eq => a == b,
-            CmpOp::Ne => a != b,
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Gt => a > b,
-            CmpOp::Ge => a >= b,
-        }
+        op.holds(x.f(), y.f())
     } else {
-        let (a, b) = (x.i(), y.i());
-        match op {
-            CmpOp::Eq => a == b,
-            CmpOp::Ne => a != b,
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Gt => a > b,
-            CmpOp::Ge => a >= b,
-        }
+        op.holds(x.i(), y.i())
     }
 }
 

@@ -9,17 +9,6 @@ use crate::ir::{BinaryOp, CmpOp};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Native;
 
-fn holds<T: PartialOrd>(op: CmpOp, a: T, b: T) -> bool {
-    match op {
-        CmpOp::Eq => a == b,
-        CmpOp::Ne => a != b,
-        CmpOp::Lt => a < b,
-        CmpOp::Le => a <= b,
-        CmpOp::Gt => a > b,
-        CmpOp::Ge => a >= b,
-    }
-}
-
 impl Arith for Native {
     type F = f32;
     type D = f64;
@@ -77,7 +66,7 @@ impl Arith for Native {
     }
     #[inline(always)]
     fn cmp(&mut self, op: CmpOp, a: f32, b: f32) -> bool {
-        holds(op, a, b)
+        op.holds(a, b)
     }
     #[inline(always)]
     fn sel(&mut self, c: bool, a: f32, b: f32) -> f32 {
@@ -142,7 +131,7 @@ impl Arith for Native {
     }
     #[inline(always)]
     fn dcmp(&mut self, op: CmpOp, a: f64, b: f64) -> bool {
-        holds(op, a, b)
+        op.holds(a, b)
     }
     #[inline(always)]
     fn dsel(&mut self, c: bool, a: f64, b: f64) -> f64 {
@@ -197,7 +186,7 @@ impl Arith for Native {
     }
     #[inline(always)]
     fn icmp(&mut self, op: CmpOp, a: i32, b: i32) -> bool {
-        holds(op, a, b)
+        op.holds(a, b)
     }
     #[inline(always)]
     fn isel(&mut self, c: bool, a: i32, b: i32) -> i32 {
@@ -240,7 +229,7 @@ impl Arith for Native {
     }
     #[inline(always)]
     fn lcmp(&mut self, op: CmpOp, a: u64, b: u64) -> bool {
-        holds(op, a, b)
+        op.holds(a, b)
     }
     #[inline(always)]
     fn lsel(&mut self, c: bool, a: u64, b: u64) -> u64 {
