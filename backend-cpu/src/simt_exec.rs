@@ -2,7 +2,8 @@
 //! with every thread of the program in lock-step (each register is a vector over the threads), so
 //! the layout and lowering that the GPU backends share are tested without a GPU.
 //!
-//! Registered as backend `cpu-simt` with targets `warp32` and `warp64` (the lowering's warp size).
+//! Registered as backend `cpu-simt` with the GPU targets (`sm_90a`, `sm_80`, `gfx942`, ..): the
+//! lowering for that target, run at its warp or wave size.
 
 use crate::interp::{elem_bits, DirectHooks, Fault, Hooks};
 use crate::memory::Memory;
@@ -14,16 +15,18 @@ use trident_core::backend::{
     check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
 };
 use trident_core::ir::*;
-use trident_core::simt::{lower, Inst, Kernel, LowerOptions, Reg, SType, Special};
+use trident_core::simt::{lower, Inst, Kernel, Reg, SType, Special};
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "cpu-simt";
-pub const TARGETS: &[&str] = &["warp32", "warp64"];
+/// Every GPU target of the shared lowering (found in `trident_core::target`'s registry, which
+/// the vendor crates fill: a binary links them to run their targets here).
+pub const TARGETS: &[&str] = &["sm_90a", "sm_90", "sm_80", "gfx942", "gfx90a"];
 
 inventory::submit! {
     BackendDescriptor {
         name: NAME,
-        description: "the SIMT lowering shared by the GPU backends, executed on the host (warp 32 or 64)",
+        description: "the SIMT lowering shared by the GPU backends, executed on the host for a GPU target",
         targets: TARGETS,
         create: || Box::new(SimtBackend),
     }
@@ -39,9 +42,12 @@ impl Backend for SimtBackend {
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
         let target = self.descriptor().resolve_target(target)?;
         verify(func)?;
-        let warp_size = if target == "warp64" { 64 } else { 32 };
-        let opts = if warp_size == 64 { LowerOptions::AMD_CDNA } else { LowerOptions::NVIDIA };
-        let k = lower(func, opts).map_err(|e| BackendError::Compile {
+        let desc = trident_core::target::lookup(target).map_err(|e| BackendError::Compile {
+            backend: NAME,
+            kernel: func.name.clone(),
+            message: format!("{e} (this binary links no crate that registers it)"),
+        })?;
+        let k = lower(func, desc).map_err(|e| BackendError::Compile {
             backend: NAME,
             kernel: func.name.clone(),
             message: e.to_string(),

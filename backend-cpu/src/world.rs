@@ -41,7 +41,7 @@ pub struct WorldOptions {
     /// Track happens-before with vector clocks and fail on the first data race.
     pub race: bool,
     /// Run kernels through the SIMT lowering (at this warp size) instead of the tile interpreter.
-    pub simt_warp: Option<u32>,
+    pub simt_target: Option<&'static str>,
 }
 
 impl WorldOptions {
@@ -53,7 +53,7 @@ impl WorldOptions {
             trace: false,
             max_cooperative_programs: 1024,
             race: false,
-            simt_warp: None,
+            simt_target: None,
         }
     }
 }
@@ -314,11 +314,11 @@ impl CpuRank {
         if let Some(r) = &inner.races {
             r.label(tag, format!("rank {rank} host"));
         }
-        let backend: Box<dyn Backend> = match inner.opts.simt_warp {
+        let backend: Box<dyn Backend> = match inner.opts.simt_target {
             Some(_) => Box::new(crate::simt_exec::SimtBackend),
             None => Box::new(CpuBackend),
         };
-        let target = inner.opts.simt_warp.map(|w| if w == 64 { "warp64" } else { "warp32" });
+        let target = inner.opts.simt_target;
         CpuRank {
             inner,
             rank,

@@ -1,5 +1,6 @@
 //! The SIMT lowering (layouts, shuffle reductions, vector accesses, puts/gets, barrier_all)
-//! executed by `cpu-simt` at warp sizes 32 and 64, against host references on fresh inputs.
+//! executed by `cpu-simt` for an NVIDIA (warp 32) and an AMD (wave 64) target, against host
+//! references on fresh inputs.
 
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::simt_exec::SimtBackend;
@@ -9,7 +10,13 @@ use trident_core::ir::*;
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder};
 
-const TARGETS: [&str; 2] = ["warp32", "warp64"];
+const TARGETS: [&str; 2] = ["sm_90a", "gfx942"];
+
+/// Registers the targets (the vendor crates own them).
+fn link() {
+    trident_backend_nvidia::link();
+    trident_backend_amd::link();
+}
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -65,6 +72,7 @@ fn reference(op: ReduceOp, axis: u32, m: usize, n: usize, x: &[f32]) -> Vec<f64>
 fn shuffle_reductions_match_the_host_along_both_axes() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let ops = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min, ReduceOp::Argmax, ReduceOp::Argmin];
+    link();
     for target in TARGETS {
         let dev = SimtBackend.open_device(0).unwrap();
         for (m, n) in [(4, 64), (64, 4), (16, 256), (128, 32), (2, 2), (1, 512), (512, 1)] {
@@ -111,6 +119,7 @@ fn vector_accesses_fall_back_when_misaligned_or_masked() {
     let v = b.load_or(x + off + i, mask, -1.0);
     b.store(out + off + i, v * 2.0f32, Some(mask));
     let f = b.finish().unwrap();
+    link();
     for target in TARGETS {
         let k = SimtBackend.compile(&f, Some(target)).unwrap();
         let text = &k.text;
@@ -153,6 +162,7 @@ fn compare_and_swap_matches_the_host() {
     let prev = b.atomic_cas(counter, 0i64, 1i64, MemSemantic::AcqRel, Scope::Gpu);
     b.store(olds + 256 + b.program_id_x(), prev.cast(DType::I32), None);
     let f = b.finish().unwrap();
+    link();
     for target in TARGETS {
         let k = SimtBackend.compile(&f, Some(target)).unwrap();
         let dev = SimtBackend.open_device(0).unwrap();
@@ -204,11 +214,12 @@ fn puts_gets_and_barrier_all_in_a_world() {
     let v = b.load_or(inbox + i, m, 0.0) + b.load_or(fetched + i, m, 0.0);
     b.store(out + i, v, Some(m));
     let f = b.finish().unwrap();
-    for warp in [32, 64] {
+    link();
+    for target in TARGETS {
         for ranks in [1, 2, 4] {
             let seed: u64 = rand::random();
             let mut opts = WorldOptions::new(ranks, seed);
-            opts.simt_warp = Some(warp);
+            opts.simt_target = Some(target);
             let f2 = f.clone();
             let run = CpuWorld::run(opts, move |ctx: &dyn RankCtx| {
                 let inputs: Vec<f32> = (0..N).map(|i| (ctx.rank() * 1000 + i) as f32).collect();
@@ -227,11 +238,11 @@ fn puts_gets_and_barrier_all_in_a_world() {
                 ctx.read(&out, 0, &mut bytes)?;
                 Ok(words(&bytes).into_iter().map(f32::from_le_bytes).collect::<Vec<f32>>())
             })
-            .unwrap_or_else(|e| panic!("warp {warp}, {ranks} ranks, seed {seed:#x}: {e}"));
+            .unwrap_or_else(|e| panic!("{target}, {ranks} ranks, seed {seed:#x}: {e}"));
             for (r, got) in run.results.iter().enumerate() {
                 let prev = (r + ranks - 1) % ranks;
                 for (i, g) in got.iter().enumerate() {
-                    assert_eq!(*g, 2.0 * (prev * 1000 + i) as f32, "rank {r} element {i}, warp {warp}, {ranks} ranks");
+                    assert_eq!(*g, 2.0 * (prev * 1000 + i) as f32, "rank {r} element {i}, {target}, {ranks} ranks");
                 }
             }
         }

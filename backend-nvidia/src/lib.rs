@@ -14,7 +14,7 @@ pub mod world;
 use std::sync::Arc;
 use target::Target;
 use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};
-use trident_core::simt::{lower, LowerOptions};
+use trident_core::simt::lower;
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "nvidia";
@@ -47,8 +47,7 @@ impl NvidiaBackend {
     pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
-        let opts = LowerOptions { shared_limit: target.shared_limit(), ..LowerOptions::NVIDIA };
-        let k = lower(func, opts).map_err(|e| compile_err(e.to_string()))?;
+        let k = lower(func, target.desc()).map_err(|e| compile_err(e.to_string()))?;
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
         Ok(PtxModule {
             ptx,

@@ -1,4 +1,11 @@
-//! NVIDIA targets by name.
+//! NVIDIA targets by name, and their descriptions (`trident_core::target`) registered for the
+//! shared lowering and `cpu-simt`.
+
+use trident_core::target::{TargetDesc, SM_80, SM_90, SM_90A};
+
+inventory::submit! { SM_80 }
+inventory::submit! { SM_90 }
+inventory::submit! { SM_90A }
 
 /// A compute capability the PTX writer targets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,12 +36,12 @@ impl Target {
         }
     }
 
-    /// Most shared memory one program may use (bytes, dynamic shared memory opted in):
-    /// 227 KiB on Hopper, 163 KiB on A100.
-    pub fn shared_limit(self) -> u32 {
+    /// What the shared lowering knows about it.
+    pub fn desc(self) -> &'static TargetDesc {
         match self {
-            Target::Sm80 => 163 << 10,
-            Target::Sm90 | Target::Sm90a => 227 << 10,
+            Target::Sm80 => &SM_80,
+            Target::Sm90 => &SM_90,
+            Target::Sm90a => &SM_90A,
         }
     }
 

@@ -235,13 +235,14 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         message: String::new(),
     };
     let start = Instant::now();
-    let simt_warp = match backend.descriptor().name {
-        "cpu-simt" => Some(if cfg.target.as_deref() == Some("warp64") { 64 } else { 32 }),
+    // The SIMT lowering runs in the CPU world for the requested GPU target.
+    let simt_target = match backend.descriptor().name {
+        "cpu-simt" => backend.descriptor().resolve_target(cfg.target.as_deref()).ok(),
         _ => None,
     };
     let kind = match backend.descriptor().name {
         "nvidia" => Some(crate::distributed::WorldKind::Gpu),
-        "cpu" | "cpu-simt" => Some(crate::distributed::WorldKind::Cpu { race, simt_warp }),
+        "cpu" | "cpu-simt" => Some(crate::distributed::WorldKind::Cpu { race, simt_target }),
         _ => None,
     };
     if case.distributed && kind.is_none() {

@@ -20,7 +20,7 @@ use trident_kernels::ring_shift::{RingShift, ShiftMode};
 #[derive(Clone, Copy, Debug)]
 pub enum WorldKind {
     /// The CPU world: tile interpreter, or the SIMT lowering at a warp size.
-    Cpu { race: bool, simt_warp: Option<u32> },
+    Cpu { race: bool, simt_target: Option<&'static str> },
     /// The loopback world: every rank on one GPU.
     Gpu,
 }
@@ -202,8 +202,8 @@ pub fn execute(
 ) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
     match kind {
-        WorldKind::Cpu { race, simt_warp } => {
-            let opts = WorldOptions { race, simt_warp, ..WorldOptions::new(case.world, schedule_seed) };
+        WorldKind::Cpu { race, simt_target } => {
+            let opts = WorldOptions { race, simt_target, ..WorldOptions::new(case.world, schedule_seed) };
             CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
         }
         WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| rank_main(&case2, &data, ctx)),

@@ -17,4 +17,5 @@ pub fn link_backends() {
     trident_backend_cpu::link();
     trident_backend_cpu::simt_exec::link();
     trident_backend_nvidia::link();
+    trident_backend_amd::link();
 }

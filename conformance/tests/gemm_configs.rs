@@ -23,7 +23,7 @@ fn swept_gemm_configurations_match_f64() {
             let backend = SimtBackend;
             let dev = backend.open_device(0).unwrap();
             let mut l = Launcher::new(&backend, dev.as_ref(), LaunchOptions::default());
-            l.target = Some("warp32".into());
+            l.target = Some("sm_90a".into());
             let es = d.size_bytes() as usize;
             let ab = dev.alloc(m * k * es, "a").unwrap();
             dev.write(&ab, 0, &encode(&a, d)).unwrap();

@@ -4,7 +4,7 @@
 
 use trident_core::backend::{self, Backend, KernelArg, LaunchOptions};
 use trident_core::ir::{AtomicOp, BinaryOp, DType, LaunchAttrs, Literal, MemSemantic, Scope, UnaryOp};
-use trident_core::simt::{lower, Inst, LowerOptions, SType};
+use trident_core::simt::{lower, Inst, SType};
 use trident_core::{Function, KernelBuilder};
 
 fn backend(name: &str) -> Box<dyn Backend> {
@@ -72,7 +72,7 @@ fn narrow_integers_wrap_in_gpu_code() {
     let q = v.binary(BinaryOp::Div, b.constant(Literal::Int(3), DType::I8));
     b.store(out + offs, q, None);
     let f = b.finish().expect("valid");
-    let k = lower(&f, LowerOptions::NVIDIA).expect("lowers");
+    let k = lower(&f, &trident_core::target::SM_90A).expect("lowers");
     fn narrow_arith(body: &[Inst], k: &trident_core::simt::Kernel) -> bool {
         body.iter().any(|i| match i {
             Inst::Binary { dst, .. } | Inst::Unary { dst, .. } => matches!(k.ty(*dst), SType::Int { bits: 8 | 16, .. }),
@@ -96,7 +96,7 @@ fn narrow_integers_wrap_in_gpu_code() {
 /// a 32-element tile with 4 warps, not 128.
 #[test]
 fn tile_atomics_act_once_per_element() {
-    for target in ["warp32", "warp64"] {
+    for target in ["sm_90a", "gfx942"] {
         let b = KernelBuilder::new("tickets", LaunchAttrs::default());
         let (counter, out) = (b.arg_ptr("counter", DType::I32), b.arg_ptr("out", DType::I32));
         let offs = b.arange(0, 32);

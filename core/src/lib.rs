@@ -12,6 +12,7 @@ pub mod builder;
 pub mod ir;
 pub mod math;
 pub mod simt;
+pub mod target;
 pub mod text;
 pub mod verify;
 pub mod world;

@@ -44,7 +44,7 @@ struct TestArgs {
     /// Only cases at this world size.
     #[arg(long)]
     world: Option<String>,
-    /// Backend target (e.g. `warp64` for `cpu-simt`, `sm_90` for `nvidia`).
+    /// Backend target (e.g. `gfx942` for `cpu-simt`, `sm_90` for `nvidia`).
     #[arg(long)]
     target: Option<String>,
     /// Run every distributed case under N schedules.
@@ -431,8 +431,10 @@ fn main() -> ExitCode {
                 .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
                 .and_then(|_| test(&chaos))
                 .and_then(|_| test(&race))
-                .and_then(|_| test(&simt("warp32")))
-                .and_then(|_| test(&simt("warp64")))
+                .and_then(|_| test(&simt("sm_80")))
+                .and_then(|_| test(&simt("sm_90a")))
+                .and_then(|_| test(&simt("gfx90a")))
+                .and_then(|_| test(&simt("gfx942")))
                 // The elementary functions of the lowering bit-identical to the host's.
                 .and_then(|_| {
                     let a = ["--stride", "65537", "--backend", "cpu-simt"].map(String::from);

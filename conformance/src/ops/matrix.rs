@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 /// The matrix's columns: a backend and the targets that must agree on it.
 pub const COLUMNS: [(&str, &[&str]); 3] =
-    [("cpu", &["cpu"]), ("cpu-simt", &["warp32", "warp64"]), ("nvidia", &["sm_80", "sm_90a"])];
+    [("cpu", &["cpu"]), ("cpu-simt", &["sm_80", "sm_90a", "gfx90a", "gfx942"]), ("nvidia", &["sm_80", "sm_90a"])];
 
 /// One cell: `None` = supported, `Some(reason)` = refused.
 pub type Cell = Option<String>;

@@ -30,6 +30,7 @@ use super::contiguity::Contiguity;
 use super::layout::{same_elements, Blocked, MmaLayout};
 use super::{Inst, Kernel, Reg, SType, Special};
 use crate::ir::*;
+use crate::target::{AsyncCopy, TargetDesc};
 use std::collections::{BTreeMap, HashMap};
 
 /// Why a function cannot be lowered (yet): the op and where it is.
@@ -37,23 +38,12 @@ use std::collections::{BTreeMap, HashMap};
 pub enum LowerError {
     #[error("`{op}`{}: not supported by the SIMT lowering yet: {reason}", loc.map(|l| format!(" (line {}:{})", l.line, l.col)).unwrap_or_default())]
     Unsupported { op: String, loc: Option<Loc>, reason: String },
-    #[error("kernel `{kernel}` needs {bytes} bytes of shared memory per program; the target allows {limit} (smaller tiles, or fewer stages)")]
-    SharedMemory { kernel: String, bytes: u32, limit: u32 },
-}
-
-/// Target parameters of the lowering.
-#[derive(Clone, Copy, Debug)]
-pub struct LowerOptions {
-    /// 32 on NVIDIA, 64 on AMD CDNA.
-    pub warp_size: u32,
-    /// Bytes of shared memory a program may use (on NVIDIA dynamic shared memory, opted in up to
-    /// the target's limit: 227 KiB on Hopper; 64 KiB of LDS on AMD CDNA).
-    pub shared_limit: u32,
-}
-
-impl LowerOptions {
-    pub const NVIDIA: LowerOptions = LowerOptions { warp_size: 32, shared_limit: 227 << 10 };
-    pub const AMD_CDNA: LowerOptions = LowerOptions { warp_size: 64, shared_limit: 64 << 10 };
+    #[error("kernel `{kernel}` needs {bytes} bytes of shared memory per program; {target} allows {limit} (smaller tiles, or fewer stages)")]
+    SharedMemory { kernel: String, bytes: u32, limit: u32, target: &'static str },
+    #[error(
+        "kernel `{kernel}` has {threads} threads per program ({warps} warps of {warp_size}); {target} allows {limit}"
+    )]
+    Threads { kernel: String, threads: u32, warps: u32, warp_size: u32, limit: u32, target: &'static str },
 }
 
 const I32: SType = SType::Int { bits: 32, signed: true };
@@ -89,6 +79,7 @@ fn hidden_index(name: &str) -> usize {
 
 struct Lowering<'f> {
     func: &'f Function,
+    target: &'static TargetDesc,
     k: Kernel,
     cur: Vec<Inst>,
     /// Thread-invariant definitions (constants, slot coordinates), placed before the body.
@@ -120,9 +111,20 @@ struct Lowering<'f> {
     used: std::collections::HashSet<Value>,
 }
 
-/// Lowers a verified function.
-pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> {
+/// Lowers a verified function for a target.
+pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, LowerError> {
     support::check(func)?;
+    let threads = func.attrs.warps * target.warp_size;
+    if threads > target.max_threads {
+        return Err(LowerError::Threads {
+            kernel: func.name.clone(),
+            threads,
+            warps: func.attrs.warps,
+            warp_size: target.warp_size,
+            limit: target.max_threads,
+            target: target.name,
+        });
+    }
     let mut params: Vec<(String, SType)> =
         func.params.iter().map(|p| (p.name.clone(), stype(func.ty(p.value)))).collect();
     params.extend(super::HIDDEN_PARAMS.iter().map(|(n, t)| (n.to_string(), *t)));
@@ -132,11 +134,12 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
         regs: Vec::new(),
         body: Vec::new(),
         warps: func.attrs.warps,
-        warp_size: opts.warp_size,
+        warp_size: target.warp_size,
         shared_bytes: 0,
     };
     let mut l = Lowering {
         func,
+        target,
         k,
         cur: Vec::new(),
         prologue: Vec::new(),
@@ -172,8 +175,8 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
         head.push(Inst::Param { dst: r, index: i as u32 });
         l.hidden.push(r);
     }
-    let ws = opts.warp_size as i64;
-    let (mask, shift) = (l.iconst(ws - 1), l.iconst(log2(opts.warp_size)));
+    let ws = target.warp_size as i64;
+    let (mask, shift) = (l.iconst(ws - 1), l.iconst(log2(target.warp_size)));
     l.lane = l.reg(I32);
     l.warp = l.reg(I32);
     l.prologue.push(Inst::Binary { dst: l.lane, op: BinaryOp::And, a: l.tid, b: mask });
@@ -183,8 +186,13 @@ pub fn lower(func: &Function, opts: LowerOptions) -> Result<Kernel, LowerError> 
     head.append(&mut l.cur);
     l.k.body = head;
     l.k.shared_bytes = l.shared;
-    if l.shared > opts.shared_limit {
-        return Err(LowerError::SharedMemory { kernel: func.name.clone(), bytes: l.shared, limit: opts.shared_limit });
+    if l.shared > target.shared_bytes {
+        return Err(LowerError::SharedMemory {
+            kernel: func.name.clone(),
+            bytes: l.shared,
+            limit: target.shared_bytes,
+            target: target.name,
+        });
     }
     Ok(l.k)
 }
@@ -1490,7 +1498,7 @@ impl Lowering<'_> {
         let stages = self.func.attrs.stages;
         let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
         let body = *body;
-        if stages < 2 || init.len() != 1 {
+        if stages < 2 || init.len() != 1 || !self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
             return None;
         }
         let layout = self.carried_mma(body, 0)?;
@@ -1756,7 +1764,12 @@ impl Lowering<'_> {
         if ea != eb || !matches!(ea, DType::F16 | DType::BF16) || ec != DType::F32 {
             return None;
         }
-        if !at.shape[1].is_multiple_of(MmaLayout::TILE_K) || self.k.warp_size != 32 {
+        // The fragment code below is `mma.sync.m16n8k16`'s (through `ldmatrix`).
+        let atom = self.target.atom_for(ea, DType::F32)?;
+        if atom.name != crate::target::MMA_SYNC_M16N8K16.name || !self.target.matrix_load {
+            return None;
+        }
+        if !at.shape[1].is_multiple_of(MmaLayout::TILE_K) {
             return None;
         }
         MmaLayout::new(ct.shape[0], ct.shape[1], self.k.warps)
@@ -1993,14 +2006,14 @@ mod tests {
                 })
                 .sum()
         }
-        let k = lower(&build(DType::BF16), LowerOptions::NVIDIA).unwrap();
+        let k = lower(&build(DType::BF16), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 16);
         let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
         // Inside the loop: staging of A and B only (two barriers), no accumulator conversion.
         assert_eq!(body.iter().filter(|i| matches!(i, Inst::Barrier)).count(), 2);
-        let k = lower(&build(DType::F32), LowerOptions::NVIDIA).unwrap();
+        let k = lower(&build(DType::F32), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
-        let k = lower(&build(DType::BF16), LowerOptions::AMD_CDNA).unwrap();
+        let k = lower(&build(DType::BF16), &crate::target::GFX942).unwrap();
         assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
     }
 
@@ -2020,7 +2033,7 @@ mod tests {
             vec![b.dot(xa, ya, acc[0], InputPrecision::Ieee)]
         });
         b.store(c + i.expand_dims(1) * 64i32 + i.expand_dims(0), out[0], None);
-        let k = lower(&b.finish().unwrap(), LowerOptions::NVIDIA).unwrap();
+        let k = lower(&b.finish().unwrap(), &crate::target::SM_90A).unwrap();
         let commits = |body: &[Inst]| body.iter().filter(|i| matches!(i, Inst::AsyncCommit)).count();
         assert_eq!(commits(&k.body), 2, "two steps issued before the loop");
         let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
@@ -2039,14 +2052,14 @@ mod tests {
         let v = b.load(x + offs, Some(offs.lt(1000)), None);
         b.store(out + offs, v * 2.0f32, Some(offs.lt(1000)));
         let f = b.finish().unwrap();
-        let k = lower(&f, LowerOptions::NVIDIA).unwrap();
+        let k = lower(&f, &crate::target::SM_90A).unwrap();
         // 256 elements over 128 threads: one vector group of two per thread (plus the scalar
         // fallback for a misaligned or partly masked group).
         let count = |k: &Kernel, f: fn(&Inst) -> bool| k.body.iter().filter(|i| f(i)).count();
         assert_eq!(count(&k, |i| matches!(i, Inst::VStore { values, .. } if values.len() == 2)), 1);
         assert_eq!(count(&k, |i| matches!(i, Inst::Store { .. })), 2);
         assert_eq!(count(&k, |i| matches!(i, Inst::VLoad { .. })), 1);
-        let k64 = lower(&f, LowerOptions::AMD_CDNA).unwrap();
+        let k64 = lower(&f, &crate::target::GFX942).unwrap();
         assert_eq!(count(&k64, |i| matches!(i, Inst::Store { .. })), 1);
         assert_eq!(count(&k64, |i| matches!(i, Inst::VStore { .. })), 0);
 
@@ -2054,7 +2067,7 @@ mod tests {
         let b = KernelBuilder::new("cas", LaunchAttrs::default());
         let out = b.arg_ptr("out", DType::I32);
         b.atomic_cas(out, 0i32, 1i32, MemSemantic::AcqRel, Scope::Gpu);
-        let k = lower(&b.finish().unwrap(), LowerOptions::NVIDIA).unwrap();
+        let k = lower(&b.finish().unwrap(), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k, |i| matches!(i, Inst::AtomicCas { pred: Some(_), .. })), 1);
     }
 }

@@ -40,7 +40,7 @@ pub mod contiguity;
 pub mod layout;
 pub mod lower;
 
-pub use lower::{lower, LowerError, LowerOptions};
+pub use lower::{lower, LowerError};
 
 use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
 pub use crate::math::ApproxFn;
