@@ -331,41 +331,6 @@ pub const MFMA_16X16X16: MatrixAtom = MatrixAtom {
     lowered: true,
 };
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-
-    /// Every lane map covers its tile exactly once over the atom's lanes.
-    #[test]
-    fn lane_maps_cover_their_tiles() {
-        for atom in [MMA_SYNC_M16N8K16, MFMA_32X32X8, MFMA_16X16X16] {
-            for (what, map, rows, cols, per) in [
-                ("A", atom.a, atom.m, atom.k, atom.a_elems),
-                ("B", atom.b, atom.k, atom.n, atom.b_elems),
-                ("C", atom.c, atom.m, atom.n, atom.c_elems),
-            ] {
-                let mut seen = HashSet::new();
-                for l in 0..atom.lanes {
-                    for i in 0..per {
-                        let (r, c) = map(l, i);
-                        assert!(r < rows && c < cols, "{} {what}: lane {l} element {i} -> ({r}, {c})", atom.name);
-                        assert!(seen.insert((r, c)), "{} {what}: ({r}, {c}) twice", atom.name);
-                    }
-                }
-                assert_eq!(seen.len() as u32, rows * cols, "{} {what}", atom.name);
-            }
-        }
-        let mut seen = HashSet::new();
-        for l in 0..128 {
-            for i in 0..4 {
-                assert!(seen.insert(wgmma_m64n8k16::c(l, i)));
-            }
-        }
-        assert_eq!(seen.len(), 64 * 8);
-    }
-}
-
 // --- the targets (registered by their vendors' backend crates) ---
 
 const NVIDIA_SCOPES: [&str; 3] = ["cta", "gpu", "sys"];
@@ -425,3 +390,38 @@ pub const GFX90A: TargetDesc = TargetDesc {
 
 /// AMD MI300X/MI325X (CDNA3): as CDNA2 for what the lowering asks.
 pub const GFX942: TargetDesc = TargetDesc { name: "gfx942", arch: "CDNA3", ..GFX90A };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// Every lane map covers its tile exactly once over the atom's lanes.
+    #[test]
+    fn lane_maps_cover_their_tiles() {
+        for atom in [MMA_SYNC_M16N8K16, MFMA_32X32X8, MFMA_16X16X16] {
+            for (what, map, rows, cols, per) in [
+                ("A", atom.a, atom.m, atom.k, atom.a_elems),
+                ("B", atom.b, atom.k, atom.n, atom.b_elems),
+                ("C", atom.c, atom.m, atom.n, atom.c_elems),
+            ] {
+                let mut seen = HashSet::new();
+                for l in 0..atom.lanes {
+                    for i in 0..per {
+                        let (r, c) = map(l, i);
+                        assert!(r < rows && c < cols, "{} {what}: lane {l} element {i} -> ({r}, {c})", atom.name);
+                        assert!(seen.insert((r, c)), "{} {what}: ({r}, {c}) twice", atom.name);
+                    }
+                }
+                assert_eq!(seen.len() as u32, rows * cols, "{} {what}", atom.name);
+            }
+        }
+        let mut seen = HashSet::new();
+        for l in 0..128 {
+            for i in 0..4 {
+                assert!(seen.insert(wgmma_m64n8k16::c(l, i)));
+            }
+        }
+        assert_eq!(seen.len(), 64 * 8);
+    }
+}
