@@ -600,7 +600,7 @@ impl Exec<'_> {
                 }
             }
             Inst::AsyncCommit | Inst::AsyncWait { .. } => {}
-            Inst::LdMatrix { dsts, offset, trans } => {
+            Inst::MatrixLoad { dsts, offset, trans } => {
                 let o = self.get(*offset)?;
                 let mut out = vec![vec![0i64; lanes]; dsts.len()];
                 for w in 0..lanes / 32 {
@@ -623,47 +623,90 @@ impl Exec<'_> {
                     self.set(*dst, Data::I(v));
                 }
             }
-            Inst::Mma { d, a, b, c, ab } => {
+            Inst::Matmul { atom, d, a, b, c, ab } => {
+                let atom = *atom;
                 let half = |bits: u64| match ab {
-                    SType::BF16 => half::bf16::from_bits(bits as u16).to_f32(),
-                    _ => half::f16::from_bits(bits as u16).to_f32(),
+                    SType::BF16 => half::bf16::from_bits(bits as u16).to_f32() as f64,
+                    _ => half::f16::from_bits(bits as u16).to_f32() as f64,
                 };
                 let av: Vec<Val> = a.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
                 let bv: Vec<Val> = b.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
                 let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
-                let mut dv = vec![vec![0f32; lanes]; 4];
-                for w in 0..lanes / 32 {
-                    let (mut ma, mut mb, mut mc) = ([[0f32; 16]; 16], [[0f32; 8]; 16], [[0f32; 8]; 16]);
-                    for l in 0..32 {
-                        let (i, g, t) = (w * 32 + l, l / 4, l % 4);
-                        for (r, (row, col)) in
-                            [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)].into_iter().enumerate()
-                        {
-                            let bits = av[r].ints()[i] as u64;
-                            ma[row][col] = half(bits & 0xffff);
-                            ma[row][col + 1] = half(bits >> 16 & 0xffff);
+                let n_lanes = atom.lanes as usize;
+                if lanes % n_lanes != 0 || av.len() * 2 != atom.a_elems as usize || cv.len() != atom.c_elems as usize {
+                    return contract(format!(
+                        "{} on {lanes} threads with {} A and {} C registers",
+                        atom.name,
+                        av.len(),
+                        cv.len()
+                    ));
+                }
+                let (m, n, kk) = (atom.m as usize, atom.n as usize, atom.k as usize);
+                let mut dv = vec![vec![0f32; lanes]; cv.len()];
+                // Each group of the atom's lanes computes one instruction tile: gather A, B and C
+                // from the lanes' fragments by the atom's maps, multiply, scatter D.
+                for g in 0..lanes / n_lanes {
+                    let (mut ma, mut mb, mut mc) = (vec![0f64; m * kk], vec![0f64; kk * n], vec![0f64; m * n]);
+                    for l in 0..n_lanes {
+                        let i = g * n_lanes + l;
+                        for (p, reg) in av.iter().enumerate() {
+                            let bits = reg.ints()[i] as u64;
+                            for h in 0..2 {
+                                let (r, col) = atom.a.eval(l as u32, (2 * p + h) as u32);
+                                ma[r as usize * kk + col as usize] = half(bits >> (16 * h) & 0xffff);
+                            }
                         }
-                        for (r, k) in [2 * t, 2 * t + 8].into_iter().enumerate() {
-                            let bits = bv[r].ints()[i] as u64;
-                            mb[k][g] = half(bits & 0xffff);
-                            mb[k + 1][g] = half(bits >> 16 & 0xffff);
+                        for (p, reg) in bv.iter().enumerate() {
+                            let bits = reg.ints()[i] as u64;
+                            for h in 0..2 {
+                                let (r, col) = atom.b.eval(l as u32, (2 * p + h) as u32);
+                                mb[r as usize * n + col as usize] = half(bits >> (16 * h) & 0xffff);
+                            }
                         }
-                        for (r, cr) in cv.iter().enumerate() {
-                            let Data::F(x) = &cr.data else { return fault("mma accumulator is not f32") };
-                            mc[g + 8 * (r / 2)][2 * t + r % 2] = x[i];
+                        for (e, reg) in cv.iter().enumerate() {
+                            let Data::F(x) = &reg.data else { return contract("a matmul accumulator that is not f32") };
+                            let (r, col) = atom.c.eval(l as u32, e as u32);
+                            mc[r as usize * n + col as usize] = x[i] as f64;
                         }
                     }
-                    for l in 0..32 {
-                        let (i, g, t) = (w * 32 + l, l / 4, l % 4);
-                        for (r, out) in dv.iter_mut().enumerate() {
-                            let (row, col) = (g + 8 * (r / 2), 2 * t + r % 2);
-                            let dot: f64 = (0..16).map(|k| ma[row][k] as f64 * mb[k][col] as f64).sum();
-                            out[i] = (dot + mc[row][col] as f64) as f32;
+                    for l in 0..n_lanes {
+                        for (e, out) in dv.iter_mut().enumerate() {
+                            let (r, col) = atom.c.eval(l as u32, e as u32);
+                            let (r, col) = (r as usize, col as usize);
+                            let dot: f64 = (0..kk).map(|k| ma[r * kk + k] * mb[k * n + col]).sum();
+                            out[g * n_lanes + l] = (dot + mc[r * n + col]) as f32;
                         }
                     }
                 }
                 for (r, out) in d.iter().zip(dv) {
                     self.set(*r, Data::F(out));
+                }
+            }
+            Inst::Pack { dst, lo, hi } => {
+                let (l, h) = (self.get(*lo)?, self.get(*hi)?);
+                let bits = |v: &Val, i: usize| elem_bits(&v.data, i, dtype(k.ty(*lo))) & 0xffff;
+                let v = (0..lanes).map(|i| (bits(&l, i) | bits(&h, i) << 16) as u32 as i32 as i64).collect();
+                self.set(*dst, Data::I(v));
+            }
+            Inst::SharedVLoad { dsts, offset } => {
+                let d = dtype(k.ty(dsts[0]));
+                let size = trident_core::simt::lower::shared_size(k.ty(dsts[0])) as usize;
+                let o = self.get(*offset)?;
+                let mut outs: Vec<Data> = dsts.iter().map(|_| empty_for(Elem::Num(d), lanes)).collect();
+                for i in 0..lanes {
+                    let base = o.ints()[i] as usize;
+                    if !base.is_multiple_of(size * dsts.len()) {
+                        return fault(format!(
+                            "shared vector load at {base} not aligned to {} bytes",
+                            size * dsts.len()
+                        ));
+                    }
+                    for (j, out) in outs.iter_mut().enumerate() {
+                        push(out, from_bits(d, self.shared_get(base + j * size, size)?))?;
+                    }
+                }
+                for (dst, out) in dsts.iter().zip(outs) {
+                    self.set(*dst, out);
                 }
             }
             Inst::SymmAt { dst, ptr, rank } => {

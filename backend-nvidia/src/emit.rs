@@ -80,6 +80,7 @@ fn mem(t: SType) -> &'static str {
 
 struct Writer<'k> {
     k: &'k Kernel,
+    target: Target,
     names: Vec<String>,
     counts: [u32; 6],
     body: String,
@@ -351,7 +352,7 @@ impl<'k> Writer<'k> {
             }
             Inst::AsyncCommit => self.line("cp.async.commit_group".into()),
             Inst::AsyncWait { pending } => self.line(format!("cp.async.wait_group {pending}")),
-            Inst::LdMatrix { dsts, offset, trans } => {
+            Inst::MatrixLoad { dsts, offset, trans } => {
                 let addr = self.shared_addr(*offset)?;
                 let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
                 let t = if *trans { ".trans" } else { "" };
@@ -361,13 +362,41 @@ impl<'k> Writer<'k> {
                     names.join(", ")
                 ));
             }
-            Inst::Mma { d, a, b, c, ab } => {
+            Inst::Matmul { atom, d, a, b, c, ab } => {
+                if atom.name != trident_core::target::MMA_SYNC_M16N8K16.name {
+                    return Err(EmitError(format!(
+                        "matrix atom `{}` is not emitted for {}",
+                        atom.name,
+                        self.target.name()
+                    )));
+                }
                 let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
                 let list = |w: &Self, rs: &[Reg]| rs.iter().map(|r| w.n(*r).to_string()).collect::<Vec<_>>().join(", ");
                 let (dd, aa, bb, cc) = (list(self, d), list(self, a), list(self, b), list(self, c));
                 self.line(format!(
                     "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{dd}}}, {{{aa}}}, {{{bb}}}, {{{cc}}}"
                 ));
+            }
+            Inst::Pack { dst, lo, hi } => {
+                let (d, l, h) = (self.n(*dst).to_string(), self.n(*lo).to_string(), self.n(*hi).to_string());
+                // 16-bit integers live in 32-bit registers: take their low halves.
+                let half = |w: &mut Self, r: Reg, name: String| {
+                    if class(w.k.ty(r)) == Class::H {
+                        name
+                    } else {
+                        let h = w.temp(Class::H);
+                        w.line(format!("cvt.u16.u32 {h}, {name}"));
+                        h
+                    }
+                };
+                let (l, h) = (half(self, *lo, l), half(self, *hi, h));
+                self.line(format!("mov.b32 {d}, {{{l}, {h}}}"));
+            }
+            Inst::SharedVLoad { dsts, offset } => {
+                let t = self.k.ty(dsts[0]);
+                let addr = self.shared_addr(*offset)?;
+                let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
+                self.line(format!("ld.shared.v{}.{} {{{}}}, [{addr}]", dsts.len(), vec_type(t), names.join(", ")));
             }
             Inst::Fma { dst, a, b, c } => {
                 let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
@@ -974,6 +1003,7 @@ fn bf16_bits(x: f32) -> u16 {
 pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     let mut w = Writer {
         k,
+        target,
         names: Vec::with_capacity(k.regs.len()),
         counts: [0; 6],
         body: String::new(),

@@ -37,8 +37,41 @@ pub enum OperandSource {
     SharedDescriptor,
 }
 
-/// Where element `i` of lane `lane`'s fragment sits in the operand tile: `(row, column)`.
-pub type LaneMap = fn(lane: u32, i: u32) -> (u32, u32);
+/// A field of a lane's index: `((lane >> shift) & (2^bits - 1)) * scale`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LaneField {
+    pub shift: u32,
+    pub bits: u32,
+    pub scale: u32,
+}
+
+const fn field(shift: u32, bits: u32, scale: u32) -> LaneField {
+    LaneField { shift, bits, scale }
+}
+
+impl LaneField {
+    pub fn eval(&self, lane: u32) -> u32 {
+        ((lane >> self.shift) & ((1 << self.bits) - 1)) * self.scale
+    }
+}
+
+/// Where element `i` of lane `lane`'s fragment sits in an operand tile: `(row, column)` =
+/// the sums of the lane fields `row` and `col`, plus `elem(i)`. Every matrix instruction's
+/// fragments are of this form, which lets the lowering compute a lane's part once and add
+/// constants, and lets `cpu-simt` gather and scatter any atom's fragments.
+#[derive(Clone, Copy, Debug)]
+pub struct LaneMap {
+    pub row: &'static [LaneField],
+    pub col: &'static [LaneField],
+    pub elem: fn(u32) -> (u32, u32),
+}
+
+impl LaneMap {
+    pub fn eval(&self, lane: u32, i: u32) -> (u32, u32) {
+        let (r, c) = (self.elem)(i);
+        (r + self.row.iter().map(|f| f.eval(lane)).sum::<u32>(), c + self.col.iter().map(|f| f.eval(lane)).sum::<u32>())
+    }
+}
 
 /// One matrix-multiply-accumulate instruction, as data: `D[m x n] = A[m x k] B[k x n] + C`,
 /// computed by `lanes` lanes together, each holding `a_elems`, `b_elems` and `c_elems`
@@ -176,72 +209,54 @@ pub fn lookup(name: &str) -> Result<&'static TargetDesc, UnknownTarget> {
 
 // --- the lane maps of the atoms the lowering knows ---
 
-/// `mma.sync.aligned.m16n8k16` (row-major A, column-major B), with `g = lane / 4`,
-/// `t = lane % 4` (PTX ISA, "Matrix fragments for mma.m16n8k16").
+/// `mma.sync.aligned.m16n8k16` (row-major A, column-major B), with `g = lane / 4` and
+/// `t = lane % 4` (PTX ISA, "Matrix fragments for mma.m16n8k16"): A element `i` (0..8) at row
+/// `g + 8 (i / 2 % 2)`, column `2 t + i % 2 + 8 (i / 4)`; B element `i` (0..4) at row
+/// `2 t + i % 2 + 8 (i / 2)`, column `g`; C/D element `i` at row `g + 8 (i / 2)`, column
+/// `2 t + i % 2`.
 pub mod mma_m16n8k16 {
-    /// A (16 x 16): element `i` (0..8) at row `g + 8 (i / 2 % 2)`, column `2 t + i % 2 + 8 (i / 4)`.
-    pub fn a(lane: u32, i: u32) -> (u32, u32) {
-        let (g, t) = (lane / 4, lane % 4);
-        (g + 8 * (i / 2 % 2), 2 * t + i % 2 + 8 * (i / 4))
-    }
-    /// B (16 x 8): element `i` (0..4) at row `2 t + i % 2 + 8 (i / 2)`, column `g`.
-    pub fn b(lane: u32, i: u32) -> (u32, u32) {
-        let (g, t) = (lane / 4, lane % 4);
-        (2 * t + i % 2 + 8 * (i / 2), g)
-    }
-    /// C/D (16 x 8): element `i` (0..4) at row `g + 8 (i / 2)`, column `2 t + i % 2`.
-    pub fn c(lane: u32, i: u32) -> (u32, u32) {
-        let (g, t) = (lane / 4, lane % 4);
-        (g + 8 * (i / 2), 2 * t + i % 2)
-    }
+    use super::*;
+    const G: LaneField = field(2, 3, 1);
+    const T2: LaneField = field(0, 2, 2);
+    pub const A: LaneMap = LaneMap { row: &[G], col: &[T2], elem: |i| (8 * (i / 2 % 2), i % 2 + 8 * (i / 4)) };
+    pub const B: LaneMap = LaneMap { row: &[T2], col: &[G], elem: |i| (i % 2 + 8 * (i / 2), 0) };
+    pub const C: LaneMap = LaneMap { row: &[G], col: &[T2], elem: |i| (8 * (i / 2), i % 2) };
 }
 
-/// `v_mfma_f32_32x32x8{f16,bf16_1k}` (CDNA2/CDNA3; `docs`: AMD's matrix instruction calculator).
+/// `v_mfma_f32_32x32x8{f16,bf16_1k}` (CDNA2/CDNA3; AMD's matrix instruction calculator): A
+/// element `j` (0..4) at row `l % 32`, column `4 (l / 32) + j`; B element `j` at row
+/// `4 (l / 32) + j`, column `l % 32`; D register `r` (0..16) at row `8 (r / 4) + 4 (l / 32) +
+/// r % 4`, column `l % 32`.
 pub mod mfma_32x32x8 {
-    /// A (32 x 8): element `j` (0..4) at row `l % 32`, column `4 (l / 32) + j`.
-    pub fn a(l: u32, j: u32) -> (u32, u32) {
-        (l % 32, 4 * (l / 32) + j)
-    }
-    /// B (8 x 32): element `j` at row `4 (l / 32) + j`, column `l % 32`.
-    pub fn b(l: u32, j: u32) -> (u32, u32) {
-        (4 * (l / 32) + j, l % 32)
-    }
-    /// D (32 x 32): register `r` (0..16) at row `8 (r / 4) + 4 (l / 32) + r % 4`, column `l % 32`.
-    pub fn c(l: u32, r: u32) -> (u32, u32) {
-        (8 * (r / 4) + 4 * (l / 32) + r % 4, l % 32)
-    }
+    use super::*;
+    const L32: LaneField = field(0, 5, 1);
+    const H4: LaneField = field(5, 1, 4);
+    pub const A: LaneMap = LaneMap { row: &[L32], col: &[H4], elem: |j| (0, j) };
+    pub const B: LaneMap = LaneMap { row: &[H4], col: &[L32], elem: |j| (j, 0) };
+    pub const C: LaneMap = LaneMap { row: &[H4], col: &[L32], elem: |r| (8 * (r / 4) + r % 4, 0) };
 }
 
-/// `v_mfma_f32_16x16x16{f16,bf16_1k}` (CDNA2/CDNA3).
+/// `v_mfma_f32_16x16x16{f16,bf16_1k}` (CDNA2/CDNA3): A element `j` (0..4) at row `l % 16`,
+/// column `4 (l / 16) + j`; B element `j` at row `4 (l / 16) + j`, column `l % 16`; D register
+/// `r` (0..4) at row `4 (l / 16) + r`, column `l % 16`.
 pub mod mfma_16x16x16 {
-    /// A (16 x 16): element `j` (0..4) at row `l % 16`, column `4 (l / 16) + j`.
-    pub fn a(l: u32, j: u32) -> (u32, u32) {
-        (l % 16, 4 * (l / 16) + j)
-    }
-    /// B (16 x 16): element `j` at row `4 (l / 16) + j`, column `l % 16`.
-    pub fn b(l: u32, j: u32) -> (u32, u32) {
-        (4 * (l / 16) + j, l % 16)
-    }
-    /// D (16 x 16): register `r` (0..4) at row `4 (l / 16) + r`, column `l % 16`.
-    pub fn c(l: u32, r: u32) -> (u32, u32) {
-        (4 * (l / 16) + r, l % 16)
-    }
+    use super::*;
+    const L16: LaneField = field(0, 4, 1);
+    const Q4: LaneField = field(4, 2, 4);
+    pub const A: LaneMap = LaneMap { row: &[L16], col: &[Q4], elem: |j| (0, j) };
+    pub const B: LaneMap = LaneMap { row: &[Q4], col: &[L16], elem: |j| (j, 0) };
+    pub const C: LaneMap = LaneMap { row: &[Q4], col: &[L16], elem: |r| (r, 0) };
 }
 
-/// `wgmma.mma_async.m64nNk16` with both operands from shared-memory descriptors (sm_90a): the
-/// accumulator map over the 128 lanes of a warpgroup (PTX ISA, "wgmma D matrix fragment"),
-/// for N = 8 (each further 8 columns repeat it 4 registers on).
+/// `wgmma.mma_async.m64nNk16` with operands from shared-memory descriptors (sm_90a): D over the
+/// 128 lanes of a warpgroup, for N = 8 (each further 8 columns repeat it 4 registers on): warp
+/// `w = lane / 32` takes rows `16 w ..`, within it as `mma.m16n8k16`'s C.
 pub mod wgmma_m64n8k16 {
-    /// D (64 x 8): warp `w = lane / 32` takes rows `16 w ..`; within it as `mma.m16n8k16`.
-    pub fn c(lane: u32, i: u32) -> (u32, u32) {
-        let (w, l) = (lane / 32, lane % 32);
-        let (r, c) = super::mma_m16n8k16::c(l, i);
-        (16 * w + r, c)
-    }
+    use super::*;
+    pub const C: LaneMap =
+        LaneMap { row: &[field(5, 2, 16), field(2, 3, 1)], col: &[field(0, 2, 2)], elem: |i| (8 * (i / 2), i % 2) };
     /// Operands come from shared memory: no per-lane elements.
-    pub fn none(_: u32, _: u32) -> (u32, u32) {
-        (0, 0)
-    }
+    pub const NONE: LaneMap = LaneMap { row: &[], col: &[], elem: |_| (0, 0) };
 }
 
 /// The half-precision inputs every lowered atom takes.
@@ -260,9 +275,9 @@ pub const MMA_SYNC_M16N8K16: MatrixAtom = MatrixAtom {
     a_elems: 8,
     b_elems: 4,
     c_elems: 4,
-    a: mma_m16n8k16::a,
-    b: mma_m16n8k16::b,
-    c: mma_m16n8k16::c,
+    a: mma_m16n8k16::A,
+    b: mma_m16n8k16::B,
+    c: mma_m16n8k16::C,
     operands: OperandSource::Registers,
     asynchronous: false,
     lowered: true,
@@ -281,9 +296,9 @@ pub const WGMMA_M64N8K16: MatrixAtom = MatrixAtom {
     a_elems: 0,
     b_elems: 0,
     c_elems: 4,
-    a: wgmma_m64n8k16::none,
-    b: wgmma_m64n8k16::none,
-    c: wgmma_m64n8k16::c,
+    a: wgmma_m64n8k16::NONE,
+    b: wgmma_m64n8k16::NONE,
+    c: wgmma_m64n8k16::C,
     operands: OperandSource::SharedDescriptor,
     asynchronous: true,
     lowered: false,
@@ -302,9 +317,9 @@ pub const MFMA_32X32X8: MatrixAtom = MatrixAtom {
     a_elems: 4,
     b_elems: 4,
     c_elems: 16,
-    a: mfma_32x32x8::a,
-    b: mfma_32x32x8::b,
-    c: mfma_32x32x8::c,
+    a: mfma_32x32x8::A,
+    b: mfma_32x32x8::B,
+    c: mfma_32x32x8::C,
     operands: OperandSource::Registers,
     asynchronous: false,
     lowered: true,
@@ -323,9 +338,9 @@ pub const MFMA_16X16X16: MatrixAtom = MatrixAtom {
     a_elems: 4,
     b_elems: 4,
     c_elems: 4,
-    a: mfma_16x16x16::a,
-    b: mfma_16x16x16::b,
-    c: mfma_16x16x16::c,
+    a: mfma_16x16x16::A,
+    b: mfma_16x16x16::B,
+    c: mfma_16x16x16::C,
     operands: OperandSource::Registers,
     asynchronous: false,
     lowered: true,
@@ -408,7 +423,7 @@ mod tests {
                 let mut seen = HashSet::new();
                 for l in 0..atom.lanes {
                     for i in 0..per {
-                        let (r, c) = map(l, i);
+                        let (r, c) = map.eval(l, i);
                         assert!(r < rows && c < cols, "{} {what}: lane {l} element {i} -> ({r}, {c})", atom.name);
                         assert!(seen.insert((r, c)), "{} {what}: ({r}, {c}) twice", atom.name);
                     }
@@ -419,7 +434,7 @@ mod tests {
         let mut seen = HashSet::new();
         for l in 0..128 {
             for i in 0..4 {
-                assert!(seen.insert(wgmma_m64n8k16::c(l, i)));
+                assert!(seen.insert(wgmma_m64n8k16::C.eval(l, i)));
             }
         }
         assert_eq!(seen.len(), 64 * 8);

@@ -14,6 +14,8 @@
 //! where the first part depends only on the thread and the second only on the slot; the SIMT
 //! lowering computes the thread part once per kernel and adds constants.
 
+use crate::target::MatrixAtom;
+
 /// Widest contiguous run per thread (elements); 4 x 32-bit = one 16-byte access.
 pub const MAX_VECTOR: u32 = 4;
 
@@ -167,39 +169,39 @@ impl Blocked {
     }
 }
 
-/// The accumulator layout of a `dot` on tensor cores (`mma.m16n8k16`, f32 accumulators): the
+/// The accumulator layout of a `dot` on a matrix atom (`crate::target::MatrixAtom`): the
 /// `[M, N]` tile is split over `warps_m x warps_n` warps (warp `w` takes block row `w % warps_m`
-/// and block column `w / warps_m`), each warp's block into 16 x 8 instruction tiles, and each
-/// instruction tile over the lanes as PTX defines it: with `g = lane / 4` and `t = lane % 4`,
-/// register `r` of a tile holds row `g + 8 (r / 2)`, column `2 t + r % 2`. Slot
-/// `((i * tiles_n) + j) * 4 + r` is register `r` of instruction tile `(i, j)` of the warp.
+/// and block column `w / warps_m`), each warp's block into `atom.m x atom.n` instruction tiles,
+/// and each instruction tile over the lanes by the atom's accumulator map. Slot
+/// `((i * tiles_n) + j) * c_elems + r` is register `r` of instruction tile `(i, j)` of the warp.
+///
+/// An atom's map is a lane part plus a register part (`crate::target::LaneMap`), so a slot's
+/// coordinates are, as for blocked layouts, a per-thread position plus constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct MmaLayout {
+pub struct AccLayout {
+    pub atom: &'static MatrixAtom,
     pub m: u32,
     pub n: u32,
     pub warps_m: u32,
     pub warps_n: u32,
 }
 
-impl MmaLayout {
-    pub const TILE_M: u32 = 16;
-    pub const TILE_N: u32 = 8;
-    pub const TILE_K: u32 = 16;
-
+impl AccLayout {
     /// The split of `warps` warps over an `m x n` output, if the tile fits whole instruction
-    /// tiles: of the splits that do, the one with the fewest fragment loads per instruction
-    /// (`4 tiles_m + 2 tiles_n` 32-bit loads for `tiles_m x tiles_n` MMAs), more warps along M on
-    /// ties.
-    pub fn new(m: u32, n: u32, warps: u32) -> Option<MmaLayout> {
-        let mut best: Option<(u64, MmaLayout)> = None;
+    /// tiles: of the splits that do, the one with the fewest fragment elements loaded per
+    /// instruction (`a_elems tiles_m + b_elems tiles_n` for `tiles_m x tiles_n` of them), more
+    /// warps along M on ties.
+    pub fn new(atom: &'static MatrixAtom, m: u32, n: u32, warps: u32) -> Option<AccLayout> {
+        let mut best: Option<(u64, AccLayout)> = None;
         let mut wm = 1;
         while wm <= warps {
             let wn = warps / wm;
-            if m.is_multiple_of(Self::TILE_M * wm) && n.is_multiple_of(Self::TILE_N * wn) {
-                let l = MmaLayout { m, n, warps_m: wm, warps_n: wn };
+            if m.is_multiple_of(atom.m * wm) && n.is_multiple_of(atom.n * wn) {
+                let l = AccLayout { atom, m, n, warps_m: wm, warps_n: wn };
                 let (ti, tj) = l.tiles();
-                // Loads per MMA, scaled to stay an integer.
-                let cost = (4 * ti as u64 + 2 * tj as u64) * 1_000_000 / (ti as u64 * tj as u64);
+                // Loads per instruction, scaled to stay an integer.
+                let cost = (atom.a_elems as u64 * ti as u64 + atom.b_elems as u64 * tj as u64) * 1_000_000
+                    / (ti as u64 * tj as u64);
                 if best.is_none_or(|(c, _)| cost <= c) {
                     best = Some((cost, l));
                 }
@@ -211,32 +213,44 @@ impl MmaLayout {
 
     /// Instruction tiles per warp along M and N.
     pub fn tiles(&self) -> (u32, u32) {
-        (self.m / self.warps_m / Self::TILE_M, self.n / self.warps_n / Self::TILE_N)
+        (self.m / self.warps_m / self.atom.m, self.n / self.warps_n / self.atom.n)
     }
 
     pub fn slots(&self) -> u32 {
         let (ti, tj) = self.tiles();
-        ti * tj * 4
+        ti * tj * self.atom.c_elems
     }
 
     /// The thread-independent part of slot `s`'s (row, column).
     pub fn offset(&self, s: u32) -> [u32; 2] {
         let (_, tj) = self.tiles();
-        let (tile, r) = (s / 4, s % 4);
+        let (tile, r) = (s / self.atom.c_elems, s % self.atom.c_elems);
         let (i, j) = (tile / tj, tile % tj);
-        [i * Self::TILE_M + 8 * (r / 2), j * Self::TILE_N + r % 2]
+        let (rr, cr) = (self.atom.c.elem)(r);
+        [i * self.atom.m + rr, j * self.atom.n + cr]
     }
 
-    /// The thread-dependent part: the warp's block origin plus `(g, 2 t)`.
+    /// The thread-dependent part: the warp's block origin plus the lane's part of the map.
     pub fn position(&self, thread: u32, warp_size: u32) -> [u32; 2] {
         let (lane, warp) = (thread % warp_size, thread / warp_size);
         let (wm, wn) = (warp % self.warps_m, warp / self.warps_m);
-        [wm * (self.m / self.warps_m) + lane / 4, wn * (self.n / self.warps_n) + 2 * (lane % 4)]
+        let (r, c) = self.atom.c.eval(lane % self.atom.lanes, 0);
+        let (r0, c0) = (self.atom.c.elem)(0);
+        [wm * (self.m / self.warps_m) + r - r0, wn * (self.n / self.warps_n) + c - c0]
     }
 
     pub fn element(&self, thread: u32, s: u32, warp_size: u32) -> [u32; 2] {
         let (p, o) = (self.position(thread, warp_size), self.offset(s));
         [p[0] + o[0], p[1] + o[1]]
+    }
+
+    /// Whether slots `2 p` and `2 p + 1` hold neighbouring columns of one row (a pair the
+    /// epilogue can store as one vector).
+    pub fn column_pairs(&self) -> bool {
+        (0..self.atom.c_elems / 2).all(|p| {
+            let (a, b) = ((self.atom.c.elem)(2 * p), (self.atom.c.elem)(2 * p + 1));
+            a.0 == b.0 && b.1 == a.1 + 1
+        })
     }
 }
 
@@ -319,22 +333,31 @@ mod tests {
     }
 
     #[test]
-    fn mma_layout_covers_every_element_once() {
-        for (m, n, warps) in [(64, 64, 4), (32, 32, 4), (128, 64, 8), (16, 8, 1), (64, 32, 8)] {
-            let l = MmaLayout::new(m, n, warps).unwrap();
-            let mut seen = std::collections::HashSet::new();
-            for t in 0..warps * 32 {
-                for s in 0..l.slots() {
-                    let e = l.element(t, s, 32);
-                    assert!(e[0] < m && e[1] < n);
-                    assert!(seen.insert(e), "{l:?}: {e:?} twice");
+    fn accumulator_layouts_cover_every_element_once() {
+        use crate::target::{MFMA_16X16X16, MFMA_32X32X8, MMA_SYNC_M16N8K16};
+        for (atom, ws) in [(&MMA_SYNC_M16N8K16, 32), (&MFMA_32X32X8, 64), (&MFMA_16X16X16, 64)] {
+            for (m, n, warps) in [(64, 64, 4), (32, 32, 4), (128, 64, 8), (32, 32, 1), (64, 128, 8)] {
+                let Some(l) = AccLayout::new(atom, m, n, warps) else { continue };
+                let mut seen = std::collections::HashSet::new();
+                for t in 0..warps * ws {
+                    for s in 0..l.slots() {
+                        let e = l.element(t, s, ws);
+                        assert!(e[0] < m && e[1] < n);
+                        assert!(seen.insert(e), "{l:?}: {e:?} twice");
+                    }
                 }
+                assert_eq!(seen.len() as u32, m * n, "{l:?}");
             }
-            assert_eq!(seen.len() as u32, m * n);
         }
-        assert_eq!(MmaLayout::new(64, 64, 4), Some(MmaLayout { m: 64, n: 64, warps_m: 2, warps_n: 2 }));
-        assert_eq!(MmaLayout::new(128, 128, 8), Some(MmaLayout { m: 128, n: 128, warps_m: 4, warps_n: 2 }));
-        assert!(MmaLayout::new(8, 8, 4).is_none());
+        let mma = &MMA_SYNC_M16N8K16;
+        assert_eq!(AccLayout::new(mma, 64, 64, 4), Some(AccLayout { atom: mma, m: 64, n: 64, warps_m: 2, warps_n: 2 }));
+        assert_eq!(
+            AccLayout::new(mma, 128, 128, 8),
+            Some(AccLayout { atom: mma, m: 128, n: 128, warps_m: 4, warps_n: 2 })
+        );
+        assert!(AccLayout::new(mma, 8, 8, 4).is_none());
+        assert!(AccLayout::new(mma, 64, 64, 4).unwrap().column_pairs());
+        assert!(!AccLayout::new(&MFMA_32X32X8, 64, 64, 4).unwrap().column_pairs());
     }
 
     #[test]

@@ -23,11 +23,13 @@
 
 mod arith;
 mod atomic;
+mod dot;
 mod elementwise;
+mod pipeline;
 mod support;
 
 use super::contiguity::Contiguity;
-use super::layout::{same_elements, Blocked, MmaLayout};
+use super::layout::{same_elements, AccLayout, Blocked};
 use super::{Inst, Kernel, Reg, SType, Special};
 use crate::ir::*;
 use crate::target::{AsyncCopy, TargetDesc};
@@ -101,8 +103,11 @@ struct Lowering<'f> {
     contiguity: Contiguity<'f>,
     /// Values held in a tensor-core accumulator layout instead of their shape's blocked one
     /// (`dot` results and the loop-carried accumulators feeding them).
-    mma_held: HashMap<Value, (MmaLayout, Vec<Reg>)>,
-    mma_positions: HashMap<MmaLayout, [Reg; 2]>,
+    mma_held: HashMap<Value, (AccLayout, Vec<Reg>)>,
+    mma_positions: HashMap<AccLayout, [Reg; 2]>,
+    warp_origins: HashMap<AccLayout, [Reg; 2]>,
+    /// Lane parts of lane maps, by the identity of the map's fields.
+    lane_parts: HashMap<(usize, usize, usize, usize), [Reg; 2]>,
     /// Constants defined in the prologue, by (type, bits, is float).
     typed_consts: HashMap<(SType, u64, bool), Reg>,
     /// The value of every integer constant register.
@@ -158,6 +163,8 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         contiguity: Contiguity::analyse(func),
         mma_held: HashMap::new(),
         mma_positions: HashMap::new(),
+        warp_origins: HashMap::new(),
+        lane_parts: HashMap::new(),
         typed_consts: HashMap::new(),
         const_ints: HashMap::new(),
         used: used_values(func),
@@ -429,7 +436,7 @@ impl Lowering<'_> {
 
     /// Lowers a region into a fresh instruction list; returns it and the yielded registers
     /// (yield `i` in the accumulator layout `mma[i]` where given, else blocked).
-    fn region(&mut self, b: Block, mma: &[Option<MmaLayout>]) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
+    fn region(&mut self, b: Block, mma: &[Option<AccLayout>]) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
         let r = self.block(b);
@@ -737,7 +744,7 @@ impl Lowering<'_> {
                 let args = self.func.blocks[*body].args.clone();
                 // A carried accumulator that the body only feeds to a tensor-core `dot` stays in
                 // the accumulator layout across iterations.
-                let mma: Vec<Option<MmaLayout>> = (0..init.len()).map(|i| self.carried_mma(*body, i)).collect();
+                let mma: Vec<Option<AccLayout>> = (0..init.len()).map(|i| self.carried_mma(*body, i)).collect();
                 let mut phis = self.slots_of(&types);
                 let mut inits = Vec::new();
                 for (i, v) in init.iter().enumerate() {
@@ -1332,598 +1339,6 @@ impl Lowering<'_> {
         }
         out
     }
-
-    /// `acc + a @ b` through shared memory: every thread runs an FMA loop over K for the output
-    /// elements it owns, loading each distinct row of A and column of B once per step.
-    fn dot(&mut self, a: Value, b: Value, acc: Value, rt: SType) -> Vec<Reg> {
-        let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
-        let (m, kk, n) = (at.shape[0], at.shape[1], bt.shape[1]);
-        let (ea, eb) = (stype(&at), stype(&bt));
-        let (ar, br, cr) = (self.held(a), self.held(b), self.held(acc));
-        let a_bytes = (m * kk * shared_size(ea)).next_multiple_of(16);
-        self.emit(Inst::Barrier);
-        self.stage_in_shared(&ar, &at.shape, 0);
-        self.stage_in_shared(&br, &bt.shape, a_bytes);
-        self.emit(Inst::Barrier);
-        let ft = match rt {
-            SType::F64 => SType::F64,
-            SType::Int { .. } => I32,
-            _ => SType::F32,
-        };
-        let out_shape = [m, n];
-        let slots = self.layout(&out_shape).slots();
-        let rows_cols: Vec<(Reg, Reg)> = (0..slots)
-            .map(|s| {
-                let c = self.slot_coords(&out_shape, s);
-                (c[0], c[1])
-            })
-            .collect();
-        let row_base: HashMap<Reg, Reg> = rows_cols
-            .iter()
-            .map(|(r, _)| *r)
-            .collect::<std::collections::BTreeSet<Reg>>()
-            .into_iter()
-            .map(|r| (r, self.bin_c(BinaryOp::Shl, r, log2(kk))))
-            .collect();
-        let inits: Vec<Reg> = cr.iter().map(|r| self.cast(*r, ft)).collect();
-        let phis: Vec<Reg> = (0..slots).map(|_| self.reg(ft)).collect();
-        let iv = self.reg(I32);
-        let saved = std::mem::take(&mut self.cur);
-        let kb = self.bin_c(BinaryOp::Shl, iv, log2(n));
-        let mut a_vals: HashMap<Reg, Reg> = HashMap::new();
-        let mut b_vals: HashMap<Reg, Reg> = HashMap::new();
-        let mut nexts = Vec::new();
-        for (j, (row, col)) in rows_cols.iter().enumerate() {
-            let xa = match a_vals.get(row) {
-                Some(v) => *v,
-                None => {
-                    let fa = self.bin(BinaryOp::Add, row_base[row], iv);
-                    let va = self.shared_load(ea, fa, 0);
-                    let v = self.cast(va, ft);
-                    a_vals.insert(*row, v);
-                    v
-                }
-            };
-            let xb = match b_vals.get(col) {
-                Some(v) => *v,
-                None => {
-                    let fb = self.bin(BinaryOp::Add, kb, *col);
-                    let vb = self.shared_load(eb, fb, a_bytes);
-                    let v = self.cast(vb, ft);
-                    b_vals.insert(*col, v);
-                    v
-                }
-            };
-            let d = self.reg(ft);
-            if ft == I32 {
-                let p = self.bin(BinaryOp::Mul, xa, xb);
-                self.emit(Inst::Binary { dst: d, op: BinaryOp::Add, a: p, b: phis[j] });
-            } else {
-                self.emit(Inst::Fma { dst: d, a: xa, b: xb, c: phis[j] });
-            }
-            nexts.push(d);
-        }
-        let body = std::mem::replace(&mut self.cur, saved);
-        let (lo, hi, one) = (self.iconst(0), self.iconst(kk as i64), self.iconst(1));
-        let results: Vec<Reg> = (0..slots).map(|_| self.reg(ft)).collect();
-        self.emit(Inst::Loop { iv, lo, hi, step: one, phis, inits, body, nexts, results: results.clone() });
-        results.into_iter().map(|r| self.cast(r, rt)).collect()
-    }
-}
-
-impl Lowering<'_> {
-    /// The accumulator layout an elementwise op can be computed in without moving data: some
-    /// tile operand is held in it and every other one is a scalar, held in it too, or
-    /// rematerializable at its coordinates.
-    fn mma_elementwise(&mut self, op: Op) -> Option<MmaLayout> {
-        let data = &self.func.ops[op];
-        if !matches!(
-            data.kind,
-            OpKind::Unary { .. } | OpKind::Binary { .. } | OpKind::Cmp { .. } | OpKind::Select { .. } | OpKind::Cast(_)
-        ) {
-            return None;
-        }
-        let operands: Vec<Value> = data.kind.operands().into_iter().map(|(_, v)| v).collect();
-        let l = operands.iter().find_map(|v| self.mma_held.get(v).map(|(l, _)| *l))?;
-        let fits =
-            operands.iter().all(|v| self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.rematerializable(*v));
-        fits.then_some(l)
-    }
-
-    /// Computes an elementwise op slot by slot in the accumulator layout `l`.
-    fn elementwise_in_mma(&mut self, op: Op, l: MmaLayout) {
-        let data = &self.func.ops[op];
-        let kind = data.kind.clone();
-        let result = data.results[0];
-        let rt = stype(self.func.ty(result));
-        let operands: Vec<Value> = kind.operands().into_iter().map(|(_, v)| v).collect();
-        let mut out = Vec::with_capacity(l.slots() as usize);
-        for slot in 0..l.slots() {
-            let c = self.mma_coords(l, slot);
-            let srcs: Vec<Reg> = operands
-                .iter()
-                .map(|v| match self.mma_held.get(v) {
-                    Some((_, regs)) => regs[slot as usize],
-                    None => self.eval(*v, &c),
-                })
-                .collect();
-            let dst = self.elementwise(&kind, rt, &srcs);
-            out.push(dst);
-        }
-        self.mma_held.insert(result, (l, out));
-    }
-
-    /// Stores a tile held in the accumulator layout where it is, with the (rematerialized)
-    /// pointers and mask at its coordinates: column pairs as 2-wide vector stores when aligned
-    /// and both unmasked, scalar stores otherwise. No conversion through shared memory.
-    fn store_from_mma(&mut self, ptr: Value, mask: Option<Value>, l: MmaLayout, regs: &[Reg]) {
-        let t = self.k.ty(regs[0]);
-        let size = shared_size(t);
-        let pair = self.contiguity.get(ptr).contiguity >= 2 && (2..=8).contains(&size);
-        for g in (0..l.slots()).step_by(2) {
-            let (c0, c1) = (self.mma_coords(l, g), self.mma_coords(l, g + 1));
-            let (p0, p1) = (self.eval(ptr, &c0), self.eval(ptr, &c1));
-            let masks = mask.map(|m| [self.eval(m, &c0), self.eval(m, &c1)]);
-            let (v0, v1) = (regs[g as usize], regs[g as usize + 1]);
-            if !pair {
-                self.emit(Inst::Store { addr: p0, value: v0, pred: masks.map(|m| m[0]) });
-                self.emit(Inst::Store { addr: p1, value: v1, pred: masks.map(|m| m[1]) });
-                continue;
-            }
-            let ok = self.group_ok(p0, 2 * size, masks.as_ref().map(|m| &m[..]));
-            self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: Some(ok) });
-            let not_ok = self.not(ok);
-            for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {
-                let pred = self.fallback(not_ok, masks.map(|m| m[i]));
-                self.emit(Inst::Store { addr: p, value: v, pred: Some(pred) });
-            }
-        }
-    }
-
-    /// True when `v` is the constant 0 (a scalar or a splat of one).
-    fn is_zero(&self, v: Value) -> bool {
-        let ValueDef::Result { op, .. } = self.func.values[v].def else { return false };
-        match &self.func.ops[op].kind {
-            OpKind::Const(l) => l.as_f64() == 0.0,
-            OpKind::Splat(x) => self.is_zero(*x),
-            _ => false,
-        }
-    }
-
-    /// The K loop of a GEMM, software-pipelined: a `for` whose only carried value is the
-    /// accumulator of a tensor-core `dot` whose operands are loads used nowhere else (masked-off
-    /// elements 0, pointers and masks rematerializable), with nothing else in the body that
-    /// touches memory, in a kernel of `stages >= 2`.
-    fn pipeline_plan(&mut self, op: Op) -> Option<Pipeline> {
-        let stages = self.func.attrs.stages;
-        let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
-        let body = *body;
-        if stages < 2 || init.len() != 1 || !self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
-            return None;
-        }
-        let layout = self.carried_mma(body, 0)?;
-        let next = self.func.blocks[body].yields[0];
-        let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
-        let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
-        let mut loads = Vec::new();
-        for v in [a, b] {
-            let ValueDef::Result { op: ld, .. } = self.func.values[v].def else { return None };
-            let OpKind::Load { ptr, mask, other } = self.func.ops[ld].kind else { return None };
-            let uses = self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
-            let yielded = self.func.blocks.iter().any(|(_, bl)| bl.yields.contains(&v));
-            if uses != 1 || yielded || !self.func.blocks[body].ops.contains(&ld) {
-                return None;
-            }
-            if other.is_some_and(|o| !self.is_zero(o)) || mask.is_none_or(|m| !self.rematerializable(m)) {
-                return None;
-            }
-            if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
-                return None;
-            }
-            loads.push((ld, ptr, mask.expect("checked"), v));
-        }
-        let pure = self.func.blocks[body].ops.iter().all(|&o| {
-            o == dot
-                || loads.iter().any(|l| l.0 == o)
-                || is_index_math(&self.func.ops[o].kind)
-                || matches!(self.func.ops[o].kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
-        });
-        if !pure {
-            return None;
-        }
-        let (la, lb) = (loads[0], loads[1]);
-        Some(Pipeline { layout, stages, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
-    }
-
-    /// Issues the copies of one K step's operands (the loop variable bound to `iv`) into the
-    /// stage at byte `base` (a register): vector groups as `cp.async` when aligned and wholly
-    /// inside the masks and the loop, element by element (0 where masked) otherwise.
-    #[allow(clippy::too_many_arguments)]
-    fn issue_stage(
-        &mut self,
-        plan: &Pipeline,
-        iv_arg: Value,
-        iv: Reg,
-        valid: Reg,
-        base: Reg,
-        strides: [u32; 2],
-        b_off: u32,
-    ) {
-        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
-        let memo = std::mem::take(&mut self.memo);
-        for (which, (ptr, mask, v)) in [plan.a, plan.b].into_iter().enumerate() {
-            let shape = self.func.ty(v).shape.clone();
-            let t = stype(self.func.ty(v));
-            let size = shared_size(t);
-            let w = self.vector_width(ptr, t);
-            let stride = strides[which];
-            let off0 = if which == 0 { 0 } else { b_off };
-            let slots = self.layout(&shape).slots();
-            for g in (0..slots).step_by(w as usize) {
-                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords(&shape, s)).collect();
-                let p0 = self.eval(ptr, &coords[0]);
-                let masks: Vec<Reg> = coords
-                    .iter()
-                    .map(|c| {
-                        let m = self.eval(mask, c);
-                        self.bin(BinaryOp::And, m, valid)
-                    })
-                    .collect();
-                let ok = self.group_ok(p0, w * size, Some(&masks));
-                let row = self.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
-                let e = self.bin(BinaryOp::Add, row, coords[0][1]);
-                let off = self.shared_offset(e, size, off0);
-                let off = self.bin(BinaryOp::Add, off, base);
-                self.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
-                let not_ok = self.not(ok);
-                for (i, c) in coords.iter().enumerate() {
-                    let p = self.eval(ptr, c);
-                    let pred = self.bin(BinaryOp::And, not_ok, masks[i]);
-                    let zero = self.reg(t);
-                    self.emit(Inst::Const { dst: zero, value: Literal::Int(0) });
-                    let x = self.reg(t);
-                    self.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(zero) });
-                    let ei = self.bin_c(BinaryOp::Add, e, i as i64);
-                    let oi = self.shared_offset(ei, size, off0);
-                    let oi = self.bin(BinaryOp::Add, oi, base);
-                    self.emit(Inst::SharedStore { offset: oi, value: x, pred: Some(not_ok) });
-                }
-            }
-        }
-        self.memo = memo;
-        match saved_iv {
-            Some(r) => self.vals.insert(iv_arg, r),
-            None => self.vals.remove(&iv_arg),
-        };
-    }
-
-    /// The pipelined K loop (see `pipeline_plan`): `stages - 1` steps are in flight while one
-    /// computes. Before the loop the first `stages - 1` steps' copies are issued; each iteration
-    /// waits for its own step, meets the program (so the stage the next copies overwrite has
-    /// been read by everyone), issues the copies of step `i + stages - 1`, and runs `ldmatrix` +
-    /// `mma` on its stage.
-    fn pipelined_for(&mut self, op: Op, plan: Pipeline) {
-        let OpKind::For { lower, upper, step, init, body } = self.func.ops[op].kind.clone() else { unreachable!() };
-        let l = plan.layout;
-        let s = plan.stages;
-        let (lo, hi, stp) = (self.held(lower)[0], self.held(upper)[0], self.held(step)[0]);
-        let at = self.func.ty(plan.a.2).clone();
-        let ab = stype(&at);
-        let kk = at.shape[1];
-        let strides = [kk + 8, l.n + 8];
-        let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
-        let stage_bytes = (b_off + kk * strides[1] * 2).next_multiple_of(128);
-        self.shared = self.shared.max(s * stage_bytes);
-        let iv_arg = self.func.blocks[body].args[0];
-        let acc_arg = self.func.blocks[body].args[1];
-        let acc0 = self.held_mma(init[0], l);
-        // Prologue: steps 0 .. stages - 2.
-        for st in 0..s - 1 {
-            let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
-            let iv = self.bin(BinaryOp::Add, lo, k);
-            let valid = self.reg(SType::Pred);
-            self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
-            let base = self.iconst((st * stage_bytes) as i64);
-            self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
-            self.emit(Inst::AsyncCommit);
-        }
-        // The loop: phis are the accumulator and the step counter j.
-        let iv = self.reg(I32);
-        let j = self.reg(I32);
-        let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
-        let saved = std::mem::take(&mut self.cur);
-        let memo = self.memo.clone();
-        self.vals.insert(iv_arg, vec![iv]);
-        self.mma_held.insert(acc_arg, (l, phis.clone()));
-        self.emit(Inst::AsyncWait { pending: s - 2 });
-        self.emit(Inst::Barrier);
-        let ahead = self.bin_c(BinaryOp::Mul, stp, (s - 1) as i64);
-        let next_iv = self.bin(BinaryOp::Add, iv, ahead);
-        let valid = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: next_iv, b: hi });
-        let stage_of = |me: &mut Self, x: Reg| {
-            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
-            me.bin_c(BinaryOp::Mul, r, stage_bytes as i64)
-        };
-        let jn = self.bin_c(BinaryOp::Add, j, (s - 1) as i64);
-        let next_base = stage_of(self, jn);
-        self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, strides, b_off);
-        self.emit(Inst::AsyncCommit);
-        let base = stage_of(self, j);
-        let nexts_acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
-        let j1 = self.bin_c(BinaryOp::Add, j, 1);
-        let body_insts = std::mem::replace(&mut self.cur, saved);
-        self.memo = memo;
-        let results: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
-        let (jr, zero) = (self.reg(I32), self.iconst(0));
-        let mut all_phis = phis;
-        all_phis.push(j);
-        let mut inits = acc0;
-        inits.push(zero);
-        let mut nexts = nexts_acc;
-        nexts.push(j1);
-        let mut all_results = results.clone();
-        all_results.push(jr);
-        self.emit(Inst::Loop {
-            iv,
-            lo,
-            hi,
-            step: stp,
-            phis: all_phis,
-            inits,
-            body: body_insts,
-            nexts,
-            results: all_results,
-        });
-        self.emit(Inst::AsyncWait { pending: 0 });
-        self.emit(Inst::Barrier);
-        let r = self.func.ops[op].results[0];
-        self.mma_held.insert(r, (l, results));
-    }
-
-    /// `ldmatrix` + `mma` over one K tile staged at byte `base` (a register) with row strides
-    /// `strides` (elements) and B at `b_off`; returns the new accumulator registers.
-    #[allow(clippy::too_many_arguments)]
-    fn mma_steps(
-        &mut self,
-        l: MmaLayout,
-        ab: SType,
-        kk: u32,
-        strides: [u32; 2],
-        b_off: u32,
-        base: Reg,
-        mut acc: Vec<Reg>,
-    ) -> Vec<Reg> {
-        let (a_stride, b_stride) = (strides[0], strides[1]);
-        let (ti, tj) = l.tiles();
-        let p = self.mma_position(l);
-        let lo = self.bin_c(BinaryOp::And, self.lane, 7);
-        let mid = self.bin_c(BinaryOp::Shr, self.lane, 3);
-        let mid = self.bin_c(BinaryOp::And, mid, 1);
-        let mid = self.bin_c(BinaryOp::Shl, mid, 3);
-        let r16 = self.bin(BinaryOp::Add, lo, mid);
-        let hi = self.bin_c(BinaryOp::Shr, self.lane, 4);
-        let c16 = self.bin_c(BinaryOp::Shl, hi, 3);
-        let (g, t2) = self.group_and_pair();
-        let row0 = self.bin(BinaryOp::Sub, p[0], g);
-        let col0 = self.bin(BinaryOp::Sub, p[1], t2);
-        let a_row = self.bin(BinaryOp::Add, row0, r16);
-        let a_lane = self.bin_c(BinaryOp::Mul, a_row, a_stride as i64);
-        let a_lane = self.bin(BinaryOp::Add, a_lane, c16);
-        let b_lane = self.bin_c(BinaryOp::Mul, r16, b_stride as i64);
-        let b_col = self.bin(BinaryOp::Add, col0, c16);
-        let b_lane = self.bin(BinaryOp::Add, b_lane, b_col);
-        for k0 in (0..kk).step_by(MmaLayout::TILE_K as usize) {
-            let a_frags: Vec<Vec<Reg>> = (0..ti)
-                .map(|i| {
-                    let e = self.bin_c(BinaryOp::Add, a_lane, ((i * MmaLayout::TILE_M) * a_stride + k0) as i64);
-                    let off = self.shared_offset(e, 2, 0);
-                    let off = self.bin(BinaryOp::Add, off, base);
-                    let dsts: Vec<Reg> = (0..4).map(|_| self.reg(I32)).collect();
-                    self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: false });
-                    dsts
-                })
-                .collect();
-            let mut b_frags: Vec<Vec<Reg>> = Vec::new();
-            for jj in (0..tj).step_by(2) {
-                let two = jj + 1 < tj;
-                let e = self.bin_c(BinaryOp::Add, b_lane, (k0 * b_stride + jj * MmaLayout::TILE_N) as i64);
-                let off = self.shared_offset(e, 2, b_off);
-                let off = self.bin(BinaryOp::Add, off, base);
-                let dsts: Vec<Reg> = (0..if two { 4 } else { 2 }).map(|_| self.reg(I32)).collect();
-                self.emit(Inst::LdMatrix { dsts: dsts.clone(), offset: off, trans: true });
-                b_frags.push(dsts[..2].to_vec());
-                if two {
-                    b_frags.push(dsts[2..].to_vec());
-                }
-            }
-            for i in 0..ti {
-                for jt in 0..tj {
-                    let at = ((i * tj + jt) * 4) as usize;
-                    let d: Vec<Reg> = (0..4).map(|_| self.reg(SType::F32)).collect();
-                    self.emit(Inst::Mma {
-                        d: d.clone(),
-                        a: a_frags[i as usize].clone(),
-                        b: b_frags[jt as usize].clone(),
-                        c: acc[at..at + 4].to_vec(),
-                        ab,
-                    });
-                    acc.splice(at..at + 4, d);
-                }
-            }
-        }
-        acc
-    }
-
-    /// The tensor-core layout of a `dot`, when it has one: f16/bf16 operands of one type, an
-    /// f32 accumulator, K a multiple of 16 and an output of whole 16 x 8 tiles per warp.
-    fn dot_mma_layout(&self, op: Op) -> Option<MmaLayout> {
-        let OpKind::Dot { a, b, acc, .. } = &self.func.ops[op].kind else { return None };
-        let (at, bt, ct) = (self.func.ty(*a), self.func.ty(*b), self.func.ty(*acc));
-        let (ea, eb, ec) = (at.elem.dtype()?, bt.elem.dtype()?, ct.elem.dtype()?);
-        if ea != eb || !matches!(ea, DType::F16 | DType::BF16) || ec != DType::F32 {
-            return None;
-        }
-        // The fragment code below is `mma.sync.m16n8k16`'s (through `ldmatrix`).
-        let atom = self.target.atom_for(ea, DType::F32)?;
-        if atom.name != crate::target::MMA_SYNC_M16N8K16.name || !self.target.matrix_load {
-            return None;
-        }
-        if !at.shape[1].is_multiple_of(MmaLayout::TILE_K) {
-            return None;
-        }
-        MmaLayout::new(ct.shape[0], ct.shape[1], self.k.warps)
-    }
-
-    /// The accumulator layout of carried value `i` of a `for` body: its next value is a
-    /// tensor-core `dot` accumulating into the carried value itself.
-    fn carried_mma(&self, body: Block, i: usize) -> Option<MmaLayout> {
-        let arg = self.func.blocks[body].args[i + 1];
-        let next = *self.func.blocks[body].yields.get(i)?;
-        let ValueDef::Result { op, .. } = self.func.values[next].def else { return None };
-        match &self.func.ops[op].kind {
-            OpKind::Dot { acc, .. } if *acc == arg => self.dot_mma_layout(op),
-            _ => None,
-        }
-    }
-
-    /// Per-thread (row, column) position of an accumulator layout (prologue).
-    fn mma_position(&mut self, l: MmaLayout) -> [Reg; 2] {
-        if let Some(p) = self.mma_positions.get(&l) {
-            return *p;
-        }
-        let saved = std::mem::take(&mut self.cur);
-        let (g, t2) = self.group_and_pair();
-        let wm = self.bin_c(BinaryOp::And, self.warp, l.warps_m as i64 - 1);
-        let wn = self.bin_c(BinaryOp::Shr, self.warp, log2(l.warps_m));
-        let row0 = self.bin_c(BinaryOp::Mul, wm, (l.m / l.warps_m) as i64);
-        let col0 = self.bin_c(BinaryOp::Mul, wn, (l.n / l.warps_n) as i64);
-        let p = [self.bin(BinaryOp::Add, row0, g), self.bin(BinaryOp::Add, col0, t2)];
-        let defs = std::mem::replace(&mut self.cur, saved);
-        self.prologue.extend(defs);
-        self.mma_positions.insert(l, p);
-        p
-    }
-
-    /// `(lane / 4, 2 (lane % 4))`: the lane's group and its column pair in a fragment.
-    fn group_and_pair(&mut self) -> (Reg, Reg) {
-        let g = self.bin_c(BinaryOp::Shr, self.lane, 2);
-        let t = self.bin_c(BinaryOp::And, self.lane, 3);
-        (g, self.bin_c(BinaryOp::Shl, t, 1))
-    }
-
-    fn mma_coords(&mut self, l: MmaLayout, s: u32) -> [Reg; 2] {
-        let p = self.mma_position(l);
-        let o = l.offset(s);
-        let mut c = [p[0], p[1]];
-        for d in 0..2 {
-            if o[d] > 0 {
-                c[d] = self.bin_c(BinaryOp::Add, p[d], o[d] as i64);
-            }
-        }
-        c
-    }
-
-    /// An accumulator-layout tile in the blocked layout of its shape, through shared memory.
-    fn mma_to_blocked(&mut self, l: MmaLayout, regs: &[Reg]) -> Vec<Reg> {
-        let shape = [l.m, l.n];
-        self.emit(Inst::Barrier);
-        self.shared = self.shared.max(l.m * l.n * 4);
-        for (s, &r) in regs.iter().enumerate() {
-            let c = self.mma_coords(l, s as u32);
-            let f = self.flatten(&c, &shape);
-            let off = self.shared_offset(f, 4, 0);
-            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
-        }
-        self.emit(Inst::Barrier);
-        let slots = self.layout(&shape).slots();
-        (0..slots)
-            .map(|s| {
-                let c = self.slot_coords(&shape, s);
-                let f = self.flatten(&c, &shape);
-                self.shared_load(SType::F32, f, 0)
-            })
-            .collect()
-    }
-
-    /// `v` in the accumulator layout `l` (f32): as held, a splat copied into every register, or
-    /// converted from its blocked layout through shared memory.
-    fn held_mma(&mut self, v: Value, l: MmaLayout) -> Vec<Reg> {
-        if let Some((hl, regs)) = self.mma_held.get(&v) {
-            if *hl == l {
-                return regs.clone();
-            }
-        }
-        if let ValueDef::Result { op, .. } = self.func.values[v].def {
-            if let OpKind::Splat(x) = self.func.ops[op].kind {
-                let r = self.held(x)[0];
-                let r = self.cast(r, SType::F32);
-                return vec![r; l.slots() as usize];
-            }
-        }
-        let shape = [l.m, l.n];
-        let src = self.held(v);
-        let src: Vec<Reg> = src.into_iter().map(|r| self.cast(r, SType::F32)).collect();
-        self.emit(Inst::Barrier);
-        self.stage_in_shared(&src, &shape, 0);
-        self.emit(Inst::Barrier);
-        (0..l.slots())
-            .map(|s| {
-                let c = self.mma_coords(l, s);
-                let f = self.flatten(&c, &shape);
-                self.shared_load(SType::F32, f, 0)
-            })
-            .collect()
-    }
-
-    /// Stages a tile row-major in shared memory at `base` with rows padded by 16 bytes (so the
-    /// 8 rows an `ldmatrix` reads fall in distinct banks); returns the row stride in elements.
-    fn stage_padded(&mut self, regs: &[Reg], shape: &[u32], base: u32) -> u32 {
-        let size = shared_size(self.k.ty(regs[0]));
-        let stride = shape[1] + 16 / size;
-        self.shared = self.shared.max(base + shape[0] * stride * size);
-        // A thread's contiguous elements go as one vector store (rows start 16-byte aligned).
-        let vec = self.layout(shape).vector().min(16 / size).max(1) as usize;
-        for g in (0..regs.len()).step_by(vec) {
-            let c = self.slot_coords(shape, g as u32);
-            let row = self.bin_c(BinaryOp::Mul, c[0], stride as i64);
-            let e = self.bin(BinaryOp::Add, row, c[1]);
-            let off = self.shared_offset(e, size, base);
-            let values = regs[g..(g + vec).min(regs.len())].to_vec();
-            if values.len() > 1 {
-                self.emit(Inst::SharedVStore { offset: off, values });
-            } else {
-                self.emit(Inst::SharedStore { offset: off, value: values[0], pred: None });
-            }
-        }
-        stride
-    }
-
-    /// `acc + a @ b` on tensor cores: A (`[M, K]`) and B (`[K, N]`) are staged row-major in
-    /// shared memory (rows padded), then `mma_steps` runs the K tile.
-    fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: MmaLayout) -> Vec<Reg> {
-        let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
-        let ab = stype(&at);
-        let kk = at.shape[1];
-        let (ar, br) = (self.held(a), self.held(b));
-        let c = self.held_mma(acc, l);
-        self.emit(Inst::Barrier);
-        let a_stride = self.stage_padded(&ar, &at.shape, 0);
-        let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
-        let b_stride = self.stage_padded(&br, &bt.shape, a_bytes);
-        self.emit(Inst::Barrier);
-        let base = self.iconst(0);
-        self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c)
-    }
-}
-
-/// A software-pipelined K loop (`Lowering::pipeline_plan`): the accumulator layout, the number
-/// of stages, and for A and B the load's pointer, mask and value.
-struct Pipeline {
-    layout: MmaLayout,
-    stages: u32,
-    a: (Value, Value, Value),
-    b: (Value, Value, Value),
 }
 
 /// Every value some op reads or some block yields.
@@ -1982,7 +1397,7 @@ mod tests {
 
     /// An f16/bf16 `dot` with an f32 accumulator runs on tensor cores, its loop-carried
     /// accumulator staying in the MMA layout (no shared-memory round trip inside the K loop);
-    /// f32 inputs keep the FMA loop; warp 64 (AMD) has no `mma.sync`.
+    /// f32 inputs keep the FMA loop; wave-64 targets use their MFMA atoms instead of `mma.sync`.
     #[test]
     fn half_dots_use_tensor_cores() {
         let build = |d: DType| {
@@ -2007,14 +1422,16 @@ mod tests {
                 .sum()
         }
         let k = lower(&build(DType::BF16), &crate::target::SM_90A).unwrap();
-        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 16);
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Matmul { .. })), 16);
         let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
         // Inside the loop: staging of A and B only (two barriers), no accumulator conversion.
         assert_eq!(body.iter().filter(|i| matches!(i, Inst::Barrier)).count(), 2);
         let k = lower(&build(DType::F32), &crate::target::SM_90A).unwrap();
-        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Matmul { .. })), 0);
+        // On gfx942 the same dot is MFMA: 64 x 64 over 4 waves, one 32 x 32 tile each, and
+        // K = 32 in four steps of 8.
         let k = lower(&build(DType::BF16), &crate::target::GFX942).unwrap();
-        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Mma { .. })), 0);
+        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Matmul { atom, .. } if atom.name == "mfma.32x32x8")), 4);
     }
 
     /// A K loop that loads both operands of a tensor-core `dot` is pipelined: `stages - 1`
@@ -2040,7 +1457,7 @@ mod tests {
         assert_eq!(commits(body), 1);
         assert!(matches!(body[0], Inst::AsyncWait { pending: 1 }));
         assert!(body.iter().any(|i| matches!(i, Inst::AsyncCopy { .. })));
-        assert!(body.iter().any(|i| matches!(i, Inst::Mma { .. })));
+        assert!(body.iter().any(|i| matches!(i, Inst::Matmul { .. })));
         assert!(!body.iter().any(|i| matches!(i, Inst::VLoad { .. })), "operands do not pass through registers");
     }
 

@@ -44,6 +44,7 @@ pub use lower::{lower, LowerError};
 
 use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
 pub use crate::math::ApproxFn;
+use crate::target::MatrixAtom;
 
 /// A per-thread scalar type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -254,6 +255,12 @@ pub enum Inst {
         dst: Reg,
         offset: Reg,
     },
+    /// Vector load of `dsts` (2 or 4, one type) from consecutive shared-memory elements at
+    /// `offset` (aligned to the whole vector).
+    SharedVLoad {
+        dsts: Vec<Reg>,
+        offset: Reg,
+    },
     /// Vector store of `values` (2 or 4, one type) to consecutive shared-memory elements at
     /// `offset` (aligned to the whole vector).
     SharedVStore {
@@ -299,26 +306,34 @@ pub enum Inst {
     AsyncWait {
         pending: u32,
     },
-    /// Warp-wide `ldmatrix.m8n8`: `dsts.len()` (1, 2 or 4) 8 x 8 matrices of 16-bit elements
-    /// from shared memory. Lanes `8 j .. 8 j + 7` give (in `offset`, bytes) the rows of matrix
-    /// `j`, 16 contiguous bytes each; lane `l` receives in `dsts[j]` row `l / 4`, columns
-    /// `2 (l % 4)` and `+1` (low half first), or with `trans` column `l / 4`, rows `2 (l % 4)`
-    /// and `+1`. Every lane of the warp executes it.
-    LdMatrix {
+    /// Warp-wide load of `dsts.len()` (1, 2 or 4) 8 x 8 matrices of 16-bit elements from shared
+    /// memory, for targets with `TargetDesc::matrix_load` (`ldmatrix`). Lanes `8 j .. 8 j + 7`
+    /// give (in `offset`, bytes) the rows of matrix `j`, 16 contiguous bytes each; lane `l`
+    /// receives in `dsts[j]` (32 bits) row `l / 4`, columns `2 (l % 4)` and `+1` (low half
+    /// first), or with `trans` column `l / 4`, rows `2 (l % 4)` and `+1`. Every lane of the
+    /// warp executes it.
+    MatrixLoad {
         dsts: Vec<Reg>,
         offset: Reg,
         trans: bool,
     },
-    /// Warp-wide tensor-core `d = a b + c` on one 16 x 8 x 16 tile (`mma.sync.m16n8k16`, row-major
-    /// A, column-major B, f32 accumulators): `a` is 4 and `b` 2 32-bit registers, each holding
-    /// two `ab` elements (lower column / row in the low half), `c` and `d` 4 f32 registers, in
-    /// the fragment layout of PTX (see `layout::MmaLayout`). Every lane of the warp executes it.
-    Mma {
+    /// `d = a b + c` on one instruction tile of a matrix atom, by the atom's lanes together:
+    /// `a` and `b` are the lane's fragment elements packed in pairs (element `2 p` in the low
+    /// half of 32-bit register `p`), `c` and `d` its accumulator elements, all at the positions
+    /// of the atom's lane maps; `ab` is the operands' element type. Every lane executes it.
+    Matmul {
+        atom: &'static MatrixAtom,
         d: Vec<Reg>,
         a: Vec<Reg>,
         b: Vec<Reg>,
         c: Vec<Reg>,
         ab: SType,
+    },
+    /// `dst` (32 bits) = `lo` | `hi` << 16, two 16-bit values.
+    Pack {
+        dst: Reg,
+        lo: Reg,
+        hi: Reg,
     },
     /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
     /// uniform trip count (signed compare).

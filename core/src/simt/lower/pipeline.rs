@@ -1,0 +1,206 @@
+//! Software-pipelined K loops: the operand loads of future K steps in flight (`cp.async`
+//! groups) while the matrix atoms work on the current one.
+
+use super::*;
+
+/// A software-pipelined K loop (`Lowering::pipeline_plan`): the accumulator layout, the number
+/// of stages, and for A and B the load's pointer, mask and value.
+pub(super) struct Pipeline {
+    layout: AccLayout,
+    stages: u32,
+    a: (Value, Value, Value),
+    b: (Value, Value, Value),
+}
+
+impl Lowering<'_> {
+    /// The K loop of a GEMM, software-pipelined: a `for` whose only carried value is the
+    /// accumulator of a tensor-core `dot` whose operands are loads used nowhere else (masked-off
+    /// elements 0, pointers and masks rematerializable), with nothing else in the body that
+    /// touches memory, in a kernel of `stages >= 2`.
+    pub(super) fn pipeline_plan(&mut self, op: Op) -> Option<Pipeline> {
+        let stages = self.func.attrs.stages;
+        let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
+        let body = *body;
+        if stages < 2 || init.len() != 1 || !self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
+            return None;
+        }
+        let layout = self.carried_mma(body, 0)?;
+        let next = self.func.blocks[body].yields[0];
+        let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
+        let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
+        let mut loads = Vec::new();
+        for v in [a, b] {
+            let ValueDef::Result { op: ld, .. } = self.func.values[v].def else { return None };
+            let OpKind::Load { ptr, mask, other } = self.func.ops[ld].kind else { return None };
+            let uses = self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
+            let yielded = self.func.blocks.iter().any(|(_, bl)| bl.yields.contains(&v));
+            if uses != 1 || yielded || !self.func.blocks[body].ops.contains(&ld) {
+                return None;
+            }
+            if other.is_some_and(|o| !self.is_zero(o)) || mask.is_none_or(|m| !self.rematerializable(m)) {
+                return None;
+            }
+            if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
+                return None;
+            }
+            loads.push((ld, ptr, mask.expect("checked"), v));
+        }
+        let pure = self.func.blocks[body].ops.iter().all(|&o| {
+            o == dot
+                || loads.iter().any(|l| l.0 == o)
+                || is_index_math(&self.func.ops[o].kind)
+                || matches!(self.func.ops[o].kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
+        });
+        if !pure {
+            return None;
+        }
+        let (la, lb) = (loads[0], loads[1]);
+        Some(Pipeline { layout, stages, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
+    }
+
+    /// Issues the copies of one K step's operands (the loop variable bound to `iv`) into the
+    /// stage at byte `base` (a register): vector groups as `cp.async` when aligned and wholly
+    /// inside the masks and the loop, element by element (0 where masked) otherwise.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn issue_stage(
+        &mut self,
+        plan: &Pipeline,
+        iv_arg: Value,
+        iv: Reg,
+        valid: Reg,
+        base: Reg,
+        strides: [u32; 2],
+        b_off: u32,
+    ) {
+        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
+        let memo = std::mem::take(&mut self.memo);
+        for (which, (ptr, mask, v)) in [plan.a, plan.b].into_iter().enumerate() {
+            let shape = self.func.ty(v).shape.clone();
+            let t = stype(self.func.ty(v));
+            let size = shared_size(t);
+            let w = self.vector_width(ptr, t);
+            let stride = strides[which];
+            let off0 = if which == 0 { 0 } else { b_off };
+            let slots = self.layout(&shape).slots();
+            for g in (0..slots).step_by(w as usize) {
+                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords(&shape, s)).collect();
+                let p0 = self.eval(ptr, &coords[0]);
+                let masks: Vec<Reg> = coords
+                    .iter()
+                    .map(|c| {
+                        let m = self.eval(mask, c);
+                        self.bin(BinaryOp::And, m, valid)
+                    })
+                    .collect();
+                let ok = self.group_ok(p0, w * size, Some(&masks));
+                let row = self.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
+                let e = self.bin(BinaryOp::Add, row, coords[0][1]);
+                let off = self.shared_offset(e, size, off0);
+                let off = self.bin(BinaryOp::Add, off, base);
+                self.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
+                let not_ok = self.not(ok);
+                for (i, c) in coords.iter().enumerate() {
+                    let p = self.eval(ptr, c);
+                    let pred = self.bin(BinaryOp::And, not_ok, masks[i]);
+                    let zero = self.reg(t);
+                    self.emit(Inst::Const { dst: zero, value: Literal::Int(0) });
+                    let x = self.reg(t);
+                    self.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(zero) });
+                    let ei = self.bin_c(BinaryOp::Add, e, i as i64);
+                    let oi = self.shared_offset(ei, size, off0);
+                    let oi = self.bin(BinaryOp::Add, oi, base);
+                    self.emit(Inst::SharedStore { offset: oi, value: x, pred: Some(not_ok) });
+                }
+            }
+        }
+        self.memo = memo;
+        match saved_iv {
+            Some(r) => self.vals.insert(iv_arg, r),
+            None => self.vals.remove(&iv_arg),
+        };
+    }
+
+    /// The pipelined K loop (see `pipeline_plan`): `stages - 1` steps are in flight while one
+    /// computes. Before the loop the first `stages - 1` steps' copies are issued; each iteration
+    /// waits for its own step, meets the program (so the stage the next copies overwrite has
+    /// been read by everyone), issues the copies of step `i + stages - 1`, and runs `ldmatrix` +
+    /// `mma` on its stage.
+    pub(super) fn pipelined_for(&mut self, op: Op, plan: Pipeline) {
+        let OpKind::For { lower, upper, step, init, body } = self.func.ops[op].kind.clone() else { unreachable!() };
+        let l = plan.layout;
+        let s = plan.stages;
+        let (lo, hi, stp) = (self.held(lower)[0], self.held(upper)[0], self.held(step)[0]);
+        let at = self.func.ty(plan.a.2).clone();
+        let ab = stype(&at);
+        let kk = at.shape[1];
+        let strides = [kk + 8, l.n + 8];
+        let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
+        let stage_bytes = (b_off + kk * strides[1] * 2).next_multiple_of(128);
+        self.shared = self.shared.max(s * stage_bytes);
+        let iv_arg = self.func.blocks[body].args[0];
+        let acc_arg = self.func.blocks[body].args[1];
+        let acc0 = self.held_mma(init[0], l);
+        // Prologue: steps 0 .. stages - 2.
+        for st in 0..s - 1 {
+            let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
+            let iv = self.bin(BinaryOp::Add, lo, k);
+            let valid = self.reg(SType::Pred);
+            self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
+            let base = self.iconst((st * stage_bytes) as i64);
+            self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
+            self.emit(Inst::AsyncCommit);
+        }
+        // The loop: phis are the accumulator and the step counter j.
+        let iv = self.reg(I32);
+        let j = self.reg(I32);
+        let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let saved = std::mem::take(&mut self.cur);
+        let memo = self.memo.clone();
+        self.vals.insert(iv_arg, vec![iv]);
+        self.mma_held.insert(acc_arg, (l, phis.clone()));
+        self.emit(Inst::AsyncWait { pending: s - 2 });
+        self.emit(Inst::Barrier);
+        let ahead = self.bin_c(BinaryOp::Mul, stp, (s - 1) as i64);
+        let next_iv = self.bin(BinaryOp::Add, iv, ahead);
+        let valid = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: next_iv, b: hi });
+        let stage_of = |me: &mut Self, x: Reg| {
+            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
+            me.bin_c(BinaryOp::Mul, r, stage_bytes as i64)
+        };
+        let jn = self.bin_c(BinaryOp::Add, j, (s - 1) as i64);
+        let next_base = stage_of(self, jn);
+        self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, strides, b_off);
+        self.emit(Inst::AsyncCommit);
+        let base = stage_of(self, j);
+        let nexts_acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
+        let j1 = self.bin_c(BinaryOp::Add, j, 1);
+        let body_insts = std::mem::replace(&mut self.cur, saved);
+        self.memo = memo;
+        let results: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let (jr, zero) = (self.reg(I32), self.iconst(0));
+        let mut all_phis = phis;
+        all_phis.push(j);
+        let mut inits = acc0;
+        inits.push(zero);
+        let mut nexts = nexts_acc;
+        nexts.push(j1);
+        let mut all_results = results.clone();
+        all_results.push(jr);
+        self.emit(Inst::Loop {
+            iv,
+            lo,
+            hi,
+            step: stp,
+            phis: all_phis,
+            inits,
+            body: body_insts,
+            nexts,
+            results: all_results,
+        });
+        self.emit(Inst::AsyncWait { pending: 0 });
+        self.emit(Inst::Barrier);
+        let r = self.func.ops[op].results[0];
+        self.mma_held.insert(r, (l, results));
+    }
+}
