@@ -36,6 +36,13 @@ impl Blocked {
     /// then warps filling the dimensions from the fastest, and what is left over replicating along
     /// the slowest.
     pub fn default_for(shape: &[u32], warps: u32, warp_size: u32) -> Blocked {
+        Blocked::with_vector(shape, warps, warp_size, MAX_VECTOR)
+    }
+
+    /// The default layout with up to `vector` contiguous elements per thread (a power of two):
+    /// copies that never live in registers (global to shared memory) take as many elements as
+    /// the target's widest access holds, e.g. 8 bf16 for 16 bytes.
+    pub fn with_vector(shape: &[u32], warps: u32, warp_size: u32, vector: u32) -> Blocked {
         let rank = shape.len();
         let order: Vec<usize> = (0..rank).rev().collect();
         let mut spt = vec![1; rank];
@@ -53,7 +60,7 @@ impl Blocked {
         // Wide enough for vector accesses, narrow enough that the program's threads are not
         // spent on replicas when the tile is small.
         let per_thread = (shape.iter().product::<u32>() / (warps * warp_size)).max(1);
-        spt[rank - 1] = shape[rank - 1].min(per_thread).clamp(1, MAX_VECTOR);
+        spt[rank - 1] = shape[rank - 1].min(per_thread).clamp(1, vector.max(1));
         let mut lanes = warp_size;
         for &d in &order {
             let t = lanes.min((shape[d] / spt[d]).max(1));

@@ -78,12 +78,15 @@ impl Lowering<'_> {
             let shape = self.func.ty(v).shape.clone();
             let t = stype(self.func.ty(v));
             let size = shared_size(t);
-            let w = self.vector_width(ptr, t);
+            // The copy's own layout: as many elements per thread as the widest access holds
+            // (16 bytes: 8 bf16), as far as the pointer's contiguity allows.
+            let widest = self.target.vector_bytes / size;
+            let cl = Blocked::with_vector(&shape, self.k.warps, self.k.warp_size, widest);
+            let w = cl.vector().min(self.contiguity.get(ptr).contiguity).min(widest).max(1);
             let stride = strides[which];
             let off0 = if which == 0 { 0 } else { b_off };
-            let slots = self.layout(&shape).slots();
-            for g in (0..slots).step_by(w as usize) {
-                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords(&shape, s)).collect();
+            for g in (0..cl.slots()).step_by(w as usize) {
+                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords_in(&cl, s)).collect();
                 let p0 = self.eval(ptr, &coords[0]);
                 let masks: Vec<Reg> = coords
                     .iter()
