@@ -292,6 +292,14 @@ impl Memory {
         Ok(())
     }
 
+    /// `addr` as `` `buffer`[i] `` (its 8-byte word in a live buffer), or in hex.
+    pub fn describe(&self, addr: u64) -> String {
+        match self.view().locate(addr, 1) {
+            Ok((region, offset)) => format!("`{}`[{}]", region.name, offset / 8),
+            Err(_) => format!("{addr:#x}"),
+        }
+    }
+
     /// The index of the buffer `addr` points into (its slot), if any.
     pub fn slot_of(addr: u64) -> usize {
         (addr >> OFFSET_BITS) as usize

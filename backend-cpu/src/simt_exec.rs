@@ -15,7 +15,7 @@ use trident_core::backend::{
     check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
 };
 use trident_core::ir::*;
-use trident_core::simt::{lower, Inst, Kernel, Reg, SType, Special};
+use trident_core::simt::{diag, lower, protocol, Inst, Kernel, Reg, SType, Special};
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "cpu-simt";
@@ -99,25 +99,60 @@ impl Device for SimtDevice {
     ) -> Result<(), BackendError> {
         let k = kernel.payload_for::<Kernel>(NAME)?;
         check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
-        // Hidden parameters: a world of one rank; its heap-base table only needs to exist.
-        let table = self.inner.alloc(8 * trident_core::simt::diag::WORDS, "__hidden")?;
-        self.inner.write(&table, 0, &[0; 8 * trident_core::simt::diag::WORDS])?;
-        let mut all = args.to_vec();
-        all.extend([KernelArg::i32(0), KernelArg::i32(1), table.arg(), table.arg(), KernelArg::u64(0), table.arg()]);
-        let args = &all[..];
-        let order = crate::device::program_order(grid, opts.seed);
-        let hooks = DirectHooks { mem: self.inner.memory() };
-        let result = order.into_iter().try_for_each(|pid| {
-            let view = ProgramView::immediate(Writer::HOST);
-            run_program(k, self.inner.memory(), pid, grid, args, view, &hooks).map_err(|f| BackendError::Execution {
-                kernel: kernel.kernel.clone(),
-                program: pid,
-                op: "simt".into(),
-                loc: None,
-                message: f.message,
-            })
-        });
-        self.inner.free(&table)?;
+        // A single-device launch runs what a GPU runs: the protocol instructions expanded
+        // (`simt::protocol`), with the hidden parameters of a world of one rank.
+        let mut k = k.clone();
+        protocol::expand(&mut k);
+        let table = self.inner.alloc(8, "__heap_bases")?;
+        let record = self.inner.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
+        let barrier = self.inner.alloc(16, "__barrier")?;
+        let result = (|| {
+            self.inner.write(&table, 0, &[0; 8])?;
+            self.inner.write(&record, 0, &[0; 8 * diag::WORDS])?;
+            self.inner.write(&barrier, 0, &[0; 16])?;
+            let mut all = args.to_vec();
+            let bound = opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64;
+            all.extend([
+                KernelArg::i32(0),
+                KernelArg::i32(1),
+                table.arg(),
+                record.arg(),
+                KernelArg::u64(bound),
+                barrier.arg(),
+            ]);
+            let order = crate::device::program_order(grid, opts.seed);
+            let hooks = DirectHooks { mem: self.inner.memory() };
+            order.into_iter().try_for_each(|pid| {
+                let view = ProgramView::immediate(Writer::HOST);
+                run_program(&k, self.inner.memory(), pid, grid, &all, view, &hooks).map_err(|f| {
+                    BackendError::Execution {
+                        kernel: kernel.kernel.clone(),
+                        program: pid,
+                        op: "simt".into(),
+                        loc: None,
+                        message: f.message,
+                    }
+                })
+            })?;
+            let mut raw = [0u8; 8 * diag::WORDS];
+            self.inner.read(&record, 0, &mut raw)?;
+            match diag::Record::decode(&raw) {
+                None => Ok(()),
+                Some(r) => {
+                    let place = self.inner.memory().describe(r.signal);
+                    Err(BackendError::Execution {
+                        kernel: kernel.kernel.clone(),
+                        program: r.program,
+                        op: "wait".into(),
+                        loc: None,
+                        message: r.message(&place, opts.wait_bound),
+                    })
+                }
+            }
+        })();
+        for b in [&table, &record, &barrier] {
+            self.inner.free(b)?;
+        }
         result
     }
 }
@@ -169,6 +204,14 @@ struct Exec<'a> {
     lanes: usize,
     regs: Vec<Option<Val>>,
     shared: Vec<u8>,
+    /// The program reached [`Inst::Exit`].
+    exited: bool,
+}
+
+/// Nanoseconds of a monotonic clock ([`Inst::Clock`]).
+fn clock_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }
 
 /// Runs every thread of one program, lanes in lock-step, with memory seen through `view` and
@@ -185,7 +228,8 @@ pub fn run_program(
 ) -> Result<(), Fault> {
     let lanes = k.threads() as usize;
     let shared = vec![0; k.shared_bytes as usize];
-    let mut e = Exec { k, mem, view, hooks, pid, grid, args, lanes, regs: vec![None; k.regs.len()], shared };
+    let mut e =
+        Exec { k, mem, view, hooks, pid, grid, args, lanes, regs: vec![None; k.regs.len()], shared, exited: false };
     e.body(&k.body)?;
     e.hooks.yield_point(&mut e.view)?;
     e.view.finish(mem).or_else(|x| fault(x.0))?;
@@ -247,7 +291,7 @@ impl Exec<'_> {
     #[allow(clippy::too_many_arguments)]
     fn atomic_lanes(
         &mut self,
-        dst: Reg,
+        dst: Option<Reg>,
         addr: Reg,
         pred: Option<Reg>,
         sem: MemSemantic,
@@ -281,16 +325,21 @@ impl Exec<'_> {
         if sem.acquires() {
             self.view.acquire(self.mem);
         }
-        let mut out = empty_for(Elem::Num(d), lanes);
-        for b in old {
-            push(&mut out, from_bits(d, b))?;
+        if let Some(dst) = dst {
+            let mut out = empty_for(Elem::Num(d), lanes);
+            for b in old {
+                push(&mut out, from_bits(d, b))?;
+            }
+            self.set(dst, out);
         }
-        self.set(dst, out);
         Ok(())
     }
 
     fn body(&mut self, body: &[Inst]) -> Result<(), Fault> {
         for inst in body {
+            if self.exited {
+                break;
+            }
             self.inst(inst)?;
         }
         Ok(())
@@ -361,6 +410,8 @@ impl Exec<'_> {
                     }
                     (Data::I(x), SType::F32) => Data::F(x.iter().map(|&i| f32::from_bits(i as u32)).collect()),
                     (Data::I(x), SType::F64) => Data::D(x.iter().map(|&i| f64::from_bits(i as u64)).collect()),
+                    (Data::P(x), SType::Int { bits: 64, .. }) => Data::I(x.iter().map(|&p| p as i64).collect()),
+                    (Data::I(x), SType::Ptr) => Data::I(x.clone()),
                     _ => return contract(format!("bitcast from {:?} to {:?}", k.ty(*src), k.ty(*dst))),
                 };
                 self.set(*dst, d);
@@ -559,11 +610,36 @@ impl Exec<'_> {
             }
             // Lanes run in lock-step; the view orders every thread's stores before later releases.
             Inst::Barrier => self.view.barrier(),
+            Inst::BarrierAny { dst, pred } => {
+                self.view.barrier();
+                let any = self.get(*pred)?.ints().iter().any(|x| *x != 0);
+                self.set(*dst, Data::I(vec![any as i64; lanes]));
+            }
+            Inst::Exit => self.exited = true,
+            Inst::Clock { dst } => {
+                let ns = clock_ns();
+                self.set(*dst, Data::I(vec![ns as i64; lanes]));
+            }
+            Inst::AtomicLoad { dst, addr, pred, sem, .. } => {
+                if sem.releases() {
+                    return contract(format!("atomic load with {sem} semantics"));
+                }
+                let d = dtype(k.ty(*dst));
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "atomic load", &|_, cur| cur)?;
+            }
+            Inst::AtomicStore { addr, value, pred, sem, .. } => {
+                if sem.acquires() {
+                    return contract(format!("atomic store with {sem} semantics"));
+                }
+                let d = dtype(k.ty(*value));
+                let v = self.get(*value)?;
+                self.atomic_lanes(None, *addr, *pred, *sem, d, "atomic store", &|i, _| elem_bits(&v.data, i, d))?;
+            }
             Inst::Atomic { dst, op, addr, value, pred, sem, .. } => {
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
                 let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, elem_bits(&v.data, i, d));
-                self.atomic_lanes(*dst, *addr, *pred, *sem, d, "atomic", &f)?;
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "atomic", &f)?;
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
                 let d = dtype(k.ty(*desired));
@@ -575,7 +651,7 @@ impl Exec<'_> {
                         cur
                     }
                 };
-                self.atomic_lanes(*dst, *addr, *pred, *sem, d, "cas", &f)?;
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "cas", &f)?;
             }
             // Copies complete at once here (the GPU's asynchrony is covered by the waits and
             // barriers the lowering places; the GPU conformance run checks them).
@@ -750,9 +826,12 @@ impl Exec<'_> {
                 }
                 self.copy_all(phis, inits)?;
                 let mut i = lo;
-                while i < hi {
+                while i < hi && !self.exited {
                     self.set(*iv, Data::I(vec![i; lanes]));
                     self.body(body)?;
+                    if self.exited {
+                        return Ok(());
+                    }
                     self.copy_all(phis, nexts)?;
                     i += st;
                 }
@@ -761,9 +840,15 @@ impl Exec<'_> {
             Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
                 if self.uniform(*cond)? != 0 {
                     self.body(then_body)?;
+                    if self.exited {
+                        return Ok(());
+                    }
                     self.copy_all(results, then_yields)?;
                 } else {
                     self.body(else_body)?;
+                    if self.exited {
+                        return Ok(());
+                    }
                     self.copy_all(results, else_yields)?;
                 }
             }
@@ -771,10 +856,16 @@ impl Exec<'_> {
                 self.copy_all(phis, inits)?;
                 loop {
                     self.body(cond_body)?;
+                    if self.exited {
+                        return Ok(());
+                    }
                     if self.uniform(*cond)? == 0 {
                         break;
                     }
                     self.body(body)?;
+                    if self.exited {
+                        return Ok(());
+                    }
                     self.copy_all(phis, nexts)?;
                 }
                 self.copy_all(results, phis)?;

@@ -8,7 +8,6 @@
 use crate::target::Target;
 use std::fmt::Write;
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
-use trident_core::simt::diag;
 use trident_core::simt::{ApproxFn, Inst, Kernel, Reg, SType, Special};
 
 /// An instruction the writer cannot express for its types.
@@ -467,29 +466,48 @@ impl<'k> Writer<'k> {
                 let (sem, scope) = (sem_name(*sem), scope_name(*scope));
                 self.line(format!("{guard}atom.{sem}.{scope}.global.cas.{ty} {d}, [{a}], {e}, {n}"));
             }
-            Inst::SymmAt { dst, ptr, rank } => {
-                // dst = ptr - __heap_bases[__rank] + __heap_bases[rank]
-                let np = self.k.params.len() - trident_core::simt::HIDDEN_PARAMS.len();
-                let (table, me, off, a, from, to) = (
-                    self.temp(Class::Rd),
-                    self.temp(Class::R),
-                    self.temp(Class::Rd),
-                    self.temp(Class::Rd),
-                    self.temp(Class::Rd),
-                    self.temp(Class::Rd),
-                );
-                let (d, p, r) = (self.n(*dst).to_string(), self.n(*ptr).to_string(), self.n(*rank).to_string());
-                self.line(format!("ld.param.u64 {table}, [p{}]", np + 2));
-                self.line(format!("ld.param.s32 {me}, [p{np}]"));
-                self.line(format!("mul.wide.s32 {off}, {me}, 8"));
-                self.line(format!("add.s64 {a}, {table}, {off}"));
-                self.line(format!("ld.global.u64 {from}, [{a}]"));
-                self.line(format!("mul.wide.s32 {off}, {r}, 8"));
-                self.line(format!("add.s64 {a}, {table}, {off}"));
-                self.line(format!("ld.global.u64 {to}, [{a}]"));
-                self.line(format!("sub.s64 {d}, {p}, {from}"));
-                self.line(format!("add.s64 {d}, {d}, {to}"));
+            Inst::SymmAt { .. } | Inst::WaitSignals { .. } => {
+                return Err(EmitError(
+                    "a protocol instruction reached the writer (run simt::protocol::expand first)".into(),
+                ))
             }
+            Inst::Clock { dst } => {
+                let d = self.n(*dst).to_string();
+                self.line(format!("mov.u64 {d}, %globaltimer"));
+            }
+            Inst::AtomicLoad { dst, addr, pred, sem, scope } => {
+                let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
+                let ty = mem(self.k.ty(*dst));
+                let order = match sem {
+                    MemSemantic::Relaxed => "relaxed",
+                    MemSemantic::Acquire => "acquire",
+                    other => return Err(EmitError(format!("atomic load with {other} semantics"))),
+                };
+                let guard = match pred {
+                    Some(p) => {
+                        self.line(format!("mov.{} {d}, 0", mov_type(self.k.ty(*dst))));
+                        format!("@{} ", self.n(*p))
+                    }
+                    None => String::new(),
+                };
+                self.line(format!("{guard}ld.{order}.{}.global.{ty} {d}, [{a}]", scope_name(*scope)));
+            }
+            Inst::AtomicStore { addr, value, pred, sem, scope } => {
+                let (a, v) = (self.n(*addr).to_string(), self.n(*value).to_string());
+                let ty = mem(self.k.ty(*value));
+                let order = match sem {
+                    MemSemantic::Relaxed => "relaxed",
+                    MemSemantic::Release => "release",
+                    other => return Err(EmitError(format!("atomic store with {other} semantics"))),
+                };
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                self.line(format!("{guard}st.{order}.{}.global.{ty} [{a}], {v}", scope_name(*scope)));
+            }
+            Inst::BarrierAny { dst, pred } => {
+                let (d, p) = (self.n(*dst).to_string(), self.n(*pred).to_string());
+                self.line(format!("bar.red.or.pred {d}, 0, {p}"));
+            }
+            Inst::Exit => self.line("bra.uni $EXIT".into()),
             Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());
@@ -498,7 +516,6 @@ impl<'k> Writer<'k> {
                     SignalOp::Add => self.line(format!("@{p} red.relaxed.sys.global.add.u64 [{a}], {v}")),
                 }
             }
-            Inst::WaitSignals { base, count, cmp, value } => self.wait_signals(*base, *count, *cmp, *value)?,
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
                 let l = self.label();
                 self.movs(phis, inits);
@@ -546,91 +563,6 @@ impl<'k> Writer<'k> {
                 self.store_line("global", &a, *value, *pred);
             }
         }
-        Ok(())
-    }
-
-    /// Bounded spin of lanes `0..count`, diagnostics on timeout, then a uniform exit if any
-    /// program aborted (thread 0 reads the flag and shares it, so every thread decides alike).
-    fn wait_signals(&mut self, base: Reg, count: Reg, cmp: CmpOp, value: Reg) -> Result<(), EmitError> {
-        let l = self.label();
-        let np = self.k.params.len();
-        let param = |i: usize| format!("p{}", np - trident_core::simt::HIDDEN_PARAMS.len() + i);
-        let (diag_p, bound_p, rank_p) = (param(3), param(4), param(0));
-        let (b, c, v) = (self.n(base).to_string(), self.n(count).to_string(), self.n(value).to_string());
-        let tid = self.temp(Class::R);
-        let (pl, pok, pab, pin, pw) =
-            (self.temp(Class::P), self.temp(Class::P), self.temp(Class::P), self.temp(Class::P), self.temp(Class::P));
-        let (dg, bound, off, addr, t0, t, seen, flag, old) = (
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-            self.temp(Class::Rd),
-        );
-        let c_name = match cmp {
-            CmpOp::Eq => "eq",
-            CmpOp::Ne => "ne",
-            CmpOp::Lt => "lt",
-            CmpOp::Le => "le",
-            CmpOp::Gt => "gt",
-            CmpOp::Ge => "ge",
-        };
-        self.line(format!("ld.param.u64 {dg}, [{diag_p}]"));
-        self.line(format!("ld.param.u64 {bound}, [{bound_p}]"));
-        self.line(format!("mov.u32 {tid}, %tid.x"));
-        self.line(format!("setp.lt.s32 {pl}, {tid}, {c}"));
-        self.line(format!("@!{pl} bra $W{l}_done"));
-        self.line(format!("mul.wide.s32 {off}, {tid}, 8"));
-        self.line(format!("add.s64 {addr}, {b}, {off}"));
-        self.line(format!("mov.u64 {t0}, %globaltimer"));
-        self.body.push_str(&format!("$W{l}_spin:\n"));
-        self.line(format!("ld.acquire.sys.global.u64 {seen}, [{addr}]"));
-        self.line(format!("setp.{c_name}.u64 {pok}, {seen}, {v}"));
-        self.line(format!("@{pok} bra $W{l}_done"));
-        self.line(format!("ld.volatile.global.u64 {flag}, [{dg}]"));
-        self.line(format!("setp.ne.u64 {pab}, {flag}, 0"));
-        self.line(format!("@{pab} bra $W{l}_done"));
-        self.line(format!("mov.u64 {t}, %globaltimer"));
-        self.line(format!("sub.u64 {t}, {t}, {t0}"));
-        self.line(format!("setp.lt.u64 {pin}, {t}, {bound}"));
-        self.line(format!("@{pin} bra $W{l}_spin"));
-        // Timed out: the first lane anywhere claims the record and fills it.
-        self.line(format!("atom.relaxed.gpu.global.cas.b64 {old}, [{dg}], 0, 2"));
-        self.line(format!("setp.ne.u64 {pw}, {old}, 0"));
-        self.line(format!("@{pw} bra $W{l}_done"));
-        let r32 = self.temp(Class::R);
-        let w = |i: usize| format!("[{dg}+{}]", 8 * i);
-        self.line(format!("ld.param.s32 {r32}, [{rank_p}]"));
-        self.line(format!("cvt.u64.u32 {t}, {r32}"));
-        self.line(format!("st.global.u64 {}, {t}", w(diag::RANK)));
-        for (i, sreg) in [(diag::PROGRAM_X, "%ctaid.x"), (diag::PROGRAM_Y, "%ctaid.y"), (diag::PROGRAM_Z, "%ctaid.z")] {
-            self.line(format!("mov.u32 {r32}, {sreg}"));
-            self.line(format!("cvt.u64.u32 {t}, {r32}"));
-            self.line(format!("st.global.u64 {}, {t}", w(i)));
-        }
-        self.line(format!("st.global.u64 {}, {addr}", w(diag::SIGNAL)));
-        self.line(format!("st.global.u64 {}, {v}", w(diag::EXPECTED)));
-        self.line(format!("st.global.u64 {}, {seen}", w(diag::SEEN)));
-        self.line(format!("mov.u64 {t}, {}", cmp_code(cmp)));
-        self.line(format!("st.global.u64 {}, {t}", w(diag::CMP)));
-        self.line(format!("mov.u64 {t}, 1"));
-        self.line(format!("st.release.gpu.global.u64 [{dg}], {t}"));
-        self.body.push_str(&format!("$W{l}_done:\n"));
-        self.line("bar.sync 0".into());
-        // Thread 0 decides for everyone whether the program stops here.
-        let base_s = self.smem.clone().ok_or_else(|| EmitError("wait without shared memory".into()))?;
-        let p0 = self.temp(Class::P);
-        self.line(format!("setp.eq.s32 {p0}, {tid}, 0"));
-        self.line(format!("@{p0} ld.volatile.global.u64 {flag}, [{dg}]"));
-        self.line(format!("@{p0} st.shared.u64 [{base_s}], {flag}"));
-        self.line("bar.sync 0".into());
-        self.line(format!("ld.shared.u64 {flag}, [{base_s}]"));
-        self.line(format!("setp.ne.u64 {pab}, {flag}, 0"));
-        self.line(format!("@{pab} bra.uni $EXIT"));
         Ok(())
     }
 
@@ -950,11 +882,6 @@ fn scope_name(s: Scope) -> &'static str {
         Scope::Gpu => "gpu",
         Scope::Sys => "sys",
     }
-}
-
-/// The comparison's number in the diagnostics record (`CmpOp::ALL` order).
-pub fn cmp_code(c: CmpOp) -> u64 {
-    CmpOp::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64
 }
 
 /// Element type of a vector access (bit types: any register of the size).

@@ -47,15 +47,11 @@ impl NvidiaBackend {
     pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
-        let k = lower(func, target.desc()).map_err(|e| compile_err(e.to_string()))?;
+        let mut k = lower(func, target.desc()).map_err(|e| compile_err(e.to_string()))?;
+        let waits = k.waits();
+        trident_core::simt::protocol::expand(&mut k);
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
-        Ok(PtxModule {
-            ptx,
-            entry: k.name.clone(),
-            threads: k.threads(),
-            waits: k.waits(),
-            shared_bytes: k.shared_bytes,
-        })
+        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads(), waits, shared_bytes: k.shared_bytes })
     }
 }
 

@@ -208,33 +208,21 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         let mut raw = [0u8; 8 * diag::WORDS];
         self.read(diag_buf, 0, &mut raw)?;
-        let w = |i: usize| u64::from_le_bytes(raw[8 * i..8 * i + 8].try_into().unwrap_or([0; 8]));
-        if w(diag::FLAG) == 0 {
-            return Ok(());
-        }
-        let addr = w(diag::SIGNAL);
+        let Some(r) = diag::Record::decode(&raw) else { return Ok(()) };
         let place = self
             .live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .iter()
-            .find(|(a, n, _)| addr >= *a && addr < a + *n as u64)
-            .map(|(a, _, name)| format!("`{name}`[{}]", (addr - a) / 8))
-            .unwrap_or_else(|| format!("{addr:#x}"));
-        let cmp =
-            trident_core::ir::CmpOp::ALL.get(w(diag::CMP) as usize).copied().unwrap_or(trident_core::ir::CmpOp::Ge);
+            .find(|(a, n, _)| r.signal >= *a && r.signal < a + *n as u64)
+            .map(|(a, _, name)| format!("`{name}`[{}]", (r.signal - a) / 8))
+            .unwrap_or_else(|| format!("{:#x}", r.signal));
         Err(BackendError::Execution {
             kernel: kernel.to_string(),
-            program: [w(diag::PROGRAM_X) as u32, w(diag::PROGRAM_Y) as u32, w(diag::PROGRAM_Z) as u32],
+            program: r.program,
             op: "wait".into(),
             loc: None,
-            message: format!(
-                "wait timed out after {:?} on rank {}: signal {place} expected {cmp} {}, seen {}; every program of the launch was stopped",
-                bound,
-                w(diag::RANK),
-                w(diag::EXPECTED),
-                w(diag::SEEN)
-            ),
+            message: r.message(&place, bound),
         })
     }
 }

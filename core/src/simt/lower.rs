@@ -30,7 +30,7 @@ mod support;
 
 use super::contiguity::Contiguity;
 use super::layout::{same_elements, AccLayout, Blocked};
-use super::{Inst, Kernel, Reg, SType, Special};
+use super::{Hidden, Inst, Kernel, Reg, SType, Special};
 use crate::ir::*;
 use crate::target::{AsyncCopy, TargetDesc};
 use std::collections::{BTreeMap, HashMap};
@@ -74,11 +74,6 @@ fn log2(x: u32) -> i64 {
     x.trailing_zeros() as i64
 }
 
-/// Index of the hidden parameter `name` in [`super::HIDDEN_PARAMS`].
-fn hidden_index(name: &str) -> usize {
-    super::HIDDEN_PARAMS.iter().position(|(n, _)| *n == name).expect("a hidden parameter")
-}
-
 struct Lowering<'f> {
     func: &'f Function,
     target: &'static TargetDesc,
@@ -95,8 +90,8 @@ struct Lowering<'f> {
     hidden: Vec<Reg>,
     consts: HashMap<i64, Reg>,
     layouts: HashMap<Vec<u32>, Blocked>,
-    positions: HashMap<Vec<u32>, Vec<Reg>>,
-    coords: HashMap<(Vec<u32>, usize, u32), Reg>,
+    positions: HashMap<Blocked, Vec<Reg>>,
+    coords: HashMap<(Blocked, usize, u32), Reg>,
     /// Rematerialized values at coordinates, valid in the region being lowered.
     memo: HashMap<(Value, Vec<Reg>), Reg>,
     remat: HashMap<Value, bool>,
@@ -265,12 +260,12 @@ impl Lowering<'_> {
         }
     }
 
-    /// Per-dimension thread positions of the layout of `shape` (prologue).
-    fn position(&mut self, shape: &[u32]) -> Vec<Reg> {
-        if let Some(p) = self.positions.get(shape) {
+    /// Per-dimension thread positions in layout `l` (prologue).
+    fn position_in(&mut self, l: &Blocked) -> Vec<Reg> {
+        if let Some(p) = self.positions.get(l) {
             return p.clone();
         }
-        let l = self.layout(shape);
+        let shape = l.shape.clone();
         let saved = std::mem::take(&mut self.cur);
         let pos: Vec<Reg> = (0..l.rank())
             .map(|d| {
@@ -296,7 +291,7 @@ impl Lowering<'_> {
             .collect();
         let defs = std::mem::replace(&mut self.cur, saved);
         self.prologue.extend(defs);
-        self.positions.insert(shape.to_vec(), pos.clone());
+        self.positions.insert(l.clone(), pos.clone());
         pos
     }
 
@@ -311,14 +306,20 @@ impl Lowering<'_> {
 
     /// The coordinates of slot `s` of the layout of `shape` (prologue, shared between slots).
     fn slot_coords(&mut self, shape: &[u32], s: u32) -> Vec<Reg> {
-        let off = self.layout(shape).offset(s);
-        let pos = self.position(shape);
-        (0..shape.len())
+        let l = self.layout(shape);
+        self.slot_coords_in(&l, s)
+    }
+
+    /// The coordinates of slot `s` of layout `l` (prologue, shared between slots).
+    fn slot_coords_in(&mut self, l: &Blocked, s: u32) -> Vec<Reg> {
+        let off = l.offset(s);
+        let pos = self.position_in(l);
+        (0..l.rank())
             .map(|d| {
                 if off[d] == 0 {
                     return pos[d];
                 }
-                let key = (shape.to_vec(), d, off[d]);
+                let key = (l.clone(), d, off[d]);
                 if let Some(r) = self.coords.get(&key) {
                     return *r;
                 }
@@ -833,8 +834,8 @@ impl Lowering<'_> {
                 self.bind_results(op, results);
                 return Ok(());
             }
-            OpKind::Rank => vec![self.hidden[hidden_index("__rank")]],
-            OpKind::NumRanks => vec![self.hidden[hidden_index("__num_ranks")]],
+            OpKind::Rank => vec![self.hidden[Hidden::Rank.position()]],
+            OpKind::NumRanks => vec![self.hidden[Hidden::NumRanks.position()]],
             OpKind::SymmAt { ptr, rank } => {
                 let (p, r) = (self.held(*ptr)[0], self.held(*rank)[0]);
                 vec![self.symm_at(p, r)]
@@ -847,7 +848,6 @@ impl Lowering<'_> {
             }
             OpKind::Wait { sigs, count, cmp, value, .. } => {
                 let (b, c, v) = (self.held(*sigs)[0], self.held(*count)[0], self.held(*value)[0]);
-                self.shared = self.shared.max(8);
                 self.emit(Inst::WaitSignals { base: b, count: c, cmp: *cmp, value: v });
                 let t = self.reg(U64);
                 self.emit(Inst::Const { dst: t, value: Literal::Int(0) });
@@ -856,7 +856,6 @@ impl Lowering<'_> {
             OpKind::SignalWaitUntil { sig, cmp, value } => {
                 let (b, v) = (self.held(*sig)[0], self.held(*value)[0]);
                 let one = self.iconst(1);
-                self.shared = self.shared.max(8);
                 self.emit(Inst::WaitSignals { base: b, count: one, cmp: *cmp, value: v });
                 let seen = self.reg(U64);
                 self.emit(Inst::Load { dst: seen, addr: b, pred: None, other: None });
@@ -1130,8 +1129,8 @@ impl Lowering<'_> {
     fn barrier_all(&mut self) {
         self.emit(Inst::Barrier);
         self.emit(Inst::Fence { scope: Scope::Sys });
-        let words = self.hidden[hidden_index("__barrier")];
-        let nranks = self.hidden[hidden_index("__num_ranks")];
+        let words = self.hidden[Hidden::Barrier.position()];
+        let nranks = self.hidden[Hidden::NumRanks.position()];
         let mut want = nranks;
         for a in [Axis::X, Axis::Y, Axis::Z] {
             let n = self.reg(I32);
@@ -1188,7 +1187,6 @@ impl Lowering<'_> {
             sem: MemSemantic::Release,
             scope: Scope::Sys,
         });
-        self.shared = self.shared.max(8);
         self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
     }
 

@@ -39,6 +39,7 @@
 pub mod contiguity;
 pub mod layout;
 pub mod lower;
+pub mod protocol;
 
 pub use lower::{lower, LowerError};
 
@@ -101,23 +102,57 @@ pub enum Special {
     NumPrograms(Axis),
 }
 
-/// Parameters every lowered kernel takes after its own, filled by the runtime.
+/// The kernel ABI's hidden parameters: every lowered kernel takes them after its own, in this
+/// order, filled by the runtime ([`HIDDEN_PARAMS`] gives their names and types).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hidden {
+    /// This rank (i32).
+    Rank,
+    /// Ranks in the world (i32).
+    NumRanks,
+    /// u64 per rank: the base address of each rank's symmetric heap (`symm_at` rebases
+    /// between two entries).
+    HeapBases,
+    /// The wait diagnostics record ([`diag`]).
+    Diag,
+    /// Bound of every wait, in nanoseconds of the target's clock (u64).
+    WaitBoundNs,
+    /// Two u64 words shared by every rank of the world (arrival count, generation):
+    /// `barrier_all`.
+    Barrier,
+}
+
+impl Hidden {
+    pub const ALL: [Hidden; 6] =
+        [Hidden::Rank, Hidden::NumRanks, Hidden::HeapBases, Hidden::Diag, Hidden::WaitBoundNs, Hidden::Barrier];
+
+    /// Position among the hidden parameters.
+    pub fn position(self) -> usize {
+        Hidden::ALL.iter().position(|h| *h == self).unwrap_or(0)
+    }
+
+    /// Parameter index of this hidden parameter in `k`.
+    pub fn index_in(self, k: &Kernel) -> u32 {
+        (k.params.len() - HIDDEN_PARAMS.len() + self.position()) as u32
+    }
+}
+
+/// Names and types of the hidden parameters, in [`Hidden::ALL`] order.
 pub const HIDDEN_PARAMS: &[(&str, SType)] = &[
     ("__rank", SType::Int { bits: 32, signed: true }),
     ("__num_ranks", SType::Int { bits: 32, signed: true }),
-    // u64 per rank: the base address of each rank's symmetric heap.
     ("__heap_bases", SType::Ptr),
-    // The wait diagnostics record (see `WaitSignals`).
     ("__diag", SType::Ptr),
-    // Bound of every wait, in nanoseconds of `%globaltimer`.
     ("__wait_bound_ns", SType::Int { bits: 64, signed: false }),
-    // Two u64 words shared by every rank of the world (arrival count, generation): `barrier_all`.
     ("__barrier", SType::Ptr),
 ];
 
-/// Layout of the diagnostics record a timed-out wait fills (u64 words).
+/// Layout of the diagnostics record a timed-out wait fills (u64 words), and its decoding.
 pub mod diag {
-    /// 0: nothing happened; 1: a wait timed out (the first writer wins).
+    use crate::ir::CmpOp;
+
+    /// 0: nothing happened; 2: a lane claimed the record and is filling it; 1: filled (the
+    /// first claimant wins; every waiting program sees a nonzero flag and stops).
     pub const FLAG: usize = 0;
     pub const RANK: usize = 1;
     pub const PROGRAM_X: usize = 2;
@@ -128,6 +163,52 @@ pub mod diag {
     pub const SEEN: usize = 7;
     pub const CMP: usize = 8;
     pub const WORDS: usize = 9;
+
+    /// A filled record: which wait timed out, and what it saw.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub struct Record {
+        pub rank: u64,
+        pub program: [u32; 3],
+        /// Address of the signal.
+        pub signal: u64,
+        pub cmp: CmpOp,
+        pub expected: u64,
+        pub seen: u64,
+    }
+
+    impl Record {
+        /// The record in `bytes` (little-endian words), if a wait timed out.
+        pub fn decode(bytes: &[u8]) -> Option<Record> {
+            let w = |i: usize| {
+                bytes.get(8 * i..8 * i + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes).unwrap_or(0)
+            };
+            if w(FLAG) == 0 {
+                return None;
+            }
+            Some(Record {
+                rank: w(RANK),
+                program: [w(PROGRAM_X) as u32, w(PROGRAM_Y) as u32, w(PROGRAM_Z) as u32],
+                signal: w(SIGNAL),
+                cmp: CmpOp::ALL.get(w(CMP) as usize).copied().unwrap_or(CmpOp::Ge),
+                expected: w(EXPECTED),
+                seen: w(SEEN),
+            })
+        }
+
+        /// The diagnostic line, with the signal named as `place` (a buffer and index where the
+        /// runtime knows it).
+        pub fn message(&self, place: &str, bound: std::time::Duration) -> String {
+            format!(
+                "wait timed out after {bound:?} on rank {}: signal {place} expected {} {}, seen {}; every program of the launch was stopped",
+                self.rank, self.cmp, self.expected, self.seen
+            )
+        }
+    }
+
+    /// The comparison's number in the record (`CmpOp::ALL` order).
+    pub fn cmp_code(c: CmpOp) -> u64 {
+        CmpOp::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64
+    }
 }
 
 /// One per-thread instruction. Operands are registers defined earlier.
@@ -335,6 +416,37 @@ pub enum Inst {
         lo: Reg,
         hi: Reg,
     },
+    /// `dst` (u64) = the target's clock in nanoseconds (`TargetDesc::clock`); only differences
+    /// of two readings mean anything.
+    Clock {
+        dst: Reg,
+    },
+    /// Atomic load of `dst`'s type (32 or 64 bits) with a memory semantic (relaxed or acquire)
+    /// at a scope; lanes with a false `pred` get 0 and access nothing.
+    AtomicLoad {
+        dst: Reg,
+        addr: Reg,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        scope: Scope,
+    },
+    /// Atomic store of `value` (32 or 64 bits) with a memory semantic (relaxed or release) at a
+    /// scope, where `pred` holds.
+    AtomicStore {
+        addr: Reg,
+        value: Reg,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        scope: Scope,
+    },
+    /// Every thread of the program meets (as [`Inst::Barrier`]); `dst` is true in every thread
+    /// when `pred` is true in some thread.
+    BarrierAny {
+        dst: Reg,
+        pred: Reg,
+    },
+    /// The program ends here (every thread reaches it together: uniform control flow).
+    Exit,
     /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
     /// uniform trip count (signed compare).
     Loop {
@@ -348,9 +460,10 @@ pub enum Inst {
         nexts: Vec<Reg>,
         results: Vec<Reg>,
     },
-    /// The address of the symmetric object at `ptr` on `rank` (`symm_at`). The writers decide
-    /// how: the PTX writer rebases between entries of the `__heap_bases` table, the CPU runs it
-    /// through its world's symmetric-heap map.
+    /// The address of the symmetric object at `ptr` on `rank` (`symm_at`). A protocol
+    /// instruction: [`protocol::expand`] rewrites it into a rebase between two entries of the
+    /// `__heap_bases` table for GPU writers; cpu-simt's worlds run it through their
+    /// symmetric-heap map.
     SymmAt {
         dst: Reg,
         ptr: Reg,
@@ -371,7 +484,9 @@ pub enum Inst {
     /// satisfies `signal <cmp> value`, or until `__wait_bound_ns` passed or another program
     /// aborted; a timed-out lane records the diagnostics record (rank, program, signal, expected,
     /// seen) once and raises the abort flag. Then all threads meet; if the flag is raised, the
-    /// program returns.
+    /// program returns. A protocol instruction: [`protocol::expand`] rewrites it into
+    /// primitives for GPU writers (the clock read is the only target-specific part); cpu-simt's
+    /// worlds run it on their scheduler, which detects deadlocks exactly.
     WaitSignals {
         base: Reg,
         count: Reg,

@@ -1,0 +1,284 @@
+//! Protocol expansion: the communication instructions of the SIMT IR as primitives.
+//!
+//! The lowering emits two *protocol instructions*, [`Inst::SymmAt`] and [`Inst::WaitSignals`],
+//! whose meaning spans the runtime (the heap-base table, the diagnostics record, the wait bound).
+//! [`expand`] rewrites them, once and for every GPU, into instructions a writer translates one at
+//! a time:
+//!
+//! * `symm_at(p, r)` = `p - heap_bases[rank] + heap_bases[r]`: two loads from the hidden
+//!   `__heap_bases` table and address arithmetic.
+//! * a bounded wait: every thread of the program loops while some thread still has a signal to
+//!   wait for ([`Inst::BarrierAny`] keeps the loop uniform); a waiting thread reads its signal
+//!   with acquire semantics at system scope, the diagnostics flag (another program aborted) and
+//!   the clock; past the bound it claims the record with a compare-and-swap, fills it (rank,
+//!   program, signal, expected, seen, comparison) and publishes the flag with a release store.
+//!   After the loop thread 0 reads the flag and, if it is raised, every thread leaves the
+//!   program ([`Inst::Exit`]).
+//!
+//! The only target-specific part left is [`Inst::Clock`]. cpu-simt runs the protocol
+//! instructions themselves in its worlds (its scheduler detects deadlocks exactly and replays
+//! interleavings from a seed) and the expanded form in single-device launches, so CI executes
+//! what the GPUs run, up to the clock.
+
+use super::{diag, Hidden, Inst, Kernel, Reg, SType, Special};
+use crate::ir::{BinaryOp, CmpOp, Literal, MemSemantic, Scope};
+
+const I32: SType = SType::Int { bits: 32, signed: true };
+const U64: SType = SType::Int { bits: 64, signed: false };
+
+/// Rewrites every [`Inst::SymmAt`] and [`Inst::WaitSignals`] of `k` into primitives.
+pub fn expand(k: &mut Kernel) {
+    let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_in(k))).collect();
+    let body = std::mem::take(&mut k.body);
+    let mut x = Expander { k, hidden, params: Vec::new() };
+    let mut out = x.block(body);
+    // The hidden parameters the expansions read, loaded once at the top.
+    let mut head = std::mem::take(&mut x.params);
+    head.append(&mut out);
+    k.body = head;
+}
+
+/// True when `k` still holds a protocol instruction (a writer refuses such a kernel).
+pub fn has_protocol(body: &[Inst]) -> bool {
+    body.iter().any(|i| match i {
+        Inst::SymmAt { .. } | Inst::WaitSignals { .. } => true,
+        Inst::Loop { body, .. } => has_protocol(body),
+        Inst::If { then_body, else_body, .. } => has_protocol(then_body) || has_protocol(else_body),
+        Inst::While { cond_body, body, .. } => has_protocol(cond_body) || has_protocol(body),
+        _ => false,
+    })
+}
+
+struct Expander<'a> {
+    k: &'a mut Kernel,
+    hidden: Vec<(Hidden, u32)>,
+    /// `Param` instructions of the hidden parameters used so far.
+    params: Vec<Inst>,
+}
+
+impl Expander<'_> {
+    fn reg(&mut self, t: SType) -> Reg {
+        self.k.regs.push(t);
+        Reg(self.k.regs.len() as u32 - 1)
+    }
+
+    fn hidden(&mut self, h: Hidden) -> Reg {
+        let index = self.hidden.iter().find(|(x, _)| *x == h).map(|(_, i)| *i).unwrap_or(0);
+        let found = self.params.iter().find_map(|i| match i {
+            Inst::Param { dst, index: j } if *j == index => Some(*dst),
+            _ => None,
+        });
+        found.unwrap_or_else(|| {
+            let dst = self.reg(self.k.params[index as usize].1);
+            self.params.push(Inst::Param { dst, index });
+            dst
+        })
+    }
+
+    fn block(&mut self, body: Vec<Inst>) -> Vec<Inst> {
+        let mut out = Vec::with_capacity(body.len());
+        for inst in body {
+            match inst {
+                Inst::SymmAt { dst, ptr, rank } => self.symm_at(&mut out, dst, ptr, rank),
+                Inst::WaitSignals { base, count, cmp, value } => self.wait(&mut out, base, count, cmp, value),
+                Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
+                    let body = self.block(body);
+                    out.push(Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results });
+                }
+                Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
+                    let (then_body, else_body) = (self.block(then_body), self.block(else_body));
+                    out.push(Inst::If { cond, then_body, then_yields, else_body, else_yields, results });
+                }
+                Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
+                    let (cond_body, body) = (self.block(cond_body), self.block(body));
+                    out.push(Inst::While { phis, inits, cond_body, cond, body, nexts, results });
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+
+    fn konst(&mut self, out: &mut Vec<Inst>, t: SType, v: i64) -> Reg {
+        let dst = self.reg(t);
+        out.push(Inst::Const { dst, value: Literal::Int(v) });
+        dst
+    }
+
+    fn bin(&mut self, out: &mut Vec<Inst>, op: BinaryOp, a: Reg, b: Reg) -> Reg {
+        let dst = self.reg(self.k.ty(a));
+        out.push(Inst::Binary { dst, op, a, b });
+        dst
+    }
+
+    fn cmp(&mut self, out: &mut Vec<Inst>, op: CmpOp, a: Reg, b: Reg) -> Reg {
+        let dst = self.reg(SType::Pred);
+        out.push(Inst::Cmp { dst, op, a, b });
+        dst
+    }
+
+    fn widen_u64(&mut self, out: &mut Vec<Inst>, r: Reg) -> Reg {
+        match self.k.ty(r) {
+            t if t == U64 => r,
+            SType::Ptr => {
+                let dst = self.reg(U64);
+                out.push(Inst::Bitcast { dst, src: r });
+                dst
+            }
+            _ => {
+                let dst = self.reg(U64);
+                out.push(Inst::Cast { dst, src: r });
+                dst
+            }
+        }
+    }
+
+    /// `dst = ptr - heap_bases[__rank] + heap_bases[rank]`.
+    fn symm_at(&mut self, out: &mut Vec<Inst>, dst: Reg, ptr: Reg, rank: Reg) {
+        let (table, me) = (self.hidden(Hidden::HeapBases), self.hidden(Hidden::Rank));
+        let mut base_of = |x: &mut Self, r: Reg| {
+            let a = x.reg(SType::Ptr);
+            out.push(Inst::AddrOffset { dst: a, base: table, offset: r, scale: 8 });
+            let v = x.reg(U64);
+            out.push(Inst::Load { dst: v, addr: a, pred: None, other: None });
+            v
+        };
+        let from = base_of(self, me);
+        let to = base_of(self, rank);
+        let delta = self.bin(out, BinaryOp::Sub, to, from);
+        out.push(Inst::AddrOffset { dst, base: ptr, offset: delta, scale: 1 });
+    }
+
+    /// The bounded wait of [`Inst::WaitSignals`] (see the module docs).
+    fn wait(&mut self, out: &mut Vec<Inst>, base: Reg, count: Reg, cmp: CmpOp, value: Reg) {
+        let (dg, bound) = (self.hidden(Hidden::Diag), self.hidden(Hidden::WaitBoundNs));
+        let tid = self.reg(I32);
+        out.push(Inst::Special { dst: tid, which: Special::ThreadId });
+        let count = if self.k.ty(count) == I32 {
+            count
+        } else {
+            let c = self.reg(I32);
+            out.push(Inst::Cast { dst: c, src: count });
+            c
+        };
+        let mine = self.cmp(out, CmpOp::Lt, tid, count);
+        let addr = self.reg(SType::Ptr);
+        out.push(Inst::AddrOffset { dst: addr, base, offset: tid, scale: 8 });
+        let want = self.widen_u64(out, value);
+        let zero = self.konst(out, U64, 0);
+        let t0 = self.reg(U64);
+        out.push(Inst::Clock { dst: t0 });
+
+        // while any(pending) { ... }
+        let pending = self.reg(SType::Pred);
+        let mut cond_body = Vec::new();
+        let any = self.reg(SType::Pred);
+        cond_body.push(Inst::BarrierAny { dst: any, pred: pending });
+        let mut b = Vec::new();
+        let seen = self.reg(U64);
+        b.push(Inst::AtomicLoad { dst: seen, addr, pred: Some(pending), sem: MemSemantic::Acquire, scope: Scope::Sys });
+        let ok = self.cmp(&mut b, cmp, seen, want);
+        let flag = self.reg(U64);
+        b.push(Inst::AtomicLoad {
+            dst: flag,
+            addr: dg,
+            pred: Some(pending),
+            sem: MemSemantic::Relaxed,
+            scope: Scope::Gpu,
+        });
+        let aborted = self.cmp(&mut b, CmpOp::Ne, flag, zero);
+        let now = self.reg(U64);
+        b.push(Inst::Clock { dst: now });
+        let elapsed = self.bin(&mut b, BinaryOp::Sub, now, t0);
+        let late = self.cmp(&mut b, CmpOp::Ge, elapsed, bound);
+        let done = self.bin(&mut b, BinaryOp::Or, ok, aborted);
+        let yes = self.konst(&mut b, SType::Pred, 1);
+        let not_done = self.bin(&mut b, BinaryOp::Xor, done, yes);
+        let still = self.bin(&mut b, BinaryOp::And, pending, not_done);
+        let timed_out = self.bin(&mut b, BinaryOp::And, still, late);
+        // The first timed-out thread anywhere claims the record (0 -> 2), fills it, then sets
+        // the flag to 1 with a release store.
+        let (two, one) = (self.konst(&mut b, U64, 2), self.konst(&mut b, U64, 1));
+        let old = self.reg(U64);
+        b.push(Inst::AtomicCas {
+            dst: old,
+            addr: dg,
+            expected: zero,
+            desired: two,
+            pred: Some(timed_out),
+            sem: MemSemantic::Relaxed,
+            scope: Scope::Gpu,
+        });
+        let claimed = self.cmp(&mut b, CmpOp::Eq, old, zero);
+        let won = self.bin(&mut b, BinaryOp::And, timed_out, claimed);
+        let rank = self.hidden(Hidden::Rank);
+        let mut fields = vec![(diag::RANK, self.widen_u64(&mut b, rank))];
+        for (word, axis) in [
+            (diag::PROGRAM_X, crate::ir::Axis::X),
+            (diag::PROGRAM_Y, crate::ir::Axis::Y),
+            (diag::PROGRAM_Z, crate::ir::Axis::Z),
+        ] {
+            let p = self.reg(I32);
+            b.push(Inst::Special { dst: p, which: Special::ProgramId(axis) });
+            fields.push((word, self.widen_u64(&mut b, p)));
+        }
+        fields.push((diag::SIGNAL, self.widen_u64(&mut b, addr)));
+        fields.push((diag::EXPECTED, want));
+        fields.push((diag::SEEN, seen));
+        fields.push((diag::CMP, self.konst(&mut b, U64, diag::cmp_code(cmp) as i64)));
+        for (word, v) in fields {
+            let at = self.word(&mut b, dg, word);
+            b.push(Inst::Store { addr: at, value: v, pred: Some(won) });
+        }
+        b.push(Inst::AtomicStore {
+            addr: dg,
+            value: one,
+            pred: Some(won),
+            sem: MemSemantic::Release,
+            scope: Scope::Gpu,
+        });
+        let stop = self.bin(&mut b, BinaryOp::Or, done, late);
+        let not_stop = self.bin(&mut b, BinaryOp::Xor, stop, yes);
+        let next = self.bin(&mut b, BinaryOp::And, pending, not_stop);
+        let result = self.reg(SType::Pred);
+        out.push(Inst::While {
+            phis: vec![pending],
+            inits: vec![mine],
+            cond_body,
+            cond: any,
+            body: b,
+            nexts: vec![next],
+            results: vec![result],
+        });
+
+        // Thread 0 decides for everyone whether the program stops here.
+        let zero32 = self.konst(out, I32, 0);
+        let first = self.cmp(out, CmpOp::Eq, tid, zero32);
+        let flag = self.reg(U64);
+        out.push(Inst::AtomicLoad {
+            dst: flag,
+            addr: dg,
+            pred: Some(first),
+            sem: MemSemantic::Relaxed,
+            scope: Scope::Gpu,
+        });
+        let raised = self.cmp(out, CmpOp::Ne, flag, zero);
+        let stop = self.reg(SType::Pred);
+        out.push(Inst::BarrierAny { dst: stop, pred: raised });
+        out.push(Inst::If {
+            cond: stop,
+            then_body: vec![Inst::Exit],
+            then_yields: Vec::new(),
+            else_body: Vec::new(),
+            else_yields: Vec::new(),
+            results: Vec::new(),
+        });
+    }
+
+    fn word(&mut self, out: &mut Vec<Inst>, record: Reg, word: usize) -> Reg {
+        let i = self.konst(out, I32, word as i64);
+        let at = self.reg(SType::Ptr);
+        out.push(Inst::AddrOffset { dst: at, base: record, offset: i, scale: 8 });
+        at
+    }
+}
