@@ -44,8 +44,9 @@ impl GpuWorldOptions {
     pub fn new(ranks: usize) -> GpuWorldOptions {
         GpuWorldOptions {
             ranks,
-            wait_bound: Duration::from_secs(2),
-            stream_wait_bound: Duration::from_secs(10),
+            wait_bound: trident_core::backend::default_wait_bound(),
+            // Stream waits outlast the kernels they wait for (at least 5 kernel wait bounds).
+            stream_wait_bound: Duration::from_secs(10).max(trident_core::backend::default_wait_bound() * 5),
             heap_bytes: 64 << 20,
         }
     }

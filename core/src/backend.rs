@@ -235,7 +235,24 @@ pub struct LaunchOptions {
 
 impl Default for LaunchOptions {
     fn default() -> Self {
-        LaunchOptions { seed: 0x7121_d3a7, wait_bound: std::time::Duration::from_secs(2) }
+        LaunchOptions { seed: 0x7121_d3a7, wait_bound: default_wait_bound() }
+    }
+}
+
+/// The bound of a kernel's waits when the caller sets none: 2 s, or `TRIDENT_WAIT_BOUND_MS`
+/// (raised under compute-sanitizer, whose tools slow kernels down by 10-1000x). A value that is
+/// not a positive integer is ignored with a message on stderr.
+pub fn default_wait_bound() -> std::time::Duration {
+    const DEFAULT: std::time::Duration = std::time::Duration::from_secs(2);
+    match std::env::var("TRIDENT_WAIT_BOUND_MS") {
+        Err(_) => DEFAULT,
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if ms > 0 => std::time::Duration::from_millis(ms),
+            _ => {
+                eprintln!("trident: TRIDENT_WAIT_BOUND_MS={v:?} is not a positive number of milliseconds; using 2000");
+                DEFAULT
+            }
+        },
     }
 }
 
