@@ -15,6 +15,7 @@ pub mod interp;
 pub mod memory;
 pub mod race;
 pub mod sched;
+pub mod shared_race;
 pub mod simt_exec;
 pub mod value;
 pub mod view;

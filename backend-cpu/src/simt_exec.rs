@@ -206,6 +206,7 @@ struct Exec<'a> {
     shared: Vec<u8>,
     /// The program reached [`Inst::Exit`].
     exited: bool,
+    hazards: crate::shared_race::SharedHazards,
 }
 
 /// Nanoseconds of a monotonic clock ([`Inst::Clock`]).
@@ -228,8 +229,20 @@ pub fn run_program(
 ) -> Result<(), Fault> {
     let lanes = k.threads() as usize;
     let shared = vec![0; k.shared_bytes as usize];
-    let mut e =
-        Exec { k, mem, view, hooks, pid, grid, args, lanes, regs: vec![None; k.regs.len()], shared, exited: false };
+    let mut e = Exec {
+        k,
+        mem,
+        view,
+        hooks,
+        pid,
+        grid,
+        args,
+        lanes,
+        regs: vec![None; k.regs.len()],
+        shared,
+        exited: false,
+        hazards: crate::shared_race::SharedHazards::new(k.shared_bytes as usize),
+    };
     e.body(&k.body)?;
     e.hooks.yield_point(&mut e.view)?;
     e.view.finish(mem).or_else(|x| fault(x.0))?;
@@ -264,25 +277,31 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// The low `size` bytes of `bits` into shared memory at byte `off`.
-    fn shared_put(&mut self, off: usize, size: usize, bits: u64) -> Result<(), Fault> {
+    /// The low `size` bytes of `bits` into shared memory at byte `off`, written by `lane`.
+    fn shared_put(&mut self, lane: usize, off: usize, size: usize, bits: u64) -> Result<(), Fault> {
         let total = self.k.shared_bytes;
-        let slot = self.shared.get_mut(off..off + size).ok_or_else(|| Fault {
-            op: None,
-            message: format!("shared store of {size} bytes at {off} out of {total} bytes"),
-        })?;
-        slot.copy_from_slice(&bits.to_le_bytes()[..size]);
+        if self.shared.get(off..off + size).is_none() {
+            return fault(format!("shared store of {size} bytes at {off} out of {total} bytes"));
+        }
+        let bytes = bits.to_le_bytes();
+        for (i, b) in bytes[..size].iter().enumerate() {
+            let same = self.shared[off + i] == *b;
+            self.hazards.write(lane, off + i, same)?;
+            self.shared[off + i] = *b;
+        }
         Ok(())
     }
 
-    /// `size` bytes of shared memory at byte `off`, zero-extended.
-    fn shared_get(&self, off: usize, size: usize) -> Result<u64, Fault> {
-        let slot = self.shared.get(off..off + size).ok_or_else(|| Fault {
-            op: None,
-            message: format!("shared load of {size} bytes at {off} out of {} bytes", self.k.shared_bytes),
-        })?;
+    /// `size` bytes of shared memory at byte `off`, zero-extended, read by `lane`.
+    fn shared_get(&mut self, lane: usize, off: usize, size: usize) -> Result<u64, Fault> {
+        let Some(slot) = self.shared.get(off..off + size) else {
+            return fault(format!("shared load of {size} bytes at {off} out of {} bytes", self.k.shared_bytes));
+        };
         let mut b = [0u8; 8];
         b[..size].copy_from_slice(slot);
+        for i in 0..size {
+            self.hazards.read(lane, off + i)?;
+        }
         Ok(u64::from_le_bytes(b))
     }
 
@@ -577,7 +596,7 @@ impl Exec<'_> {
                     if p.as_ref().is_some_and(|p| p.ints()[i] == 0) {
                         continue;
                     }
-                    self.shared_put(o.ints()[i] as usize, size, elem_bits(&v.data, i, d))?;
+                    self.shared_put(i, o.ints()[i] as usize, size, elem_bits(&v.data, i, d))?;
                 }
             }
             Inst::SharedVStore { offset, values } => {
@@ -594,7 +613,7 @@ impl Exec<'_> {
                         ));
                     }
                     for (j, v) in vs.iter().enumerate() {
-                        self.shared_put(base + j * size, size, elem_bits(&v.data, i, d))?;
+                        self.shared_put(i, base + j * size, size, elem_bits(&v.data, i, d))?;
                     }
                 }
             }
@@ -604,14 +623,18 @@ impl Exec<'_> {
                 let o = self.get(*offset)?;
                 let mut out = empty_for(Elem::Num(d), lanes);
                 for i in 0..lanes {
-                    push(&mut out, from_bits(d, self.shared_get(o.ints()[i] as usize, size)?))?;
+                    push(&mut out, from_bits(d, self.shared_get(i, o.ints()[i] as usize, size)?))?;
                 }
                 self.set(*dst, out);
             }
             // Lanes run in lock-step; the view orders every thread's stores before later releases.
-            Inst::Barrier => self.view.barrier(),
+            Inst::Barrier => {
+                self.view.barrier();
+                self.hazards.barrier();
+            }
             Inst::BarrierAny { dst, pred } => {
                 self.view.barrier();
+                self.hazards.barrier();
                 let any = self.get(*pred)?.ints().iter().any(|x| *x != 0);
                 self.set(*dst, Data::I(vec![any as i64; lanes]));
             }
@@ -671,7 +694,7 @@ impl Exec<'_> {
                             .view
                             .load(&view, src + b as u64, 2)
                             .or_else(|e| fault(format!("cp.async: {}", e.0)))?;
-                        self.shared_put(dst + b, 2, x)?;
+                        self.shared_put(i, dst + b, 2, x)?;
                     }
                 }
             }
@@ -690,7 +713,7 @@ impl Exec<'_> {
                             } else {
                                 (row(g) + 4 * t, row(g) + 4 * t + 2)
                             };
-                            let (e0, e1) = (self.shared_get(a0, 2)?, self.shared_get(a1, 2)?);
+                            let (e0, e1) = (self.shared_get(w * 32 + l, a0, 2)?, self.shared_get(w * 32 + l, a1, 2)?);
                             out_j[w * 32 + l] = (e0 | e1 << 16) as u32 as i32 as i64;
                         }
                     }
@@ -778,7 +801,7 @@ impl Exec<'_> {
                         ));
                     }
                     for (j, out) in outs.iter_mut().enumerate() {
-                        push(out, from_bits(d, self.shared_get(base + j * size, size)?))?;
+                        push(out, from_bits(d, self.shared_get(i, base + j * size, size)?))?;
                     }
                 }
                 for (dst, out) in dsts.iter().zip(outs) {

@@ -248,3 +248,61 @@ fn puts_gets_and_barrier_all_in_a_world() {
         }
     }
 }
+
+/// A scalar atomic (its result shared through shared memory) followed by a pipelined GEMM K loop
+/// whose first copies land on the same shared bytes: the lowering must separate them with a
+/// barrier (cpu-simt reports any shared-memory hazard). The same missing barrier, behind a wait,
+/// made `ag_gemm` read its stage as a wait's abort flag on the H200 (racecheck, NaN outputs).
+#[test]
+fn shared_memory_phases_are_separated_by_barriers() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let (m, n, kk) = (64usize, 64usize, 96usize);
+    let b = KernelBuilder::new("ticket_gemm", LaunchAttrs { warps: 4, stages: 3, ..LaunchAttrs::default() });
+    let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
+    let counter = b.arg_ptr("counter", DType::I32);
+    let k = b.arg("k", DType::I32);
+    let ticket = b.atomic(AtomicOp::Add, counter, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
+    let (i, kr) = (b.arange(0, m as i64), b.arange(0, 32));
+    let out = b.for_range(
+        0,
+        k,
+        32,
+        &[b.zeros(&[m as u32, n as u32], DType::F32)],
+        |k0, acc: &[trident_core::builder::Tile]| {
+            let kc = kr + k0;
+            let xa = b.load_or(x + i.expand_dims(1) * k + kc.expand_dims(0), kc.expand_dims(0).lt(k), 0.0);
+            let ya = b.load_or(y + kc.expand_dims(1) * n as i32 + i.expand_dims(0), kc.expand_dims(1).lt(k), 0.0);
+            vec![b.dot(xa, ya, acc[0], InputPrecision::Ieee)]
+        },
+    );
+    b.store(c + i.expand_dims(1) * n as i32 + i.expand_dims(0), out[0] + ticket.cast(DType::F32), None);
+    let f = b.finish().unwrap();
+    link();
+    for target in ["sm_90a", "sm_80"] {
+        let kern = SimtBackend.compile(&f, Some(target)).unwrap();
+        let dev = SimtBackend.open_device(0).unwrap();
+        let bf = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect() };
+        let round = |x: f32| half::bf16::from_f32(x).to_f32() as f64;
+        let xs: Vec<f32> = (0..m * kk).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let ys: Vec<f32> = (0..kk * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let (xb, yb) = (dev.alloc(xs.len() * 2, "x").unwrap(), dev.alloc(ys.len() * 2, "y").unwrap());
+        dev.write(&xb, 0, &bf(&xs)).unwrap();
+        dev.write(&yb, 0, &bf(&ys)).unwrap();
+        let cb = dev.alloc(m * n * 4, "c").unwrap();
+        dev.write(&cb, 0, &f32_bytes(&vec![f32::NAN; m * n])).unwrap();
+        let cnt = dev.alloc(4, "counter").unwrap();
+        dev.write(&cnt, 0, &5i32.to_le_bytes()).unwrap();
+        let args = [xb.arg(), yb.arg(), cb.arg(), cnt.arg(), KernelArg::i32(kk as i32)];
+        dev.launch(&kern, [1, 1, 1], &args, &LaunchOptions::default()).unwrap();
+        let mut bytes = vec![0u8; m * n * 4];
+        dev.read(&cb, 0, &mut bytes).unwrap();
+        let got: Vec<f32> = words(&bytes).into_iter().map(f32::from_le_bytes).collect();
+        for r in 0..m {
+            for col in 0..n {
+                let want: f64 = (0..kk).map(|q| round(xs[r * kk + q]) * round(ys[q * n + col])).sum::<f64>() + 5.0;
+                let g = got[r * n + col] as f64;
+                assert!((g - want).abs() <= 1e-3 * (1.0 + want.abs()), "{target} c[{r}][{col}] = {g}, want {want}");
+            }
+        }
+    }
+}

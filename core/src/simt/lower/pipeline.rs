@@ -143,7 +143,9 @@ impl Lowering<'_> {
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
-        // Prologue: steps 0 .. stages - 2.
+        // Prologue: steps 0 .. stages - 2, after a barrier: the stages overlap whatever shared
+        // memory earlier ops used, which other threads may still be reading.
+        self.emit(Inst::Barrier);
         for st in 0..s - 1 {
             let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
             let iv = self.bin(BinaryOp::Add, lo, k);
