@@ -58,7 +58,7 @@ impl Backend for SimtBackend {
             target: target.to_string(),
             params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
             attrs: func.attrs,
-            text: format!("{:#?}", k.body),
+            text: k.to_string(),
             payload: Arc::new(k),
         })
     }
@@ -124,15 +124,8 @@ impl Device for SimtDevice {
             let hooks = DirectHooks { mem: self.inner.memory() };
             order.into_iter().try_for_each(|pid| {
                 let view = ProgramView::immediate(Writer::HOST);
-                run_program(&k, self.inner.memory(), pid, grid, &all, view, &hooks).map_err(|f| {
-                    BackendError::Execution {
-                        kernel: kernel.kernel.clone(),
-                        program: pid,
-                        op: "simt".into(),
-                        loc: None,
-                        message: f.message,
-                    }
-                })
+                run_program(&k, self.inner.memory(), pid, grid, &all, view, &hooks)
+                    .map_err(|f| f.into_error(kernel.kernel.clone(), pid))
             })?;
             let mut raw = [0u8; 8 * diag::WORDS];
             self.inner.read(&record, 0, &mut raw)?;
@@ -207,12 +200,30 @@ struct Exec<'a> {
     /// The program reached [`Inst::Exit`].
     exited: bool,
     hazards: crate::shared_race::SharedHazards,
+    /// The tile-IR op whose instructions run (the last [`Inst::Origin`]).
+    origin: Option<(u32, &'static str, Option<Loc>)>,
 }
 
 /// Nanoseconds of a monotonic clock ([`Inst::Clock`]).
 fn clock_ns() -> u64 {
     static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// A fault of one program, placed at the tile-IR op whose instructions were running
+/// ([`Inst::Origin`]).
+#[derive(Debug)]
+pub struct SimtFault {
+    pub message: String,
+    /// `mnemonic (op #N)`, or `simt` before the first op.
+    pub op: String,
+    pub loc: Option<Loc>,
+}
+
+impl SimtFault {
+    pub fn into_error(self, kernel: String, program: [u32; 3]) -> BackendError {
+        BackendError::Execution { kernel, program, op: self.op, loc: self.loc, message: self.message }
+    }
 }
 
 /// Runs every thread of one program, lanes in lock-step, with memory seen through `view` and
@@ -226,7 +237,7 @@ pub fn run_program(
     args: &[KernelArg],
     view: ProgramView,
     hooks: &dyn Hooks,
-) -> Result<(), Fault> {
+) -> Result<(), SimtFault> {
     let lanes = k.threads() as usize;
     let shared = vec![0; k.shared_bytes as usize];
     let mut e = Exec {
@@ -242,12 +253,22 @@ pub fn run_program(
         shared,
         exited: false,
         hazards: crate::shared_race::SharedHazards::new(k.shared_bytes as usize),
+        origin: None,
     };
-    e.body(&k.body)?;
-    e.hooks.yield_point(&mut e.view)?;
-    e.view.finish(mem).or_else(|x| fault(x.0))?;
-    e.hooks.program_done(&mut e.view);
-    Ok(())
+    let run = |e: &mut Exec| -> Result<(), Fault> {
+        e.body(&k.body)?;
+        e.hooks.yield_point(&mut e.view)?;
+        e.view.finish(mem).or_else(|x| fault(x.0))?;
+        e.hooks.program_done(&mut e.view);
+        Ok(())
+    };
+    run(&mut e).map_err(|f| {
+        let (op, loc) = match e.origin {
+            Some((op, what, loc)) => (format!("{what} (op #{op})"), loc),
+            None => ("simt".to_string(), None),
+        };
+        SimtFault { message: f.message, op, loc }
+    })
 }
 
 impl Exec<'_> {
@@ -639,6 +660,7 @@ impl Exec<'_> {
                 self.set(*dst, Data::I(vec![any as i64; lanes]));
             }
             Inst::Exit => self.exited = true,
+            Inst::Origin { op, what, loc } => self.origin = Some((*op, what, *loc)),
             Inst::Clock { dst } => {
                 let ns = clock_ns();
                 self.set(*dst, Data::I(vec![ns as i64; lanes]));

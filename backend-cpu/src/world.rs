@@ -867,15 +867,8 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                             KernelArg::u64(0),
                             KernelArg::Ptr(inner.barrier_words),
                         ]);
-                        crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks).map_err(
-                            |f| BackendError::Execution {
-                                kernel: format!("{} on rank {}", k.name, ctx.rank),
-                                program: pid,
-                                op: "simt".into(),
-                                loc: None,
-                                message: f.message,
-                            },
-                        )
+                        crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks)
+                            .map_err(|f| f.into_error(format!("{} on rank {}", k.name, ctx.rank), pid))
                     }
                     _ => Err(BackendError::Host("unknown kernel payload".into())),
                 };

@@ -123,7 +123,7 @@ fn vector_accesses_fall_back_when_misaligned_or_masked() {
     for target in TARGETS {
         let k = SimtBackend.compile(&f, Some(target)).unwrap();
         let text = &k.text;
-        assert!(text.contains("VLoad") && text.contains("VStore"), "the copy is not vectorized");
+        assert!(text.contains(" = vload [") && text.contains("vstore ["), "the copy is not vectorized");
         let dev = SimtBackend.open_device(0).unwrap();
         for (off, n) in [(0usize, 1024usize), (1, 1024), (2, 1000), (3, 7), (0, 513)] {
             let x: Vec<f32> = (0..1040).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -305,4 +305,40 @@ fn shared_memory_phases_are_separated_by_barriers() {
             }
         }
     }
+}
+
+/// A fault in cpu-simt names the tile-IR op and its line in the text form (the lowering marks
+/// every op's instructions with `Inst::Origin`), and the PTX carries the same lines (`.loc`).
+#[test]
+fn faults_and_line_information_point_at_the_tile_ir() {
+    let text = "kernel @oob(%x: !ptr<f32>, %out: !ptr<f32>) attributes {warps = 1, stages = 2, cooperative = false} {
+  %0 = arange 0, 64 : tile<64xi32>
+  %1 = splat %x : tile<64x!ptr<f32>>
+  %2 = addptr %1, %0 : tile<64x!ptr<f32>>
+  %3 = load %2 : tile<64xf32>
+  %4 = splat %out : tile<64x!ptr<f32>>
+  %5 = addptr %4, %0 : tile<64x!ptr<f32>>
+  store %5, %3
+  return
+}
+";
+    let f = trident_core::text::parse(text).unwrap();
+    link();
+    for target in TARGETS {
+        let k = SimtBackend.compile(&f, Some(target)).unwrap();
+        let dev = SimtBackend.open_device(0).unwrap();
+        // `x` holds 16 elements: the load (line 5) reads past its end.
+        let (x, out) = (dev.alloc(16 * 4, "x").unwrap(), dev.alloc(64 * 4, "out").unwrap());
+        let e = dev.launch(&k, [1, 1, 1], &[x.arg(), out.arg()], &LaunchOptions::default()).unwrap_err();
+        match &e {
+            trident_core::backend::BackendError::Execution { op, loc, .. } => {
+                assert!(op.starts_with("load"), "{target}: {e}");
+                assert_eq!(loc.map(|l| l.line), Some(5), "{target}: {e}");
+            }
+            other => panic!("{target}: {other}"),
+        }
+    }
+    let ptx =
+        trident_backend_nvidia::NvidiaBackend::ptx(&f, trident_backend_nvidia::target::Target::Sm90a).unwrap().ptx;
+    assert!(ptx.contains(".file 1 \"oob.tile\"") && ptx.contains(".loc 1 5 "), "{ptx}");
 }

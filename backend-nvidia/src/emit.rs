@@ -508,6 +508,9 @@ impl<'k> Writer<'k> {
                 self.line(format!("bar.red.or.pred {d}, 0, {p}"));
             }
             Inst::Exit => self.line("bra.uni $EXIT".into()),
+            // Line information: compute-sanitizer and debuggers report the tile-IR line.
+            Inst::Origin { loc: Some(l), .. } => self.body.push_str(&format!("  .loc 1 {} {}\n", l.line, l.col)),
+            Inst::Origin { loc: None, .. } => {}
             Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());
@@ -953,6 +956,9 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     let _ = writeln!(out, ".version {}", target.ptx_version());
     let _ = writeln!(out, ".target {}", target.name());
     let _ = writeln!(out, ".address_size 64\n");
+    if w.body.contains("\n  .loc 1 ") || w.body.starts_with("  .loc 1 ") {
+        let _ = writeln!(out, ".file 1 \"{}.tile\"\n", k.name);
+    }
     if k.shared_bytes > 0 {
         let _ = writeln!(out, ".extern .shared .align 16 .b8 trident_smem[];\n");
     }

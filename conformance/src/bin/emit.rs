@@ -22,6 +22,10 @@ struct Args {
     file: Option<std::path::PathBuf>,
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// What to print: `tile` (the text IR), `simt` (the SIMT program a GPU writer translates:
+    /// lowered for the target, protocol expanded), or `code` (the backend's output).
+    #[arg(long, default_value = "code", value_parser = ["tile", "simt", "code"])]
+    stage: String,
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
     #[arg(long)]
     time: bool,
@@ -87,6 +91,17 @@ fn main() -> ExitCode {
                     a.target.as_deref().unwrap_or(d.targets[0]),
                     times[10]
                 ))
+            } else if a.stage == "tile" {
+                Ok(trident_core::text::print(&func))
+            } else if a.stage == "simt" {
+                let name = a.target.as_deref().unwrap_or(d.targets[0]);
+                let t = trident_core::target::lookup(name).map_err(|e| {
+                    format!("--stage simt needs a GPU target; backend `{}` target `{name}`: {e}", d.name)
+                })?;
+                trident_core::verify(&func).map_err(|e| e.to_string())?;
+                let mut k = trident_core::simt::lower(&func, t).map_err(|e| e.to_string())?;
+                trident_core::simt::protocol::expand(&mut k);
+                Ok(k.to_string())
             } else {
                 b.compile(&func, a.target.as_deref()).map(|art| art.text).map_err(|e| e.to_string())
             }
@@ -94,7 +109,9 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(text) => {
-            println!("{text}");
+            // A closed pipe (`| head`) ends the output quietly.
+            use std::io::Write;
+            let _ = writeln!(std::io::stdout().lock(), "{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {

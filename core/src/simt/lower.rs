@@ -209,6 +209,17 @@ impl Lowering<'_> {
         self.cur.push(i);
     }
 
+    /// Marks where the instructions of `op` begin ([`Inst::Origin`]); a marker followed by
+    /// nothing is replaced.
+    fn origin(&mut self, op: Op) {
+        let d = &self.func.ops[op];
+        let mark = Inst::Origin { op: op.index() as u32, what: d.kind.mnemonic(), loc: d.loc };
+        match self.cur.last_mut() {
+            Some(last @ Inst::Origin { .. }) => *last = mark,
+            _ => self.cur.push(mark),
+        }
+    }
+
     fn threads(&self) -> u32 {
         self.k.threads()
     }
@@ -616,6 +627,7 @@ impl Lowering<'_> {
     }
 
     fn op(&mut self, op: Op) -> Result<(), LowerError> {
+        self.origin(op);
         if let Some(l) = self.mma_elementwise(op) {
             self.elementwise_in_mma(op, l);
             return Ok(());

@@ -39,6 +39,7 @@
 pub mod contiguity;
 pub mod layout;
 pub mod lower;
+pub mod print;
 pub mod protocol;
 
 pub use lower::{lower, LowerError};
@@ -447,6 +448,15 @@ pub enum Inst {
     },
     /// The program ends here (every thread reaches it together: uniform control flow).
     Exit,
+    /// The instructions that follow, up to the next `Origin`, come from tile-IR op `op` (index in
+    /// the function's op arena; `what` its mnemonic), written at `loc` in the text form when
+    /// the kernel came from text. Writers turn it into line information (PTX `.loc`); cpu-simt
+    /// names the op and its line in faults. It executes nothing.
+    Origin {
+        op: u32,
+        what: &'static str,
+        loc: Option<crate::ir::Loc>,
+    },
     /// `phis = inits; for iv in lo..hi step step { body; phis = nexts }; results = phis`, with a
     /// uniform trip count (signed compare).
     Loop {

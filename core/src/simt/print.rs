@@ -1,0 +1,216 @@
+//! The printed SIMT form (`cargo xtask emit --stage simt`, cpu-simt's artifact text, the
+//! snapshots): one instruction per line, registers as `%N` with their type where defined,
+//! regions indented. For reading and diffing; there is no parser.
+
+use super::{Inst, Kernel, Reg, SType, Special};
+use std::fmt::{self, Write};
+
+impl fmt::Display for SType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SType::Pred => f.write_str("pred"),
+            SType::Int { bits, signed } => write!(f, "{}{bits}", if *signed { 'i' } else { 'u' }),
+            SType::F16 => f.write_str("f16"),
+            SType::BF16 => f.write_str("bf16"),
+            SType::F32 => f.write_str("f32"),
+            SType::F64 => f.write_str("f64"),
+            SType::Ptr => f.write_str("ptr"),
+        }
+    }
+}
+
+impl fmt::Display for Kernel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let params: Vec<String> = self.params.iter().map(|(n, t)| format!("{n}: {t}")).collect();
+        writeln!(f, "kernel {}({})", self.name, params.join(", "))?;
+        writeln!(
+            f,
+            "  // {} warps x {} lanes, {} bytes of shared memory, {} registers",
+            self.warps,
+            self.warp_size,
+            self.shared_bytes,
+            self.regs.len()
+        )?;
+        let mut out = String::new();
+        Printer { k: self, out: &mut out }.block(&self.body, 1);
+        f.write_str(&out)
+    }
+}
+
+struct Printer<'a> {
+    k: &'a Kernel,
+    out: &'a mut String,
+}
+
+fn list(rs: &[Reg]) -> String {
+    rs.iter().map(|r| format!("%{}", r.0)).collect::<Vec<_>>().join(", ")
+}
+
+fn guard(p: Option<Reg>) -> String {
+    p.map(|p| format!(" if %{}", p.0)).unwrap_or_default()
+}
+
+impl Printer<'_> {
+    /// `%N:type`
+    fn def(&self, r: Reg) -> String {
+        format!("%{}:{}", r.0, self.k.ty(r))
+    }
+
+    fn defs(&self, rs: &[Reg]) -> String {
+        rs.iter().map(|r| self.def(*r)).collect::<Vec<_>>().join(", ")
+    }
+
+    fn line(&mut self, depth: usize, s: String) {
+        let _ = writeln!(self.out, "{:width$}{s}", "", width = 2 * depth);
+    }
+
+    fn block(&mut self, body: &[Inst], depth: usize) {
+        for i in body {
+            self.inst(i, depth);
+        }
+    }
+
+    fn inst(&mut self, i: &Inst, d: usize) {
+        let r = |x: &Reg| format!("%{}", x.0);
+        let s = match i {
+            Inst::Param { dst, index } => {
+                format!("{} = param {index} ({})", self.def(*dst), self.k.params[*index as usize].0)
+            }
+            Inst::Special { dst, which } => {
+                let w = match which {
+                    Special::ThreadId => "thread_id".to_string(),
+                    Special::ProgramId(a) => format!("program_id.{a}"),
+                    Special::NumPrograms(a) => format!("num_programs.{a}"),
+                };
+                format!("{} = {w}", self.def(*dst))
+            }
+            Inst::Const { dst, value } => match value {
+                crate::ir::Literal::Int(i) => format!("{} = const {i}", self.def(*dst)),
+                crate::ir::Literal::Float(x) => format!("{} = const {x:?}", self.def(*dst)),
+            },
+            Inst::Unary { dst, op, src } => format!("{} = {op} {}", self.def(*dst), r(src)),
+            Inst::Binary { dst, op, a, b } => format!("{} = {op} {}, {}", self.def(*dst), r(a), r(b)),
+            Inst::Cmp { dst, op, a, b } => format!("{} = cmp.{op} {}, {}", self.def(*dst), r(a), r(b)),
+            Inst::Select { dst, cond, on_true, on_false } => {
+                format!("{} = select {}, {}, {}", self.def(*dst), r(cond), r(on_true), r(on_false))
+            }
+            Inst::Cast { dst, src } => format!("{} = cast {}", self.def(*dst), r(src)),
+            Inst::Bitcast { dst, src } => format!("{} = bitcast {}", self.def(*dst), r(src)),
+            Inst::Approx { dst, func, src } => format!("{} = approx.{func:?} {}", self.def(*dst), r(src)),
+            Inst::AddrOffset { dst, base, offset, scale } => {
+                format!("{} = addr {} + {} * {scale}", self.def(*dst), r(base), r(offset))
+            }
+            Inst::Load { dst, addr, pred, other } => format!(
+                "{} = load [{}]{}{}",
+                self.def(*dst),
+                r(addr),
+                guard(*pred),
+                other.map(|o| format!(" else %{}", o.0)).unwrap_or_default()
+            ),
+            Inst::Store { addr, value, pred } => format!("store [{}], {}{}", r(addr), r(value), guard(*pred)),
+            Inst::VLoad { dsts, addr, pred, others } => format!(
+                "{} = vload [{}]{}{}",
+                self.defs(dsts),
+                r(addr),
+                guard(*pred),
+                if others.is_empty() { String::new() } else { format!(" else {}", list(others)) }
+            ),
+            Inst::VStore { addr, values, pred } => format!("vstore [{}], {}{}", r(addr), list(values), guard(*pred)),
+            Inst::IsAligned { dst, addr, bytes } => format!("{} = aligned {} to {bytes}", self.def(*dst), r(addr)),
+            Inst::Shuffle { dst, src, lane_xor } => format!("{} = shuffle.xor {}, {lane_xor}", self.def(*dst), r(src)),
+            Inst::Fma { dst, a, b, c } => format!("{} = fma {}, {}, {}", self.def(*dst), r(a), r(b), r(c)),
+            Inst::Mov { dst, src } => format!("{} = mov {}", self.def(*dst), r(src)),
+            Inst::SharedStore { offset, value, pred } => {
+                format!("shared.store [{}], {}{}", r(offset), r(value), guard(*pred))
+            }
+            Inst::SharedLoad { dst, offset } => format!("{} = shared.load [{}]", self.def(*dst), r(offset)),
+            Inst::SharedVLoad { dsts, offset } => format!("{} = shared.vload [{}]", self.defs(dsts), r(offset)),
+            Inst::SharedVStore { offset, values } => format!("shared.vstore [{}], {}", r(offset), list(values)),
+            Inst::Barrier => "barrier".to_string(),
+            Inst::BarrierAny { dst, pred } => format!("{} = barrier.any {}", self.def(*dst), r(pred)),
+            Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
+                format!("{} = atomic.{op}.{sem}.{scope} [{}], {}{}", self.def(*dst), r(addr), r(value), guard(*pred))
+            }
+            Inst::AtomicCas { dst, addr, expected, desired, pred, sem, scope } => format!(
+                "{} = atomic.cas.{sem}.{scope} [{}], {}, {}{}",
+                self.def(*dst),
+                r(addr),
+                r(expected),
+                r(desired),
+                guard(*pred)
+            ),
+            Inst::AtomicLoad { dst, addr, pred, sem, scope } => {
+                format!("{} = atomic.load.{sem}.{scope} [{}]{}", self.def(*dst), r(addr), guard(*pred))
+            }
+            Inst::AtomicStore { addr, value, pred, sem, scope } => {
+                format!("atomic.store.{sem}.{scope} [{}], {}{}", r(addr), r(value), guard(*pred))
+            }
+            Inst::AsyncCopy { offset, addr, bytes, pred } => {
+                format!("async.copy {bytes} bytes [{}] -> shared [{}]{}", r(addr), r(offset), guard(Some(*pred)))
+            }
+            Inst::AsyncCommit => "async.commit".to_string(),
+            Inst::AsyncWait { pending } => format!("async.wait {pending}"),
+            Inst::MatrixLoad { dsts, offset, trans } => {
+                format!("{} = matrix.load{} [{}]", self.defs(dsts), if *trans { ".trans" } else { "" }, r(offset))
+            }
+            Inst::Matmul { atom, d, a, b, c, ab } => {
+                format!("{} = matmul.{}.{ab} a [{}] b [{}] c [{}]", self.defs(d), atom.name, list(a), list(b), list(c))
+            }
+            Inst::Pack { dst, lo, hi } => format!("{} = pack {}, {}", self.def(*dst), r(lo), r(hi)),
+            Inst::Clock { dst } => format!("{} = clock", self.def(*dst)),
+            Inst::Exit => "exit".to_string(),
+            Inst::SymmAt { dst, ptr, rank } => format!("{} = symm_at {}, rank {}", self.def(*dst), r(ptr), r(rank)),
+            Inst::Fence { scope } => format!("fence.{scope}"),
+            Inst::Signal { addr, value, op, pred } => format!("signal.{op} [{}], {} if {}", r(addr), r(value), r(pred)),
+            Inst::WaitSignals { base, count, cmp, value } => {
+                format!("wait_signals [{}] x {} until {cmp} {}", r(base), r(count), r(value))
+            }
+            Inst::Origin { op, what, loc } => {
+                format!("// op #{op} {what}{}", loc.map(|l| format!(" at {l}")).unwrap_or_default())
+            }
+            Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
+                self.line(
+                    d,
+                    format!(
+                        "loop {} in {}..{} step {} carry [{}] = [{}] {{",
+                        self.def(*iv),
+                        r(lo),
+                        r(hi),
+                        r(step),
+                        self.defs(phis),
+                        list(inits)
+                    ),
+                );
+                self.block(body, d + 1);
+                format!("}} next [{}] -> [{}]", list(nexts), self.defs(results))
+            }
+            Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
+                self.line(d, format!("if {} {{", r(cond)));
+                self.block(then_body, d + 1);
+                if !then_yields.is_empty() {
+                    self.line(d + 1, format!("yield {}", list(then_yields)));
+                }
+                if !else_body.is_empty() || !else_yields.is_empty() {
+                    self.line(d, "} else {".to_string());
+                    self.block(else_body, d + 1);
+                    if !else_yields.is_empty() {
+                        self.line(d + 1, format!("yield {}", list(else_yields)));
+                    }
+                }
+                if results.is_empty() {
+                    "}".to_string()
+                } else {
+                    format!("}} -> [{}]", self.defs(results))
+                }
+            }
+            Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
+                self.line(d, format!("while carry [{}] = [{}] {{", self.defs(phis), list(inits)));
+                self.block(cond_body, d + 1);
+                self.line(d, format!("}} test {} do {{", r(cond)));
+                self.block(body, d + 1);
+                format!("}} next [{}] -> [{}]", list(nexts), self.defs(results))
+            }
+        };
+        self.line(d, s);
+    }
+}
