@@ -187,6 +187,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     head.append(&mut l.prologue);
     head.append(&mut l.cur);
     l.k.body = head;
+    super::passes::clean(&mut l.k);
     l.k.shared_bytes = l.shared;
     if l.shared > target.shared_bytes {
         return Err(LowerError::SharedMemory {

@@ -39,6 +39,7 @@
 pub mod contiguity;
 pub mod layout;
 pub mod lower;
+pub mod passes;
 pub mod print;
 pub mod protocol;
 
@@ -93,7 +94,7 @@ impl SType {
 pub struct Reg(pub u32);
 
 /// Hardware-provided values.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Special {
     /// Thread index in the program (`%tid.x`).
     ThreadId,

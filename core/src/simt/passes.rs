@@ -1,0 +1,383 @@
+//! Clean-up passes over the SIMT IR, run by [`super::lower`] after the lowering: common
+//! subexpression elimination and dead-code elimination.
+//!
+//! The lowering emits index math per element slot and per op, and leaves values unused (the
+//! scalar path of a vector group nobody reads, positions of a layout a later op replaced). The
+//! PTX assembler would clean most of it, but every writer (and cpu-simt, and a reader of the
+//! printed form) would pay for it first.
+//!
+//! The IR is in SSA form apart from loop-carried registers (a `Loop`'s or `While`'s `phis`, and
+//! the `results` of regions), which are written by the region itself: both passes treat region
+//! instructions as opaque, and only remove or merge *pure* instructions (no memory access, no
+//! cross-lane or program-wide effect).
+
+use super::{ApproxFn, Inst, Kernel, Reg, SType, Special};
+use crate::ir::{BinaryOp, CmpOp, Literal, UnaryOp};
+use std::collections::HashMap;
+
+/// Runs CSE then DCE.
+pub fn clean(k: &mut Kernel) {
+    cse(k);
+    dce(k);
+}
+
+/// Calls `f` on every register `i` reads (not those of nested bodies).
+pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
+    let opt = |r: &mut Option<Reg>, f: &mut dyn FnMut(&mut Reg)| {
+        if let Some(r) = r {
+            f(r)
+        }
+    };
+    match i {
+        Inst::Param { .. }
+        | Inst::Special { .. }
+        | Inst::Const { .. }
+        | Inst::Barrier
+        | Inst::AsyncCommit
+        | Inst::AsyncWait { .. }
+        | Inst::Clock { .. }
+        | Inst::Exit
+        | Inst::Origin { .. }
+        | Inst::Fence { .. } => {}
+        Inst::Unary { src, .. } | Inst::Cast { src, .. } | Inst::Bitcast { src, .. } | Inst::Approx { src, .. } => {
+            f(src)
+        }
+        Inst::Mov { src, .. } | Inst::Shuffle { src, .. } => f(src),
+        Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => {
+            f(a);
+            f(b)
+        }
+        Inst::Select { cond, on_true, on_false, .. } => {
+            f(cond);
+            f(on_true);
+            f(on_false)
+        }
+        Inst::AddrOffset { base, offset, .. } => {
+            f(base);
+            f(offset)
+        }
+        Inst::Load { addr, pred, other, .. } => {
+            f(addr);
+            opt(pred, f);
+            opt(other, f)
+        }
+        Inst::Store { addr, value, pred } => {
+            f(addr);
+            f(value);
+            opt(pred, f)
+        }
+        Inst::VLoad { addr, pred, others, .. } => {
+            f(addr);
+            opt(pred, f);
+            for r in others.iter_mut() {
+                f(r)
+            }
+        }
+        Inst::VStore { addr, values, pred } => {
+            f(addr);
+            for r in values.iter_mut() {
+                f(r)
+            }
+            opt(pred, f)
+        }
+        Inst::IsAligned { addr, .. } => f(addr),
+        Inst::Fma { a, b, c, .. } => {
+            f(a);
+            f(b);
+            f(c)
+        }
+        Inst::SharedStore { offset, value, pred } => {
+            f(offset);
+            f(value);
+            opt(pred, f)
+        }
+        Inst::SharedLoad { offset, .. } | Inst::SharedVLoad { offset, .. } | Inst::MatrixLoad { offset, .. } => {
+            f(offset)
+        }
+        Inst::SharedVStore { offset, values } => {
+            f(offset);
+            for r in values.iter_mut() {
+                f(r)
+            }
+        }
+        Inst::BarrierAny { pred, .. } => f(pred),
+        Inst::Atomic { addr, value, pred, .. } => {
+            f(addr);
+            f(value);
+            opt(pred, f)
+        }
+        Inst::AtomicCas { addr, expected, desired, pred, .. } => {
+            f(addr);
+            f(expected);
+            f(desired);
+            opt(pred, f)
+        }
+        Inst::AtomicLoad { addr, pred, .. } => {
+            f(addr);
+            opt(pred, f)
+        }
+        Inst::AtomicStore { addr, value, pred, .. } => {
+            f(addr);
+            f(value);
+            opt(pred, f)
+        }
+        Inst::AsyncCopy { offset, addr, pred, .. } => {
+            f(offset);
+            f(addr);
+            f(pred)
+        }
+        Inst::Matmul { a, b, c, .. } => {
+            for r in a.iter_mut().chain(b.iter_mut()).chain(c.iter_mut()) {
+                f(r)
+            }
+        }
+        Inst::Pack { lo, hi, .. } => {
+            f(lo);
+            f(hi)
+        }
+        Inst::SymmAt { ptr, rank, .. } => {
+            f(ptr);
+            f(rank)
+        }
+        Inst::Signal { addr, value, pred, .. } => {
+            f(addr);
+            f(value);
+            f(pred)
+        }
+        Inst::WaitSignals { base, count, value, .. } => {
+            f(base);
+            f(count);
+            f(value)
+        }
+        Inst::Loop { lo, hi, step, inits, nexts, .. } => {
+            f(lo);
+            f(hi);
+            f(step);
+            for r in inits.iter_mut().chain(nexts.iter_mut()) {
+                f(r)
+            }
+        }
+        Inst::If { cond, then_yields, else_yields, .. } => {
+            f(cond);
+            for r in then_yields.iter_mut().chain(else_yields.iter_mut()) {
+                f(r)
+            }
+        }
+        Inst::While { inits, cond, nexts, .. } => {
+            f(cond);
+            for r in inits.iter_mut().chain(nexts.iter_mut()) {
+                f(r)
+            }
+        }
+    }
+}
+
+/// The nested bodies of a region instruction.
+fn bodies(i: &mut Inst) -> Vec<&mut Vec<Inst>> {
+    match i {
+        Inst::Loop { body, .. } => vec![body],
+        Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
+        Inst::While { cond_body, body, .. } => vec![cond_body, body],
+        _ => Vec::new(),
+    }
+}
+
+/// The register a pure instruction defines: merged by CSE when equal, dropped by DCE when
+/// unused. Loads, atomics, shuffles (cross-lane), the clock and region results are not pure.
+fn pure_def(i: &Inst) -> Option<Reg> {
+    match i {
+        Inst::Param { dst, .. }
+        | Inst::Special { dst, .. }
+        | Inst::Const { dst, .. }
+        | Inst::Unary { dst, .. }
+        | Inst::Binary { dst, .. }
+        | Inst::Cmp { dst, .. }
+        | Inst::Select { dst, .. }
+        | Inst::Cast { dst, .. }
+        | Inst::Bitcast { dst, .. }
+        | Inst::Approx { dst, .. }
+        | Inst::AddrOffset { dst, .. }
+        | Inst::IsAligned { dst, .. }
+        | Inst::Fma { dst, .. }
+        | Inst::Mov { dst, .. }
+        | Inst::Pack { dst, .. } => Some(*dst),
+        _ => None,
+    }
+}
+
+/// What a pure instruction computes, without its destination: equal keys compute equal values
+/// (the destination's type is part of the key: it decides what a constant or a conversion
+/// means).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Param(u32),
+    Special(Special),
+    Int(i64),
+    Float(u64),
+    Unary(UnaryOp, Reg),
+    Binary(BinaryOp, Reg, Reg),
+    Cmp(CmpOp, Reg, Reg),
+    Select(Reg, Reg, Reg),
+    Cast(Reg),
+    Bitcast(Reg),
+    Approx(ApproxFn, Reg),
+    Addr(Reg, Reg, u32),
+    Aligned(Reg, u32),
+    Fma(Reg, Reg, Reg),
+    Mov(Reg),
+    Pack(Reg, Reg),
+}
+
+fn key(k: &Kernel, i: &Inst) -> Option<(SType, Key)> {
+    let dst = pure_def(i)?;
+    let key = match *i {
+        Inst::Param { index, .. } => Key::Param(index),
+        Inst::Special { which, .. } => Key::Special(which),
+        Inst::Const { value: Literal::Int(v), .. } => Key::Int(v),
+        Inst::Const { value: Literal::Float(x), .. } => Key::Float(x.to_bits()),
+        Inst::Unary { op, src, .. } => Key::Unary(op, src),
+        Inst::Binary { op, a, b, .. } => Key::Binary(op, a, b),
+        Inst::Cmp { op, a, b, .. } => Key::Cmp(op, a, b),
+        Inst::Select { cond, on_true, on_false, .. } => Key::Select(cond, on_true, on_false),
+        Inst::Cast { src, .. } => Key::Cast(src),
+        Inst::Bitcast { src, .. } => Key::Bitcast(src),
+        Inst::Approx { func, src, .. } => Key::Approx(func, src),
+        Inst::AddrOffset { base, offset, scale, .. } => Key::Addr(base, offset, scale),
+        Inst::IsAligned { addr, bytes, .. } => Key::Aligned(addr, bytes),
+        Inst::Fma { a, b, c, .. } => Key::Fma(a, b, c),
+        Inst::Mov { src, .. } => Key::Mov(src),
+        Inst::Pack { lo, hi, .. } => Key::Pack(lo, hi),
+        _ => return None,
+    };
+    Some((k.ty(dst), key))
+}
+
+/// Registers written more than once (loop-carried registers): never merged or renamed.
+fn multiply_defined(k: &Kernel) -> Vec<bool> {
+    fn walk(body: &[Inst], n: &mut [u32]) {
+        for i in body {
+            let mut defs: Vec<Reg> = pure_def(i).into_iter().collect();
+            match i {
+                Inst::Loop { iv, phis, results, body, .. } => {
+                    defs.push(*iv);
+                    defs.extend(phis.iter().chain(results));
+                    walk(body, n);
+                }
+                Inst::While { phis, results, cond_body, body, .. } => {
+                    defs.extend(phis.iter().chain(results));
+                    walk(cond_body, n);
+                    walk(body, n);
+                }
+                Inst::If { results, then_body, else_body, .. } => {
+                    defs.extend(results);
+                    walk(then_body, n);
+                    walk(else_body, n);
+                }
+                _ => {}
+            }
+            for d in defs {
+                n[d.0 as usize] += 1;
+            }
+        }
+    }
+    let mut n = vec![0u32; k.regs.len()];
+    walk(&k.body, &mut n);
+    n.into_iter().map(|c| c > 1).collect()
+}
+
+/// Common-subexpression elimination over structured regions: a pure instruction equal to one
+/// that an enclosing or earlier instruction of the same region computed is dropped and its
+/// register renamed.
+pub fn cse(k: &mut Kernel) {
+    let multi = multiply_defined(k);
+    let mut rename: HashMap<Reg, Reg> = HashMap::new();
+    let mut scopes: Vec<HashMap<(SType, Key), Reg>> = vec![HashMap::new()];
+    let mut body = std::mem::take(&mut k.body);
+    cse_block(k, &multi, &mut body, &mut scopes, &mut rename);
+    k.body = body;
+}
+
+fn cse_block(
+    k: &Kernel,
+    multi: &[bool],
+    body: &mut Vec<Inst>,
+    scopes: &mut Vec<HashMap<(SType, Key), Reg>>,
+    rename: &mut HashMap<Reg, Reg>,
+) {
+    let mut out = Vec::with_capacity(body.len());
+    for mut i in body.drain(..) {
+        for_each_use(&mut i, &mut |r| {
+            if let Some(n) = rename.get(r) {
+                *r = *n;
+            }
+        });
+        for b in bodies(&mut i) {
+            scopes.push(HashMap::new());
+            cse_block(k, multi, b, scopes, rename);
+            scopes.pop();
+        }
+        // Region instructions read `nexts`/yields defined in their bodies: rename them again.
+        for_each_use(&mut i, &mut |r| {
+            if let Some(n) = rename.get(r) {
+                *r = *n;
+            }
+        });
+        if let (Some(dst), Some(key)) = (pure_def(&i), key(k, &i)) {
+            let mut reads_multi = false;
+            for_each_use(&mut i, &mut |r| reads_multi |= multi[r.0 as usize]);
+            if !multi[dst.0 as usize] && !reads_multi {
+                if let Some(&prev) = scopes.iter().rev().find_map(|s| s.get(&key)) {
+                    rename.insert(dst, prev);
+                    continue;
+                }
+                scopes.last_mut().expect("a scope").insert(key, dst);
+            }
+        }
+        out.push(i);
+    }
+    *body = out;
+}
+
+/// Dead-code elimination: a pure instruction is kept only when its register is read by a kept
+/// instruction (liveness from the impure ones, in one walk and one sweep).
+pub fn dce(k: &mut Kernel) {
+    let n = k.regs.len();
+    // The operands of each pure definition; the registers impure instructions read (roots).
+    let mut operands: Vec<Vec<Reg>> = vec![Vec::new(); n];
+    let mut live = vec![false; n];
+    let mut work: Vec<Reg> = Vec::new();
+    fn scan(body: &mut [Inst], operands: &mut [Vec<Reg>], live: &mut [bool], work: &mut Vec<Reg>) {
+        for i in body.iter_mut() {
+            match pure_def(i) {
+                Some(d) => for_each_use(i, &mut |r| operands[d.0 as usize].push(*r)),
+                None => for_each_use(i, &mut |r| {
+                    if !live[r.0 as usize] {
+                        live[r.0 as usize] = true;
+                        work.push(*r);
+                    }
+                }),
+            }
+            for b in bodies(i) {
+                scan(b, operands, live, work);
+            }
+        }
+    }
+    scan(&mut k.body, &mut operands, &mut live, &mut work);
+    while let Some(r) = work.pop() {
+        for &o in &operands[r.0 as usize] {
+            if !live[o.0 as usize] {
+                live[o.0 as usize] = true;
+                work.push(o);
+            }
+        }
+    }
+    fn sweep(body: &mut Vec<Inst>, live: &[bool]) {
+        body.retain(|i| pure_def(i).is_none_or(|d| live[d.0 as usize]));
+        for i in body.iter_mut() {
+            for b in bodies(i) {
+                sweep(b, live);
+            }
+        }
+    }
+    sweep(&mut k.body, &live);
+}
