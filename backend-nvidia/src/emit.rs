@@ -146,25 +146,17 @@ impl<'k> Writer<'k> {
         matches!(self.k.ty(r), SType::F16 | SType::BF16)
     }
 
-    /// Writes `f(dst_f32, srcs_f32)` for half types via f32, or directly otherwise.
-    fn via_f32(&mut self, dst: Reg, srcs: &[Reg], op: impl Fn(&str, &[String]) -> String) {
+    /// Writes `f(dst, srcs)` for f32/f64 registers. Half floats never reach arithmetic: the
+    /// lowering converts them (`simt/mod.rs`'s contract), so the writer refuses them.
+    fn float_op(&mut self, dst: Reg, srcs: &[Reg], op: impl Fn(&str, &[String]) -> String) -> Result<(), EmitError> {
         if self.is_half(dst) || srcs.iter().any(|s| self.is_half(*s)) {
-            let ws: Vec<String> = srcs.iter().map(|s| self.widen(*s)).collect();
-            let t = self.temp(Class::F);
-            let text = op(&t, &ws);
-            self.line(text);
-            if self.is_half(dst) {
-                self.narrow(dst, &t);
-            } else {
-                let d = self.n(dst).to_string();
-                self.line(format!("mov.f32 {d}, {t}"));
-            }
-        } else {
-            let ws: Vec<String> = srcs.iter().map(|s| self.n(*s).to_string()).collect();
-            let d = self.n(dst).to_string();
-            let text = op(&d, &ws);
-            self.line(text);
+            return Err(EmitError("half-float arithmetic in the SIMT IR (the lowering computes in f32)".into()));
         }
+        let ws: Vec<String> = srcs.iter().map(|s| self.n(*s).to_string()).collect();
+        let d = self.n(dst).to_string();
+        let text = op(&d, &ws);
+        self.line(text);
+        Ok(())
     }
 
     fn inst(&mut self, i: &Inst) -> Result<(), EmitError> {
@@ -220,11 +212,12 @@ impl<'k> Writer<'k> {
             Inst::Cmp { dst, op, a, b } => {
                 let t = self.k.ty(*a);
                 let d = self.n(*dst).to_string();
-                let (x, y) = if self.is_half(*a) {
-                    (self.widen(*a), self.widen(*b))
-                } else {
-                    (self.n(*a).into(), self.n(*b).into())
-                };
+                if self.is_half(*a) {
+                    return Err(EmitError(
+                        "half-float comparison in the SIMT IR (the lowering computes in f32)".into(),
+                    ));
+                }
+                let (x, y): (String, String) = (self.n(*a).into(), self.n(*b).into());
                 let c = match (op, t.is_float()) {
                     (CmpOp::Ne, true) => "neu",
                     (o, _) => o.as_str(),
@@ -720,14 +713,13 @@ impl<'k> Writer<'k> {
             // The lowering expands the elementary functions (`trident_core::math`).
             _ => return Err(EmitError(format!("`{op}` on {t:?} is not a SIMT primitive"))),
         };
-        self.via_f32(dst, &[src], |d, s| {
+        self.float_op(dst, &[src], |d, s| {
             let s = &s[0];
             match op {
                 UnaryOp::Floor | UnaryOp::Ceil => format!("{text}.{sfx}.{sfx} {d}, {s}"),
                 _ => format!("{text}.{sfx} {d}, {s}"),
             }
-        });
-        Ok(())
+        })
     }
 
     fn binary(&mut self, dst: Reg, op: BinaryOp, a: Reg, b: Reg) -> Result<(), EmitError> {
@@ -747,8 +739,7 @@ impl<'k> Writer<'k> {
                     )))
                 }
             };
-            self.via_f32(dst, &[a, b], |d, s| format!("{name}.{sfx} {d}, {}, {}", s[0], s[1]));
-            return Ok(());
+            return self.float_op(dst, &[a, b], |d, s| format!("{name}.{sfx} {d}, {}, {}", s[0], s[1]));
         }
         let (d, x, y) = (self.n(dst).to_string(), self.n(a).to_string(), self.n(b).to_string());
         if t == SType::Pred {
