@@ -26,6 +26,7 @@ mod atomic;
 mod dot;
 mod elementwise;
 mod pipeline;
+mod shared;
 mod support;
 
 use super::contiguity::Contiguity;
@@ -85,7 +86,7 @@ struct Lowering<'f> {
     tid: Reg,
     lane: Reg,
     warp: Reg,
-    shared: u32,
+    smem: shared::SharedAlloc,
     /// Registers of the hidden parameters (`super::HIDDEN_PARAMS`).
     hidden: Vec<Reg>,
     consts: HashMap<i64, Reg>,
@@ -136,6 +137,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         warps: func.attrs.warps,
         warp_size: target.warp_size,
         shared_bytes: 0,
+        shared_objects: Vec::new(),
     };
     let mut l = Lowering {
         func,
@@ -147,7 +149,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         tid: Reg(0),
         lane: Reg(0),
         warp: Reg(0),
-        shared: 0,
+        smem: shared::SharedAlloc::default(),
         hidden: Vec::new(),
         consts: HashMap::new(),
         layouts: HashMap::new(),
@@ -188,11 +190,12 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     head.append(&mut l.cur);
     l.k.body = head;
     super::passes::clean(&mut l.k);
-    l.k.shared_bytes = l.shared;
-    if l.shared > target.shared_bytes {
+    l.k.shared_bytes = l.smem.high;
+    l.k.shared_objects = std::mem::take(&mut l.smem.objects);
+    if l.k.shared_bytes > target.shared_bytes {
         return Err(LowerError::SharedMemory {
             kernel: func.name.clone(),
-            bytes: l.shared,
+            bytes: l.k.shared_bytes,
             limit: target.shared_bytes,
             target: target.name,
         });
@@ -389,8 +392,6 @@ impl Lowering<'_> {
     /// Writes a tile's elements into shared memory at `base` (row-major).
     fn stage_in_shared(&mut self, regs: &[Reg], shape: &[u32], base: u32) {
         let size = shared_size(self.k.ty(regs[0]));
-        let n: u32 = shape.iter().product();
-        self.shared = self.shared.max(base + n * size);
         for (s, &r) in regs.iter().enumerate() {
             let c = self.slot_coords(shape, s as u32);
             let f = self.flatten(&c, shape);
@@ -416,18 +417,22 @@ impl Lowering<'_> {
         map: &dyn Fn(&mut Self, &[Reg]) -> Vec<Reg>,
     ) -> Vec<Reg> {
         let t = self.k.ty(src[0]);
+        let n: u32 = src_shape.iter().product();
+        let o = self.shared_alloc("relayout", n * shared_size(t), 16);
         self.emit(Inst::Barrier);
-        self.stage_in_shared(src, src_shape, 0);
+        self.stage_in_shared(src, src_shape, o);
         self.emit(Inst::Barrier);
         let slots = self.layout(dst_shape).slots();
-        (0..slots)
+        let out = (0..slots)
             .map(|s| {
                 let c = self.slot_coords(dst_shape, s);
                 let sc = map(self, &c);
                 let f = self.flatten(&sc, src_shape);
-                self.shared_load(t, f, 0)
+                self.shared_load(t, f, o)
             })
-            .collect()
+            .collect();
+        self.shared_free(o);
+        out
     }
 
     /// `v`'s registers in its shape's blocked layout (a tensor-core accumulator is converted
@@ -618,12 +623,13 @@ impl Lowering<'_> {
         let old = self.reg(t);
         self.emit(make(old, Some(first)));
         self.emit(Inst::Barrier);
-        self.shared = self.shared.max(8);
-        let off = self.iconst(0);
+        let o = self.shared_alloc("atomic.result", 8, 8);
+        let off = self.iconst(o as i64);
         self.emit(Inst::SharedStore { offset: off, value: old, pred: Some(first) });
         self.emit(Inst::Barrier);
         let r = self.reg(t);
         self.emit(Inst::SharedLoad { dst: r, offset: off });
+        self.shared_free(o);
         r
     }
 
@@ -1307,7 +1313,8 @@ impl Lowering<'_> {
         let vsize = shared_size(acc_t).max(4);
         let ibase = (l.warps_per_program[axis] * n_res * vsize).next_multiple_of(16);
         let total = ibase + if arg { l.warps_per_program[axis] * n_res * 4 } else { 0 };
-        self.shared = self.shared.max(total);
+        let o = self.shared_alloc("reduce.partials", total, 16);
+        let ibase = o + ibase;
         // This thread's warp index along the axis.
         let w = self.bin_c(BinaryOp::Shr, self.warp, log2(wstride));
         let w = self.bin_c(BinaryOp::And, w, l.warps_per_program[axis] as i64 - 1);
@@ -1318,7 +1325,7 @@ impl Lowering<'_> {
             c.remove(axis);
             let f = self.flatten(&c, rshape);
             let f = self.bin(BinaryOp::Add, f, wrow);
-            let off = self.shared_offset(f, vsize, 0);
+            let off = self.shared_offset(f, vsize, o);
             self.emit(Inst::SharedStore { offset: off, value: *v, pred: None });
             if arg {
                 let off = self.shared_offset(f, 4, ibase);
@@ -1338,7 +1345,7 @@ impl Lowering<'_> {
             let mut acc: Option<(Reg, Reg)> = None;
             for wi in 0..warps {
                 let e = self.bin_c(BinaryOp::Add, f, (wi * n_res) as i64);
-                let v = self.shared_load(acc_t, e, 0);
+                let v = self.shared_load(acc_t, e, o);
                 let i = if arg { self.shared_load(I32, e, ibase) } else { v };
                 acc = Some(match acc {
                     Some(a) => self.combine(rop, a, (v, i)),
@@ -1348,6 +1355,7 @@ impl Lowering<'_> {
             let (v, i) = acc.expect("at least one warp");
             out.push(if arg { self.cast(i, rt) } else { self.narrow_int(v, rt) });
         }
+        self.shared_free(o);
         out
     }
 }

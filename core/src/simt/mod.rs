@@ -525,6 +525,20 @@ pub enum Inst {
     },
 }
 
+/// A named object in a program's shared memory (LDS), placed by the lowering's allocator
+/// (`lower/shared.rs`); objects whose lifetimes overlap never share bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedObject {
+    pub name: &'static str,
+    /// Byte offset in the program's shared memory.
+    pub offset: u32,
+    pub bytes: u32,
+    pub align: u32,
+    /// Swizzle of the rows (`Some(128)`: the 128-byte pattern of TMA and wgmma operands);
+    /// `None`: plain (rows padded instead where bank conflicts matter).
+    pub swizzle: Option<u32>,
+}
+
 /// A kernel as the program of one thread.
 #[derive(Clone, Debug)]
 pub struct Kernel {
@@ -539,6 +553,8 @@ pub struct Kernel {
     pub warp_size: u32,
     /// Bytes of shared memory a program uses.
     pub shared_bytes: u32,
+    /// The shared-memory objects, in program order of their allocation.
+    pub shared_objects: Vec<SharedObject>,
 }
 
 impl Kernel {

@@ -31,6 +31,17 @@ impl fmt::Display for Kernel {
             self.shared_bytes,
             self.regs.len()
         )?;
+        for o in &self.shared_objects {
+            writeln!(
+                f,
+                "  // shared {} at {}, {} bytes, align {}{}",
+                o.name,
+                o.offset,
+                o.bytes,
+                o.align,
+                o.swizzle.map(|s| format!(", swizzle {s}")).unwrap_or_default()
+            )?;
+        }
         let mut out = String::new();
         Printer { k: self, out: &mut out }.block(&self.body, 1);
         f.write_str(&out)

@@ -78,25 +78,28 @@ impl Lowering<'_> {
         // Replicas take the owners' old values through shared memory.
         let size = shared_size(t);
         let n: u32 = shape.iter().product();
-        self.shared = self.shared.max(n * size);
+        let o = self.shared_alloc("atomic.replicas", n * size, 16);
         self.emit(Inst::Barrier);
         let offs: Vec<Reg> = (0..olds.len() as u32)
             .map(|s| {
                 let c = self.slot_coords(shape, s);
                 let f = self.flatten(&c, shape);
-                self.shared_offset(f, size, 0)
+                self.shared_offset(f, size, o)
             })
             .collect();
         for (off, old) in offs.iter().zip(&olds) {
             self.emit(Inst::SharedStore { offset: *off, value: *old, pred: Some(owner) });
         }
         self.emit(Inst::Barrier);
-        offs.iter()
+        let out = offs
+            .iter()
             .map(|off| {
                 let d = self.reg(t);
                 self.emit(Inst::SharedLoad { dst: d, offset: *off });
                 d
             })
-            .collect()
+            .collect();
+        self.shared_free(o);
+        out
     }
 }

@@ -13,8 +13,10 @@ impl Lowering<'_> {
         let (ea, eb) = (stype(&at), stype(&bt));
         let (ar, br, cr) = (self.held(a), self.held(b), self.held(acc));
         let a_bytes = (m * kk * shared_size(ea)).next_multiple_of(16);
+        let o = self.shared_alloc("dot.operands", a_bytes + kk * n * shared_size(eb), 16);
+        let a_bytes = o + a_bytes;
         self.emit(Inst::Barrier);
-        self.stage_in_shared(&ar, &at.shape, 0);
+        self.stage_in_shared(&ar, &at.shape, o);
         self.stage_in_shared(&br, &bt.shape, a_bytes);
         self.emit(Inst::Barrier);
         let ft = match rt {
@@ -50,7 +52,7 @@ impl Lowering<'_> {
                 Some(v) => *v,
                 None => {
                     let fa = self.bin(BinaryOp::Add, row_base[row], iv);
-                    let va = self.shared_load(ea, fa, 0);
+                    let va = self.shared_load(ea, fa, o);
                     let v = self.cast(va, ft);
                     a_vals.insert(*row, v);
                     v
@@ -79,6 +81,7 @@ impl Lowering<'_> {
         let (lo, hi, one) = (self.iconst(0), self.iconst(kk as i64), self.iconst(1));
         let results: Vec<Reg> = (0..slots).map(|_| self.reg(ft)).collect();
         self.emit(Inst::Loop { iv, lo, hi, step: one, phis, inits, body, nexts, results: results.clone() });
+        self.shared_free(o);
         results.into_iter().map(|r| self.cast(r, rt)).collect()
     }
 
@@ -432,22 +435,24 @@ impl Lowering<'_> {
     pub(super) fn mma_to_blocked(&mut self, l: AccLayout, regs: &[Reg]) -> Vec<Reg> {
         let shape = [l.m, l.n];
         self.emit(Inst::Barrier);
-        self.shared = self.shared.max(l.m * l.n * 4);
+        let o = self.shared_alloc("acc.relayout", l.m * l.n * 4, 16);
         for (s, &r) in regs.iter().enumerate() {
             let c = self.mma_coords(l, s as u32);
             let f = self.flatten(&c, &shape);
-            let off = self.shared_offset(f, 4, 0);
+            let off = self.shared_offset(f, 4, o);
             self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
         }
         self.emit(Inst::Barrier);
         let slots = self.layout(&shape).slots();
-        (0..slots)
+        let out = (0..slots)
             .map(|s| {
                 let c = self.slot_coords(&shape, s);
                 let f = self.flatten(&c, &shape);
-                self.shared_load(SType::F32, f, 0)
+                self.shared_load(SType::F32, f, o)
             })
-            .collect()
+            .collect();
+        self.shared_free(o);
+        out
     }
 
     /// `v` in the accumulator layout `l` (f32): as held, a splat copied into every register, or
@@ -468,16 +473,19 @@ impl Lowering<'_> {
         let shape = [l.m, l.n];
         let src = self.held(v);
         let src: Vec<Reg> = src.into_iter().map(|r| self.cast(r, SType::F32)).collect();
+        let o = self.shared_alloc("acc.from_blocked", l.m * l.n * 4, 16);
         self.emit(Inst::Barrier);
-        self.stage_in_shared(&src, &shape, 0);
+        self.stage_in_shared(&src, &shape, o);
         self.emit(Inst::Barrier);
-        (0..l.slots())
+        let out = (0..l.slots())
             .map(|s| {
                 let c = self.mma_coords(l, s);
                 let f = self.flatten(&c, &shape);
-                self.shared_load(SType::F32, f, 0)
+                self.shared_load(SType::F32, f, o)
             })
-            .collect()
+            .collect();
+        self.shared_free(o);
+        out
     }
 
     /// Stages a tile row-major in shared memory at `base` with rows padded by 16 bytes (so the
@@ -485,7 +493,6 @@ impl Lowering<'_> {
     pub(super) fn stage_padded(&mut self, regs: &[Reg], shape: &[u32], base: u32) -> u32 {
         let size = shared_size(self.k.ty(regs[0]));
         let stride = shape[1] + 16 / size;
-        self.shared = self.shared.max(base + shape[0] * stride * size);
         // A thread's contiguous elements go as one vector store (rows start 16-byte aligned).
         let vec = self.layout(shape).vector().min(16 / size).max(1) as usize;
         for g in (0..regs.len()).step_by(vec) {
@@ -511,12 +518,18 @@ impl Lowering<'_> {
         let kk = at.shape[1];
         let (ar, br) = (self.held(a), self.held(b));
         let c = self.held_mma(acc, l);
-        self.emit(Inst::Barrier);
-        let a_stride = self.stage_padded(&ar, &at.shape, 0);
+        // Rows padded by 16 bytes (see `stage_padded`).
+        let (a_stride, b_stride) = (kk + 8, bt.shape[1] + 8);
         let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
-        let b_stride = self.stage_padded(&br, &bt.shape, a_bytes);
+        let o = self.shared_alloc("dot.operands", a_bytes + kk * b_stride * 2, 128);
         self.emit(Inst::Barrier);
-        let base = self.iconst(0);
-        self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c)
+        let sa = self.stage_padded(&ar, &at.shape, o);
+        let sb = self.stage_padded(&br, &bt.shape, o + a_bytes);
+        debug_assert_eq!((sa, sb), (a_stride, b_stride));
+        self.emit(Inst::Barrier);
+        let base = self.iconst(o as i64);
+        let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c);
+        self.shared_free(o);
+        out
     }
 }

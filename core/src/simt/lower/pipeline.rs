@@ -139,7 +139,7 @@ impl Lowering<'_> {
         let strides = [kk + 8, l.n + 8];
         let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
         let stage_bytes = (b_off + kk * strides[1] * 2).next_multiple_of(128);
-        self.shared = self.shared.max(s * stage_bytes);
+        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, 128);
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
@@ -151,7 +151,7 @@ impl Lowering<'_> {
             let iv = self.bin(BinaryOp::Add, lo, k);
             let valid = self.reg(SType::Pred);
             self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
-            let base = self.iconst((st * stage_bytes) as i64);
+            let base = self.iconst((stages_at + st * stage_bytes) as i64);
             self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
             self.emit(Inst::AsyncCommit);
         }
@@ -171,7 +171,12 @@ impl Lowering<'_> {
         self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: next_iv, b: hi });
         let stage_of = |me: &mut Self, x: Reg| {
             let r = me.bin_c(BinaryOp::Rem, x, s as i64);
-            me.bin_c(BinaryOp::Mul, r, stage_bytes as i64)
+            let r = me.bin_c(BinaryOp::Mul, r, stage_bytes as i64);
+            if stages_at == 0 {
+                r
+            } else {
+                me.bin_c(BinaryOp::Add, r, stages_at as i64)
+            }
         };
         let jn = self.bin_c(BinaryOp::Add, j, (s - 1) as i64);
         let next_base = stage_of(self, jn);
@@ -205,6 +210,7 @@ impl Lowering<'_> {
         });
         self.emit(Inst::AsyncWait { pending: 0 });
         self.emit(Inst::Barrier);
+        self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
     }
