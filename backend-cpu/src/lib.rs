@@ -57,6 +57,7 @@ impl Backend for CpuBackend {
             backend: NAME,
             target: target.to_string(),
             params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
             attrs: func.attrs,
             text: text::print(func),
             payload: Arc::new(func.clone()),

@@ -69,6 +69,7 @@ impl Backend for NvidiaBackend {
             backend: NAME,
             target: name.to_string(),
             params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
             attrs: func.attrs,
             text: m.ptx.clone(),
             payload: Arc::new(m),

@@ -98,6 +98,9 @@ pub struct Artifact {
     pub backend: &'static str,
     pub target: String,
     pub params: Vec<(String, Type)>,
+    /// The parameters' declared divisibility facts (`ir::Param::divisibility`), checked at
+    /// every launch.
+    pub divisibility: Vec<Option<u32>>,
     pub attrs: LaunchAttrs,
     /// Human-readable code (printed IR, PTX, LLVM IR).
     pub text: String,
@@ -192,6 +195,16 @@ pub fn check_args(kernel: &Artifact, args: &[KernelArg]) -> Result<(), BackendEr
         };
         if !ok {
             return Err(bad(i, format!("expected `{ty}`, got {arg:?}")));
+        }
+        let Some(&Some(d)) = kernel.divisibility.get(i) else { continue };
+        match arg {
+            KernelArg::Ptr(a) if a % d as u64 != 0 => {
+                return Err(bad(i, format!("pointer {a:#x} is not aligned to {d} bytes, as the kernel declares")));
+            }
+            KernelArg::Scalar(Literal::Int(v), _) if v.rem_euclid(d as i64) != 0 => {
+                return Err(bad(i, format!("{v} is not a multiple of {d}, as the kernel declares")));
+            }
+            _ => {}
         }
     }
     Ok(())

@@ -157,10 +157,26 @@ impl KernelBuilder {
     }
 
     pub fn arg_typed(&self, name: &str, ty: Type) -> Tile<'_> {
+        self.arg_with(name, ty, None)
+    }
+
+    /// A pointer parameter whose every argument is aligned to `bytes` (a power of two), checked
+    /// at launch; the lowering drops the alignment tests of vector accesses it proves.
+    pub fn arg_ptr_aligned(&self, name: &str, d: DType, bytes: u32) -> Tile<'_> {
+        self.arg_with(name, Type::ptr(d), Some(bytes))
+    }
+
+    /// An integer parameter whose every argument is a multiple of `m` (a power of two), checked
+    /// at launch.
+    pub fn arg_multiple_of(&self, name: &str, d: DType, m: u32) -> Tile<'_> {
+        self.arg_with(name, Type::num(d), Some(m))
+    }
+
+    fn arg_with(&self, name: &str, ty: Type, divisibility: Option<u32>) -> Tile<'_> {
         let mut s = self.state.borrow_mut();
         let index = s.func.params.len() as u32;
         let value = s.func.values.append(ValueData { ty, def: ValueDef::Param(index) });
-        s.func.params.push(Param { name: name.to_string(), value });
+        s.func.params.push(Param { name: name.to_string(), value, divisibility });
         drop(s);
         self.tile(value)
     }

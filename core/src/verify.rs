@@ -145,6 +145,15 @@ impl<'a> Verifier<'a> {
             if !names.insert(p.name.as_str()) {
                 return self.fail(&p.name, "parameter declared twice");
             }
+            if let Some(d) = p.divisibility {
+                let int = t.elem.dtype().is_some_and(|x| x.is_int() && x != DType::I1);
+                if t.elem.pointee().is_none() && !int {
+                    return self.fail(&p.name, format!("a divisibility fact on `{t}` (only pointers and integers)"));
+                }
+                if !is_pow2(d) {
+                    return self.fail(&p.name, format!("divisibility {d} is not a power of two"));
+                }
+            }
         }
         Ok(())
     }

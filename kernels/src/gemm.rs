@@ -18,12 +18,26 @@ pub struct Gemm {
     pub stages: u32,
     /// How f32 inputs enter `dot` (ignored for f16/bf16, which always multiply exactly).
     pub precision: InputPrecision,
+    /// Specialized for arguments divisible by 16 (like Triton's specialization on argument
+    /// divisibility): the pointers 16-byte aligned, `k` and the row strides multiples of 16,
+    /// declared as parameter facts (checked at launch), so vector copies need no alignment
+    /// test. [`Gemm::run`] picks this variant when the arguments allow it.
+    pub divisible: bool,
 }
 
 impl Gemm {
     /// A reasonable specialization for `dtype`.
     pub fn new(dtype: DType) -> Gemm {
-        Gemm { dtype, block_m: 64, block_n: 64, block_k: 32, warps: 4, stages: 2, precision: InputPrecision::Ieee }
+        Gemm {
+            dtype,
+            block_m: 64,
+            block_n: 64,
+            block_k: 32,
+            warps: 4,
+            stages: 2,
+            precision: InputPrecision::Ieee,
+            divisible: false,
+        }
     }
 
     pub fn with_precision(self, precision: InputPrecision) -> Gemm {
@@ -49,15 +63,24 @@ impl Gemm {
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
-        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}", self.dtype, self.dot_precision());
+        let div = if self.divisible { "_div16" } else { "" };
+        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
             LaunchAttrs { warps: self.warps, stages: self.stages, cooperative: false, fast_math: false },
         );
-        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
-        let (sa, sb, sc) =
-            (b.arg("stride_am", DType::I32), b.arg("stride_bk", DType::I32), b.arg("stride_cm", DType::I32));
+        let ptr = |name: &str| {
+            if self.divisible {
+                b.arg_ptr_aligned(name, self.dtype, 16)
+            } else {
+                b.arg_ptr(name, self.dtype)
+            }
+        };
+        let int =
+            |name: &str| if self.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
+        let (a, bp, c) = (ptr("a"), ptr("b"), ptr("c"));
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), int("k"));
+        let (sa, sb, sc) = (int("stride_am"), int("stride_bk"), int("stride_cm"));
 
         let pid = b.program_id_x();
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
@@ -122,7 +145,9 @@ impl Gemm {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let kernel = l.compile(format!("{self:?}"), || self.build())?;
+        let aligned = [a, b, c].iter().all(|x| x.address % 16 == 0);
+        let spec = Gemm { divisible: aligned && k % 16 == 0 && n % 16 == 0, ..*self };
+        let kernel = l.compile(format!("{spec:?}"), || spec.build())?;
         let args = [
             a.arg(),
             b.arg(),
@@ -134,6 +159,6 @@ impl Gemm {
             KernelArg::i32(n32),
             KernelArg::i32(n32),
         ];
-        l.launch(&kernel, self.grid(m, n), &args)
+        l.launch(&kernel, spec.grid(m, n), &args)
     }
 }

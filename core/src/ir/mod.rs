@@ -597,6 +597,11 @@ pub struct Param {
     /// Identifier used by the text format (`%a_ptr`) and by hosts binding arguments by name.
     pub name: String,
     pub value: Value,
+    /// A fact the kernel declares about every argument it is launched with (like Triton's
+    /// divisibility hints), checked at launch: for a pointer, its address is a multiple of this
+    /// many bytes; for an integer, its value is a multiple of this. A power of two; `None`: no
+    /// fact (pointers are then only known aligned to their element).
+    pub divisibility: Option<u32>,
 }
 
 /// One kernel specialization.
@@ -622,6 +627,7 @@ impl Function {
             .map(|(i, (n, t))| Param {
                 name: n.to_string(),
                 value: values.append(ValueData { ty: t.clone(), def: ValueDef::Param(i as u32) }),
+                divisibility: None,
             })
             .collect();
         let mut blocks = Arena::new();

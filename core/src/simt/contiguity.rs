@@ -5,8 +5,12 @@
 //! accesses (alignment and masks are checked at run time, see `lower.rs`).
 //!
 //! Runs are aligned: `contiguity = c` means elements `[k c, (k + 1) c)` along the last dimension
-//! are consecutive; both facts are powers of two. Loop-carried values take the meet of their
-//! initial value and every `next`, iterated to a fixed point.
+//! are consecutive; both facts are powers of two. `divisibility` is the largest power of two
+//! known to divide the first element of every run (bytes of the address for pointers), from the
+//! kernel's declared parameter facts (`Param::divisibility`), constants, `arange` and the
+//! arithmetic between them; the lowering drops the alignment test of a vector access it
+//! proves. Loop-carried values take the meet of their initial value and every `next`, iterated
+//! to a fixed point.
 
 use crate::ir::*;
 use std::collections::HashMap;
@@ -15,13 +19,37 @@ use std::collections::HashMap;
 pub struct AxisInfo {
     pub contiguity: u32,
     pub constancy: u32,
+    pub divisibility: u32,
 }
 
+/// The largest divisibility tracked (beyond it, facts add nothing).
+const MAX_DIV: u32 = 1 << 16;
+
 impl AxisInfo {
-    const NONE: AxisInfo = AxisInfo { contiguity: 1, constancy: 1 };
+    const NONE: AxisInfo = AxisInfo { contiguity: 1, constancy: 1, divisibility: 1 };
 
     fn meet(self, o: AxisInfo) -> AxisInfo {
-        AxisInfo { contiguity: self.contiguity.min(o.contiguity), constancy: self.constancy.min(o.constancy) }
+        AxisInfo {
+            contiguity: self.contiguity.min(o.contiguity),
+            constancy: self.constancy.min(o.constancy),
+            divisibility: self.divisibility.min(o.divisibility),
+        }
+    }
+
+    fn with_div(self, divisibility: u32) -> AxisInfo {
+        AxisInfo { divisibility: divisibility.clamp(1, MAX_DIV), ..self }
+    }
+}
+
+/// What `x`'s divisibility says about its elements at multiples of `c` (the runs of a result
+/// with contiguity `c`): run starts of `x` when its runs are no longer than `c`; otherwise
+/// positions inside its runs of consecutive values (a step of `step`: 1 for integers, the
+/// element size for pointers), known only up to `c * step`.
+fn at_runs(x: AxisInfo, c: u32, step: u32) -> u32 {
+    if x.contiguity <= c {
+        x.divisibility
+    } else {
+        x.divisibility.min(c.saturating_mul(step))
     }
 }
 
@@ -42,6 +70,12 @@ pub struct Contiguity<'f> {
 impl<'f> Contiguity<'f> {
     pub fn analyse(func: &'f Function) -> Contiguity<'f> {
         let mut c = Contiguity { func, info: HashMap::new() };
+        for p in &func.params {
+            // Without a fact a pointer is aligned to its element (the runtimes check it).
+            let natural = func.ty(p.value).elem.pointee().map_or(1, |d| d.size_bytes());
+            let d = p.divisibility.unwrap_or(natural).max(natural);
+            c.info.insert(p.value, AxisInfo::NONE.with_div(d));
+        }
         c.block(func.body);
         c
     }
@@ -49,10 +83,11 @@ impl<'f> Contiguity<'f> {
     /// Facts about `v` along its last dimension (scalars are constant).
     pub fn get(&self, v: Value) -> AxisInfo {
         let t = self.func.ty(v);
+        let known = self.info.get(&v).copied().unwrap_or(AxisInfo::NONE);
         if t.is_scalar() {
-            return AxisInfo { contiguity: 1, constancy: u32::MAX };
+            return AxisInfo { contiguity: 1, constancy: u32::MAX, divisibility: known.divisibility };
         }
-        self.info.get(&v).copied().unwrap_or(AxisInfo::NONE)
+        known
     }
 
     fn last(&self, v: Value) -> u32 {
@@ -97,18 +132,20 @@ impl<'f> Contiguity<'f> {
         let g = |v: Value| self.get(v);
         let result = d.results.first().copied();
         let info = match &d.kind {
+            OpKind::Const(Literal::Int(i)) => AxisInfo::NONE.with_div(pow2_divisor(*i, MAX_DIV)),
             OpKind::Arange { start, end } => {
                 let n = (end - start) as u32;
-                AxisInfo { contiguity: pow2_divisor(*start, n), constancy: 1 }
+                let c = pow2_divisor(*start, n);
+                AxisInfo { contiguity: c, constancy: 1, divisibility: c.clamp(1, MAX_DIV) }
             }
-            OpKind::Splat(_) => {
+            OpKind::Splat(x) => {
                 let r = result.expect("splat has a result");
-                AxisInfo { contiguity: 1, constancy: self.last(r) }
+                AxisInfo { contiguity: 1, constancy: self.last(r), divisibility: g(*x).divisibility }
             }
             OpKind::Broadcast(x) => {
                 let r = result.expect("broadcast has a result");
                 if self.last(*x) == 1 && self.last(r) > 1 {
-                    AxisInfo { contiguity: 1, constancy: self.last(r) }
+                    AxisInfo { contiguity: 1, constancy: self.last(r), divisibility: g(*x).divisibility }
                 } else {
                     g(*x)
                 }
@@ -129,14 +166,22 @@ impl<'f> Contiguity<'f> {
                     BinaryOp::Sub => a.contiguity.min(c.constancy),
                     _ => 1,
                 };
-                AxisInfo { contiguity: contiguity.max(1), constancy }
+                let contiguity = contiguity.max(1);
+                let divisibility = match b {
+                    BinaryOp::Add | BinaryOp::Sub => at_runs(a, contiguity, 1).min(at_runs(c, contiguity, 1)),
+                    // Every element: inside a run of consecutive values only 1 is known.
+                    BinaryOp::Mul => (at_runs(a, 1, 1) as u64 * at_runs(c, 1, 1) as u64).min(MAX_DIV as u64) as u32,
+                    _ => 1,
+                };
+                AxisInfo { contiguity, constancy, divisibility: 1 }.with_div(divisibility)
             }
             OpKind::AddPtr { ptr, offset } => {
                 let (a, c) = (g(*ptr), g(*offset));
-                AxisInfo {
-                    contiguity: a.contiguity.min(c.constancy).max(a.constancy.min(c.contiguity)).max(1),
-                    constancy: a.constancy.min(c.constancy),
-                }
+                let size = self.func.ty(*ptr).elem.pointee().map_or(1, |d| d.size_bytes());
+                let contiguity = a.contiguity.min(c.constancy).max(a.constancy.min(c.contiguity)).max(1);
+                let off = (at_runs(c, contiguity, 1) as u64 * size as u64).min(MAX_DIV as u64) as u32;
+                AxisInfo { contiguity, constancy: a.constancy.min(c.constancy), divisibility: 1 }
+                    .with_div(at_runs(a, contiguity, size).min(off))
             }
             OpKind::Cast(x) => {
                 let r = result.expect("cast has a result");
@@ -144,18 +189,22 @@ impl<'f> Contiguity<'f> {
                 if int(r) && int(*x) {
                     g(*x)
                 } else {
-                    AxisInfo { contiguity: 1, constancy: g(*x).constancy }
+                    AxisInfo { constancy: g(*x).constancy, ..AxisInfo::NONE }
                 }
             }
-            OpKind::Unary { x, .. } => AxisInfo { contiguity: 1, constancy: g(*x).constancy },
+            OpKind::Unary { x, .. } => AxisInfo { constancy: g(*x).constancy, ..AxisInfo::NONE },
             OpKind::Cmp { lhs, rhs, .. } => {
-                AxisInfo { contiguity: 1, constancy: g(*lhs).constancy.min(g(*rhs).constancy) }
+                AxisInfo { constancy: g(*lhs).constancy.min(g(*rhs).constancy), ..AxisInfo::NONE }
             }
             OpKind::Select { cond, on_true, on_false } => AxisInfo {
-                contiguity: 1,
                 constancy: g(*cond).constancy.min(g(*on_true).constancy).min(g(*on_false).constancy),
+                ..AxisInfo::NONE
             },
-            OpKind::For { init, body, .. } => {
+            OpKind::For { init, body, lower, step, .. } => {
+                // The induction variable: lower + i * step.
+                let iv = self.func.blocks[*body].args[0];
+                let d = g(*lower).divisibility.min(g(*step).divisibility);
+                self.info.insert(iv, AxisInfo::NONE.with_div(d));
                 let args = self.func.blocks[*body].args[1..].to_vec();
                 self.fixpoint(&args, &init.clone(), *body);
                 let facts: Vec<AxisInfo> = args.iter().map(|a| self.get(*a)).collect();
@@ -219,5 +268,29 @@ mod tests {
         assert_eq!(c.get(pv).contiguity, 32);
         assert_eq!(c.get(sv).contiguity, 1);
         assert_eq!(c.get(ov).contiguity, 32);
+    }
+
+    /// Divisibility is claimed only where it holds for the first element of every run.
+    #[test]
+    fn divisibility_follows_the_declared_facts_soundly() {
+        let b = KernelBuilder::new("t", LaunchAttrs::default());
+        let x = b.arg_ptr_aligned("x", DType::F32, 16);
+        let plain = b.arg_ptr("y", DType::F32);
+        let k = b.arg_multiple_of("k", DType::I32, 16);
+        let i = b.arange(0, 64);
+        let rows = b.arange(0, 8).expand_dims(1);
+        let cases = [
+            (x + i, 16, 64),                                         // aligned base, unit stride
+            (x + i * 2i32, 8, 1),                                    // every element: 8-byte steps
+            (x + i + 1i32, 4, 64),                                   // runs start off by one element
+            (plain + i, 4, 64),                                      // no fact: the element size
+            (x + rows * k + b.arange(0, 32).expand_dims(0), 16, 32), // row starts k*4*r bytes
+        ];
+        let vals: Vec<(Value, u32, u32)> = cases.iter().map(|(t, d, c)| (t.value(), *d, *c)).collect();
+        let f = b.finish().unwrap();
+        let c = Contiguity::analyse(&f);
+        for (n, (v, div, contig)) in vals.into_iter().enumerate() {
+            assert_eq!((c.get(v).divisibility, c.get(v).contiguity), (div, contig), "case {n}");
+        }
     }
 }

@@ -999,6 +999,17 @@ impl Lowering<'_> {
         }
     }
 
+    /// The guard of a vector access of `bytes` at `addr` (an element group of pointer tile
+    /// `ptr`): its masks, and the alignment test unless the pointer's divisibility facts prove
+    /// it; `None` when nothing needs testing (no scalar fallback then).
+    pub(super) fn vector_guard(&mut self, ptr: Value, addr: Reg, bytes: u32, masks: Option<&[Reg]>) -> Option<Reg> {
+        if self.contiguity.get(ptr).divisibility < bytes {
+            return Some(self.group_ok(addr, bytes, masks));
+        }
+        let ms = masks?;
+        Some(ms[1..].iter().fold(ms[0], |acc, &m| self.bin(BinaryOp::And, acc, m)))
+    }
+
     /// `ok` for a vector group: its first address is aligned to the group and every mask is set.
     fn group_ok(&mut self, addr: Reg, bytes: u32, masks: Option<&[Reg]>) -> Reg {
         let ok = self.reg(SType::Pred);
@@ -1042,7 +1053,12 @@ impl Lowering<'_> {
                 continue;
             }
             let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
-            let ok = self.group_ok(p[g], w * shared_size(st), masks.as_deref());
+            let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(st), masks.as_deref()) else {
+                let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
+                self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: None, others: Vec::new() });
+                out.extend(vec_dsts);
+                continue;
+            };
             let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
             let others: Vec<Reg> = o.as_ref().map(|o| group.iter().map(|&s| pick(o, s)).collect()).unwrap_or_default();
             self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: Some(ok), others });
@@ -1077,8 +1093,11 @@ impl Lowering<'_> {
                 continue;
             }
             let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
-            let ok = self.group_ok(p[g], w * shared_size(t), masks.as_deref());
             let values: Vec<Reg> = group.iter().map(|&s| pick(&v, s)).collect();
+            let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(t), masks.as_deref()) else {
+                self.emit(Inst::VStore { addr: p[g], values, pred: None });
+                continue;
+            };
             self.emit(Inst::VStore { addr: p[g], values, pred: Some(ok) });
             let not_ok = self.not(ok);
             for (i, &s) in group.iter().enumerate() {

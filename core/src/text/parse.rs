@@ -341,6 +341,7 @@ impl Parser<'_> {
         }
         self.expect("(")?;
         let mut params: Vec<(String, Type)> = Vec::new();
+        let mut facts: Vec<Option<u32>> = Vec::new();
         if !self.eat(")") {
             loop {
                 let n = self.value_name()?;
@@ -348,7 +349,32 @@ impl Parser<'_> {
                     return self.err(format!("parameter `%{n}` is declared twice"));
                 }
                 self.expect(":")?;
-                params.push((n, self.ty()?));
+                let t = self.ty()?;
+                // `{align = 16}` on a pointer, `{multiple_of = 16}` on an integer.
+                let fact = if self.eat("{") {
+                    let key = self.ident("`align` or `multiple_of`")?;
+                    let int = t.elem.dtype().is_some_and(|d| d.is_int() && d != DType::I1);
+                    if t.elem.pointee().is_none() && !int {
+                        return self.err(format!(
+                            "parameter `%{n}` of type {t}: divisibility facts are for pointers and integers"
+                        ));
+                    }
+                    let want = if t.elem.pointee().is_some() { "align" } else { "multiple_of" };
+                    if key != want {
+                        return self.err(format!("parameter `%{n}` of type {t} takes `{want}`, not `{key}`"));
+                    }
+                    self.expect("=")?;
+                    let v = self.u32()?;
+                    if !v.is_power_of_two() {
+                        return self.err(format!("`{key} = {v}` on `%{n}`: not a power of two"));
+                    }
+                    self.expect("}")?;
+                    Some(v)
+                } else {
+                    None
+                };
+                params.push((n, t));
+                facts.push(fact);
                 if self.eat(")") {
                     break;
                 }
@@ -378,7 +404,10 @@ impl Parser<'_> {
         }
         self.expect("{")?;
         let refs: Vec<(&str, Type)> = params.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
-        let func = Function::new(&name, &refs, attrs);
+        let mut func = Function::new(&name, &refs, attrs);
+        for (p, f) in func.params.iter_mut().zip(facts) {
+            p.divisibility = f;
+        }
         let mut top = HashMap::new();
         for p in &func.params {
             top.insert(p.name.clone(), p.value);

@@ -10,8 +10,18 @@ pub fn print(func: &Function) -> String {
     for param in &func.params {
         p.names.insert(param.value, format!("%{}", param.name));
     }
-    let params: Vec<String> =
-        func.params.iter().map(|param| format!("%{}: {}", param.name, func.ty(param.value))).collect();
+    let params: Vec<String> = func
+        .params
+        .iter()
+        .map(|param| {
+            let fact = match param.divisibility {
+                Some(d) if func.ty(param.value).elem.pointee().is_some() => format!(" {{align = {d}}}"),
+                Some(d) => format!(" {{multiple_of = {d}}}"),
+                None => String::new(),
+            };
+            format!("%{}: {}{fact}", param.name, func.ty(param.value))
+        })
+        .collect();
     let a = func.attrs;
     // `fast_math` is printed only when set: it is the exception, and kernels written before it
     // existed keep their text.

@@ -143,7 +143,10 @@ impl Lowering<'_> {
                 self.emit(Inst::Store { addr: p1, value: v1, pred: masks.map(|m| m[1]) });
                 continue;
             }
-            let ok = self.group_ok(p0, 2 * size, masks.as_ref().map(|m| &m[..]));
+            let Some(ok) = self.vector_guard(ptr, p0, 2 * size, masks.as_ref().map(|m| &m[..])) else {
+                self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: None });
+                continue;
+            };
             self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: Some(ok) });
             let not_ok = self.not(ok);
             for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {

@@ -95,7 +95,7 @@ impl Lowering<'_> {
                         self.bin(BinaryOp::And, m, valid)
                     })
                     .collect();
-                let ok = self.group_ok(p0, w * size, Some(&masks));
+                let ok = self.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
                 let row = self.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
                 let e = self.bin(BinaryOp::Add, row, coords[0][1]);
                 let off = self.shared_offset(e, size, off0);

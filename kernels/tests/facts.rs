@@ -1,0 +1,82 @@
+//! Divisibility facts: declared on parameters, kept by the text format, used by the lowering
+//! to drop alignment tests it proves, and checked at every launch.
+
+use trident_core::backend::{Backend, BackendError, KernelArg, LaunchOptions};
+use trident_core::ir::{DType, LaunchAttrs};
+use trident_core::simt::{lower, Inst};
+use trident_core::{text, KernelBuilder};
+use trident_kernels::gemm::Gemm;
+
+fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
+    body.iter()
+        .map(|i| {
+            f(i) as usize
+                + match i {
+                    Inst::Loop { body, .. } => count(body, f),
+                    Inst::If { then_body, else_body, .. } => count(then_body, f) + count(else_body, f),
+                    Inst::While { cond_body, body, .. } => count(cond_body, f) + count(body, f),
+                    _ => 0,
+                }
+        })
+        .sum()
+}
+
+#[test]
+fn a_gemm_specialized_for_divisible_arguments_tests_no_alignment() {
+    let aligned = |divisible: bool| {
+        let f = Gemm { divisible, stages: 3, ..Gemm::new(DType::BF16) }.build().unwrap();
+        let k = lower(&f, &trident_core::target::SM_90A).unwrap();
+        count(&k.body, &|i| matches!(i, Inst::IsAligned { .. }))
+    };
+    let (general, divisible) = (aligned(false), aligned(true));
+    assert!(general > 0, "the general GEMM tests alignment");
+    assert_eq!(divisible, 0, "every alignment test is proven by the facts");
+}
+
+#[test]
+fn facts_survive_the_text_format_and_bad_ones_are_refused() {
+    let f = Gemm { divisible: true, ..Gemm::new(DType::F16) }.build().unwrap();
+    let t = text::print(&f);
+    assert!(t.contains("%a: !ptr<f16> {align = 16}") && t.contains("%k: i32 {multiple_of = 16}"), "{t}");
+    let back = text::parse(&t).unwrap();
+    let facts: Vec<Option<u32>> = back.params.iter().map(|p| p.divisibility).collect();
+    assert_eq!(facts, f.params.iter().map(|p| p.divisibility).collect::<Vec<_>>());
+    for (bad, why) in [
+        ("%k: i32 {multiple_of = 12}", "not a power of two"),
+        ("%k: i32 {align = 16}", "takes `multiple_of`"),
+        ("%k: f32 {multiple_of = 16}", "pointers and integers"),
+    ] {
+        let src =
+            format!("kernel @k({bad}) attributes {{warps = 1, stages = 2, cooperative = false}} {{\n  return\n}}\n");
+        let e = text::parse(&src).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains(why) || e.contains("divisibility"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn launches_check_the_declared_facts() {
+    trident_backend_cpu::link();
+    trident_backend_nvidia::link();
+    let b = KernelBuilder::new("copy", LaunchAttrs::default());
+    let (x, out) = (b.arg_ptr_aligned("x", DType::F32, 16), b.arg_ptr("out", DType::F32));
+    let n = b.arg_multiple_of("n", DType::I32, 8);
+    let i = b.arange(0, 64);
+    b.store(out + i, b.load(x + i, Some(i.lt(n)), None), Some(i.lt(n)));
+    let f = b.finish().unwrap();
+    for backend in ["cpu", "cpu-simt"] {
+        let be = (trident_core::backend::lookup(backend).unwrap().create)();
+        let k = be.compile(&f, None).unwrap();
+        let dev = be.open_device(0).unwrap();
+        let (xb, ob) = (dev.alloc(4 * 80, "x").unwrap(), dev.alloc(4 * 64, "out").unwrap());
+        let run = |x: KernelArg, n: i32| {
+            dev.launch(&k, [1, 1, 1], &[x, ob.arg(), KernelArg::i32(n)], &LaunchOptions::default())
+        };
+        run(xb.arg(), 64).unwrap();
+        let misaligned = KernelArg::Ptr(xb.address + 4);
+        let e = run(misaligned, 64).unwrap_err();
+        assert!(matches!(&e, BackendError::Argument { param, .. } if param == "x"), "{backend}: {e}");
+        assert!(e.to_string().contains("not aligned to 16 bytes"), "{e}");
+        let e = run(xb.arg(), 60).unwrap_err();
+        assert!(e.to_string().contains("60 is not a multiple of 8"), "{backend}: {e}");
+    }
+}
