@@ -1,7 +1,7 @@
 //! Divisibility facts: declared on parameters, kept by the text format, used by the lowering
 //! to drop alignment tests it proves, and checked at every launch.
 
-use trident_core::backend::{Backend, BackendError, KernelArg, LaunchOptions};
+use trident_core::backend::{BackendError, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::simt::{lower, Inst};
 use trident_core::{text, KernelBuilder};
