@@ -92,21 +92,8 @@ fn expansion_leaves_only_primitives() {
         assert!(protocol::has_protocol(&k.body));
         protocol::expand(&mut k);
         assert!(!protocol::has_protocol(&k.body), "{target}");
-        fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
-            body.iter()
-                .map(|i| {
-                    f(i) as usize
-                        + match i {
-                            Inst::Loop { body, .. } => count(body, f),
-                            Inst::If { then_body, else_body, .. } => count(then_body, f) + count(else_body, f),
-                            Inst::While { cond_body, body, .. } => count(cond_body, f) + count(body, f),
-                            _ => 0,
-                        }
-                })
-                .sum()
-        }
-        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Clock { .. })), 2, "{target}");
-        assert_eq!(count(&k.body, &|i| matches!(i, Inst::Exit)), 1, "{target}");
+        assert_eq!(trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Clock { .. })), 2, "{target}");
+        assert_eq!(trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Exit)), 1, "{target}");
         assert_eq!(k.shared_bytes, 0, "{target}: a wait needs no shared memory");
     }
 }

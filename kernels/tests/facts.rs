@@ -7,26 +7,12 @@ use trident_core::simt::{lower, Inst};
 use trident_core::{text, KernelBuilder};
 use trident_kernels::gemm::Gemm;
 
-fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
-    body.iter()
-        .map(|i| {
-            f(i) as usize
-                + match i {
-                    Inst::Loop { body, .. } => count(body, f),
-                    Inst::If { then_body, else_body, .. } => count(then_body, f) + count(else_body, f),
-                    Inst::While { cond_body, body, .. } => count(cond_body, f) + count(body, f),
-                    _ => 0,
-                }
-        })
-        .sum()
-}
-
 #[test]
 fn a_gemm_specialized_for_divisible_arguments_tests_no_alignment() {
     let aligned = |divisible: bool| {
         let f = Gemm { divisible, stages: 3, ..Gemm::new(DType::BF16) }.build().unwrap();
         let k = lower(&f, &trident_core::target::SM_90A).unwrap();
-        count(&k.body, &|i| matches!(i, Inst::IsAligned { .. }))
+        trident_core::simt::count(&k.body, &|i| matches!(i, Inst::IsAligned { .. }))
     };
     let (general, divisible) = (aligned(false), aligned(true));
     assert!(general > 0, "the general GEMM tests alignment");

@@ -1451,14 +1451,7 @@ mod tests {
             b.store(c + i.expand_dims(1) * 64i32 + i.expand_dims(0), out[0], None);
             b.finish().unwrap()
         };
-        fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
-            body.iter()
-                .map(|i| match i {
-                    Inst::Loop { body, .. } => count(body, f) + f(i) as usize,
-                    _ => f(i) as usize,
-                })
-                .sum()
-        }
+        use crate::simt::count;
         let k = lower(&build(DType::BF16), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k.body, &|i| matches!(i, Inst::Matmul { .. })), 16);
         let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };

@@ -539,6 +539,22 @@ pub struct SharedObject {
     pub swizzle: Option<u32>,
 }
 
+/// How many instructions of `body`, nested bodies included, satisfy `f` (tests and tools
+/// inspecting a lowering).
+pub fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
+    body.iter()
+        .map(|i| {
+            f(i) as usize
+                + match i {
+                    Inst::Loop { body, .. } => count(body, f),
+                    Inst::If { then_body, else_body, .. } => count(then_body, f) + count(else_body, f),
+                    Inst::While { cond_body, body, .. } => count(cond_body, f) + count(body, f),
+                    _ => 0,
+                }
+        })
+        .sum()
+}
+
 /// A kernel as the program of one thread.
 #[derive(Clone, Debug)]
 pub struct Kernel {
