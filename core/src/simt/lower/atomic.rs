@@ -102,4 +102,30 @@ impl Lowering<'_> {
         self.shared_free(o);
         out
     }
+
+    /// Thread 0 runs `atomic` (predicated, and masked by the scalar `mask`); every thread gets
+    /// its result through shared memory.
+    pub(super) fn scalar_atomic(
+        &mut self,
+        make: impl Fn(Reg, Option<Reg>) -> Inst,
+        t: SType,
+        mask: Option<Reg>,
+    ) -> Reg {
+        let first = self.first_thread();
+        let first = match mask {
+            Some(m) => self.bin(BinaryOp::And, first, m),
+            None => first,
+        };
+        let old = self.reg(t);
+        self.emit(make(old, Some(first)));
+        self.emit(Inst::Barrier);
+        let o = self.shared_alloc("atomic.result", 8, 8);
+        let off = self.iconst(o as i64);
+        self.emit(Inst::SharedStore { offset: off, value: old, pred: Some(first) });
+        self.emit(Inst::Barrier);
+        let r = self.reg(t);
+        self.emit(Inst::SharedLoad { dst: r, offset: off });
+        self.shared_free(o);
+        r
+    }
 }

@@ -1,0 +1,153 @@
+//! Communication: `symm_at`, signals, puts and gets, `barrier_all`.
+
+use super::*;
+
+impl Lowering<'_> {
+    pub(super) fn first_thread(&mut self) -> Reg {
+        let zero = self.iconst(0);
+        let first = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: first, op: CmpOp::Eq, a: self.tid, b: zero });
+        first
+    }
+
+    pub(super) fn symm_at(&mut self, ptr: Reg, rank: Reg) -> Reg {
+        let d = self.reg(SType::Ptr);
+        self.emit(Inst::SymmAt { dst: d, ptr, rank });
+        d
+    }
+
+    /// Program barrier, release fence, then one thread updates the signal at `target`.
+    pub(super) fn release_then_signal(&mut self, target: Reg, value: Reg, op: SignalOp) {
+        self.emit(Inst::Barrier);
+        self.emit(Inst::Fence { scope: Scope::Sys });
+        let first = self.first_thread();
+        self.emit(Inst::Signal { addr: target, value, op, pred: first });
+    }
+
+    /// `put` (local `src` to `dst` on `rank`) or `get` (`src` on `rank` to local `dst`) of
+    /// `bytes` bytes, by every thread of the program: elements of the pointee's size, then a byte
+    /// tail. A barrier before (the source may be other threads' stores) and after (the
+    /// destination may be read by other threads).
+    pub(super) fn transfer(&mut self, is_put: bool, dst: Value, src: Value, bytes: Value, rank: Value) {
+        let size = self.func.ty(dst).elem.pointee().map_or(1, |d| d.size_bytes());
+        let (d0, s0, r) = (self.held(dst)[0], self.held(src)[0], self.held(rank)[0]);
+        let (to, from) = if is_put { (self.symm_at(d0, r), s0) } else { (d0, self.symm_at(s0, r)) };
+        let b0 = self.held(bytes)[0];
+        let n_bytes = self.cast(b0, I32);
+        self.emit(Inst::Barrier);
+        let elems = self.bin_c(BinaryOp::Shr, n_bytes, log2(size));
+        let word = SType::Int { bits: (8 * size) as u8, signed: false };
+        self.copy_loop(to, from, elems, size, word);
+        if size > 1 {
+            let tail = self.bin_c(BinaryOp::And, n_bytes, size as i64 - 1);
+            let done = self.bin_c(BinaryOp::Shl, elems, log2(size));
+            let byte = SType::Int { bits: 8, signed: false };
+            let (to_t, from_t) = (self.reg(SType::Ptr), self.reg(SType::Ptr));
+            self.emit(Inst::AddrOffset { dst: to_t, base: to, offset: done, scale: 1 });
+            self.emit(Inst::AddrOffset { dst: from_t, base: from, offset: done, scale: 1 });
+            self.copy_loop(to_t, from_t, tail, 1, byte);
+        }
+        self.emit(Inst::Barrier);
+    }
+
+    /// `to[i] = from[i]` for `i < n`, spread over the program's threads.
+    pub(super) fn copy_loop(&mut self, to: Reg, from: Reg, n: Reg, size: u32, t: SType) {
+        let (lo, step) = (self.iconst(0), self.iconst(self.threads() as i64));
+        let iv = self.reg(I32);
+        let saved = std::mem::take(&mut self.cur);
+        let i = self.bin(BinaryOp::Add, iv, self.tid);
+        let inside = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: inside, op: CmpOp::Lt, a: i, b: n });
+        let (src, dst) = (self.reg(SType::Ptr), self.reg(SType::Ptr));
+        self.emit(Inst::AddrOffset { dst: src, base: from, offset: i, scale: size });
+        self.emit(Inst::AddrOffset { dst, base: to, offset: i, scale: size });
+        let v = self.reg(t);
+        self.emit(Inst::Load { dst: v, addr: src, pred: Some(inside), other: None });
+        self.emit(Inst::Store { addr: dst, value: v, pred: Some(inside) });
+        let body = std::mem::replace(&mut self.cur, saved);
+        self.emit(Inst::Loop {
+            iv,
+            lo,
+            hi: n,
+            step,
+            phis: vec![],
+            inits: vec![],
+            body,
+            nexts: vec![],
+            results: vec![],
+        });
+    }
+
+    /// Every program of every rank arrives (its transfers complete) before any leaves: thread 0
+    /// reads the generation, counts itself in on rank 0's `__barrier` words, and the last arriver
+    /// resets the count and bumps the generation; the others wait (bounded) for the bump.
+    pub(super) fn barrier_all(&mut self) {
+        self.emit(Inst::Barrier);
+        self.emit(Inst::Fence { scope: Scope::Sys });
+        let words = self.hidden[Hidden::Barrier.position()];
+        let nranks = self.hidden[Hidden::NumRanks.position()];
+        let mut want = nranks;
+        for a in [Axis::X, Axis::Y, Axis::Z] {
+            let n = self.reg(I32);
+            self.emit(Inst::Special { dst: n, which: Special::NumPrograms(a) });
+            want = self.bin(BinaryOp::Mul, want, n);
+        }
+        let last_old = self.bin_c(BinaryOp::Sub, want, 1);
+        let last_old = self.cast(last_old, U64);
+        let first = self.first_thread();
+        let one = self.iconst(1);
+        let gen_addr = self.reg(SType::Ptr);
+        self.emit(Inst::AddrOffset { dst: gen_addr, base: words, offset: one, scale: 8 });
+        let gen = self.reg(U64);
+        let zero = self.zero_u64();
+        self.emit(Inst::Atomic {
+            dst: gen,
+            op: AtomicOp::Add,
+            addr: gen_addr,
+            value: zero,
+            pred: Some(first),
+            sem: MemSemantic::Acquire,
+            scope: Scope::Sys,
+        });
+        let old = self.reg(U64);
+        let one64 = self.cast(one, U64);
+        self.emit(Inst::Atomic {
+            dst: old,
+            op: AtomicOp::Add,
+            addr: words,
+            value: one64,
+            pred: Some(first),
+            sem: MemSemantic::AcqRel,
+            scope: Scope::Sys,
+        });
+        let is_last = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: is_last, op: CmpOp::Eq, a: old, b: last_old });
+        let last = self.bin(BinaryOp::And, is_last, first);
+        let ignored = (self.reg(U64), self.reg(U64));
+        self.emit(Inst::Atomic {
+            dst: ignored.0,
+            op: AtomicOp::Xchg,
+            addr: words,
+            value: zero,
+            pred: Some(last),
+            sem: MemSemantic::Relaxed,
+            scope: Scope::Sys,
+        });
+        self.emit(Inst::Atomic {
+            dst: ignored.1,
+            op: AtomicOp::Add,
+            addr: gen_addr,
+            value: one64,
+            pred: Some(last),
+            sem: MemSemantic::Release,
+            scope: Scope::Sys,
+        });
+        self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
+    }
+
+    pub(super) fn zero_u64(&mut self) -> Reg {
+        let z = self.reg(U64);
+        self.emit(Inst::Const { dst: z, value: Literal::Int(0) });
+        z
+    }
+}

@@ -1,0 +1,189 @@
+//! Global and shared memory: vector accesses with their guards, staging through shared
+//! memory, layout conversions.
+
+use super::*;
+
+impl Lowering<'_> {
+    /// A shared-memory byte offset: `base + index * size`.
+    pub(super) fn shared_offset(&mut self, index: Reg, size: u32, base: u32) -> Reg {
+        let off = if size > 1 { self.bin_c(BinaryOp::Shl, index, log2(size)) } else { index };
+        if base > 0 {
+            self.bin_c(BinaryOp::Add, off, base as i64)
+        } else {
+            off
+        }
+    }
+
+    /// Writes a tile's elements into shared memory at `base` (row-major).
+    pub(super) fn stage_in_shared(&mut self, regs: &[Reg], shape: &[u32], base: u32) {
+        let size = shared_size(self.k.ty(regs[0]));
+        for (s, &r) in regs.iter().enumerate() {
+            let c = self.slot_coords(shape, s as u32);
+            let f = self.flatten(&c, shape);
+            let off = self.shared_offset(f, size, base);
+            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
+        }
+    }
+
+    pub(super) fn shared_load(&mut self, t: SType, index: Reg, base: u32) -> Reg {
+        let off = self.shared_offset(index, shared_size(t), base);
+        let d = self.reg(t);
+        self.emit(Inst::SharedLoad { dst: d, offset: off });
+        d
+    }
+
+    /// Re-distributes `src` (shape `src_shape`) into the layout of `dst_shape`: the element at
+    /// coordinates `c` is the source element at `map(c)`.
+    pub(super) fn relayout(
+        &mut self,
+        src: &[Reg],
+        src_shape: &[u32],
+        dst_shape: &[u32],
+        map: &dyn Fn(&mut Self, &[Reg]) -> Vec<Reg>,
+    ) -> Vec<Reg> {
+        let t = self.k.ty(src[0]);
+        let n: u32 = src_shape.iter().product();
+        let o = self.shared_alloc("relayout", n * shared_size(t), 16);
+        self.emit(Inst::Barrier);
+        self.stage_in_shared(src, src_shape, o);
+        self.emit(Inst::Barrier);
+        let slots = self.layout(dst_shape).slots();
+        let out = (0..slots)
+            .map(|s| {
+                let c = self.slot_coords(dst_shape, s);
+                let sc = map(self, &c);
+                let f = self.flatten(&sc, src_shape);
+                self.shared_load(t, f, o)
+            })
+            .collect();
+        self.shared_free(o);
+        out
+    }
+
+    /// The vector width (elements) of accesses through `ptr`, or 1.
+    pub(super) fn vector_width(&mut self, ptr: Value, t: SType) -> u32 {
+        let pt = self.func.ty(ptr).clone();
+        if pt.is_scalar() || matches!(t, SType::Pred) || shared_size(t) < 2 {
+            return 1;
+        }
+        let l = self.layout(&pt.shape);
+        let last = pt.shape.len() - 1;
+        if l.order[0] != last {
+            return 1;
+        }
+        let w = l.vector().min(self.contiguity.get(ptr).contiguity).min(16 / shared_size(t));
+        if w >= 2 {
+            w
+        } else {
+            1
+        }
+    }
+
+    /// The guard of a vector access of `bytes` at `addr` (an element group of pointer tile
+    /// `ptr`): its masks, and the alignment test unless the pointer's divisibility facts prove
+    /// it; `None` when nothing needs testing (no scalar fallback then).
+    pub(super) fn vector_guard(&mut self, ptr: Value, addr: Reg, bytes: u32, masks: Option<&[Reg]>) -> Option<Reg> {
+        if self.contiguity.get(ptr).divisibility < bytes {
+            return Some(self.group_ok(addr, bytes, masks));
+        }
+        let ms = masks?;
+        Some(ms[1..].iter().fold(ms[0], |acc, &m| self.bin(BinaryOp::And, acc, m)))
+    }
+
+    /// `ok` for a vector group: its first address is aligned to the group and every mask is set.
+    pub(super) fn group_ok(&mut self, addr: Reg, bytes: u32, masks: Option<&[Reg]>) -> Reg {
+        let ok = self.reg(SType::Pred);
+        self.emit(Inst::IsAligned { dst: ok, addr, bytes });
+        masks.into_iter().flatten().fold(ok, |acc, &m| self.bin(BinaryOp::And, acc, m))
+    }
+
+    pub(super) fn not(&mut self, p: Reg) -> Reg {
+        let not = self.reg(SType::Pred);
+        self.emit(Inst::Unary { dst: not, op: UnaryOp::Not, src: p });
+        not
+    }
+
+    /// `not_ok & mask`: the lanes of a group that take the scalar path.
+    pub(super) fn fallback(&mut self, not: Reg, mask: Option<Reg>) -> Reg {
+        match mask {
+            Some(m) => self.bin(BinaryOp::And, not, m),
+            None => not,
+        }
+    }
+
+    pub(super) fn load(&mut self, ptr: Value, mask: Option<Value>, other: Option<Value>, st: SType) -> Vec<Reg> {
+        let w = self.vector_width(ptr, st);
+        let p = self.held(ptr);
+        let m = mask.map(|m| self.held(m));
+        let o = other.map(|o| self.held(o));
+        let pick = |h: &Vec<Reg>, s: usize| h[s.min(h.len() - 1)];
+        let mut out = Vec::with_capacity(p.len());
+        for g in (0..p.len()).step_by(w as usize) {
+            let group: Vec<usize> = (g..(g + w as usize).min(p.len())).collect();
+            if w == 1 {
+                let dst = self.reg(st);
+                let s = group[0];
+                self.emit(Inst::Load {
+                    dst,
+                    addr: p[s],
+                    pred: m.as_ref().map(|m| pick(m, s)),
+                    other: o.as_ref().map(|o| pick(o, s)),
+                });
+                out.push(dst);
+                continue;
+            }
+            let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
+            let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(st), masks.as_deref()) else {
+                let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
+                self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: None, others: Vec::new() });
+                out.extend(vec_dsts);
+                continue;
+            };
+            let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
+            let others: Vec<Reg> = o.as_ref().map(|o| group.iter().map(|&s| pick(o, s)).collect()).unwrap_or_default();
+            self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: Some(ok), others });
+            let not_ok = self.not(ok);
+            for (i, &s) in group.iter().enumerate() {
+                let pred = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
+                let dst = self.reg(st);
+                self.emit(Inst::Load { dst, addr: p[s], pred: Some(pred), other: Some(vec_dsts[i]) });
+                out.push(dst);
+            }
+        }
+        out
+    }
+
+    pub(super) fn store(&mut self, ptr: Value, value: Value, mask: Option<Value>) {
+        if let Some((l, regs)) = self.mma_held.get(&value).cloned() {
+            if self.rematerializable(ptr) && mask.is_none_or(|m| self.rematerializable(m)) {
+                return self.store_from_mma(ptr, mask, l, &regs);
+            }
+        }
+        let t = stype(self.func.ty(value));
+        let (p, v) = (self.held(ptr), self.held(value));
+        let m = mask.map(|m| self.held(m));
+        let w = self.vector_width(ptr, t);
+        let pick = |h: &Vec<Reg>, s: usize| h[s.min(h.len() - 1)];
+        let n = p.len().max(v.len());
+        for g in (0..n).step_by(w as usize) {
+            let group: Vec<usize> = (g..(g + w as usize).min(n)).collect();
+            if w == 1 {
+                let s = group[0];
+                self.emit(Inst::Store { addr: pick(&p, s), value: pick(&v, s), pred: m.as_ref().map(|m| pick(m, s)) });
+                continue;
+            }
+            let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
+            let values: Vec<Reg> = group.iter().map(|&s| pick(&v, s)).collect();
+            let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(t), masks.as_deref()) else {
+                self.emit(Inst::VStore { addr: p[g], values, pred: None });
+                continue;
+            };
+            self.emit(Inst::VStore { addr: p[g], values, pred: Some(ok) });
+            let not_ok = self.not(ok);
+            for (i, &s) in group.iter().enumerate() {
+                let pred = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
+                self.emit(Inst::Store { addr: p[s], value: pick(&v, s), pred: Some(pred) });
+            }
+        }
+    }
+}
