@@ -745,7 +745,8 @@ mod tests {
             vec![b.dot(xa, ya, acc[0], InputPrecision::Ieee)]
         });
         b.store(c + i.expand_dims(1) * 64i32 + i.expand_dims(0), out[0], None);
-        let k = lower(&b.finish().unwrap(), &crate::target::SM_90A).unwrap();
+        let f = b.finish().unwrap();
+        let k = lower(&f, &crate::target::SM_90A).unwrap();
         let commits = |body: &[Inst]| body.iter().filter(|i| matches!(i, Inst::AsyncCommit)).count();
         assert_eq!(commits(&k.body), 2, "two steps issued before the loop");
         let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
@@ -754,6 +755,16 @@ mod tests {
         assert!(body.iter().any(|i| matches!(i, Inst::AsyncCopy { .. })));
         assert!(body.iter().any(|i| matches!(i, Inst::Matmul { .. })));
         assert!(!body.iter().any(|i| matches!(i, Inst::VLoad { .. })), "operands do not pass through registers");
+        // gfx942 has no asynchronous copies: the next step's operands are loaded into registers
+        // before this step's MFMAs and stored to the other stage after them, one barrier a step.
+        let k = lower(&f, &crate::target::GFX942).unwrap();
+        let Some(Inst::Loop { body, .. }) = k.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else { panic!() };
+        let at = |p: &dyn Fn(&Inst) -> bool| body.iter().position(p).expect("present");
+        assert!(!body.iter().any(|i| matches!(i, Inst::AsyncCopy { .. } | Inst::AsyncWait { .. })));
+        assert_eq!(body.iter().filter(|i| matches!(i, Inst::Barrier)).count(), 1);
+        let (load, mfma) = (at(&|i| matches!(i, Inst::VLoad { .. })), at(&|i| matches!(i, Inst::Matmul { .. })));
+        let store = body.iter().rposition(|i| matches!(i, Inst::SharedVStore { .. })).expect("stores");
+        assert!(load < mfma && mfma < store, "load {load}, mfma {mfma}, store {store}");
     }
 
     #[test]

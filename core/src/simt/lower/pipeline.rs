@@ -1,5 +1,9 @@
-//! Software-pipelined K loops: the operand loads of future K steps in flight (`cp.async`
-//! groups) while the matrix atoms work on the current one.
+//! Software-pipelined K loops: the operand loads of future K steps in flight while the matrix
+//! atoms work on the current one, by the target's mechanism: `cp.async` groups where the target
+//! has them (sm_80, sm_90), else register-staged prefetch (gfx90a, gfx942: the next step's
+//! global loads issued into registers before this step's atoms, stored to the other of two
+//! shared stages after them, one barrier per step). TMA with mbarrier rings comes with the
+//! Hopper GEMM.
 
 use super::*;
 
@@ -8,8 +12,18 @@ use super::*;
 pub(super) struct Pipeline {
     layout: AccLayout,
     stages: u32,
+    strategy: Strategy,
     a: (Value, Value, Value),
     b: (Value, Value, Value),
+}
+
+/// How the next K steps' operands travel while this one computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Strategy {
+    /// `cp.async` into `stages` shared stages, a commit group per step.
+    AsyncGroups,
+    /// Global loads into registers one step ahead, two shared stages.
+    Registers,
 }
 
 impl Lowering<'_> {
@@ -21,7 +35,14 @@ impl Lowering<'_> {
         let stages = self.func.attrs.stages;
         let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
         let body = *body;
-        if stages < 2 || init.len() != 1 || !self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
+        let strategy = if self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
+            Strategy::AsyncGroups
+        } else if self.target.async_copies.is_empty() {
+            Strategy::Registers
+        } else {
+            return None;
+        };
+        if stages < 2 || init.len() != 1 {
             return None;
         }
         let layout = self.carried_mma(body, 0)?;
@@ -55,7 +76,8 @@ impl Lowering<'_> {
             return None;
         }
         let (la, lb) = (loads[0], loads[1]);
-        Some(Pipeline { layout, stages, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
+        let stages = if strategy == Strategy::Registers { 2 } else { stages };
+        Some(Pipeline { layout, stages, strategy, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
     }
 
     /// Issues the copies of one K step's operands (the loop variable bound to `iv`) into the
@@ -123,6 +145,94 @@ impl Lowering<'_> {
         };
     }
 
+    /// Register staging: loads one K step's operands (the loop variable bound to `iv`, lanes
+    /// outside `valid` or the masks read 0) into registers, as vector groups where aligned and
+    /// unmasked; returns each group's offset in the stage and its registers.
+    fn fetch_step(
+        &mut self,
+        plan: &Pipeline,
+        iv_arg: Value,
+        iv: Reg,
+        valid: Reg,
+        strides: [u32; 2],
+        b_off: u32,
+    ) -> Vec<(Reg, Vec<Reg>)> {
+        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
+        let memo = std::mem::take(&mut self.memo);
+        let mut out = Vec::new();
+        for (which, (ptr, mask, v)) in [plan.a, plan.b].into_iter().enumerate() {
+            let shape = self.func.ty(v).shape.clone();
+            let t = stype(self.func.ty(v));
+            let size = shared_size(t);
+            // Shared vector stores take up to 4 elements.
+            let widest = (self.target.vector_bytes / size).min(4);
+            let cl = Blocked::with_vector(&shape, self.k.warps, self.k.warp_size, widest);
+            let w = cl.vector().min(self.contiguity.get(ptr).contiguity).min(widest).max(1);
+            let off0 = if which == 0 { 0 } else { b_off };
+            for g in (0..cl.slots()).step_by(w as usize) {
+                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords_in(&cl, s)).collect();
+                let p0 = self.eval(ptr, &coords[0]);
+                let masks: Vec<Reg> = coords
+                    .iter()
+                    .map(|c| {
+                        let m = self.eval(mask, c);
+                        self.bin(BinaryOp::And, m, valid)
+                    })
+                    .collect();
+                let zeros: Vec<Reg> = (0..w)
+                    .map(|_| {
+                        let z = self.reg(t);
+                        self.emit(Inst::Const { dst: z, value: Literal::Int(0) });
+                        z
+                    })
+                    .collect();
+                let vals: Vec<Reg> = if w == 1 {
+                    let x = self.reg(t);
+                    self.emit(Inst::Load { dst: x, addr: p0, pred: Some(masks[0]), other: Some(zeros[0]) });
+                    vec![x]
+                } else {
+                    let ok = self.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
+                    let dsts: Vec<Reg> = (0..w).map(|_| self.reg(t)).collect();
+                    self.emit(Inst::VLoad { dsts: dsts.clone(), addr: p0, pred: Some(ok), others: zeros });
+                    let not_ok = self.not(ok);
+                    coords
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| {
+                            let p = self.eval(ptr, c);
+                            let pred = self.bin(BinaryOp::And, not_ok, masks[i]);
+                            let x = self.reg(t);
+                            self.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(dsts[i]) });
+                            x
+                        })
+                        .collect()
+                };
+                let row = self.bin_c(BinaryOp::Mul, coords[0][0], strides[which] as i64);
+                let e = self.bin(BinaryOp::Add, row, coords[0][1]);
+                let off = self.shared_offset(e, size, off0);
+                out.push((off, vals));
+            }
+        }
+        self.memo = memo;
+        match saved_iv {
+            Some(r) => self.vals.insert(iv_arg, r),
+            None => self.vals.remove(&iv_arg),
+        };
+        out
+    }
+
+    /// Register staging: stores fetched groups into the stage at byte `base` (a register).
+    fn commit_step(&mut self, fetched: &[(Reg, Vec<Reg>)], base: Reg) {
+        for (off, vals) in fetched {
+            let at = self.bin(BinaryOp::Add, *off, base);
+            if vals.len() == 1 {
+                self.emit(Inst::SharedStore { offset: at, value: vals[0], pred: None });
+            } else {
+                self.emit(Inst::SharedVStore { offset: at, values: vals.clone() });
+            }
+        }
+    }
+
     /// The pipelined K loop (see `pipeline_plan`): `stages - 1` steps are in flight while one
     /// computes. Before the loop the first `stages - 1` steps' copies are issued; each iteration
     /// waits for its own step, meets the program (so the stage the next copies overwrite has
@@ -146,14 +256,23 @@ impl Lowering<'_> {
         // Prologue: steps 0 .. stages - 2, after a barrier: the stages overlap whatever shared
         // memory earlier ops used, which other threads may still be reading.
         self.emit(Inst::Barrier);
+        let registers = plan.strategy == Strategy::Registers;
         for st in 0..s - 1 {
             let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
             let iv = self.bin(BinaryOp::Add, lo, k);
             let valid = self.reg(SType::Pred);
             self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
             let base = self.iconst((stages_at + st * stage_bytes) as i64);
-            self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
-            self.emit(Inst::AsyncCommit);
+            if registers {
+                let fetched = self.fetch_step(&plan, iv_arg, iv, valid, strides, b_off);
+                self.commit_step(&fetched, base);
+            } else {
+                self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
+                self.emit(Inst::AsyncCommit);
+            }
+        }
+        if registers {
+            self.emit(Inst::Barrier);
         }
         // The loop: phis are the accumulator and the step counter j.
         let iv = self.reg(I32);
@@ -163,8 +282,10 @@ impl Lowering<'_> {
         let memo = self.memo.clone();
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
-        self.emit(Inst::AsyncWait { pending: s - 2 });
-        self.emit(Inst::Barrier);
+        if !registers {
+            self.emit(Inst::AsyncWait { pending: s - 2 });
+            self.emit(Inst::Barrier);
+        }
         let ahead = self.bin_c(BinaryOp::Mul, stp, (s - 1) as i64);
         let next_iv = self.bin(BinaryOp::Add, iv, ahead);
         let valid = self.reg(SType::Pred);
@@ -180,10 +301,21 @@ impl Lowering<'_> {
         };
         let jn = self.bin_c(BinaryOp::Add, j, (s - 1) as i64);
         let next_base = stage_of(self, jn);
-        self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, strides, b_off);
-        self.emit(Inst::AsyncCommit);
-        let base = stage_of(self, j);
-        let nexts_acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
+        let nexts_acc = if registers {
+            // Next step's loads in flight during this step's atoms; stored to the other stage
+            // (read one step ago, before the last barrier), then everyone meets.
+            let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, strides, b_off);
+            let base = stage_of(self, j);
+            let acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
+            self.commit_step(&fetched, next_base);
+            self.emit(Inst::Barrier);
+            acc
+        } else {
+            self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, strides, b_off);
+            self.emit(Inst::AsyncCommit);
+            let base = stage_of(self, j);
+            self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
+        };
         let j1 = self.bin_c(BinaryOp::Add, j, 1);
         let body_insts = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
@@ -208,8 +340,10 @@ impl Lowering<'_> {
             nexts,
             results: all_results,
         });
-        self.emit(Inst::AsyncWait { pending: 0 });
-        self.emit(Inst::Barrier);
+        if !registers {
+            self.emit(Inst::AsyncWait { pending: 0 });
+            self.emit(Inst::Barrier);
+        }
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
