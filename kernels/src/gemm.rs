@@ -40,6 +40,19 @@ impl Gemm {
         }
     }
 
+    /// The meta-parameters for a GPU target (`None`: the CPU interpreter, [`Gemm::new`]). A
+    /// wave-64 target (gfx90a, gfx942) gives each of 4 waves one 32 x 32 MFMA tile of the
+    /// 64 x 64 output and pipelines through registers over 2 stages; targets with `cp.async`
+    /// groups keep 3 stages in flight.
+    pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> Gemm {
+        let base = Gemm::new(dtype);
+        match target {
+            Some(t) if t.warp_size == 64 => Gemm { warps: 4, stages: 2, ..base },
+            Some(t) if t.has_async_copy(trident_core::target::AsyncCopy::CpAsyncGroups) => Gemm { stages: 3, ..base },
+            _ => base,
+        }
+    }
+
     pub fn with_precision(self, precision: InputPrecision) -> Gemm {
         Gemm { precision, ..self }
     }

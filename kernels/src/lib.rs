@@ -65,6 +65,13 @@ impl<'a> Launcher<'a> {
         self.cache.get_or_compile(self.backend, self.target.as_deref(), &key, &build)
     }
 
+    /// The GPU target kernels are compiled for, when the backend lowers for one (`nvidia`,
+    /// `cpu-simt`, `amd`): kernels pick their meta-parameters for it (`Gemm::for_target`).
+    pub fn gpu_target(&self) -> Option<&'static trident_core::target::TargetDesc> {
+        let name = self.backend.descriptor().resolve_target(self.target.as_deref()).ok()?;
+        trident_core::target::lookup(name).ok()
+    }
+
     pub fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
         self.device.launch(kernel, grid, args, &self.opts)
     }

@@ -66,3 +66,19 @@ fn launches_check_the_declared_facts() {
         assert!(e.to_string().contains("60 is not a multiple of 8"), "{backend}: {e}");
     }
 }
+
+/// A GEMM's meta-parameters depend on the target: the same kernel source lowers to MFMA with
+/// register-staged prefetch on gfx942 and to `mma.sync` with three `cp.async` stages on sm_90a.
+#[test]
+fn gemm_meta_parameters_depend_on_the_target() {
+    use trident_core::target::{GFX942, SM_90A};
+    let (amd, nv) = (Gemm::for_target(DType::BF16, Some(&GFX942)), Gemm::for_target(DType::BF16, Some(&SM_90A)));
+    assert_eq!((amd.stages, nv.stages), (2, 3));
+    for (g, t, atom) in [(amd, &GFX942, "mfma.32x32x8"), (nv, &SM_90A, "mma.sync.m16n8k16")] {
+        let k = lower(&g.build().unwrap(), t).unwrap();
+        let n = trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Matmul { atom: a, .. } if a.name == atom));
+        assert!(n > 0, "{}: no {atom}", t.name);
+        let copies = trident_core::simt::count(&k.body, &|i| matches!(i, Inst::AsyncCopy { .. }));
+        assert_eq!(copies > 0, t.name == "sm_90a", "{}", t.name);
+    }
+}
