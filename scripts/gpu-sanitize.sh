@@ -35,4 +35,17 @@ for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
     echo "$tool world $w: $verdict (${took}s) | ${cases:-no summary} | ${errors}" | tee -a "$OUT/sanitize.txt"
   done
 done
+# Line information: a kernel from the text format reading past its buffer (x holds 900 of the
+# 1000 elements the launch covers); memcheck must name the tile-IR line of the load.
+if [ "${LINEINFO:-1}" = 1 ]; then
+  log="$OUT/sanitize-lineinfo.log"
+  line=$(grep -n ' = load ' examples/gelu.tile | head -1 | cut -d: -f1)
+  timeout 60 "$SAN" --tool memcheck --print-limit 3 $B/trident-run examples/gelu.tile --backend nvidia \
+    --grid 4 --arg 'x=f32[900]' --arg 'out=f32[1000]:zeros' --arg n=1000 --out /tmp/gelu-out > "$log" 2>&1
+  if grep -q "gelu.tile:$line" "$log"; then
+    echo "lineinfo: memcheck names gelu.tile:$line (the load)" | tee -a "$OUT/sanitize.txt"
+  else
+    echo "lineinfo: FAIL: no gelu.tile:$line in the memcheck report" | tee -a "$OUT/sanitize.txt"; status=1
+  fi
+fi
 exit $status

@@ -125,9 +125,31 @@ impl CudaDevice {
             kernel: kernel.kernel.clone(),
             message: "PTX contains a NUL byte".into(),
         })?;
-        // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
-        let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
-            .map_err(|e| fail("cuModuleLoadData", e))?;
+        // A kernel from the text format carries `.loc` lines: the JIT keeps them (line info does
+        // not change the code) so compute-sanitizer and debuggers name the tile-IR line.
+        let m = if module.ptx.contains("\n  .loc ") {
+            let mut opts = [sys::CUjit_option::CU_JIT_GENERATE_LINE_INFO];
+            let mut vals = [1usize as *mut c_void];
+            let mut m = std::mem::MaybeUninit::uninit();
+            // SAFETY: `image` is a NUL-terminated PTX string that outlives the call; one option
+            // with its value (an integer passed in the pointer, as the driver API specifies).
+            unsafe {
+                sys::cuModuleLoadDataEx(
+                    m.as_mut_ptr(),
+                    image.as_ptr() as *const c_void,
+                    1,
+                    opts.as_mut_ptr(),
+                    vals.as_mut_ptr(),
+                )
+                .result()
+                .map(|()| m.assume_init())
+            }
+            .map_err(|e| fail("cuModuleLoadDataEx", e))?
+        } else {
+            // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
+            unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+                .map_err(|e| fail("cuModuleLoadData", e))?
+        };
         let entry = CString::new(module.entry.clone()).unwrap_or_default();
         // SAFETY: `m` was just loaded and `entry` names a `.visible .entry` of it.
         let f = unsafe { result::module::get_function(m, entry) }.map_err(|e| fail("cuModuleGetFunction", e))?;
