@@ -129,7 +129,7 @@ impl CudaDevice {
         // not change the code) so compute-sanitizer and debuggers name the tile-IR line.
         let m = if module.ptx.contains("\n  .loc ") {
             let mut opts = [sys::CUjit_option::CU_JIT_GENERATE_LINE_INFO];
-            let mut vals = [1usize as *mut c_void];
+            let mut vals = [std::ptr::without_provenance_mut::<c_void>(1)];
             let mut m = std::mem::MaybeUninit::uninit();
             // SAFETY: `image` is a NUL-terminated PTX string that outlives the call; one option
             // with its value (an integer passed in the pointer, as the driver API specifies).
