@@ -14,6 +14,42 @@
 use super::{ApproxFn, Inst, Kernel, Reg, SType, Special};
 use crate::ir::{BinaryOp, CmpOp, Literal, UnaryOp};
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A multiply-rotate hasher for small keys (registers, opcodes): the passes hash every
+/// instruction, and SipHash's DoS resistance buys nothing here.
+#[derive(Default)]
+struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_u8(&mut self, x: u8) {
+        self.write_u64(x as u64)
+    }
+
+    fn write_u32(&mut self, x: u32) {
+        self.write_u64(x as u64)
+    }
+
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64)
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// Runs CSE then DCE.
 pub fn clean(k: &mut Kernel) {
@@ -290,8 +326,8 @@ fn multiply_defined(k: &Kernel) -> Vec<bool> {
 /// register renamed.
 pub fn cse(k: &mut Kernel) {
     let multi = multiply_defined(k);
-    let mut rename: HashMap<Reg, Reg> = HashMap::new();
-    let mut scopes: Vec<HashMap<(SType, Key), Reg>> = vec![HashMap::new()];
+    let mut rename: Vec<Option<Reg>> = vec![None; k.regs.len()];
+    let mut scopes: Vec<FastMap<(SType, Key), Reg>> = vec![FastMap::default()];
     let mut body = std::mem::take(&mut k.body);
     cse_block(k, &multi, &mut body, &mut scopes, &mut rename);
     k.body = body;
@@ -301,33 +337,36 @@ fn cse_block(
     k: &Kernel,
     multi: &[bool],
     body: &mut Vec<Inst>,
-    scopes: &mut Vec<HashMap<(SType, Key), Reg>>,
-    rename: &mut HashMap<Reg, Reg>,
+    scopes: &mut Vec<FastMap<(SType, Key), Reg>>,
+    rename: &mut [Option<Reg>],
 ) {
     let mut out = Vec::with_capacity(body.len());
     for mut i in body.drain(..) {
         for_each_use(&mut i, &mut |r| {
-            if let Some(n) = rename.get(r) {
-                *r = *n;
+            if let Some(n) = rename[r.0 as usize] {
+                *r = n;
             }
         });
-        for b in bodies(&mut i) {
-            scopes.push(HashMap::new());
-            cse_block(k, multi, b, scopes, rename);
-            scopes.pop();
+        let nested = bodies(&mut i);
+        if !nested.is_empty() {
+            for b in nested {
+                scopes.push(FastMap::default());
+                cse_block(k, multi, b, scopes, rename);
+                scopes.pop();
+            }
+            // Region instructions read `nexts`/yields defined in their bodies: rename again.
+            for_each_use(&mut i, &mut |r| {
+                if let Some(n) = rename[r.0 as usize] {
+                    *r = n;
+                }
+            });
         }
-        // Region instructions read `nexts`/yields defined in their bodies: rename them again.
-        for_each_use(&mut i, &mut |r| {
-            if let Some(n) = rename.get(r) {
-                *r = *n;
-            }
-        });
         if let (Some(dst), Some(key)) = (pure_def(&i), key(k, &i)) {
             let mut reads_multi = false;
             for_each_use(&mut i, &mut |r| reads_multi |= multi[r.0 as usize]);
             if !multi[dst.0 as usize] && !reads_multi {
                 if let Some(&prev) = scopes.iter().rev().find_map(|s| s.get(&key)) {
-                    rename.insert(dst, prev);
+                    rename[dst.0 as usize] = Some(prev);
                     continue;
                 }
                 scopes.last_mut().expect("a scope").insert(key, dst);
@@ -342,29 +381,42 @@ fn cse_block(
 /// instruction (liveness from the impure ones, in one walk and one sweep).
 pub fn dce(k: &mut Kernel) {
     let n = k.regs.len();
-    // The operands of each pure definition; the registers impure instructions read (roots).
-    let mut operands: Vec<Vec<Reg>> = vec![Vec::new(); n];
+    // The operands of each pure definition (flat: `operands[range[d]]`); the registers impure
+    // instructions read are the roots.
+    let mut operands: Vec<Reg> = Vec::new();
+    let mut range: Vec<(u32, u32)> = vec![(0, 0); n];
     let mut live = vec![false; n];
     let mut work: Vec<Reg> = Vec::new();
-    fn scan(body: &mut [Inst], operands: &mut [Vec<Reg>], live: &mut [bool], work: &mut Vec<Reg>) {
+    struct Scan<'a> {
+        operands: &'a mut Vec<Reg>,
+        range: &'a mut [(u32, u32)],
+        live: &'a mut [bool],
+        work: &'a mut Vec<Reg>,
+    }
+    fn scan(body: &mut [Inst], s: &mut Scan) {
         for i in body.iter_mut() {
             match pure_def(i) {
-                Some(d) => for_each_use(i, &mut |r| operands[d.0 as usize].push(*r)),
+                Some(d) => {
+                    let start = s.operands.len() as u32;
+                    for_each_use(i, &mut |r| s.operands.push(*r));
+                    s.range[d.0 as usize] = (start, s.operands.len() as u32);
+                }
                 None => for_each_use(i, &mut |r| {
-                    if !live[r.0 as usize] {
-                        live[r.0 as usize] = true;
-                        work.push(*r);
+                    if !s.live[r.0 as usize] {
+                        s.live[r.0 as usize] = true;
+                        s.work.push(*r);
                     }
                 }),
             }
             for b in bodies(i) {
-                scan(b, operands, live, work);
+                scan(b, s);
             }
         }
     }
-    scan(&mut k.body, &mut operands, &mut live, &mut work);
+    scan(&mut k.body, &mut Scan { operands: &mut operands, range: &mut range, live: &mut live, work: &mut work });
     while let Some(r) = work.pop() {
-        for &o in &operands[r.0 as usize] {
+        let (a, b) = range[r.0 as usize];
+        for &o in &operands[a as usize..b as usize] {
             if !live[o.0 as usize] {
                 live[o.0 as usize] = true;
                 work.push(o);

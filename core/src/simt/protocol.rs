@@ -28,6 +28,9 @@ const U64: SType = SType::Int { bits: 64, signed: false };
 
 /// Rewrites every [`Inst::SymmAt`] and [`Inst::WaitSignals`] of `k` into primitives.
 pub fn expand(k: &mut Kernel) {
+    if !has_protocol(&k.body) {
+        return;
+    }
     let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_in(k))).collect();
     let body = std::mem::take(&mut k.body);
     let mut x = Expander { k, hidden, params: Vec::new() };
