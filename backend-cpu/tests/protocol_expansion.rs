@@ -94,6 +94,9 @@ fn expansion_leaves_only_primitives() {
         assert!(!protocol::has_protocol(&k.body), "{target}");
         assert_eq!(trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Clock { .. })), 2, "{target}");
         assert_eq!(trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Exit)), 1, "{target}");
-        assert_eq!(k.shared_bytes, 0, "{target}: a wait needs no shared memory");
+        // A wait needs no shared memory where the barrier reduces a predicate (`bar.red.or`);
+        // elsewhere one word, its own object.
+        let want = if target.starts_with("sm_") { 0 } else { 4 };
+        assert_eq!(k.shared_bytes, want, "{target}");
     }
 }

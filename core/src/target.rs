@@ -166,6 +166,9 @@ pub struct TargetDesc {
     pub matrix_load: bool,
     pub async_copies: &'static [AsyncCopy],
     pub clock: Clock,
+    /// A barrier that also ORs a predicate over the program (`bar.red.or.pred`); without it
+    /// `protocol::expand` builds the OR from shared memory and three barriers.
+    pub barrier_reduce: bool,
     /// The target's names of the CTA, GPU and system scopes (`cta`/`gpu`/`sys`;
     /// `workgroup`/`agent`/system).
     pub scope_names: [&'static str; 3],
@@ -367,6 +370,7 @@ pub const SM_80: TargetDesc = TargetDesc {
     matrix_load: true,
     async_copies: &[AsyncCopy::CpAsyncGroups],
     clock: Clock::GlobalTimerNs,
+    barrier_reduce: true,
     scope_names: NVIDIA_SCOPES,
 };
 
@@ -400,6 +404,7 @@ pub const GFX90A: TargetDesc = TargetDesc {
     matrix_load: false,
     async_copies: &[],
     clock: Clock::RealTime100Mhz,
+    barrier_reduce: false,
     scope_names: AMD_SCOPES,
 };
 

@@ -147,6 +147,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         params,
         regs: Vec::new(),
         body: Vec::new(),
+        target,
         warps: func.attrs.warps,
         warp_size: target.warp_size,
         shared_bytes: 0,

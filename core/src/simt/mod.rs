@@ -564,6 +564,8 @@ pub struct Kernel {
     /// Type of every register.
     pub regs: Vec<SType>,
     pub body: Vec<Inst>,
+    /// The target the kernel was lowered for.
+    pub target: &'static crate::target::TargetDesc,
     /// Threads per program = warps x warp size.
     pub warps: u32,
     pub warp_size: u32,

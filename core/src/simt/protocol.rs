@@ -20,17 +20,89 @@
 //! interleavings from a seed) and the expanded form in single-device launches, so CI executes
 //! what the GPUs run, up to the clock.
 
-use super::{diag, Hidden, Inst, Kernel, Reg, SType, Special};
+use super::{count, diag, Hidden, Inst, Kernel, Reg, SType, SharedObject, Special};
 use crate::ir::{BinaryOp, CmpOp, Literal, MemSemantic, Scope};
 
 const I32: SType = SType::Int { bits: 32, signed: true };
 const U64: SType = SType::Int { bits: 64, signed: false };
 
-/// Rewrites every [`Inst::SymmAt`] and [`Inst::WaitSignals`] of `k` into primitives.
+/// Rewrites every [`Inst::SymmAt`] and [`Inst::WaitSignals`] of `k` into primitives, and on
+/// targets without a reducing barrier every [`Inst::BarrierAny`] into shared memory and
+/// barriers.
 pub fn expand(k: &mut Kernel) {
-    if !has_protocol(&k.body) {
-        return;
+    let target = k.target;
+    if has_protocol(&k.body) {
+        expand_protocol(k);
     }
+    if !target.barrier_reduce && count(&k.body, &|i| matches!(i, Inst::BarrierAny { .. })) > 0 {
+        barrier_any_in_shared(k);
+    }
+}
+
+/// `dst = OR(pred)` over the program as: barrier; thread 0 clears a shared word; barrier;
+/// threads whose `pred` holds store 1 (the same value: no hazard); barrier; everyone reads it.
+/// The word is its own shared object, after every other.
+fn barrier_any_in_shared(k: &mut Kernel) {
+    let at = k.shared_bytes.next_multiple_of(4);
+    k.shared_bytes = at + 4;
+    k.shared_objects.push(SharedObject { name: "protocol.barrier_any", offset: at, bytes: 4, align: 4, swizzle: None });
+    fn walk(k: &mut Kernel, body: Vec<Inst>, at: u32) -> Vec<Inst> {
+        let mut out = Vec::with_capacity(body.len());
+        let reg = |k: &mut Kernel, t: SType| {
+            k.regs.push(t);
+            Reg(k.regs.len() as u32 - 1)
+        };
+        for inst in body {
+            match inst {
+                Inst::BarrierAny { dst, pred } => {
+                    let u32t = SType::Int { bits: 32, signed: false };
+                    let (off, zero, one, tid, z32, first, word) = (
+                        reg(k, I32),
+                        reg(k, u32t),
+                        reg(k, u32t),
+                        reg(k, I32),
+                        reg(k, I32),
+                        reg(k, SType::Pred),
+                        reg(k, u32t),
+                    );
+                    out.extend([
+                        Inst::Const { dst: off, value: Literal::Int(at as i64) },
+                        Inst::Const { dst: zero, value: Literal::Int(0) },
+                        Inst::Const { dst: one, value: Literal::Int(1) },
+                        Inst::Const { dst: z32, value: Literal::Int(0) },
+                        Inst::Special { dst: tid, which: Special::ThreadId },
+                        Inst::Cmp { dst: first, op: CmpOp::Eq, a: tid, b: z32 },
+                        Inst::Barrier,
+                        Inst::SharedStore { offset: off, value: zero, pred: Some(first) },
+                        Inst::Barrier,
+                        Inst::SharedStore { offset: off, value: one, pred: Some(pred) },
+                        Inst::Barrier,
+                        Inst::SharedLoad { dst: word, offset: off },
+                        Inst::Cmp { dst, op: CmpOp::Ne, a: word, b: zero },
+                    ]);
+                }
+                Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
+                    let body = walk(k, body, at);
+                    out.push(Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results });
+                }
+                Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
+                    let (then_body, else_body) = (walk(k, then_body, at), walk(k, else_body, at));
+                    out.push(Inst::If { cond, then_body, then_yields, else_body, else_yields, results });
+                }
+                Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
+                    let (cond_body, body) = (walk(k, cond_body, at), walk(k, body, at));
+                    out.push(Inst::While { phis, inits, cond_body, cond, body, nexts, results });
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+    let body = std::mem::take(&mut k.body);
+    k.body = walk(k, body, at);
+}
+
+fn expand_protocol(k: &mut Kernel) {
     let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_in(k))).collect();
     let body = std::mem::take(&mut k.body);
     let mut x = Expander { k, hidden, params: Vec::new() };
