@@ -88,11 +88,22 @@ fn fnv(parts: &[&[u8]]) -> u64 {
 /// `ld.lld -shared --no-undefined` (an intrinsic LLVM does not know becomes an undefined symbol:
 /// refused here, not at load time).
 pub fn code_object(tools: &Tools, ir: &str, kernel: &str, cpu: &str) -> Result<Vec<u8>, CodeObjectError> {
+    build(tools, ir, kernel, cpu, true)
+}
+
+/// [`code_object`] without reading the cache (to time `llc` and `ld.lld`).
+pub fn code_object_uncached(tools: &Tools, ir: &str, kernel: &str, cpu: &str) -> Result<Vec<u8>, CodeObjectError> {
+    build(tools, ir, kernel, cpu, false)
+}
+
+fn build(tools: &Tools, ir: &str, kernel: &str, cpu: &str, use_cache: bool) -> Result<Vec<u8>, CodeObjectError> {
     let key = fnv(&[ir.as_bytes(), cpu.as_bytes(), tools.version.as_bytes()]);
     let dir = cache_dir();
     let cached = dir.join(format!("{kernel}-{cpu}-{key:016x}.hsaco"));
-    if let Ok(bytes) = std::fs::read(&cached) {
-        return Ok(bytes);
+    if use_cache {
+        if let Ok(bytes) = std::fs::read(&cached) {
+            return Ok(bytes);
+        }
     }
     let io = |e: std::io::Error| CodeObjectError::Io(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;

@@ -96,7 +96,7 @@ impl Backend for AmdBackend {
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {
         Err(BackendError::NoDevice {
             backend: NAME,
-            reason: "no AMD GPU runtime: the HIP layer is not written yet (code objects are compiled and checked, and cpu-simt runs the same SIMT program)".into(),
+            reason: "no AMD GPU runtime (the HIP layer is not written yet)".into(),
         })
     }
 }

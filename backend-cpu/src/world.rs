@@ -42,6 +42,8 @@ pub struct WorldOptions {
     pub race: bool,
     /// Run kernels through the SIMT lowering (at this warp size) instead of the tile interpreter.
     pub simt_target: Option<&'static str>,
+    /// Run on every kernel the world compiles (a second backend's compiler and checks).
+    pub compile_check: Option<trident_core::backend::CompileCheck>,
 }
 
 impl WorldOptions {
@@ -54,6 +56,7 @@ impl WorldOptions {
             max_cooperative_programs: 1024,
             race: false,
             simt_target: None,
+            compile_check: None,
         }
     }
 }
@@ -317,6 +320,10 @@ impl CpuRank {
         let backend: Box<dyn Backend> = match inner.opts.simt_target {
             Some(_) => Box::new(crate::simt_exec::SimtBackend),
             None => Box::new(CpuBackend),
+        };
+        let backend: Box<dyn Backend> = match inner.opts.compile_check.clone() {
+            Some(check) => Box::new(trident_core::backend::Checked { inner: backend, check }),
+            None => backend,
         };
         let target = inner.opts.simt_target;
         CpuRank {

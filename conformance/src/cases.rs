@@ -212,6 +212,8 @@ pub struct RunConfig<'a> {
     pub target: Option<String>,
     pub schedules: usize,
     pub race: bool,
+    /// Run on every kernel compiled, in worlds too (`--backend amd`: the code object checks).
+    pub compile_check: Option<trident_core::backend::CompileCheck>,
 }
 
 pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record {
@@ -242,7 +244,9 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
     };
     let kind = match backend.descriptor().name {
         "nvidia" => Some(crate::distributed::WorldKind::Gpu),
-        "cpu" | "cpu-simt" => Some(crate::distributed::WorldKind::Cpu { race, simt_target }),
+        "cpu" | "cpu-simt" => {
+            Some(crate::distributed::WorldKind::Cpu { race, simt_target, compile_check: cfg.compile_check.clone() })
+        }
         _ => None,
     };
     if case.distributed && kind.is_none() {
@@ -259,7 +263,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
             let outcome =
-                crate::distributed::execute(case, data.clone(), schedule_seed, kind).map(|outs| outs.concat());
+                crate::distributed::execute(case, data.clone(), schedule_seed, kind.clone()).map(|outs| outs.concat());
             match judge(outcome, &expected, record.bound) {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {

@@ -17,10 +17,10 @@ use trident_kernels::gemm_rs::GemmRs;
 use trident_kernels::ring_shift::{RingShift, ShiftMode};
 
 /// Where a distributed case runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub enum WorldKind {
     /// The CPU world: tile interpreter, or the SIMT lowering at a warp size.
-    Cpu { race: bool, simt_target: Option<&'static str> },
+    Cpu { race: bool, simt_target: Option<&'static str>, compile_check: Option<trident_core::backend::CompileCheck> },
     /// The loopback world: every rank on one GPU.
     Gpu,
 }
@@ -202,8 +202,9 @@ pub fn execute(
 ) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
     match kind {
-        WorldKind::Cpu { race, simt_target } => {
-            let opts = WorldOptions { race, simt_target, ..WorldOptions::new(case.world, schedule_seed) };
+        WorldKind::Cpu { race, simt_target, compile_check } => {
+            let opts =
+                WorldOptions { race, simt_target, compile_check, ..WorldOptions::new(case.world, schedule_seed) };
             CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
         }
         WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| rank_main(&case2, &data, ctx)),

@@ -3,6 +3,7 @@
 use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use trident_conformance::cases::{all_cases, run_case, Record, RunConfig};
 use trident_conformance::cli::{self, usage};
 use trident_core::backend;
@@ -111,15 +112,41 @@ fn main() -> ExitCode {
         println!("options ok: backend {}, {} cases", desc.name, selected.len());
         return ExitCode::SUCCESS;
     }
-    let backend = (desc.create)();
-    // A backend whose driver or device is absent skips every case, visibly.
-    if let Err(e @ trident_core::backend::BackendError::NoDevice { .. }) = backend.open_device(0) {
+    let mut backend = (desc.create)();
+    let mut target = args.target.clone();
+    let mut compile_check = None;
+    // `amd` without an AMD GPU: every kernel's code object is compiled and checked
+    // (`trident_backend_amd::metadata::check`), and the same SIMT program runs on `cpu-simt`
+    // for the target; each line says which of the three parts ran.
+    let mut amd: Option<(String, String, Arc<Mutex<usize>>)> = None;
+    if desc.name == "amd" {
+        let device = match backend.open_device(0) {
+            Ok(_) => "device: not run (the HIP runtime is not written yet)".to_string(),
+            Err(trident_core::backend::BackendError::NoDevice { reason, .. }) => format!("device: not run ({reason})"),
+            Err(e) => format!("device: not run ({e})"),
+        };
+        let name = desc.resolve_target(args.target.as_deref()).unwrap_or("gfx942");
+        let Ok(t) = trident_core::target::lookup(name) else { return usage(format!("unknown target {name}")) };
+        let checked = Arc::new(Mutex::new(0usize));
+        let counter = checked.clone();
+        let check =
+            trident_core::backend::CompileCheck(Arc::new(move |f: &trident_core::Function, _: Option<&str>| {
+                trident_backend_amd::AmdBackend::compile_checked(f, t)?;
+                *counter.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                Ok(())
+            }));
+        let simt = trident_core::backend::lookup("cpu-simt").expect("cpu-simt is linked");
+        backend = Box::new(trident_core::backend::Checked { inner: (simt.create)(), check: check.clone() });
+        compile_check = Some(check);
+        target = Some(name.to_string());
+        amd = Some((name.to_string(), device, checked));
+    } else if let Err(e @ trident_core::backend::BackendError::NoDevice { .. }) = backend.open_device(0) {
+        // A backend whose driver or device is absent skips every case, visibly.
         println!("trident conformance: backend {}: skipped: {e}", desc.name);
         println!("conformance: 0 passed, 0 failed, {} skipped", selected.len());
         return ExitCode::SUCCESS;
     }
-    let cfg =
-        RunConfig { backend: backend.as_ref(), target: args.target.clone(), schedules: args.chaos, race: args.race };
+    let cfg = RunConfig { backend: backend.as_ref(), target, schedules: args.chaos, race: args.race, compile_check };
     println!(
         "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
@@ -133,14 +160,37 @@ fn main() -> ExitCode {
     );
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
-        let r = run_case(case, *index, seed, &cfg);
+        let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or(0);
+        let mut r = run_case(case, *index, seed, &cfg);
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
-        let verdict = match (r.pass, r.skipped, r.schedules) {
+        let mut verdict = match (r.pass, r.skipped, r.schedules) {
             (_, true, _) => format!("skipped: {}", r.message),
             (true, _, 1) => "ok".to_string(),
             (true, _, n) => format!("ok ({n} schedules)"),
             (false, _, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
         };
+        if let Some((t, device, n)) = &amd {
+            let compiled = *n.lock().unwrap_or_else(|e| e.into_inner()) - before;
+            let code = if r.message.contains("backend `amd`") || r.message.contains("code object") {
+                "code objects: FAIL".to_string()
+            } else if compiled > 0 {
+                format!("compiled+checked ({compiled} kernel{})", if compiled == 1 { "" } else { "s" })
+            } else {
+                "compiled+checked (kernels cached from earlier cases)".to_string()
+            };
+            let run = if r.pass {
+                "pass"
+            } else if r.skipped {
+                "skipped"
+            } else {
+                "FAIL"
+            };
+            verdict = format!(
+                "{code} | cpu-simt[{t}] {run} | {device}{}",
+                if r.pass { String::new() } else { format!(" | {}", r.message) }
+            );
+            r.backend = "amd".into();
+        }
         println!(
             "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
             r.kernel,
@@ -165,7 +215,11 @@ fn main() -> ExitCode {
     }
     let skipped = records.iter().filter(|r| r.skipped).count();
     let failed = records.iter().filter(|r| !r.pass && !r.skipped).count();
-    println!("conformance: {} passed, {} failed, {} skipped", records.len() - failed - skipped, failed, skipped);
+    let what = match &amd {
+        Some((t, _, _)) => format!(" (code objects compiled and checked, and cpu-simt[{t}]; no device run)"),
+        None => String::new(),
+    };
+    println!("conformance: {} passed{what}, {} failed, {} skipped", records.len() - failed - skipped, failed, skipped);
     if failed > 0 {
         println!("replay the failures with --seed {seed:#x}");
         return ExitCode::FAILURE;

@@ -1,6 +1,6 @@
 //! Snapshots of what the compiler makes of every catalogue kernel (bf16): the printed SIMT
 //! program for each GPU target of the shared lowering (what a writer translates: lowered,
-//! protocol expanded) and the PTX for sm_80 and sm_90a. A change to the lowering shows up here
+//! protocol expanded), the PTX for sm_80 and sm_90a, and the LLVM IR for gfx942 and gfx90a. A change to the lowering shows up here
 //! as a reviewable diff; after an intended change, re-bless them all with
 //! `INSTA_UPDATE=always cargo test -p trident-conformance --test snapshots`.
 
@@ -37,6 +37,17 @@ fn ptx_of_every_catalogue_kernel() {
             let m = trident_backend_nvidia::NvidiaBackend::ptx(&f, target)
                 .unwrap_or_else(|e| panic!("{name} on {}: {e}", target.name()));
             insta::assert_snapshot!(format!("ptx__{name}_bf16_{}", target.name()), m.ptx);
+        }
+    }
+}
+
+#[test]
+fn llvm_ir_of_every_catalogue_kernel() {
+    for (name, f) in catalogue() {
+        for target in [&trident_core::target::GFX942, &trident_core::target::GFX90A] {
+            let (_, ir) = trident_backend_amd::AmdBackend::llvm_ir(&f, target)
+                .unwrap_or_else(|e| panic!("{name} on {}: {e}", target.name));
+            insta::assert_snapshot!(format!("llvm__{name}_bf16_{}", target.name), ir);
         }
     }
 }

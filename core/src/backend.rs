@@ -280,6 +280,40 @@ pub trait Backend: Send + Sync {
     fn open_device(&self, index: usize) -> Result<Arc<dyn Device>, BackendError>;
 }
 
+/// A check run on every function a backend compiles (with the target it is compiled for): for
+/// example a second backend's compiler, so that `cargo xtask test --backend amd` compiles and
+/// checks every kernel's code object while `cpu-simt` executes it.
+#[derive(Clone)]
+#[allow(clippy::type_complexity)]
+pub struct CompileCheck(pub Arc<dyn Fn(&Function, Option<&str>) -> Result<(), BackendError> + Send + Sync>);
+
+impl std::fmt::Debug for CompileCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CompileCheck")
+    }
+}
+
+/// `inner`, with `check` run before each compile; a failed check fails the compile.
+pub struct Checked {
+    pub inner: Box<dyn Backend>,
+    pub check: CompileCheck,
+}
+
+impl Backend for Checked {
+    fn descriptor(&self) -> &'static BackendDescriptor {
+        self.inner.descriptor()
+    }
+
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+        (self.check.0)(func, target)?;
+        self.inner.compile(func, target)
+    }
+
+    fn open_device(&self, index: usize) -> Result<Arc<dyn Device>, BackendError> {
+        self.inner.open_device(index)
+    }
+}
+
 /// Memory and launches on one device.
 pub trait Device: Send + Sync {
     fn backend(&self) -> &'static str;

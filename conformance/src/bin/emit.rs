@@ -26,6 +26,9 @@ struct Args {
     /// lowered for the target, protocol expanded), or `code` (the backend's output).
     #[arg(long, default_value = "code", value_parser = ["tile", "simt", "code"])]
     stage: String,
+    /// With `--backend amd`: print the AMDGCN disassembly of the code object.
+    #[arg(long)]
+    asm: bool,
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
     #[arg(long)]
     time: bool,
@@ -76,6 +79,43 @@ fn main() -> ExitCode {
         };
         let b = (d.create)();
         (|| -> Result<String, String> {
+            if a.backend == "amd" && (a.time || a.asm) {
+                let name = a.target.as_deref().unwrap_or(d.targets[0]);
+                let t = trident_core::target::lookup(name).map_err(|e| e.to_string())?;
+                let tools = trident_backend_amd::codeobj::tools().map_err(|e| e.to_string())?;
+                if a.asm {
+                    let m = trident_backend_amd::AmdBackend::compile_checked(&func, t).map_err(|e| e.to_string())?;
+                    return trident_backend_amd::codeobj::disassemble(&tools, &m.code_object, name)
+                        .map_err(|e| e.to_string());
+                }
+                let median = |f: &mut dyn FnMut() -> Result<(), String>, n: usize| -> Result<f64, String> {
+                    let mut v = Vec::new();
+                    for _ in 0..n {
+                        let s = Instant::now();
+                        f()?;
+                        v.push(s.elapsed().as_secs_f64() * 1e3);
+                    }
+                    v.sort_by(|x, y| x.total_cmp(y));
+                    Ok(v[n / 2])
+                };
+                let ir_ms = median(
+                    &mut || trident_backend_amd::AmdBackend::llvm_ir(&func, t).map(|_| ()).map_err(|e| e.to_string()),
+                    20,
+                )?;
+                let (k, ir) = trident_backend_amd::AmdBackend::llvm_ir(&func, t).map_err(|e| e.to_string())?;
+                let co_ms = median(
+                    &mut || {
+                        trident_backend_amd::codeobj::code_object_uncached(&tools, &ir, &k.name, name)
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    },
+                    3,
+                )?;
+                return Ok(format!(
+                    "{}: tile IR -> LLVM IR ({name}) in {ir_ms:.3} ms (median of 20); LLVM IR -> code object (llc -O3 + ld.lld) in {co_ms:.1} ms (median of 3)",
+                    func.name
+                ));
+            }
             if a.time {
                 let mut times = Vec::new();
                 for _ in 0..20 {
@@ -139,7 +179,8 @@ fn emit_all(a: &Args, dir: &std::path::Path) -> ExitCode {
                 .and_then(|f| b.compile(&f, a.target.as_deref()).map_err(|e| e.to_string()));
             match r {
                 Ok(art) => {
-                    let path = dir.join(format!("{name}_{d}.ptx"));
+                    let ext = if desc.name == "amd" { "ll" } else { "ptx" };
+                    let path = dir.join(format!("{name}_{d}.{ext}"));
                     if let Err(e) = std::fs::write(&path, art.text) {
                         eprintln!("error: writing {}: {e}", path.display());
                         return ExitCode::FAILURE;
