@@ -25,7 +25,7 @@ fn text(o: &Output) -> String {
 #[test]
 fn usage_errors_exit_2_before_any_work() {
     for (bin, args) in [
-        ("trident-conformance", vec!["--backend", "amd"]),
+        ("trident-conformance", vec!["--backend", "rocm"]),
         ("trident-conformance", vec!["--chaos", "0"]),
         ("trident-conformance", vec!["--world", "65"]),
         ("trident-conformance", vec!["--json", "/nonexistent/dir/report.json"]),
@@ -33,7 +33,7 @@ fn usage_errors_exit_2_before_any_work() {
         ("trident-emit", vec!["--kernel", "no_such_kernel"]),
         ("trident-emit", vec!["--backend", "nvidia", "--target", "sm_42"]),
         ("trident-emit", vec!["--file", "no/such.tile"]),
-        ("trident-ops", vec!["--backend", "amd"]),
+        ("trident-ops", vec!["--backend", "rocm"]),
         ("trident-ops", vec!["--op", "no_such_op"]),
         ("trident-run", vec!["examples/gelu.tile", "--arg", "x=f32[8]"]),
         ("trident-run", vec!["examples/gelu.tile", "--grid", "0"]),
