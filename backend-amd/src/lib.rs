@@ -94,10 +94,13 @@ impl Backend for AmdBackend {
     }
 
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {
-        Err(BackendError::NoDevice {
-            backend: NAME,
-            reason: "no AMD GPU runtime (the HIP layer is not written yet)".into(),
-        })
+        let targets = trident_core::discovery::amd_targets();
+        let reason = if targets.is_empty() {
+            "no AMD GPU on this machine (PCI, KFD topology)".to_string()
+        } else {
+            format!("{} present, but no HIP runtime layer yet", targets.join(", "))
+        };
+        Err(BackendError::NoDevice { backend: NAME, reason })
     }
 }
 

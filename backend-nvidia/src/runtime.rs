@@ -25,7 +25,13 @@ pub fn driver_available() -> Result<(), String> {
             Err(e) => reasons.push(format!("{name}: {e}")),
         }
     }
-    Err(format!("no CUDA driver ({})", reasons.join("; ")))
+    let present = trident_core::discovery::pci_gpus().iter().filter(|g| g.vendor == 0x10de).count();
+    let seen = if present > 0 {
+        format!("{present} NVIDIA GPU(s) present on PCI, but ")
+    } else {
+        "no NVIDIA GPU on PCI and ".to_string()
+    };
+    Err(format!("{seen}no CUDA driver ({})", reasons.join("; ")))
 }
 
 struct Loaded {

@@ -57,6 +57,7 @@ fn main() -> ExitCode {
     trident_conformance::link_backends();
     let args = Args::parse();
     if args.list_backends {
+        println!("devices: {}", trident_core::discovery::summary());
         for d in backend::registered() {
             println!("{:<8} targets: {:<24} {}", d.name, d.targets.join(", "), d.description);
         }

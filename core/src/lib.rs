@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod builder;
+pub mod discovery;
 pub mod ir;
 pub mod math;
 pub mod simt;
