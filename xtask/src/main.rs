@@ -88,6 +88,7 @@ enum Cmd {
     PtxCheck,
     /// Time the library's kernels on the GPU against a baseline measured in the same run
     /// (`--baseline FILE` from bench/baseline.py; `--json OUT`); skips without a CUDA driver.
+    /// `cargo xtask bench compare A.json B.json` puts two reports side by side.
     #[command(disable_help_flag = true)]
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]

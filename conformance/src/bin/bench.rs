@@ -277,8 +277,70 @@ fn rng_row(n: usize) -> usize {
     rand::thread_rng().gen_range(0..n)
 }
 
+/// `trident-bench compare A.json B.json`: two reports (two vendors, two commits) side by side
+/// per case: each one's time, its ratio to its own baseline, and the roofline floor.
+fn compare(a: &str, b: &str) -> ExitCode {
+    let read = |p: &str| -> Result<serde_json::Value, String> {
+        let t = std::fs::read_to_string(p).map_err(|e| format!("{p}: {e}"))?;
+        serde_json::from_str(&t).map_err(|e| format!("{p}: not a benchmark report: {e}"))
+    };
+    let (ra, rb) = match (read(a), read(b)) {
+        (Ok(x), Ok(y)) => (x, y),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rows =
+        |r: &serde_json::Value| -> Vec<serde_json::Value> { r["results"].as_array().cloned().unwrap_or_default() };
+    let (xa, xb) = (rows(&ra), rows(&rb));
+    let dev = |r: &serde_json::Value| r["device"].as_str().unwrap_or("?").to_string();
+    println!("A: {a} ({})\nB: {b} ({})", dev(&ra), dev(&rb));
+    println!(
+        "{:<34} {:>10} {:>8} {:>10} {:>8} {:>9} {:>10} {:>10}",
+        "case", "A ms", "A/base", "B ms", "B/base", "B vs A", "A floor", "B floor"
+    );
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64();
+    let show = |x: Option<f64>, p: usize| x.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+    let mut cases: Vec<String> = xa.iter().chain(&xb).filter_map(|r| r["case"].as_str().map(String::from)).collect();
+    cases.dedup();
+    let mut seen = std::collections::HashSet::new();
+    for c in cases.into_iter().filter(|c| seen.insert(c.clone())) {
+        let find = |xs: &[serde_json::Value]| xs.iter().find(|r| r["case"].as_str() == Some(c.as_str())).cloned();
+        let (pa, pb) = (find(&xa), find(&xb));
+        let get = |p: &Option<serde_json::Value>, k: &str| p.as_ref().and_then(|v| f(v, k));
+        let (ta, tb) = (get(&pa, "trident_ms"), get(&pb, "trident_ms"));
+        let speed = match (ta, tb) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        println!(
+            "{:<34} {:>10} {:>8} {:>10} {:>8} {:>9} {:>10} {:>10}",
+            c,
+            show(ta, 3),
+            show(get(&pa, "speedup_vs_baseline"), 2),
+            show(tb, 3),
+            show(get(&pb, "speedup_vs_baseline"), 2),
+            speed.map(|s| format!("{s:.2}x")).unwrap_or_else(|| "-".into()),
+            show(get(&pa, "floor_ms"), 3),
+            show(get(&pb, "floor_ms"), 3),
+        );
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     trident_conformance::link_backends();
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("compare") {
+        return match (argv.get(2), argv.get(3)) {
+            (Some(a), Some(b)) => compare(a, b),
+            _ => {
+                eprintln!("error: usage: trident-bench compare A.json B.json");
+                ExitCode::from(2)
+            }
+        };
+    }
     let args = Args::parse();
     if args.cases {
         for c in cases() {
