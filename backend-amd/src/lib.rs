@@ -4,10 +4,12 @@
 //! `cpu-simt`), the LLVM IR writer ([`emit`]), code objects through LLVM 19's `llc` and
 //! `ld.lld` found at run time ([`codeobj`]), and the checks of a code object without an AMD GPU
 //! ([`metadata`]). Lowering decisions live in `trident_core::simt`, shared with the NVIDIA
-//! backend. No HIP runtime yet: `open_device` is a typed `NoDevice` error saying so.
+//! backend. The HIP runtime ([`hip`]) is loaded at run time; without it `open_device` is a typed
+//! `NoDevice` error saying what is present and what is missing.
 
 pub mod codeobj;
 pub mod emit;
+pub mod hip;
 pub mod metadata;
 pub mod target;
 
@@ -94,13 +96,19 @@ impl Backend for AmdBackend {
     }
 
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {
-        let targets = trident_core::discovery::amd_targets();
-        let reason = if targets.is_empty() {
-            "no AMD GPU on this machine (PCI, KFD topology)".to_string()
-        } else {
-            format!("{} present, but no HIP runtime layer yet", targets.join(", "))
-        };
-        Err(BackendError::NoDevice { backend: NAME, reason })
+        match hip::HipDevice::open(_index) {
+            Ok(d) => Ok(Arc::new(d)),
+            Err(BackendError::NoDevice { reason, .. }) => {
+                let targets = trident_core::discovery::amd_targets();
+                let seen = if targets.is_empty() {
+                    "no AMD GPU on this machine (PCI, KFD topology)".to_string()
+                } else {
+                    format!("{} present", targets.join(", "))
+                };
+                Err(BackendError::NoDevice { backend: NAME, reason: format!("{seen}; {reason}") })
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

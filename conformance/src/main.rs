@@ -122,7 +122,7 @@ fn main() -> ExitCode {
     let mut amd: Option<(String, String, Arc<Mutex<usize>>)> = None;
     if desc.name == "amd" {
         let device = match backend.open_device(0) {
-            Ok(_) => "device: not run (the HIP runtime is not written yet)".to_string(),
+            Ok(_) => "device: not run (HIP device runs are not wired into the suite yet)".to_string(),
             Err(trident_core::backend::BackendError::NoDevice { reason, .. }) => format!("device: not run ({reason})"),
             Err(e) => format!("device: not run ({e})"),
         };

@@ -1,0 +1,67 @@
+/* A stand-in for libamdhip64 with the entry points trident uses: host memory for device memory,
+   every call appended to the file named by STUB_HIP_LOG (launches with their grid, block and
+   argument buffer in hex), and the call named by STUB_HIP_FAIL failing with error 2. Built by
+   tests/hip_stub.rs; never shipped. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fails(const char *name) {
+  const char *f = getenv("STUB_HIP_FAIL");
+  return f && strcmp(f, name) == 0;
+}
+
+static void logf_(const char *line) {
+  const char *p = getenv("STUB_HIP_LOG");
+  if (!p) return;
+  FILE *f = fopen(p, "a");
+  if (!f) return;
+  fprintf(f, "%s\n", line);
+  fclose(f);
+}
+
+#define CALL(name)        \
+  do {                    \
+    logf_(#name);         \
+    if (fails(#name)) return 2; \
+  } while (0)
+
+int hipInit(unsigned flags) { (void)flags; CALL(hipInit); return 0; }
+int hipGetDeviceCount(int *n) { CALL(hipGetDeviceCount); *n = 1; return 0; }
+int hipSetDevice(int d) { (void)d; CALL(hipSetDevice); return 0; }
+int hipMalloc(void **p, size_t n) { CALL(hipMalloc); *p = aligned_alloc(256, (n + 255) / 256 * 256); return *p ? 0 : 2; }
+int hipFree(void *p) { CALL(hipFree); free(p); return 0; }
+int hipMemcpy(void *d, const void *s, size_t n, int kind) { (void)kind; CALL(hipMemcpy); memcpy(d, s, n); return 0; }
+int hipModuleLoadData(void **m, const void *image) {
+  CALL(hipModuleLoadData);
+  /* A code object is an ELF file. */
+  if (memcmp(image, "\x7f" "ELF", 4) != 0) return 3;
+  *m = (void *)0x1000;
+  return 0;
+}
+int hipModuleGetFunction(void **f, void *m, const char *name) {
+  char line[512];
+  snprintf(line, sizeof line, "hipModuleGetFunction %s", name);
+  logf_(line);
+  (void)m;
+  if (fails("hipModuleGetFunction")) return 2;
+  *f = (void *)0x2000;
+  return 0;
+}
+int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned shared, void *stream, void **params, void **extra) {
+  (void)f; (void)shared; (void)stream; (void)params;
+  if (fails("hipModuleLaunchKernel")) { logf_("hipModuleLaunchKernel"); return 2; }
+  /* extra = { 1, buffer, 2, &size, 3 } */
+  if (!extra || (size_t)extra[0] != 1 || (size_t)extra[2] != 2 || (size_t)extra[4] != 3) return 4;
+  unsigned char *buf = extra[1];
+  size_t size = *(size_t *)extra[3];
+  char *line = malloc(128 + 2 * size);
+  int n = sprintf(line, "hipModuleLaunchKernel grid %u %u %u block %u %u %u args ", gx, gy, gz, bx, by, bz);
+  for (size_t i = 0; i < size; i++) n += sprintf(line + n, "%02x", buf[i]);
+  logf_(line);
+  free(line);
+  return 0;
+}
+int hipDeviceSynchronize(void) { CALL(hipDeviceSynchronize); return 0; }
+const char *hipGetErrorString(int e) { return e == 2 ? "stub: fails on demand" : "stub error"; }
