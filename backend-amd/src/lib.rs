@@ -83,16 +83,8 @@ impl Backend for AmdBackend {
         let name = self.descriptor().resolve_target(target)?;
         let desc = trident_core::target::lookup(name).map_err(|e| compile_err(func, e.to_string()))?;
         let m = Self::compile_checked(func, desc)?;
-        Ok(Artifact {
-            kernel: func.name.clone(),
-            backend: NAME,
-            target: name.to_string(),
-            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
-            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
-            attrs: func.attrs,
-            text: m.llvm_ir.clone(),
-            payload: Arc::new(m),
-        })
+        let text = m.llvm_ir.clone();
+        Ok(Artifact::new(func, NAME, name, text, Arc::new(m)))
     }
 
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {

@@ -52,16 +52,8 @@ impl Backend for CpuBackend {
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
         let target = self.descriptor().resolve_target(target)?;
         verify(func)?;
-        Ok(Artifact {
-            kernel: func.name.clone(),
-            backend: NAME,
-            target: target.to_string(),
-            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
-            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
-            attrs: func.attrs,
-            text: text::print(func),
-            payload: Arc::new(func.clone()),
-        })
+        let text = text::print(func);
+        Ok(Artifact::new(func, NAME, target, text, Arc::new(func.clone())))
     }
 
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {

@@ -52,16 +52,8 @@ impl Backend for SimtBackend {
             kernel: func.name.clone(),
             message: e.to_string(),
         })?;
-        Ok(Artifact {
-            kernel: func.name.clone(),
-            backend: NAME,
-            target: target.to_string(),
-            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
-            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
-            attrs: func.attrs,
-            text: k.to_string(),
-            payload: Arc::new(k),
-        })
+        let text = k.to_string();
+        Ok(Artifact::new(func, NAME, target, text, Arc::new(k)))
     }
 
     fn open_device(&self, _index: usize) -> Result<Arc<dyn Device>, BackendError> {

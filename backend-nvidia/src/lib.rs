@@ -64,16 +64,8 @@ impl Backend for NvidiaBackend {
         let name = self.descriptor().resolve_target(target)?;
         let t = Target::lookup(name).unwrap_or(Target::Sm90a);
         let m = Self::ptx(func, t)?;
-        Ok(Artifact {
-            kernel: func.name.clone(),
-            backend: NAME,
-            target: name.to_string(),
-            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
-            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
-            attrs: func.attrs,
-            text: m.ptx.clone(),
-            payload: Arc::new(m),
-        })
+        let text = m.ptx.clone();
+        Ok(Artifact::new(func, NAME, name, text, Arc::new(m)))
     }
 
     fn open_device(&self, index: usize) -> Result<Arc<dyn Device>, BackendError> {

@@ -109,6 +109,27 @@ pub struct Artifact {
 }
 
 impl Artifact {
+    /// The artifact of `func` compiled by `backend` for `target`: its signature from `func`,
+    /// `text` for people, `payload` for the backend's devices.
+    pub fn new(
+        func: &Function,
+        backend: &'static str,
+        target: &str,
+        text: String,
+        payload: Arc<dyn Any + Send + Sync>,
+    ) -> Artifact {
+        Artifact {
+            kernel: func.name.clone(),
+            backend,
+            target: target.to_string(),
+            params: func.params.iter().map(|p| (p.name.clone(), func.ty(p.value).clone())).collect(),
+            divisibility: func.params.iter().map(|p| p.divisibility).collect(),
+            attrs: func.attrs,
+            text,
+            payload,
+        }
+    }
+
     /// The backend-private compiled form, if this artifact is one of `device`'s kind (`T`).
     pub fn payload_for<T: Any>(&self, device: &'static str) -> Result<&T, BackendError> {
         self.payload.downcast_ref::<T>().ok_or(BackendError::WrongBackend {
