@@ -453,6 +453,15 @@ fn main() -> ExitCode {
                 // program run on cpu-simt for the same target.
                 .and_then(|_| test(&amd("gfx942")))
                 .and_then(|_| test(&amd("gfx90a")))
+                // Every op x type x layout of the differential test as a gfx942 code object,
+                // checked (the writer meets every instruction the lowering emits).
+                .and_then(|_| {
+                    let dir = workspace_root().join("target/ll/gfx942/ops");
+                    let a = ["--backend", "amd", "--target", "gfx942", "--emit"].map(String::from);
+                    let mut a = a.to_vec();
+                    a.push(dir.display().to_string());
+                    run(tool("trident-ops", &a))
+                })
                 // The elementary functions of the lowering bit-identical to the host's.
                 .and_then(|_| {
                     let a = ["--stride", "65537", "--backend", "cpu-simt"].map(String::from);

@@ -281,22 +281,37 @@ fn emit(
         return usage(format!("creating {}: {e}", dir.display()));
     }
     let b = (desc.create)();
-    let mut n = 0;
+    let (mut n, mut failed) = (0, 0);
     for (_, c) in selected {
         for lay in trident_conformance::ops::kernel::layouts(c.family) {
             let f = match trident_conformance::ops::kernel::build(c, &lay) {
                 Ok(f) => f,
                 Err(e) => return usage(format!("{} {}: {e}", c.op_name(), c.dtype)),
             };
-            let Ok(art) = b.compile(&f, target) else { continue };
-            let path = dir.join(format!("{}_{}_{}.ptx", c.op_name(), c.dtype, lay.text()));
+            let art = match b.compile(&f, target) {
+                Ok(a) => a,
+                Err(e) => {
+                    // Refusals of the lowering are the support matrix's business; anything else
+                    // (a writer, an assembler or a code-object check) is reported.
+                    if !e.to_string().contains("not supported") && !e.to_string().contains("refuse") {
+                        eprintln!("{} {} {}: {e}", c.op_name(), c.dtype, lay.text());
+                        failed += 1;
+                    }
+                    continue;
+                }
+            };
+            let ext = if desc.name == "amd" { "ll" } else { "ptx" };
+            let path = dir.join(format!("{}_{}_{}.{ext}", c.op_name(), c.dtype, lay.text()));
             if let Err(e) = std::fs::write(&path, art.text) {
                 return usage(format!("writing {}: {e}", path.display()));
             }
             n += 1;
         }
     }
-    println!("emitted {n} kernels into {}", dir.display());
+    println!("emitted {n} kernels into {}, {failed} failed", dir.display());
+    if failed > 0 {
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }
 
