@@ -327,7 +327,7 @@ fn multiply_defined(k: &Kernel) -> Vec<bool> {
 pub fn cse(k: &mut Kernel) {
     let multi = multiply_defined(k);
     let mut rename: Vec<Option<Reg>> = vec![None; k.regs.len()];
-    let mut scopes: Vec<FastMap<(SType, Key), Reg>> = vec![FastMap::default()];
+    let mut scopes: Vec<(FastMap<(SType, Key), Reg>, bool)> = vec![(FastMap::default(), false)];
     let mut body = std::mem::take(&mut k.body);
     cse_block(k, &multi, &mut body, &mut scopes, &mut rename);
     k.body = body;
@@ -337,7 +337,7 @@ fn cse_block(
     k: &Kernel,
     multi: &[bool],
     body: &mut Vec<Inst>,
-    scopes: &mut Vec<FastMap<(SType, Key), Reg>>,
+    scopes: &mut Vec<(FastMap<(SType, Key), Reg>, bool)>,
     rename: &mut [Option<Reg>],
 ) {
     let mut out = Vec::with_capacity(body.len());
@@ -347,10 +347,13 @@ fn cse_block(
                 *r = n;
             }
         });
+        // A loop body does not reuse values computed before the loop: they would stay live
+        // across it (register pressure; the PTX assembler rematerializes cheap values itself).
+        let is_loop = matches!(i, Inst::Loop { .. } | Inst::While { .. });
         let nested = bodies(&mut i);
         if !nested.is_empty() {
             for b in nested {
-                scopes.push(FastMap::default());
+                scopes.push((FastMap::default(), is_loop));
                 cse_block(k, multi, b, scopes, rename);
                 scopes.pop();
             }
@@ -365,11 +368,21 @@ fn cse_block(
             let mut reads_multi = false;
             for_each_use(&mut i, &mut |r| reads_multi |= multi[r.0 as usize]);
             if !multi[dst.0 as usize] && !reads_multi {
-                if let Some(&prev) = scopes.iter().rev().find_map(|s| s.get(&key)) {
+                let mut found = None;
+                for (scope, loop_body) in scopes.iter().rev() {
+                    if let Some(&r) = scope.get(&key) {
+                        found = Some(r);
+                        break;
+                    }
+                    if *loop_body {
+                        break;
+                    }
+                }
+                if let Some(prev) = found {
                     rename[dst.0 as usize] = Some(prev);
                     continue;
                 }
-                scopes.last_mut().expect("a scope").insert(key, dst);
+                scopes.last_mut().expect("a scope").0.insert(key, dst);
             }
         }
         out.push(i);
