@@ -51,6 +51,9 @@ impl Hasher for FastHasher {
 
 type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
+/// The values of one region of CSE, and whether it is a loop body (lookups stop there).
+type Scope = (FastMap<(SType, Key), Reg>, bool);
+
 /// Runs CSE then DCE.
 pub fn clean(k: &mut Kernel) {
     cse(k);
@@ -327,19 +330,13 @@ fn multiply_defined(k: &Kernel) -> Vec<bool> {
 pub fn cse(k: &mut Kernel) {
     let multi = multiply_defined(k);
     let mut rename: Vec<Option<Reg>> = vec![None; k.regs.len()];
-    let mut scopes: Vec<(FastMap<(SType, Key), Reg>, bool)> = vec![(FastMap::default(), false)];
+    let mut scopes: Vec<Scope> = vec![(FastMap::default(), false)];
     let mut body = std::mem::take(&mut k.body);
     cse_block(k, &multi, &mut body, &mut scopes, &mut rename);
     k.body = body;
 }
 
-fn cse_block(
-    k: &Kernel,
-    multi: &[bool],
-    body: &mut Vec<Inst>,
-    scopes: &mut Vec<(FastMap<(SType, Key), Reg>, bool)>,
-    rename: &mut [Option<Reg>],
-) {
+fn cse_block(k: &Kernel, multi: &[bool], body: &mut Vec<Inst>, scopes: &mut Vec<Scope>, rename: &mut [Option<Reg>]) {
     let mut out = Vec::with_capacity(body.len());
     for mut i in body.drain(..) {
         for_each_use(&mut i, &mut |r| {
