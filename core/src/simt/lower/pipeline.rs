@@ -80,6 +80,33 @@ impl Lowering<'_> {
         Some(Pipeline { layout, stages, strategy, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
     }
 
+    /// Calls `each` on the element groups of one operand's copy, in a layout of up to
+    /// `widest` elements per thread (as far as the pointer's contiguity allows), with the
+    /// group width, its coordinates, first address and masks (the step's validity folded in).
+    fn for_copy_groups(
+        &mut self,
+        (ptr, mask): (Value, Value),
+        shape: &[u32],
+        widest: u32,
+        valid: Reg,
+        each: &mut dyn FnMut(&mut Self, u32, Vec<Vec<Reg>>, Reg, Vec<Reg>),
+    ) {
+        let cl = Blocked::with_vector(shape, self.k.warps, self.k.warp_size, widest);
+        let w = cl.vector().min(self.contiguity.get(ptr).contiguity).min(widest).max(1);
+        for g in (0..cl.slots()).step_by(w as usize) {
+            let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords_in(&cl, s)).collect();
+            let p0 = self.eval(ptr, &coords[0]);
+            let masks: Vec<Reg> = coords
+                .iter()
+                .map(|c| {
+                    let m = self.eval(mask, c);
+                    self.bin(BinaryOp::And, m, valid)
+                })
+                .collect();
+            each(self, w, coords, p0, masks);
+        }
+    }
+
     /// Issues the copies of one K step's operands (the loop variable bound to `iv`) into the
     /// stage at byte `base` (a register): vector groups as `cp.async` when aligned and wholly
     /// inside the masks and the loop, element by element (0 where masked) otherwise.
@@ -103,40 +130,29 @@ impl Lowering<'_> {
             // The copy's own layout: as many elements per thread as the widest access holds
             // (16 bytes: 8 bf16), as far as the pointer's contiguity allows.
             let widest = self.target.vector_bytes / size;
-            let cl = Blocked::with_vector(&shape, self.k.warps, self.k.warp_size, widest);
-            let w = cl.vector().min(self.contiguity.get(ptr).contiguity).min(widest).max(1);
             let stride = strides[which];
             let off0 = if which == 0 { 0 } else { b_off };
-            for g in (0..cl.slots()).step_by(w as usize) {
-                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords_in(&cl, s)).collect();
-                let p0 = self.eval(ptr, &coords[0]);
-                let masks: Vec<Reg> = coords
-                    .iter()
-                    .map(|c| {
-                        let m = self.eval(mask, c);
-                        self.bin(BinaryOp::And, m, valid)
-                    })
-                    .collect();
-                let ok = self.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
-                let row = self.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
-                let e = self.bin(BinaryOp::Add, row, coords[0][1]);
-                let off = self.shared_offset(e, size, off0);
-                let off = self.bin(BinaryOp::Add, off, base);
-                self.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
-                let not_ok = self.not(ok);
+            self.for_copy_groups((ptr, mask), &shape, widest, valid, &mut |me, w, coords, p0, masks| {
+                let ok = me.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
+                let row = me.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
+                let e = me.bin(BinaryOp::Add, row, coords[0][1]);
+                let off = me.shared_offset(e, size, off0);
+                let off = me.bin(BinaryOp::Add, off, base);
+                me.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
+                let not_ok = me.not(ok);
                 for (i, c) in coords.iter().enumerate() {
-                    let p = self.eval(ptr, c);
-                    let pred = self.bin(BinaryOp::And, not_ok, masks[i]);
-                    let zero = self.reg(t);
-                    self.emit(Inst::Const { dst: zero, value: Literal::Int(0) });
-                    let x = self.reg(t);
-                    self.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(zero) });
-                    let ei = self.bin_c(BinaryOp::Add, e, i as i64);
-                    let oi = self.shared_offset(ei, size, off0);
-                    let oi = self.bin(BinaryOp::Add, oi, base);
-                    self.emit(Inst::SharedStore { offset: oi, value: x, pred: Some(not_ok) });
+                    let p = me.eval(ptr, c);
+                    let pred = me.bin(BinaryOp::And, not_ok, masks[i]);
+                    let zero = me.reg(t);
+                    me.emit(Inst::Const { dst: zero, value: Literal::Int(0) });
+                    let x = me.reg(t);
+                    me.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(zero) });
+                    let ei = me.bin_c(BinaryOp::Add, e, i as i64);
+                    let oi = me.shared_offset(ei, size, off0);
+                    let oi = me.bin(BinaryOp::Add, oi, base);
+                    me.emit(Inst::SharedStore { offset: oi, value: x, pred: Some(not_ok) });
                 }
-            }
+            });
         }
         self.memo = memo;
         match saved_iv {
@@ -166,52 +182,42 @@ impl Lowering<'_> {
             let size = shared_size(t);
             // Shared vector stores take up to 4 elements.
             let widest = (self.target.vector_bytes / size).min(4);
-            let cl = Blocked::with_vector(&shape, self.k.warps, self.k.warp_size, widest);
-            let w = cl.vector().min(self.contiguity.get(ptr).contiguity).min(widest).max(1);
             let off0 = if which == 0 { 0 } else { b_off };
-            for g in (0..cl.slots()).step_by(w as usize) {
-                let coords: Vec<Vec<Reg>> = (g..g + w).map(|s| self.slot_coords_in(&cl, s)).collect();
-                let p0 = self.eval(ptr, &coords[0]);
-                let masks: Vec<Reg> = coords
-                    .iter()
-                    .map(|c| {
-                        let m = self.eval(mask, c);
-                        self.bin(BinaryOp::And, m, valid)
-                    })
-                    .collect();
+            let stride = strides[which];
+            self.for_copy_groups((ptr, mask), &shape, widest, valid, &mut |me, w, coords, p0, masks| {
                 let zeros: Vec<Reg> = (0..w)
                     .map(|_| {
-                        let z = self.reg(t);
-                        self.emit(Inst::Const { dst: z, value: Literal::Int(0) });
+                        let z = me.reg(t);
+                        me.emit(Inst::Const { dst: z, value: Literal::Int(0) });
                         z
                     })
                     .collect();
                 let vals: Vec<Reg> = if w == 1 {
-                    let x = self.reg(t);
-                    self.emit(Inst::Load { dst: x, addr: p0, pred: Some(masks[0]), other: Some(zeros[0]) });
+                    let x = me.reg(t);
+                    me.emit(Inst::Load { dst: x, addr: p0, pred: Some(masks[0]), other: Some(zeros[0]) });
                     vec![x]
                 } else {
-                    let ok = self.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
-                    let dsts: Vec<Reg> = (0..w).map(|_| self.reg(t)).collect();
-                    self.emit(Inst::VLoad { dsts: dsts.clone(), addr: p0, pred: Some(ok), others: zeros });
-                    let not_ok = self.not(ok);
+                    let ok = me.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
+                    let dsts: Vec<Reg> = (0..w).map(|_| me.reg(t)).collect();
+                    me.emit(Inst::VLoad { dsts: dsts.clone(), addr: p0, pred: Some(ok), others: zeros });
+                    let not_ok = me.not(ok);
                     coords
                         .iter()
                         .enumerate()
                         .map(|(i, c)| {
-                            let p = self.eval(ptr, c);
-                            let pred = self.bin(BinaryOp::And, not_ok, masks[i]);
-                            let x = self.reg(t);
-                            self.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(dsts[i]) });
+                            let p = me.eval(ptr, c);
+                            let pred = me.bin(BinaryOp::And, not_ok, masks[i]);
+                            let x = me.reg(t);
+                            me.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(dsts[i]) });
                             x
                         })
                         .collect()
                 };
-                let row = self.bin_c(BinaryOp::Mul, coords[0][0], strides[which] as i64);
-                let e = self.bin(BinaryOp::Add, row, coords[0][1]);
-                let off = self.shared_offset(e, size, off0);
+                let row = me.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
+                let e = me.bin(BinaryOp::Add, row, coords[0][1]);
+                let off = me.shared_offset(e, size, off0);
                 out.push((off, vals));
-            }
+            });
         }
         self.memo = memo;
         match saved_iv {
