@@ -83,6 +83,7 @@ impl Lowering<'_> {
     /// Calls `each` on the element groups of one operand's copy, in a layout of up to
     /// `widest` elements per thread (as far as the pointer's contiguity allows), with the
     /// group width, its coordinates, first address and masks (the step's validity folded in).
+    #[allow(clippy::type_complexity)]
     fn for_copy_groups(
         &mut self,
         (ptr, mask): (Value, Value),
