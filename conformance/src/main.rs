@@ -121,10 +121,17 @@ fn main() -> ExitCode {
     // for the target; each line says which of the three parts ran.
     let mut amd: Option<(String, String, Arc<Mutex<usize>>)> = None;
     if desc.name == "amd" {
+        let present = trident_core::discovery::amd_targets();
         let device = match backend.open_device(0) {
             Ok(_) => "device: not run (HIP device runs are not wired into the suite yet)".to_string(),
-            Err(trident_core::backend::BackendError::NoDevice { reason, .. }) => format!("device: not run ({reason})"),
-            Err(e) => format!("device: not run ({e})"),
+            Err(e) => {
+                println!("trident conformance: amd device: {e}");
+                if present.is_empty() {
+                    "device: not run (no AMD GPU)".to_string()
+                } else {
+                    format!("device: not run ({} present, no HIP runtime)", present.join(", "))
+                }
+            }
         };
         let name = desc.resolve_target(args.target.as_deref()).unwrap_or("gfx942");
         let Ok(t) = trident_core::target::lookup(name) else { return usage(format!("unknown target {name}")) };
