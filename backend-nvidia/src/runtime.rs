@@ -94,6 +94,22 @@ impl CudaDevice {
         Ok(d)
     }
 
+    /// How long the driver takes to JIT-compile `ptx` into a loaded module (PTX -> cubin), in
+    /// milliseconds; the module is unloaded again.
+    pub fn jit_ms(&self, ptx: &str) -> Result<f64, BackendError> {
+        self.current()?;
+        let image = CString::new(ptx)
+            .map_err(|_| driver_err("PTX", result::DriverError(sys::CUresult::CUDA_ERROR_INVALID_VALUE)))?;
+        let start = std::time::Instant::now();
+        // SAFETY: `image` is a NUL-terminated PTX string that outlives the call.
+        let m = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| driver_err("cuModuleLoadData", e))?;
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        // SAFETY: `m` was just loaded and nothing uses it.
+        let _ = unsafe { result::module::unload(m) };
+        Ok(ms)
+    }
+
     /// The GPU's name as the driver reports it.
     pub fn name(&self) -> &str {
         &self.name

@@ -124,8 +124,25 @@ fn main() -> ExitCode {
                     times.push(t.elapsed().as_secs_f64() * 1e3);
                 }
                 times.sort_by(|x, y| x.total_cmp(y));
+                // On a machine with a CUDA driver: the driver's PTX -> cubin JIT beside it.
+                let jit = if d.name == "nvidia" {
+                    let ptx = b.compile(&func, a.target.as_deref()).map_err(|e| e.to_string())?.text;
+                    match trident_backend_nvidia::runtime::CudaDevice::open(0) {
+                        Ok(dev) => {
+                            let mut v = Vec::new();
+                            for _ in 0..3 {
+                                v.push(dev.jit_ms(&ptx).map_err(|e| e.to_string())?);
+                            }
+                            v.sort_by(|x, y| x.total_cmp(y));
+                            format!("; PTX -> cubin (driver JIT) in {:.1} ms (median of 3)", v[1])
+                        }
+                        Err(_) => String::new(),
+                    }
+                } else {
+                    String::new()
+                };
                 Ok(format!(
-                    "{}: tile IR -> {} {} in {:.3} ms (median of 20)",
+                    "{}: tile IR -> {} {} in {:.3} ms (median of 20){jit}",
                     func.name,
                     d.name,
                     a.target.as_deref().unwrap_or(d.targets[0]),
