@@ -47,7 +47,28 @@ struct Api {
     launch: LaunchKernel,
     synchronize: unsafe extern "C" fn() -> Err,
     error_string: unsafe extern "C" fn(Err) -> *const c_char,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void) -> Err,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> Err,
+    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> Err,
+    event_create: unsafe extern "C" fn(*mut *mut c_void) -> Err,
+    event_destroy: unsafe extern "C" fn(*mut c_void) -> Err,
+    event_record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> Err,
+    event_synchronize: unsafe extern "C" fn(*mut c_void) -> Err,
+    event_elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> Err,
+    write_value64: unsafe extern "C" fn(*mut c_void, *mut c_void, u64, c_uint) -> Err,
+    wait_value64: unsafe extern "C" fn(*mut c_void, *mut c_void, u64, c_uint, u64) -> Err,
+    ipc_get: unsafe extern "C" fn(*mut IpcHandle, *mut c_void) -> Err,
+    ipc_open: unsafe extern "C" fn(*mut *mut c_void, IpcHandle, c_uint) -> Err,
 }
+
+/// `hipIpcMemHandle_t`: 64 opaque bytes, passed by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpcHandle(pub [u8; 64]);
+
+/// `hipStreamWaitValue64`'s comparison flags (`hipStreamWaitValueGte` and friends).
+pub const WAIT_VALUE_GEQ: c_uint = 0;
+pub const WAIT_VALUE_EQ: c_uint = 1;
 
 /// A loaded HIP runtime.
 pub struct Hip {
@@ -101,6 +122,18 @@ impl Hip {
             launch: sym!(b"hipModuleLaunchKernel\0"),
             synchronize: sym!(b"hipDeviceSynchronize\0"),
             error_string: sym!(b"hipGetErrorString\0"),
+            stream_create: sym!(b"hipStreamCreate\0"),
+            stream_destroy: sym!(b"hipStreamDestroy\0"),
+            stream_synchronize: sym!(b"hipStreamSynchronize\0"),
+            event_create: sym!(b"hipEventCreate\0"),
+            event_destroy: sym!(b"hipEventDestroy\0"),
+            event_record: sym!(b"hipEventRecord\0"),
+            event_synchronize: sym!(b"hipEventSynchronize\0"),
+            event_elapsed: sym!(b"hipEventElapsedTime\0"),
+            write_value64: sym!(b"hipStreamWriteValue64\0"),
+            wait_value64: sym!(b"hipStreamWaitValue64\0"),
+            ipc_get: sym!(b"hipIpcGetMemHandle\0"),
+            ipc_open: sym!(b"hipIpcOpenMemHandle\0"),
         };
         Ok(Hip { api, _lib: lib, path: path.to_string() })
     }
@@ -226,6 +259,97 @@ impl HipDevice {
             KernelArg::u64(bound.as_nanos().min(u64::MAX as u128) as u64),
             bar.arg(),
         ])
+    }
+}
+
+/// A HIP stream of a device (destroyed on drop).
+pub struct Stream {
+    hip: Arc<Hip>,
+    raw: *mut c_void,
+}
+
+// SAFETY: a HIP stream handle may be used from any host thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above; HIP serializes calls on one stream.
+unsafe impl Sync for Stream {}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from hipStreamCreate and is destroyed once.
+        let _ = unsafe { (self.hip.api.stream_destroy)(self.raw) };
+    }
+}
+
+impl HipDevice {
+    fn call(&self, what: &str, e: Err) -> Result<(), BackendError> {
+        self.hip.check(what, e).map_err(|message| BackendError::Launch { kernel: "(stream)".into(), message })
+    }
+
+    pub fn stream(&self) -> Result<Stream, BackendError> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.call("hipStreamCreate", unsafe { (self.hip.api.stream_create)(&mut raw) })?;
+        Ok(Stream { hip: self.hip.clone(), raw })
+    }
+
+    pub fn synchronize(&self, s: &Stream) -> Result<(), BackendError> {
+        // SAFETY: a live stream.
+        self.call("hipStreamSynchronize", unsafe { (self.hip.api.stream_synchronize)(s.raw) })
+    }
+
+    /// Enqueues on `s` a 64-bit store of `value` at `offset` of `buffer` (a signal).
+    pub fn write_value(&self, s: &Stream, buffer: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
+        let p = (buffer.address as usize + offset) as *mut c_void;
+        // SAFETY: a live stream and an address inside the allocation.
+        self.call("hipStreamWriteValue64", unsafe { (self.hip.api.write_value64)(s.raw, p, value, 0) })
+    }
+
+    /// Enqueues on `s` a wait until the 64-bit word at `offset` of `buffer` is `>= value`
+    /// (HIP's wait takes a mask, unlike CUDA's: all bits).
+    pub fn wait_value(&self, s: &Stream, buffer: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
+        let p = (buffer.address as usize + offset) as *mut c_void;
+        // SAFETY: a live stream and an address inside the allocation.
+        self.call("hipStreamWaitValue64", unsafe {
+            (self.hip.api.wait_value64)(s.raw, p, value, WAIT_VALUE_GEQ, u64::MAX)
+        })
+    }
+
+    /// Milliseconds between two events recorded on `s` around `work`.
+    pub fn time_ms(&self, s: &Stream, work: &mut dyn FnMut() -> Result<(), BackendError>) -> Result<f32, BackendError> {
+        let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: valid out-pointers, live stream, events destroyed below.
+        unsafe {
+            self.call("hipEventCreate", (self.hip.api.event_create)(&mut a))?;
+            self.call("hipEventCreate", (self.hip.api.event_create)(&mut b))?;
+            let r = (|| {
+                self.call("hipEventRecord", (self.hip.api.event_record)(a, s.raw))?;
+                work()?;
+                self.call("hipEventRecord", (self.hip.api.event_record)(b, s.raw))?;
+                self.call("hipEventSynchronize", (self.hip.api.event_synchronize)(b))?;
+                let mut ms = 0f32;
+                self.call("hipEventElapsedTime", (self.hip.api.event_elapsed)(&mut ms, a, b))?;
+                Ok(ms)
+            })();
+            let _ = (self.hip.api.event_destroy)(a);
+            let _ = (self.hip.api.event_destroy)(b);
+            r
+        }
+    }
+
+    /// The IPC handle of an allocation, for another process of the node to open.
+    pub fn ipc_handle(&self, buffer: &Buffer) -> Result<IpcHandle, BackendError> {
+        let mut h = IpcHandle([0; 64]);
+        // SAFETY: valid out-pointer; the address came from hipMalloc.
+        self.call("hipIpcGetMemHandle", unsafe { (self.hip.api.ipc_get)(&mut h, buffer.address as *mut c_void) })?;
+        Ok(h)
+    }
+
+    /// Maps another process's allocation: its address in this process.
+    pub fn open_ipc(&self, h: IpcHandle) -> Result<u64, BackendError> {
+        let mut p = std::ptr::null_mut();
+        // SAFETY: valid out-pointer; flags 1 = hipIpcMemLazyEnablePeerAccess.
+        self.call("hipIpcOpenMemHandle", unsafe { (self.hip.api.ipc_open)(&mut p, h, 1) })?;
+        Ok(p as u64)
     }
 }
 

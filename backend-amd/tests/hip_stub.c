@@ -65,3 +65,44 @@ int hipModuleLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsign
 }
 int hipDeviceSynchronize(void) { CALL(hipDeviceSynchronize); return 0; }
 const char *hipGetErrorString(int e) { return e == 2 ? "stub: fails on demand" : "stub error"; }
+
+/* Streams, events, stream memory operations and IPC handles. */
+int hipStreamCreate(void **s) { CALL(hipStreamCreate); *s = (void *)0x3000; return 0; }
+int hipStreamDestroy(void *s) { (void)s; CALL(hipStreamDestroy); return 0; }
+int hipStreamSynchronize(void *s) { (void)s; CALL(hipStreamSynchronize); return 0; }
+int hipEventCreate(void **e) { CALL(hipEventCreate); *e = malloc(8); return 0; }
+int hipEventDestroy(void *e) { CALL(hipEventDestroy); free(e); return 0; }
+int hipEventRecord(void *e, void *s) { (void)e; (void)s; CALL(hipEventRecord); return 0; }
+int hipEventSynchronize(void *e) { (void)e; CALL(hipEventSynchronize); return 0; }
+int hipEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; CALL(hipEventElapsedTime); *ms = 1.5f; return 0; }
+int hipStreamWriteValue64(void *s, void *ptr, unsigned long long v, unsigned flags) {
+  char line[128];
+  (void)s;
+  snprintf(line, sizeof line, "hipStreamWriteValue64 %llu flags %u", v, flags);
+  logf_(line);
+  if (fails("hipStreamWriteValue64")) return 2;
+  *(unsigned long long *)ptr = v; /* the stub's stream runs at once */
+  return 0;
+}
+int hipStreamWaitValue64(void *s, void *ptr, unsigned long long v, unsigned flags, unsigned long long mask) {
+  char line[160];
+  (void)s;
+  snprintf(line, sizeof line, "hipStreamWaitValue64 %llu flags %u mask %llx seen %llu", v, flags, mask,
+           *(unsigned long long *)ptr);
+  logf_(line);
+  if (fails("hipStreamWaitValue64")) return 2;
+  return 0;
+}
+int hipIpcGetMemHandle(void *handle, void *ptr) {
+  CALL(hipIpcGetMemHandle);
+  memset(handle, 0, 64);
+  memcpy(handle, &ptr, sizeof ptr); /* the stub's handle is the address */
+  return 0;
+}
+typedef struct { unsigned char reserved[64]; } hipIpcMemHandle_t;
+int hipIpcOpenMemHandle(void **ptr, hipIpcMemHandle_t handle, unsigned flags) {
+  (void)flags;
+  CALL(hipIpcOpenMemHandle);
+  memcpy(ptr, handle.reserved, sizeof *ptr);
+  return 0;
+}

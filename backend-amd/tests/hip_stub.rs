@@ -102,6 +102,30 @@ fn hip_calls_argument_packing_and_errors() {
         "{e}"
     );
     set("STUB_HIP_FAIL", None);
+    // Streams: a signal written and waited for (HIP's wait takes a mask: all bits), events
+    // timing work, IPC handles of an allocation opened again.
+    let sig = dev.alloc(8, "sig").unwrap();
+    dev.write(&sig, 0, &0u64.to_le_bytes()).unwrap();
+    let s = dev.stream().unwrap();
+    std::fs::write(&log, "").unwrap();
+    dev.write_value(&s, &sig, 0, 7).unwrap();
+    dev.wait_value(&s, &sig, 0, 7).unwrap();
+    dev.synchronize(&s).unwrap();
+    let calls = std::fs::read_to_string(&log).unwrap();
+    assert!(calls.contains("hipStreamWriteValue64 7 flags 0"), "{calls}");
+    assert!(calls.contains("hipStreamWaitValue64 7 flags 0 mask ffffffffffffffff seen 7"), "{calls}");
+    let mut raw = [0u8; 8];
+    dev.read(&sig, 0, &mut raw).unwrap();
+    assert_eq!(u64::from_le_bytes(raw), 7);
+    let ms = dev.time_ms(&s, &mut || dev.launch(&art, [3, 1, 1], &args, &LaunchOptions::default())).unwrap();
+    assert_eq!(ms, 1.5);
+    let h = dev.ipc_handle(&ob).unwrap();
+    assert_eq!(dev.open_ipc(h).unwrap(), ob.address);
+    set("STUB_HIP_FAIL", Some("hipStreamWaitValue64"));
+    let e = dev.wait_value(&s, &sig, 0, 9).unwrap_err();
+    assert!(e.to_string().contains("hipStreamWaitValue64 failed with error 2"), "{e}");
+    set("STUB_HIP_FAIL", None);
+    drop(s);
     // Wrong arguments never reach HIP.
     let e = dev.launch(&art, [3, 1, 1], &args[..4], &LaunchOptions::default()).unwrap_err();
     assert!(matches!(e, BackendError::Argument { .. }), "{e}");
