@@ -251,14 +251,7 @@ impl HipDevice {
             *h = Some(b);
         }
         let [t, d, bar] = h.as_ref().expect("just made");
-        Ok(vec![
-            KernelArg::i32(0),
-            KernelArg::i32(1),
-            t.arg(),
-            d.arg(),
-            KernelArg::u64(bound.as_nanos().min(u64::MAX as u128) as u64),
-            bar.arg(),
-        ])
+        Ok(trident_core::simt::hidden_args(0, 1, t.address, d.address, bound, bar.address).to_vec())
     }
 }
 

@@ -94,8 +94,16 @@ impl Device for SimtDevice {
         check_launch(kernel, grid, args, crate::device::MAX_PROGRAMS)?;
         // A single-device launch runs what a GPU runs: the protocol instructions expanded
         // (`simt::protocol`), with the hidden parameters of a world of one rank.
-        let mut k = k.clone();
-        protocol::expand(&mut k);
+        // (Only a kernel with protocol instructions is copied to expand them.)
+        let expanded;
+        let k = if protocol::has_protocol(&k.body) {
+            let mut e = k.clone();
+            protocol::expand(&mut e);
+            expanded = e;
+            &expanded
+        } else {
+            k
+        };
         let table = self.inner.alloc(8, "__heap_bases")?;
         let record = self.inner.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
         let barrier = self.inner.alloc(16, "__barrier")?;
@@ -104,20 +112,19 @@ impl Device for SimtDevice {
             self.inner.write(&record, 0, &[0; 8 * diag::WORDS])?;
             self.inner.write(&barrier, 0, &[0; 16])?;
             let mut all = args.to_vec();
-            let bound = opts.wait_bound.as_nanos().min(u64::MAX as u128) as u64;
-            all.extend([
-                KernelArg::i32(0),
-                KernelArg::i32(1),
-                table.arg(),
-                record.arg(),
-                KernelArg::u64(bound),
-                barrier.arg(),
-            ]);
+            all.extend(trident_core::simt::hidden_args(
+                0,
+                1,
+                table.address,
+                record.address,
+                opts.wait_bound,
+                barrier.address,
+            ));
             let order = crate::device::program_order(grid, opts.seed);
             let hooks = DirectHooks { mem: self.inner.memory() };
             order.into_iter().try_for_each(|pid| {
                 let view = ProgramView::immediate(Writer::HOST);
-                run_program(&k, self.inner.memory(), pid, grid, &all, view, &hooks)
+                run_program(k, self.inner.memory(), pid, grid, &all, view, &hooks)
                     .map_err(|f| f.into_error(kernel.kernel.clone(), pid))
             })?;
             let mut raw = [0u8; 8 * diag::WORDS];

@@ -866,14 +866,14 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                         // Hidden parameters: rank and world size; the CPU resolves `symm_at`
                         // through its own symmetric-heap map, and waits never time out here.
                         let mut args = launch.args.clone();
-                        args.extend([
-                            KernelArg::i32(ctx.rank as i32),
-                            KernelArg::i32(ctx.num_ranks as i32),
-                            KernelArg::Ptr(0),
-                            KernelArg::Ptr(0),
-                            KernelArg::u64(0),
-                            KernelArg::Ptr(inner.barrier_words),
-                        ]);
+                        args.extend(trident_core::simt::hidden_args(
+                            ctx.rank as usize,
+                            ctx.num_ranks as usize,
+                            0,
+                            0,
+                            std::time::Duration::ZERO,
+                            inner.barrier_words,
+                        ));
                         crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks)
                             .map_err(|f| f.into_error(format!("{} on rank {}", k.name, ctx.rank), pid))
                     }

@@ -12,7 +12,7 @@ use std::ffi::{c_void, CString};
 use std::sync::Mutex;
 use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Literal};
-use trident_core::simt::diag;
+use trident_core::simt::{diag, hidden_args};
 
 /// Whether the CUDA driver library can be loaded here.
 pub fn driver_available() -> Result<(), String> {
@@ -222,7 +222,7 @@ impl CudaDevice {
         self.current()?;
         let f = self.function(kernel, module)?;
         let (table, diag, barrier) = self.hidden_buffers()?;
-        let hidden = hidden_args(0, 1, &table, &diag, opts.wait_bound, &barrier);
+        let hidden = hidden_args(0, 1, table.address, diag.address, opts.wait_bound, barrier.address);
         launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms, 1)
     }
 
@@ -269,25 +269,6 @@ impl CudaDevice {
             message: r.message(&place, bound),
         })
     }
-}
-
-/// The hidden parameters every lowered kernel takes after its own (`simt::HIDDEN_PARAMS`).
-pub(crate) fn hidden_args(
-    rank: usize,
-    ranks: usize,
-    table: &Buffer,
-    diag: &Buffer,
-    bound: std::time::Duration,
-    barrier: &Buffer,
-) -> [KernelArg; 6] {
-    [
-        KernelArg::i32(rank as i32),
-        KernelArg::i32(ranks as i32),
-        table.arg(),
-        diag.arg(),
-        KernelArg::u64(bound.as_nanos().min(u64::MAX as u128) as u64),
-        barrier.arg(),
-    ]
 }
 
 /// Enqueues `f` on `stream` with `args` and then the hidden parameters. `sharing` is how many

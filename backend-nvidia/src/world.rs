@@ -16,7 +16,7 @@
 //! cooperative one) is refused when its grid times the ranks sharing the GPU cannot be resident at
 //! once (`runtime::launch_raw`), so concurrently launched rank kernels are co-resident.
 
-use crate::runtime::{hidden_args, launch_raw, CudaDevice};
+use crate::runtime::{launch_raw, CudaDevice};
 use crate::{NvidiaBackend, PtxModule};
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
@@ -25,6 +25,7 @@ use std::time::Duration;
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg};
 use trident_core::ir::CmpOp;
 use trident_core::simt::diag;
+use trident_core::simt::hidden_args;
 use trident_core::world::{RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
 
@@ -434,7 +435,14 @@ impl RankCtx for GpuRank {
         self.shared.dev.current()?;
         let f = self.shared.dev.function(kernel, module)?;
         let (sh, r) = (&self.shared, self.rank);
-        let hidden = hidden_args(r, self.world_size(), &sh.table, &sh.diags[r], sh.opts.wait_bound, &sh.barrier_all);
+        let hidden = hidden_args(
+            r,
+            self.world_size(),
+            sh.table.address,
+            sh.diags[r].address,
+            sh.opts.wait_bound,
+            sh.barrier_all.address,
+        );
         launch_raw(kernel, module, f, grid, s, args, hidden, sh.dev.sms, self.world_size() as u32)
     }
 

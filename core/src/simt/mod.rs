@@ -139,6 +139,28 @@ impl Hidden {
     }
 }
 
+/// The values of the hidden parameters, in [`Hidden::ALL`] order, that a runtime appends to a
+/// launch's arguments (addresses of its heap-base table, diagnostics record and barrier words;
+/// the wait bound in nanoseconds).
+pub fn hidden_args(
+    rank: usize,
+    ranks: usize,
+    heap_bases: u64,
+    diag: u64,
+    wait_bound: std::time::Duration,
+    barrier: u64,
+) -> [crate::backend::KernelArg; 6] {
+    use crate::backend::KernelArg;
+    [
+        KernelArg::i32(rank as i32),
+        KernelArg::i32(ranks as i32),
+        KernelArg::Ptr(heap_bases),
+        KernelArg::Ptr(diag),
+        KernelArg::u64(wait_bound.as_nanos().min(u64::MAX as u128) as u64),
+        KernelArg::Ptr(barrier),
+    ]
+}
+
 /// Names and types of the hidden parameters, in [`Hidden::ALL`] order.
 pub const HIDDEN_PARAMS: &[(&str, SType)] = &[
     ("__rank", SType::Int { bits: 32, signed: true }),
@@ -539,20 +561,33 @@ pub struct SharedObject {
     pub swizzle: Option<u32>,
 }
 
+impl Inst {
+    /// The instruction lists nested in a region instruction (a loop's or while's bodies, an
+    /// if's branches); empty for every other instruction.
+    pub fn bodies(&self) -> Vec<&Vec<Inst>> {
+        match self {
+            Inst::Loop { body, .. } => vec![body],
+            Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
+            Inst::While { cond_body, body, .. } => vec![cond_body, body],
+            _ => Vec::new(),
+        }
+    }
+
+    /// [`Inst::bodies`], to rewrite them.
+    pub fn bodies_mut(&mut self) -> Vec<&mut Vec<Inst>> {
+        match self {
+            Inst::Loop { body, .. } => vec![body],
+            Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
+            Inst::While { cond_body, body, .. } => vec![cond_body, body],
+            _ => Vec::new(),
+        }
+    }
+}
+
 /// How many instructions of `body`, nested bodies included, satisfy `f` (tests and tools
 /// inspecting a lowering).
 pub fn count(body: &[Inst], f: &dyn Fn(&Inst) -> bool) -> usize {
-    body.iter()
-        .map(|i| {
-            f(i) as usize
-                + match i {
-                    Inst::Loop { body, .. } => count(body, f),
-                    Inst::If { then_body, else_body, .. } => count(then_body, f) + count(else_body, f),
-                    Inst::While { cond_body, body, .. } => count(cond_body, f) + count(body, f),
-                    _ => 0,
-                }
-        })
-        .sum()
+    body.iter().map(|i| f(i) as usize + i.bodies().into_iter().map(|b| count(b, f)).sum::<usize>()).sum()
 }
 
 /// A kernel as the program of one thread.
@@ -587,15 +622,6 @@ impl Kernel {
     /// True when some program may spin on a signal (`WaitSignals` anywhere in the body): such a
     /// kernel needs whatever it waits for to make progress while it occupies the GPU.
     pub fn waits(&self) -> bool {
-        fn any(body: &[Inst]) -> bool {
-            body.iter().any(|i| match i {
-                Inst::WaitSignals { .. } => true,
-                Inst::Loop { body, .. } => any(body),
-                Inst::If { then_body, else_body, .. } => any(then_body) || any(else_body),
-                Inst::While { cond_body, body, .. } => any(cond_body) || any(body),
-                _ => false,
-            })
-        }
-        any(&self.body)
+        count(&self.body, &|i| matches!(i, Inst::WaitSignals { .. })) > 0
     }
 }

@@ -211,16 +211,6 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
     }
 }
 
-/// The nested bodies of a region instruction.
-fn bodies(i: &mut Inst) -> Vec<&mut Vec<Inst>> {
-    match i {
-        Inst::Loop { body, .. } => vec![body],
-        Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
-        Inst::While { cond_body, body, .. } => vec![cond_body, body],
-        _ => Vec::new(),
-    }
-}
-
 /// The register a pure instruction defines: merged by CSE when equal, dropped by DCE when
 /// unused. Loads, atomics, shuffles (cross-lane), the clock and region results are not pure.
 fn pure_def(i: &Inst) -> Option<Reg> {
@@ -347,7 +337,7 @@ fn cse_block(k: &Kernel, multi: &[bool], body: &mut Vec<Inst>, scopes: &mut Vec<
         // A loop body does not reuse values computed before the loop: they would stay live
         // across it (register pressure; the PTX assembler rematerializes cheap values itself).
         let is_loop = matches!(i, Inst::Loop { .. } | Inst::While { .. });
-        let nested = bodies(&mut i);
+        let nested = i.bodies_mut();
         if !nested.is_empty() {
             for b in nested {
                 scopes.push((FastMap::default(), is_loop));
@@ -418,7 +408,7 @@ pub fn dce(k: &mut Kernel) {
                     }
                 }),
             }
-            for b in bodies(i) {
+            for b in i.bodies_mut() {
                 scan(b, s);
             }
         }
@@ -436,7 +426,7 @@ pub fn dce(k: &mut Kernel) {
     fn sweep(body: &mut Vec<Inst>, live: &[bool]) {
         body.retain(|i| pure_def(i).is_none_or(|d| live[d.0 as usize]));
         for i in body.iter_mut() {
-            for b in bodies(i) {
+            for b in i.bodies_mut() {
                 sweep(b, live);
             }
         }

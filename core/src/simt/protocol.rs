@@ -52,7 +52,7 @@ fn barrier_any_in_shared(k: &mut Kernel) {
             k.regs.push(t);
             Reg(k.regs.len() as u32 - 1)
         };
-        for inst in body {
+        for mut inst in body {
             match inst {
                 Inst::BarrierAny { dst, pred } => {
                     let u32t = SType::Int { bits: 32, signed: false };
@@ -81,19 +81,12 @@ fn barrier_any_in_shared(k: &mut Kernel) {
                         Inst::Cmp { dst, op: CmpOp::Ne, a: word, b: zero },
                     ]);
                 }
-                Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
-                    let body = walk(k, body, at);
-                    out.push(Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results });
+                _ => {
+                    for b in inst.bodies_mut() {
+                        *b = walk(k, std::mem::take(b), at);
+                    }
+                    out.push(inst);
                 }
-                Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
-                    let (then_body, else_body) = (walk(k, then_body, at), walk(k, else_body, at));
-                    out.push(Inst::If { cond, then_body, then_yields, else_body, else_yields, results });
-                }
-                Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
-                    let (cond_body, body) = (walk(k, cond_body, at), walk(k, body, at));
-                    out.push(Inst::While { phis, inits, cond_body, cond, body, nexts, results });
-                }
-                other => out.push(other),
             }
         }
         out
@@ -115,13 +108,7 @@ fn expand_protocol(k: &mut Kernel) {
 
 /// True when `k` still holds a protocol instruction (a writer refuses such a kernel).
 pub fn has_protocol(body: &[Inst]) -> bool {
-    body.iter().any(|i| match i {
-        Inst::SymmAt { .. } | Inst::WaitSignals { .. } => true,
-        Inst::Loop { body, .. } => has_protocol(body),
-        Inst::If { then_body, else_body, .. } => has_protocol(then_body) || has_protocol(else_body),
-        Inst::While { cond_body, body, .. } => has_protocol(cond_body) || has_protocol(body),
-        _ => false,
-    })
+    count(body, &|i| matches!(i, Inst::SymmAt { .. } | Inst::WaitSignals { .. })) > 0
 }
 
 struct Expander<'a> {
@@ -152,23 +139,16 @@ impl Expander<'_> {
 
     fn block(&mut self, body: Vec<Inst>) -> Vec<Inst> {
         let mut out = Vec::with_capacity(body.len());
-        for inst in body {
+        for mut inst in body {
             match inst {
                 Inst::SymmAt { dst, ptr, rank } => self.symm_at(&mut out, dst, ptr, rank),
                 Inst::WaitSignals { base, count, cmp, value } => self.wait(&mut out, base, count, cmp, value),
-                Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
-                    let body = self.block(body);
-                    out.push(Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results });
+                _ => {
+                    for b in inst.bodies_mut() {
+                        *b = self.block(std::mem::take(b));
+                    }
+                    out.push(inst);
                 }
-                Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
-                    let (then_body, else_body) = (self.block(then_body), self.block(else_body));
-                    out.push(Inst::If { cond, then_body, then_yields, else_body, else_yields, results });
-                }
-                Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
-                    let (cond_body, body) = (self.block(cond_body), self.block(body));
-                    out.push(Inst::While { phis, inits, cond_body, cond, body, nexts, results });
-                }
-                other => out.push(other),
             }
         }
         out
