@@ -82,6 +82,16 @@ fn float_lit(t: SType, x: f64) -> String {
     }
 }
 
+/// Where a loop's `phi` nodes go and their two incoming edges.
+struct Edges<'a> {
+    /// Offset in the output of the header's first instruction.
+    mark: usize,
+    from: &'a str,
+    latch: &'a str,
+    inits: &'a [String],
+    nexts: &'a [String],
+}
+
 struct Writer<'k> {
     k: &'k Kernel,
     names: Vec<String>,
@@ -606,11 +616,8 @@ impl Writer<'_> {
                 let ivn = format!("%r{}", iv.0);
                 let next_iv = format!("%r{}_next", iv.0);
                 // Phi names are fixed now; their latch values are known after the body.
-                let phi_names: Vec<String> = phis.iter().map(|p| format!("%r{}", p.0)).collect();
                 let mark = self.out.len();
-                for (p, name) in phis.iter().zip(&phi_names) {
-                    self.names[p.0 as usize] = name.clone();
-                }
+                let phi_names = self.carried(phis);
                 self.names[iv.0 as usize] = ivn.clone();
                 let (lo_n, hi_n, st_n) = (self.n(*lo), self.n(*hi), self.n(*step));
                 let inits_n: Vec<String> = inits.iter().map(|r| self.n(*r)).collect();
@@ -623,16 +630,9 @@ impl Writer<'_> {
                 self.line(format!("{next_iv} = add {it} {ivn}, {st_n}"));
                 let latch = self.block.clone();
                 self.line(format!("br label %{head}"));
-                let mut phi_text = format!("  {ivn} = phi {it} [ {lo_n}, %{from} ], [ {next_iv}, %{latch} ]\n");
-                for ((p, name), (i, n)) in phis.iter().zip(&phi_names).zip(inits_n.iter().zip(&nexts_n)) {
-                    let t = ty(self.t(*p));
-                    let _ = writeln!(phi_text, "  {name} = phi {t} [ {i}, %{from} ], [ {n}, %{latch} ]");
-                }
-                self.out.insert_str(mark, &phi_text);
-                self.start(&exit);
-                for (r, name) in results.iter().zip(&phi_names) {
-                    self.names[r.0 as usize] = name.clone();
-                }
+                let iv_phi = format!("  {ivn} = phi {it} [ {lo_n}, %{from} ], [ {next_iv}, %{latch} ]\n");
+                let edges = Edges { mark, from: &from, latch: &latch, inits: &inits_n, nexts: &nexts_n };
+                self.close_loop(iv_phi, phis, &phi_names, edges, &exit, results);
             }
             Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
                 let (th, el, join) = (self.label("then"), self.label("else"), self.label("endif"));
@@ -661,10 +661,7 @@ impl Writer<'_> {
                 self.line(format!("br label %{head}"));
                 self.start(&head);
                 let mark = self.out.len();
-                let phi_names: Vec<String> = phis.iter().map(|p| format!("%r{}", p.0)).collect();
-                for (p, name) in phis.iter().zip(&phi_names) {
-                    self.names[p.0 as usize] = name.clone();
-                }
+                let phi_names = self.carried(phis);
                 self.insts(cond_body)?;
                 let c = self.n(*cond);
                 self.line(format!("br i1 {c}, label %{bl}, label %{exit}"));
@@ -673,19 +670,38 @@ impl Writer<'_> {
                 let nexts_n: Vec<String> = nexts.iter().map(|r| self.n(*r)).collect();
                 let latch = self.block.clone();
                 self.line(format!("br label %{head}"));
-                let mut phi_text = String::new();
-                for ((p, name), (i, n)) in phis.iter().zip(&phi_names).zip(inits_n.iter().zip(&nexts_n)) {
-                    let t = ty(self.t(*p));
-                    let _ = writeln!(phi_text, "  {name} = phi {t} [ {i}, %{from} ], [ {n}, %{latch} ]");
-                }
-                self.out.insert_str(mark, &phi_text);
-                self.start(&exit);
-                for (r, name) in results.iter().zip(&phi_names) {
-                    self.names[r.0 as usize] = name.clone();
-                }
+                let edges = Edges { mark, from: &from, latch: &latch, inits: &inits_n, nexts: &nexts_n };
+                self.close_loop(String::new(), phis, &phi_names, edges, &exit, results);
             }
         }
         Ok(())
+    }
+
+    /// Names the loop-carried registers after their `phi` nodes (written by `close_loop` once
+    /// the latch is known).
+    fn carried(&mut self, phis: &[Reg]) -> Vec<String> {
+        phis.iter()
+            .map(|p| {
+                let name = format!("%r{}", p.0);
+                self.names[p.0 as usize] = name.clone();
+                name
+            })
+            .collect()
+    }
+
+    /// Writes a loop header's `phi` nodes (after `first`, the induction variable's, if any) at
+    /// `edges.mark`, opens the exit block, and names the loop's results after the phis.
+    fn close_loop(&mut self, first: String, phis: &[Reg], names: &[String], edges: Edges, exit: &str, results: &[Reg]) {
+        let mut text = first;
+        for ((p, name), (i, n)) in phis.iter().zip(names).zip(edges.inits.iter().zip(edges.nexts)) {
+            let t = ty(self.t(*p));
+            let _ = writeln!(text, "  {name} = phi {t} [ {i}, %{} ], [ {n}, %{} ]", edges.from, edges.latch);
+        }
+        self.out.insert_str(edges.mark, &text);
+        self.start(exit);
+        for (r, name) in results.iter().zip(names) {
+            self.names[r.0 as usize] = name.clone();
+        }
     }
 
     /// Workgroup barrier with the LDS (and global) accesses before it visible after it.

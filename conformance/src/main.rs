@@ -53,6 +53,9 @@ struct Args {
 /// Ranks a world may have (the CPU and loopback worlds' limit).
 const MAX_WORLD: usize = 64;
 
+/// Code objects compiled and checked, and those that failed, in `--backend amd`.
+type AmdCounts = Arc<Mutex<(usize, usize)>>;
+
 fn main() -> ExitCode {
     trident_conformance::link_backends();
     let args = Args::parse();
@@ -119,7 +122,8 @@ fn main() -> ExitCode {
     // `amd` without an AMD GPU: every kernel's code object is compiled and checked
     // (`trident_backend_amd::metadata::check`), and the same SIMT program runs on `cpu-simt`
     // for the target; each line says which of the three parts ran.
-    let mut amd: Option<(String, String, Arc<Mutex<usize>>)> = None;
+    // (target, device verdict, code objects (checked, failed) so far)
+    let mut amd: Option<(String, String, AmdCounts)> = None;
     if desc.name == "amd" {
         let present = trident_core::discovery::amd_targets();
         let device = match backend.open_device(0) {
@@ -135,13 +139,19 @@ fn main() -> ExitCode {
         };
         let name = desc.resolve_target(args.target.as_deref()).unwrap_or("gfx942");
         let Ok(t) = trident_core::target::lookup(name) else { return usage(format!("unknown target {name}")) };
-        let checked = Arc::new(Mutex::new(0usize));
+        // Code objects compiled and checked, and those that failed, so far.
+        let checked = Arc::new(Mutex::new((0usize, 0usize)));
         let counter = checked.clone();
         let check =
             trident_core::backend::CompileCheck(Arc::new(move |f: &trident_core::Function, _: Option<&str>| {
-                trident_backend_amd::AmdBackend::compile_checked(f, t)?;
-                *counter.lock().unwrap_or_else(|e| e.into_inner()) += 1;
-                Ok(())
+                let r = trident_backend_amd::AmdBackend::compile_checked(f, t);
+                let mut n = counter.lock().unwrap_or_else(|e| e.into_inner());
+                if r.is_ok() {
+                    n.0 += 1;
+                } else {
+                    n.1 += 1;
+                }
+                r.map(|_| ())
             }));
         let simt = trident_core::backend::lookup("cpu-simt").expect("cpu-simt is linked");
         backend = Box::new(trident_core::backend::Checked { inner: (simt.create)(), check: check.clone() });
@@ -168,7 +178,7 @@ fn main() -> ExitCode {
     );
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
-        let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or(0);
+        let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or((0, 0));
         let mut r = run_case(case, *index, seed, &cfg);
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
         let mut verdict = match (r.pass, r.skipped, r.schedules) {
@@ -178,9 +188,10 @@ fn main() -> ExitCode {
             (false, _, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
         };
         if let Some((t, device, n)) = &amd {
-            let compiled = *n.lock().unwrap_or_else(|e| e.into_inner()) - before;
-            let code = if r.message.contains("backend `amd`") || r.message.contains("code object") {
-                "code objects: FAIL".to_string()
+            let now = *n.lock().unwrap_or_else(|e| e.into_inner());
+            let (compiled, failed) = (now.0 - before.0, now.1 - before.1);
+            let code = if failed > 0 {
+                format!("code objects: {failed} FAILED")
             } else if compiled > 0 {
                 format!("compiled+checked ({compiled} kernel{})", if compiled == 1 { "" } else { "s" })
             } else {
