@@ -10,12 +10,24 @@ use crate::AmdModule;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::{Arc, Mutex};
-use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
-use trident_core::ir::{DType, Literal};
+use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::ir::{CmpOp, DType, Literal};
+use trident_gpu_runtime::diagnostics::Allocations;
+use trident_gpu_runtime::hidden::HiddenBuffers;
+use trident_gpu_runtime::{check_resident, Driver, RawStream};
 
 type Err = c_int;
 const MEMCPY_HOST_TO_DEVICE: c_int = 1;
 const MEMCPY_DEVICE_TO_HOST: c_int = 2;
+const MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
+/// `hipErrorNotReady`: a stream query's "still busy".
+const ERROR_NOT_READY: Err = 600;
+/// `hipErrorPeerAccessAlreadyEnabled`.
+const ERROR_PEER_ACCESS_ALREADY_ENABLED: Err = 704;
+/// `hipStreamNonBlocking`.
+const STREAM_NON_BLOCKING: c_uint = 1;
+/// `hipDeviceAttributeMultiprocessorCount` in HIP 5 and 6's numbering of `hipDeviceAttribute_t`.
+const ATTRIBUTE_MULTIPROCESSOR_COUNT: c_int = 63;
 const LAUNCH_PARAM_BUFFER_POINTER: usize = 1;
 const LAUNCH_PARAM_BUFFER_SIZE: usize = 2;
 const LAUNCH_PARAM_END: usize = 3;
@@ -47,7 +59,12 @@ struct Api {
     launch: LaunchKernel,
     synchronize: unsafe extern "C" fn() -> Err,
     error_string: unsafe extern "C" fn(Err) -> *const c_char,
-    stream_create: unsafe extern "C" fn(*mut *mut c_void) -> Err,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> Err,
+    stream_query: unsafe extern "C" fn(*mut c_void) -> Err,
+    memcpy_async: unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int, *mut c_void) -> Err,
+    device_attribute: unsafe extern "C" fn(*mut c_int, c_int, c_int) -> Err,
+    occupancy: unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, usize) -> Err,
+    enable_peer: unsafe extern "C" fn(c_int, c_uint) -> Err,
     stream_destroy: unsafe extern "C" fn(*mut c_void) -> Err,
     stream_synchronize: unsafe extern "C" fn(*mut c_void) -> Err,
     event_create: unsafe extern "C" fn(*mut *mut c_void) -> Err,
@@ -122,7 +139,12 @@ impl Hip {
             launch: sym!(b"hipModuleLaunchKernel\0"),
             synchronize: sym!(b"hipDeviceSynchronize\0"),
             error_string: sym!(b"hipGetErrorString\0"),
-            stream_create: sym!(b"hipStreamCreate\0"),
+            stream_create: sym!(b"hipStreamCreateWithFlags\0"),
+            stream_query: sym!(b"hipStreamQuery\0"),
+            memcpy_async: sym!(b"hipMemcpyAsync\0"),
+            device_attribute: sym!(b"hipDeviceGetAttribute\0"),
+            occupancy: sym!(b"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor\0"),
+            enable_peer: sym!(b"hipDeviceEnablePeerAccess\0"),
             stream_destroy: sym!(b"hipStreamDestroy\0"),
             stream_synchronize: sym!(b"hipStreamSynchronize\0"),
             event_create: sym!(b"hipEventCreate\0"),
@@ -186,16 +208,24 @@ pub fn pack_args(meta: &KernelMeta, args: &[KernelArg]) -> Result<Vec<u8>, Strin
 /// One AMD GPU through HIP.
 pub struct HipDevice {
     hip: Arc<Hip>,
+    index: usize,
+    /// Compute units (`hipDeviceAttributeMultiprocessorCount`).
+    cus: u32,
+    /// The device's target from the KFD topology (`None`: the backend's default).
+    target: Option<String>,
     /// Loaded functions by kernel name and code object hash.
     functions: Mutex<HashMap<(String, usize), usize>>,
-    /// Hidden buffers every launch passes (heap bases, diagnostics, barrier words).
-    hidden: Mutex<Option<[Buffer; 3]>>,
+    /// Live allocations, to name buffers in diagnostics.
+    names: Allocations,
+    /// The hidden buffers of single-rank launches.
+    hidden: HiddenBuffers,
 }
 
 impl HipDevice {
     pub fn open(index: usize) -> Result<HipDevice, BackendError> {
         let hip = Hip::load()?;
         let fail = |e: String| no_device(format!("{}: {e}", hip.path));
+        let mut cus: c_int = 0;
         // SAFETY: plain HIP calls with valid out-pointers.
         unsafe {
             hip.check("hipInit", (hip.api.init)(0)).map_err(fail)?;
@@ -205,8 +235,21 @@ impl HipDevice {
                 return Err(fail(format!("device {index} asked, {n} present")));
             }
             hip.check("hipSetDevice", (hip.api.set_device)(index as c_int)).map_err(fail)?;
+            hip.check(
+                "hipDeviceGetAttribute(MultiprocessorCount)",
+                (hip.api.device_attribute)(&mut cus, ATTRIBUTE_MULTIPROCESSOR_COUNT, index as c_int),
+            )
+            .map_err(fail)?;
         }
-        Ok(HipDevice { hip: Arc::new(hip), functions: Mutex::new(HashMap::new()), hidden: Mutex::new(None) })
+        Ok(HipDevice {
+            hip: Arc::new(hip),
+            index,
+            cus: cus.max(1) as u32,
+            target: trident_core::discovery::amd_targets().get(index).cloned(),
+            functions: Mutex::new(HashMap::new()),
+            names: Allocations::default(),
+            hidden: HiddenBuffers::default(),
+        })
     }
 
     fn launch_err(&self, kernel: &str, e: String) -> BackendError {
@@ -236,75 +279,17 @@ impl HipDevice {
         Ok(f)
     }
 
-    fn hidden(&self, bound: std::time::Duration) -> Result<Vec<KernelArg>, BackendError> {
-        let mut h = self.hidden.lock().unwrap_or_else(|e| e.into_inner());
-        if h.is_none() {
-            let words = trident_core::simt::diag::WORDS;
-            let b = [
-                self.alloc(8, "__heap_bases")?,
-                self.alloc(8 * words, "__wait_diagnostics")?,
-                self.alloc(16, "__barrier")?,
-            ];
-            for x in &b {
-                self.write(x, 0, &vec![0u8; x.bytes])?;
-            }
-            *h = Some(b);
-        }
-        let [t, d, bar] = h.as_ref().expect("just made");
-        Ok(trident_core::simt::hidden_args(0, 1, t.address, d.address, bound, bar.address).to_vec())
-    }
-}
-
-/// A HIP stream of a device (destroyed on drop).
-pub struct Stream {
-    hip: Arc<Hip>,
-    raw: *mut c_void,
-}
-
-// SAFETY: a HIP stream handle may be used from any host thread.
-unsafe impl Send for Stream {}
-// SAFETY: as above; HIP serializes calls on one stream.
-unsafe impl Sync for Stream {}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        // SAFETY: `raw` came from hipStreamCreate and is destroyed once.
-        let _ = unsafe { (self.hip.api.stream_destroy)(self.raw) };
-    }
-}
-
-impl HipDevice {
     fn call(&self, what: &str, e: Err) -> Result<(), BackendError> {
         self.hip.check(what, e).map_err(|message| BackendError::Launch { kernel: "(stream)".into(), message })
     }
 
     pub fn stream(&self) -> Result<Stream, BackendError> {
-        let mut raw = std::ptr::null_mut();
-        // SAFETY: valid out-pointer.
-        self.call("hipStreamCreate", unsafe { (self.hip.api.stream_create)(&mut raw) })?;
-        Ok(Stream { hip: self.hip.clone(), raw })
+        Ok(Stream { hip: self.hip.clone(), raw: self.stream_create()? as *mut c_void })
     }
 
     pub fn synchronize(&self, s: &Stream) -> Result<(), BackendError> {
         // SAFETY: a live stream.
         self.call("hipStreamSynchronize", unsafe { (self.hip.api.stream_synchronize)(s.raw) })
-    }
-
-    /// Enqueues on `s` a 64-bit store of `value` at `offset` of `buffer` (a signal).
-    pub fn write_value(&self, s: &Stream, buffer: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
-        let p = (buffer.address as usize + offset) as *mut c_void;
-        // SAFETY: a live stream and an address inside the allocation.
-        self.call("hipStreamWriteValue64", unsafe { (self.hip.api.write_value64)(s.raw, p, value, 0) })
-    }
-
-    /// Enqueues on `s` a wait until the 64-bit word at `offset` of `buffer` is `>= value`
-    /// (HIP's wait takes a mask, unlike CUDA's: all bits).
-    pub fn wait_value(&self, s: &Stream, buffer: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
-        let p = (buffer.address as usize + offset) as *mut c_void;
-        // SAFETY: a live stream and an address inside the allocation.
-        self.call("hipStreamWaitValue64", unsafe {
-            (self.hip.api.wait_value64)(s.raw, p, value, WAIT_VALUE_GEQ, u64::MAX)
-        })
     }
 
     /// Milliseconds between two events recorded on `s` around `work`.
@@ -346,6 +331,30 @@ impl HipDevice {
     }
 }
 
+/// A HIP stream of a device (destroyed on drop); its raw handle serves the `Driver` calls.
+pub struct Stream {
+    hip: Arc<Hip>,
+    raw: *mut c_void,
+}
+
+impl Stream {
+    pub fn raw(&self) -> RawStream {
+        self.raw as RawStream
+    }
+}
+
+// SAFETY: a HIP stream handle may be used from any host thread.
+unsafe impl Send for Stream {}
+// SAFETY: as above; HIP serializes calls on one stream.
+unsafe impl Sync for Stream {}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        // SAFETY: `raw` came from hipStreamCreateWithFlags and is destroyed once.
+        let _ = unsafe { (self.hip.api.stream_destroy)(self.raw) };
+    }
+}
+
 impl Device for HipDevice {
     fn backend(&self) -> &'static str {
         crate::NAME
@@ -356,10 +365,13 @@ impl Device for HipDevice {
         // SAFETY: valid out-pointer.
         unsafe { self.hip.check("hipMalloc", (self.hip.api.malloc)(&mut p, bytes.max(1))) }
             .map_err(|message| BackendError::Buffer { buffer: name.to_string(), message })?;
-        Ok(Buffer { name: name.to_string(), address: p as u64, bytes })
+        let b = Buffer { name: name.to_string(), address: p as u64, bytes };
+        self.names.insert(&b);
+        Ok(b)
     }
 
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
+        self.names.remove(buffer.address);
         // SAFETY: the address came from hipMalloc.
         unsafe { self.hip.check("hipFree", (self.hip.api.free)(buffer.address as *mut c_void)) }
             .map_err(|message| BackendError::Buffer { buffer: buffer.name.clone(), message })
@@ -410,11 +422,76 @@ impl Device for HipDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let m = kernel.payload_for::<AmdModule>(crate::NAME)?;
         check_launch(kernel, grid, args, u32::MAX as u64)?;
+        let hidden = self.hidden.args(self, opts.wait_bound)?;
+        self.launch_on(0, kernel, grid, args, hidden, 1)?;
+        // SAFETY: plain call.
+        unsafe { self.hip.check("hipDeviceSynchronize", (self.hip.api.synchronize)()) }
+            .map_err(|e| self.launch_err(&kernel.kernel, e))?;
+        self.hidden.check(self, &kernel.kernel, &self.names, opts.wait_bound)
+    }
+}
+
+/// The HIP side of the shared GPU runtime (`trident_gpu_runtime`): non-blocking streams,
+/// `hipStreamWaitValue64` with a full mask, `hipMemcpyAsync` between device addresses.
+impl Driver for HipDevice {
+    fn compiler(&self) -> &dyn Backend {
+        &crate::AmdBackend
+    }
+
+    fn target(&self) -> Option<String> {
+        self.target.clone()
+    }
+
+    fn multiprocessors(&self) -> u32 {
+        self.cus
+    }
+
+    fn allocations(&self) -> &Allocations {
+        &self.names
+    }
+
+    fn enable_peer(&self, peer: &Self) -> Result<(), BackendError> {
+        self.bind()?;
+        // SAFETY: plain call; the peer is a device index of this process.
+        let e = unsafe { (self.hip.api.enable_peer)(peer.index as c_int, 0) };
+        if e == ERROR_PEER_ACCESS_ALREADY_ENABLED {
+            return Ok(());
+        }
+        self.call("hipDeviceEnablePeerAccess", e)
+    }
+
+    fn bind(&self) -> Result<(), BackendError> {
+        // SAFETY: plain call with a device index that `open` checked.
+        self.call("hipSetDevice", unsafe { (self.hip.api.set_device)(self.index as c_int) })
+    }
+
+    fn load(&self, kernel: &Artifact) -> Result<(), BackendError> {
+        self.function(kernel.payload_for::<AmdModule>(crate::NAME)?).map(|_| ())
+    }
+
+    fn launch_on(
+        &self,
+        stream: RawStream,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        hidden: [KernelArg; 6],
+        sharing: u32,
+    ) -> Result<(), BackendError> {
+        let m = kernel.payload_for::<AmdModule>(crate::NAME)?;
         let f = self.function(m)?;
+        let threads = m.kernel.threads();
+        if kernel.attrs.cooperative || (m.kernel.waits() && sharing > 1) {
+            let mut per_cu: c_int = 0;
+            // SAFETY: a loaded function and a valid out-pointer.
+            self.call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
+                (self.hip.api.occupancy)(&mut per_cu, f, threads as c_int, m.kernel.shared_bytes as usize)
+            })?;
+            check_resident(kernel, grid, sharing, per_cu.max(0) as u64, self.cus)?;
+        }
         let mut all = args.to_vec();
-        all.extend(self.hidden(opts.wait_bound)?);
+        all.extend(hidden);
         let mut buf = pack_args(&m.meta, &all).map_err(|e| self.launch_err(&kernel.kernel, e))?;
         let mut size = buf.len();
         let mut extra = [
@@ -424,9 +501,9 @@ impl Device for HipDevice {
             &mut size as *mut usize as *mut c_void,
             LAUNCH_PARAM_END as *mut c_void,
         ];
-        let threads = m.kernel.threads();
         // SAFETY: `f` is a loaded function; `extra` follows HIP's argument-buffer convention
-        // and lives until the call returns (HIP copies the buffer at launch).
+        // and lives until the call returns (HIP copies the buffer at launch). LDS is static in
+        // the code object, so no dynamic shared memory is passed.
         unsafe {
             self.hip.check(
                 "hipModuleLaunchKernel",
@@ -439,31 +516,66 @@ impl Device for HipDevice {
                     1,
                     1,
                     0,
-                    std::ptr::null_mut(),
+                    stream as *mut c_void,
                     std::ptr::null_mut(),
                     extra.as_mut_ptr(),
                 ),
             )
         }
-        .map_err(|e| self.launch_err(&kernel.kernel, e))?;
-        // SAFETY: plain call.
-        unsafe { self.hip.check("hipDeviceSynchronize", (self.hip.api.synchronize)()) }
-            .map_err(|e| self.launch_err(&kernel.kernel, e))?;
-        let diag = self.hidden.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|h| h[1].clone());
-        if let Some(d) = diag {
-            let mut raw = vec![0u8; d.bytes];
-            self.read(&d, 0, &mut raw)?;
-            if let Some(r) = trident_core::simt::diag::Record::decode(&raw) {
-                self.write(&d, 0, &vec![0u8; d.bytes])?;
-                return Err(BackendError::Execution {
-                    kernel: kernel.kernel.clone(),
-                    program: r.program,
-                    op: "wait".into(),
-                    loc: None,
-                    message: r.message(&format!("{:#x}", r.signal), opts.wait_bound),
-                });
-            }
+        .map_err(|e| self.launch_err(&kernel.kernel, e))
+    }
+
+    fn stream_create(&self) -> Result<RawStream, BackendError> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid out-pointer.
+        self.call("hipStreamCreateWithFlags", unsafe { (self.hip.api.stream_create)(&mut raw, STREAM_NON_BLOCKING) })?;
+        Ok(raw as RawStream)
+    }
+
+    fn stream_destroy(&self, stream: RawStream) {
+        // SAFETY: a stream this device created, destroyed once.
+        let _ = unsafe { (self.hip.api.stream_destroy)(stream as *mut c_void) };
+    }
+
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        // SAFETY: a stream this device created.
+        match unsafe { (self.hip.api.stream_query)(stream as *mut c_void) } {
+            0 => Ok(true),
+            ERROR_NOT_READY => Ok(false),
+            e => self.call("hipStreamQuery", e).map(|_| false),
         }
-        Ok(())
+    }
+
+    fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
+        // SAFETY: the world checked both ranges against their buffers.
+        self.call("hipMemcpyAsync(device to device)", unsafe {
+            (self.hip.api.memcpy_async)(
+                dst as *mut c_void,
+                src as *const c_void,
+                bytes,
+                MEMCPY_DEVICE_TO_DEVICE,
+                stream as *mut c_void,
+            )
+        })
+    }
+
+    fn write_value(&self, stream: RawStream, address: u64, value: u64) -> Result<(), BackendError> {
+        // SAFETY: a live stream and 8 bytes inside an allocation (checked by the caller).
+        self.call("hipStreamWriteValue64", unsafe {
+            (self.hip.api.write_value64)(stream as *mut c_void, address as *mut c_void, value, 0)
+        })
+    }
+
+    fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError> {
+        let flags = match cmp {
+            CmpOp::Ge => WAIT_VALUE_GEQ,
+            CmpOp::Eq => WAIT_VALUE_EQ,
+            other => return Err(BackendError::Host(format!("stream waits support ge and eq, not {other}"))),
+        };
+        // SAFETY: a live stream and 8 bytes inside an allocation (checked by the caller). HIP's
+        // wait takes a mask, unlike CUDA's: all bits.
+        self.call("hipStreamWaitValue64", unsafe {
+            (self.hip.api.wait_value64)(stream as *mut c_void, address as *mut c_void, value, flags, u64::MAX)
+        })
     }
 }

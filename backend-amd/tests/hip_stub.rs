@@ -4,11 +4,14 @@
 //! compiler for the stub; without them the test says so and passes.
 
 use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
 use trident_backend_amd::hip::HipDevice;
 use trident_backend_amd::AmdBackend;
 use trident_core::backend::{Backend, BackendError, Device, KernelArg, LaunchOptions};
 use trident_core::ir::*;
 use trident_core::KernelBuilder;
+use trident_gpu_runtime::{Driver, GpuWorld, GpuWorldOptions};
 
 fn set(k: &str, v: Option<&str>) {
     match v {
@@ -108,8 +111,9 @@ fn hip_calls_argument_packing_and_errors() {
     dev.write(&sig, 0, &0u64.to_le_bytes()).unwrap();
     let s = dev.stream().unwrap();
     std::fs::write(&log, "").unwrap();
-    dev.write_value(&s, &sig, 0, 7).unwrap();
-    dev.wait_value(&s, &sig, 0, 7).unwrap();
+    dev.write_value(s.raw(), sig.address, 7).unwrap();
+    dev.wait_value(s.raw(), sig.address, CmpOp::Ge, 7).unwrap();
+    assert!(dev.stream_idle(s.raw()).unwrap(), "a satisfied wait leaves the stream idle");
     dev.synchronize(&s).unwrap();
     let calls = std::fs::read_to_string(&log).unwrap();
     assert!(calls.contains("hipStreamWriteValue64 7 flags 0"), "{calls}");
@@ -122,12 +126,106 @@ fn hip_calls_argument_packing_and_errors() {
     let h = dev.ipc_handle(&ob).unwrap();
     assert_eq!(dev.open_ipc(h).unwrap(), ob.address);
     set("STUB_HIP_FAIL", Some("hipStreamWaitValue64"));
-    let e = dev.wait_value(&s, &sig, 0, 9).unwrap_err();
+    let e = dev.wait_value(s.raw(), sig.address, CmpOp::Ge, 9).unwrap_err();
     assert!(e.to_string().contains("hipStreamWaitValue64 failed with error 2"), "{e}");
     set("STUB_HIP_FAIL", None);
     drop(s);
     // Wrong arguments never reach HIP.
     let e = dev.launch(&art, [3, 1, 1], &args[..4], &LaunchOptions::default()).unwrap_err();
     assert!(matches!(e, BackendError::Argument { .. }), "{e}");
+    loopback_world_on_the_stub(&log, f);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The launch buffer's hidden words of every `hipModuleLaunchKernel` in `log`:
+/// (rank, ranks, heap-base table, diagnostics record).
+fn hidden_of_launches(log: &std::path::Path) -> Vec<(i32, i32, u64, u64)> {
+    let calls = std::fs::read_to_string(log).unwrap();
+    calls
+        .lines()
+        .filter(|l| l.starts_with("hipModuleLaunchKernel grid"))
+        .map(|l| {
+            assert!(l.contains("stream own"), "world launches go on the rank's stream: {l}");
+            let hex = l.rsplit(' ').next().unwrap();
+            let b: Vec<u8> =
+                (0..hex.len() / 2).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap()).collect();
+            let i32_at = |o: usize| i32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+            let u64_at = |o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+            (i32_at(32), i32_at(36), u64_at(40), u64_at(48))
+        })
+        .collect()
+}
+
+/// The shared GPU runtime's world on HIP: two ranks on the stub device signal each other
+/// through stream memory operations, launch with their own hidden arguments (the heap-base
+/// table lists both heaps), and an unsatisfied stream wait is named and released.
+fn loopback_world_on_the_stub(log: &std::path::Path, kernel: trident_core::Function) {
+    let dev = Arc::new(HipDevice::open(0).unwrap());
+    let mut opts = GpuWorldOptions::new(2);
+    opts.heap_bytes = 1 << 20;
+    opts.stream_wait_bound = Duration::from_millis(300);
+    std::fs::write(log, "").unwrap();
+    let log2 = log.to_path_buf();
+    let out = GpuWorld::run(vec![dev.clone()], opts.clone(), move |ctx| {
+        let (data, flag) = (ctx.symm_alloc(64, "data")?, ctx.symm_alloc(8, "flag")?);
+        let local = ctx.alloc(64, "local")?;
+        if ctx.rank() == 1 {
+            let src = ctx.alloc(64, "src")?;
+            ctx.write(&src, 0, &[9u8; 64])?;
+            ctx.copy(0, &ctx.peer(&data, 0)?, 0, &src, 0, 64)?;
+            ctx.write_signal(0, &ctx.peer(&flag, 0)?, 0, 1)?;
+            ctx.synchronize()?;
+            ctx.barrier()?;
+        } else {
+            ctx.barrier()?;
+            ctx.wait_signal(1, &flag, 0, CmpOp::Ge, 1)?;
+            ctx.copy(1, &local, 0, &data, 0, 64)?;
+        }
+        ctx.synchronize()?;
+        let mut back = vec![0u8; 64];
+        ctx.read(&local, 0, &mut back)?;
+        let k = ctx.compile("axpy", &|| Ok(kernel.clone()))?;
+        ctx.launch(
+            0,
+            &k,
+            [3, 1, 1],
+            &[data.arg(), data.arg(), KernelArg::i32(16), KernelArg::f32(1.0), KernelArg::i64(0)],
+        )?;
+        ctx.synchronize()?;
+        ctx.barrier()?;
+        // Both ranks launched: the table every launch received lists both heaps.
+        let launches = hidden_of_launches(&log2);
+        let &(_, _, table, _) = launches.iter().find(|l| l.0 == ctx.rank() as i32).unwrap();
+        let mut raw = [0u8; 16];
+        ctx.read(&trident_core::backend::Buffer { name: "table".into(), address: table, bytes: 16 }, 0, &mut raw)?;
+        let bases =
+            [u64::from_le_bytes(raw[..8].try_into().unwrap()), u64::from_le_bytes(raw[8..].try_into().unwrap())];
+        assert_eq!(bases, [ctx.peer(&data, 0)?.address, ctx.peer(&data, 1)?.address]);
+        Ok(back)
+    })
+    .unwrap();
+    assert_eq!(out[0], vec![9u8; 64], "rank 1's data reached rank 0 after its signal");
+    let launches = hidden_of_launches(log);
+    let mut ranks: Vec<(i32, i32)> = launches.iter().map(|l| (l.0, l.1)).collect();
+    ranks.sort();
+    assert_eq!(ranks, [(0, 2), (1, 2)]);
+    assert_ne!(launches[0].3, launches[1].3, "each rank has its own diagnostics record");
+    let calls = std::fs::read_to_string(log).unwrap();
+    assert!(calls.contains("hipStreamCreateWithFlags flags 1"), "non-blocking streams: {calls}");
+    assert!(calls.contains("hipMemcpyAsync 64 kind 3"), "{calls}");
+
+    // A stream wait nobody satisfies is named, released, and the world fails with it.
+    let e = GpuWorld::run(vec![dev], opts, |ctx| {
+        let flag = ctx.symm_alloc(16, "flag")?;
+        if ctx.rank() == 0 {
+            ctx.wait_signal(2, &flag, 8, CmpOp::Eq, 5)?;
+        }
+        ctx.synchronize()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("rank 0") && e.contains("signal `flag@rank0`[1] expected eq 5, seen 0; the wait was released"),
+        "{e}"
+    );
 }

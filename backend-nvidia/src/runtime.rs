@@ -11,8 +11,11 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::Mutex;
 use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::ir::CmpOp;
 use trident_core::ir::{DType, Literal};
-use trident_core::simt::{diag, hidden_args};
+use trident_gpu_runtime::diagnostics::Allocations;
+use trident_gpu_runtime::hidden::HiddenBuffers;
+use trident_gpu_runtime::{check_resident, Driver, RawStream};
 
 /// Whether the CUDA driver library can be loaded here.
 pub fn driver_available() -> Result<(), String> {
@@ -46,10 +49,10 @@ pub struct CudaDevice {
     /// Multiprocessors (for the occupancy check of cooperative launches).
     pub(crate) sms: u32,
     modules: Mutex<HashMap<String, Loaded>>,
-    /// Live allocations (address, bytes, name), to name buffers in diagnostics.
-    live: Mutex<Vec<(u64, usize, String)>>,
-    /// The heap-base table and the wait-diagnostics record every kernel receives.
-    hidden: Mutex<Option<(Buffer, Buffer, Buffer)>>,
+    /// Live allocations, to name buffers in diagnostics.
+    names: Allocations,
+    /// The hidden buffers of single-rank launches.
+    hidden: HiddenBuffers,
 }
 
 // SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
@@ -87,8 +90,8 @@ impl CudaDevice {
             name,
             sms,
             modules: Mutex::new(HashMap::new()),
-            live: Mutex::new(Vec::new()),
-            hidden: Mutex::new(None),
+            names: Allocations::default(),
+            hidden: HiddenBuffers::default(),
         };
         d.current()?;
         Ok(d)
@@ -192,22 +195,6 @@ impl CudaDevice {
 }
 
 impl CudaDevice {
-    fn hidden_buffers(&self) -> Result<(Buffer, Buffer, Buffer), BackendError> {
-        if let Some(h) = self.hidden.lock().unwrap_or_else(|e| e.into_inner()).clone() {
-            return Ok(h);
-        }
-        // One rank: symm_at(p, 0) is p, whatever the base.
-        let table = self.alloc(8, "__heap_bases")?;
-        self.write(&table, 0, &0u64.to_le_bytes())?;
-        let diag = self.alloc(8 * diag::WORDS, "__wait_diagnostics")?;
-        let barrier = self.alloc(16, "__barrier_all")?;
-        // Fresh allocations may hold old bytes: a stale flag would abort every wait.
-        self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
-        self.write(&barrier, 0, &[0u8; 16])?;
-        *self.hidden.lock().unwrap_or_else(|e| e.into_inner()) = Some((table.clone(), diag.clone(), barrier.clone()));
-        Ok((table, diag, barrier))
-    }
-
     /// Enqueues a launch on the legacy default stream and returns at once (benchmarks time
     /// batches of these with events); [`CudaDevice::finish`] waits and reports timed-out waits.
     pub fn enqueue(
@@ -217,13 +204,9 @@ impl CudaDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         check_launch(kernel, grid, args, u64::MAX)?;
-        self.current()?;
-        let f = self.function(kernel, module)?;
-        let (table, diag, barrier) = self.hidden_buffers()?;
-        let hidden = hidden_args(0, 1, table.address, diag.address, opts.wait_bound, barrier.address);
-        launch_raw(kernel, module, f, grid, std::ptr::null_mut(), args, hidden, self.sms, 1)
+        let hidden = self.hidden.args(self, opts.wait_bound)?;
+        self.launch_on(0, kernel, grid, args, hidden, 1)
     }
 
     /// Waits for everything enqueued and reports a timed-out wait of `kernel`'s launches.
@@ -233,41 +216,7 @@ impl CudaDevice {
             kernel: kernel.to_string(),
             message: format!("kernel execution: {e:?}"),
         })?;
-        let (_, diag, barrier) = self.hidden_buffers()?;
-        let r = self.check_waits(kernel, &diag, opts.wait_bound);
-        if r.is_err() {
-            // A stopped launch may leave the record set and a `barrier_all` count mid-round.
-            self.write(&diag, 0, &[0u8; 8 * diag::WORDS])?;
-            self.write(&barrier, 0, &[0u8; 16])?;
-        }
-        r
-    }
-
-    /// Turns a timed-out wait's record into an error naming rank, program, signal, expected, seen.
-    pub(crate) fn check_waits(
-        &self,
-        kernel: &str,
-        diag_buf: &Buffer,
-        bound: std::time::Duration,
-    ) -> Result<(), BackendError> {
-        let mut raw = [0u8; 8 * diag::WORDS];
-        self.read(diag_buf, 0, &mut raw)?;
-        let Some(r) = diag::Record::decode(&raw) else { return Ok(()) };
-        let place = self
-            .live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .find(|(a, n, _)| r.signal >= *a && r.signal < a + *n as u64)
-            .map(|(a, _, name)| format!("`{name}`[{}]", (r.signal - a) / 8))
-            .unwrap_or_else(|| format!("{:#x}", r.signal));
-        Err(BackendError::Execution {
-            kernel: kernel.to_string(),
-            program: r.program,
-            op: "wait".into(),
-            loc: None,
-            message: r.message(&place, bound),
-        })
+        self.hidden.check(self, kernel, &self.names, opts.wait_bound)
     }
 }
 
@@ -312,18 +261,7 @@ pub(crate) fn launch_raw(
             )
         }
         .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
-        let fit = per_sm.max(0) as u64 * sms as u64;
-        let total = grid.iter().map(|&x| x as u64).product::<u64>();
-        if total * sharing as u64 > fit {
-            let why = if kernel.attrs.cooperative { "cooperative launch" } else { "launch of a waiting kernel" };
-            let ranks = if sharing > 1 { format!(" x {sharing} ranks sharing the GPU") } else { String::new() };
-            return Err(BackendError::Launch {
-                kernel: kernel.kernel.clone(),
-                message: format!(
-                    "{why} of {total} programs{ranks}: at most {fit} can be resident ({per_sm} per SM x {sms} SMs)"
-                ),
-            });
-        }
+        check_resident(kernel, grid, sharing, per_sm.max(0) as u64, sms)?;
     }
     if kernel.attrs.cooperative {
         // SAFETY: as below; cooperative launches take the same parameter array.
@@ -363,13 +301,14 @@ impl Device for CudaDevice {
             buffer: name.to_string(),
             message: format!("cuMemAlloc of {bytes} bytes: {e:?}"),
         })?;
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).push((ptr, bytes, name.to_string()));
-        Ok(Buffer { name: name.to_string(), address: ptr, bytes })
+        let b = Buffer { name: name.to_string(), address: ptr, bytes };
+        self.names.insert(&b);
+        Ok(b)
     }
 
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
         self.current()?;
-        self.live.lock().unwrap_or_else(|e| e.into_inner()).retain(|(a, _, _)| *a != buffer.address);
+        self.names.remove(buffer.address);
         // SAFETY: `buffer.address` came from `alloc` on this device.
         unsafe { result::free_sync(buffer.address) }.map_err(|e| Self::buffer_err(buffer, "cuMemFree", e))
     }
@@ -409,5 +348,104 @@ impl Device for CudaDevice {
     ) -> Result<(), BackendError> {
         self.enqueue(kernel, grid, args, opts)?;
         self.finish(&kernel.kernel, opts)
+    }
+}
+
+fn stream_err(what: &str, e: result::DriverError) -> BackendError {
+    BackendError::Host(format!("{what}: {e:?}"))
+}
+
+/// The CUDA side of the shared GPU runtime (`trident_gpu_runtime`): streams are `CUstream`s
+/// carried as integers, waits are `cuStreamWaitValue64`.
+impl Driver for CudaDevice {
+    fn compiler(&self) -> &dyn trident_core::backend::Backend {
+        &crate::NvidiaBackend
+    }
+
+    fn target(&self) -> Option<String> {
+        None
+    }
+
+    fn multiprocessors(&self) -> u32 {
+        self.sms
+    }
+
+    fn allocations(&self) -> &Allocations {
+        &self.names
+    }
+
+    fn bind(&self) -> Result<(), BackendError> {
+        self.current()
+    }
+
+    fn load(&self, kernel: &Artifact) -> Result<(), BackendError> {
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
+        self.current()?;
+        self.function(kernel, module).map(|_| ())
+    }
+
+    fn launch_on(
+        &self,
+        stream: RawStream,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        hidden: [KernelArg; 6],
+        sharing: u32,
+    ) -> Result<(), BackendError> {
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
+        self.current()?;
+        let f = self.function(kernel, module)?;
+        launch_raw(kernel, module, f, grid, stream as sys::CUstream, args, hidden, self.sms, sharing)
+    }
+
+    fn stream_create(&self) -> Result<RawStream, BackendError> {
+        self.current()?;
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| stream_err("cuStreamCreate", e))?;
+        Ok(s as RawStream)
+    }
+
+    fn stream_destroy(&self, stream: RawStream) {
+        // SAFETY: a stream this device created; the world drained it before.
+        let _ = unsafe { result::stream::destroy(stream as sys::CUstream) };
+    }
+
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        // SAFETY: a stream this device created.
+        match unsafe { sys::cuStreamQuery(stream as sys::CUstream) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => Err(BackendError::Host(format!("cuStreamQuery: {other:?}"))),
+        }
+    }
+
+    fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
+        self.current()?;
+        // SAFETY: the world checked both ranges against their buffers.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, bytes, stream as sys::CUstream) }
+            .result()
+            .map_err(|e| stream_err("cuMemcpyDtoDAsync", e))
+    }
+
+    fn write_value(&self, stream: RawStream, address: u64, value: u64) -> Result<(), BackendError> {
+        self.current()?;
+        // SAFETY: `address` is 8 bytes inside a device buffer (checked by the world).
+        unsafe { sys::cuStreamWriteValue64_v2(stream as sys::CUstream, address, value, 0) }
+            .result()
+            .map_err(|e| stream_err("cuStreamWriteValue64", e))
+    }
+
+    fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError> {
+        let flags = match cmp {
+            CmpOp::Ge => 0, // CU_STREAM_WAIT_VALUE_GEQ
+            CmpOp::Eq => 1, // CU_STREAM_WAIT_VALUE_EQ
+            other => return Err(BackendError::Host(format!("stream waits support ge and eq, not {other}"))),
+        };
+        self.current()?;
+        // SAFETY: `address` is 8 bytes inside a device buffer (checked by the world).
+        unsafe { sys::cuStreamWaitValue64_v2(stream as sys::CUstream, address, value, flags) }
+            .result()
+            .map_err(|e| stream_err("cuStreamWaitValue64", e))
     }
 }

@@ -1,0 +1,94 @@
+//! The vendor surface a GPU world needs, and nothing more.
+//!
+//! A vendor crate implements [`Driver`] over its runtime (CUDA's driver API through `cudarc`,
+//! HIP through `libloading`); everything above it (heaps, barrier, diagnostics, watchdog, the
+//! world) is written once in this crate. Memory comes from the [`Device`] half (alloc, free,
+//! synchronous write and read); the rest is streams and what is enqueued on them.
+
+use trident_core::backend::{Artifact, Backend, BackendError, Device, KernelArg};
+use trident_core::ir::CmpOp;
+
+use crate::diagnostics::Allocations;
+
+/// A stream handle as the vendor runtime gives it (a pointer, carried as an integer so that
+/// handles cross threads; only the driver that made it interprets it).
+pub type RawStream = u64;
+
+pub trait Driver: Device + Send + Sync + 'static {
+    /// The backend that compiles kernels for this device.
+    fn compiler(&self) -> &dyn Backend;
+    /// The compile target of this device (`None`: the backend's default).
+    fn target(&self) -> Option<String>;
+    /// Multiprocessors (compute units): with the occupancy, how many programs can be resident.
+    fn multiprocessors(&self) -> u32;
+    /// The names of this device's live allocations (diagnostics name signals with them).
+    fn allocations(&self) -> &Allocations;
+    /// Lets kernels on this device load and store `peer`'s memory (the peer world: one rank per
+    /// GPU of a node). Drivers without it refuse worlds of several devices.
+    fn enable_peer(&self, peer: &Self) -> Result<(), BackendError>
+    where
+        Self: Sized,
+    {
+        let _ = peer;
+        Err(BackendError::Host(format!(
+            "the {} driver has no peer access yet: worlds of several devices are refused",
+            self.backend()
+        )))
+    }
+    /// Makes this device current for the calling thread's later calls.
+    fn bind(&self) -> Result<(), BackendError>;
+    /// Loads `kernel`'s module now. A world loads every kernel on every rank before any rank
+    /// launches it: a module loaded lazily cannot load while another rank's kernel spins.
+    fn load(&self, kernel: &Artifact) -> Result<(), BackendError>;
+    /// Enqueues `kernel` on `stream` with `args` followed by the `hidden` parameters. `sharing`
+    /// ranks launch this grid on the device at the same time: a launch whose programs wait (or a
+    /// cooperative one) must fit together with theirs, and is refused with a typed error
+    /// otherwise, never started to deadlock.
+    fn launch_on(
+        &self,
+        stream: RawStream,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        hidden: [KernelArg; 6],
+        sharing: u32,
+    ) -> Result<(), BackendError>;
+    /// A stream that does not synchronize with the legacy default stream.
+    fn stream_create(&self) -> Result<RawStream, BackendError>;
+    fn stream_destroy(&self, stream: RawStream);
+    /// Whether everything enqueued on `stream` has completed (never blocks).
+    fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError>;
+    /// Enqueues a copy-engine copy between device addresses (any rank's heap on this node).
+    fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError>;
+    /// Enqueues a 64-bit store of `value` at `address`, after the stream's earlier work.
+    fn write_value(&self, stream: RawStream, address: u64, value: u64) -> Result<(), BackendError>;
+    /// Enqueues a wait until the 64-bit word at `address` satisfies `word <cmp> value`
+    /// (`ge` and `eq`; other comparisons are a typed error).
+    fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError>;
+}
+
+/// Refuses a launch whose programs must all be resident at once (a cooperative launch, or one
+/// whose programs wait while `sharing` ranks launch the same grid on the device) when
+/// `per_mp` programs per multiprocessor times `mps` multiprocessors cannot hold them: a typed
+/// error, never a launch started to deadlock.
+pub fn check_resident(
+    kernel: &Artifact,
+    grid: [u32; 3],
+    sharing: u32,
+    per_mp: u64,
+    mps: u32,
+) -> Result<(), BackendError> {
+    let fit = per_mp * mps as u64;
+    let total = grid.iter().map(|&x| x as u64).product::<u64>();
+    if total * sharing as u64 <= fit {
+        return Ok(());
+    }
+    let why = if kernel.attrs.cooperative { "cooperative launch" } else { "launch of a waiting kernel" };
+    let ranks = if sharing > 1 { format!(" x {sharing} ranks sharing the GPU") } else { String::new() };
+    Err(BackendError::Launch {
+        kernel: kernel.kernel.clone(),
+        message: format!(
+            "{why} of {total} programs{ranks}: at most {fit} can be resident ({per_mp} per multiprocessor x {mps})"
+        ),
+    })
+}

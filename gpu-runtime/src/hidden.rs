@@ -1,0 +1,62 @@
+//! The hidden buffers of a single-device launch (`Device::launch`, one rank): a heap-base table
+//! whose one entry is 0 (so `symm_at(p, 0)` is `p`), the wait-diagnostics record and the two
+//! words of `barrier_all`. Made once per device, zeroed, and reset after a launch whose wait
+//! timed out (a stopped launch may leave the record set and a barrier count mid-round).
+
+use crate::diagnostics::{wait_error, Allocations};
+use std::sync::Mutex;
+use std::time::Duration;
+use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
+use trident_core::simt::{diag, hidden_args};
+
+#[derive(Default)]
+pub struct HiddenBuffers {
+    /// Heap-base table, diagnostics record, `barrier_all` words.
+    made: Mutex<Option<[Buffer; 3]>>,
+}
+
+impl HiddenBuffers {
+    fn buffers(&self, dev: &dyn Device) -> Result<[Buffer; 3], BackendError> {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = made.as_ref() {
+            return Ok(b.clone());
+        }
+        let b = [
+            dev.alloc(8, "__heap_bases")?,
+            dev.alloc(8 * diag::WORDS, "__wait_diagnostics")?,
+            dev.alloc(16, "__barrier_all")?,
+        ];
+        // Fresh allocations may hold old bytes: a stale flag would abort every wait.
+        for x in &b {
+            dev.write(x, 0, &vec![0u8; x.bytes])?;
+        }
+        *made = Some(b.clone());
+        Ok(b)
+    }
+
+    /// The hidden parameters of a launch of one rank alone on `dev`.
+    pub fn args(&self, dev: &dyn Device, wait_bound: Duration) -> Result<[KernelArg; 6], BackendError> {
+        let [table, d, barrier] = self.buffers(dev)?;
+        Ok(hidden_args(0, 1, table.address, d.address, wait_bound, barrier.address))
+    }
+
+    /// After the launches completed: the error of a timed-out wait, if one was recorded (and the
+    /// record and the barrier words are reset for the next launch).
+    pub fn check(
+        &self,
+        dev: &dyn Device,
+        kernel: &str,
+        names: &Allocations,
+        bound: Duration,
+    ) -> Result<(), BackendError> {
+        let Some([_, d, barrier]) = self.made.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
+        let mut raw = vec![0u8; d.bytes];
+        dev.read(&d, 0, &mut raw)?;
+        let r = wait_error(kernel, &raw, names, bound);
+        if r.is_err() {
+            dev.write(&d, 0, &vec![0u8; d.bytes])?;
+            dev.write(&barrier, 0, &[0u8; 16])?;
+        }
+        r
+    }
+}

@@ -1,0 +1,21 @@
+//! trident-gpu-runtime: what every GPU world needs, written once against a small [`Driver`]
+//! trait that each vendor crate implements (all FFI stays in the vendor crates' `runtime`/`hip`
+//! modules).
+//!
+//! Owns: the world of ranks on GPUs ([`world::GpuWorld`]: one host thread per rank, each rank's
+//! symmetric heap and the `__heap_bases` table, loading every kernel on every rank before any
+//! rank launches it, residency of waiting kernels), the host barrier a failing rank breaks
+//! ([`barrier`]), the names of live allocations and the decoding of a timed-out wait's record
+//! into an error ([`diagnostics`]), the watchdog of stream waits ([`watchdog`]) and the hidden
+//! buffers of single-device launches ([`hidden`]). It does not own code generation (the
+//! backends) nor the host API of a rank (`trident_core::world::RankCtx`).
+
+pub mod barrier;
+pub mod diagnostics;
+pub mod driver;
+pub mod hidden;
+pub mod watchdog;
+pub mod world;
+
+pub use driver::{check_resident, Driver, RawStream};
+pub use world::{GpuWorld, GpuWorldOptions};

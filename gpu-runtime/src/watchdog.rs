@@ -1,0 +1,95 @@
+//! The watchdog of stream waits.
+//!
+//! A stream wait (`cuStreamWaitValue64`, `hipStreamWaitValue64`) has no timeout of its own, so
+//! `synchronize` is its watchdog: it polls a rank's streams up to a bound; a stream still
+//! blocked then has its unsatisfied waits named (rank, stream, signal buffer and index,
+//! expected, seen) and released (the host writes the awaited value from a helper stream, so the
+//! device drains and the process can go on), and the call fails with that diagnostic.
+
+use crate::driver::{Driver, RawStream};
+use std::time::{Duration, Instant};
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::CmpOp;
+use trident_core::world::StreamId;
+
+/// A `wait_signal` as the watchdog needs it.
+#[derive(Clone, Debug)]
+pub struct StreamWait {
+    pub stream: StreamId,
+    pub signal: String,
+    pub index: usize,
+    pub address: u64,
+    pub cmp: CmpOp,
+    pub value: u64,
+}
+
+/// Polls `s` until it is idle (true) or `deadline` passed (false), backing off to 2 ms naps.
+pub fn drain(dev: &dyn Driver, s: RawStream, deadline: Instant) -> Result<bool, BackendError> {
+    let mut nap = Duration::from_micros(20);
+    loop {
+        if dev.stream_idle(s)? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(nap);
+        nap = (nap * 2).min(Duration::from_millis(2));
+    }
+}
+
+/// The 64-bit word at `address`, read now (a synchronous copy that does not wait for a stream
+/// that is stuck).
+fn word(dev: &dyn Driver, address: u64) -> Result<u64, BackendError> {
+    let mut raw = [0u8; 8];
+    let b = Buffer { name: "(watchdog)".into(), address, bytes: 8 };
+    dev.read(&b, 0, &mut raw)?;
+    Ok(u64::from_le_bytes(raw))
+}
+
+/// The verdict on stream `id` of `rank`, still blocked after `bound`: names its unsatisfied
+/// waits among `pending`, releases them and drains `streams` (another `bound` at most).
+pub fn release_stuck(
+    dev: &dyn Driver,
+    rank: usize,
+    id: StreamId,
+    pending: &[StreamWait],
+    streams: &[(StreamId, RawStream)],
+    bound: Duration,
+) -> BackendError {
+    let mut blocked = Vec::new();
+    for w in pending.iter().filter(|w| w.stream == id) {
+        match word(dev, w.address) {
+            Ok(v) if w.cmp.holds(v, w.value) => {}
+            Ok(v) => blocked.push((w, v)),
+            Err(e) => return e,
+        }
+    }
+    let what = match blocked.first() {
+        Some((w, seen)) => format!(
+            "stream wait timed out after {bound:?} on rank {rank}, stream {id}: signal `{}`[{}] expected {} {}, seen {seen}; the wait was released and the stream drained",
+            w.signal, w.index, w.cmp, w.value
+        ),
+        None => format!(
+            "rank {rank}, stream {id} still busy after {bound:?} with no unsatisfied stream wait (a kernel longer than the bound?)"
+        ),
+    };
+    if let Ok(helper) = dev.stream_create() {
+        for (w, _) in &blocked {
+            let _ = dev.write_value(helper, w.address, w.value);
+        }
+        let later = Instant::now() + bound;
+        let _ = drain(dev, helper, later);
+        dev.stream_destroy(helper);
+        for (_, s) in streams {
+            let _ = drain(dev, *s, later);
+        }
+    }
+    BackendError::Execution {
+        kernel: format!("stream {id} of rank {rank}"),
+        program: [0; 3],
+        op: "wait_signal".into(),
+        loc: None,
+        message: what,
+    }
+}
