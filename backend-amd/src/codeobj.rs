@@ -35,8 +35,24 @@ fn version_of(tool: &Path) -> Option<(u32, String)> {
     Some((major, line))
 }
 
-/// Finds `llc` and `ld.lld` of LLVM 19 or newer.
+/// Finds `llc` and `ld.lld` of LLVM 19 or newer (looked up once per process and value of
+/// `TRIDENT_LLVM_DIR`: asking the tools their version costs two process starts).
 pub fn tools() -> Result<Tools, CodeObjectError> {
+    type Found = (Option<std::ffi::OsString>, Result<Tools, CodeObjectError>);
+    static FOUND: std::sync::Mutex<Option<Found>> = std::sync::Mutex::new(None);
+    let dir = std::env::var_os("TRIDENT_LLVM_DIR");
+    let mut found = FOUND.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((d, r)) = found.as_ref() {
+        if *d == dir {
+            return r.clone();
+        }
+    }
+    let r = find_tools();
+    *found = Some((dir, r.clone()));
+    r
+}
+
+fn find_tools() -> Result<Tools, CodeObjectError> {
     let mut tried = Vec::new();
     let candidates: Vec<(PathBuf, PathBuf)> = match std::env::var_os("TRIDENT_LLVM_DIR") {
         Some(d) => {

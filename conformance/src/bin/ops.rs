@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use trident_conformance::cli::{self, usage};
-use trident_conformance::ops::matrix::{cell, Matrix, COLUMNS};
+use trident_conformance::ops::matrix::{cell, Cell, Matrix, COLUMNS};
 use trident_conformance::ops::run::{Outcome, Runner, Status};
 use trident_conformance::ops::{cases, OpCase};
 use trident_core::backend::{self, BackendError};
@@ -56,6 +56,32 @@ struct Args {
     /// (`cargo xtask ptx-check` assembles them).
     #[arg(long)]
     emit: Option<PathBuf>,
+}
+
+/// Whether this machine has what a column's compile needs: the `amd` column's cells are
+/// checked code objects, made with LLVM 19's tools.
+fn column_tools(column: &str) -> Result<(), String> {
+    match column {
+        "amd" => trident_backend_amd::codeobj::tools().map(|_| ()).map_err(|e| e.to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// The cells of `cases` on `runners`, compiled on every core (a column's check compiles every
+/// case for every target: the amd column runs `llc` and `ld.lld` for each when not cached).
+fn cells_in_parallel(runners: &[Runner], cases: &[&(usize, OpCase)]) -> Vec<Result<Cell, String>> {
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 16);
+    let chunk = cases.len().div_ceil(workers).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .chunks(chunk)
+            .map(|part| (part.len(), s.spawn(move || part.iter().map(|(_, c)| cell(runners, c)).collect::<Vec<_>>())))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|(n, h)| h.join().unwrap_or_else(|_| vec![Err("a compile thread panicked".to_string()); n]))
+            .collect()
+    })
 }
 
 /// Runners (one per target) for a matrix column's backend, compile-only.
@@ -141,6 +167,9 @@ fn main() -> ExitCode {
         if a.op.is_some() || dtype.is_some() {
             return usage("--bless rewrites the whole matrix: give no --op or --dtype");
         }
+        if let Err(why) = column_tools("amd") {
+            return usage(format!("--bless writes the amd column from checked code objects: {why}"));
+        }
         let mut m = Matrix::default();
         for (_, c) in &base_cases {
             for (col, _) in COLUMNS {
@@ -163,10 +192,18 @@ fn main() -> ExitCode {
     };
     let column = COLUMNS.iter().find(|c| c.0 == desc.name).map(|c| c.0);
     let mut disagreements = Vec::new();
-    if let Some(col) = column {
+    let checkable = match column.map(column_tools) {
+        Some(Err(why)) => {
+            println!("support matrix: skipped: the {} column is not checked here: {why}", desc.name);
+            false
+        }
+        _ => true,
+    };
+    if let Some(col) = column.filter(|_| checkable) {
         let runners = column_runners(&backends, col);
-        for (_, c) in &base_cases {
-            let got = match cell(&runners, c) {
+        let cells = cells_in_parallel(&runners, &base_cases);
+        for ((_, c), got) in base_cases.iter().zip(cells) {
+            let got = match got {
                 Ok(x) => x,
                 Err(e) => {
                     disagreements.push(e);
@@ -291,9 +328,10 @@ fn emit(
             let art = match b.compile(&f, target) {
                 Ok(a) => a,
                 Err(e) => {
-                    // Refusals are the support matrix's business (its compile-only check);
-                    // `amd` has no column yet, so there anything but the lowering's refusals (a
-                    // writer, the assembler, a code-object check) is a failure.
+                    // Refusals are the support matrix's business (its compile-only check),
+                    // except for cases it does not hold (fast math): there, for amd, anything
+                    // but the lowering's refusals (a writer, the assembler, a code-object check)
+                    // is a failure.
                     let refusal = e.to_string().contains("not supported") || e.to_string().contains("refuse");
                     if desc.name == "amd" && !refusal {
                         eprintln!("{} {} {}: {e}", c.op_name(), c.dtype, lay.text());
