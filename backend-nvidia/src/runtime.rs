@@ -374,6 +374,18 @@ impl Driver for CudaDevice {
         &self.names
     }
 
+    fn enable_peer(&self, peer: &Self) -> Result<(), BackendError> {
+        self.current()?;
+        // SAFETY: both are retained primary contexts of this process.
+        match unsafe { sys::cuCtxEnablePeerAccess(peer.ctx, 0) } {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            other => Err(BackendError::Host(format!(
+                "cuCtxEnablePeerAccess from {} to {}: {other:?} (no peer access between these GPUs?)",
+                self.name, peer.name
+            ))),
+        }
+    }
+
     fn bind(&self) -> Result<(), BackendError> {
         self.current()
     }
