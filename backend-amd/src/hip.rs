@@ -294,15 +294,19 @@ impl HipDevice {
 
     /// Milliseconds between two events recorded on `s` around `work`.
     pub fn time_ms(&self, s: &Stream, work: &mut dyn FnMut() -> Result<(), BackendError>) -> Result<f32, BackendError> {
+        self.time_on(s.raw, work)
+    }
+
+    fn time_on(&self, s: *mut c_void, work: &mut dyn FnMut() -> Result<(), BackendError>) -> Result<f32, BackendError> {
         let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers, live stream, events destroyed below.
         unsafe {
             self.call("hipEventCreate", (self.hip.api.event_create)(&mut a))?;
             self.call("hipEventCreate", (self.hip.api.event_create)(&mut b))?;
             let r = (|| {
-                self.call("hipEventRecord", (self.hip.api.event_record)(a, s.raw))?;
+                self.call("hipEventRecord", (self.hip.api.event_record)(a, s))?;
                 work()?;
-                self.call("hipEventRecord", (self.hip.api.event_record)(b, s.raw))?;
+                self.call("hipEventRecord", (self.hip.api.event_record)(b, s))?;
                 self.call("hipEventSynchronize", (self.hip.api.event_synchronize)(b))?;
                 let mut ms = 0f32;
                 self.call("hipEventElapsedTime", (self.hip.api.event_elapsed)(&mut ms, a, b))?;
@@ -523,6 +527,25 @@ impl Driver for HipDevice {
             )
         }
         .map_err(|e| self.launch_err(&kernel.kernel, e))
+    }
+
+    fn device_name(&self) -> String {
+        format!("AMD {}", self.target.as_deref().unwrap_or("GPU"))
+    }
+
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.bind()?;
+        // SAFETY: plain call.
+        self.call("hipDeviceSynchronize", unsafe { (self.hip.api.synchronize)() })
+    }
+
+    fn time_enqueued(
+        &self,
+        stream: RawStream,
+        enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<std::time::Duration, BackendError> {
+        let ms = self.time_on(stream as *mut c_void, enqueue)?;
+        Ok(std::time::Duration::from_secs_f64(ms as f64 / 1e3))
     }
 
     fn stream_create(&self) -> Result<RawStream, BackendError> {

@@ -411,6 +411,28 @@ impl Driver for CudaDevice {
         launch_raw(kernel, module, f, grid, stream as sys::CUstream, args, hidden, self.sms, sharing)
     }
 
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.current()?;
+        result::ctx::synchronize().map_err(|e| stream_err("cuCtxSynchronize", e))
+    }
+
+    fn time_enqueued(
+        &self,
+        stream: RawStream,
+        enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<std::time::Duration, BackendError> {
+        let (a, b) = (crate::event::Event::new(self)?, crate::event::Event::new(self)?);
+        a.record(stream as sys::CUstream)?;
+        enqueue()?;
+        b.record(stream as sys::CUstream)?;
+        b.synchronize()?;
+        b.elapsed_since(&a)
+    }
+
     fn stream_create(&self) -> Result<RawStream, BackendError> {
         self.current()?;
         let s = result::stream::create(result::stream::StreamKind::NonBlocking)

@@ -53,6 +53,17 @@ pub trait Driver: Device + Send + Sync + 'static {
         hidden: [KernelArg; 6],
         sharing: u32,
     ) -> Result<(), BackendError>;
+    /// The device's name for reports ("NVIDIA H200", "AMD gfx942").
+    fn device_name(&self) -> String;
+    /// Waits for all work on the device (every stream).
+    fn synchronize_device(&self) -> Result<(), BackendError>;
+    /// Device time of the work `enqueue` puts on `stream`: events recorded before and after it,
+    /// waited for (benchmarks time host orchestration this way).
+    fn time_enqueued(
+        &self,
+        stream: RawStream,
+        enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<std::time::Duration, BackendError>;
     /// A stream that does not synchronize with the legacy default stream.
     fn stream_create(&self) -> Result<RawStream, BackendError>;
     fn stream_destroy(&self, stream: RawStream);

@@ -193,6 +193,23 @@ impl Driver for FakeDevice {
         self.node.streams.lock().unwrap().get_mut(&stream).unwrap().push_back(op);
         Ok(())
     }
+    fn device_name(&self) -> String {
+        format!("fake device {}", self.id)
+    }
+    fn synchronize_device(&self) -> Result<(), BackendError> {
+        self.node.progress();
+        Ok(())
+    }
+    fn time_enqueued(
+        &self,
+        _: RawStream,
+        enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<Duration, BackendError> {
+        let t = std::time::Instant::now();
+        enqueue()?;
+        self.node.progress();
+        Ok(t.elapsed())
+    }
     fn stream_create(&self) -> Result<RawStream, BackendError> {
         let mut streams = self.node.streams.lock().unwrap();
         let id = 0x5000 + streams.len() as u64;

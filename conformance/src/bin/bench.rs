@@ -1,6 +1,7 @@
-//! `trident-bench`: times the library's kernels on the GPU with CUDA events and compares them
-//! with a baseline measured in the same run (cuBLAS and PyTorch through `bench/baseline.py`),
-//! next to the roofline. Every timed kernel is first checked against an f64 host reference on
+//! `trident-bench`: times the library's kernels on the GPU with the vendor's events (through the
+//! shared runtime's `Driver`: CUDA or HIP) and compares them with a baseline measured in the same
+//! run (cuBLAS or rocBLAS/hipBLASLt under PyTorch, through `bench/baseline.py`), next to the
+//! roofline. Every timed kernel is first checked against an f64 host reference on
 //! fresh random inputs with poisoned outputs.
 //!
 //! `trident-bench --cases` prints the cases (one per line) for the baseline script;
@@ -10,16 +11,22 @@ use clap::Parser;
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 use std::sync::Arc;
-use trident_backend_nvidia::event::Event;
-use trident_backend_nvidia::runtime::CudaDevice;
 use trident_conformance::host::{decode, encode, poison, random};
-use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
+use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::DType;
+use trident_gpu_runtime::hidden::HiddenBuffers;
+use trident_gpu_runtime::Driver;
 use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, Launcher};
 
-/// H200 SXM peaks (NVIDIA datasheet): dense bf16 tensor-core FLOP/s and HBM3e bandwidth.
-const PEAK_BF16_FLOPS: f64 = 989e12;
-const PEAK_HBM_BYTES: f64 = 4.8e12;
+/// Dense bf16 matrix FLOP/s and HBM bandwidth of the device, from the vendors' datasheets:
+/// H200 SXM (989 TF/s, 4.8 TB/s), MI300X (1307 TF/s, 5.3 TB/s); unknown devices use the H200's.
+fn peaks(device: &str) -> (f64, f64) {
+    if device.contains("gfx942") || device.contains("MI300") {
+        (1307.4e12, 5.3e12)
+    } else {
+        (989e12, 4.8e12)
+    }
+}
 
 #[derive(Parser)]
 #[command(about = "trident kernels vs a baseline measured in the same run, with the roofline")]
@@ -77,10 +84,11 @@ impl Case {
     }
 
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
-    fn floor_ms(&self) -> f64 {
+    fn floor_ms(&self, device: &str) -> f64 {
         let (flops, bytes) = self.work();
-        let compute = if self.name == "gemm" { flops / PEAK_BF16_FLOPS } else { 0.0 };
-        compute.max(bytes / PEAK_HBM_BYTES) * 1e3
+        let (peak_flops, peak_bytes) = peaks(device);
+        let compute = if self.name == "gemm" { flops / peak_flops } else { 0.0 };
+        compute.max(bytes / peak_bytes) * 1e3
     }
 }
 
@@ -97,28 +105,41 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// `Device` whose launches are enqueued without waiting, so a kernel's host orchestration can be
-/// timed with events around it.
-struct Enqueuing(Arc<CudaDevice>);
+/// A device whose launches are enqueued on the default stream without waiting, so a kernel's
+/// host orchestration can be timed with events around it; [`Enqueuing::finish`] waits and
+/// reports a timed-out wait.
+struct Enqueuing {
+    drv: Arc<dyn Driver>,
+    hidden: HiddenBuffers,
+}
+
+impl Enqueuing {
+    fn finish(&self, opts: &LaunchOptions) -> Result<(), BackendError> {
+        self.drv.synchronize_device()?;
+        self.hidden.check(self.drv.as_ref(), "bench", self.drv.allocations(), opts.wait_bound)
+    }
+}
 
 impl Device for Enqueuing {
     fn backend(&self) -> &'static str {
-        self.0.backend()
+        self.drv.backend()
     }
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.0.alloc(bytes, name)
+        self.drv.alloc(bytes, name)
     }
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
-        self.0.free(buffer)
+        self.drv.free(buffer)
     }
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.0.write(buffer, offset, data)
+        self.drv.write(buffer, offset, data)
     }
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.0.read(buffer, offset, out)
+        self.drv.read(buffer, offset, out)
     }
     fn launch(&self, k: &Artifact, grid: [u32; 3], args: &[KernelArg], o: &LaunchOptions) -> Result<(), BackendError> {
-        self.0.enqueue(k, grid, args, o)
+        check_launch(k, grid, args, u32::MAX as u64)?;
+        let hidden = self.hidden.args(self.drv.as_ref(), o.wait_bound)?;
+        self.drv.launch_on(0, k, grid, args, hidden, 1)
     }
 }
 
@@ -129,7 +150,7 @@ struct Measured {
     config: String,
 }
 
-fn upload(dev: &CudaDevice, name: &str, v: &[f64], d: DType) -> Result<Buffer, BackendError> {
+fn upload(dev: &Enqueuing, name: &str, v: &[f64], d: DType) -> Result<Buffer, BackendError> {
     let b = dev.alloc(v.len() * d.size_bytes() as usize, name)?;
     dev.write(&b, 0, &encode(v, d))?;
     Ok(b)
@@ -137,34 +158,31 @@ fn upload(dev: &CudaDevice, name: &str, v: &[f64], d: DType) -> Result<Buffer, B
 
 /// Runs `op` twice to warm up, checks the output with `check`, then times `reps` runs.
 fn time(
-    dev: &CudaDevice,
+    dev: &Enqueuing,
     reps: usize,
     mut op: impl FnMut() -> Result<(), BackendError>,
     check: impl Fn() -> Result<f64, BackendError>,
 ) -> Result<(f64, f64), BackendError> {
     let opts = LaunchOptions::default();
     op()?;
-    dev.finish("bench", &opts)?;
+    dev.finish(&opts)?;
     let error = check()?;
     op()?;
     let mut ms = Vec::with_capacity(reps);
     for _ in 0..reps {
-        let (a, b) = (Event::new(dev)?, Event::new(dev)?);
-        a.record_default()?;
-        op()?;
-        b.record_default()?;
-        b.synchronize()?;
-        ms.push(b.elapsed_since(&a)?.as_secs_f64() * 1e3);
+        ms.push(dev.drv.time_enqueued(0, &mut op)?.as_secs_f64() * 1e3);
     }
-    dev.finish("bench", &opts)?;
+    dev.finish(&opts)?;
     ms.sort_by(f64::total_cmp);
     Ok((ms[ms.len() / 2], error))
 }
 
-fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured, BackendError> {
-    let backend = trident_backend_nvidia::NvidiaBackend;
-    let dev = Enqueuing(cuda.clone());
-    let l = Launcher::new(&backend as &dyn Backend, &dev, LaunchOptions::default());
+fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured, BackendError> {
+    let dev = Enqueuing { drv: drv.clone(), hidden: HiddenBuffers::default() };
+    let cuda = &dev;
+    let target = drv.target();
+    let mut l = Launcher::new(drv.compiler(), &dev, LaunchOptions::default());
+    l.target = target;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let d = case.dtype;
     let es = d.size_bytes() as usize;
@@ -226,6 +244,7 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
             let mut best: Option<(f64, f64, String)> = None;
+            let mut refused = Vec::new();
             for (bm, bn, bk, warps, stages) in [
                 (64, 64, 32, 4, 2),
                 (128, 128, 32, 8, 3),
@@ -235,7 +254,7 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
             ] {
                 let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, ..Gemm::new(d) };
                 cuda.fill(&c, &poison(d))?;
-                let (ms, err) = time(
+                let timed = time(
                     cuda,
                     reps,
                     || g.run(&l, &ab, &bb, &c, (m, n, k)),
@@ -256,7 +275,15 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
                         }
                         Ok(worst)
                     },
-                )?;
+                );
+                // A configuration the target cannot hold (shared memory, registers) is skipped.
+                let (ms, err) = match timed {
+                    Err(BackendError::Compile { message, .. }) => {
+                        refused.push(format!("{bm}x{bn}x{bk}/{warps}w/{stages}s: {message}"));
+                        continue;
+                    }
+                    other => other?,
+                };
                 if err > case.bound() {
                     return Err(BackendError::Host(format!(
                         "configuration {bm}x{bn}x{bk}/{warps}w/{stages}s: error {err:.2e} over the bound {:.0e}",
@@ -267,7 +294,9 @@ fn run_case(cuda: &Arc<CudaDevice>, case: &Case, reps: usize) -> Result<Measured
                     best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
                 }
             }
-            let (ms, err, cfg) = best.expect("at least one configuration");
+            let Some((ms, err, cfg)) = best else {
+                return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
+            };
             return Ok(Measured { ms, error: err, config: cfg });
         }
     };
@@ -352,38 +381,32 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    match args.backend.as_str() {
-        "nvidia" => {}
-        "amd" => {
-            // The benchmark's timing loop is CUDA's (events); on AMD it needs HIP events, which
-            // come with the HIP world. Until then say what is present and stop.
-            let why = match (trident_core::backend::lookup("amd").map(|d| (d.create)())).map(|b| b.open_device(0)) {
-                Ok(Err(e)) => e.to_string(),
-                Ok(Ok(_)) => "an AMD device is present, but the HIP timing loop is not written yet".into(),
-                Err(e) => e.to_string(),
-            };
-            println!("bench: skipped: backend amd: {why}");
-            return ExitCode::SUCCESS;
-        }
+    let opened: Result<Arc<dyn Driver>, BackendError> = match args.backend.as_str() {
+        "nvidia" => trident_backend_nvidia::runtime::CudaDevice::open(0).map(|d| Arc::new(d) as Arc<dyn Driver>),
+        // Untested: no AMD GPU has been available. The baseline script runs unchanged on PyTorch
+        // for ROCm (`torch.matmul` is rocBLAS/hipBLASLt there).
+        "amd" => trident_backend_amd::hip::HipDevice::open(0).map(|d| Arc::new(d) as Arc<dyn Driver>),
         other => {
             eprintln!("error: --backend {other}: the benchmark runs on nvidia or amd");
             return ExitCode::from(2);
         }
-    }
-    let cuda = match CudaDevice::open(0) {
-        Ok(d) => Arc::new(d),
+    };
+    let drv = match opened {
+        Ok(d) => d,
         Err(e) => {
-            println!("bench: skipped: {e}");
+            let present = trident_core::discovery::summary();
+            println!("bench: skipped: backend {}: {e} ({present})", args.backend);
             return ExitCode::SUCCESS;
         }
     };
+    let device = drv.device_name();
     let baseline: serde_json::Map<String, serde_json::Value> = args
         .baseline
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_default();
-    println!("device: {}", cuda.name());
+    println!("device: {device}");
     println!(
         "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  config",
         "case", "trident ms", "rate", "base ms", "base rate", "vs base", "floor ms", "error"
@@ -400,7 +423,7 @@ fn main() -> ExitCode {
             }
         };
         let base = baseline.get(&case.key()).and_then(|v| v.as_f64());
-        match run_case(&cuda, &case, args.reps) {
+        match run_case(&drv, &case, args.reps) {
             Ok(m) => {
                 let vs = base.map(|b| format!("{:.3}x", b / m.ms)).unwrap_or_else(|| "-".into());
                 println!(
@@ -411,13 +434,13 @@ fn main() -> ExitCode {
                     base.map(|b| format!("{b:.3}")).unwrap_or_else(|| "-".into()),
                     base.map(rate).unwrap_or_else(|| "-".into()),
                     vs,
-                    case.floor_ms(),
+                    case.floor_ms(&device),
                     m.error,
                     m.config
                 );
                 records.push(serde_json::json!({
                     "case": case.key(), "trident_ms": m.ms, "baseline_ms": base,
-                    "speedup_vs_baseline": base.map(|b| b / m.ms), "floor_ms": case.floor_ms(),
+                    "speedup_vs_baseline": base.map(|b| b / m.ms), "floor_ms": case.floor_ms(&device),
                     "max_error": m.error, "config": m.config,
                 }));
             }
@@ -429,7 +452,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(p) = args.json {
-        let doc = serde_json::json!({ "device": cuda.name(), "results": records });
+        let doc = serde_json::json!({ "device": device, "backend": args.backend, "results": records });
         if let Err(e) = std::fs::write(&p, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
             println!("bench: cannot write {p}: {e}");
             failed = true;
