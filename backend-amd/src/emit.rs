@@ -560,6 +560,12 @@ impl Writer<'_> {
             Inst::MatrixLoad { .. } => {
                 return err("`ldmatrix` is NVIDIA's; the lowering reads MFMA fragments by lane maps")
             }
+            Inst::MatrixDescriptor { .. }
+            | Inst::Wgmma { .. }
+            | Inst::WgmmaFence
+            | Inst::WgmmaCommit
+            | Inst::WgmmaWait { .. }
+            | Inst::FenceProxyAsync => return err("`wgmma` and its fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,
             Inst::Pack { dst, lo, hi } => {
                 let bits = |w: &mut Writer, r: Reg| {

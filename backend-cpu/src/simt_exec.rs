@@ -803,6 +803,74 @@ impl Exec<'_> {
                     self.set(*r, Data::F(out));
                 }
             }
+            Inst::MatrixDescriptor { dst, offset, lbo, sbo, swizzle } => {
+                use trident_core::simt::smem::Descriptor;
+                let o = self.get(*offset)?;
+                let v = (0..lanes)
+                    .map(|i| {
+                        let d = Descriptor { start: o.ints()[i] as u32, lbo: *lbo, sbo: *sbo, swizzle: *swizzle };
+                        d.encode() as i64
+                    })
+                    .collect();
+                self.set(*dst, Data::I(v));
+            }
+            // Executed at issue (the asynchrony is the waits' business, checked on the GPU).
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => {
+                use trident_core::simt::smem::{element_address, Descriptor};
+                let half = |bits: u64| match ab {
+                    SType::BF16 => half::bf16::from_bits(bits as u16).to_f32() as f64,
+                    _ => half::f16::from_bits(bits as u16).to_f32() as f64,
+                };
+                let n = *n as usize;
+                let (av, bv) = (self.get(*a)?, self.get(*b)?);
+                let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                if !lanes.is_multiple_of(128) || cv.len() != n / 2 || d.len() != n / 2 || !n.is_multiple_of(8) || n > 256 {
+                    return contract(format!("wgmma m64n{n}k16 on {lanes} threads with {} accumulator registers", cv.len()));
+                }
+                let mut dv = vec![vec![0f32; lanes]; n / 2];
+                for g in 0..lanes / 128 {
+                    let first = 128 * g;
+                    let (da, db) = (av.ints()[first] as u64, bv.ints()[first] as u64);
+                    if (first..first + 128).any(|t| av.ints()[t] as u64 != da || bv.ints()[t] as u64 != db) {
+                        return contract("wgmma descriptors differ across the warpgroup");
+                    }
+                    let (da, db) = (Descriptor::decode(da), Descriptor::decode(db));
+                    let mut ma = vec![0f64; 64 * 16];
+                    let mut mb = vec![0f64; 16 * n];
+                    for row in 0..64u32 {
+                        for kk in 0..16u32 {
+                            let Some(at) = element_address(&da, false, row, kk) else {
+                                return contract("wgmma operand A without a swizzled layout");
+                            };
+                            ma[(row * 16 + kk) as usize] = half(self.shared_get(first, at as usize, 2)?);
+                        }
+                    }
+                    for kk in 0..16u32 {
+                        for col in 0..n as u32 {
+                            let Some(at) = element_address(&db, *trans_b, col, kk) else {
+                                return contract("wgmma operand B without a swizzled layout");
+                            };
+                            mb[kk as usize * n + col as usize] = half(self.shared_get(first, at as usize, 2)?);
+                        }
+                    }
+                    for t in first..first + 128 {
+                        let (w, l) = ((t - first) / 32, t % 32);
+                        let (gr, t4) = (l / 4, l % 4);
+                        for (e, out) in dv.iter_mut().enumerate() {
+                            let (j, r) = (e / 4, e % 4);
+                            let row = 16 * w + gr + 8 * (r / 2);
+                            let col = 8 * j + 2 * t4 + r % 2;
+                            let Data::F(x) = &cv[e].data else { return contract("a wgmma accumulator that is not f32") };
+                            let dot: f64 = (0..16).map(|kk| ma[row * 16 + kk] * mb[kk * n + col]).sum();
+                            out[t] = (dot + x[t] as f64) as f32;
+                        }
+                    }
+                }
+                for (r, out) in d.iter().zip(dv) {
+                    self.set(*r, Data::F(out));
+                }
+            }
+            Inst::WgmmaFence | Inst::WgmmaCommit | Inst::WgmmaWait { .. } | Inst::FenceProxyAsync => {}
             Inst::Pack { dst, lo, hi } => {
                 let (l, h) = (self.get(*lo)?, self.get(*hi)?);
                 let bits = |v: &Val, i: usize| elem_bits(&v.data, i, dtype(k.ty(*lo))) & 0xffff;

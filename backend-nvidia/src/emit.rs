@@ -369,6 +369,36 @@ impl<'k> Writer<'k> {
                     "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{dd}}}, {{{aa}}}, {{{bb}}}, {{{cc}}}"
                 ));
             }
+            Inst::MatrixDescriptor { dst, offset, lbo, sbo, swizzle } => {
+                let addr = self.shared_addr(*offset)?;
+                let (d, t) = (self.n(*dst).to_string(), self.temp(Class::Rd));
+                let fixed = trident_core::simt::smem::Descriptor::fixed_bits(*lbo, *sbo, *swizzle);
+                self.line(format!("cvt.u64.u32 {t}, {addr}"));
+                self.line(format!("shr.u64 {t}, {t}, 4"));
+                self.line(format!("and.b64 {t}, {t}, 16383"));
+                self.line(format!("or.b64 {d}, {t}, {fixed:#x}"));
+            }
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => {
+                if !self.target.name().ends_with('a') {
+                    return Err(EmitError(format!("wgmma needs sm_90a, not {}", self.target.name())));
+                }
+                // The instruction accumulates in place: the accumulator moves into `d` first.
+                self.movs(d, c);
+                let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
+                let (p, one) = (self.temp(Class::P), self.temp(Class::R));
+                self.line(format!("mov.b32 {one}, 1"));
+                self.line(format!("setp.ne.b32 {p}, {one}, 0"));
+                let dd = d.iter().map(|r| self.n(*r).to_string()).collect::<Vec<_>>().join(", ");
+                let (da, db) = (self.n(*a).to_string(), self.n(*b).to_string());
+                self.line(format!(
+                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{dd}}}, {da}, {db}, {p}, 1, 1, 0, {}",
+                    *trans_b as u32
+                ));
+            }
+            Inst::WgmmaFence => self.line("wgmma.fence.sync.aligned".into()),
+            Inst::WgmmaCommit => self.line("wgmma.commit_group.sync.aligned".into()),
+            Inst::WgmmaWait { pending } => self.line(format!("wgmma.wait_group.sync.aligned {pending}")),
+            Inst::FenceProxyAsync => self.line("fence.proxy.async.shared::cta".into()),
             Inst::Pack { dst, lo, hi } => {
                 let (d, l, h) = (self.n(*dst).to_string(), self.n(*lo).to_string(), self.n(*hi).to_string());
                 // 16-bit integers live in 32-bit registers: take their low halves.
@@ -951,7 +981,8 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         let _ = writeln!(out, ".file 1 \"{}.tile\"\n", k.name);
     }
     if k.shared_bytes > 0 {
-        let _ = writeln!(out, ".extern .shared .align 16 .b8 trident_smem[];\n");
+        // 1024-byte aligned: swizzled `wgmma` operand layouts repeat at 1024-byte boundaries.
+        let _ = writeln!(out, ".extern .shared .align 1024 .b8 trident_smem[];\n");
     }
     let n = k.params.len();
     let params: Vec<String> = k

@@ -304,7 +304,7 @@ pub const WGMMA_M64N8K16: MatrixAtom = MatrixAtom {
     c: wgmma_m64n8k16::C,
     operands: OperandSource::SharedDescriptor,
     asynchronous: true,
-    lowered: false,
+    lowered: true,
 };
 
 /// `v_mfma_f32_32x32x8f16` / `v_mfma_f32_32x32x8bf16_1k` (gfx90a, gfx942).

@@ -42,6 +42,7 @@ pub mod lower;
 pub mod passes;
 pub mod print;
 pub mod protocol;
+pub mod smem;
 
 pub use lower::{lower, LowerError};
 
@@ -434,6 +435,45 @@ pub enum Inst {
         c: Vec<Reg>,
         ab: SType,
     },
+    /// `dst` (u64) = the `wgmma` matrix descriptor of the operand tile at byte `offset` of
+    /// shared memory, with leading- and stride-dimension byte offsets `lbo` and `sbo` and a
+    /// swizzle of `swizzle` bytes (128, 64 or 32); the hardware's encoding
+    /// ([`smem::Descriptor`]), shared addresses counted from the program's shared memory.
+    MatrixDescriptor {
+        dst: Reg,
+        offset: Reg,
+        lbo: u32,
+        sbo: u32,
+        swizzle: u32,
+    },
+    /// `d = a b + c` by a warpgroup (4 consecutive warps) on `wgmma.mma_async.m64nNk16`: A is
+    /// 64 x 16 K-major and B 16 x `n` (N-major with `trans_b`, else K-major), both read from
+    /// shared memory through the descriptors `a` and `b` ([`smem::element_address`]); `c` and
+    /// `d` hold the lane's `n / 2` accumulator elements, warp `w` of the group rows `16 w ..` in
+    /// the C layout of `mma.m16n8k16` for each 8 columns. Asynchronous: `d` may be read, and the
+    /// operands' shared memory written, only after a `WgmmaWait` lets its group through. Every
+    /// thread of the warpgroup executes it.
+    Wgmma {
+        d: Vec<Reg>,
+        c: Vec<Reg>,
+        a: Reg,
+        b: Reg,
+        n: u32,
+        ab: SType,
+        trans_b: bool,
+    },
+    /// Orders the warpgroup's register accesses before the `Wgmma`s that follow
+    /// (`wgmma.fence`).
+    WgmmaFence,
+    /// Closes the group of the warpgroup's `Wgmma`s issued since the last commit.
+    WgmmaCommit,
+    /// Waits until at most `pending` of the warpgroup's committed `Wgmma` groups are incomplete.
+    WgmmaWait {
+        pending: u32,
+    },
+    /// Makes the thread's earlier shared-memory writes (stores, completed `cp.async`) visible to
+    /// the asynchronous proxy that `Wgmma` reads through (`fence.proxy.async.shared::cta`).
+    FenceProxyAsync,
     /// `dst` (32 bits) = `lo` | `hi` << 16, two 16-bit values.
     Pack {
         dst: Reg,

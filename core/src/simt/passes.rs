@@ -74,6 +74,10 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::Barrier
         | Inst::AsyncCommit
         | Inst::AsyncWait { .. }
+        | Inst::WgmmaFence
+        | Inst::WgmmaCommit
+        | Inst::WgmmaWait { .. }
+        | Inst::FenceProxyAsync
         | Inst::Clock { .. }
         | Inst::Exit
         | Inst::Origin { .. }
@@ -173,6 +177,14 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         Inst::Pack { lo, hi, .. } => {
             f(lo);
             f(hi)
+        }
+        Inst::MatrixDescriptor { offset, .. } => f(offset),
+        Inst::Wgmma { c, a, b, .. } => {
+            for r in c.iter_mut() {
+                f(r)
+            }
+            f(a);
+            f(b)
         }
         Inst::SymmAt { ptr, rank, .. } => {
             f(ptr);

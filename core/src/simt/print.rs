@@ -167,6 +167,23 @@ impl Printer<'_> {
             Inst::Matmul { atom, d, a, b, c, ab } => {
                 format!("{} = matmul.{}.{ab} a [{}] b [{}] c [{}]", self.defs(d), atom.name, list(a), list(b), list(c))
             }
+            Inst::MatrixDescriptor { dst, offset, lbo, sbo, swizzle } => format!(
+                "{} = matrix.descriptor shared [{}] lbo {lbo} sbo {sbo} swizzle {swizzle}",
+                self.def(*dst),
+                r(offset)
+            ),
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => format!(
+                "{} = wgmma.m64n{n}k16.{ab}{} a [{}] b [{}] c [{}]",
+                self.defs(d),
+                if *trans_b { ".trans_b" } else { "" },
+                r(a),
+                r(b),
+                list(c)
+            ),
+            Inst::WgmmaFence => "wgmma.fence".to_string(),
+            Inst::WgmmaCommit => "wgmma.commit".to_string(),
+            Inst::WgmmaWait { pending } => format!("wgmma.wait {pending}"),
+            Inst::FenceProxyAsync => "fence.proxy.async".to_string(),
             Inst::Pack { dst, lo, hi } => format!("{} = pack {}, {}", self.def(*dst), r(lo), r(hi)),
             Inst::Clock { dst } => format!("{} = clock", self.def(*dst)),
             Inst::Exit => "exit".to_string(),

@@ -13,6 +13,8 @@ pub(super) struct Pipeline {
     layout: AccLayout,
     stages: u32,
     strategy: Strategy,
+    /// The K step runs on `wgmma` from swizzled stages (sm_90a), not on register fragments.
+    wgmma: bool,
     a: (Value, Value, Value),
     b: (Value, Value, Value),
 }
@@ -26,7 +28,59 @@ pub(super) enum Strategy {
     Registers,
 }
 
+/// Where an element of a stage lives: rows padded by 16 bytes (fragments read by `ldmatrix` or
+/// lane maps), or the swizzled layouts `wgmma` reads (A K-major in atoms of `m` rows x `sa`
+/// bytes along K, B N-major in atoms of `kk` rows x `sb` bytes along N; `crate::simt::smem`).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum StageLayout {
+    Padded { strides: [u32; 2], b_off: u32 },
+    Swizzled { m: u32, kk: u32, sa: u32, sb: u32, b_off: u32 },
+}
+
+impl StageLayout {
+    fn b_off(&self) -> u32 {
+        match *self {
+            StageLayout::Padded { b_off, .. } | StageLayout::Swizzled { b_off, .. } => b_off,
+        }
+    }
+}
+
 impl Lowering<'_> {
+    /// The byte offset within a stage of element (`row`, `col`) of operand `which` (0: A, 1: B)
+    /// of 16-bit elements (`size` bytes each) in layout `sl`.
+    fn stage_offset(&mut self, sl: StageLayout, which: usize, row: Reg, col: Reg, size: u32) -> Reg {
+        match sl {
+            StageLayout::Padded { strides, b_off } => {
+                let r = self.bin_c(BinaryOp::Mul, row, strides[which] as i64);
+                let e = self.bin(BinaryOp::Add, r, col);
+                self.shared_offset(e, size, if which == 0 { 0 } else { b_off })
+            }
+            StageLayout::Swizzled { m, kk, sa, sb, b_off } => {
+                // A: atom `k / (sa / 2)` of m x sa bytes, row `row`; B: atom `n / (sb / 2)` of
+                // kk x sb bytes, row `k`. Then the swizzle of the address within its atom.
+                let (major, minor, width, atom_bytes, base) =
+                    if which == 0 { (row, col, sa, m * sa, 0) } else { (row, col, sb, kk * sb, b_off) };
+                let per = width / size;
+                let atom = self.bin_c(BinaryOp::Shr, minor, log2(per));
+                let inner = self.bin_c(BinaryOp::And, minor, per as i64 - 1);
+                let a_off = self.bin_c(BinaryOp::Mul, atom, atom_bytes as i64);
+                let r_off = self.bin_c(BinaryOp::Mul, major, width as i64);
+                let i_off = self.bin_c(BinaryOp::Shl, inner, log2(size));
+                let logical = self.bin(BinaryOp::Add, a_off, r_off);
+                let logical = self.bin(BinaryOp::Add, logical, i_off);
+                let bits = self.bin_c(BinaryOp::Shr, logical, 7);
+                let bits = self.bin_c(BinaryOp::And, bits, (width / 16) as i64 - 1);
+                let bits = self.bin_c(BinaryOp::Shl, bits, 4);
+                let phys = self.bin(BinaryOp::Xor, logical, bits);
+                if base > 0 {
+                    self.bin_c(BinaryOp::Add, phys, base as i64)
+                } else {
+                    phys
+                }
+            }
+        }
+    }
+
     /// The K loop of a GEMM, software-pipelined: a `for` whose only carried value is the
     /// accumulator of a tensor-core `dot` whose operands are loads used nowhere else (masked-off
     /// elements 0, pointers and masks rematerializable), with nothing else in the body that
@@ -77,7 +131,27 @@ impl Lowering<'_> {
         }
         let (la, lb) = (loads[0], loads[1]);
         let stages = if strategy == Strategy::Registers { 2 } else { stages };
-        Some(Pipeline { layout, stages, strategy, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
+        let kk = self.func.ty(la.3).shape[1];
+        let wgmma = strategy == Strategy::AsyncGroups && self.wgmma_fits(layout, kk);
+        let layout = if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, ..layout } } else { layout };
+        Some(Pipeline { layout, stages, strategy, wgmma, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
+    }
+
+    /// Whether the K step of a pipelined `dot` with accumulator layout `l` and K tile `kk` runs
+    /// on the target's `wgmma`: one warpgroup per 64 rows (`m = 16 warps`), `n` a multiple of 8
+    /// up to 256, and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or
+    /// whole 128-byte atoms).
+    fn wgmma_fits(&self, l: AccLayout, kk: u32) -> bool {
+        let has = self.target.atoms.iter().any(|x| x.lowered && x.operands == crate::target::OperandSource::SharedDescriptor);
+        let rows_fit = |elems: u32| matches!(elems, 16 | 32 | 64) || elems.is_multiple_of(64);
+        has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
+            && self.k.warps.is_multiple_of(4)
+            && l.m == 16 * self.k.warps
+            && l.n.is_multiple_of(8)
+            && l.n <= 256
+            && kk.is_multiple_of(16)
+            && rows_fit(kk)
+            && rows_fit(l.n)
     }
 
     /// Calls `each` on the element groups of one operand's copy, in a layout of up to
@@ -119,8 +193,7 @@ impl Lowering<'_> {
         iv: Reg,
         valid: Reg,
         base: Reg,
-        strides: [u32; 2],
-        b_off: u32,
+        sl: StageLayout,
     ) {
         let saved_iv = self.vals.insert(iv_arg, vec![iv]);
         let memo = std::mem::take(&mut self.memo);
@@ -131,13 +204,10 @@ impl Lowering<'_> {
             // The copy's own layout: as many elements per thread as the widest access holds
             // (16 bytes: 8 bf16), as far as the pointer's contiguity allows.
             let widest = self.target.vector_bytes / size;
-            let stride = strides[which];
-            let off0 = if which == 0 { 0 } else { b_off };
             self.for_copy_groups((ptr, mask), &shape, widest, valid, &mut |me, w, coords, p0, masks| {
                 let ok = me.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
-                let row = me.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
-                let e = me.bin(BinaryOp::Add, row, coords[0][1]);
-                let off = me.shared_offset(e, size, off0);
+                // A group never straddles a 16-byte chunk, which the swizzle moves whole.
+                let off = me.stage_offset(sl, which, coords[0][0], coords[0][1], size);
                 let off = me.bin(BinaryOp::Add, off, base);
                 me.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
                 let not_ok = me.not(ok);
@@ -148,8 +218,7 @@ impl Lowering<'_> {
                     me.emit(Inst::Const { dst: zero, value: Literal::Int(0) });
                     let x = me.reg(t);
                     me.emit(Inst::Load { dst: x, addr: p, pred: Some(pred), other: Some(zero) });
-                    let ei = me.bin_c(BinaryOp::Add, e, i as i64);
-                    let oi = me.shared_offset(ei, size, off0);
+                    let oi = me.stage_offset(sl, which, c[0], c[1], size);
                     let oi = me.bin(BinaryOp::Add, oi, base);
                     me.emit(Inst::SharedStore { offset: oi, value: x, pred: Some(not_ok) });
                 }
@@ -253,10 +322,22 @@ impl Lowering<'_> {
         let at = self.func.ty(plan.a.2).clone();
         let ab = stype(&at);
         let kk = at.shape[1];
-        let strides = [kk + 8, l.n + 8];
-        let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
-        let stage_bytes = (b_off + kk * strides[1] * 2).next_multiple_of(128);
-        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, 128);
+        let (sl, stage_bytes, align) = if plan.wgmma {
+            let (sa, sb) = ((kk * 2).min(128), (l.n * 2).min(128));
+            let (a_bytes, b_bytes) = (l.m * kk * 2, kk * l.n * 2);
+            let sl = StageLayout::Swizzled { m: l.m, kk, sa, sb, b_off: a_bytes };
+            // Swizzle patterns repeat at 1024 bytes: stages and both operands start on one.
+            (sl, (a_bytes + b_bytes).next_multiple_of(1024), 1024)
+        } else {
+            let strides = [kk + 8, l.n + 8];
+            let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
+            (StageLayout::Padded { strides, b_off }, (b_off + kk * strides[1] * 2).next_multiple_of(128), 128)
+        };
+        let (strides, b_off) = match sl {
+            StageLayout::Padded { strides, b_off } => (strides, b_off),
+            StageLayout::Swizzled { .. } => ([0, 0], sl.b_off()),
+        };
+        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
@@ -274,7 +355,7 @@ impl Lowering<'_> {
                 let fetched = self.fetch_step(&plan, iv_arg, iv, valid, strides, b_off);
                 self.commit_step(&fetched, base);
             } else {
-                self.issue_stage(&plan, iv_arg, iv, valid, base, strides, b_off);
+                self.issue_stage(&plan, iv_arg, iv, valid, base, sl);
                 self.emit(Inst::AsyncCommit);
             }
         }
@@ -291,6 +372,10 @@ impl Lowering<'_> {
         self.mma_held.insert(acc_arg, (l, phis.clone()));
         if !registers {
             self.emit(Inst::AsyncWait { pending: s - 2 });
+            if plan.wgmma {
+                // `wgmma` reads the stage through the async proxy.
+                self.emit(Inst::FenceProxyAsync);
+            }
             self.emit(Inst::Barrier);
         }
         let ahead = self.bin_c(BinaryOp::Mul, stp, (s - 1) as i64);
@@ -318,10 +403,14 @@ impl Lowering<'_> {
             self.emit(Inst::Barrier);
             acc
         } else {
-            self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, strides, b_off);
+            self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
             self.emit(Inst::AsyncCommit);
             let base = stage_of(self, j);
-            self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
+            if plan.wgmma {
+                self.wgmma_steps(l, ab, sl, base, phis.clone())
+            } else {
+                self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
+            }
         };
         let j1 = self.bin_c(BinaryOp::Add, j, 1);
         let body_insts = std::mem::replace(&mut self.cur, saved);
@@ -354,5 +443,34 @@ impl Lowering<'_> {
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
+    }
+
+    /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
+    /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; the group is
+    /// committed and waited for before the accumulator is read or the stage refilled.
+    fn wgmma_steps(&mut self, l: AccLayout, ab: SType, sl: StageLayout, base: Reg, mut acc: Vec<Reg>) -> Vec<Reg> {
+        let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("wgmma reads swizzled stages") };
+        let saved = std::mem::take(&mut self.cur);
+        let group = self.bin_c(BinaryOp::Shr, self.warp, 2);
+        let group_rows = self.bin_c(BinaryOp::Mul, group, (64 * sa) as i64);
+        let defs = std::mem::replace(&mut self.cur, saved);
+        self.prologue.extend(defs);
+        let a_base = self.bin(BinaryOp::Add, base, group_rows);
+        self.emit(Inst::WgmmaFence);
+        let u64t = SType::Int { bits: 64, signed: false };
+        for k0 in (0..kk).step_by(16) {
+            let per = sa / 2;
+            let a_at = self.bin_c(BinaryOp::Add, a_base, ((k0 / per) * m * sa + (k0 % per) * 2) as i64);
+            let b_at = self.bin_c(BinaryOp::Add, base, (b_off + k0 * sb) as i64);
+            let (da, db) = (self.reg(u64t), self.reg(u64t));
+            self.emit(Inst::MatrixDescriptor { dst: da, offset: a_at, lbo: 16, sbo: 8 * sa, swizzle: sa });
+            self.emit(Inst::MatrixDescriptor { dst: db, offset: b_at, lbo: kk * sb, sbo: 8 * sb, swizzle: sb });
+            let d: Vec<Reg> = (0..l.n / 2).map(|_| self.reg(SType::F32)).collect();
+            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab, trans_b: true });
+            acc = d;
+        }
+        self.emit(Inst::WgmmaCommit);
+        self.emit(Inst::WgmmaWait { pending: 0 });
+        acc
     }
 }
