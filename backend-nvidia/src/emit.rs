@@ -382,8 +382,14 @@ impl<'k> Writer<'k> {
                 if !self.target.name().ends_with('a') {
                     return Err(EmitError(format!("wgmma needs sm_90a, not {}", self.target.name())));
                 }
-                // The instruction accumulates in place: the accumulator moves into `d` first.
+                // The instruction accumulates in place: the accumulator moves into `d` first
+                // (nothing to move in a chain, see `alias_accumulators`), and moved registers
+                // need a fence before the instruction reads them.
+                let moved = d.iter().zip(c).any(|(x, y)| self.n(*x) != self.n(*y));
                 self.movs(d, c);
+                if moved {
+                    self.line("wgmma.fence.sync.aligned".into());
+                }
                 let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
                 let (p, one) = (self.temp(Class::P), self.temp(Class::R));
                 self.line(format!("mov.b32 {one}, 1"));
@@ -670,7 +676,7 @@ impl<'k> Writer<'k> {
     }
 
     fn mov(&mut self, dst: Reg, src: Reg) {
-        if dst == src {
+        if dst == src || self.n(dst) == self.n(src) {
             return;
         }
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
@@ -966,6 +972,7 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         let name = w.temp(c);
         w.names.push(name);
     }
+    alias_accumulators(k, &mut w.names);
     if k.shared_bytes > 0 {
         let base = w.temp(Class::R);
         w.line(format!("mov.u32 {base}, trident_smem"));
@@ -1016,4 +1023,42 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     out.push_str(&w.body);
     out.push_str("$EXIT:\n  ret;\n}\n");
     Ok(out)
+}
+
+/// Gives each `Wgmma`'s accumulator outputs the PTX registers of its inputs where nothing else
+/// reads an input, so a chain of `wgmma`s (and the loop that carries it) accumulates in place:
+/// moving accumulators between two `wgmma`s makes ptxas serialize them.
+fn alias_accumulators(k: &Kernel, names: &mut [String]) {
+    fn count(body: &mut [Inst], uses: &mut [u32]) {
+        for i in body.iter_mut() {
+            trident_core::simt::passes::for_each_use(i, &mut |r| uses[r.0 as usize] += 1);
+            for b in i.bodies_mut() {
+                count(b, uses);
+            }
+        }
+    }
+    fn walk(body: &[Inst], uses: &[u32], names: &mut [String]) {
+        for i in body {
+            if let Inst::Wgmma { d, c, .. } = i {
+                for (x, y) in d.iter().zip(c) {
+                    if uses[y.0 as usize] == 1 {
+                        names[x.0 as usize] = names[y.0 as usize].clone();
+                    }
+                }
+            }
+            for b in i.bodies() {
+                walk(b, uses, names);
+            }
+        }
+    }
+    if !has_wgmma(&k.body) {
+        return;
+    }
+    let mut uses = vec![0u32; k.regs.len()];
+    count(&mut k.body.clone(), &mut uses);
+    walk(&k.body, &uses, names);
+}
+
+fn has_wgmma(body: &[Inst]) -> bool {
+    body.iter().any(|i| matches!(i, Inst::Wgmma { .. }) || i.bodies().into_iter().any(|b| has_wgmma(b)))
 }

@@ -249,6 +249,8 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (64, 64, 32, 4, 2),
                 (128, 128, 32, 8, 3),
                 (128, 128, 64, 8, 3),
+                (128, 128, 64, 8, 4),
+                (64, 256, 64, 4, 4),
                 (128, 256, 64, 8, 3),
                 (256, 128, 64, 8, 3),
             ] {
@@ -290,6 +292,12 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                         case.bound()
                     )));
                 }
+                let (flops, _) = case.work();
+                eprintln!(
+                    "bench: {} config {bm}x{bn}x{bk}/{warps}w/{stages}s: {ms:.3} ms ({:.1} TF/s)",
+                    case.key(),
+                    flops / ms / 1e9
+                );
                 if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
                     best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
                 }

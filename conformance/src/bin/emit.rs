@@ -32,6 +32,10 @@ struct Args {
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
     #[arg(long)]
     time: bool,
+    /// With `--kernel gemm`: the configuration `BMxBNxBK/Ww/Ss` (as `trident-bench` prints it),
+    /// specialized for arguments divisible by 16.
+    #[arg(long)]
+    config: Option<String>,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -39,6 +43,25 @@ struct Args {
     /// (one file each), listing the ones it cannot compile yet.
     #[arg(long)]
     all_to: Option<std::path::PathBuf>,
+}
+
+/// A GEMM of configuration `BMxBNxBK/Ww/Ss`.
+fn gemm_config(text: &str, dtype: DType) -> Result<trident_kernels::gemm::Gemm, String> {
+    let bad = || format!("--config {text}: expected BMxBNxBK/Ww/Ss, like 128x256x64/8w/3s");
+    let (tile, rest) = text.split_once('/').ok_or_else(bad)?;
+    let (w, s) = rest.split_once('/').ok_or_else(bad)?;
+    let dims: Vec<u32> = tile.split('x').map(|x| x.parse().map_err(|_| bad())).collect::<Result<_, _>>()?;
+    let num = |x: &str, suffix: char| x.strip_suffix(suffix).and_then(|v| v.parse::<u32>().ok()).ok_or_else(bad);
+    let [bm, bn, bk] = dims[..] else { return Err(bad()) };
+    Ok(trident_kernels::gemm::Gemm {
+        block_m: bm,
+        block_n: bn,
+        block_k: bk,
+        warps: num(w, 'w')?,
+        stages: num(s, 's')?,
+        divisible: true,
+        ..trident_kernels::gemm::Gemm::new(dtype)
+    })
 }
 
 fn main() -> ExitCode {
@@ -66,6 +89,11 @@ fn main() -> ExitCode {
         Some(path) => match std::fs::read_to_string(path) {
             Ok(text) => trident_core::text::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
             Err(e) => return usage(format!("{}: {e}", path.display())),
+        },
+        None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
+            Ok(g) if a.kernel == "gemm" => g.build().map_err(|e| e.to_string()),
+            Ok(_) => return usage("--config applies to --kernel gemm"),
+            Err(e) => return usage(e),
         },
         None => match cat.into_iter().find(|(n, _)| *n == a.kernel) {
             Some((_, built)) => built.map_err(|e| e.to_string()),
