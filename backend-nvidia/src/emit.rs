@@ -690,8 +690,11 @@ impl<'k> Writer<'k> {
         }
     }
 
-    /// `dsts = srcs` all at once (a source may be another destination).
+    /// `dsts = srcs` all at once (a source may be another destination); pairs that already
+    /// share a register move nothing.
     fn parallel_movs(&mut self, dsts: &[Reg], srcs: &[Reg]) {
+        let (dsts, srcs): (Vec<Reg>, Vec<Reg>) =
+            dsts.iter().zip(srcs).filter(|(d, s)| self.n(**d) != self.n(**s)).map(|(d, s)| (*d, *s)).unzip();
         let temps: Vec<String> = srcs
             .iter()
             .map(|s| {
@@ -1048,6 +1051,16 @@ fn alias_accumulators(k: &Kernel, names: &mut [String]) {
             }
             for b in i.bodies() {
                 walk(b, uses, names);
+            }
+            // A loop that carries a chain in place leaves it in place: its results take the
+            // phis' registers (dead after the loop), so no move reads an accumulator that a
+            // `wgmma` may still be writing when the loop exits.
+            if let Inst::Loop { phis, nexts, results, .. } = i {
+                for ((p, n), r) in phis.iter().zip(nexts).zip(results) {
+                    if names[p.0 as usize] == names[n.0 as usize] {
+                        names[r.0 as usize] = names[p.0 as usize].clone();
+                    }
+                }
             }
         }
     }

@@ -403,12 +403,19 @@ impl Lowering<'_> {
             self.emit(Inst::Barrier);
             acc
         } else {
-            self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
-            self.emit(Inst::AsyncCommit);
             let base = stage_of(self, j);
             if plan.wgmma {
-                self.wgmma_steps(l, ab, sl, base, phis.clone())
+                // This step's wgmmas are issued first and stay in flight (one group) while the
+                // program refills the stage the previous step's group read: once every
+                // warpgroup has waited for that group, the barrier lets the copies in.
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), 1);
+                self.emit(Inst::Barrier);
+                self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
+                self.emit(Inst::AsyncCommit);
+                acc
             } else {
+                self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
+                self.emit(Inst::AsyncCommit);
                 self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
             }
         };
@@ -436,6 +443,9 @@ impl Lowering<'_> {
             nexts,
             results: all_results,
         });
+        if plan.wgmma {
+            self.emit(Inst::WgmmaWait { pending: 0 });
+        }
         if !registers {
             self.emit(Inst::AsyncWait { pending: 0 });
             self.emit(Inst::Barrier);
@@ -446,9 +456,18 @@ impl Lowering<'_> {
     }
 
     /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
-    /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; the group is
-    /// committed and waited for before the accumulator is read or the stage refilled.
-    fn wgmma_steps(&mut self, l: AccLayout, ab: SType, sl: StageLayout, base: Reg, mut acc: Vec<Reg>) -> Vec<Reg> {
+    /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; then the group
+    /// is committed and the warpgroup waits until at most `pending` groups are in flight. The
+    /// accumulators returned may be read only after a wait for every group.
+    fn wgmma_steps(
+        &mut self,
+        l: AccLayout,
+        ab: SType,
+        sl: StageLayout,
+        base: Reg,
+        mut acc: Vec<Reg>,
+        pending: u32,
+    ) -> Vec<Reg> {
         let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("wgmma reads swizzled stages") };
         let saved = std::mem::take(&mut self.cur);
         let group = self.bin_c(BinaryOp::Shr, self.warp, 2);
@@ -470,7 +489,7 @@ impl Lowering<'_> {
             acc = d;
         }
         self.emit(Inst::WgmmaCommit);
-        self.emit(Inst::WgmmaWait { pending: 0 });
+        self.emit(Inst::WgmmaWait { pending });
         acc
     }
 }
