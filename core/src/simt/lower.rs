@@ -123,6 +123,21 @@ struct Lowering<'f> {
     const_ints: HashMap<Reg, i64>,
     /// Values that some op or block uses (a result nobody reads needs no delivery).
     used: std::collections::HashSet<Value>,
+    /// While a software-pipelined loop body is lowered: where its loop-invariant
+    /// rematerializations go (`index.rs`, `eval`).
+    hoist: Option<Hoist>,
+}
+
+/// Loop-invariant code motion for rematerialized values: inside a pipelined K loop, a value that
+/// does not depend on the loop's block arguments is evaluated once, before the loop (the
+/// address and mask parts that only depend on the program and the thread).
+struct Hoist {
+    /// Values of the loop body that depend on its block arguments.
+    variant: std::collections::HashSet<Value>,
+    /// Instructions for the loop's preheader.
+    insts: Vec<Inst>,
+    /// Hoisted evaluations, by value and coordinates.
+    memo: HashMap<(Value, Vec<Reg>), Reg>,
 }
 
 /// Lowers a verified function for a target.
@@ -178,6 +193,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         lane_parts: HashMap::new(),
         typed_consts: HashMap::new(),
         const_ints: HashMap::new(),
+        hoist: None,
         used: used_values(func),
     };
     let mut head = Vec::new();

@@ -151,6 +151,26 @@ impl Lowering<'_> {
             return self.scalar_value(v);
         }
         let key = (v, coords.to_vec());
+        if let Some(mut h) = self.hoist.take() {
+            if !h.variant.contains(&v) {
+                // Loop-invariant: evaluated once before the loop (coordinates are prologue
+                // registers, so the evaluation only reads what dominates the loop).
+                let r = match h.memo.get(&key) {
+                    Some(r) => *r,
+                    None => {
+                        let (cur, memo) = (std::mem::take(&mut self.cur), std::mem::take(&mut self.memo));
+                        let r = self.eval(v, coords);
+                        h.insts.extend(std::mem::replace(&mut self.cur, cur));
+                        self.memo = memo;
+                        h.memo.insert(key, r);
+                        r
+                    }
+                };
+                self.hoist = Some(h);
+                return r;
+            }
+            self.hoist = Some(h);
+        }
         if let Some(r) = self.memo.get(&key) {
             return *r;
         }

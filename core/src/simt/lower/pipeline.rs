@@ -368,6 +368,11 @@ impl Lowering<'_> {
         let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
+        self.hoist = Some(super::Hoist {
+            variant: self.loop_variant(body),
+            insts: Vec::new(),
+            memo: HashMap::new(),
+        });
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
         if !registers {
@@ -422,6 +427,9 @@ impl Lowering<'_> {
         let j1 = self.bin_c(BinaryOp::Add, j, 1);
         let body_insts = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
+        // The preheader: what the body's copies need that no iteration changes.
+        let hoisted = self.hoist.take().map(|h| h.insts).unwrap_or_default();
+        self.cur.extend(hoisted);
         let results: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let (jr, zero) = (self.reg(I32), self.iconst(0));
         let mut all_phis = phis;
@@ -491,5 +499,18 @@ impl Lowering<'_> {
         self.emit(Inst::WgmmaCommit);
         self.emit(Inst::WgmmaWait { pending });
         acc
+    }
+
+    /// The values of loop body `body` that depend on its block arguments (the induction
+    /// variable and the carried values), transitively.
+    fn loop_variant(&self, body: Block) -> std::collections::HashSet<Value> {
+        let mut variant: std::collections::HashSet<Value> = self.func.blocks[body].args.iter().copied().collect();
+        for &o in &self.func.blocks[body].ops {
+            let data = &self.func.ops[o];
+            if data.kind.operands().into_iter().any(|(_, x)| variant.contains(&x)) {
+                variant.extend(data.results.iter().copied());
+            }
+        }
+        variant
     }
 }
