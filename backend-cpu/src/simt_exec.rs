@@ -824,8 +824,16 @@ impl Exec<'_> {
                 let n = *n as usize;
                 let (av, bv) = (self.get(*a)?, self.get(*b)?);
                 let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
-                if !lanes.is_multiple_of(128) || cv.len() != n / 2 || d.len() != n / 2 || !n.is_multiple_of(8) || n > 256 {
-                    return contract(format!("wgmma m64n{n}k16 on {lanes} threads with {} accumulator registers", cv.len()));
+                if !lanes.is_multiple_of(128)
+                    || cv.len() != n / 2
+                    || d.len() != n / 2
+                    || !n.is_multiple_of(8)
+                    || n > 256
+                {
+                    return contract(format!(
+                        "wgmma m64n{n}k16 on {lanes} threads with {} accumulator registers",
+                        cv.len()
+                    ));
                 }
                 let mut dv = vec![vec![0f32; lanes]; n / 2];
                 for g in 0..lanes / 128 {
@@ -860,7 +868,9 @@ impl Exec<'_> {
                             let (j, r) = (e / 4, e % 4);
                             let row = 16 * w + gr + 8 * (r / 2);
                             let col = 8 * j + 2 * t4 + r % 2;
-                            let Data::F(x) = &cv[e].data else { return contract("a wgmma accumulator that is not f32") };
+                            let Data::F(x) = &cv[e].data else {
+                                return contract("a wgmma accumulator that is not f32");
+                            };
                             let dot: f64 = (0..16).map(|kk| ma[row * 16 + kk] * mb[kk * n + col]).sum();
                             out[t] = (dot + x[t] as f64) as f32;
                         }

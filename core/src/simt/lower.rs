@@ -770,8 +770,23 @@ mod tests {
         assert_eq!(commits(body), 1);
         assert!(matches!(body[0], Inst::AsyncWait { pending: 1 }));
         assert!(body.iter().any(|i| matches!(i, Inst::AsyncCopy { .. })));
-        assert!(body.iter().any(|i| matches!(i, Inst::Matmul { .. })));
+        // sm_90a: the step is two wgmma m64n64k16 from swizzled stages (made visible to the
+        // async proxy), one group left in flight; the loop's exit waits for it.
+        assert_eq!(body.iter().filter(|i| matches!(i, Inst::Wgmma { n: 64, trans_b: true, .. })).count(), 2);
+        assert!(body.iter().any(|i| matches!(i, Inst::FenceProxyAsync)));
+        assert!(body.iter().any(|i| matches!(i, Inst::WgmmaWait { pending: 1 })));
+        assert!(!body.iter().any(|i| matches!(i, Inst::Matmul { .. } | Inst::MatrixLoad { .. })));
+        assert!(k.body.iter().any(|i| matches!(i, Inst::WgmmaWait { pending: 0 })));
         assert!(!body.iter().any(|i| matches!(i, Inst::VLoad { .. })), "operands do not pass through registers");
+        // sm_80: mma.sync on ldmatrix fragments.
+        let k80 = lower(&f, &crate::target::SM_80).unwrap();
+        let Some(Inst::Loop { body: b80, .. }) = k80.body.iter().find(|i| matches!(i, Inst::Loop { .. })) else {
+            panic!()
+        };
+        assert!(
+            b80.iter().any(|i| matches!(i, Inst::Matmul { .. }))
+                && !b80.iter().any(|i| matches!(i, Inst::Wgmma { .. }))
+        );
         // gfx942 has no asynchronous copies: the next step's operands are loaded into registers
         // before this step's MFMAs and stored to the other stage after them, one barrier a step.
         let k = lower(&f, &crate::target::GFX942).unwrap();

@@ -142,7 +142,8 @@ impl Lowering<'_> {
     /// up to 256, and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or
     /// whole 128-byte atoms).
     fn wgmma_fits(&self, l: AccLayout, kk: u32) -> bool {
-        let has = self.target.atoms.iter().any(|x| x.lowered && x.operands == crate::target::OperandSource::SharedDescriptor);
+        let has =
+            self.target.atoms.iter().any(|x| x.lowered && x.operands == crate::target::OperandSource::SharedDescriptor);
         let rows_fit = |elems: u32| matches!(elems, 16 | 32 | 64) || elems.is_multiple_of(64);
         has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
             && self.k.warps.is_multiple_of(4)
@@ -368,11 +369,7 @@ impl Lowering<'_> {
         let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
-        self.hoist = Some(super::Hoist {
-            variant: self.loop_variant(body),
-            insts: Vec::new(),
-            memo: HashMap::new(),
-        });
+        self.hoist = Some(super::Hoist { variant: self.loop_variant(body), insts: Vec::new(), memo: HashMap::new() });
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
         if !registers {
