@@ -700,11 +700,22 @@ impl Exec<'_> {
             }
             // Copies complete at once here (the GPU's asynchrony is covered by the waits and
             // barriers the lowering places; the GPU conformance run checks them).
-            Inst::AsyncCopy { offset, addr, bytes, pred } => {
+            Inst::AsyncCopy { offset, addr, bytes, pred, zero_fill } => {
                 let (o, a, p) = (self.get(*offset)?, self.get(*addr)?, self.get(*pred)?);
                 let view = self.mem.view();
                 for i in 0..lanes {
                     if p.ints()[i] == 0 {
+                        if *zero_fill {
+                            let dst = o.ints()[i] as usize;
+                            if dst % *bytes as usize != 0 {
+                                return fault(format!(
+                                    "cp.async zero fill of {bytes} bytes at shared {dst} not aligned"
+                                ));
+                            }
+                            for b in (0..*bytes as usize).step_by(2) {
+                                self.shared_put(i, dst + b, 2, 0)?;
+                            }
+                        }
                         continue;
                     }
                     let (src, dst) = (a.ptrs()[i], o.ints()[i] as usize);

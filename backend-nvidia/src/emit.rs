@@ -336,11 +336,18 @@ impl<'k> Writer<'k> {
                 self.line(format!("setp.eq.u64 {d}, {t}, 0"));
             }
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
-            Inst::AsyncCopy { offset, addr, bytes, pred } => {
+            Inst::AsyncCopy { offset, addr, bytes, pred, zero_fill } => {
                 let saddr = self.shared_addr(*offset)?;
                 let (a, p) = (self.n(*addr).to_string(), self.n(*pred).to_string());
                 let cache = if *bytes == 16 { "cg" } else { "ca" };
-                self.line(format!("@{p} cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}"));
+                if *zero_fill {
+                    // A source size of 0 reads nothing and fills the destination with zeros.
+                    let n = self.temp(Class::R);
+                    self.line(format!("selp.u32 {n}, {bytes}, 0, {p}"));
+                    self.line(format!("cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}, {n}"));
+                } else {
+                    self.line(format!("@{p} cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}"));
+                }
             }
             Inst::AsyncCommit => self.line("cp.async.commit_group".into()),
             Inst::AsyncWait { pending } => self.line(format!("cp.async.wait_group {pending}")),

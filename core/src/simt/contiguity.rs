@@ -193,8 +193,26 @@ impl<'f> Contiguity<'f> {
                 }
             }
             OpKind::Unary { x, .. } => AxisInfo { constancy: g(*x).constancy, ..AxisInfo::NONE },
-            OpKind::Cmp { lhs, rhs, .. } => {
-                AxisInfo { constancy: g(*lhs).constancy.min(g(*rhs).constancy), ..AxisInfo::NONE }
+            OpKind::Cmp { op: cmp, lhs, rhs } => {
+                let (a, c) = (g(*lhs), g(*rhs));
+                // `x < y` and `x >= y` (and their mirrors) with `x` in aligned runs of `d`
+                // consecutive values starting at multiples of `d`, and `y` a multiple of `d`
+                // constant over the run: `y` cannot fall inside a run, so the run compares alike
+                // (the K mask of a GEMM over K divisible by its tile).
+                let run = |x: AxisInfo, y: AxisInfo| {
+                    let d = x.contiguity.min(x.divisibility).min(y.divisibility);
+                    if y.constancy >= d {
+                        d
+                    } else {
+                        1
+                    }
+                };
+                let aligned = match cmp {
+                    CmpOp::Lt | CmpOp::Ge => run(a, c),
+                    CmpOp::Gt | CmpOp::Le => run(c, a),
+                    _ => 1,
+                };
+                AxisInfo { constancy: a.constancy.min(c.constancy).max(aligned), ..AxisInfo::NONE }
             }
             OpKind::Select { cond, on_true, on_false } => AxisInfo {
                 constancy: g(*cond).constancy.min(g(*on_true).constancy).min(g(*on_false).constancy),

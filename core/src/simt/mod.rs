@@ -404,6 +404,9 @@ pub enum Inst {
         addr: Reg,
         bytes: u32,
         pred: Reg,
+        /// Lanes where `pred` is false write `bytes` zeros instead of nothing (and read no
+        /// global memory): a masked-off group of an operand tile.
+        zero_fill: bool,
     },
     /// Closes the group of the thread's copies issued since the last commit.
     AsyncCommit,

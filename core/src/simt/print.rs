@@ -156,9 +156,13 @@ impl Printer<'_> {
             Inst::AtomicStore { addr, value, pred, sem, scope } => {
                 format!("atomic.store.{sem}.{scope} [{}], {}{}", r(addr), r(value), guard(*pred))
             }
-            Inst::AsyncCopy { offset, addr, bytes, pred } => {
-                format!("async.copy {bytes} bytes [{}] -> shared [{}]{}", r(addr), r(offset), guard(Some(*pred)))
-            }
+            Inst::AsyncCopy { offset, addr, bytes, pred, zero_fill } => format!(
+                "async.copy {bytes} bytes [{}] -> shared [{}]{}{}",
+                r(addr),
+                r(offset),
+                guard(Some(*pred)),
+                if *zero_fill { " else zeros" } else { "" }
+            ),
             Inst::AsyncCommit => "async.commit".to_string(),
             Inst::AsyncWait { pending } => format!("async.wait {pending}"),
             Inst::MatrixLoad { dsts, offset, trans } => {

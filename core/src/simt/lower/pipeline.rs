@@ -47,8 +47,17 @@ impl StageLayout {
 
 impl Lowering<'_> {
     /// The byte offset within a stage of element (`row`, `col`) of operand `which` (0: A, 1: B)
-    /// of 16-bit elements (`size` bytes each) in layout `sl`.
+    /// of 16-bit elements (`size` bytes each) in layout `sl`. The coordinates are prologue
+    /// registers, so the offset is computed once, in the prologue.
     fn stage_offset(&mut self, sl: StageLayout, which: usize, row: Reg, col: Reg, size: u32) -> Reg {
+        let saved = std::mem::take(&mut self.cur);
+        let r = self.stage_offset_here(sl, which, row, col, size);
+        let defs = std::mem::replace(&mut self.cur, saved);
+        self.prologue.extend(defs);
+        r
+    }
+
+    fn stage_offset_here(&mut self, sl: StageLayout, which: usize, row: Reg, col: Reg, size: u32) -> Reg {
         match sl {
             StageLayout::Padded { strides, b_off } => {
                 let r = self.bin_c(BinaryOp::Mul, row, strides[which] as i64);
@@ -205,12 +214,25 @@ impl Lowering<'_> {
             // The copy's own layout: as many elements per thread as the widest access holds
             // (16 bytes: 8 bf16), as far as the pointer's contiguity allows.
             let widest = self.target.vector_bytes / size;
+            // Groups the facts prove aligned and wholly in or out of the masks copy or zero-fill
+            // as one `cp.async`, with no scalar path.
+            let facts = (self.contiguity.get(ptr).divisibility, self.contiguity.get(mask).constancy);
             self.for_copy_groups((ptr, mask), &shape, widest, valid, &mut |me, w, coords, p0, masks| {
-                let ok = me.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
                 // A group never straddles a 16-byte chunk, which the swizzle moves whole.
                 let off = me.stage_offset(sl, which, coords[0][0], coords[0][1], size);
                 let off = me.bin(BinaryOp::Add, off, base);
-                me.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok });
+                if w > 1 && facts.0 >= w * size && facts.1 >= w {
+                    me.emit(Inst::AsyncCopy {
+                        offset: off,
+                        addr: p0,
+                        bytes: w * size,
+                        pred: masks[0],
+                        zero_fill: true,
+                    });
+                    return;
+                }
+                let ok = me.vector_guard(ptr, p0, w * size, Some(&masks)).expect("masked");
+                me.emit(Inst::AsyncCopy { offset: off, addr: p0, bytes: w * size, pred: ok, zero_fill: false });
                 let not_ok = me.not(ok);
                 for (i, c) in coords.iter().enumerate() {
                     let p = me.eval(ptr, c);
