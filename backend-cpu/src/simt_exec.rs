@@ -707,7 +707,7 @@ impl Exec<'_> {
                     if p.ints()[i] == 0 {
                         if *zero_fill {
                             let dst = o.ints()[i] as usize;
-                            if dst % *bytes as usize != 0 {
+                            if !dst.is_multiple_of(*bytes as usize) {
                                 return fault(format!(
                                     "cp.async zero fill of {bytes} bytes at shared {dst} not aligned"
                                 ));
