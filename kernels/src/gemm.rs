@@ -25,6 +25,9 @@ pub struct Gemm {
     pub divisible: bool,
 }
 
+/// Rows of tiles a group of programs walks together (the grouped raster order).
+const GROUP_M: i32 = 8;
+
 impl Gemm {
     /// A reasonable specialization for `dtype`.
     pub fn new(dtype: DType) -> Gemm {
@@ -92,12 +95,20 @@ impl Gemm {
         let int =
             |name: &str| if self.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
         let (a, bp, c) = (ptr("a"), ptr("b"), ptr("c"));
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), int("k"));
+        let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let (sa, sb, sc) = (int("stride_am"), int("stride_bk"), int("stride_cm"));
 
+        // Grouped raster order (as Triton's tutorial GEMM): programs walk `GROUP_M` rows of
+        // tiles column by column, so the A rows and B columns that neighbouring programs read
+        // are shared in L2.
         let pid = b.program_id_x();
+        let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let (pid_m, pid_n) = (pid / tiles_n, pid % tiles_n);
+        let width = tiles_n * GROUP_M;
+        let first_m = (pid / width) * GROUP_M;
+        let size_m = (tiles_m - first_m).min(GROUP_M);
+        let pid_m = first_m + (pid % width) % size_m;
+        let pid_n = (pid % width) / size_m;
         let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
         let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
         let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
