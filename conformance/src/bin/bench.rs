@@ -252,6 +252,8 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (128, 128, 64, 8, 4),
                 (64, 256, 64, 4, 4),
                 (128, 256, 64, 8, 3),
+                (128, 256, 64, 8, 4),
+                (256, 128, 64, 16, 3),
                 (256, 128, 64, 8, 3),
             ] {
                 let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, ..Gemm::new(d) };
