@@ -47,7 +47,9 @@ use super::layout::{same_elements, AccLayout, Blocked};
 use super::{Hidden, Inst, Kernel, Reg, SType, Special};
 use crate::ir::*;
 use crate::target::{AsyncCopy, TargetDesc};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+/// The lowering's maps key on registers and values: a fast hash (SipHash showed in profiles).
+type HashMap<K, V> = super::passes::FastMap<K, V>;
 
 /// Why a function cannot be lowered (yet): the op and where it is.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -174,25 +176,25 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         k,
         cur: Vec::new(),
         prologue: Vec::new(),
-        vals: HashMap::new(),
+        vals: HashMap::default(),
         tid: Reg(0),
         lane: Reg(0),
         warp: Reg(0),
         smem: shared::SharedAlloc::default(),
         hidden: Vec::new(),
-        consts: HashMap::new(),
-        layouts: HashMap::new(),
-        positions: HashMap::new(),
-        coords: HashMap::new(),
-        memo: HashMap::new(),
-        remat: HashMap::new(),
+        consts: HashMap::default(),
+        layouts: HashMap::default(),
+        positions: HashMap::default(),
+        coords: HashMap::default(),
+        memo: HashMap::default(),
+        remat: HashMap::default(),
         contiguity: Contiguity::analyse(func),
-        mma_held: HashMap::new(),
-        mma_positions: HashMap::new(),
-        warp_origins: HashMap::new(),
-        lane_parts: HashMap::new(),
-        typed_consts: HashMap::new(),
-        const_ints: HashMap::new(),
+        mma_held: HashMap::default(),
+        mma_positions: HashMap::default(),
+        warp_origins: HashMap::default(),
+        lane_parts: HashMap::default(),
+        typed_consts: HashMap::default(),
+        const_ints: HashMap::default(),
         hoist: None,
         used: used_values(func),
     };

@@ -19,7 +19,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// A multiply-rotate hasher for small keys (registers, opcodes): the passes hash every
 /// instruction, and SipHash's DoS resistance buys nothing here.
 #[derive(Default)]
-struct FastHasher(u64);
+pub(crate) struct FastHasher(u64);
 
 impl Hasher for FastHasher {
     fn finish(&self) -> u64 {
@@ -49,7 +49,8 @@ impl Hasher for FastHasher {
     }
 }
 
-type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+/// A hash map with a fast multiplicative hash of small keys (registers, values, their lists).
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
 
 /// The values of one region of CSE, and whether it is a loop body (lookups stop there).
 type Scope = (FastMap<(SType, Key), Reg>, bool);

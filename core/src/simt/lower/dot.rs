@@ -44,8 +44,8 @@ impl Lowering<'_> {
         let iv = self.reg(I32);
         let saved = std::mem::take(&mut self.cur);
         let kb = self.bin_c(BinaryOp::Shl, iv, log2(n));
-        let mut a_vals: HashMap<Reg, Reg> = HashMap::new();
-        let mut b_vals: HashMap<Reg, Reg> = HashMap::new();
+        let mut a_vals: HashMap<Reg, Reg> = HashMap::default();
+        let mut b_vals: HashMap<Reg, Reg> = HashMap::default();
         let mut nexts = Vec::new();
         for (j, (row, col)) in rows_cols.iter().enumerate() {
             let xa = match a_vals.get(row) {
