@@ -2,15 +2,63 @@
 
 Reads the cases (`trident-bench --cases`, one per line: name dtype dims...) and times the vendor
 path for each with `triton.testing.do_bench` (median ms): cuBLAS through `torch.matmul` for
-GEMM, PyTorch's kernels for softmax and elementwise add. Writes {"case line": ms} as JSON.
-Baselines only: nothing here is part of trident.
+GEMM (rocBLAS/hipBLASLt under PyTorch for ROCm), PyTorch's kernels for softmax and elementwise
+add, and for GEMM also a Triton kernel (below; autotuned over a few Hopper-sized
+configurations, Triton picks wgmma and its pipelining itself), keyed "triton <case>". Writes
+{"case line": ms} as JSON. Baselines only: nothing here is part of trident.
 """
 
 import json
 import sys
 
 import torch
+import triton
+import triton.language as tl
 from triton.testing import do_bench
+
+
+def _configs():
+    out = []
+    for bm, bn, bk, warps, stages in [
+        (128, 256, 64, 8, 3),
+        (128, 128, 64, 8, 4),
+        (128, 256, 64, 8, 4),
+        (64, 128, 64, 4, 4),
+        (64, 256, 64, 4, 4),
+    ]:
+        out.append(triton.Config({"BM": bm, "BN": bn, "BK": bk, "GROUP": 8}, num_warps=warps, num_stages=stages))
+    return out
+
+
+@triton.autotune(configs=_configs(), key=["M", "N", "K"])
+@triton.jit
+def _matmul(a, b, c, M, N, K, sam, sbk, scm, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP: tl.constexpr):
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    width = GROUP * tiles_n
+    first = (pid // width) * GROUP
+    rows = min(tiles_m - first, GROUP)
+    pm = first + (pid % width) % rows
+    pn = (pid % width) // rows
+    rm = pm * BM + tl.arange(0, BM)
+    rn = pn * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        ka = k0 + rk
+        x = tl.load(a + rm[:, None] * sam + ka[None, :], mask=(rm[:, None] < M) & (ka[None, :] < K), other=0.0)
+        y = tl.load(b + ka[:, None] * sbk + rn[None, :], mask=(ka[:, None] < K) & (rn[None, :] < N), other=0.0)
+        acc = tl.dot(x, y, acc)
+    tl.store(c + rm[:, None] * scm + rn[None, :], acc.to(c.dtype.element_ty), mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+def triton_matmul(a, b):
+    m, k = a.shape
+    n = b.shape[1]
+    c = torch.empty((m, n), device=a.device, dtype=a.dtype)
+    grid = lambda meta: (triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"]),)
+    _matmul[grid](a, b, c, m, n, k, a.stride(0), b.stride(0), c.stride(0))
+    return c
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -37,6 +85,14 @@ def main(cases_path: str, out_path: str) -> None:
             a = torch.rand(m, k, device=dev, dtype=dt)
             b = torch.rand(k, n, device=dev, dtype=dt)
             ms = do_bench(lambda: torch.matmul(a, b), return_mode="median")
+            try:
+                got = triton_matmul(a, b)
+                err = (got.float() - torch.matmul(a.float(), b.float())).abs().max().item()
+                tms = do_bench(lambda: triton_matmul(a, b), return_mode="median")
+                results["triton " + line] = tms
+                print(f"baseline triton {line}: {tms:.3f} ms (max abs error {err:.2e})", flush=True)
+            except Exception as e:  # a Triton that cannot build the kernel leaves the column empty
+                print(f"baseline triton {line}: failed: {e}", flush=True)
         else:
             continue
         results[line] = ms

@@ -40,9 +40,20 @@ struct Args {
     /// Write the results as JSON.
     #[arg(long)]
     json: Option<String>,
+    /// Baseline timings measured after trident's run (the same script again): the report
+    /// shows both and compares against the faster.
+    #[arg(long)]
+    baseline_after: Option<String>,
+    /// A command that times the vendor baseline (`CMD CASES_FILE OUT_JSON`, like
+    /// `python bench/baseline.py`): run before and after trident's timings, in this run.
+    #[arg(long)]
+    baseline_cmd: Option<String>,
     /// Timed repetitions per case (after two warm-up runs).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 20)]
     reps: usize,
+    /// Only cases whose key contains this (`gemm bf16`, `8192 8192`).
+    #[arg(long)]
+    only: Option<String>,
     /// `nvidia` (CUDA events, cuBLAS/PyTorch baseline) or `amd` (HIP; rocBLAS/hipBLASLt
     /// through PyTorch for ROCm, untested: no AMD GPU here).
     #[arg(long, default_value = "nvidia")]
@@ -102,7 +113,31 @@ fn cases() -> Vec<Case> {
         c("gemm", DType::BF16, &[4096, 4096, 4096]),
         c("gemm", DType::BF16, &[8192, 3584, 8192]),
         c("gemm", DType::BF16, &[8192, 8192, 8192]),
+        // Small M at N = K = 8192 (decode-like shapes), then f16.
+        c("gemm", DType::BF16, &[128, 8192, 8192]),
+        c("gemm", DType::BF16, &[256, 8192, 8192]),
+        c("gemm", DType::BF16, &[512, 8192, 8192]),
+        c("gemm", DType::BF16, &[1024, 8192, 8192]),
+        c("gemm", DType::BF16, &[4096, 8192, 8192]),
+        c("gemm", DType::F16, &[4096, 4096, 4096]),
+        c("gemm", DType::F16, &[8192, 3584, 8192]),
+        c("gemm", DType::F16, &[8192, 8192, 8192]),
     ]
+}
+
+/// Median and spread (min, max) of timings in ms.
+#[derive(Clone, Copy, Debug)]
+struct Stats {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stats {
+    fn of(mut v: Vec<f64>) -> Stats {
+        v.sort_by(f64::total_cmp);
+        Stats { median: v[v.len() / 2], min: v[0], max: v[v.len() - 1] }
+    }
 }
 
 /// A device whose launches are enqueued on the default stream without waiting, so a kernel's
@@ -144,7 +179,7 @@ impl Device for Enqueuing {
 }
 
 struct Measured {
-    ms: f64,
+    ms: Stats,
     error: f64,
     /// The fastest configuration, where several were tried.
     config: String,
@@ -162,19 +197,18 @@ fn time(
     reps: usize,
     mut op: impl FnMut() -> Result<(), BackendError>,
     check: impl Fn() -> Result<f64, BackendError>,
-) -> Result<(f64, f64), BackendError> {
+) -> Result<(Stats, f64), BackendError> {
     let opts = LaunchOptions::default();
     op()?;
     dev.finish(&opts)?;
     let error = check()?;
     op()?;
     let mut ms = Vec::with_capacity(reps);
-    for _ in 0..reps {
+    for _ in 0..reps.max(1) {
         ms.push(dev.drv.time_enqueued(0, &mut op)?.as_secs_f64() * 1e3);
     }
     dev.finish(&opts)?;
-    ms.sort_by(f64::total_cmp);
-    Ok((ms[ms.len() / 2], error))
+    Ok((Stats::of(ms), error))
 }
 
 fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured, BackendError> {
@@ -243,10 +277,11 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             cuda.fill(&c, &poison(d))?;
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
-            let mut best: Option<(f64, f64, String)> = None;
+            let mut best: Option<(Stats, f64, String)> = None;
             let mut refused = Vec::new();
             for (bm, bn, bk, warps, stages) in [
                 (64, 64, 32, 4, 2),
+                (64, 128, 64, 4, 4),
                 (128, 128, 32, 8, 3),
                 (128, 128, 64, 8, 3),
                 (128, 128, 64, 8, 4),
@@ -296,11 +331,12 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 }
                 let (flops, _) = case.work();
                 eprintln!(
-                    "bench: {} config {bm}x{bn}x{bk}/{warps}w/{stages}s: {ms:.3} ms ({:.1} TF/s)",
+                    "bench: {} config {bm}x{bn}x{bk}/{warps}w/{stages}s: {:.3} ms ({:.1} TF/s)",
                     case.key(),
-                    flops / ms / 1e9
+                    ms.median,
+                    flops / ms.median / 1e9
                 );
-                if best.as_ref().is_none_or(|(b, _, _)| ms < *b) {
+                if best.as_ref().is_none_or(|(b, _, _): &(Stats, f64, String)| ms.median < b.median) {
                     best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
                 }
             }
@@ -410,20 +446,53 @@ fn main() -> ExitCode {
         }
     };
     let device = drv.device_name();
-    let baseline: serde_json::Map<String, serde_json::Value> = args
-        .baseline
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_default();
+    let read = |p: &Option<String>| -> serde_json::Map<String, serde_json::Value> {
+        p.as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    };
+    let selected: Vec<Case> =
+        cases().into_iter().filter(|c| args.only.as_ref().is_none_or(|o| c.key().contains(o.as_str()))).collect();
+    let run_baseline = |when: &str| -> Option<serde_json::Map<String, serde_json::Value>> {
+        let cmd = args.baseline_cmd.as_ref()?;
+        let dir = std::env::temp_dir();
+        let (list, out) =
+            (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
+        let text: String = selected.iter().map(|c| c.key() + "\n").collect();
+        std::fs::write(&list, text).ok()?;
+        eprintln!("bench: baseline ({when} trident): {cmd}");
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("{cmd} {} {}", list.display(), out.display()))
+            .status();
+        if !status.as_ref().is_ok_and(|s| s.success()) {
+            eprintln!("bench: baseline command failed ({status:?}); no baseline {when}");
+            return None;
+        }
+        read(&Some(out.display().to_string())).into()
+    };
+    let before = run_baseline("before").unwrap_or_else(|| read(&args.baseline));
+    let measured: Vec<(Case, Result<Measured, BackendError>)> =
+        selected.iter().map(|c| (c.clone(), run_case(&drv, c, args.reps))).collect();
+    let after = run_baseline("after").unwrap_or_else(|| read(&args.baseline_after));
+    // A baseline timed before and after trident: the faster of the two is the one compared.
+    let base_of = |key: &str| -> (Option<f64>, Option<f64>, Option<f64>) {
+        let (b, a) = (before.get(key).and_then(|v| v.as_f64()), after.get(key).and_then(|v| v.as_f64()));
+        let best = match (b, a) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        (best, b, a)
+    };
     println!("device: {device}");
     println!(
-        "{:<34} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  config",
-        "case", "trident ms", "rate", "base ms", "base rate", "vs base", "floor ms", "error"
+        "{:<30} {:>9} {:>17} {:>11} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8}  config",
+        "case", "ms", "spread", "rate", "base ms", "vs base", "triton ms", "vs trit", "floor ms", "error"
     );
     let mut records = Vec::new();
     let mut failed = false;
-    for case in cases() {
+    for (case, result) in measured {
         let (flops, bytes) = case.work();
         let rate = |ms: f64| {
             if case.name == "gemm" {
@@ -432,31 +501,37 @@ fn main() -> ExitCode {
                 format!("{:.0} GB/s", bytes / ms / 1e6)
             }
         };
-        let base = baseline.get(&case.key()).and_then(|v| v.as_f64());
-        match run_case(&drv, &case, args.reps) {
+        let (base, base_before, base_after) = base_of(&case.key());
+        let (triton, _, _) = base_of(&format!("triton {}", case.key()));
+        let show = |x: Option<f64>, p: usize| x.map(|x| format!("{x:.p$}")).unwrap_or_else(|| "-".into());
+        match result {
             Ok(m) => {
-                let vs = base.map(|b| format!("{:.3}x", b / m.ms)).unwrap_or_else(|| "-".into());
+                let ms = m.ms.median;
                 println!(
-                    "{:<34} {:>10.3} {:>10} {:>10} {:>10} {:>9} {:>9.3} {:>9.1e}  {}",
+                    "{:<30} {:>9.3} {:>17} {:>11} {:>9} {:>8} {:>9} {:>8} {:>8.3} {:>8.1e}  {}",
                     case.key(),
-                    m.ms,
-                    rate(m.ms),
-                    base.map(|b| format!("{b:.3}")).unwrap_or_else(|| "-".into()),
-                    base.map(rate).unwrap_or_else(|| "-".into()),
-                    vs,
+                    ms,
+                    format!("{:.3}-{:.3}", m.ms.min, m.ms.max),
+                    rate(ms),
+                    show(base, 3),
+                    base.map(|b| format!("{:.3}x", b / ms)).unwrap_or_else(|| "-".into()),
+                    show(triton, 3),
+                    triton.map(|b| format!("{:.3}x", b / ms)).unwrap_or_else(|| "-".into()),
                     case.floor_ms(&device),
                     m.error,
                     m.config
                 );
                 records.push(serde_json::json!({
-                    "case": case.key(), "trident_ms": m.ms, "baseline_ms": base,
-                    "speedup_vs_baseline": base.map(|b| b / m.ms), "floor_ms": case.floor_ms(&device),
-                    "max_error": m.error, "config": m.config,
+                    "case": case.key(), "trident_ms": ms, "trident_min_ms": m.ms.min, "trident_max_ms": m.ms.max,
+                    "reps": args.reps, "baseline_ms": base, "baseline_before_ms": base_before,
+                    "baseline_after_ms": base_after, "speedup_vs_baseline": base.map(|b| b / ms),
+                    "triton_ms": triton, "speedup_vs_triton": triton.map(|t| t / ms),
+                    "floor_ms": case.floor_ms(&device), "max_error": m.error, "config": m.config,
                 }));
             }
             Err(e) => {
                 failed = true;
-                println!("{:<34} FAILED: {e}", case.key());
+                println!("{:<30} FAILED: {e}", case.key());
                 records.push(serde_json::json!({ "case": case.key(), "error": e.to_string() }));
             }
         }

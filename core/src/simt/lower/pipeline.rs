@@ -391,7 +391,8 @@ impl Lowering<'_> {
         let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
-        self.hoist = Some(super::Hoist { variant: self.loop_variant(body), insts: Vec::new(), memo: HashMap::default() });
+        self.hoist =
+            Some(super::Hoist { variant: self.loop_variant(body), insts: Vec::new(), memo: HashMap::default() });
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
         if !registers {
