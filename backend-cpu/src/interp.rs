@@ -186,6 +186,35 @@ impl<'a> Program<'a> {
         self.view.quiet(self.mem).or_else(|e| fault(e.0))
     }
 
+    /// The elements of the block of `desc` at `offsets`, row-major: the element type, each
+    /// element's address, and whether it lies inside the tensor.
+    fn desc_elements(&self, desc: Value, offsets: [Value; 2]) -> R<(DType, Vec<u64>, Vec<bool>)> {
+        let ValueDef::Result { op, .. } = self.func.values[desc].def else { return fault("descriptor not made here") };
+        let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else {
+            return fault("descriptor not made by make_desc");
+        };
+        let Some((d, block)) = self.func.ty(desc).elem.desc() else { return fault("not a descriptor") };
+        let base = self.scalar_ptr(ptr)?;
+        let sc = |v: Value| -> R<i64> { Ok(self.val(v)?.scalar_i64()) };
+        let (dims, st, off) =
+            ([sc(shape[0])?, sc(shape[1])?], [sc(strides[0])?, sc(strides[1])?], [sc(offsets[0])?, sc(offsets[1])?]);
+        let size = d.size_bytes() as i128;
+        let (mut ptrs, mut on) = (Vec::new(), Vec::new());
+        for r in 0..block[0] as i64 {
+            for c in 0..block[1] as i64 {
+                let (i, j) = (off[0] + r, off[1] + c);
+                let inside = (0..dims[0]).contains(&i) && (0..dims[1]).contains(&j);
+                on.push(inside);
+                ptrs.push(if inside {
+                    (base as i128 + (i as i128 * st[0] as i128 + j as i128 * st[1] as i128) * size) as u64
+                } else {
+                    0
+                });
+            }
+        }
+        Ok((d, ptrs, on))
+    }
+
     fn scalar_ptr(&self, v: Value) -> R<u64> {
         match self.val(v)?.ptrs().first() {
             Some(p) => Ok(*p),
@@ -240,6 +269,23 @@ impl<'a> Program<'a> {
                 return Ok(());
             }
             OpKind::Store { ptr, value, mask } => return self.store(*ptr, *value, *mask),
+            OpKind::DescStore { desc, offsets, value } => {
+                let (d, ptrs, on) = self.desc_elements(*desc, *offsets)?;
+                let size = d.size_bytes() as usize;
+                let val = self.val(*value)?;
+                let bits: Vec<u64> = match &val.data {
+                    Data::F(v) => v.iter().map(|x| f32_bits(d, *x)).collect(),
+                    Data::D(v) => v.iter().map(|x| x.to_bits()).collect(),
+                    Data::I(v) => v.iter().map(|x| *x as u64 & size_mask(size)).collect(),
+                    _ => return fault("stored value is not numeric"),
+                };
+                let mem = self.mem;
+                let view = mem.view();
+                for i in (0..ptrs.len()).filter(|i| on[*i]) {
+                    access(self.view.store(&view, ptrs[i], size, bits[i], i))?;
+                }
+                return Ok(());
+            }
             OpKind::Barrier => {
                 self.view.barrier();
                 return Ok(());
@@ -499,6 +545,27 @@ impl<'a> Program<'a> {
             OpKind::Reduce { op, axis, x } => reduce(*op, *axis as usize, self.val(*x)?),
             OpKind::Dot { a, b, acc, precision } => dot(self.val(*a)?, self.val(*b)?, self.val(*acc)?, *precision),
             OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other)?,
+            OpKind::MakeDesc { .. } => Data::Token,
+            OpKind::DescLoad { desc, offsets } => {
+                let (d, ptrs, on) = self.desc_elements(*desc, *offsets)?;
+                let view = self.mem.view();
+                let mut out = empty_for(Elem::Num(d), ptrs.len());
+                for (i, &p) in ptrs.iter().enumerate() {
+                    // Outside the tensor: 0, and no memory is read.
+                    let e = if on[i] {
+                        from_bits(d, access(self.view.load(&view, p, d.size_bytes() as usize))?)
+                    } else {
+                        from_bits(d, 0)
+                    };
+                    match (&mut out, e) {
+                        (Data::F(v), Elt::F(x)) => v.push(x),
+                        (Data::D(v), Elt::D(x)) => v.push(x),
+                        (Data::I(v), Elt::I(x)) => v.push(x),
+                        _ => return fault("loaded element does not match the descriptor's type"),
+                    }
+                }
+                out
+            }
             OpKind::SymmAt { ptr, rank } => {
                 let r = self.val(*rank)?.scalar_i64();
                 Data::P(vec![self.hooks.translate(self.scalar_ptr(*ptr)?, r)?])

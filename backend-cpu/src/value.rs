@@ -178,7 +178,7 @@ pub fn empty_for(elem: Elem, n: usize) -> Data {
         Elem::Num(d) if d.is_float() => Data::F(Vec::with_capacity(n)),
         Elem::Num(_) => Data::I(Vec::with_capacity(n)),
         Elem::Ptr(_) => Data::P(Vec::with_capacity(n)),
-        Elem::Token => Data::Token,
+        Elem::Token | Elem::Desc { .. } => Data::Token,
     }
 }
 

@@ -250,6 +250,39 @@ impl KernelBuilder {
         self.push(OpKind::Store { ptr: ptr.v, value: value.v, mask }, &[]);
     }
 
+    /// A 2-D tensor descriptor over the tensor at `ptr` with `shape` (rows, columns) and
+    /// `strides` (elements), read and written in `block`s (`OpKind::MakeDesc`). Scalars may be
+    /// i32 tiles or Rust numbers.
+    pub fn make_desc<'b>(
+        &'b self,
+        ptr: Tile<'b>,
+        shape: [impl IntoTile<'b>; 2],
+        strides: [impl IntoTile<'b>; 2],
+        block: [u32; 2],
+    ) -> Tile<'b> {
+        let d = ptr.ty().elem.pointee().unwrap_or(DType::F32);
+        let i32t = Some(Elem::Num(DType::I32));
+        let [r, c] = shape.map(|x| x.into_tile(self, i32t).v);
+        let [s0, s1] = strides.map(|x| x.into_tile(self, i32t).v);
+        self.push1(
+            OpKind::MakeDesc { ptr: ptr.v, shape: [r, c], strides: [s0, s1] },
+            Type::scalar(Elem::Desc { dtype: d, block }),
+        )
+    }
+
+    /// The block of `desc` at `offsets` (row, column); 0 outside the tensor.
+    pub fn desc_load<'b>(&'b self, desc: Tile<'b>, offsets: [impl IntoTile<'b>; 2]) -> Tile<'b> {
+        let (d, block) = desc.ty().elem.desc().unwrap_or((DType::F32, [1, 1]));
+        let [o0, o1] = offsets.map(|x| x.into_tile(self, Some(Elem::Num(DType::I32))).v);
+        self.push1(OpKind::DescLoad { desc: desc.v, offsets: [o0, o1] }, Type::tile(Elem::Num(d), &block))
+    }
+
+    /// Writes the block `value` at `offsets`; elements outside the tensor are left alone.
+    pub fn desc_store<'b>(&'b self, desc: Tile<'b>, offsets: [impl IntoTile<'b>; 2], value: Tile<'b>) {
+        let [o0, o1] = offsets.map(|x| x.into_tile(self, Some(Elem::Num(DType::I32))).v);
+        self.push(OpKind::DescStore { desc: desc.v, offsets: [o0, o1], value: value.v }, &[]);
+    }
+
     /// Atomic read-modify-write; returns the old values.
     pub fn atomic<'b>(
         &'b self,

@@ -259,6 +259,20 @@ impl<'a> Verifier<'a> {
         Ok(t)
     }
 
+    /// A descriptor operand: a `!desc` scalar made by `make_desc` itself (not a parameter nor a
+    /// value carried through a loop or branch), so backends see its parts.
+    fn desc_operand(&self, v: Value) -> VResult<(DType, [u32; 2])> {
+        let t = self.scalar_of("desc", v, |e| e.desc().is_some(), "a `!desc<..>` scalar")?;
+        let made = match self.func.values.get(v).map(|x| x.def) {
+            Some(ValueDef::Result { op, .. }) => matches!(self.func.ops[op].kind, OpKind::MakeDesc { .. }),
+            _ => false,
+        };
+        if !made {
+            return self.fail("desc", "a descriptor must be the result of `make_desc` itself");
+        }
+        Ok(t.elem.desc().expect("checked"))
+    }
+
     fn int_scalar(&self, role: &str, v: Value) -> VResult<&'a Type> {
         self.scalar_of(role, v, |e| matches!(e, Elem::Num(d) if d.is_int() && *d != DType::I1), "an integer scalar")
     }
@@ -483,6 +497,40 @@ impl<'a> Verifier<'a> {
                 let vt = self.ty(*value)?;
                 self.ptr_matches(*ptr, vt, "value")?;
                 self.mask(*mask, &vt.shape)?;
+                self.results_are(results, &[])?;
+            }
+            OpKind::MakeDesc { ptr, shape, strides } => {
+                let rt = self.one_result(results)?;
+                let Some((d, block)) = rt.elem.desc().filter(|_| rt.is_scalar()) else {
+                    return self.fail("result", format!("expected a `!desc<..>` scalar, found `{rt}`"));
+                };
+                let pt = self.scalar_of("ptr", *ptr, |e| e.pointee().is_some(), "a pointer scalar")?;
+                if pt.elem != Elem::Ptr(d) {
+                    return self.fail("ptr", format!("`{pt}` does not point to the descriptor's `{d}`"));
+                }
+                if block.iter().any(|b| *b == 0 || !b.is_power_of_two()) {
+                    return self.fail("result", format!("block {}x{} is not powers of two", block[0], block[1]));
+                }
+                for (role, v) in
+                    [("rows", shape[0]), ("cols", shape[1]), ("row_stride", strides[0]), ("col_stride", strides[1])]
+                {
+                    self.i32_scalar(role, v)?;
+                }
+            }
+            OpKind::DescLoad { desc, offsets } => {
+                let (d, block) = self.desc_operand(*desc)?;
+                self.i32_scalar("row", offsets[0])?;
+                self.i32_scalar("col", offsets[1])?;
+                self.results_are(results, &[Type::tile(Elem::Num(d), &block)])?;
+            }
+            OpKind::DescStore { desc, offsets, value } => {
+                let (d, block) = self.desc_operand(*desc)?;
+                self.i32_scalar("row", offsets[0])?;
+                self.i32_scalar("col", offsets[1])?;
+                let (want, vt) = (Type::tile(Elem::Num(d), &block), self.ty(*value)?);
+                if *vt != want {
+                    return self.fail("value", format!("`{vt}` is not a block `{want}` of the descriptor"));
+                }
                 self.results_are(results, &[])?;
             }
             OpKind::Atomic { op, ptr, value, mask, .. } => {

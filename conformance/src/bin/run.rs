@@ -172,6 +172,7 @@ fn main() -> ExitCode {
                 buffer(&p.name, d, v, &mut rng).map(|bytes| ArgValue::Buffer { name: p.name.clone(), dtype: d, bytes })
             }
             Elem::Token => Err(format!("parameter `{}` is a token", p.name)),
+            Elem::Desc { .. } => Err(format!("parameter `{}` is a descriptor (make it with make_desc)", p.name)),
         };
         match r {
             Ok(v) => values.push(v),

@@ -334,6 +334,30 @@ pub enum OpKind {
         value: Value,
         mask: Option<Value>,
     },
+    /// A 2-D tensor descriptor (like Triton's `make_tensor_descriptor`): the global tensor at
+    /// `ptr` of `shape` (rows, columns) whose element (i, j) is at `ptr + i strides[0] + j
+    /// strides[1]` (elements), read and written in blocks of the result's block shape. Its
+    /// loads read 0 outside the tensor and its stores leave outside elements alone, so a kernel
+    /// needs no edge masks. The result is used directly by `desc_load`/`desc_store` (never
+    /// carried through a loop or branch), so a backend sees every descriptor's parts.
+    MakeDesc {
+        ptr: Value,
+        shape: [Value; 2],
+        strides: [Value; 2],
+    },
+    /// The block of `desc` whose first element is at (`offsets[0]`, `offsets[1]`); elements
+    /// outside the tensor read 0.
+    DescLoad {
+        desc: Value,
+        offsets: [Value; 2],
+    },
+    /// Writes `value` (a block of `desc`) at `offsets`; elements outside the tensor are not
+    /// written.
+    DescStore {
+        desc: Value,
+        offsets: [Value; 2],
+        value: Value,
+    },
     /// Read-modify-write; returns the old values.
     Atomic {
         op: AtomicOp,
@@ -472,6 +496,9 @@ impl OpKind {
             OpKind::Dot { .. } => "dot",
             OpKind::Load { .. } => "load",
             OpKind::Store { .. } => "store",
+            OpKind::MakeDesc { .. } => "make_desc",
+            OpKind::DescLoad { .. } => "desc_load",
+            OpKind::DescStore { .. } => "desc_store",
             OpKind::Atomic { .. } => "atomic",
             OpKind::AtomicCas { .. } => "atomic_cas",
             OpKind::Barrier => "barrier",
@@ -524,6 +551,17 @@ impl OpKind {
             OpKind::Store { ptr, value, mask } => {
                 v.extend([("ptr", *ptr), ("value", *value)]);
                 v.extend(mask.map(|m| ("mask", m)));
+            }
+            OpKind::MakeDesc { ptr, shape, strides } => v.extend([
+                ("ptr", *ptr),
+                ("rows", shape[0]),
+                ("cols", shape[1]),
+                ("row_stride", strides[0]),
+                ("col_stride", strides[1]),
+            ]),
+            OpKind::DescLoad { desc, offsets } => v.extend([("desc", *desc), ("row", offsets[0]), ("col", offsets[1])]),
+            OpKind::DescStore { desc, offsets, value } => {
+                v.extend([("desc", *desc), ("row", offsets[0]), ("col", offsets[1]), ("value", *value)])
             }
             OpKind::Atomic { ptr, value, mask, .. } => {
                 v.extend([("ptr", *ptr), ("value", *value)]);

@@ -63,12 +63,23 @@ pub enum Elem {
     Ptr(DType),
     /// The ordering token produced by `wait` (`!token`); only ever a scalar.
     Token,
+    /// A 2-D tensor descriptor (`!desc<bf16, 128x64>`): a global tensor of `dtype` read and
+    /// written in blocks of `block` rows x columns (`make_desc`); only ever a scalar.
+    Desc { dtype: DType, block: [u32; 2] },
 }
 
 impl Elem {
     pub fn dtype(self) -> Option<DType> {
         match self {
             Elem::Num(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// A descriptor's element type and block shape.
+    pub fn desc(self) -> Option<(DType, [u32; 2])> {
+        match self {
+            Elem::Desc { dtype, block } => Some((dtype, block)),
             _ => None,
         }
     }
@@ -87,6 +98,7 @@ impl fmt::Display for Elem {
             Elem::Num(d) => write!(f, "{d}"),
             Elem::Ptr(d) => write!(f, "!ptr<{d}>"),
             Elem::Token => f.write_str("!token"),
+            Elem::Desc { dtype, block } => write!(f, "!desc<{dtype}, {}x{}>", block[0], block[1]),
         }
     }
 }

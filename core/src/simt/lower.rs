@@ -82,7 +82,7 @@ fn stype(t: &Type) -> SType {
     match t.elem {
         Elem::Ptr(_) => SType::Ptr,
         Elem::Num(d) => SType::of(d),
-        Elem::Token => U64,
+        Elem::Token | Elem::Desc { .. } => U64,
     }
 }
 
@@ -429,6 +429,13 @@ impl Lowering<'_> {
                     .collect()
             }
             OpKind::Load { ptr, mask, other } => self.load(*ptr, *mask, *other, st),
+            // A descriptor is its parts: `desc_load`/`desc_store` read them from `make_desc`.
+            OpKind::MakeDesc { .. } => Vec::new(),
+            OpKind::DescLoad { desc, offsets } => self.desc_access(*desc, *offsets, None, st),
+            OpKind::DescStore { desc, offsets, value } => {
+                self.desc_access(*desc, *offsets, Some(*value), st);
+                Vec::new()
+            }
             OpKind::Store { ptr, value, mask } => {
                 self.store(*ptr, *value, *mask);
                 Vec::new()

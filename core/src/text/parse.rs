@@ -277,8 +277,44 @@ impl Parser<'_> {
         }
     }
 
+    /// `, [%a, %b]`: two values in brackets after a comma.
+    fn pair(&mut self) -> PResult<[Value; 2]> {
+        self.expect(",")?;
+        self.expect("[")?;
+        let a = self.value()?;
+        let b = self.next_value()?;
+        self.expect("]")?;
+        Ok([a, b])
+    }
+
     fn elem(&mut self) -> PResult<Elem> {
         self.skip_ws();
+        if self.eat("!desc") {
+            self.expect("<")?;
+            let dtype = self.word_of("element type", DType::parse)?;
+            self.expect(",")?;
+            self.skip_ws();
+            let mut block = [0u32; 2];
+            for (i, b) in block.iter_mut().enumerate() {
+                let start = self.pos;
+                while matches!(self.peek(), Some(c) if c.is_ascii_digit()) {
+                    self.bump();
+                }
+                let t = String::from_utf8_lossy(&self.src[start..self.pos]).into_owned();
+                *b = match t.parse::<u32>() {
+                    Ok(v) => v,
+                    Err(_) => return self.err(format!("descriptor block dimension `{t}` is not a number")),
+                };
+                if i == 0 {
+                    if self.peek() != Some(b'x') {
+                        return self.err("expected `x` between the descriptor's block dimensions");
+                    }
+                    self.bump();
+                }
+            }
+            self.expect(">")?;
+            return Ok(Elem::Desc { dtype, block });
+        }
         if self.eat("!ptr") {
             self.expect("<")?;
             let d = self.word_of("element type", DType::parse)?;
@@ -608,6 +644,22 @@ impl Parser<'_> {
                 let mask = if self.comma_keyword("mask") { Some(self.value()?) } else { None };
                 let other = if self.comma_keyword("other") { Some(self.value()?) } else { None };
                 OpKind::Load { ptr, mask, other }
+            }
+            "make_desc" => {
+                let ptr = self.value()?;
+                let shape = self.pair()?;
+                let strides = self.pair()?;
+                OpKind::MakeDesc { ptr, shape, strides }
+            }
+            "desc_load" => {
+                let desc = self.value()?;
+                OpKind::DescLoad { desc, offsets: self.pair()? }
+            }
+            "desc_store" => {
+                let desc = self.value()?;
+                let offsets = self.pair()?;
+                let value = self.next_value()?;
+                return Ok((OpKind::DescStore { desc, offsets, value }, vec![]));
             }
             "store" => {
                 let ptr = self.value()?;

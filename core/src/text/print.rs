@@ -202,6 +202,20 @@ impl Printer<'_> {
                 masked(&mut s, mask);
                 s
             }
+            OpKind::MakeDesc { ptr, shape, strides } => format!(
+                "make_desc {}, [{}, {}], [{}, {}]",
+                n(ptr),
+                n(&shape[0]),
+                n(&shape[1]),
+                n(&strides[0]),
+                n(&strides[1])
+            ),
+            OpKind::DescLoad { desc, offsets } => {
+                format!("desc_load {}, [{}, {}]", n(desc), n(&offsets[0]), n(&offsets[1]))
+            }
+            OpKind::DescStore { desc, offsets, value } => {
+                format!("desc_store {}, [{}, {}], {}", n(desc), n(&offsets[0]), n(&offsets[1]), n(value))
+            }
             OpKind::Atomic { op, ptr, value, mask, sem, scope } => {
                 let mut s = format!("atomic {op} {}, {}", n(ptr), n(value));
                 masked(&mut s, mask);

@@ -186,4 +186,64 @@ impl Lowering<'_> {
             }
         }
     }
+
+    /// A `desc_load` (`value` None: returns the block's registers, 0 outside the tensor) or
+    /// `desc_store` of `value` at `offsets` through the descriptor made by `desc`'s `make_desc`:
+    /// element by element, each inside the tensor or masked off, with 64-bit offsets. (sm_90a
+    /// will read whole blocks with TMA; this is the form every target runs.)
+    pub(super) fn desc_access(
+        &mut self,
+        desc: Value,
+        offsets: [Value; 2],
+        value: Option<Value>,
+        st: SType,
+    ) -> Vec<Reg> {
+        let ValueDef::Result { op, .. } = self.func.values[desc].def else { unreachable!("checked by the verifier") };
+        let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { unreachable!("verified") };
+        let (_, block) = self.func.ty(desc).elem.desc().expect("verified");
+        let i64t = SType::Int { bits: 64, signed: true };
+        let base = self.held(ptr)[0];
+        let dims = [self.held(shape[0])[0], self.held(shape[1])[0]];
+        let stride = [self.held(strides[0])[0], self.held(strides[1])[0]];
+        let off = [self.held(offsets[0])[0], self.held(offsets[1])[0]];
+        let (stride0, stride1) = (self.cast(stride[0], i64t), self.cast(stride[1], i64t));
+        let vals = value.map(|v| self.held(v));
+        let zero = self.iconst(0);
+        let size = shared_size(if value.is_some() { stype(self.func.ty(value.expect("some"))) } else { st });
+        let slots = self.layout(&block).slots();
+        let mut out = Vec::new();
+        for s in 0..slots {
+            let c = self.slot_coords(&block, s);
+            let mut inside = None;
+            let mut at = Vec::new();
+            for d in 0..2 {
+                let x = self.bin(BinaryOp::Add, off[d], c[d]);
+                let lo = self.reg(SType::Pred);
+                self.emit(Inst::Cmp { dst: lo, op: CmpOp::Ge, a: x, b: zero });
+                let hi = self.reg(SType::Pred);
+                self.emit(Inst::Cmp { dst: hi, op: CmpOp::Lt, a: x, b: dims[d] });
+                let both = self.bin(BinaryOp::And, lo, hi);
+                inside = Some(match inside {
+                    Some(p) => self.bin(BinaryOp::And, p, both),
+                    None => both,
+                });
+                at.push(self.cast(x, i64t));
+            }
+            let e0 = self.bin(BinaryOp::Mul, at[0], stride0);
+            let e1 = self.bin(BinaryOp::Mul, at[1], stride1);
+            let e = self.bin(BinaryOp::Add, e0, e1);
+            let addr = self.reg(SType::Ptr);
+            self.emit(Inst::AddrOffset { dst: addr, base, offset: e, scale: size });
+            match &vals {
+                Some(v) => self.emit(Inst::Store { addr, value: v[s as usize], pred: inside }),
+                None => {
+                    let z = self.konst(st, Literal::Int(0));
+                    let dst = self.reg(st);
+                    self.emit(Inst::Load { dst, addr, pred: inside, other: Some(z) });
+                    out.push(dst);
+                }
+            }
+        }
+        out
+    }
 }
