@@ -209,7 +209,10 @@ impl Lowering<'_> {
         let (stride0, stride1) = (self.cast(stride[0], i64t), self.cast(stride[1], i64t));
         let vals = value.map(|v| self.held(v));
         let zero = self.iconst(0);
-        let size = shared_size(if value.is_some() { stype(self.func.ty(value.expect("some"))) } else { st });
+        let size = shared_size(match value {
+            Some(v) => stype(self.func.ty(v)),
+            None => st,
+        });
         let slots = self.layout(&block).slots();
         let mut out = Vec::new();
         for s in 0..slots {
