@@ -49,8 +49,16 @@ impl Gemm {
     /// groups keep 3 stages in flight.
     pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> Gemm {
         let base = Gemm::new(dtype);
+        let wgmma = |t: &trident_core::target::TargetDesc| {
+            t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
+        };
         match target {
             Some(t) if t.warp_size == 64 => Gemm { warps: 4, stages: 2, ..base },
+            // Two warpgroups of m64n128 on `wgmma` (the benchmark's sweep finds 128x256 a little
+            // faster on large shapes; 128x128 serves every shape well).
+            Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
+                Gemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 3, ..base }
+            }
             Some(t) if t.has_async_copy(trident_core::target::AsyncCopy::CpAsyncGroups) => Gemm { stages: 3, ..base },
             _ => base,
         }
