@@ -368,7 +368,11 @@ impl Lowering<'_> {
         // memory earlier ops used, which other threads may still be reading.
         self.emit(Inst::Barrier);
         let registers = plan.strategy == Strategy::Registers;
-        for st in 0..s - 1 {
+        // With `wgmma` and 4 or more stages, one barrier per step suffices: copies run `s - 2`
+        // steps ahead and refill the stage the group before last read (see below).
+        let single = plan.wgmma && s >= 4;
+        let dist = if single { s - 2 } else { s - 1 };
+        for st in 0..dist {
             let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
             let iv = self.bin(BinaryOp::Add, lo, k);
             let valid = self.reg(SType::Pred);
@@ -396,14 +400,19 @@ impl Lowering<'_> {
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
         if !registers {
-            self.emit(Inst::AsyncWait { pending: s - 2 });
+            self.emit(Inst::AsyncWait { pending: dist - 1 });
             if plan.wgmma {
                 // `wgmma` reads the stage through the async proxy.
                 self.emit(Inst::FenceProxyAsync);
             }
+            if single {
+                // The group before last is done in this warpgroup (the last one, j - 1, keeps
+                // the tensor cores busy through the barrier and the copies).
+                self.emit(Inst::WgmmaWait { pending: 1 });
+            }
             self.emit(Inst::Barrier);
         }
-        let ahead = self.bin_c(BinaryOp::Mul, stp, (s - 1) as i64);
+        let ahead = self.bin_c(BinaryOp::Mul, stp, dist as i64);
         let next_iv = self.bin(BinaryOp::Add, iv, ahead);
         let valid = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: next_iv, b: hi });
@@ -416,7 +425,7 @@ impl Lowering<'_> {
                 me.bin_c(BinaryOp::Add, r, stages_at as i64)
             }
         };
-        let jn = self.bin_c(BinaryOp::Add, j, (s - 1) as i64);
+        let jn = self.bin_c(BinaryOp::Add, j, dist as i64);
         let next_base = stage_of(self, jn);
         let nexts_acc = if registers {
             // Next step's loads in flight during this step's atoms; stored to the other stage
@@ -429,11 +438,17 @@ impl Lowering<'_> {
             acc
         } else {
             let base = stage_of(self, j);
-            if plan.wgmma {
+            if single {
+                // Step j + s - 2 refills stage (j - 2) % s, which group j - 2 read: every
+                // warpgroup waited for it before the barrier above.
+                self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
+                self.emit(Inst::AsyncCommit);
+                self.wgmma_steps(l, ab, sl, base, phis.clone(), None)
+            } else if plan.wgmma {
                 // This step's wgmmas are issued first and stay in flight (one group) while the
                 // program refills the stage the previous step's group read: once every
                 // warpgroup has waited for that group, the barrier lets the copies in.
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), 1);
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
                 self.emit(Inst::Barrier);
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
@@ -485,8 +500,8 @@ impl Lowering<'_> {
 
     /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
     /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; then the group
-    /// is committed and the warpgroup waits until at most `pending` groups are in flight. The
-    /// accumulators returned may be read only after a wait for every group.
+    /// is committed and (with `pending`) the warpgroup waits until at most that many groups are
+    /// in flight. The accumulators returned may be read only after a wait for every group.
     fn wgmma_steps(
         &mut self,
         l: AccLayout,
@@ -494,7 +509,7 @@ impl Lowering<'_> {
         sl: StageLayout,
         base: Reg,
         mut acc: Vec<Reg>,
-        pending: u32,
+        pending: Option<u32>,
     ) -> Vec<Reg> {
         let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("wgmma reads swizzled stages") };
         let saved = std::mem::take(&mut self.cur);
@@ -517,7 +532,9 @@ impl Lowering<'_> {
             acc = d;
         }
         self.emit(Inst::WgmmaCommit);
-        self.emit(Inst::WgmmaWait { pending });
+        if let Some(pending) = pending {
+            self.emit(Inst::WgmmaWait { pending });
+        }
         acc
     }
 
