@@ -54,10 +54,10 @@ impl Gemm {
         };
         match target {
             Some(t) if t.warp_size == 64 => Gemm { warps: 4, stages: 2, ..base },
-            // Two warpgroups of m64n128 on `wgmma` (the benchmark's sweep finds 128x256 a little
-            // faster on large shapes; 128x128 serves every shape well).
+            // Two warpgroups of m64n256 on `wgmma`, 4 stages (one barrier per step): the fastest
+            // of the benchmark's sweep on the H200 from M = 512 up (`results/README.md`).
             Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
-                Gemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 3, ..base }
+                Gemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, ..base }
             }
             Some(t) if t.has_async_copy(trident_core::target::AsyncCopy::CpAsyncGroups) => Gemm { stages: 3, ..base },
             _ => base,

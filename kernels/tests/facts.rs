@@ -68,13 +68,13 @@ fn launches_check_the_declared_facts() {
 }
 
 /// A GEMM's meta-parameters depend on the target: the same kernel source lowers to MFMA with
-/// register-staged prefetch on gfx942, to `wgmma` with three `cp.async` stages on sm_90a and to
+/// register-staged prefetch on gfx942, to `wgmma` with four `cp.async` stages on sm_90a and to
 /// `mma.sync` on sm_80.
 #[test]
 fn gemm_meta_parameters_depend_on_the_target() {
     use trident_core::target::{GFX942, SM_90A};
     let (amd, nv) = (Gemm::for_target(DType::BF16, Some(&GFX942)), Gemm::for_target(DType::BF16, Some(&SM_90A)));
-    assert_eq!((amd.stages, nv.stages), (2, 3));
+    assert_eq!((amd.stages, nv.stages), (2, 4));
     let ampere = Gemm::for_target(DType::BF16, Some(&trident_core::target::SM_80));
     for (g, t, atom) in [
         (amd, &GFX942, "mfma.32x32x8"),
