@@ -271,20 +271,7 @@ impl<'a> Program<'a> {
             OpKind::Store { ptr, value, mask } => return self.store(*ptr, *value, *mask),
             OpKind::DescStore { desc, offsets, value } => {
                 let (d, ptrs, on) = self.desc_elements(*desc, *offsets)?;
-                let size = d.size_bytes() as usize;
-                let val = self.val(*value)?;
-                let bits: Vec<u64> = match &val.data {
-                    Data::F(v) => v.iter().map(|x| f32_bits(d, *x)).collect(),
-                    Data::D(v) => v.iter().map(|x| x.to_bits()).collect(),
-                    Data::I(v) => v.iter().map(|x| *x as u64 & size_mask(size)).collect(),
-                    _ => return fault("stored value is not numeric"),
-                };
-                let mem = self.mem;
-                let view = mem.view();
-                for i in (0..ptrs.len()).filter(|i| on[*i]) {
-                    access(self.view.store(&view, ptrs[i], size, bits[i], i))?;
-                }
-                return Ok(());
+                return self.store_elements(d, &ptrs, *value, &|i| on[i]);
             }
             OpKind::Barrier => {
                 self.view.barrier();
@@ -473,11 +460,15 @@ impl<'a> Program<'a> {
     fn store(&mut self, ptr: Value, value: Value, mask: Option<Value>) -> R<()> {
         let pv = self.val(ptr)?;
         let d = pv.ty.elem.pointee().unwrap_or(DType::I8);
-        let size = d.size_bytes() as usize;
         let ptrs = pv.ptrs().to_vec();
         let mask = self.mask(mask)?.map(|m| m.to_vec());
+        self.store_elements(d, &ptrs, value, &|i| mask.as_ref().is_none_or(|m| m[i] != 0))
+    }
+
+    /// Stores element `i` of `value` (of type `d`) at `ptrs[i]` where `on(i)`.
+    fn store_elements(&mut self, d: DType, ptrs: &[u64], value: Value, on: &dyn Fn(usize) -> bool) -> R<()> {
+        let size = d.size_bytes() as usize;
         let val = self.val(value)?;
-        let on = |i: usize| mask.as_ref().is_none_or(|m| m[i] != 0);
         let bits: Vec<u64> = match &val.data {
             Data::F(v) => v.iter().map(|x| f32_bits(d, *x)).collect(),
             Data::D(v) => v.iter().map(|x| x.to_bits()).collect(),
