@@ -188,7 +188,9 @@ fn execute(
         "gemm" => {
             let precision = InputPrecision::parse(case.variant).unwrap_or(InputPrecision::Ieee);
             let mnk = (case.shape[0], case.shape[1], case.shape[2]);
-            Gemm::for_target(d, l.gpu_target()).with_precision(precision).run(&l, &ins[0], &ins[1], &out, mnk)?
+            Gemm::for_problem(d, l.gpu_target(), mnk.0)
+                .with_precision(precision)
+                .run(&l, &ins[0], &ins[1], &out, mnk)?
         }
         "splitk_gemm" => {
             let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);

@@ -64,6 +64,22 @@ impl Gemm {
         }
     }
 
+    /// [`Gemm::for_target`] adjusted to the problem's M where the target runs `wgmma`: narrower
+    /// tiles for small M, so that enough programs fill the GPU (the H200 sweep of
+    /// `results/README.md`: 64x128 at M <= 128, 128x128 with 5 stages at M <= 256). A stand-in
+    /// for the per-shape autotuner the Hopper GEMM issue asks for.
+    pub fn for_problem(dtype: DType, target: Option<&trident_core::target::TargetDesc>, m: usize) -> Gemm {
+        let g = Gemm::for_target(dtype, target);
+        if g.block_n != 256 {
+            return g;
+        }
+        match m {
+            0..=128 => Gemm { block_m: 64, block_n: 128, warps: 4, stages: 4, ..g },
+            129..=256 => Gemm { block_n: 128, stages: 5, ..g },
+            _ => g,
+        }
+    }
+
     pub fn with_precision(self, precision: InputPrecision) -> Gemm {
         Gemm { precision, ..self }
     }
