@@ -447,10 +447,6 @@ impl Driver for HipDevice {
         self.target.clone()
     }
 
-    fn multiprocessors(&self) -> u32 {
-        self.cus
-    }
-
     fn allocations(&self) -> &Allocations {
         &self.names
     }

@@ -539,23 +539,8 @@ impl<'a> Program<'a> {
             OpKind::MakeDesc { .. } => Data::Token,
             OpKind::DescLoad { desc, offsets } => {
                 let (d, ptrs, on) = self.desc_elements(*desc, *offsets)?;
-                let view = self.mem.view();
-                let mut out = empty_for(Elem::Num(d), ptrs.len());
-                for (i, &p) in ptrs.iter().enumerate() {
-                    // Outside the tensor: 0, and no memory is read.
-                    let e = if on[i] {
-                        from_bits(d, access(self.view.load(&view, p, d.size_bytes() as usize))?)
-                    } else {
-                        from_bits(d, 0)
-                    };
-                    match (&mut out, e) {
-                        (Data::F(v), Elt::F(x)) => v.push(x),
-                        (Data::D(v), Elt::D(x)) => v.push(x),
-                        (Data::I(v), Elt::I(x)) => v.push(x),
-                        _ => return fault("loaded element does not match the descriptor's type"),
-                    }
-                }
-                out
+                // Outside the tensor: 0, and no memory is read.
+                self.load_elements(d, &ptrs, &|i| on[i], &|_| from_bits(d, 0))?
             }
             OpKind::SymmAt { ptr, rank } => {
                 let r = self.val(*rank)?.scalar_i64();
@@ -569,20 +554,24 @@ impl<'a> Program<'a> {
     fn load(&self, ptr: Value, mask: Option<Value>, other: Option<Value>) -> R<Data> {
         let pv = self.val(ptr)?;
         let d = pv.ty.elem.pointee().unwrap_or(DType::I8);
-        let size = d.size_bytes() as usize;
         let ptrs = pv.ptrs();
         let mask = self.mask(mask)?;
         let other = match other {
             Some(o) => Some(&self.val(o)?.data),
             None => None,
         };
-        let view = self.mem.view();
-        let on = |i: usize| mask.is_none_or(|m| m[i] != 0);
         // Masked-off lanes without `other` are unspecified; give NaN / a recognisable pattern so
         // that a kernel relying on them fails its check instead of passing by luck.
+        self.load_elements(d, ptrs, &|i| mask.is_none_or(|m| m[i] != 0), &|i| masked_off(d, other, i))
+    }
+
+    /// Element `i` of type `d` read at `ptrs[i]` where `on(i)`, else `off(i)` (nothing read).
+    fn load_elements(&self, d: DType, ptrs: &[u64], on: &dyn Fn(usize) -> bool, off: &dyn Fn(usize) -> Elt) -> R<Data> {
+        let size = d.size_bytes() as usize;
+        let view = self.mem.view();
         let mut out = empty_for(Elem::Num(d), ptrs.len());
         for (i, &p) in ptrs.iter().enumerate() {
-            let e = if on(i) { from_bits(d, access(self.view.load(&view, p, size))?) } else { masked_off(d, other, i) };
+            let e = if on(i) { from_bits(d, access(self.view.load(&view, p, size))?) } else { off(i) };
             match (&mut out, e) {
                 (Data::F(v), Elt::F(x)) => v.push(x),
                 (Data::D(v), Elt::D(x)) => v.push(x),

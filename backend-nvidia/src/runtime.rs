@@ -366,10 +366,6 @@ impl Driver for CudaDevice {
         None
     }
 
-    fn multiprocessors(&self) -> u32 {
-        self.sms
-    }
-
     fn allocations(&self) -> &Allocations {
         &self.names
     }

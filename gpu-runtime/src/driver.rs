@@ -19,8 +19,6 @@ pub trait Driver: Device + Send + Sync + 'static {
     fn compiler(&self) -> &dyn Backend;
     /// The compile target of this device (`None`: the backend's default).
     fn target(&self) -> Option<String>;
-    /// Multiprocessors (compute units): with the occupancy, how many programs can be resident.
-    fn multiprocessors(&self) -> u32;
     /// The names of this device's live allocations (diagnostics name signals with them).
     fn allocations(&self) -> &Allocations;
     /// Lets kernels on this device load and store `peer`'s memory (the peer world: one rank per

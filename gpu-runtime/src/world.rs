@@ -66,6 +66,8 @@ struct Shared<D: Driver> {
     barrier_all: Buffer,
     /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
     next: Mutex<Vec<usize>>,
+    /// Every allocation above with the index of the device that owns it (freed at the end).
+    owned: Vec<(usize, Buffer)>,
     barrier: HostBarrier,
 }
 
@@ -79,18 +81,14 @@ impl<D: Driver> Shared<D> {
         let d = self.devices.len();
         (0..self.opts.ranks).filter(|r| r % d == rank % d).count() as u32
     }
+}
 
-    fn free_all(&self) {
-        let rank_bufs = self.heaps.iter().chain(&self.diags).enumerate().map(|(i, b)| (i % self.opts.ranks, b));
-        for (r, b) in rank_bufs {
-            // The names of the symmetric buffers carved from a heap go with it.
-            self.device(r).allocations().remove_within(b.address, b.bytes);
-            let _ = self.device(r).free(b);
-        }
-        for (i, t) in self.tables.iter().enumerate() {
-            let _ = self.devices[i].free(t);
-        }
-        let _ = self.devices[0].free(&self.barrier_all);
+/// Frees `owned` (buffers with their device's index); the names of the symmetric buffers carved
+/// from a heap go with it.
+fn free_owned<D: Driver>(devices: &[Arc<D>], owned: &[(usize, Buffer)]) {
+    for (d, b) in owned {
+        devices[*d].allocations().remove_within(b.address, b.bytes);
+        let _ = devices[*d].free(b);
     }
 }
 
@@ -120,7 +118,7 @@ impl GpuWorld {
             }
         }
         let mut made: Vec<(usize, Buffer)> = Vec::new();
-        let shared = (|| {
+        let parts = (|| {
             let mut alloc = |owner: usize, bytes: usize, name: String| -> Result<Buffer, BackendError> {
                 let d = &devices[owner];
                 d.bind()?;
@@ -145,26 +143,26 @@ impl GpuWorld {
             for (d, t) in tables.iter().enumerate() {
                 devices[d].write(t, 0, &bases)?;
             }
-            Ok(Shared {
-                devices: devices.clone(),
-                opts: opts.clone(),
-                heaps,
-                tables,
-                diags,
-                barrier_all,
-                next: Mutex::new(vec![0; n]),
-                barrier: HostBarrier::new(n),
-            })
+            Ok((heaps, tables, diags, barrier_all))
         })();
-        let shared = match shared {
-            Ok(s) => Arc::new(s),
+        let (heaps, tables, diags, barrier_all) = match parts {
+            Ok(p) => p,
             Err(e) => {
-                for (owner, b) in made {
-                    let _ = devices[owner].free(&b);
-                }
+                free_owned(&devices, &made);
                 return Err(e);
             }
         };
+        let shared = Arc::new(Shared {
+            devices: devices.clone(),
+            opts: opts.clone(),
+            heaps,
+            tables,
+            diags,
+            barrier_all,
+            next: Mutex::new(vec![0; n]),
+            barrier: HostBarrier::new(n),
+            owned: made,
+        });
         let host = Arc::new(host);
         let handles: Vec<_> = (0..n)
             .map(|rank| {
@@ -204,7 +202,7 @@ impl GpuWorld {
                 }
             }
         }
-        shared.free_all();
+        free_owned(&shared.devices, &shared.owned);
         match first_err {
             Some(e) => Err(e),
             None => Ok(out),

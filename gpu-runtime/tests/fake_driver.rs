@@ -156,9 +156,6 @@ impl Driver for FakeDevice {
     fn target(&self) -> Option<String> {
         None
     }
-    fn multiprocessors(&self) -> u32 {
-        4
-    }
     fn allocations(&self) -> &Allocations {
         &self.names
     }

@@ -171,9 +171,10 @@ fn main() -> ExitCode {
             return usage(format!("--bless writes the amd column from checked code objects: {why}"));
         }
         let mut m = Matrix::default();
-        for (_, c) in &base_cases {
-            for (col, _) in COLUMNS {
-                match cell(&column_runners(&backends, col), c) {
+        for (col, _) in COLUMNS {
+            let cells = cells_in_parallel(&column_runners(&backends, col), &base_cases);
+            for ((_, c), x) in base_cases.iter().zip(cells) {
+                match x {
                     Ok(x) => m.set(c, col, x),
                     Err(e) => return usage(e),
                 }

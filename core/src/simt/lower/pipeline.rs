@@ -38,9 +38,11 @@ pub(super) enum StageLayout {
 }
 
 impl StageLayout {
-    fn b_off(&self) -> u32 {
+    /// Row strides and B's offset of a padded stage (what `mma_steps` reads fragments by).
+    fn padded(&self) -> ([u32; 2], u32) {
         match *self {
-            StageLayout::Padded { b_off, .. } | StageLayout::Swizzled { b_off, .. } => b_off,
+            StageLayout::Padded { strides, b_off } => (strides, b_off),
+            StageLayout::Swizzled { .. } => unreachable!("register fragments are read from padded stages"),
         }
     }
 }
@@ -263,8 +265,7 @@ impl Lowering<'_> {
         iv_arg: Value,
         iv: Reg,
         valid: Reg,
-        strides: [u32; 2],
-        b_off: u32,
+        sl: StageLayout,
     ) -> Vec<(Reg, Vec<Reg>)> {
         let saved_iv = self.vals.insert(iv_arg, vec![iv]);
         let memo = std::mem::take(&mut self.memo);
@@ -275,8 +276,6 @@ impl Lowering<'_> {
             let size = shared_size(t);
             // Shared vector stores take up to 4 elements.
             let widest = (self.target.vector_bytes / size).min(4);
-            let off0 = if which == 0 { 0 } else { b_off };
-            let stride = strides[which];
             self.for_copy_groups((ptr, mask), &shape, widest, valid, &mut |me, w, coords, p0, masks| {
                 let zeros: Vec<Reg> = (0..w)
                     .map(|_| {
@@ -306,9 +305,7 @@ impl Lowering<'_> {
                         })
                         .collect()
                 };
-                let row = me.bin_c(BinaryOp::Mul, coords[0][0], stride as i64);
-                let e = me.bin(BinaryOp::Add, row, coords[0][1]);
-                let off = me.shared_offset(e, size, off0);
+                let off = me.stage_offset_here(sl, which, coords[0][0], coords[0][1], size);
                 out.push((off, vals));
             });
         }
@@ -356,10 +353,6 @@ impl Lowering<'_> {
             let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
             (StageLayout::Padded { strides, b_off }, (b_off + kk * strides[1] * 2).next_multiple_of(128), 128)
         };
-        let (strides, b_off) = match sl {
-            StageLayout::Padded { strides, b_off } => (strides, b_off),
-            StageLayout::Swizzled { .. } => ([0, 0], sl.b_off()),
-        };
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
@@ -379,7 +372,7 @@ impl Lowering<'_> {
             self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
             let base = self.iconst((stages_at + st * stage_bytes) as i64);
             if registers {
-                let fetched = self.fetch_step(&plan, iv_arg, iv, valid, strides, b_off);
+                let fetched = self.fetch_step(&plan, iv_arg, iv, valid, sl);
                 self.commit_step(&fetched, base);
             } else {
                 self.issue_stage(&plan, iv_arg, iv, valid, base, sl);
@@ -430,8 +423,9 @@ impl Lowering<'_> {
         let nexts_acc = if registers {
             // Next step's loads in flight during this step's atoms; stored to the other stage
             // (read one step ago, before the last barrier), then everyone meets.
-            let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, strides, b_off);
+            let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, sl);
             let base = stage_of(self, j);
+            let (strides, b_off) = sl.padded();
             let acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
             self.commit_step(&fetched, next_base);
             self.emit(Inst::Barrier);
@@ -456,6 +450,7 @@ impl Lowering<'_> {
             } else {
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
+                let (strides, b_off) = sl.padded();
                 self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
             }
         };
