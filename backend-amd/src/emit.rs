@@ -565,7 +565,13 @@ impl Writer<'_> {
             | Inst::WgmmaFence
             | Inst::WgmmaCommit
             | Inst::WgmmaWait { .. }
-            | Inst::FenceProxyAsync => return err("`wgmma` and its fences are Hopper's (sm_90a)"),
+            | Inst::FenceProxyAsync
+            | Inst::MbarrierInit { .. }
+            | Inst::FenceMbarrierInit
+            | Inst::MbarrierInval { .. }
+            | Inst::MbarrierExpectTx { .. }
+            | Inst::MbarrierWait { .. }
+            | Inst::TmaLoad { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,
             Inst::Pack { dst, lo, hi } => {
                 let bits = |w: &mut Writer, r: Reg| {

@@ -57,6 +57,21 @@ impl SharedHazards {
         Ok(())
     }
 
+    /// The tensor-memory accelerator writes byte `at` for a copy whose completion an mbarrier
+    /// announces: its readers order themselves by waiting on that mbarrier (checked when they
+    /// wait), not by barriers, so only a read since the last barrier is a hazard here (the copy
+    /// would overwrite a stage still being read).
+    pub fn async_write(&mut self, at: usize) -> Result<(), Fault> {
+        let Some(b) = self.bytes.get_mut(at) else { return Ok(()) };
+        if b.read_epoch == self.epoch {
+            return Err(hazard(format!(
+                "write-after-read: a TMA copy writes shared byte {at}, which a thread read since the last barrier"
+            )));
+        }
+        b.write_epoch = 0;
+        Ok(())
+    }
+
     /// `lane` reads byte `at`.
     pub fn read(&mut self, lane: usize, at: usize) -> Result<(), Fault> {
         let (e, lane) = (self.epoch, lane as u16);

@@ -15,6 +15,7 @@ use trident_core::backend::{
     check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
 };
 use trident_core::ir::*;
+use trident_core::simt::tma::MapValues;
 use trident_core::simt::{diag, lower, protocol, Inst, Kernel, Reg, SType, Special};
 use trident_core::{verify, Function};
 
@@ -150,6 +151,16 @@ impl Device for SimtDevice {
     }
 }
 
+/// A tensor map the arguments cannot make, named by its tensor's parameter.
+fn tensor_map_fault(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: String) -> SimtFault {
+    SimtFault { message: tensor_map_error(k, m, &e), op: "launch".into(), loc: None }
+}
+
+/// What a launch reports when the arguments cannot make tensor map `m` of `k`.
+pub fn tensor_map_error(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: &str) -> String {
+    format!("the tensor map of %{} (TMA) cannot be made from the arguments: {e}", k.params[m.ptr as usize].0)
+}
+
 fn fault<T>(m: impl Into<String>) -> Result<T, Fault> {
     Err(Fault { op: None, message: m.into() })
 }
@@ -202,6 +213,29 @@ struct Exec<'a> {
     hazards: crate::shared_race::SharedHazards,
     /// The tile-IR op whose instructions run (the last [`Inst::Origin`]).
     origin: Option<(u32, &'static str, Option<Loc>)>,
+    /// The program's mbarriers, by shared byte offset.
+    mbarriers: std::collections::HashMap<usize, Mbarrier>,
+    /// The kernel's tensor maps evaluated against the launch's arguments.
+    maps: Vec<MapValues>,
+}
+
+/// An mbarrier's state: `pending` of `count` arrivals and `tx` bytes still due in phase `phase`.
+#[derive(Clone, Copy, Debug)]
+struct Mbarrier {
+    count: u32,
+    pending: u32,
+    tx: i64,
+    phase: u64,
+}
+
+impl Mbarrier {
+    /// The current phase completes once every arrival is in and every announced byte landed.
+    fn settle(&mut self) {
+        if self.pending == 0 && self.tx == 0 {
+            self.phase += 1;
+            self.pending = self.count;
+        }
+    }
 }
 
 /// Nanoseconds of a monotonic clock ([`Inst::Clock`]).
@@ -240,6 +274,11 @@ pub fn run_program(
 ) -> Result<(), SimtFault> {
     let lanes = k.threads() as usize;
     let shared = vec![0; k.shared_bytes as usize];
+    let maps = k
+        .tensor_maps
+        .iter()
+        .map(|m| m.evaluate(args).map_err(|e| tensor_map_fault(k, m, e)))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut e = Exec {
         k,
         mem,
@@ -254,6 +293,8 @@ pub fn run_program(
         exited: false,
         hazards: crate::shared_race::SharedHazards::new(k.shared_bytes as usize),
         origin: None,
+        mbarriers: Default::default(),
+        maps,
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         e.body(&k.body)?;
@@ -284,6 +325,19 @@ impl Exec<'_> {
             (_, d) => d,
         };
         self.regs[r.0 as usize] = Some(val(self.k.ty(r), data));
+    }
+
+    /// The shared offsets in `offset` of the lanes whose `pred` holds.
+    fn active_offsets(&self, offset: Reg, pred: Reg) -> Result<Vec<usize>, Fault> {
+        let (o, p) = (self.get(offset)?, self.get(pred)?);
+        Ok((0..self.lanes).filter(|&i| p.ints()[i] != 0).map(|i| o.ints()[i] as usize).collect())
+    }
+
+    fn mbarrier(&mut self, at: usize) -> Result<&mut Mbarrier, Fault> {
+        match self.mbarriers.get_mut(&at) {
+            Some(m) => Ok(m),
+            None => fault(format!("no mbarrier initialized at shared byte {at}")),
+        }
     }
 
     fn uniform(&self, r: Reg) -> Result<i64, Fault> {
@@ -891,7 +945,90 @@ impl Exec<'_> {
                     self.set(*r, Data::F(out));
                 }
             }
-            Inst::WgmmaFence | Inst::WgmmaCommit | Inst::WgmmaWait { .. } | Inst::FenceProxyAsync => {}
+            Inst::WgmmaFence
+            | Inst::WgmmaCommit
+            | Inst::WgmmaWait { .. }
+            | Inst::FenceProxyAsync
+            | Inst::FenceMbarrierInit => {}
+            Inst::MbarrierInit { offset, count, pred } => {
+                for at in self.active_offsets(*offset, *pred)? {
+                    self.mbarriers.insert(at, Mbarrier { count: *count, pending: *count, tx: 0, phase: 0 });
+                }
+            }
+            Inst::MbarrierInval { offset, pred } => {
+                for at in self.active_offsets(*offset, *pred)? {
+                    self.mbarriers.remove(&at);
+                }
+            }
+            Inst::MbarrierExpectTx { offset, bytes, pred } => {
+                for at in self.active_offsets(*offset, *pred)? {
+                    let m = self.mbarrier(at)?;
+                    if m.pending == 0 {
+                        return contract(format!("more arrivals at the mbarrier at shared byte {at} than its count"));
+                    }
+                    m.pending -= 1;
+                    m.tx += *bytes as i64;
+                    m.settle();
+                }
+            }
+            // Copies complete at once here, so a wait either passes or never would.
+            Inst::MbarrierWait { offset, parity } => {
+                let (o, p) = (self.get(*offset)?, self.get(*parity)?);
+                for i in 0..lanes {
+                    let (at, want) = (o.ints()[i] as usize, p.ints()[i] as u64 & 1);
+                    let m = *self.mbarrier(at)?;
+                    if m.phase & 1 == want {
+                        return fault(format!(
+                            "thread {i} waits for phase parity {want} of the mbarrier at shared byte {at}, which never completes: \
+                             phase {} has {} of {} arrivals and {} bytes outstanding (a copy not issued, or announced \
+                             with the wrong size)",
+                            m.phase, m.pending, m.count, m.tx
+                        ));
+                    }
+                }
+            }
+            Inst::TmaLoad { map, offset, coords, barrier, pred } => {
+                let (o, r, c, b, p) =
+                    (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*barrier)?, self.get(*pred)?);
+                let Some(m) = self.maps.get(*map as usize).copied() else {
+                    return contract(format!("TMA copy through tensor map {map}, which the kernel does not have"));
+                };
+                let view = self.mem.view();
+                for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
+                    let dst = o.ints()[i] as usize;
+                    let align = if m.swizzle > 0 { 8 * m.swizzle as usize } else { 128 };
+                    if !dst.is_multiple_of(align) {
+                        return fault(format!("TMA copy to shared byte {dst}, not {align}-byte aligned"));
+                    }
+                    let (r0, c0) = (r.ints()[i], c.ints()[i]);
+                    let es = m.elem_bytes as usize;
+                    for rr in 0..m.box_rows as i64 {
+                        for cc in 0..m.box_cols as i64 {
+                            let (gr, gc) = (r0 + rr, c0 + cc);
+                            let inside = gr >= 0 && gc >= 0 && (gr as u64) < m.rows && (gc as u64) < m.cols;
+                            let x = if inside {
+                                let at = m.address + gr as u64 * m.row_stride_bytes + gc as u64 * es as u64;
+                                self.view.load(&view, at, es).or_else(|e| fault(format!("TMA copy: {}", e.0)))?
+                            } else {
+                                0
+                            };
+                            let logical = dst + (rr as usize * m.box_cols as usize + cc as usize) * es;
+                            let at = trident_core::simt::smem::swizzle(logical as u32, m.swizzle) as usize;
+                            if self.shared.get(at..at + es).is_none() {
+                                return fault(format!("TMA copy to shared bytes {at}.. out of {}", self.shared.len()));
+                            }
+                            for j in 0..es {
+                                self.hazards.async_write(at + j)?;
+                                self.shared[at + j] = (x >> (8 * j)) as u8;
+                            }
+                        }
+                    }
+                    let m_at = b.ints()[i] as usize;
+                    let bar = self.mbarrier(m_at)?;
+                    bar.tx -= m.box_bytes() as i64;
+                    bar.settle();
+                }
+            }
             Inst::Pack { dst, lo, hi } => {
                 let (l, h) = (self.get(*lo)?, self.get(*hi)?);
                 let bits = |v: &Val, i: usize| elem_bits(&v.data, i, dtype(k.ty(*lo))) & 0xffff;

@@ -86,6 +86,8 @@ struct Writer<'k> {
     labels: u32,
     /// Register holding the shared-memory window address of the program's scratch.
     smem: Option<String>,
+    /// Registers holding the generic addresses of the tensor-map parameters, by map.
+    maps: Vec<String>,
 }
 
 fn ci(c: Class) -> usize {
@@ -412,6 +414,34 @@ impl<'k> Writer<'k> {
             Inst::WgmmaCommit => self.line("wgmma.commit_group.sync.aligned".into()),
             Inst::WgmmaWait { pending } => self.line(format!("wgmma.wait_group.sync.aligned {pending}")),
             Inst::FenceProxyAsync => self.line("fence.proxy.async.shared::cta".into()),
+            Inst::MbarrierInit { offset, count, pred } => {
+                let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
+                self.line(format!("@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}"));
+            }
+            Inst::FenceMbarrierInit => self.line("fence.mbarrier_init.release.cluster".into()),
+            Inst::MbarrierInval { offset, pred } => {
+                let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
+                self.line(format!("@{p} mbarrier.inval.shared::cta.b64 [{addr}]"));
+            }
+            Inst::MbarrierExpectTx { offset, bytes, pred } => {
+                let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
+                self.line(format!("@{p} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{addr}], {bytes}"));
+            }
+            Inst::MbarrierWait { offset, parity } => {
+                let (addr, par) = (self.shared_addr(*offset)?, self.n(*parity).to_string());
+                let (l, done) = (self.label(), self.temp(Class::P));
+                self.body.push_str(&format!("$L{l}_wait:\n"));
+                self.line(format!("mbarrier.try_wait.parity.shared::cta.b64 {done}, [{addr}], {par}"));
+                self.line(format!("@!{done} bra $L{l}_wait"));
+            }
+            Inst::TmaLoad { map, offset, coords, barrier, pred } => {
+                let (dst, bar) = (self.shared_addr(*offset)?, self.shared_addr(*barrier)?);
+                let m = self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
+                let (row, col, p) = (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
+                self.line(format!(
+                    "@{p} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{dst}], [{m}, {{{col}, {row}}}], [{bar}]"
+                ));
+            }
             Inst::Pack { dst, lo, hi } => {
                 let (d, l, h) = (self.n(*dst).to_string(), self.n(*lo).to_string(), self.n(*hi).to_string());
                 // 16-bit integers live in 32-bit registers: take their low halves.
@@ -976,6 +1006,7 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         body: String::new(),
         labels: 0,
         smem: None,
+        maps: Vec::new(),
     };
     for &t in &k.regs {
         let c = class(t);
@@ -987,6 +1018,14 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         let base = w.temp(Class::R);
         w.line(format!("mov.u32 {base}, trident_smem"));
         w.smem = Some(base);
+    }
+    let first_map = k.params.len();
+    for i in 0..k.tensor_maps.len() {
+        // A tensor map is read in place, by its generic address in the parameter space.
+        let r = w.temp(Class::Rd);
+        w.line(format!("mov.b64 {r}, p{}", first_map + i));
+        w.line(format!("cvta.param.u64 {r}, {r}"));
+        w.maps.push(r);
     }
     w.insts(&k.body)?;
     let mut out = String::new();
@@ -1001,8 +1040,8 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         // 1024-byte aligned: swizzled `wgmma` operand layouts repeat at 1024-byte boundaries.
         let _ = writeln!(out, ".extern .shared .align 1024 .b8 trident_smem[];\n");
     }
-    let n = k.params.len();
-    let params: Vec<String> = k
+    let n = k.params.len() + k.tensor_maps.len();
+    let mut params: Vec<String> = k
         .params
         .iter()
         .enumerate()
@@ -1011,6 +1050,11 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
             format!("  .param .{ty} p{i}{} // %{name}", if i + 1 < n { "," } else { "" })
         })
         .collect();
+    for (j, m) in k.tensor_maps.iter().enumerate() {
+        let i = k.params.len() + j;
+        let of = &k.params[m.ptr as usize].0;
+        params.push(format!("  .param .align 64 .b8 p{i}[128]{} // tensor map of %{of}", if i + 1 < n { "," } else { "" }));
+    }
     let _ = writeln!(out, ".visible .entry {}(\n{}\n) .maxntid {}, 1, 1\n{{", k.name, params.join("\n"), k.threads());
     for (c, n) in [
         (Class::P, "pred"),

@@ -9,6 +9,7 @@ pub mod emit;
 pub mod event;
 pub mod runtime;
 pub mod target;
+pub mod tensor_map;
 pub mod world;
 
 use std::sync::Arc;
@@ -38,6 +39,9 @@ pub struct PtxModule {
     pub waits: bool,
     /// Dynamic shared memory per program (bytes), given at launch.
     pub shared_bytes: u32,
+    /// The tensor maps the kernel's TMA copies read, encoded at each launch from its arguments
+    /// and passed after every other parameter.
+    pub tensor_maps: Vec<trident_core::simt::tma::TensorMap>,
 }
 
 pub struct NvidiaBackend;
@@ -51,7 +55,14 @@ impl NvidiaBackend {
         let waits = k.waits();
         trident_core::simt::protocol::expand(&mut k);
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
-        Ok(PtxModule { ptx, entry: k.name.clone(), threads: k.threads(), waits, shared_bytes: k.shared_bytes })
+        Ok(PtxModule {
+            ptx,
+            entry: k.name.clone(),
+            threads: k.threads(),
+            waits,
+            shared_bytes: k.shared_bytes,
+            tensor_maps: k.tensor_maps.clone(),
+        })
     }
 }
 

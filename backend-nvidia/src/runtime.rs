@@ -245,6 +245,9 @@ pub(crate) fn launch_raw(
         })
         .collect();
     let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
+    // The maps live until the launch returns (the driver copies parameters at the call).
+    let mut maps = crate::tensor_map::encode_all(kernel, &module.tensor_maps, args)?;
+    params.extend(maps.iter_mut().map(|m| m as *mut sys::CUtensorMap as *mut c_void));
     let fail = |what: &str, e: result::DriverError| BackendError::Launch {
         kernel: kernel.kernel.clone(),
         message: format!("{what}: {e:?}"),

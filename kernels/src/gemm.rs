@@ -5,7 +5,7 @@
 
 use crate::{cdiv, require_bytes, require_i32, Launcher};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{DType, InputPrecision, LaunchAttrs};
+use trident_core::ir::{DType, InputPrecision, LaunchAttrs, Literal};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +23,11 @@ pub struct Gemm {
     /// declared as parameter facts (checked at launch), so vector copies need no alignment
     /// test. [`Gemm::run`] picks this variant when the arguments allow it.
     pub divisible: bool,
+    /// The divisible variant reads A and B through tensor descriptors (`make_desc` /
+    /// `desc_load`), which sm_90a copies with TMA. [`Gemm::for_target`] sets it where the
+    /// target has TMA; elsewhere descriptor blocks are masked element loads, so the pointer
+    /// form (pipelined by `cp.async` or registers) stays the default.
+    pub descriptors: bool,
 }
 
 /// Rows of tiles a group of programs walks together (the grouped raster order).
@@ -40,6 +45,7 @@ impl Gemm {
             stages: 2,
             precision: InputPrecision::Ieee,
             divisible: false,
+            descriptors: false,
         }
     }
 
@@ -57,7 +63,8 @@ impl Gemm {
             // Two warpgroups of m64n256 on `wgmma`, 4 stages (one barrier per step): the fastest
             // of the benchmark's sweep on the H200 from M = 512 up (`results/README.md`).
             Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
-                Gemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, ..base }
+                let tma = t.has_async_copy(trident_core::target::AsyncCopy::Tma);
+                Gemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, descriptors: tma, ..base }
             }
             Some(t) if t.has_async_copy(trident_core::target::AsyncCopy::CpAsyncGroups) => Gemm { stages: 3, ..base },
             _ => base,
@@ -103,7 +110,11 @@ impl Gemm {
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
-        let div = if self.divisible { "_div16" } else { "" };
+        let div = match (self.divisible, self.descriptors) {
+            (true, true) => "_div16_desc",
+            (true, false) => "_div16",
+            _ => "",
+        };
         let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
@@ -136,7 +147,21 @@ impl Gemm {
         let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
         let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
         let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
-        let acc = self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k));
+        let acc = if self.divisible && self.descriptors {
+            // Blocks through descriptors: zeros outside A and B, so no edge masks in the loop.
+            let one = b.constant(Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [m, k], [sa, one], [bm, bk]);
+            let db = b.make_desc(bp, [k, n], [sb, one], [bk, bn]);
+            let (row0, col0) = (pid_m * bm as i32, pid_n * bn as i32);
+            let acc = b.zeros(&[bm, bn], self.accumulator());
+            let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
+                let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
+                vec![b.dot(ta, tb, carried[0], self.dot_precision())]
+            });
+            out[0]
+        } else {
+            self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k))
+        };
         let c_ptrs = c + rows * sc + cols;
         b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
         b.finish()
@@ -194,7 +219,8 @@ impl Gemm {
             return Ok(());
         }
         let aligned = [a, b, c].iter().all(|x| x.address % 16 == 0);
-        let spec = Gemm { divisible: aligned && k % 16 == 0 && n % 16 == 0, ..*self };
+        // (Descriptors need k >= 1: a tensor map has no empty extent.)
+        let spec = Gemm { divisible: aligned && k % 16 == 0 && n % 16 == 0 && k > 0, ..*self };
         let kernel = l.compile(format!("{spec:?}"), || spec.build())?;
         let args = [
             a.arg(),

@@ -1,7 +1,8 @@
 //! The GEMM's sm_90a configurations that the conformance suite's default does not reach (four
 //! and five `wgmma` stages, one warpgroup or two), executed by `cpu-simt` for sm_90a against an
 //! f64 reference on fresh inputs with a poisoned output, on shapes that are and are not
-//! multiples of the tile (the divisible specialization and the masked one).
+//! multiples of the tile (the divisible specialization and the masked one), with A and B read
+//! through pointers (`cp.async`) and through tensor descriptors (TMA on an mbarrier ring).
 
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::simt_exec::SimtBackend;
@@ -9,6 +10,40 @@ use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
 use trident_kernels::gemm::Gemm;
 use trident_kernels::Launcher;
+
+fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
+    let dev = l.device;
+    let what = format!("{}x{}/{}w/{}s desc {}", g.block_m, g.block_n, g.warps, g.stages, g.descriptors);
+    for &(m, n, k) in shapes {
+        let bf = |x: f64| half::bf16::from_f64(x);
+        let a: Vec<half::bf16> = (0..m * k).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
+        let b: Vec<half::bf16> = (0..k * n).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
+        let bytes = |v: &[half::bf16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (ab, bb, cb) =
+            (dev.alloc(2 * m * k, "a").unwrap(), dev.alloc(2 * k * n, "b").unwrap(), dev.alloc(2 * m * n, "c").unwrap());
+        dev.write(&ab, 0, &bytes(&a)).unwrap();
+        dev.write(&bb, 0, &bytes(&b)).unwrap();
+        dev.write(&cb, 0, &vec![0xff; 2 * m * n]).unwrap();
+        g.run(l, &ab, &bb, &cb, (m, n, k)).unwrap();
+        let mut raw = vec![0u8; 2 * m * n];
+        dev.read(&cb, 0, &mut raw).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let got = half::bf16::from_le_bytes([raw[2 * (i * n + j)], raw[2 * (i * n + j) + 1]]).to_f64();
+                let (mut want, mut scale) = (0.0, 0.0);
+                for p in 0..k {
+                    let x = a[i * k + p].to_f64() * b[p * n + j].to_f64();
+                    want += x;
+                    scale += x.abs();
+                }
+                assert!((got - want).abs() <= 1e-2 * scale.max(1e-3), "{what} {m}x{n}x{k}: c[{i},{j}] = {got}, want {want}");
+            }
+        }
+        for x in [ab, bb, cb] {
+            dev.free(&x).unwrap();
+        }
+    }
+}
 
 #[test]
 fn wgmma_pipelines_of_four_and_five_stages() {
@@ -19,37 +54,23 @@ fn wgmma_pipelines_of_four_and_five_stages() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     for (bm, bn, warps, stages) in [(64, 128, 4, 4), (128, 128, 8, 5)] {
         let g = Gemm { block_m: bm, block_n: bn, block_k: 64, warps, stages, ..Gemm::new(DType::BF16) };
-        for (m, n, k) in [(128, 128, 384), (70, 136, 200)] {
-            let bf = |x: f64| half::bf16::from_f64(x);
-            let a: Vec<half::bf16> = (0..m * k).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
-            let b: Vec<half::bf16> = (0..k * n).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
-            let bytes = |v: &[half::bf16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-            let (ab, bb, cb) = (
-                dev.alloc(2 * m * k, "a").unwrap(),
-                dev.alloc(2 * k * n, "b").unwrap(),
-                dev.alloc(2 * m * n, "c").unwrap(),
-            );
-            dev.write(&ab, 0, &bytes(&a)).unwrap();
-            dev.write(&bb, 0, &bytes(&b)).unwrap();
-            dev.write(&cb, 0, &vec![0xff; 2 * m * n]).unwrap();
-            g.run(&l, &ab, &bb, &cb, (m, n, k)).unwrap();
-            let mut raw = vec![0u8; 2 * m * n];
-            dev.read(&cb, 0, &mut raw).unwrap();
-            for i in 0..m {
-                for j in 0..n {
-                    let got = half::bf16::from_le_bytes([raw[2 * (i * n + j)], raw[2 * (i * n + j) + 1]]).to_f64();
-                    let (mut want, mut scale) = (0.0, 0.0);
-                    for p in 0..k {
-                        let x = a[i * k + p].to_f64() * b[p * n + j].to_f64();
-                        want += x;
-                        scale += x.abs();
-                    }
-                    assert!(
-                        (got - want).abs() <= 1e-2 * scale.max(1e-3),
-                        "{bm}x{bn}/{warps}w/{stages}s {m}x{n}x{k}: c[{i},{j}] = {got}, want {want}"
-                    );
-                }
-            }
-        }
+        check(&l, g, &[(128, 128, 384), (70, 136, 200)], &mut rng);
+    }
+}
+
+/// Descriptor blocks copied by TMA: rows and columns past M, N and K read zeros from the
+/// copy itself (the shapes are not multiples of the tile), stages 2 to 5 (both refill schemes),
+/// one warpgroup and two.
+#[test]
+fn tma_pipelines_through_descriptors() {
+    trident_backend_nvidia::link();
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = Launcher::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    for (bm, bn, bk, warps, stages) in [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
+    {
+        let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, descriptors: true, ..Gemm::new(DType::BF16) };
+        check(&l, g, &[(128, 128, 384), (70, 144, 208), (16, 48, 16)], &mut rng);
     }
 }

@@ -279,7 +279,10 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             // checked, the fastest is reported.
             let mut best: Option<(Stats, f64, String)> = None;
             let mut refused = Vec::new();
-            for (bm, bn, bk, warps, stages) in [
+            // Where the target has TMA, each configuration also reads A and B through tensor
+            // descriptors (`/tma`).
+            let tma = l.gpu_target().is_some_and(|t| t.has_async_copy(trident_core::target::AsyncCopy::Tma));
+            let configs = [
                 (64, 64, 32, 4, 2),
                 (64, 128, 64, 4, 4),
                 (128, 128, 32, 8, 3),
@@ -291,8 +294,13 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (128, 256, 64, 8, 4),
                 (256, 128, 64, 16, 3),
                 (256, 128, 64, 8, 3),
-            ] {
-                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, ..Gemm::new(d) };
+            ];
+            let variants = if tma { &[false, true][..] } else { &[false][..] };
+            for ((bm, bn, bk, warps, stages), descriptors) in
+                configs.into_iter().flat_map(|c| variants.iter().map(move |&t| (c, t)))
+            {
+                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, descriptors, ..Gemm::new(d) };
+                let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{}", if descriptors { "/tma" } else { "" });
                 cuda.fill(&c, &poison(d))?;
                 let timed = time(
                     cuda,
@@ -319,26 +327,26 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 // A configuration the target cannot hold (shared memory, registers) is skipped.
                 let (ms, err) = match timed {
                     Err(BackendError::Compile { message, .. }) => {
-                        refused.push(format!("{bm}x{bn}x{bk}/{warps}w/{stages}s: {message}"));
+                        refused.push(format!("{name}: {message}"));
                         continue;
                     }
                     other => other?,
                 };
                 if err > case.bound() {
                     return Err(BackendError::Host(format!(
-                        "configuration {bm}x{bn}x{bk}/{warps}w/{stages}s: error {err:.2e} over the bound {:.0e}",
+                        "configuration {name}: error {err:.2e} over the bound {:.0e}",
                         case.bound()
                     )));
                 }
                 let (flops, _) = case.work();
                 eprintln!(
-                    "bench: {} config {bm}x{bn}x{bk}/{warps}w/{stages}s: {:.3} ms ({:.1} TF/s)",
+                    "bench: {} config {name}: {:.3} ms ({:.1} TF/s)",
                     case.key(),
                     ms.median,
                     flops / ms.median / 1e9
                 );
                 if best.as_ref().is_none_or(|(b, _, _): &(Stats, f64, String)| ms.median < b.median) {
-                    best = Some((ms, err, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s")));
+                    best = Some((ms, err, name));
                 }
             }
             let Some((ms, err, cfg)) = best else {

@@ -36,6 +36,10 @@ struct Args {
     /// specialized for arguments divisible by 16.
     #[arg(long)]
     config: Option<String>,
+    /// With `--config`: A and B read through tensor descriptors (TMA copies on sm_90a), as the
+    /// library's GEMM does where the target has TMA.
+    #[arg(long, requires = "config")]
+    descriptors: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -91,7 +95,9 @@ fn main() -> ExitCode {
             Err(e) => return usage(format!("{}: {e}", path.display())),
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
-            Ok(g) if a.kernel == "gemm" => g.build().map_err(|e| e.to_string()),
+            Ok(g) if a.kernel == "gemm" => {
+                trident_kernels::gemm::Gemm { descriptors: a.descriptors, ..g }.build().map_err(|e| e.to_string())
+            }
             Ok(_) => return usage("--config applies to --kernel gemm"),
             Err(e) => return usage(e),
         },

@@ -169,6 +169,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         warp_size: target.warp_size,
         shared_bytes: 0,
         shared_objects: Vec::new(),
+        tensor_maps: Vec::new(),
     };
     let mut l = Lowering {
         func,

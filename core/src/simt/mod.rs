@@ -43,6 +43,7 @@ pub mod passes;
 pub mod print;
 pub mod protocol;
 pub mod smem;
+pub mod tma;
 
 pub use lower::{lower, LowerError};
 
@@ -477,6 +478,49 @@ pub enum Inst {
     /// Makes the thread's earlier shared-memory writes (stores, completed `cp.async`) visible to
     /// the asynchronous proxy that `Wgmma` reads through (`fence.proxy.async.shared::cta`).
     FenceProxyAsync,
+    /// Threads with `pred` initialize the mbarrier (8 bytes) at shared byte `offset` for
+    /// `count` arrivals per phase, in phase 0 (`mbarrier.init`).
+    MbarrierInit {
+        offset: Reg,
+        count: u32,
+        pred: Reg,
+    },
+    /// Makes initialized mbarriers visible to the asynchronous proxy (`fence.mbarrier_init`);
+    /// a `Barrier` must follow before other threads use them.
+    FenceMbarrierInit,
+    /// Threads with `pred` end the mbarrier at `offset` (`mbarrier.inval`), so that its bytes may
+    /// hold anything else.
+    MbarrierInval {
+        offset: Reg,
+        pred: Reg,
+    },
+    /// Threads with `pred` arrive at the mbarrier at `offset` and announce `bytes` more of
+    /// asynchronous transfer the current phase waits for (`mbarrier.arrive.expect_tx`). A phase
+    /// completes when its arrivals are all in and its announced bytes have landed.
+    MbarrierExpectTx {
+        offset: Reg,
+        bytes: u32,
+        pred: Reg,
+    },
+    /// Waits until the phase of parity `parity` (0 or 1) of the mbarrier at `offset` has
+    /// completed (`mbarrier.try_wait.parity` in a loop). Every thread executes it; the data the
+    /// phase's copies brought is then visible to the thread and to the asynchronous proxy.
+    MbarrierWait {
+        offset: Reg,
+        parity: Reg,
+    },
+    /// Threads with `pred` copy the box of `Kernel::tensor_maps[map]` whose first element is at
+    /// (`coords[0]`, `coords[1]`) (row, column; either may lie outside the tensor, whose
+    /// elements read 0) to shared byte `offset`, rows of the box one after the other swizzled
+    /// as the map says; the copy's bytes complete on the mbarrier at `barrier`
+    /// (`cp.async.bulk.tensor.2d`, asynchronous).
+    TmaLoad {
+        map: u32,
+        offset: Reg,
+        coords: [Reg; 2],
+        barrier: Reg,
+        pred: Reg,
+    },
     /// `dst` (32 bits) = `lo` | `hi` << 16, two 16-bit values.
     Pack {
         dst: Reg,
@@ -651,6 +695,9 @@ pub struct Kernel {
     pub shared_bytes: u32,
     /// The shared-memory objects, in program order of their allocation.
     pub shared_objects: Vec<SharedObject>,
+    /// The tensor maps `TmaLoad`s read through (by index), passed after every other parameter
+    /// (`tma`).
+    pub tensor_maps: Vec<tma::TensorMap>,
 }
 
 impl Kernel {

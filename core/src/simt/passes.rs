@@ -79,6 +79,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::WgmmaCommit
         | Inst::WgmmaWait { .. }
         | Inst::FenceProxyAsync
+        | Inst::FenceMbarrierInit
         | Inst::Clock { .. }
         | Inst::Exit
         | Inst::Origin { .. }
@@ -180,6 +181,23 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             f(hi)
         }
         Inst::MatrixDescriptor { offset, .. } => f(offset),
+        Inst::MbarrierInit { offset, pred, .. }
+        | Inst::MbarrierInval { offset, pred }
+        | Inst::MbarrierExpectTx { offset, pred, .. } => {
+            f(offset);
+            f(pred)
+        }
+        Inst::MbarrierWait { offset, parity } => {
+            f(offset);
+            f(parity)
+        }
+        Inst::TmaLoad { offset, coords, barrier, pred, .. } => {
+            f(offset);
+            f(&mut coords[0]);
+            f(&mut coords[1]);
+            f(barrier);
+            f(pred)
+        }
         Inst::Wgmma { c, a, b, .. } => {
             for r in c.iter_mut() {
                 f(r)

@@ -42,6 +42,24 @@ impl fmt::Display for Kernel {
                 o.swizzle.map(|s| format!(", swizzle {s}")).unwrap_or_default()
             )?;
         }
+        for (i, m) in self.tensor_maps.iter().enumerate() {
+            let s = |x: &super::tma::MapScalar| match x {
+                super::tma::MapScalar::Param(p) => format!("%{}", self.params[*p as usize].0),
+                super::tma::MapScalar::Const(c) => c.to_string(),
+            };
+            writeln!(
+                f,
+                "  // tensor map{i}: %{} {} [{}, {}] row stride {}, box {}x{}, swizzle {}",
+                self.params[m.ptr as usize].0,
+                m.dtype,
+                s(&m.rows),
+                s(&m.cols),
+                s(&m.row_stride),
+                m.box_rows,
+                m.box_cols,
+                m.swizzle
+            )?;
+        }
         let mut out = String::new();
         Printer { k: self, out: &mut out }.block(&self.body, 1);
         f.write_str(&out)
@@ -188,6 +206,23 @@ impl Printer<'_> {
             Inst::WgmmaCommit => "wgmma.commit".to_string(),
             Inst::WgmmaWait { pending } => format!("wgmma.wait {pending}"),
             Inst::FenceProxyAsync => "fence.proxy.async".to_string(),
+            Inst::MbarrierInit { offset, count, pred } => {
+                format!("mbarrier.init shared [{}], count {count} if {}", r(offset), r(pred))
+            }
+            Inst::FenceMbarrierInit => "fence.mbarrier_init".to_string(),
+            Inst::MbarrierInval { offset, pred } => format!("mbarrier.inval shared [{}] if {}", r(offset), r(pred)),
+            Inst::MbarrierExpectTx { offset, bytes, pred } => {
+                format!("mbarrier.arrive.expect_tx shared [{}], {bytes} if {}", r(offset), r(pred))
+            }
+            Inst::MbarrierWait { offset, parity } => format!("mbarrier.wait shared [{}], parity {}", r(offset), r(parity)),
+            Inst::TmaLoad { map, offset, coords, barrier, pred } => format!(
+                "tma.load shared [{}] <- map{map} [{}, {}], mbarrier [{}] if {}",
+                r(offset),
+                r(&coords[0]),
+                r(&coords[1]),
+                r(barrier),
+                r(pred)
+            ),
             Inst::Pack { dst, lo, hi } => format!("{} = pack {}, {}", self.def(*dst), r(lo), r(hi)),
             Inst::Clock { dst } => format!("{} = clock", self.def(*dst)),
             Inst::Exit => "exit".to_string(),

@@ -2,21 +2,46 @@
 //! atoms work on the current one, by the target's mechanism: `cp.async` groups where the target
 //! has them (sm_80, sm_90), else register-staged prefetch (gfx90a, gfx942: the next step's
 //! global loads issued into registers before this step's atoms, stored to the other of two
-//! shared stages after them, one barrier per step). TMA with mbarrier rings comes with the
-//! Hopper GEMM.
+//! shared stages after them, one barrier per step), or TMA copies of tensor-descriptor blocks
+//! completing on a ring of mbarriers, one per stage (sm_90a, with `wgmma`).
 
 use super::*;
 
 /// A software-pipelined K loop (`Lowering::pipeline_plan`): the accumulator layout, the number
-/// of stages, and for A and B the load's pointer, mask and value.
+/// of stages, and for A and B where the load reads and the value it makes.
 pub(super) struct Pipeline {
     layout: AccLayout,
     stages: u32,
     strategy: Strategy,
     /// The K step runs on `wgmma` from swizzled stages (sm_90a), not on register fragments.
     wgmma: bool,
-    a: (Value, Value, Value),
-    b: (Value, Value, Value),
+    a: Operand,
+    b: Operand,
+}
+
+/// One operand of a pipelined `dot`: the load's source and the loaded value.
+#[derive(Clone, Copy)]
+struct Operand {
+    source: Source,
+    value: Value,
+}
+
+#[derive(Clone, Copy)]
+enum Source {
+    /// `load(ptr, mask, 0)`: pointer and mask rematerializable at any step.
+    Pointer { ptr: Value, mask: Value },
+    /// `desc_load(desc, offsets)` copied by TMA: the first of `atoms` tensor maps' index (one
+    /// box per swizzle atom along the contiguous dimension) and the block's offsets.
+    Tensor { map: u32, atoms: u32, offsets: [Value; 2] },
+}
+
+impl Operand {
+    fn pointer(&self) -> (Value, Value) {
+        match self.source {
+            Source::Pointer { ptr, mask } => (ptr, mask),
+            Source::Tensor { .. } => unreachable!("TMA operands are copied by `tma_issue`"),
+        }
+    }
 }
 
 /// How the next K steps' operands travel while this one computes.
@@ -26,6 +51,9 @@ pub(super) enum Strategy {
     AsyncGroups,
     /// Global loads into registers one step ahead, two shared stages.
     Registers,
+    /// TMA copies of descriptor blocks into `stages` swizzled stages, each completing on its
+    /// own mbarrier; one thread issues them.
+    Tma,
 }
 
 /// Where an element of a stage lives: rows padded by 16 bytes (fragments read by `ldmatrix` or
@@ -100,13 +128,6 @@ impl Lowering<'_> {
         let stages = self.func.attrs.stages;
         let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
         let body = *body;
-        let strategy = if self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
-            Strategy::AsyncGroups
-        } else if self.target.async_copies.is_empty() {
-            Strategy::Registers
-        } else {
-            return None;
-        };
         if stages < 2 || init.len() != 1 {
             return None;
         }
@@ -117,19 +138,28 @@ impl Lowering<'_> {
         let mut loads = Vec::new();
         for v in [a, b] {
             let ValueDef::Result { op: ld, .. } = self.func.values[v].def else { return None };
-            let OpKind::Load { ptr, mask, other } = self.func.ops[ld].kind else { return None };
             let uses = self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
             let yielded = self.func.blocks.iter().any(|(_, bl)| bl.yields.contains(&v));
             if uses != 1 || yielded || !self.func.blocks[body].ops.contains(&ld) {
                 return None;
             }
-            if other.is_some_and(|o| !self.is_zero(o)) || mask.is_none_or(|m| !self.rematerializable(m)) {
-                return None;
+            match self.func.ops[ld].kind {
+                OpKind::Load { ptr, mask, other } => {
+                    if other.is_some_and(|o| !self.is_zero(o)) || mask.is_none_or(|m| !self.rematerializable(m)) {
+                        return None;
+                    }
+                    if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
+                        return None;
+                    }
+                    loads.push((ld, None, Operand { source: Source::Pointer { ptr, mask: mask.expect("checked") }, value: v }));
+                }
+                OpKind::DescLoad { desc, offsets } => loads.push((ld, Some(desc), Operand {
+                    // The maps are made below, once the tile is known to run on `wgmma`.
+                    source: Source::Tensor { map: 0, atoms: 0, offsets },
+                    value: v,
+                })),
+                _ => return None,
             }
-            if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
-                return None;
-            }
-            loads.push((ld, ptr, mask.expect("checked"), v));
         }
         let pure = self.func.blocks[body].ops.iter().all(|&o| {
             o == dot
@@ -140,12 +170,88 @@ impl Lowering<'_> {
         if !pure {
             return None;
         }
-        let (la, lb) = (loads[0], loads[1]);
+        let tensors = loads.iter().filter(|l| l.1.is_some()).count();
+        let strategy = if tensors == 2 && self.target.has_async_copy(AsyncCopy::Tma) {
+            Strategy::Tma
+        } else if tensors > 0 {
+            // Descriptor blocks without TMA are read by `desc_access` in the loop.
+            return None;
+        } else if self.target.has_async_copy(AsyncCopy::CpAsyncGroups) {
+            Strategy::AsyncGroups
+        } else if self.target.async_copies.is_empty() {
+            Strategy::Registers
+        } else {
+            return None;
+        };
         let stages = if strategy == Strategy::Registers { 2 } else { stages };
-        let kk = self.func.ty(la.3).shape[1];
-        let wgmma = strategy == Strategy::AsyncGroups && self.wgmma_fits(layout, kk);
+        let kk = self.func.ty(loads[0].2.value).shape[1];
+        let wgmma = strategy != Strategy::Registers && self.wgmma_fits(layout, kk);
+        if strategy == Strategy::Tma && !wgmma {
+            return None;
+        }
         let layout = if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, ..layout } } else { layout };
-        Some(Pipeline { layout, stages, strategy, wgmma, a: (la.1, la.2, la.3), b: (lb.1, lb.2, lb.3) })
+        let (mut a, mut b) = (loads[0].2, loads[1].2);
+        if strategy == Strategy::Tma {
+            let before = self.k.tensor_maps.len();
+            // A's boxes: all of its rows, one swizzle row of K each; B's: all of K, one swizzle
+            // row of N each (the stage layout of `pipelined_for`).
+            let (sa, sb) = ((kk * 2).min(128), (layout.n * 2).min(128));
+            for (operand, desc, rows, cols, width) in
+                [(&mut a, loads[0].1, layout.m, kk, sa), (&mut b, loads[1].1, kk, layout.n, sb)]
+            {
+                let Source::Tensor { offsets, .. } = operand.source else { return None };
+                let Some(map) = self.tensor_map(desc.expect("a tensor operand"), rows, width / 2, width) else {
+                    self.k.tensor_maps.truncate(before);
+                    return None;
+                };
+                operand.source = Source::Tensor { map, atoms: cols / (width / 2), offsets };
+            }
+        }
+        Some(Pipeline { layout, stages, strategy, wgmma, a, b })
+    }
+
+    /// The tensor map of `desc`'s `make_desc` read in boxes of `rows x cols` swizzled at `swizzle`
+    /// bytes (an index into the kernel's maps, shared by equal requests), when TMA can read it:
+    /// the tensor a kernel parameter, its extents and row stride parameters or constants, its
+    /// columns contiguous (a constant stride of 1) and its elements 16-bit.
+    fn tensor_map(&mut self, desc: Value, rows: u32, cols: u32, swizzle: u32) -> Option<u32> {
+        use crate::simt::tma::{MapScalar, TensorMap};
+        let ValueDef::Result { op, .. } = self.func.values[desc].def else { return None };
+        let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { return None };
+        let ValueDef::Param(p) = self.func.values[ptr].def else { return None };
+        let (dtype, _) = self.func.ty(desc).elem.desc()?;
+        if dtype.size_bytes() != 2 || rows > 256 {
+            return None;
+        }
+        let scalar = |v: Value| match self.func.values[v].def {
+            ValueDef::Param(i) => Some(MapScalar::Param(i)),
+            ValueDef::Result { op, .. } => match self.func.ops[op].kind {
+                OpKind::Const(Literal::Int(c)) => Some(MapScalar::Const(c)),
+                _ => None,
+            },
+            ValueDef::BlockArg { .. } => None,
+        };
+        if scalar(strides[1])? != MapScalar::Const(1) {
+            return None;
+        }
+        let map = TensorMap {
+            ptr: p,
+            dtype,
+            rows: scalar(shape[0])?,
+            cols: scalar(shape[1])?,
+            row_stride: scalar(strides[0])?,
+            box_rows: rows,
+            box_cols: cols,
+            swizzle,
+        };
+        let maps = &mut self.k.tensor_maps;
+        Some(match maps.iter().position(|m| *m == map) {
+            Some(i) => i as u32,
+            None => {
+                maps.push(map);
+                maps.len() as u32 - 1
+            }
+        })
     }
 
     /// Whether the K step of a pipelined `dot` with accumulator layout `l` and K tile `kk` runs
@@ -209,7 +315,8 @@ impl Lowering<'_> {
     ) {
         let saved_iv = self.vals.insert(iv_arg, vec![iv]);
         let memo = std::mem::take(&mut self.memo);
-        for (which, (ptr, mask, v)) in [plan.a, plan.b].into_iter().enumerate() {
+        for (which, operand) in [plan.a, plan.b].into_iter().enumerate() {
+            let ((ptr, mask), v) = (operand.pointer(), operand.value);
             let shape = self.func.ty(v).shape.clone();
             let t = stype(self.func.ty(v));
             let size = shared_size(t);
@@ -270,7 +377,8 @@ impl Lowering<'_> {
         let saved_iv = self.vals.insert(iv_arg, vec![iv]);
         let memo = std::mem::take(&mut self.memo);
         let mut out = Vec::new();
-        for (which, (ptr, mask, v)) in [plan.a, plan.b].into_iter().enumerate() {
+        for (which, operand) in [plan.a, plan.b].into_iter().enumerate() {
+            let ((ptr, mask), v) = (operand.pointer(), operand.value);
             let shape = self.func.ty(v).shape.clone();
             let t = stype(self.func.ty(v));
             let size = shared_size(t);
@@ -339,7 +447,7 @@ impl Lowering<'_> {
         let l = plan.layout;
         let s = plan.stages;
         let (lo, hi, stp) = (self.held(lower)[0], self.held(upper)[0], self.held(step)[0]);
-        let at = self.func.ty(plan.a.2).clone();
+        let at = self.func.ty(plan.a.value).clone();
         let ab = stype(&at);
         let kk = at.shape[1];
         let (sl, stage_bytes, align) = if plan.wgmma {
@@ -361,17 +469,37 @@ impl Lowering<'_> {
         // memory earlier ops used, which other threads may still be reading.
         self.emit(Inst::Barrier);
         let registers = plan.strategy == Strategy::Registers;
+        let tma = plan.strategy == Strategy::Tma;
         // With `wgmma` and 4 or more stages, one barrier per step suffices: copies run `s - 2`
         // steps ahead and refill the stage the group before last read (see below).
         let single = plan.wgmma && s >= 4;
         let dist = if single { s - 2 } else { s - 1 };
+        // TMA: one mbarrier per stage, one arrival (the issuing thread's) per phase; the phase
+        // of step j is j / s, so its parity is (j / s) & 1.
+        let (bars_at, leader) = if tma {
+            let at = self.shared_alloc("pipeline.mbarriers", 8 * s, 8);
+            let leader = self.first_thread();
+            for st in 0..s {
+                let offset = self.iconst((at + 8 * st) as i64);
+                self.emit(Inst::MbarrierInit { offset, count: 1, pred: leader });
+            }
+            self.emit(Inst::FenceMbarrierInit);
+            self.emit(Inst::Barrier);
+            (at, leader)
+        } else {
+            (0, Reg(0))
+        };
         for st in 0..dist {
             let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
             let iv = self.bin(BinaryOp::Add, lo, k);
             let valid = self.reg(SType::Pred);
             self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: iv, b: hi });
             let base = self.iconst((stages_at + st * stage_bytes) as i64);
-            if registers {
+            if tma {
+                let pred = self.bin(BinaryOp::And, valid, leader);
+                let bar = self.iconst((bars_at + 8 * st) as i64);
+                self.tma_issue(&plan, iv_arg, iv, pred, base, bar, sl);
+            } else if registers {
                 let fetched = self.fetch_step(&plan, iv_arg, iv, valid, sl);
                 self.commit_step(&fetched, base);
             } else {
@@ -392,7 +520,14 @@ impl Lowering<'_> {
             Some(super::Hoist { variant: self.loop_variant(body), insts: Vec::new(), memo: HashMap::default() });
         self.vals.insert(iv_arg, vec![iv]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
-        if !registers {
+        if tma {
+            // The stage a refill overwrites was read by a group every warpgroup has waited for
+            // (as below); the data of this step is awaited on its mbarrier after the refill.
+            if single {
+                self.emit(Inst::WgmmaWait { pending: 1 });
+                self.emit(Inst::Barrier);
+            }
+        } else if !registers {
             self.emit(Inst::AsyncWait { pending: dist - 1 });
             if plan.wgmma {
                 // `wgmma` reads the stage through the async proxy.
@@ -420,7 +555,32 @@ impl Lowering<'_> {
         };
         let jn = self.bin_c(BinaryOp::Add, j, dist as i64);
         let next_base = stage_of(self, jn);
-        let nexts_acc = if registers {
+        let bar_of = |me: &mut Self, x: Reg| {
+            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
+            let r = me.bin_c(BinaryOp::Mul, r, 8);
+            me.bin_c(BinaryOp::Add, r, bars_at as i64)
+        };
+        let nexts_acc = if tma {
+            let base = stage_of(self, j);
+            let pred = self.bin(BinaryOp::And, valid, leader);
+            let (next_bar, bar) = (bar_of(self, jn), bar_of(self, j));
+            let phase = self.bin_c(BinaryOp::Div, j, s as i64);
+            let parity = self.bin_c(BinaryOp::And, phase, 1);
+            if single {
+                // Step j + s - 2 refills stage (j - 2) % s after the barrier above.
+                self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
+                self.emit(Inst::MbarrierWait { offset: bar, parity });
+                self.wgmma_steps(l, ab, sl, base, phis.clone(), None)
+            } else {
+                // This step's group stays in flight while step j + s - 1 refills the stage the
+                // previous group read, once every warpgroup has waited for that group.
+                self.emit(Inst::MbarrierWait { offset: bar, parity });
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
+                self.emit(Inst::Barrier);
+                self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
+                acc
+            }
+        } else if registers {
             // Next step's loads in flight during this step's atoms; stored to the other stage
             // (read one step ago, before the last barrier), then everyone meets.
             let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, sl);
@@ -484,13 +644,49 @@ impl Lowering<'_> {
         if plan.wgmma {
             self.emit(Inst::WgmmaWait { pending: 0 });
         }
-        if !registers {
+        if tma {
+            // No copy is in flight (steps past the loop issue none): the mbarriers end before
+            // their bytes are anyone else's.
+            self.emit(Inst::Barrier);
+            for st in 0..s {
+                let offset = self.iconst((bars_at + 8 * st) as i64);
+                self.emit(Inst::MbarrierInval { offset, pred: leader });
+            }
+            self.emit(Inst::Barrier);
+            self.shared_free(bars_at);
+        } else if !registers {
             self.emit(Inst::AsyncWait { pending: 0 });
             self.emit(Inst::Barrier);
         }
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
+    }
+
+    /// TMA: the thread(s) with `pred` announce one K step's bytes on the mbarrier at `bar` and
+    /// copy its boxes (the loop variable bound to `iv`) into the stage at byte `base`: A's
+    /// swizzle atoms along K, then B's along N, where `pipelined_for` lays them out.
+    #[allow(clippy::too_many_arguments)]
+    fn tma_issue(&mut self, plan: &Pipeline, iv_arg: Value, iv: Reg, pred: Reg, base: Reg, bar: Reg, sl: StageLayout) {
+        let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("TMA fills swizzled stages") };
+        let bytes = (m * kk + kk * plan.layout.n) * 2;
+        self.emit(Inst::MbarrierExpectTx { offset: bar, bytes, pred });
+        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
+        let memo = std::mem::take(&mut self.memo);
+        for (operand, atom_bytes, start, width) in [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)] {
+            let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
+            let (row, col) = (self.scalar_value(offsets[0]), self.scalar_value(offsets[1]));
+            for atom in 0..atoms {
+                let c = if atom == 0 { col } else { self.bin_c(BinaryOp::Add, col, (atom * width / 2) as i64) };
+                let offset = self.bin_c(BinaryOp::Add, base, (start + atom * atom_bytes) as i64);
+                self.emit(Inst::TmaLoad { map, offset, coords: [row, c], barrier: bar, pred });
+            }
+        }
+        self.memo = memo;
+        match saved_iv {
+            Some(r) => self.vals.insert(iv_arg, r),
+            None => self.vals.remove(&iv_arg),
+        };
     }
 
     /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
