@@ -571,7 +571,9 @@ impl Writer<'_> {
             | Inst::MbarrierInval { .. }
             | Inst::MbarrierExpectTx { .. }
             | Inst::MbarrierWait { .. }
-            | Inst::TmaLoad { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
+            | Inst::TmaLoad { .. }
+            | Inst::MbarrierArrive { .. }
+            | Inst::Specialized { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,
             Inst::Pack { dst, lo, hi } => {
                 let bits = |w: &mut Writer, r: Reg| {

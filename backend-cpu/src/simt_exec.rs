@@ -151,6 +151,30 @@ impl Device for SimtDevice {
     }
 }
 
+/// Keeps the first `n` lanes of `v`.
+fn truncate_lanes(v: &mut Val, n: usize) {
+    let len = match &mut v.data {
+        Data::F(x) => {
+            x.truncate(n);
+            x.len()
+        }
+        Data::D(x) => {
+            x.truncate(n);
+            x.len()
+        }
+        Data::I(x) => {
+            x.truncate(n);
+            x.len()
+        }
+        Data::P(x) => {
+            x.truncate(n);
+            x.len()
+        }
+        Data::Token => return,
+    };
+    v.ty = Type::tile(v.ty.elem, &[len as u32]);
+}
+
 /// A tensor map the arguments cannot make, named by its tensor's parameter.
 fn tensor_map_fault(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: String) -> SimtFault {
     SimtFault { message: tensor_map_error(k, m, &e), op: "launch".into(), loc: None }
@@ -217,6 +241,10 @@ struct Exec<'a> {
     mbarriers: std::collections::HashMap<usize, Mbarrier>,
     /// The kernel's tensor maps evaluated against the launch's arguments.
     maps: Vec<MapValues>,
+    /// Inside an [`Inst::Specialized`] region: a wait that cannot pass yet gives way to the
+    /// other side (`blocked` set) instead of faulting.
+    yielding: bool,
+    blocked: bool,
 }
 
 /// An mbarrier's state: `pending` of `count` arrivals and `tx` bytes still due in phase `phase`.
@@ -295,6 +323,8 @@ pub fn run_program(
         origin: None,
         mbarriers: Default::default(),
         maps,
+        yielding: false,
+        blocked: false,
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         e.body(&k.body)?;
@@ -325,6 +355,74 @@ impl Exec<'_> {
             (_, d) => d,
         };
         self.regs[r.0 as usize] = Some(val(self.k.ty(r), data));
+    }
+
+    /// An [`Inst::Specialized`] region: the effect-free instructions before each side's loop,
+    /// then the two loops interleaved an iteration at a time, each running until a wait of its
+    /// cannot pass yet (its iteration then starts again later: a side's waits come before its
+    /// effects), a fault if neither can go on. Afterwards only the consumer lanes are left.
+    fn specialized(&mut self, consumer_warps: u32, producer: &[Inst], consumer: &[Inst]) -> Result<(), Fault> {
+        struct Side<'i> {
+            iv: Reg,
+            at: i64,
+            hi: i64,
+            step: i64,
+            phis: &'i [Reg],
+            body: &'i [Inst],
+            nexts: &'i [Reg],
+            results: &'i [Reg],
+        }
+        let mut sides = Vec::new();
+        for body in [producer, consumer] {
+            let Some((Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results }, pre)) = body.split_last() else {
+                return contract("a specialized side that does not end in a loop");
+            };
+            self.body(pre)?;
+            let (lo, hi, step) = (self.uniform(*lo)?, self.uniform(*hi)?, self.uniform(*step)?);
+            if step <= 0 {
+                return fault(format!("loop step {step} is not positive"));
+            }
+            self.copy_all(phis, inits)?;
+            sides.push(Side { iv: *iv, at: lo, hi, step, phis, body, nexts, results });
+        }
+        loop {
+            let mut progressed = false;
+            for side in sides.iter_mut() {
+                while side.at < side.hi {
+                    self.set(side.iv, Data::I(vec![side.at; self.lanes]));
+                    self.yielding = true;
+                    let r = self.body(side.body);
+                    self.yielding = false;
+                    if std::mem::take(&mut self.blocked) {
+                        break;
+                    }
+                    r?;
+                    self.copy_all(side.phis, side.nexts)?;
+                    side.at += side.step;
+                    progressed = true;
+                }
+            }
+            if sides.iter().all(|s| s.at >= s.hi) {
+                break;
+            }
+            if !progressed {
+                let at: Vec<String> = sides.iter().map(|s| s.at.to_string()).collect();
+                return fault(format!(
+                    "warp-specialized loops deadlock: the producer at iteration value {} and the consumers at {} both wait on mbarriers that cannot complete",
+                    at[0], at[1]
+                ));
+            }
+        }
+        for side in &sides {
+            self.copy_all(side.results, side.phis)?;
+        }
+        // The producer warps are gone: every register keeps the consumer lanes only.
+        let n = (consumer_warps * self.k.warp_size) as usize;
+        for v in self.regs.iter_mut().flatten() {
+            truncate_lanes(v, n);
+        }
+        self.lanes = n;
+        Ok(())
     }
 
     /// The shared offsets in `offset` of the lanes whose `pred` holds.
@@ -889,6 +987,8 @@ impl Exec<'_> {
                 let n = *n as usize;
                 let (av, bv) = (self.get(*a)?, self.get(*b)?);
                 let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                // (Producer warps beyond `k.warps` take no part.)
+                let lanes = (k.warps * k.warp_size) as usize;
                 if !lanes.is_multiple_of(128)
                     || cv.len() != n / 2
                     || d.len() != n / 2
@@ -900,7 +1000,7 @@ impl Exec<'_> {
                         cv.len()
                     ));
                 }
-                let mut dv = vec![vec![0f32; lanes]; n / 2];
+                let mut dv = vec![vec![0f32; self.lanes]; n / 2];
                 for g in 0..lanes / 128 {
                     let first = 128 * g;
                     let (da, db) = (av.ints()[first] as u64, bv.ints()[first] as u64);
@@ -977,6 +1077,10 @@ impl Exec<'_> {
                 for i in 0..lanes {
                     let (at, want) = (o.ints()[i] as usize, p.ints()[i] as u64 & 1);
                     let m = *self.mbarrier(at)?;
+                    if m.phase & 1 == want && self.yielding {
+                        self.blocked = true;
+                        return fault("blocked on an mbarrier (the other side runs)");
+                    }
                     if m.phase & 1 == want {
                         return fault(format!(
                             "thread {i} waits for phase parity {want} of the mbarrier at shared byte {at}, which never completes: \
@@ -986,6 +1090,22 @@ impl Exec<'_> {
                         ));
                     }
                 }
+                // The wait orders what the phase's arrivals and copies did before it, for the
+                // race detector as a barrier would.
+                self.hazards.barrier();
+            }
+            Inst::MbarrierArrive { offset, pred } => {
+                for at in self.active_offsets(*offset, *pred)? {
+                    let m = self.mbarrier(at)?;
+                    if m.pending == 0 {
+                        return contract(format!("more arrivals at the mbarrier at shared byte {at} than its count"));
+                    }
+                    m.pending -= 1;
+                    m.settle();
+                }
+            }
+            Inst::Specialized { consumer_warps, producer, consumer } => {
+                self.specialized(*consumer_warps, producer, consumer)?;
             }
             Inst::TmaLoad { map, offset, coords, barrier, pred } => {
                 let (o, r, c, b, p) =

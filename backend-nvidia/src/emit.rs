@@ -88,6 +88,8 @@ struct Writer<'k> {
     smem: Option<String>,
     /// Registers holding the generic addresses of the tensor-map parameters, by map.
     maps: Vec<String>,
+    /// After an `Inst::Specialized`: the consumer threads, the only ones left.
+    consumers: Option<u32>,
 }
 
 fn ci(c: Class) -> usize {
@@ -419,6 +421,24 @@ impl<'k> Writer<'k> {
                 self.line(format!("@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}"));
             }
             Inst::FenceMbarrierInit => self.line("fence.mbarrier_init.release.cluster".into()),
+            Inst::MbarrierArrive { offset, pred } => {
+                let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
+                self.line(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]"));
+            }
+            Inst::Specialized { consumer_warps, producer, consumer } => {
+                // The producer warps run their side and leave; barriers from here on are the
+                // consumers' own (barrier 1 with their count), the producers having exited.
+                let threads = consumer_warps * self.k.warp_size;
+                let (l, t, p) = (self.label(), self.temp(Class::R), self.temp(Class::P));
+                self.line(format!("mov.u32 {t}, %tid.x"));
+                self.line(format!("setp.lt.u32 {p}, {t}, {threads}"));
+                self.line(format!("@{p} bra $L{l}_consumer"));
+                self.insts(producer)?;
+                self.line("bra.uni $EXIT".into());
+                self.body.push_str(&format!("$L{l}_consumer:\n"));
+                self.insts(consumer)?;
+                self.consumers = Some(threads);
+            }
             Inst::MbarrierInval { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
                 self.line(format!("@{p} mbarrier.inval.shared::cta.b64 [{addr}]"));
@@ -484,7 +504,10 @@ impl<'k> Writer<'k> {
                 let addr = self.shared_addr(*offset)?;
                 self.load_line("shared", *dst, &addr, None);
             }
-            Inst::Barrier => self.line("bar.sync 0".into()),
+            Inst::Barrier => {
+                let b = self.barrier();
+                self.line(format!("bar.sync {b}"))
+            }
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 let t = self.k.ty(*value);
                 let ty = match (op, t) {
@@ -571,7 +594,8 @@ impl<'k> Writer<'k> {
             }
             Inst::BarrierAny { dst, pred } => {
                 let (d, p) = (self.n(*dst).to_string(), self.n(*pred).to_string());
-                self.line(format!("bar.red.or.pred {d}, 0, {p}"));
+                let b = self.barrier();
+                self.line(format!("bar.red.or.pred {d}, {b}, {p}"));
             }
             Inst::Exit => self.line("bra.uni $EXIT".into()),
             // Line information: compute-sanitizer and debuggers report the tile-IR line.
@@ -705,6 +729,15 @@ impl<'k> Writer<'k> {
             self.inst(i)?;
         }
         Ok(())
+    }
+
+    /// The operands naming the barrier every remaining thread meets: barrier 0 (all threads),
+    /// or after a warp-specialized region barrier 1 with the consumers' count.
+    fn barrier(&self) -> String {
+        match self.consumers {
+            Some(n) => format!("1, {n}"),
+            None => "0".into(),
+        }
     }
 
     fn label(&mut self) -> u32 {
@@ -1007,6 +1040,7 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
         labels: 0,
         smem: None,
         maps: Vec::new(),
+        consumers: None,
     };
     for &t in &k.regs {
         let c = class(t);

@@ -28,6 +28,9 @@ pub struct Gemm {
     /// target has TMA; elsewhere descriptor blocks are masked element loads, so the pointer
     /// form (pipelined by `cp.async` or registers) stays the default.
     pub descriptors: bool,
+    /// With descriptors on a target with TMA: a producer warp issues the copies while the
+    /// `warps` run `wgmma` (`LaunchAttrs::warp_specialize`).
+    pub warp_specialize: bool,
 }
 
 /// Rows of tiles a group of programs walks together (the grouped raster order).
@@ -46,6 +49,7 @@ impl Gemm {
             precision: InputPrecision::Ieee,
             divisible: false,
             descriptors: false,
+            warp_specialize: false,
         }
     }
 
@@ -111,6 +115,7 @@ impl Gemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let div = match (self.divisible, self.descriptors) {
+            (true, true) if self.warp_specialize => "_div16_desc_ws",
             (true, true) => "_div16_desc",
             (true, false) => "_div16",
             _ => "",
@@ -118,7 +123,13 @@ impl Gemm {
         let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
-            LaunchAttrs { warps: self.warps, stages: self.stages, cooperative: false, fast_math: false },
+            LaunchAttrs {
+                warps: self.warps,
+                stages: self.stages,
+                cooperative: false,
+                fast_math: false,
+                warp_specialize: self.warp_specialize && self.descriptors && self.divisible,
+            },
         );
         let ptr = |name: &str| {
             if self.divisible {

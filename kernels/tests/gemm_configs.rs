@@ -13,7 +13,10 @@ use trident_kernels::Launcher;
 
 fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
     let dev = l.device;
-    let what = format!("{}x{}/{}w/{}s desc {}", g.block_m, g.block_n, g.warps, g.stages, g.descriptors);
+    let what = format!(
+        "{}x{}/{}w/{}s desc {} ws {}",
+        g.block_m, g.block_n, g.warps, g.stages, g.descriptors, g.warp_specialize
+    );
     for &(m, n, k) in shapes {
         let bf = |x: f64| half::bf16::from_f64(x);
         let a: Vec<half::bf16> = (0..m * k).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
@@ -60,7 +63,8 @@ fn wgmma_pipelines_of_four_and_five_stages() {
 
 /// Descriptor blocks copied by TMA: rows and columns past M, N and K read zeros from the
 /// copy itself (the shapes are not multiples of the tile), stages 2 to 5 (both refill schemes),
-/// one warpgroup and two.
+/// one warpgroup and two, with the copies issued by the consumers themselves or by a producer
+/// warp (warp specialization: `cpu-simt` interleaves the two sides' loops).
 #[test]
 fn tma_pipelines_through_descriptors() {
     trident_backend_nvidia::link();
@@ -70,7 +74,18 @@ fn tma_pipelines_through_descriptors() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     for (bm, bn, bk, warps, stages) in [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
     {
-        let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, descriptors: true, ..Gemm::new(DType::BF16) };
-        check(&l, g, &[(128, 128, 384), (70, 144, 208), (16, 48, 16)], &mut rng);
+        for warp_specialize in [false, true] {
+            let g = Gemm {
+                block_m: bm,
+                block_n: bn,
+                block_k: bk,
+                warps,
+                stages,
+                descriptors: true,
+                warp_specialize,
+                ..Gemm::new(DType::BF16)
+            };
+            check(&l, g, &[(128, 128, 384), (70, 144, 208), (16, 48, 16)], &mut rng);
+        }
     }
 }

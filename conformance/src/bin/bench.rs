@@ -280,7 +280,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             let mut best: Option<(Stats, f64, String)> = None;
             let mut refused = Vec::new();
             // Where the target has TMA, each configuration also reads A and B through tensor
-            // descriptors (`/tma`).
+            // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`).
             let tma = l.gpu_target().is_some_and(|t| t.has_async_copy(trident_core::target::AsyncCopy::Tma));
             // (The sweep of results/README.md, less the configurations that never won.)
             let configs = [
@@ -290,13 +290,31 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (64, 256, 64, 4, 4),
                 (128, 256, 64, 8, 3),
                 (128, 256, 64, 8, 4),
+                // Deeper pipelines for small M (more bytes in flight per SM).
+                (64, 128, 64, 4, 6),
+                (64, 128, 64, 4, 8),
+                (128, 128, 64, 8, 6),
             ];
-            let variants = if tma { &[false, true][..] } else { &[false][..] };
-            for ((bm, bn, bk, warps, stages), descriptors) in
+            let variants = if tma { &[(false, false), (true, false), (true, true)][..] } else { &[(false, false)][..] };
+            for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize)) in
                 configs.into_iter().flat_map(|c| variants.iter().map(move |&t| (c, t)))
             {
-                let g = Gemm { block_m: bm, block_n: bn, block_k: bk, warps, stages, descriptors, ..Gemm::new(d) };
-                let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{}", if descriptors { "/tma" } else { "" });
+                let g = Gemm {
+                    block_m: bm,
+                    block_n: bn,
+                    block_k: bk,
+                    warps,
+                    stages,
+                    descriptors,
+                    warp_specialize,
+                    ..Gemm::new(d)
+                };
+                let suffix = match (descriptors, warp_specialize) {
+                    (true, true) => "/tma-ws",
+                    (true, false) => "/tma",
+                    _ => "",
+                };
+                let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{suffix}");
                 cuda.fill(&c, &poison(d))?;
                 let timed = time(
                     cuda,

@@ -40,6 +40,9 @@ struct Args {
     /// library's GEMM does where the target has TMA.
     #[arg(long, requires = "config")]
     descriptors: bool,
+    /// With `--descriptors`: a producer warp issues the TMA copies (warp specialization).
+    #[arg(long, requires = "descriptors")]
+    warp_specialize: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -96,7 +99,12 @@ fn main() -> ExitCode {
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
             Ok(g) if a.kernel == "gemm" => {
-                trident_kernels::gemm::Gemm { descriptors: a.descriptors, ..g }.build().map_err(|e| e.to_string())
+                let g = trident_kernels::gemm::Gemm {
+                    descriptors: a.descriptors,
+                    warp_specialize: a.warp_specialize,
+                    ..g
+                };
+                g.build().map_err(|e| e.to_string())
             }
             Ok(_) => return usage("--config applies to --kernel gemm"),
             Err(e) => return usage(e),

@@ -249,11 +249,16 @@ pub struct LaunchAttrs {
     /// Elementary functions may use the hardware's approximations (`exp`, `log`, `sin`, ..
     /// within the bounds of `docs/ACCURACY.md`) instead of the accurate definitions.
     pub fast_math: bool,
+    /// A pipelined K loop copied by TMA gets its own producer warp (`Kernel::producer_warps`,
+    /// one warp beyond `warps`) that issues the copies while the `warps` run the matrix
+    /// instructions, handing stages back and forth on mbarriers (where the target has TMA and
+    /// `wgmma`; ignored elsewhere).
+    pub warp_specialize: bool,
 }
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false }
+        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false, warp_specialize: false }
     }
 }
 

@@ -502,6 +502,21 @@ pub enum Inst {
         bytes: u32,
         pred: Reg,
     },
+    /// Threads with `pred` arrive at the mbarrier at `offset` (`mbarrier.arrive`).
+    MbarrierArrive {
+        offset: Reg,
+        pred: Reg,
+    },
+    /// Warp specialization: warps `consumer_warps ..` (the producer) run `producer`, the others
+    /// `consumer`. Each body is instructions without memory effects followed by one `Loop`, the
+    /// two loops over the same iterations; the sides talk only through mbarriers (a side's waits
+    /// come first in its loop body). Only consumer threads run what follows the region, and
+    /// barriers after it count them only.
+    Specialized {
+        consumer_warps: u32,
+        producer: Vec<Inst>,
+        consumer: Vec<Inst>,
+    },
     /// Waits until the phase of parity `parity` (0 or 1) of the mbarrier at `offset` has
     /// completed (`mbarrier.try_wait.parity` in a loop). Every thread executes it; the data the
     /// phase's copies brought is then visible to the thread and to the asynchronous proxy.
@@ -656,6 +671,7 @@ impl Inst {
             Inst::Loop { body, .. } => vec![body],
             Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
             Inst::While { cond_body, body, .. } => vec![cond_body, body],
+            Inst::Specialized { producer, consumer, .. } => vec![producer, consumer],
             _ => Vec::new(),
         }
     }
@@ -666,6 +682,7 @@ impl Inst {
             Inst::Loop { body, .. } => vec![body],
             Inst::If { then_body, else_body, .. } => vec![then_body, else_body],
             Inst::While { cond_body, body, .. } => vec![cond_body, body],
+            Inst::Specialized { producer, consumer, .. } => vec![producer, consumer],
             _ => Vec::new(),
         }
     }
@@ -688,8 +705,11 @@ pub struct Kernel {
     pub body: Vec<Inst>,
     /// The target the kernel was lowered for.
     pub target: &'static crate::target::TargetDesc,
-    /// Threads per program = warps x warp size.
+    /// Threads per program = (warps + producer_warps) x warp size; layouts spread tiles over
+    /// `warps`.
     pub warps: u32,
+    /// Warps beyond `warps` that only run the producer side of an [`Inst::Specialized`].
+    pub producer_warps: u32,
     pub warp_size: u32,
     /// Bytes of shared memory a program uses.
     pub shared_bytes: u32,
@@ -702,7 +722,7 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn threads(&self) -> u32 {
-        self.warps * self.warp_size
+        (self.warps + self.producer_warps) * self.warp_size
     }
 
     pub fn ty(&self, r: Reg) -> SType {

@@ -80,6 +80,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::WgmmaWait { .. }
         | Inst::FenceProxyAsync
         | Inst::FenceMbarrierInit
+        | Inst::Specialized { .. }
         | Inst::Clock { .. }
         | Inst::Exit
         | Inst::Origin { .. }
@@ -183,6 +184,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         Inst::MatrixDescriptor { offset, .. } => f(offset),
         Inst::MbarrierInit { offset, pred, .. }
         | Inst::MbarrierInval { offset, pred }
+        | Inst::MbarrierArrive { offset, pred }
         | Inst::MbarrierExpectTx { offset, pred, .. } => {
             f(offset);
             f(pred)
@@ -332,6 +334,10 @@ fn multiply_defined(k: &Kernel) -> Vec<bool> {
                     defs.extend(results);
                     walk(then_body, n);
                     walk(else_body, n);
+                }
+                Inst::Specialized { producer, consumer, .. } => {
+                    walk(producer, n);
+                    walk(consumer, n);
                 }
                 _ => {}
             }

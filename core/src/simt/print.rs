@@ -25,8 +25,9 @@ impl fmt::Display for Kernel {
         writeln!(f, "kernel {}({})", self.name, params.join(", "))?;
         writeln!(
             f,
-            "  // {} warps x {} lanes, {} bytes of shared memory, {} registers",
+            "  // {}{} warps x {} lanes, {} bytes of shared memory, {} registers",
             self.warps,
+            if self.producer_warps > 0 { format!(" + {} producer", self.producer_warps) } else { String::new() },
             self.warp_size,
             self.shared_bytes,
             self.regs.len()
@@ -210,6 +211,7 @@ impl Printer<'_> {
                 format!("mbarrier.init shared [{}], count {count} if {}", r(offset), r(pred))
             }
             Inst::FenceMbarrierInit => "fence.mbarrier_init".to_string(),
+            Inst::MbarrierArrive { offset, pred } => format!("mbarrier.arrive shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierInval { offset, pred } => format!("mbarrier.inval shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierExpectTx { offset, bytes, pred } => {
                 format!("mbarrier.arrive.expect_tx shared [{}], {bytes} if {}", r(offset), r(pred))
@@ -269,6 +271,13 @@ impl Printer<'_> {
                 } else {
                     format!("}} -> [{}]", self.defs(results))
                 }
+            }
+            Inst::Specialized { consumer_warps, producer, consumer } => {
+                self.line(d, format!("specialized producer (warps {consumer_warps}..) {{"));
+                self.block(producer, d + 1);
+                self.line(d, format!("}} consumer (warps 0..{consumer_warps}) {{"));
+                self.block(consumer, d + 1);
+                "}".to_string()
             }
             Inst::While { phis, inits, cond_body, cond, body, nexts, results } => {
                 self.line(d, format!("while carry [{}] = [{}] {{", self.defs(phis), list(inits)));

@@ -429,6 +429,7 @@ impl Parser<'_> {
                         "stages" => attrs.stages = self.u32()?,
                         "cooperative" => attrs.cooperative = self.boolean()?,
                         "fast_math" => attrs.fast_math = self.boolean()?,
+                        "warp_specialize" => attrs.warp_specialize = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

@@ -23,9 +23,13 @@ pub fn print(func: &Function) -> String {
         })
         .collect();
     let a = func.attrs;
-    // `fast_math` is printed only when set: it is the exception, and kernels written before it
-    // existed keep their text.
-    let fast = if a.fast_math { ", fast_math = true" } else { "" };
+    // `fast_math` and `warp_specialize` are printed only when set: they are the exception, and
+    // kernels written before they existed keep their text.
+    let fast = format!(
+        "{}{}",
+        if a.fast_math { ", fast_math = true" } else { "" },
+        if a.warp_specialize { ", warp_specialize = true" } else { "" }
+    );
     let _ = writeln!(
         p.out,
         "kernel @{}({}) attributes {{warps = {}, stages = {}, cooperative = {}{fast}}} {{",

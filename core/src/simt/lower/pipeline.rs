@@ -15,6 +15,8 @@ pub(super) struct Pipeline {
     strategy: Strategy,
     /// The K step runs on `wgmma` from swizzled stages (sm_90a), not on register fragments.
     wgmma: bool,
+    /// TMA copies issued by a producer warp of their own (`LaunchAttrs::warp_specialize`).
+    specialized: bool,
     a: Operand,
     b: Operand,
 }
@@ -207,7 +209,26 @@ impl Lowering<'_> {
                 operand.source = Source::Tensor { map, atoms: cols / (width / 2), offsets };
             }
         }
-        Some(Pipeline { layout, stages, strategy, wgmma, a, b })
+        // Warp specialization: the loop must be in the kernel's top block with nothing before it
+        // that touches memory (the producer warp runs all of that, and leaves after its loop).
+        let top = &self.func.blocks[self.func.body].ops;
+        let specialized = strategy == Strategy::Tma
+            && self.func.attrs.warp_specialize
+            && top.iter().position(|&o| o == op).is_some_and(|i| {
+                top[..i].iter().all(|&o| {
+                    let k = &self.func.ops[o].kind;
+                    is_index_math(k)
+                        || matches!(
+                            k,
+                            OpKind::Const(_)
+                                | OpKind::ProgramId(_)
+                                | OpKind::NumPrograms(_)
+                                | OpKind::MakeDesc { .. }
+                                | OpKind::Splat(_)
+                        )
+                })
+            });
+        Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b })
     }
 
     /// The tensor map of `desc`'s `make_desc` read in boxes of `rows x cols` swizzled at `swizzle`
@@ -462,6 +483,9 @@ impl Lowering<'_> {
             (StageLayout::Padded { strides, b_off }, (b_off + kk * strides[1] * 2).next_multiple_of(128), 128)
         };
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
+        if plan.specialized {
+            return self.specialized_for(op, &plan, sl, stages_at, stage_bytes);
+        }
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
@@ -658,6 +682,126 @@ impl Lowering<'_> {
             self.emit(Inst::AsyncWait { pending: 0 });
             self.emit(Inst::Barrier);
         }
+        self.shared_free(stages_at);
+        let r = self.func.ops[op].results[0];
+        self.mma_held.insert(r, (l, results));
+    }
+
+    /// The pipelined K loop with a producer warp (`Pipeline::specialized`): warp `warps` (one
+    /// beyond the layouts' warps) issues every step's TMA copies as soon as the stage is free,
+    /// the `warps` consumers wait for a stage's data, run its `wgmma`s and, once the group of the
+    /// step before has completed (one group stays in flight), hand that step's stage back. Each
+    /// stage has a "full" mbarrier (one arrival, the copy's bytes) and an "empty" one (an
+    /// arrival per consumer thread); step j uses phase j / s of both, and the producer's first
+    /// round passes the empty barriers at once (waiting for the parity before the first phase).
+    /// No barrier of the whole program in the loop.
+    fn specialized_for(&mut self, op: Op, plan: &Pipeline, sl: StageLayout, stages_at: u32, stage_bytes: u32) {
+        let OpKind::For { lower, upper, step, init, body } = self.func.ops[op].kind.clone() else { unreachable!() };
+        let (l, s) = (plan.layout, plan.stages);
+        let (lo, hi, stp) = (self.held(lower)[0], self.held(upper)[0], self.held(step)[0]);
+        let ab = stype(self.func.ty(plan.a.value));
+        let iv_arg = self.func.blocks[body].args[0];
+        let acc_arg = self.func.blocks[body].args[1];
+        let acc0 = self.held_mma(init[0], l);
+        let consumers = self.k.warps * self.k.warp_size;
+        self.k.producer_warps = 1;
+        // Shared memory: the stages overlap what earlier ops used; then the mbarriers.
+        self.emit(Inst::Barrier);
+        let (full_at, empty_at) = (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
+        let leader = self.first_thread();
+        for st in 0..s {
+            let (full, empty) = (self.iconst((full_at + 8 * st) as i64), self.iconst((empty_at + 8 * st) as i64));
+            self.emit(Inst::MbarrierInit { offset: full, count: 1, pred: leader });
+            self.emit(Inst::MbarrierInit { offset: empty, count: consumers, pred: leader });
+        }
+        self.emit(Inst::FenceMbarrierInit);
+        self.emit(Inst::Barrier);
+        let zero = self.iconst(0);
+        let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
+        let first_producer = self.iconst(consumers as i64);
+        self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
+        self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
+        let slot = |me: &mut Self, x: Reg, at: u32, bytes: u32| {
+            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
+            let r = me.bin_c(BinaryOp::Mul, r, bytes as i64);
+            me.bin_c(BinaryOp::Add, r, at as i64)
+        };
+        let saved = std::mem::take(&mut self.cur);
+        let memo = self.memo.clone();
+        // The producer: wait until step j's stage is free, announce and copy.
+        let (piv, pj) = (self.reg(I32), self.reg(I32));
+        let phase = self.bin_c(BinaryOp::Div, pj, s as i64);
+        let parity = self.bin_c(BinaryOp::And, phase, 1);
+        let parity = self.bin_c(BinaryOp::Xor, parity, 1);
+        let empty = slot(self, pj, empty_at, 8);
+        self.emit(Inst::MbarrierWait { offset: empty, parity });
+        let (full, base) = (slot(self, pj, full_at, 8), slot(self, pj, stages_at, stage_bytes));
+        self.tma_issue(plan, iv_arg, piv, producer_lane, base, full, sl);
+        let pj1 = self.bin_c(BinaryOp::Add, pj, 1);
+        let producer_body = std::mem::take(&mut self.cur);
+        self.memo = memo.clone();
+        let pr = self.reg(I32);
+        let producer = vec![Inst::Loop {
+            iv: piv,
+            lo,
+            hi,
+            step: stp,
+            phis: vec![pj],
+            inits: vec![zero],
+            body: producer_body,
+            nexts: vec![pj1],
+            results: vec![pr],
+        }];
+        // The consumers: wait for step j's data, issue its group, and once the group before it
+        // completed hand that step's stage back.
+        let (civ, cj) = (self.reg(I32), self.reg(I32));
+        let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        self.vals.insert(iv_arg, vec![civ]);
+        self.mma_held.insert(acc_arg, (l, phis.clone()));
+        let phase = self.bin_c(BinaryOp::Div, cj, s as i64);
+        let parity = self.bin_c(BinaryOp::And, phase, 1);
+        let (full, base) = (slot(self, cj, full_at, 8), slot(self, cj, stages_at, stage_bytes));
+        self.emit(Inst::MbarrierWait { offset: full, parity });
+        let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
+        let before = self.bin_c(BinaryOp::Add, cj, s as i64 - 1);
+        let released = slot(self, before, empty_at, 8);
+        let not_first = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: not_first, op: CmpOp::Gt, a: cj, b: zero });
+        let pred = self.bin(BinaryOp::And, not_first, consumer);
+        self.emit(Inst::MbarrierArrive { offset: released, pred });
+        let cj1 = self.bin_c(BinaryOp::Add, cj, 1);
+        let consumer_body = std::mem::replace(&mut self.cur, saved);
+        self.memo = memo;
+        let results: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let jr = self.reg(I32);
+        let (mut all_phis, mut inits, mut nexts, mut all_results) = (phis, acc0, acc, results.clone());
+        all_phis.push(cj);
+        inits.push(zero);
+        nexts.push(cj1);
+        all_results.push(jr);
+        let consumer_loop = Inst::Loop {
+            iv: civ,
+            lo,
+            hi,
+            step: stp,
+            phis: all_phis,
+            inits,
+            body: consumer_body,
+            nexts,
+            results: all_results,
+        };
+        self.emit(Inst::Specialized { consumer_warps: self.k.warps, producer, consumer: vec![consumer_loop] });
+        // Only the consumers from here on: every group done, then the mbarriers end.
+        self.emit(Inst::WgmmaWait { pending: 0 });
+        self.emit(Inst::Barrier);
+        for st in 0..s {
+            let (full, empty) = (self.iconst((full_at + 8 * st) as i64), self.iconst((empty_at + 8 * st) as i64));
+            self.emit(Inst::MbarrierInval { offset: full, pred: leader });
+            self.emit(Inst::MbarrierInval { offset: empty, pred: leader });
+        }
+        self.emit(Inst::Barrier);
+        self.shared_free(empty_at);
+        self.shared_free(full_at);
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
