@@ -37,6 +37,11 @@ cat "$OUT/math-nvidia.log"
 for k in vector_add softmax gemm splitk_gemm ag_gemm; do
   $B/trident-emit --backend nvidia --kernel $k --dtype bf16 --time | tee -a "$OUT/device.txt"
 done
+# The Hopper GEMM as the library runs it on sm_90a (TMA descriptors), and warp-specialized.
+for f in --descriptors "--descriptors --warp-specialize"; do
+  $B/trident-emit --backend nvidia --target sm_90a --kernel gemm --dtype bf16 --config 128x256x64/8w/4s $f --time \
+    | tee -a "$OUT/device.txt"
+done
 # Benchmarks: trident's kernels (CUDA events) vs the vendor baseline measured in the same run
 # (cuBLAS / PyTorch through bench/baseline.py, with the venv of DEVICE.md), next to the roofline.
 if [ "${BENCH:-1}" = 1 ]; then

@@ -76,17 +76,19 @@ impl Gemm {
     }
 
     /// [`Gemm::for_target`] adjusted to the problem's M where the target runs `wgmma`: narrower
-    /// tiles for small M, so that enough programs fill the GPU (the H200 sweep of
-    /// `results/README.md`: 64x128 at M <= 128, 128x128 with 5 stages at M <= 256). A stand-in
-    /// for the per-shape autotuner the Hopper GEMM issue asks for.
+    /// tiles for small M, so that enough programs fill the GPU, with a producer warp issuing the
+    /// TMA copies where the target has TMA (the H200 sweep of `results/README.md`: 64x128 with 6
+    /// stages at M <= 128, 128x128 with 5 stages at M <= 256, both warp-specialized; from M = 512
+    /// the 128x256 tile without). A stand-in for the per-shape autotuner the Hopper GEMM issue
+    /// asks for.
     pub fn for_problem(dtype: DType, target: Option<&trident_core::target::TargetDesc>, m: usize) -> Gemm {
         let g = Gemm::for_target(dtype, target);
         if g.block_n != 256 {
             return g;
         }
         match m {
-            0..=128 => Gemm { block_m: 64, block_n: 128, warps: 4, stages: 4, ..g },
-            129..=256 => Gemm { block_n: 128, stages: 5, ..g },
+            0..=128 => Gemm { block_m: 64, block_n: 128, warps: 4, stages: 6, warp_specialize: g.descriptors, ..g },
+            129..=256 => Gemm { block_n: 128, stages: 5, warp_specialize: g.descriptors, ..g },
             _ => g,
         }
     }

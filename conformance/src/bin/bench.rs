@@ -294,6 +294,8 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (64, 128, 64, 4, 6),
                 (64, 128, 64, 4, 8),
                 (128, 128, 64, 8, 6),
+                // Two programs per SM at small M.
+                (64, 64, 64, 4, 6),
             ];
             let variants = if tma { &[(false, false), (true, false), (true, true)][..] } else { &[(false, false)][..] };
             for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize)) in
