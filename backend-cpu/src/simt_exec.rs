@@ -374,7 +374,8 @@ impl Exec<'_> {
         }
         let mut sides = Vec::new();
         for body in [producer, consumer] {
-            let Some((Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results }, pre)) = body.split_last() else {
+            let Some((Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results }, pre)) = body.split_last()
+            else {
                 return contract("a specialized side that does not end in a loop");
             };
             self.body(pre)?;
@@ -1108,8 +1109,13 @@ impl Exec<'_> {
                 self.specialized(*consumer_warps, producer, consumer)?;
             }
             Inst::TmaLoad { map, offset, coords, barrier, pred } => {
-                let (o, r, c, b, p) =
-                    (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*barrier)?, self.get(*pred)?);
+                let (o, r, c, b, p) = (
+                    self.get(*offset)?,
+                    self.get(coords[0])?,
+                    self.get(coords[1])?,
+                    self.get(*barrier)?,
+                    self.get(*pred)?,
+                );
                 let Some(m) = self.maps.get(*map as usize).copied() else {
                     return contract(format!("TMA copy through tensor map {map}, which the kernel does not have"));
                 };

@@ -456,8 +456,10 @@ impl<'k> Writer<'k> {
             }
             Inst::TmaLoad { map, offset, coords, barrier, pred } => {
                 let (dst, bar) = (self.shared_addr(*offset)?, self.shared_addr(*barrier)?);
-                let m = self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
-                let (row, col, p) = (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
+                let m =
+                    self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
+                let (row, col, p) =
+                    (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
                 self.line(format!(
                     "@{p} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{dst}], [{m}, {{{col}, {row}}}], [{bar}]"
                 ));
@@ -1087,7 +1089,10 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     for (j, m) in k.tensor_maps.iter().enumerate() {
         let i = k.params.len() + j;
         let of = &k.params[m.ptr as usize].0;
-        params.push(format!("  .param .align 64 .b8 p{i}[128]{} // tensor map of %{of}", if i + 1 < n { "," } else { "" }));
+        params.push(format!(
+            "  .param .align 64 .b8 p{i}[128]{} // tensor map of %{of}",
+            if i + 1 < n { "," } else { "" }
+        ));
     }
     let _ = writeln!(out, ".visible .entry {}(\n{}\n) .maxntid {}, 1, 1\n{{", k.name, params.join("\n"), k.threads());
     for (c, n) in [

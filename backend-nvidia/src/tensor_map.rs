@@ -28,7 +28,10 @@ pub(crate) fn encode_all(
     // SAFETY: the driver library is loaded (a device is open); looking a symbol up calls nothing.
     let present = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuTensorMapEncodeTiled\0") }.is_ok();
     if !present {
-        return Err(fail(&maps[0], "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12.0 or later is needed)".into()));
+        return Err(fail(
+            &maps[0],
+            "the CUDA driver has no cuTensorMapEncodeTiled (a driver for CUDA 12.0 or later is needed)".into(),
+        ));
     }
     maps.iter()
         .map(|m| {

@@ -59,7 +59,13 @@ impl AgGemm {
         let name = format!("ag_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k);
         let b = KernelBuilder::new(
             &name,
-            LaunchAttrs { warps: g.warps, stages: g.stages, cooperative: false, fast_math: false, warp_specialize: false },
+            LaunchAttrs {
+                warps: g.warps,
+                stages: g.stages,
+                cooperative: false,
+                fast_math: false,
+                warp_specialize: false,
+            },
         );
         let (a_full, bp, c) = (b.arg_ptr("a_full", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("c", g.dtype));
         let ready = b.arg_ptr("ready", DType::U64);

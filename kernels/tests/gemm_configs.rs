@@ -22,8 +22,11 @@ fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand
         let a: Vec<half::bf16> = (0..m * k).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
         let b: Vec<half::bf16> = (0..k * n).map(|_| bf(rng.gen_range(-1.0..1.0))).collect();
         let bytes = |v: &[half::bf16]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let (ab, bb, cb) =
-            (dev.alloc(2 * m * k, "a").unwrap(), dev.alloc(2 * k * n, "b").unwrap(), dev.alloc(2 * m * n, "c").unwrap());
+        let (ab, bb, cb) = (
+            dev.alloc(2 * m * k, "a").unwrap(),
+            dev.alloc(2 * k * n, "b").unwrap(),
+            dev.alloc(2 * m * n, "c").unwrap(),
+        );
         dev.write(&ab, 0, &bytes(&a)).unwrap();
         dev.write(&bb, 0, &bytes(&b)).unwrap();
         dev.write(&cb, 0, &vec![0xff; 2 * m * n]).unwrap();
@@ -39,7 +42,10 @@ fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand
                     want += x;
                     scale += x.abs();
                 }
-                assert!((got - want).abs() <= 1e-2 * scale.max(1e-3), "{what} {m}x{n}x{k}: c[{i},{j}] = {got}, want {want}");
+                assert!(
+                    (got - want).abs() <= 1e-2 * scale.max(1e-3),
+                    "{what} {m}x{n}x{k}: c[{i},{j}] = {got}, want {want}"
+                );
             }
         }
         for x in [ab, bb, cb] {
@@ -72,7 +78,8 @@ fn tma_pipelines_through_descriptors() {
     let mut l = Launcher::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    for (bm, bn, bk, warps, stages) in [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
+    for (bm, bn, bk, warps, stages) in
+        [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
     {
         for warp_specialize in [false, true] {
             let g = Gemm {

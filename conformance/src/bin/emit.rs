@@ -99,11 +99,8 @@ fn main() -> ExitCode {
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
             Ok(g) if a.kernel == "gemm" => {
-                let g = trident_kernels::gemm::Gemm {
-                    descriptors: a.descriptors,
-                    warp_specialize: a.warp_specialize,
-                    ..g
-                };
+                let g =
+                    trident_kernels::gemm::Gemm { descriptors: a.descriptors, warp_specialize: a.warp_specialize, ..g };
                 g.build().map_err(|e| e.to_string())
             }
             Ok(_) => return usage("--config applies to --kernel gemm"),

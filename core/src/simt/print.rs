@@ -216,7 +216,9 @@ impl Printer<'_> {
             Inst::MbarrierExpectTx { offset, bytes, pred } => {
                 format!("mbarrier.arrive.expect_tx shared [{}], {bytes} if {}", r(offset), r(pred))
             }
-            Inst::MbarrierWait { offset, parity } => format!("mbarrier.wait shared [{}], parity {}", r(offset), r(parity)),
+            Inst::MbarrierWait { offset, parity } => {
+                format!("mbarrier.wait shared [{}], parity {}", r(offset), r(parity))
+            }
             Inst::TmaLoad { map, offset, coords, barrier, pred } => format!(
                 "tma.load shared [{}] <- map{map} [{}, {}], mbarrier [{}] if {}",
                 r(offset),

@@ -153,13 +153,21 @@ impl Lowering<'_> {
                     if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
                         return None;
                     }
-                    loads.push((ld, None, Operand { source: Source::Pointer { ptr, mask: mask.expect("checked") }, value: v }));
+                    loads.push((
+                        ld,
+                        None,
+                        Operand { source: Source::Pointer { ptr, mask: mask.expect("checked") }, value: v },
+                    ));
                 }
-                OpKind::DescLoad { desc, offsets } => loads.push((ld, Some(desc), Operand {
-                    // The maps are made below, once the tile is known to run on `wgmma`.
-                    source: Source::Tensor { map: 0, atoms: 0, offsets },
-                    value: v,
-                })),
+                OpKind::DescLoad { desc, offsets } => loads.push((
+                    ld,
+                    Some(desc),
+                    Operand {
+                        // The maps are made below, once the tile is known to run on `wgmma`.
+                        source: Source::Tensor { map: 0, atoms: 0, offsets },
+                        value: v,
+                    },
+                )),
                 _ => return None,
             }
         }
@@ -707,7 +715,8 @@ impl Lowering<'_> {
         self.k.producer_warps = 1;
         // Shared memory: the stages overlap what earlier ops used; then the mbarriers.
         self.emit(Inst::Barrier);
-        let (full_at, empty_at) = (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
+        let (full_at, empty_at) =
+            (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
         let leader = self.first_thread();
         for st in 0..s {
             let (full, empty) = (self.iconst((full_at + 8 * st) as i64), self.iconst((empty_at + 8 * st) as i64));
