@@ -96,3 +96,38 @@ fn tma_pipelines_through_descriptors() {
         }
     }
 }
+
+/// A TMA-pipelined kernel launched with arguments TMA cannot read (no divisibility facts to
+/// refuse them first): a typed launch error naming the tensor and the broken rule, no run.
+#[test]
+fn arguments_tma_cannot_read_are_a_typed_error() {
+    use trident_core::backend::KernelArg;
+    use trident_core::ir::{InputPrecision, LaunchAttrs, Literal};
+    trident_backend_nvidia::link();
+    let b = trident_core::KernelBuilder::new("tma_dot", LaunchAttrs { warps: 4, stages: 3, ..LaunchAttrs::default() });
+    let (a, bp, c) = (b.arg_ptr("a", DType::BF16), b.arg_ptr("b", DType::BF16), b.arg_ptr("c", DType::F32));
+    let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+    let one = b.constant(Literal::Int(1), DType::I32);
+    let (da, db) = (b.make_desc(a, [m, k], [k, one], [64, 64]), b.make_desc(bp, [k, n], [n, one], [64, 64]));
+    let zero = b.constant(Literal::Int(0), DType::I32);
+    let acc = b.zeros(&[64, 64], DType::F32);
+    let out = b.for_range(0, k, 64, &[acc], |k0, carried| {
+        let (ta, tb) = (b.desc_load(da, [zero, k0]), b.desc_load(db, [k0, zero]));
+        vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)]
+    });
+    let (rows, cols) = (b.arange(0, 64).expand_dims(1), b.arange(0, 64).expand_dims(0));
+    b.store(c + rows * n + cols, out[0], Some(rows.lt(m) & cols.lt(n)));
+    let f = b.finish().unwrap();
+    let kernel = SimtBackend.compile(&f, Some("sm_90a")).unwrap();
+    assert!(kernel.text.contains("tma.load"), "the loop is copied by TMA:\n{}", kernel.text);
+    let dev = SimtBackend.open_device(0).unwrap();
+    let (ab, bb, cb) = (
+        dev.alloc(2 * 64 * 72, "a").unwrap(),
+        dev.alloc(2 * 72 * 64, "b").unwrap(),
+        dev.alloc(4 * 64 * 64, "c").unwrap(),
+    );
+    // k = 12: A's rows are 24 bytes apart, not a multiple of 16.
+    let args = [ab.arg(), bb.arg(), cb.arg(), KernelArg::i32(64), KernelArg::i32(64), KernelArg::i32(12)];
+    let e = dev.launch(&kernel, [1, 1, 1], &args, &LaunchOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("tensor map of %a") && e.contains("row stride 12 elements (24 bytes)"), "{e}");
+}
