@@ -79,7 +79,7 @@ fn tma_pipelines_through_descriptors() {
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     for (bm, bn, bk, warps, stages) in
-        [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5)]
+        [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 128, 128, 4, 4)]
     {
         for warp_specialize in [false, true] {
             let g = Gemm {

@@ -296,6 +296,12 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (128, 128, 64, 8, 6),
                 // Two programs per SM at small M.
                 (64, 64, 64, 4, 6),
+                // K tiles of 128: half the per-step waits and fences.
+                (64, 128, 128, 4, 4),
+                (64, 64, 128, 4, 6),
+                (128, 128, 128, 8, 3),
+                // Two programs per SM at large M (96 KB of stages each).
+                (128, 128, 64, 8, 3),
             ];
             let variants = if tma { &[(false, false), (true, false), (true, true)][..] } else { &[(false, false)][..] };
             for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize)) in
