@@ -77,18 +77,27 @@ impl Gemm {
 
     /// [`Gemm::for_target`] adjusted to the problem's M where the target runs `wgmma`: narrower
     /// tiles for small M, so that enough programs fill the GPU, with a producer warp issuing the
-    /// TMA copies where the target has TMA (the H200 sweep of `results/README.md`: 64x128 with 6
-    /// stages at M <= 128, 128x128 with 5 stages at M <= 256, both warp-specialized; from M = 512
-    /// the 128x256 tile without). A stand-in for the per-shape autotuner the Hopper GEMM issue
-    /// asks for.
+    /// TMA copies at M <= 128 where the target has TMA (the H200 sweep of `results/README.md`:
+    /// 64x128 tiles with a K tile of 128 and 4 stages at M <= 128, warp-specialized; 128x128x128
+    /// with 3 stages at M <= 256; from M = 512 the 128x256x64 tile). A K tile of 128 halves the
+    /// per-step waits, which bound small-M tiles. A stand-in for the per-shape autotuner the
+    /// Hopper GEMM issue asks for.
     pub fn for_problem(dtype: DType, target: Option<&trident_core::target::TargetDesc>, m: usize) -> Gemm {
         let g = Gemm::for_target(dtype, target);
         if g.block_n != 256 {
             return g;
         }
         match m {
-            0..=128 => Gemm { block_m: 64, block_n: 128, warps: 4, stages: 6, warp_specialize: g.descriptors, ..g },
-            129..=256 => Gemm { block_n: 128, stages: 5, warp_specialize: g.descriptors, ..g },
+            0..=128 => Gemm {
+                block_m: 64,
+                block_n: 128,
+                block_k: 128,
+                warps: 4,
+                stages: 4,
+                warp_specialize: g.descriptors,
+                ..g
+            },
+            129..=256 => Gemm { block_n: 128, block_k: 128, stages: 3, ..g },
             _ => g,
         }
     }
