@@ -258,8 +258,9 @@ impl Lowering<'_> {
         }
     }
 
+    /// The threads layouts spread over (a producer warp of warp specialization is not one).
     fn threads(&self) -> u32 {
-        self.k.threads()
+        self.k.warps * self.k.warp_size
     }
 
     /// An i32 constant (defined once, in the prologue).
