@@ -14,7 +14,7 @@ use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffe
 use trident_core::ir::{CmpOp, DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, Driver, RawStream};
+use trident_gpu_runtime::{check_resident, persistent_grid, Driver, RawStream};
 
 type Err = c_int;
 const MEMCPY_HOST_TO_DEVICE: c_int = 1;
@@ -482,13 +482,17 @@ impl Driver for HipDevice {
         let m = kernel.payload_for::<AmdModule>(crate::NAME)?;
         let f = self.function(m)?;
         let threads = m.kernel.threads();
-        if kernel.attrs.cooperative || (m.kernel.waits() && sharing > 1) {
+        let occupancy = || -> Result<u64, BackendError> {
             let mut per_cu: c_int = 0;
             // SAFETY: a loaded function and a valid out-pointer.
             self.call("hipModuleOccupancyMaxActiveBlocksPerMultiprocessor", unsafe {
                 (self.hip.api.occupancy)(&mut per_cu, f, threads as c_int, m.kernel.shared_bytes as usize)
             })?;
-            check_resident(kernel, grid, sharing, per_cu.max(0) as u64, self.cus)?;
+            Ok(per_cu.max(0) as u64)
+        };
+        let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, self.cus) } else { grid };
+        if kernel.attrs.cooperative || (m.kernel.waits() && sharing > 1) {
+            check_resident(kernel, grid, sharing, occupancy()?, self.cus)?;
         }
         let mut all = args.to_vec();
         all.extend(hidden);

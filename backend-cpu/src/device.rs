@@ -58,6 +58,7 @@ impl Device for CpuDevice {
     ) -> Result<(), BackendError> {
         let func = kernel.payload_for::<Function>(crate::NAME)?;
         check_launch(kernel, grid, args, MAX_PROGRAMS)?;
+        let grid = launch_grid(kernel, grid);
         let order = program_order(grid, opts.seed);
         let hooks = DirectHooks { mem: &self.mem };
         for pid in order {
@@ -66,6 +67,20 @@ impl Device for CpuDevice {
             Program::run(func, &self.mem, ctx, args, view, &hooks).map_err(|f| f.into_error(func, pid, 0))?;
         }
         Ok(())
+    }
+}
+
+/// Programs along x a launch of a persistent kernel runs here, as if the device held three at
+/// once (so that every program walks several tiles).
+pub const PERSISTENT_PROGRAMS: u32 = 3;
+
+/// The grid a launch of `kernel` runs: a persistent kernel's x capped at
+/// [`PERSISTENT_PROGRAMS`] (`LaunchAttrs::persistent`), any other as asked.
+pub fn launch_grid(kernel: &trident_core::backend::Artifact, grid: [u32; 3]) -> [u32; 3] {
+    if kernel.attrs.persistent {
+        [grid[0].min(PERSISTENT_PROGRAMS), grid[1], grid[2]]
+    } else {
+        grid
     }
 }
 

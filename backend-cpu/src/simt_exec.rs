@@ -121,6 +121,7 @@ impl Device for SimtDevice {
                 opts.wait_bound,
                 barrier.address,
             ));
+            let grid = crate::device::launch_grid(kernel, grid);
             let order = crate::device::program_order(grid, opts.seed);
             let hooks = DirectHooks { mem: self.inner.memory() };
             order.into_iter().try_for_each(|pid| {

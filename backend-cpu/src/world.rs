@@ -767,6 +767,7 @@ fn run_launch(
     grid: [u32; 3],
     args: Vec<KernelArg>,
 ) -> Result<(), BackendError> {
+    let grid = crate::device::launch_grid(&kernel, grid);
     let id = inner.next_launch.fetch_add(1, Ordering::Relaxed);
     let order = crate::device::program_order(grid, inner.opts.seed ^ id.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let total = order.len();

@@ -15,7 +15,7 @@ use trident_core::ir::CmpOp;
 use trident_core::ir::{DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, Driver, RawStream};
+use trident_gpu_runtime::{check_resident, persistent_grid, Driver, RawStream};
 
 /// Whether the CUDA driver library can be loaded here.
 pub fn driver_available() -> Result<(), String> {
@@ -252,20 +252,24 @@ pub(crate) fn launch_raw(
         kernel: kernel.kernel.clone(),
         message: format!("{what}: {e:?}"),
     };
-    let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
     let resident = kernel.attrs.cooperative || (module.waits && sharing > 1);
-    if resident {
+    let occupancy = || {
         // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
-        let per_sm = unsafe {
+        unsafe {
             result::occupancy::max_active_block_per_multiprocessor(
                 f,
                 module.threads as i32,
                 module.shared_bytes as usize,
             )
         }
-        .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))?;
-        check_resident(kernel, grid, sharing, per_sm.max(0) as u64, sms)?;
+        .map(|n| n.max(0) as u64)
+        .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
+    };
+    let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, sms) } else { grid };
+    if resident {
+        check_resident(kernel, grid, sharing, occupancy()?, sms)?;
     }
+    let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
     if kernel.attrs.cooperative {
         // SAFETY: as below; cooperative launches take the same parameter array.
         return unsafe { result::launch_cooperative_kernel(f, g, b, module.shared_bytes, stream, &mut params) }

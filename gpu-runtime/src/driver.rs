@@ -76,6 +76,16 @@ pub trait Driver: Device + Send + Sync + 'static {
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError>;
 }
 
+/// The grid a launch of a persistent kernel (`LaunchAttrs::persistent`) runs: along x, at
+/// most as many programs as `per_mp` per multiprocessor times `mps` hold at once, shared by the
+/// `sharing` ranks launching it on the device (at least one each); y and z as asked.
+pub fn persistent_grid(grid: [u32; 3], sharing: u32, per_mp: u64, mps: u32) -> [u32; 3] {
+    let fit = (per_mp * mps as u64 / sharing.max(1) as u64).max(1);
+    let yz = (grid[1] as u64 * grid[2] as u64).max(1);
+    let x = (fit / yz).max(1).min(grid[0] as u64) as u32;
+    [x, grid[1], grid[2]]
+}
+
 /// Refuses a launch whose programs must all be resident at once (a cooperative launch, or one
 /// whose programs wait while `sharing` ranks launch the same grid on the device) when
 /// `per_mp` programs per multiprocessor times `mps` multiprocessors cannot hold them: a typed

@@ -17,5 +17,5 @@ pub mod hidden;
 pub mod watchdog;
 pub mod world;
 
-pub use driver::{check_resident, Driver, RawStream};
+pub use driver::{check_resident, persistent_grid, Driver, RawStream};
 pub use world::{GpuWorld, GpuWorldOptions};

@@ -65,6 +65,7 @@ impl AgGemm {
                 cooperative: false,
                 fast_math: false,
                 warp_specialize: false,
+                persistent: false,
             },
         );
         let (a_full, bp, c) = (b.arg_ptr("a_full", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("c", g.dtype));

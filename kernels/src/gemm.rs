@@ -5,7 +5,7 @@
 
 use crate::{cdiv, require_bytes, require_i32, Launcher};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{DType, InputPrecision, LaunchAttrs, Literal};
+use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs, Literal};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -31,6 +31,10 @@ pub struct Gemm {
     /// With descriptors on a target with TMA: a producer warp issues the copies while the
     /// `warps` run `wgmma` (`LaunchAttrs::warp_specialize`).
     pub warp_specialize: bool,
+    /// One program per multiprocessor walking the tiles (`LaunchAttrs::persistent`): with
+    /// descriptors on a target with TMA, the next tile's copies run during this tile's
+    /// epilogue.
+    pub persistent: bool,
 }
 
 /// Rows of tiles a group of programs walks together (the grouped raster order).
@@ -50,6 +54,7 @@ impl Gemm {
             divisible: false,
             descriptors: false,
             warp_specialize: false,
+            persistent: false,
         }
     }
 
@@ -131,7 +136,8 @@ impl Gemm {
             (true, false) => "_div16",
             _ => "",
         };
-        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}", self.dtype, self.dot_precision());
+        let persistent = if self.persistent { "_persistent" } else { "" };
+        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}{persistent}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
             LaunchAttrs {
@@ -140,6 +146,7 @@ impl Gemm {
                 cooperative: false,
                 fast_math: false,
                 warp_specialize: self.warp_specialize && self.descriptors && self.divisible,
+                persistent: self.persistent,
             },
         );
         let ptr = |name: &str| {
@@ -155,37 +162,51 @@ impl Gemm {
         let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let (sa, sb, sc) = (int("stride_am"), int("stride_bk"), int("stride_cm"));
 
-        // Grouped raster order (as Triton's tutorial GEMM): programs walk `GROUP_M` rows of
-        // tiles column by column, so the A rows and B columns that neighbouring programs read
-        // are shared in L2.
-        let pid = b.program_id_x();
         let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let width = tiles_n * GROUP_M;
-        let first_m = (pid / width) * GROUP_M;
-        let size_m = (tiles_m - first_m).min(GROUP_M);
-        let pid_m = first_m + (pid % width) % size_m;
-        let pid_n = (pid % width) / size_m;
-        let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
-        let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
-        let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
-        let acc = if self.divisible && self.descriptors {
-            // Blocks through descriptors: zeros outside A and B, so no edge masks in the loop.
+        let descs = (self.divisible && self.descriptors).then(|| {
             let one = b.constant(Literal::Int(1), DType::I32);
-            let da = b.make_desc(a, [m, k], [sa, one], [bm, bk]);
-            let db = b.make_desc(bp, [k, n], [sb, one], [bk, bn]);
-            let (row0, col0) = (pid_m * bm as i32, pid_n * bn as i32);
-            let acc = b.zeros(&[bm, bn], self.accumulator());
-            let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
-                let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
-                vec![b.dot(ta, tb, carried[0], self.dot_precision())]
-            });
-            out[0]
-        } else {
-            self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k))
+            (b.make_desc(a, [m, k], [sa, one], [bm, bk]), b.make_desc(bp, [k, n], [sb, one], [bk, bn]))
+        });
+        // One output tile: grouped raster order (as Triton's tutorial GEMM): programs walk
+        // `GROUP_M` rows of tiles column by column, so the A rows and B columns that
+        // neighbouring programs read are shared in L2.
+        let tile = |t: Tile| {
+            let width = tiles_n * GROUP_M;
+            let first_m = (t / width) * GROUP_M;
+            let size_m = (tiles_m - first_m).min(GROUP_M);
+            let pid_m = first_m + (t % width) % size_m;
+            let pid_n = (t % width) / size_m;
+            let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
+            let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
+            let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
+            let acc = match descs {
+                Some((da, db)) => {
+                    // Blocks through descriptors: zeros outside A and B, so no edge masks in
+                    // the loop.
+                    let (row0, col0) = (pid_m * bm as i32, pid_n * bn as i32);
+                    let acc = b.zeros(&[bm, bn], self.accumulator());
+                    let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
+                        let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
+                        vec![b.dot(ta, tb, carried[0], self.dot_precision())]
+                    });
+                    out[0]
+                }
+                None => self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k)),
+            };
+            let c_ptrs = c + rows * sc + cols;
+            b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
         };
-        let c_ptrs = c + rows * sc + cols;
-        b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+        let pid = b.program_id_x();
+        if self.persistent {
+            let (tiles, programs) = (tiles_m * tiles_n, b.num_programs(Axis::X));
+            b.for_range(pid, tiles, programs, &[], |t, _| {
+                tile(t);
+                Vec::new()
+            });
+        } else {
+            tile(pid);
+        }
         b.finish()
     }
 

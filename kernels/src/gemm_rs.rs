@@ -75,6 +75,7 @@ impl GemmRs {
                 cooperative: false,
                 fast_math: false,
                 warp_specialize: false,
+                persistent: false,
             },
         );
         let (a, bp, partial) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));

@@ -14,8 +14,8 @@ use trident_kernels::Launcher;
 fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
     let dev = l.device;
     let what = format!(
-        "{}x{}/{}w/{}s desc {} ws {}",
-        g.block_m, g.block_n, g.warps, g.stages, g.descriptors, g.warp_specialize
+        "{}x{}/{}w/{}s desc {} ws {} persistent {}",
+        g.block_m, g.block_n, g.warps, g.stages, g.descriptors, g.warp_specialize, g.persistent
     );
     for &(m, n, k) in shapes {
         let bf = |x: f64| half::bf16::from_f64(x);
@@ -70,7 +70,8 @@ fn wgmma_pipelines_of_four_and_five_stages() {
 /// Descriptor blocks copied by TMA: rows and columns past M, N and K read zeros from the
 /// copy itself (the shapes are not multiples of the tile), stages 2 to 5 (both refill schemes),
 /// one warpgroup and two, with the copies issued by the consumers themselves or by a producer
-/// warp (warp specialization: `cpu-simt` interleaves the two sides' loops).
+/// warp (warp specialization: `cpu-simt` interleaves the two sides' loops), and persistent
+/// (three programs walking every tile, the copies running on across tiles).
 #[test]
 fn tma_pipelines_through_descriptors() {
     trident_backend_nvidia::link();
@@ -81,7 +82,7 @@ fn tma_pipelines_through_descriptors() {
     for (bm, bn, bk, warps, stages) in
         [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 128, 128, 4, 4)]
     {
-        for warp_specialize in [false, true] {
+        for (warp_specialize, persistent) in [(false, false), (true, false), (false, true)] {
             let g = Gemm {
                 block_m: bm,
                 block_n: bn,
@@ -90,6 +91,7 @@ fn tma_pipelines_through_descriptors() {
                 stages,
                 descriptors: true,
                 warp_specialize,
+                persistent,
                 ..Gemm::new(DType::BF16)
             };
             check(&l, g, &[(128, 128, 384), (70, 144, 208), (16, 48, 16)], &mut rng);

@@ -254,11 +254,16 @@ pub struct LaunchAttrs {
     /// instructions, handing stages back and forth on mbarriers (where the target has TMA and
     /// `wgmma`; ignored elsewhere).
     pub warp_specialize: bool,
+    /// The kernel walks its tiles itself (`for t in range(program_id, tiles, num_programs)`):
+    /// a launch may run fewer programs along x than its grid asks, as many as the device holds
+    /// at once (one per multiprocessor and more where they fit; per rank when ranks share the
+    /// device), and a pipelined K loop in the tile loop keeps its copies running across tiles.
+    pub persistent: bool,
 }
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false, warp_specialize: false }
+        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false, warp_specialize: false, persistent: false }
     }
 }
 

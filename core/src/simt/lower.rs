@@ -765,7 +765,7 @@ mod tests {
     fn gemm_k_loops_are_pipelined() {
         let b = KernelBuilder::new(
             "mm",
-            LaunchAttrs { warps: 4, stages: 3, cooperative: false, fast_math: false, warp_specialize: false },
+            LaunchAttrs { warps: 4, stages: 3, cooperative: false, fast_math: false, warp_specialize: false, persistent: false },
         );
         let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
         let k = b.arg("k", DType::I32);

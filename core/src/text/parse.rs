@@ -430,6 +430,7 @@ impl Parser<'_> {
                         "cooperative" => attrs.cooperative = self.boolean()?,
                         "fast_math" => attrs.fast_math = self.boolean()?,
                         "warp_specialize" => attrs.warp_specialize = self.boolean()?,
+                        "persistent" => attrs.persistent = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

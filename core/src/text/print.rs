@@ -23,12 +23,13 @@ pub fn print(func: &Function) -> String {
         })
         .collect();
     let a = func.attrs;
-    // `fast_math` and `warp_specialize` are printed only when set: they are the exception, and
+    // `fast_math`, `warp_specialize` and `persistent` are printed only when set: they are the exception, and
     // kernels written before they existed keep their text.
     let fast = format!(
-        "{}{}",
+        "{}{}{}",
         if a.fast_math { ", fast_math = true" } else { "" },
-        if a.warp_specialize { ", warp_specialize = true" } else { "" }
+        if a.warp_specialize { ", warp_specialize = true" } else { "" },
+        if a.persistent { ", persistent = true" } else { "" }
     );
     let _ = writeln!(
         p.out,
