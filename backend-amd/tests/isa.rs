@@ -10,7 +10,14 @@ use trident_core::KernelBuilder;
 fn kernel() -> trident_core::Function {
     let b = KernelBuilder::new(
         "golden",
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false, warp_specialize: false, persistent: false },
+        LaunchAttrs {
+            warps: 4,
+            stages: 2,
+            cooperative: false,
+            fast_math: false,
+            warp_specialize: false,
+            persistent: false,
+        },
     );
     let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
     let (sig, cnt) = (b.arg_ptr("sig", DType::U64), b.arg_ptr("cnt", DType::I32));

@@ -980,7 +980,7 @@ impl Exec<'_> {
                 self.set(*dst, Data::I(v));
             }
             // Executed at issue (the asynchrony is the waits' business, checked on the GPU).
-            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => {
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => {
                 use trident_core::simt::smem::{element_address, Descriptor};
                 let half = |bits: u64| match ab {
                     SType::BF16 => half::bf16::from_bits(bits as u16).to_f32() as f64,
@@ -989,6 +989,10 @@ impl Exec<'_> {
                 let n = *n as usize;
                 let (av, bv) = (self.get(*a)?, self.get(*b)?);
                 let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+                let accumulate = match scale_d {
+                    Some(p) => self.uniform(*p)? != 0,
+                    None => true,
+                };
                 // (Producer warps beyond `k.warps` take no part.)
                 let lanes = (k.warps * k.warp_size) as usize;
                 if !lanes.is_multiple_of(128)
@@ -1039,7 +1043,7 @@ impl Exec<'_> {
                                 return contract("a wgmma accumulator that is not f32");
                             };
                             let dot: f64 = (0..16).map(|kk| ma[row * 16 + kk] * mb[kk * n + col]).sum();
-                            out[t] = (dot + x[t] as f64) as f32;
+                            out[t] = if accumulate { (dot + x[t] as f64) as f32 } else { dot as f32 };
                         }
                     }
                 }

@@ -389,7 +389,7 @@ impl<'k> Writer<'k> {
                 self.line(format!("and.b64 {t}, {t}, 16383"));
                 self.line(format!("or.b64 {d}, {t}, {fixed:#x}"));
             }
-            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => {
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => {
                 if !self.target.name().ends_with('a') {
                     return Err(EmitError(format!("wgmma needs sm_90a, not {}", self.target.name())));
                 }
@@ -402,9 +402,15 @@ impl<'k> Writer<'k> {
                     self.line("wgmma.fence.sync.aligned".into());
                 }
                 let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
-                let (p, one) = (self.temp(Class::P), self.temp(Class::R));
-                self.line(format!("mov.b32 {one}, 1"));
-                self.line(format!("setp.ne.b32 {p}, {one}, 0"));
+                let p = match scale_d {
+                    Some(p) => self.n(*p).to_string(),
+                    None => {
+                        let (p, one) = (self.temp(Class::P), self.temp(Class::R));
+                        self.line(format!("mov.b32 {one}, 1"));
+                        self.line(format!("setp.ne.b32 {p}, {one}, 0"));
+                        p
+                    }
+                };
                 let dd = d.iter().map(|r| self.n(*r).to_string()).collect::<Vec<_>>().join(", ");
                 let (da, db) = (self.n(*a).to_string(), self.n(*b).to_string());
                 self.line(format!(

@@ -280,7 +280,8 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             let mut best: Option<(Stats, f64, String)> = None;
             let mut refused = Vec::new();
             // Where the target has TMA, each configuration also reads A and B through tensor
-            // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`).
+            // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`), and
+            // persistent (`/tma-persistent`: one program per SM walking the tiles).
             let tma = l.gpu_target().is_some_and(|t| t.has_async_copy(trident_core::target::AsyncCopy::Tma));
             // (The sweep of results/README.md, less the configurations that never won.)
             let configs = [
@@ -303,8 +304,12 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 // Two programs per SM at large M (96 KB of stages each).
                 (128, 128, 64, 8, 3),
             ];
-            let variants = if tma { &[(false, false), (true, false), (true, true)][..] } else { &[(false, false)][..] };
-            for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize)) in
+            let variants = if tma {
+                &[(false, false, false), (true, false, false), (true, true, false), (true, false, true)][..]
+            } else {
+                &[(false, false, false)][..]
+            };
+            for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize, persistent)) in
                 configs.into_iter().flat_map(|c| variants.iter().map(move |&t| (c, t)))
             {
                 let g = Gemm {
@@ -315,11 +320,13 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                     stages,
                     descriptors,
                     warp_specialize,
+                    persistent,
                     ..Gemm::new(d)
                 };
-                let suffix = match (descriptors, warp_specialize) {
-                    (true, true) => "/tma-ws",
-                    (true, false) => "/tma",
+                let suffix = match (descriptors, warp_specialize, persistent) {
+                    (true, _, true) => "/tma-persistent",
+                    (true, true, _) => "/tma-ws",
+                    (true, false, _) => "/tma",
                     _ => "",
                 };
                 let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{suffix}");

@@ -43,6 +43,9 @@ struct Args {
     /// With `--descriptors`: a producer warp issues the TMA copies (warp specialization).
     #[arg(long, requires = "descriptors")]
     warp_specialize: bool,
+    /// With `--config`: the persistent GEMM (one program per multiprocessor walking the tiles).
+    #[arg(long, requires = "config")]
+    persistent: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -99,8 +102,12 @@ fn main() -> ExitCode {
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
             Ok(g) if a.kernel == "gemm" => {
-                let g =
-                    trident_kernels::gemm::Gemm { descriptors: a.descriptors, warp_specialize: a.warp_specialize, ..g };
+                let g = trident_kernels::gemm::Gemm {
+                    descriptors: a.descriptors,
+                    warp_specialize: a.warp_specialize,
+                    persistent: a.persistent,
+                    ..g
+                };
                 g.build().map_err(|e| e.to_string())
             }
             Ok(_) => return usage("--config applies to --kernel gemm"),

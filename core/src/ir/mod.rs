@@ -263,7 +263,14 @@ pub struct LaunchAttrs {
 
 impl Default for LaunchAttrs {
     fn default() -> Self {
-        LaunchAttrs { warps: 4, stages: 2, cooperative: false, fast_math: false, warp_specialize: false, persistent: false }
+        LaunchAttrs {
+            warps: 4,
+            stages: 2,
+            cooperative: false,
+            fast_math: false,
+            warp_specialize: false,
+            persistent: false,
+        }
     }
 }
 

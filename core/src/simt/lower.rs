@@ -37,6 +37,7 @@ mod dot;
 mod elementwise;
 mod index;
 mod memory;
+mod persistent;
 mod pipeline;
 mod reduce;
 mod shared;
@@ -354,6 +355,9 @@ impl Lowering<'_> {
         if let Some(l) = self.mma_elementwise(op) {
             self.elementwise_in_mma(op, l);
             return Ok(());
+        }
+        if let Some(p) = self.persistent_plan(op) {
+            return self.flattened_for(op, p);
         }
         if let Some(plan) = self.pipeline_plan(op) {
             self.pipelined_for(op, plan);
@@ -765,7 +769,14 @@ mod tests {
     fn gemm_k_loops_are_pipelined() {
         let b = KernelBuilder::new(
             "mm",
-            LaunchAttrs { warps: 4, stages: 3, cooperative: false, fast_math: false, warp_specialize: false, persistent: false },
+            LaunchAttrs {
+                warps: 4,
+                stages: 3,
+                cooperative: false,
+                fast_math: false,
+                warp_specialize: false,
+                persistent: false,
+            },
         );
         let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
         let k = b.arg("k", DType::I32);

@@ -456,7 +456,8 @@ pub enum Inst {
     /// `d` hold the lane's `n / 2` accumulator elements, warp `w` of the group rows `16 w ..` in
     /// the C layout of `mma.m16n8k16` for each 8 columns. Asynchronous: `d` may be read, and the
     /// operands' shared memory written, only after a `WgmmaWait` lets its group through. Every
-    /// thread of the warpgroup executes it.
+    /// thread of the warpgroup executes it. With `scale_d` false (a uniform predicate) `c` is
+    /// ignored: `d = a b`.
     Wgmma {
         d: Vec<Reg>,
         c: Vec<Reg>,
@@ -465,6 +466,7 @@ pub enum Inst {
         n: u32,
         ab: SType,
         trans_b: bool,
+        scale_d: Option<Reg>,
     },
     /// Orders the warpgroup's register accesses before the `Wgmma`s that follow
     /// (`wgmma.fence`).

@@ -200,12 +200,13 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             f(barrier);
             f(pred)
         }
-        Inst::Wgmma { c, a, b, .. } => {
+        Inst::Wgmma { c, a, b, scale_d, .. } => {
             for r in c.iter_mut() {
                 f(r)
             }
             f(a);
-            f(b)
+            f(b);
+            opt(scale_d, f)
         }
         Inst::SymmAt { ptr, rank, .. } => {
             f(ptr);

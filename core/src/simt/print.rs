@@ -195,13 +195,14 @@ impl Printer<'_> {
                 self.def(*dst),
                 r(offset)
             ),
-            Inst::Wgmma { d, c, a, b, n, ab, trans_b } => format!(
-                "{} = wgmma.m64n{n}k16.{ab}{} a [{}] b [{}] c [{}]",
+            Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => format!(
+                "{} = wgmma.m64n{n}k16.{ab}{} a [{}] b [{}] c [{}]{}",
                 self.defs(d),
                 if *trans_b { ".trans_b" } else { "" },
                 r(a),
                 r(b),
-                list(c)
+                list(c),
+                scale_d.map(|p| format!(" if {} else 0", r(&p))).unwrap_or_default()
             ),
             Inst::WgmmaFence => "wgmma.fence".to_string(),
             Inst::WgmmaCommit => "wgmma.commit".to_string(),

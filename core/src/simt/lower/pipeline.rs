@@ -10,22 +10,22 @@ use super::*;
 /// A software-pipelined K loop (`Lowering::pipeline_plan`): the accumulator layout, the number
 /// of stages, and for A and B where the load reads and the value it makes.
 pub(super) struct Pipeline {
-    layout: AccLayout,
-    stages: u32,
-    strategy: Strategy,
+    pub(super) layout: AccLayout,
+    pub(super) stages: u32,
+    pub(super) strategy: Strategy,
     /// The K step runs on `wgmma` from swizzled stages (sm_90a), not on register fragments.
     wgmma: bool,
     /// TMA copies issued by a producer warp of their own (`LaunchAttrs::warp_specialize`).
-    specialized: bool,
-    a: Operand,
+    pub(super) specialized: bool,
+    pub(super) a: Operand,
     b: Operand,
 }
 
 /// One operand of a pipelined `dot`: the load's source and the loaded value.
 #[derive(Clone, Copy)]
-struct Operand {
+pub(super) struct Operand {
     source: Source,
-    value: Value,
+    pub(super) value: Value,
 }
 
 #[derive(Clone, Copy)]
@@ -479,17 +479,7 @@ impl Lowering<'_> {
         let at = self.func.ty(plan.a.value).clone();
         let ab = stype(&at);
         let kk = at.shape[1];
-        let (sl, stage_bytes, align) = if plan.wgmma {
-            let (sa, sb) = ((kk * 2).min(128), (l.n * 2).min(128));
-            let (a_bytes, b_bytes) = (l.m * kk * 2, kk * l.n * 2);
-            let sl = StageLayout::Swizzled { m: l.m, kk, sa, sb, b_off: a_bytes };
-            // Swizzle patterns repeat at 1024 bytes: stages and both operands start on one.
-            (sl, (a_bytes + b_bytes).next_multiple_of(1024), 1024)
-        } else {
-            let strides = [kk + 8, l.n + 8];
-            let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
-            (StageLayout::Padded { strides, b_off }, (b_off + kk * strides[1] * 2).next_multiple_of(128), 128)
-        };
+        let (sl, stage_bytes, align) = self.stage_layout(&plan);
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
         if plan.specialized {
             return self.specialized_for(op, &plan, sl, stages_at, stage_bytes);
@@ -602,12 +592,12 @@ impl Lowering<'_> {
                 // Step j + s - 2 refills stage (j - 2) % s after the barrier above.
                 self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
                 self.emit(Inst::MbarrierWait { offset: bar, parity });
-                self.wgmma_steps(l, ab, sl, base, phis.clone(), None)
+                self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None)
             } else {
                 // This step's group stays in flight while step j + s - 1 refills the stage the
                 // previous group read, once every warpgroup has waited for that group.
                 self.emit(Inst::MbarrierWait { offset: bar, parity });
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
                 self.emit(Inst::Barrier);
                 self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
                 acc
@@ -629,12 +619,12 @@ impl Lowering<'_> {
                 // warpgroup waited for it before the barrier above.
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
-                self.wgmma_steps(l, ab, sl, base, phis.clone(), None)
+                self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None)
             } else if plan.wgmma {
                 // This step's wgmmas are issued first and stay in flight (one group) while the
                 // program refills the stage the previous step's group read: once every
                 // warpgroup has waited for that group, the barrier lets the copies in.
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
                 self.emit(Inst::Barrier);
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
@@ -693,6 +683,24 @@ impl Lowering<'_> {
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
+    }
+
+    /// A stage's layout, its size and its alignment (bytes) for `plan`: swizzled for `wgmma`
+    /// (both operands and every stage on a 1024-byte boundary, where swizzle patterns repeat),
+    /// rows padded by 16 bytes for register fragments.
+    pub(super) fn stage_layout(&self, plan: &Pipeline) -> (StageLayout, u32, u32) {
+        let l = plan.layout;
+        let kk = self.func.ty(plan.a.value).shape[1];
+        if plan.wgmma {
+            let (sa, sb) = ((kk * 2).min(128), (l.n * 2).min(128));
+            let (a_bytes, b_bytes) = (l.m * kk * 2, kk * l.n * 2);
+            let sl = StageLayout::Swizzled { m: l.m, kk, sa, sb, b_off: a_bytes };
+            (sl, (a_bytes + b_bytes).next_multiple_of(1024), 1024)
+        } else {
+            let strides = [kk + 8, l.n + 8];
+            let b_off = (l.m * strides[0] * 2).next_multiple_of(16);
+            (StageLayout::Padded { strides, b_off }, (b_off + kk * strides[1] * 2).next_multiple_of(128), 128)
+        }
     }
 
     /// The pipelined K loop with a producer warp (`Pipeline::specialized`): warp `warps` (one
@@ -771,7 +779,7 @@ impl Lowering<'_> {
         let parity = self.bin_c(BinaryOp::And, phase, 1);
         let (full, base) = (slot(self, cj, full_at, 8), slot(self, cj, stages_at, stage_bytes));
         self.emit(Inst::MbarrierWait { offset: full, parity });
-        let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1));
+        let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
         let before = self.bin_c(BinaryOp::Add, cj, s as i64 - 1);
         let released = slot(self, before, empty_at, 8);
         let not_first = self.reg(SType::Pred);
@@ -821,10 +829,23 @@ impl Lowering<'_> {
     /// swizzle atoms along K, then B's along N, where `pipelined_for` lays them out.
     #[allow(clippy::too_many_arguments)]
     fn tma_issue(&mut self, plan: &Pipeline, iv_arg: Value, iv: Reg, pred: Reg, base: Reg, bar: Reg, sl: StageLayout) {
+        self.tma_issue_bound(plan, &[(iv_arg, iv)], pred, base, bar, sl)
+    }
+
+    /// [`Lowering::tma_issue`] with the values in `binds` (loop variables) bound to registers.
+    pub(super) fn tma_issue_bound(
+        &mut self,
+        plan: &Pipeline,
+        binds: &[(Value, Reg)],
+        pred: Reg,
+        base: Reg,
+        bar: Reg,
+        sl: StageLayout,
+    ) {
         let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("TMA fills swizzled stages") };
         let bytes = (m * kk + kk * plan.layout.n) * 2;
         self.emit(Inst::MbarrierExpectTx { offset: bar, bytes, pred });
-        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
+        let saved: Vec<_> = binds.iter().map(|&(v, r)| (v, self.vals.insert(v, vec![r]))).collect();
         let memo = std::mem::take(&mut self.memo);
         for (operand, atom_bytes, start, width) in [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)] {
             let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
@@ -836,17 +857,20 @@ impl Lowering<'_> {
             }
         }
         self.memo = memo;
-        match saved_iv {
-            Some(r) => self.vals.insert(iv_arg, r),
-            None => self.vals.remove(&iv_arg),
-        };
+        for (v, old) in saved.into_iter().rev() {
+            match old {
+                Some(r) => self.vals.insert(v, r),
+                None => self.vals.remove(&v),
+            };
+        }
     }
 
     /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
     /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; then the group
     /// is committed and (with `pending`) the warpgroup waits until at most that many groups are
     /// in flight. The accumulators returned may be read only after a wait for every group.
-    fn wgmma_steps(
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn wgmma_steps(
         &mut self,
         l: AccLayout,
         ab: SType,
@@ -854,6 +878,7 @@ impl Lowering<'_> {
         base: Reg,
         mut acc: Vec<Reg>,
         pending: Option<u32>,
+        accumulate: Option<Reg>,
     ) -> Vec<Reg> {
         let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("wgmma reads swizzled stages") };
         let saved = std::mem::take(&mut self.cur);
@@ -872,7 +897,8 @@ impl Lowering<'_> {
             self.emit(Inst::MatrixDescriptor { dst: da, offset: a_at, lbo: 16, sbo: 8 * sa, swizzle: sa });
             self.emit(Inst::MatrixDescriptor { dst: db, offset: b_at, lbo: kk * sb, sbo: 8 * sb, swizzle: sb });
             let d: Vec<Reg> = (0..l.n / 2).map(|_| self.reg(SType::F32)).collect();
-            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab, trans_b: true });
+            let scale_d = if k0 == 0 { accumulate } else { None };
+            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab, trans_b: true, scale_d });
             acc = d;
         }
         self.emit(Inst::WgmmaCommit);
