@@ -66,6 +66,19 @@ impl Lowering<'_> {
         Some(Persistent { inner, plan })
     }
 
+    /// Whether the value of `v` depends on block argument `arg` (through the ops defining it).
+    fn depends_on(&self, v: Value, arg: Value) -> bool {
+        if v == arg {
+            return true;
+        }
+        match self.func.values[v].def {
+            ValueDef::Result { op, .. } => {
+                self.func.ops[op].kind.operands().into_iter().any(|(_, x)| self.depends_on(x, arg))
+            }
+            _ => false,
+        }
+    }
+
     /// The flat loop (see the module): step g is K step `g % kn` of the program's tile
     /// `g / kn` (`kn` the K loop's trip count, at least 1). The refill order is
     /// `pipelined_for`'s TMA one with the tile and K loop variables of step g + dist bound; a
@@ -123,56 +136,87 @@ impl Lowering<'_> {
             let r = me.bin_c(BinaryOp::Mul, r, bytes as i64);
             me.bin_c(BinaryOp::Add, r, at as i64)
         };
-        // The tile and K loop variables of step g.
-        let at_step = |me: &mut Self, g: Reg| {
-            let t = me.bin(BinaryOp::Div, g, kn1);
-            let kk = me.bin(BinaryOp::Rem, g, kn1);
+        let tile_iv = |me: &mut Self, t: Reg| {
             let ti = me.bin(BinaryOp::Mul, t, st_t);
-            let ti = me.bin(BinaryOp::Add, lo_t, ti);
-            let ki = me.bin(BinaryOp::Mul, kk, st_k);
-            let ki = me.bin(BinaryOp::Add, lo_k, ki);
-            (ti, ki, kk)
+            me.bin(BinaryOp::Add, lo_t, ti)
         };
-        let issue = |me: &mut Self, g: Reg, sl: StageLayout| {
+        let k_iv = |me: &mut Self, kk: Reg| {
+            let ki = me.bin(BinaryOp::Mul, kk, st_k);
+            me.bin(BinaryOp::Add, lo_k, ki)
+        };
+        // Copy offsets that do not depend on the K step are computed once per tile and carried
+        // (the raster order's divisions); the others at every step.
+        let offsets = Self::tensor_offsets(&plan);
+        let per_tile: Vec<usize> = (0..4).filter(|&i| !self.depends_on(offsets[i], k_arg)).collect();
+        let tile_offsets = |me: &mut Self, t: Reg| -> Vec<Reg> {
+            let (ti, ki) = (tile_iv(me, t), lo_k);
+            let saved = [(tile_arg, me.vals.insert(tile_arg, vec![ti])), (k_arg, me.vals.insert(k_arg, vec![ki]))];
+            let memo = std::mem::take(&mut me.memo);
+            let out = per_tile.iter().map(|&i| me.scalar_value(offsets[i])).collect();
+            me.memo = memo;
+            for (v, old) in saved.into_iter().rev() {
+                match old {
+                    Some(r) => me.vals.insert(v, r),
+                    None => me.vals.remove(&v),
+                };
+            }
+            out
+        };
+        // Copies of step `g` (tile `t`, K step `kk`), with the per-tile offsets `known`.
+        let issue = |me: &mut Self, g: Reg, t: Reg, kk: Reg, known: &[Reg], sl: StageLayout| {
             let valid = me.reg(SType::Pred);
             me.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: g, b: total });
             let pred = me.bin(BinaryOp::And, valid, leader);
-            let (ti, ki, _) = at_step(me, g);
+            let (ti, ki) = (tile_iv(me, t), k_iv(me, kk));
+            let mut given = [None; 4];
+            for (j, &i) in per_tile.iter().enumerate() {
+                given[i] = Some(known[j]);
+            }
             let (base, bar) = (slot(me, g, stages_at, stage_bytes), slot(me, g, bars_at, 8));
-            me.tma_issue_bound(&plan, &[(tile_arg, ti), (k_arg, ki)], pred, base, bar, sl);
+            me.tma_issue_bound(&plan, &[(tile_arg, ti), (k_arg, ki)], given, pred, base, bar, sl);
         };
+        // The first `dist` steps, and where the step `dist` ahead of step 0 is.
         for i in 0..dist {
             let g = self.iconst(i as i64);
-            issue(self, g, sl);
+            let t = self.bin(BinaryOp::Div, g, kn1);
+            let kk = self.bin(BinaryOp::Rem, g, kn1);
+            let known = tile_offsets(self, t);
+            issue(self, g, t, kk, &known, sl);
         }
+        let ahead0 = self.iconst(dist as i64);
+        let t_next0 = self.bin(BinaryOp::Div, ahead0, kn1);
+        let kk_next0 = self.bin(BinaryOp::Rem, ahead0, kn1);
+        let known0 = tile_offsets(self, t_next0);
 
+        // Phis: the accumulator, this step's K step, the tile and K step `dist` ahead, and the
+        // per-tile offsets of that tile.
         let g = self.reg(I32);
         let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let (kk_cur, kk_next, t_next) = (self.reg(I32), self.reg(I32), self.reg(I32));
+        let known: Vec<Reg> = per_tile.iter().map(|_| self.reg(I32)).collect();
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
+        let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
         if single {
             self.emit(Inst::WgmmaWait { pending: 1 });
             self.emit(Inst::Barrier);
-            let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
-            issue(self, ahead, sl);
+            issue(self, ahead, t_next, kk_next, &known, sl);
         }
         let phase = self.bin_c(BinaryOp::Div, g, s as i64);
         let parity = self.bin_c(BinaryOp::And, phase, 1);
         let (base, bar) = (slot(self, g, stages_at, stage_bytes), slot(self, g, bars_at, 8));
         self.emit(Inst::MbarrierWait { offset: bar, parity });
-        let (ti, _, kk) = at_step(self, g);
         let accumulate = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk, b: zero });
+        self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk_cur, b: zero });
         let acc =
             self.wgmma_steps(l, ab, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
         if !single {
             self.emit(Inst::Barrier);
-            let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
-            issue(self, ahead, sl);
+            issue(self, ahead, t_next, kk_next, &known, sl);
         }
         // The tile's last step: every group done, then the epilogue at this tile.
         let last = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk, b: last_k });
+        self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk_cur, b: last_k });
         let body_memo = self.memo.clone();
         let before_epilogue = std::mem::take(&mut self.cur);
         self.emit(Inst::WgmmaWait { pending: 0 });
@@ -185,6 +229,8 @@ impl Lowering<'_> {
                 dst
             })
             .collect();
+        let t = self.bin(BinaryOp::Div, g, kn1);
+        let ti = tile_iv(self, t);
         let saved_tile = self.vals.insert(tile_arg, vec![ti]);
         let result = self.func.ops[p.inner].results[0];
         self.mma_held.insert(result, (l, products));
@@ -197,6 +243,13 @@ impl Lowering<'_> {
             Some(r) => self.vals.insert(tile_arg, r),
             None => self.vals.remove(&tile_arg),
         };
+        // The tile's values live in the epilogue's region only.
+        for &o in &self.func.blocks[outer].ops {
+            for r in &self.func.ops[o].results {
+                self.vals.remove(r);
+                self.mma_held.remove(r);
+            }
+        }
         let then_body = std::mem::replace(&mut self.cur, before_epilogue);
         self.memo = body_memo;
         self.emit(Inst::If {
@@ -207,11 +260,47 @@ impl Lowering<'_> {
             else_yields: Vec::new(),
             results: Vec::new(),
         });
+        // The counters move on one step; a tile change recomputes the carried offsets.
+        let wrap = |me: &mut Self, x: Reg| {
+            let x1 = me.bin_c(BinaryOp::Add, x, 1);
+            let w = me.reg(SType::Pred);
+            me.emit(Inst::Cmp { dst: w, op: CmpOp::Eq, a: x1, b: kn1 });
+            let dst = me.reg(I32);
+            me.emit(Inst::Select { dst, cond: w, on_true: zero, on_false: x1 });
+            (dst, w)
+        };
+        let (kk_cur1, _) = wrap(self, kk_cur);
+        let (kk_next1, new_tile) = wrap(self, kk_next);
+        let t_next1 = self.reg(I32);
+        let t_plus = self.bin_c(BinaryOp::Add, t_next, 1);
+        self.emit(Inst::Select { dst: t_next1, cond: new_tile, on_true: t_plus, on_false: t_next });
+        let known1: Vec<Reg> = known.iter().map(|_| self.reg(I32)).collect();
+        if !known.is_empty() {
+            let outside = std::mem::take(&mut self.cur);
+            let fresh = tile_offsets(self, t_next1);
+            let then_body = std::mem::replace(&mut self.cur, outside);
+            self.emit(Inst::If {
+                cond: new_tile,
+                then_body,
+                then_yields: fresh,
+                else_body: Vec::new(),
+                else_yields: known.clone(),
+                results: known1.clone(),
+            });
+        }
         let body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
-        let acc0: Vec<Reg> = (0..l.slots()).map(|_| fz).collect();
-        let results: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
-        self.emit(Inst::Loop { iv: g, lo: zero, hi: total, step: one, phis, inits: acc0, body, nexts: acc, results });
+        let mut all_phis = phis;
+        let mut inits: Vec<Reg> = (0..l.slots()).map(|_| fz).collect();
+        let mut nexts = acc;
+        all_phis.extend([kk_cur, kk_next, t_next]);
+        inits.extend([zero, kk_next0, t_next0]);
+        nexts.extend([kk_cur1, kk_next1, t_next1]);
+        all_phis.extend(known.iter().copied());
+        inits.extend(known0);
+        nexts.extend(known1);
+        let results: Vec<Reg> = all_phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
+        self.emit(Inst::Loop { iv: g, lo: zero, hi: total, step: one, phis: all_phis, inits, body, nexts, results });
         self.emit(Inst::WgmmaWait { pending: 0 });
         self.emit(Inst::Barrier);
         for i in 0..s {

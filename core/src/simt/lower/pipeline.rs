@@ -829,14 +829,27 @@ impl Lowering<'_> {
     /// swizzle atoms along K, then B's along N, where `pipelined_for` lays them out.
     #[allow(clippy::too_many_arguments)]
     fn tma_issue(&mut self, plan: &Pipeline, iv_arg: Value, iv: Reg, pred: Reg, base: Reg, bar: Reg, sl: StageLayout) {
-        self.tma_issue_bound(plan, &[(iv_arg, iv)], pred, base, bar, sl)
+        self.tma_issue_bound(plan, &[(iv_arg, iv)], [None; 4], pred, base, bar, sl)
     }
 
-    /// [`Lowering::tma_issue`] with the values in `binds` (loop variables) bound to registers.
+    /// The block offsets of a TMA plan's copies: A's row and column, B's row and column.
+    pub(super) fn tensor_offsets(plan: &Pipeline) -> [Value; 4] {
+        let of = |o: &Operand| match o.source {
+            Source::Tensor { offsets, .. } => offsets,
+            Source::Pointer { .. } => unreachable!("TMA operands"),
+        };
+        let (a, b) = (of(&plan.a), of(&plan.b));
+        [a[0], a[1], b[0], b[1]]
+    }
+
+    /// [`Lowering::tma_issue`] with the values in `binds` (loop variables) bound to registers,
+    /// and the offsets of [`Lowering::tensor_offsets`] that `given` has already computed.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn tma_issue_bound(
         &mut self,
         plan: &Pipeline,
         binds: &[(Value, Reg)],
+        given: [Option<Reg>; 4],
         pred: Reg,
         base: Reg,
         bar: Reg,
@@ -847,9 +860,12 @@ impl Lowering<'_> {
         self.emit(Inst::MbarrierExpectTx { offset: bar, bytes, pred });
         let saved: Vec<_> = binds.iter().map(|&(v, r)| (v, self.vals.insert(v, vec![r]))).collect();
         let memo = std::mem::take(&mut self.memo);
-        for (operand, atom_bytes, start, width) in [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)] {
+        for (i, (operand, atom_bytes, start, width)) in
+            [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)].into_iter().enumerate()
+        {
             let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
-            let (row, col) = (self.scalar_value(offsets[0]), self.scalar_value(offsets[1]));
+            let row = given[2 * i].unwrap_or_else(|| self.scalar_value(offsets[0]));
+            let col = given[2 * i + 1].unwrap_or_else(|| self.scalar_value(offsets[1]));
             for atom in 0..atoms {
                 let c = if atom == 0 { col } else { self.bin_c(BinaryOp::Add, col, (atom * width / 2) as i64) };
                 let offset = self.bin_c(BinaryOp::Add, base, (start + atom * atom_bytes) as i64);
