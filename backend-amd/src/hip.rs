@@ -364,6 +364,10 @@ impl Device for HipDevice {
         crate::NAME
     }
 
+    fn name(&self) -> String {
+        Driver::device_name(self)
+    }
+
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         let mut p = std::ptr::null_mut();
         // SAFETY: valid out-pointer.

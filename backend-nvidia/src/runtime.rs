@@ -301,6 +301,10 @@ impl Device for CudaDevice {
         crate::NAME
     }
 
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         self.current()?;
         // SAFETY: plain device allocation in the current context.

@@ -339,6 +339,12 @@ impl Backend for Checked {
 pub trait Device: Send + Sync {
     fn backend(&self) -> &'static str;
 
+    /// What the device is, for people and for caches keyed by device ("NVIDIA H200"); the
+    /// backend's name where it has nothing more precise.
+    fn name(&self) -> String {
+        self.backend().to_string()
+    }
+
     /// Allocates `bytes` bytes (contents unspecified).
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
 

@@ -107,6 +107,38 @@ impl Gemm {
         }
     }
 
+    /// The configuration for this problem on `l`'s device: the one `trident-bench` measured
+    /// fastest there (the tuning cache, `crate::tuning`), else [`Gemm::for_problem`]'s. Says
+    /// on stderr, once per shape, which it took and why.
+    pub fn tuned(l: &Launcher, dtype: DType, mnk: (usize, usize, usize)) -> Gemm {
+        use std::sync::{Mutex, OnceLock};
+        static CACHE: OnceLock<crate::tuning::TuningCache> = OnceLock::new();
+        static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+        let cache = CACHE.get_or_init(|| crate::tuning::TuningCache::load(crate::tuning::TuningCache::default_path()));
+        let base = Gemm::for_problem(dtype, l.gpu_target(), mnk.0);
+        let key = crate::tuning::key(&l.device.name(), dtype, mnk);
+        let (g, why) = match cache.get(&key) {
+            Some(c) => (c.apply(base), format!("tuned ({:.3} ms when measured, {})", c.ms, cache.path.display())),
+            None => (base, "the heuristic (not tuned on this device: `cargo xtask bench` tunes)".to_string()),
+        };
+        let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
+        if !said.contains(&key) {
+            eprintln!(
+                "trident: gemm {key}: {}x{}x{}/{}w/{}s{}{}{} from {why}",
+                g.block_m,
+                g.block_n,
+                g.block_k,
+                g.warps,
+                g.stages,
+                if g.descriptors { " descriptors" } else { "" },
+                if g.warp_specialize { " warp-specialized" } else { "" },
+                if g.persistent { " persistent" } else { "" }
+            );
+            said.push(key);
+        }
+        g
+    }
+
     pub fn with_precision(self, precision: InputPrecision) -> Gemm {
         Gemm { precision, ..self }
     }

@@ -13,6 +13,7 @@ pub mod gemm_rs;
 pub mod ring_shift;
 pub mod softmax;
 pub mod splitk_gemm;
+pub mod tuning;
 pub mod vector_add;
 
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};

@@ -16,6 +16,7 @@ use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device
 use trident_core::ir::DType;
 use trident_gpu_runtime::hidden::HiddenBuffers;
 use trident_gpu_runtime::Driver;
+use trident_kernels::tuning::{self, GemmChoice, TuningCache};
 use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, Launcher};
 
 /// Dense bf16 matrix FLOP/s and HBM bandwidth of the device, from the vendors' datasheets:
@@ -159,6 +160,10 @@ impl Device for Enqueuing {
     fn backend(&self) -> &'static str {
         self.drv.backend()
     }
+
+    fn name(&self) -> String {
+        self.drv.device_name()
+    }
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         self.drv.alloc(bytes, name)
     }
@@ -278,6 +283,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
             let mut best: Option<(Stats, f64, String)> = None;
+            let mut best_gemm = None;
             let mut refused = Vec::new();
             // Where the target has TMA, each configuration also reads A and B through tensor
             // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`), and
@@ -376,11 +382,19 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 );
                 if best.as_ref().is_none_or(|(b, _, _): &(Stats, f64, String)| ms.median < b.median) {
                     best = Some((ms, err, name));
+                    best_gemm = Some(g);
                 }
             }
-            let Some((ms, err, cfg)) = best else {
+            let (Some((ms, err, cfg)), Some(g)) = (best, best_gemm) else {
                 return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
             };
+            // The winner goes to the tuning cache, where `Gemm::tuned` finds it.
+            let mut cache = TuningCache::load(TuningCache::default_path());
+            let key = tuning::key(&cuda.name(), d, (m, n, k));
+            match cache.record(key.clone(), GemmChoice::of(&g, ms.median)) {
+                Ok(()) => eprintln!("bench: {key}: {cfg} recorded in {}", cache.path.display()),
+                Err(e) => eprintln!("bench: {key}: the tuning cache {} cannot be written: {e}", cache.path.display()),
+            }
             return Ok(Measured { ms, error: err, config: cfg });
         }
     };
