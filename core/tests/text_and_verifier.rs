@@ -57,6 +57,21 @@ fn canonical_text_is_a_fixed_point() {
     assert_eq!(text::print(&f), SCALE);
 }
 
+/// The launch attributes printed only when set (`fast_math`, `warp_specialize`, `persistent`)
+/// parse, print and round-trip.
+#[test]
+fn optional_launch_attributes_round_trip() {
+    let src = SCALE.replace(
+        "cooperative = false}",
+        "cooperative = false, fast_math = true, warp_specialize = true, persistent = true}",
+    );
+    let f = text::parse(&src).unwrap();
+    assert!(f.attrs.fast_math && f.attrs.warp_specialize && f.attrs.persistent);
+    assert_eq!(text::print(&f), src);
+    let plain = text::parse(SCALE).unwrap();
+    assert!(!plain.attrs.warp_specialize && !plain.attrs.persistent);
+}
+
 fn verify_error(src: &str) -> trident_core::VerifyError {
     let f = text::parse(src).unwrap_or_else(|e| panic!("should parse: {e}"));
     verify(&f).unwrap_err()
