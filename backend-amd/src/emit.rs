@@ -573,6 +573,9 @@ impl Writer<'_> {
             | Inst::MbarrierWait { .. }
             | Inst::TmaLoad { .. }
             | Inst::MbarrierArrive { .. }
+            | Inst::TmaStore { .. }
+            | Inst::BulkCommit
+            | Inst::BulkWait
             | Inst::Specialized { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,
             Inst::Pack { dst, lo, hi } => {

@@ -1100,6 +1100,37 @@ impl Exec<'_> {
                 // race detector as a barrier would.
                 self.hazards.barrier();
             }
+            // The bulk store completes at issue (its group's waits are the GPU's business).
+            Inst::BulkCommit | Inst::BulkWait => {}
+            Inst::TmaStore { map, offset, coords, pred } => {
+                let (o, r, c, p) = (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*pred)?);
+                let Some(m) = self.maps.get(*map as usize).copied() else {
+                    return contract(format!("TMA store through tensor map {map}, which the kernel does not have"));
+                };
+                let view = self.mem.view();
+                for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
+                    let src = o.ints()[i] as usize;
+                    let align = if m.swizzle > 0 { 8 * m.swizzle as usize } else { 128 };
+                    if !src.is_multiple_of(align) {
+                        return fault(format!("TMA store from shared byte {src}, not {align}-byte aligned"));
+                    }
+                    let (r0, c0) = (r.ints()[i], c.ints()[i]);
+                    let es = m.elem_bytes as usize;
+                    for rr in 0..m.box_rows as i64 {
+                        for cc in 0..m.box_cols as i64 {
+                            let (gr, gc) = (r0 + rr, c0 + cc);
+                            if gr < 0 || gc < 0 || gr as u64 >= m.rows || gc as u64 >= m.cols {
+                                continue;
+                            }
+                            let logical = src + (rr as usize * m.box_cols as usize + cc as usize) * es;
+                            let at = trident_core::simt::smem::swizzle(logical as u32, m.swizzle) as usize;
+                            let x = self.shared_get(i, at, es)?;
+                            let g = m.address + gr as u64 * m.row_stride_bytes + gc as u64 * es as u64;
+                            self.view.store(&view, g, es, x, i).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
+                        }
+                    }
+                }
+            }
             Inst::MbarrierArrive { offset, pred } => {
                 for at in self.active_offsets(*offset, *pred)? {
                     let m = self.mbarrier(at)?;

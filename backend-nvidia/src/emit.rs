@@ -427,6 +427,18 @@ impl<'k> Writer<'k> {
                 self.line(format!("@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}"));
             }
             Inst::FenceMbarrierInit => self.line("fence.mbarrier_init.release.cluster".into()),
+            Inst::TmaStore { map, offset, coords, pred } => {
+                let src = self.shared_addr(*offset)?;
+                let m =
+                    self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
+                let (row, col, p) =
+                    (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
+                self.line(format!(
+                    "@{p} cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [{m}, {{{col}, {row}}}], [{src}]"
+                ));
+            }
+            Inst::BulkCommit => self.line("cp.async.bulk.commit_group".into()),
+            Inst::BulkWait => self.line("cp.async.bulk.wait_group.read 0".into()),
             Inst::MbarrierArrive { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
                 self.line(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]"));

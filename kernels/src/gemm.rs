@@ -35,6 +35,9 @@ pub struct Gemm {
     /// descriptors on a target with TMA, the next tile's copies run during this tile's
     /// epilogue.
     pub persistent: bool,
+    /// With descriptors: C is written through a descriptor too (`desc_store`: a TMA store from a
+    /// swizzled shared copy on sm_90a). Off by default until measured on the GPU.
+    pub tma_store: bool,
 }
 
 /// Rows of tiles a group of programs walks together (the grouped raster order).
@@ -55,6 +58,7 @@ impl Gemm {
             descriptors: false,
             warp_specialize: false,
             persistent: false,
+            tma_store: false,
         }
     }
 
@@ -168,7 +172,12 @@ impl Gemm {
             (true, false) => "_div16",
             _ => "",
         };
-        let persistent = if self.persistent { "_persistent" } else { "" };
+        let persistent = match (self.persistent, self.tma_store && self.descriptors && self.divisible) {
+            (true, true) => "_persistent_store",
+            (true, false) => "_persistent",
+            (false, true) => "_store",
+            _ => "",
+        };
         let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}{persistent}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
@@ -198,7 +207,8 @@ impl Gemm {
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let descs = (self.divisible && self.descriptors).then(|| {
             let one = b.constant(Literal::Int(1), DType::I32);
-            (b.make_desc(a, [m, k], [sa, one], [bm, bk]), b.make_desc(bp, [k, n], [sb, one], [bk, bn]))
+            let dc = b.make_desc(c, [m, n], [sc, one], [bm, bn]);
+            (b.make_desc(a, [m, k], [sa, one], [bm, bk]), b.make_desc(bp, [k, n], [sb, one], [bk, bn]), dc)
         });
         // One output tile: grouped raster order (as Triton's tutorial GEMM): programs walk
         // `GROUP_M` rows of tiles column by column, so the A rows and B columns that
@@ -212,22 +222,29 @@ impl Gemm {
             let rm = pid_m * bm as i32 + b.arange(0, bm as i64);
             let rn = pid_n * bn as i32 + b.arange(0, bn as i64);
             let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
-            let acc = match descs {
-                Some((da, db)) => {
+            match descs {
+                Some((da, db, dc)) => {
                     // Blocks through descriptors: zeros outside A and B, so no edge masks in
-                    // the loop.
+                    // the loop; the store clips at C's edges (a TMA store on sm_90a).
                     let (row0, col0) = (pid_m * bm as i32, pid_n * bn as i32);
                     let acc = b.zeros(&[bm, bn], self.accumulator());
                     let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
                         let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
                         vec![b.dot(ta, tb, carried[0], self.dot_precision())]
                     });
-                    out[0]
+                    if self.tma_store {
+                        b.desc_store(dc, [row0, col0], out[0].cast(self.dtype));
+                    } else {
+                        let c_ptrs = c + rows * sc + cols;
+                        b.store(c_ptrs, out[0].cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+                    }
                 }
-                None => self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k)),
-            };
-            let c_ptrs = c + rows * sc + cols;
-            b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+                None => {
+                    let acc = self.tile_product(&b, (a, sa), (bp, sb), rows, cols, (m, n, k));
+                    let c_ptrs = c + rows * sc + cols;
+                    b.store(c_ptrs, acc.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+                }
+            }
         };
         let pid = b.program_id_x();
         if self.persistent {

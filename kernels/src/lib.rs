@@ -86,8 +86,11 @@ pub fn catalogue(dtype: trident_core::ir::DType) -> Vec<(&'static str, Result<Fu
         ("vector_add", vector_add::VectorAdd { dtype, block: 1024 }.build()),
         ("softmax", softmax::Softmax::for_cols(dtype, 1024).build()),
         ("gemm", gemm::Gemm::new(dtype).build()),
-        // The divisible GEMM through tensor descriptors (TMA copies on sm_90a).
-        ("gemm_desc", gemm::Gemm { divisible: true, descriptors: true, ..gemm::Gemm::new(dtype) }.build()),
+        // The divisible GEMM through tensor descriptors, C included (TMA copies and store on sm_90a).
+        (
+            "gemm_desc",
+            gemm::Gemm { divisible: true, descriptors: true, tma_store: true, ..gemm::Gemm::new(dtype) }.build(),
+        ),
         ("splitk_gemm", splitk_gemm::SplitKGemm::new(dtype, 4).build()),
         ("allgather", allgather::AllGather::new(dtype).build()),
         ("allreduce_oneshot", AllReduce::new(dtype, Algorithm::OneShot).build()),

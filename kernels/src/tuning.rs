@@ -27,6 +27,8 @@ pub struct GemmChoice {
     pub descriptors: bool,
     pub warp_specialize: bool,
     pub persistent: bool,
+    #[serde(default)]
+    pub tma_store: bool,
     /// The median time measured (ms).
     pub ms: f64,
 }
@@ -42,6 +44,7 @@ impl GemmChoice {
             descriptors: g.descriptors,
             warp_specialize: g.warp_specialize,
             persistent: g.persistent,
+            tma_store: g.tma_store,
             ms,
         }
     }
@@ -57,6 +60,7 @@ impl GemmChoice {
             descriptors: self.descriptors,
             warp_specialize: self.warp_specialize,
             persistent: self.persistent,
+            tma_store: self.tma_store,
             ..base
         }
     }

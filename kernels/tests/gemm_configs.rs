@@ -14,8 +14,8 @@ use trident_kernels::Launcher;
 fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
     let dev = l.device;
     let what = format!(
-        "{}x{}/{}w/{}s desc {} ws {} persistent {}",
-        g.block_m, g.block_n, g.warps, g.stages, g.descriptors, g.warp_specialize, g.persistent
+        "{}x{}/{}w/{}s desc {} ws {} persistent {} tma store {}",
+        g.block_m, g.block_n, g.warps, g.stages, g.descriptors, g.warp_specialize, g.persistent, g.tma_store
     );
     for &(m, n, k) in shapes {
         let bf = |x: f64| half::bf16::from_f64(x);
@@ -71,7 +71,8 @@ fn wgmma_pipelines_of_four_and_five_stages() {
 /// copy itself (the shapes are not multiples of the tile), stages 2 to 5 (both refill schemes),
 /// one warpgroup and two, with the copies issued by the consumers themselves or by a producer
 /// warp (warp specialization: `cpu-simt` interleaves the two sides' loops), and persistent
-/// (three programs walking every tile, the copies running on across tiles).
+/// (three programs walking every tile, the copies running on across tiles), with C stored
+/// element by element or by a TMA store.
 #[test]
 fn tma_pipelines_through_descriptors() {
     trident_backend_nvidia::link();
@@ -82,7 +83,13 @@ fn tma_pipelines_through_descriptors() {
     for (bm, bn, bk, warps, stages) in
         [(64, 64, 32, 4, 2), (64, 128, 64, 4, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 5), (64, 128, 128, 4, 4)]
     {
-        for (warp_specialize, persistent) in [(false, false), (true, false), (false, true)] {
+        for (warp_specialize, persistent, tma_store) in [
+            (false, false, false),
+            (true, false, false),
+            (false, true, false),
+            (false, false, true),
+            (true, false, true),
+        ] {
             let g = Gemm {
                 block_m: bm,
                 block_n: bn,
@@ -92,6 +99,7 @@ fn tma_pipelines_through_descriptors() {
                 descriptors: true,
                 warp_specialize,
                 persistent,
+                tma_store,
                 ..Gemm::new(DType::BF16)
             };
             check(&l, g, &[(128, 128, 384), (70, 144, 208), (16, 48, 16)], &mut rng);

@@ -287,7 +287,8 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
             let mut refused = Vec::new();
             // Where the target has TMA, each configuration also reads A and B through tensor
             // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`), and
-            // persistent (`/tma-persistent`: one program per SM walking the tiles).
+            // persistent (`/tma-persistent`: one program per SM walking the tiles), and with C
+            // written by a TMA store (`/tma-store`).
             let tma = l.gpu_target().is_some_and(|t| t.has_async_copy(trident_core::target::AsyncCopy::Tma));
             // (The sweep of results/README.md, less the configurations that never won.)
             let configs = [
@@ -311,11 +312,17 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 (128, 128, 64, 8, 3),
             ];
             let variants = if tma {
-                &[(false, false, false), (true, false, false), (true, true, false), (true, false, true)][..]
+                &[
+                    (false, false, false, false),
+                    (true, false, false, false),
+                    (true, true, false, false),
+                    (true, false, true, false),
+                    (true, false, false, true),
+                ][..]
             } else {
-                &[(false, false, false)][..]
+                &[(false, false, false, false)][..]
             };
-            for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize, persistent)) in
+            for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize, persistent, tma_store)) in
                 configs.into_iter().flat_map(|c| variants.iter().map(move |&t| (c, t)))
             {
                 let g = Gemm {
@@ -327,12 +334,14 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                     descriptors,
                     warp_specialize,
                     persistent,
+                    tma_store,
                     ..Gemm::new(d)
                 };
-                let suffix = match (descriptors, warp_specialize, persistent) {
-                    (true, _, true) => "/tma-persistent",
-                    (true, true, _) => "/tma-ws",
-                    (true, false, _) => "/tma",
+                let suffix = match (descriptors, warp_specialize, persistent, tma_store) {
+                    (true, _, _, true) => "/tma-store",
+                    (true, _, true, _) => "/tma-persistent",
+                    (true, true, _, _) => "/tma-ws",
+                    (true, false, _, _) => "/tma",
                     _ => "",
                 };
                 let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{suffix}");

@@ -46,6 +46,9 @@ struct Args {
     /// With `--config`: the persistent GEMM (one program per multiprocessor walking the tiles).
     #[arg(long, requires = "config")]
     persistent: bool,
+    /// With `--descriptors`: C written through a descriptor (a TMA store on sm_90a).
+    #[arg(long, requires = "descriptors")]
+    tma_store: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -106,6 +109,7 @@ fn main() -> ExitCode {
                     descriptors: a.descriptors,
                     warp_specialize: a.warp_specialize,
                     persistent: a.persistent,
+                    tma_store: a.tma_store,
                     ..g
                 };
                 g.build().map_err(|e| e.to_string())

@@ -42,6 +42,7 @@ mod pipeline;
 mod reduce;
 mod shared;
 mod support;
+mod tma_store;
 
 use super::contiguity::Contiguity;
 use super::layout::{same_elements, AccLayout, Blocked};
@@ -440,7 +441,9 @@ impl Lowering<'_> {
             OpKind::MakeDesc { .. } => Vec::new(),
             OpKind::DescLoad { desc, offsets } => self.desc_access(*desc, *offsets, None, st),
             OpKind::DescStore { desc, offsets, value } => {
-                self.desc_access(*desc, *offsets, Some(*value), st);
+                if !self.tma_store(*desc, *offsets, *value) {
+                    self.desc_access(*desc, *offsets, Some(*value), st);
+                }
                 Vec::new()
             }
             OpKind::Store { ptr, value, mask } => {

@@ -519,6 +519,22 @@ pub enum Inst {
         producer: Vec<Inst>,
         consumer: Vec<Inst>,
     },
+    /// Threads with `pred` copy the box of `Kernel::tensor_maps[map]` at shared byte `offset`
+    /// (laid out as `TmaLoad` writes it) to the tensor at (`coords[0]`, `coords[1]`); elements
+    /// outside the tensor are not written (`cp.async.bulk.tensor.2d` to global, a bulk group).
+    /// The shared memory must be written and made visible to the asynchronous proxy
+    /// (`FenceProxyAsync`, then a barrier) before, and not be reused until `BulkWait`.
+    TmaStore {
+        map: u32,
+        offset: Reg,
+        coords: [Reg; 2],
+        pred: Reg,
+    },
+    /// Closes the thread's bulk group of `TmaStore`s (`cp.async.bulk.commit_group`).
+    BulkCommit,
+    /// Waits until the thread's bulk groups have read their shared memory
+    /// (`cp.async.bulk.wait_group.read 0`).
+    BulkWait,
     /// Waits until the phase of parity `parity` (0 or 1) of the mbarrier at `offset` has
     /// completed (`mbarrier.try_wait.parity` in a loop). Every thread executes it; the data the
     /// phase's copies brought is then visible to the thread and to the asynchronous proxy.

@@ -80,6 +80,8 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::WgmmaWait { .. }
         | Inst::FenceProxyAsync
         | Inst::FenceMbarrierInit
+        | Inst::BulkCommit
+        | Inst::BulkWait
         | Inst::Specialized { .. }
         | Inst::Clock { .. }
         | Inst::Exit
@@ -187,6 +189,12 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::MbarrierArrive { offset, pred }
         | Inst::MbarrierExpectTx { offset, pred, .. } => {
             f(offset);
+            f(pred)
+        }
+        Inst::TmaStore { offset, coords, pred, .. } => {
+            f(offset);
+            f(&mut coords[0]);
+            f(&mut coords[1]);
             f(pred)
         }
         Inst::MbarrierWait { offset, parity } => {

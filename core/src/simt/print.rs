@@ -212,6 +212,15 @@ impl Printer<'_> {
                 format!("mbarrier.init shared [{}], count {count} if {}", r(offset), r(pred))
             }
             Inst::FenceMbarrierInit => "fence.mbarrier_init".to_string(),
+            Inst::TmaStore { map, offset, coords, pred } => format!(
+                "tma.store map{map} [{}, {}] <- shared [{}] if {}",
+                r(&coords[0]),
+                r(&coords[1]),
+                r(offset),
+                r(pred)
+            ),
+            Inst::BulkCommit => "bulk.commit".to_string(),
+            Inst::BulkWait => "bulk.wait.read".to_string(),
             Inst::MbarrierArrive { offset, pred } => format!("mbarrier.arrive shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierInval { offset, pred } => format!("mbarrier.inval shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierExpectTx { offset, bytes, pred } => {

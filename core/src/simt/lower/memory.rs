@@ -207,16 +207,27 @@ impl Lowering<'_> {
         let stride = [self.held(strides[0])[0], self.held(strides[1])[0]];
         let off = [self.held(offsets[0])[0], self.held(offsets[1])[0]];
         let (stride0, stride1) = (self.cast(stride[0], i64t), self.cast(stride[1], i64t));
-        let vals = value.map(|v| self.held(v));
+        // A stored tile held in an accumulator layout is stored from it (no conversion).
+        let mma = value.and_then(|v| self.mma_held.get(&v).cloned());
+        let vals = match &mma {
+            Some((_, regs)) => Some(regs.clone()),
+            None => value.map(|v| self.held(v)),
+        };
         let zero = self.iconst(0);
         let size = shared_size(match value {
             Some(v) => stype(self.func.ty(v)),
             None => st,
         });
-        let slots = self.layout(&block).slots();
+        let slots = match &mma {
+            Some((l, _)) => l.slots(),
+            None => self.layout(&block).slots(),
+        };
         let mut out = Vec::new();
         for s in 0..slots {
-            let c = self.slot_coords(&block, s);
+            let c = match &mma {
+                Some((l, _)) => self.mma_coords(*l, s).to_vec(),
+                None => self.slot_coords(&block, s),
+            };
             let mut inside = None;
             let mut at = Vec::new();
             for d in 0..2 {

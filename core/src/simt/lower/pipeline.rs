@@ -89,7 +89,7 @@ impl Lowering<'_> {
         r
     }
 
-    fn stage_offset_here(&mut self, sl: StageLayout, which: usize, row: Reg, col: Reg, size: u32) -> Reg {
+    pub(super) fn stage_offset_here(&mut self, sl: StageLayout, which: usize, row: Reg, col: Reg, size: u32) -> Reg {
         match sl {
             StageLayout::Padded { strides, b_off } => {
                 let r = self.bin_c(BinaryOp::Mul, row, strides[which] as i64);
@@ -243,7 +243,7 @@ impl Lowering<'_> {
     /// bytes (an index into the kernel's maps, shared by equal requests), when TMA can read it:
     /// the tensor a kernel parameter, its extents and row stride parameters or constants, its
     /// columns contiguous (a constant stride of 1) and its elements 16-bit.
-    fn tensor_map(&mut self, desc: Value, rows: u32, cols: u32, swizzle: u32) -> Option<u32> {
+    pub(super) fn tensor_map(&mut self, desc: Value, rows: u32, cols: u32, swizzle: u32) -> Option<u32> {
         use crate::simt::tma::{MapScalar, TensorMap};
         let ValueDef::Result { op, .. } = self.func.values[desc].def else { return None };
         let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { return None };

@@ -23,8 +23,8 @@ pub(super) struct SharedAlloc {
 }
 
 impl SharedAlloc {
-    /// Places an object of `bytes` aligned to `align` (a power of two) in the first gap.
-    pub(super) fn alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
+    /// Where an object of `bytes` aligned to `align` would go now (the first gap).
+    pub(super) fn place(&mut self, bytes: u32, align: u32) -> u32 {
         self.live.sort_unstable();
         let mut at = 0u32;
         for &(o, b) in &self.live {
@@ -33,7 +33,12 @@ impl SharedAlloc {
             }
             at = (o + b).next_multiple_of(align).max(at);
         }
-        let at = at.next_multiple_of(align);
+        at.next_multiple_of(align)
+    }
+
+    /// Places an object of `bytes` aligned to `align` (a power of two) in the first gap.
+    pub(super) fn alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
+        let at = self.place(bytes, align);
         self.live.push((at, bytes));
         self.high = self.high.max(at + bytes);
         self.objects.push(SharedObject { name, offset: at, bytes, align, swizzle: None });
