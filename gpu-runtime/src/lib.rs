@@ -7,13 +7,15 @@
 //! rank launches it, residency of waiting kernels), the host barrier a failing rank breaks
 //! ([`barrier`]), the names of live allocations and the decoding of a timed-out wait's record
 //! into an error ([`diagnostics`]), the watchdog of stream waits ([`watchdog`]) and the hidden
-//! buffers of single-device launches ([`hidden`]). It does not own code generation (the
+//! buffers of single-device launches ([`hidden`]), and the rendezvous of a world of processes
+//! ([`rendezvous`]: bounded barriers and all-gathers that know who is missing or dead). It does not own code generation (the
 //! backends) nor the host API of a rank (`trident_core::world::RankCtx`).
 
 pub mod barrier;
 pub mod diagnostics;
 pub mod driver;
 pub mod hidden;
+pub mod rendezvous;
 pub mod watchdog;
 pub mod world;
 
