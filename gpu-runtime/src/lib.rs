@@ -18,6 +18,7 @@ pub mod hidden;
 pub mod rendezvous;
 pub mod watchdog;
 pub mod world;
+pub mod world_env;
 
 pub use driver::{check_resident, persistent_grid, Driver, RawStream};
 pub use world::{GpuWorld, GpuWorldOptions};

@@ -88,6 +88,12 @@ enum Cmd {
     PtxCheck,
     /// Time the library's kernels on the GPU against a baseline measured in the same run
     /// (`--baseline FILE` from bench/baseline.py; `--json OUT`); skips without a CUDA driver.
+    /// One process per rank: `cargo xtask launch -n N -- PROGRAM ARGS` (`trident launch`).
+    #[command(disable_help_flag = true)]
+    Launch {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// `cargo xtask bench compare A.json B.json` puts two reports side by side.
     #[command(disable_help_flag = true)]
     Bench {
@@ -333,7 +339,7 @@ fn ptx_check() -> Result<(), Failure> {
 /// Builds the release binaries and copies them with the commit id into `bundle/`.
 fn bundle() -> Result<(), Failure> {
     let mut c = cargo();
-    c.args(["build", "--release", "-p", "trident-conformance"]);
+    c.args(["build", "--release", "-p", "trident-conformance", "-p", "trident-launcher"]);
     run(c)?;
     let root = workspace_root();
     let dir = root.join("bundle");
@@ -347,6 +353,8 @@ fn bundle() -> Result<(), Failure> {
         "trident-ops",
         "trident-math",
         "trident-run",
+        "trident",
+        "trident-rendezvous-probe",
     ] {
         let from = root.join("target/release").join(bin);
         std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
@@ -384,6 +392,12 @@ fn main() -> ExitCode {
         Cmd::Bundle => bundle(),
         Cmd::PtxCheck => ptx_check(),
         Cmd::Bench { args } => run(tool("trident-bench", args)),
+        Cmd::Launch { args } => {
+            let mut c = cargo();
+            c.args(["run", "--quiet", "--release", "-p", "trident-launcher", "--bin", "trident", "--", "launch"]);
+            c.args(args);
+            run(c)
+        }
         Cmd::Emit { args } => run(tool_here("trident-emit", args)),
         Cmd::Run { args } => run(tool_here("trident-run", args)),
         Cmd::Ops { args } => run(tool("trident-ops", args)),

@@ -1,0 +1,47 @@
+//! A rank of a world that only meets the others: joins the rendezvous from the environment
+//! (`WorldEnv`), passes a barrier, gathers every rank's number and checks it; prints one line.
+//! `PROBE_FAIL_RANK=r` makes rank r exit with status 3 after the first barrier (a planted
+//! failure: the others must fail through the rendezvous, not hang).
+
+use std::process::ExitCode;
+use std::time::Duration;
+use trident_gpu_runtime::world_env::WorldEnv;
+
+fn main() -> ExitCode {
+    let env = match WorldEnv::from_env() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("probe: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let bound = std::env::var("TRIDENT_RENDEZVOUS_BOUND_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(60));
+    let run = || -> Result<(), String> {
+        let mut c = env.connect(trident_launcher::VERSION, bound).map_err(|e| e.to_string())?;
+        c.barrier("start").map_err(|e| e.to_string())?;
+        if std::env::var("PROBE_FAIL_RANK").ok().and_then(|v| v.parse::<usize>().ok()) == Some(env.rank) {
+            std::process::exit(3);
+        }
+        let all = c.all_gather("ranks", &(env.rank as u32).to_le_bytes()).map_err(|e| e.to_string())?;
+        for (r, d) in all.iter().enumerate() {
+            if d.as_slice() != (r as u32).to_le_bytes() {
+                return Err(format!("rank {r} sent {d:?}"));
+            }
+        }
+        c.barrier("end").map_err(|e| e.to_string())
+    };
+    match run() {
+        Ok(()) => {
+            println!("probe: rank {} of {} met every rank", env.rank, env.size);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("probe: rank {}: {e}", env.rank);
+            ExitCode::FAILURE
+        }
+    }
+}
