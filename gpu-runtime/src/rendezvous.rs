@@ -149,13 +149,15 @@ fn serve(stream: TcpStream, size: usize, version: &str, shared: &(Mutex<State>, 
                 entry.data[rank] = Some(data);
                 shared.1.notify_all();
             }
+            // An operation every rank reached is done, whatever happened after (a rank may
+            // exit as soon as it has its answer).
             loop {
+                let op = &s.ops[&seq];
+                if op.kind == *kind && op.name == *name && op.data.iter().all(Option::is_some) {
+                    break Ok(op.data.iter().map(|d| d.clone().unwrap_or_default()).collect::<Vec<_>>());
+                }
                 if let Some(f) = &s.failure {
                     break Err(f.clone());
-                }
-                let op = &s.ops[&seq];
-                if op.data.iter().all(Option::is_some) {
-                    break Ok(op.data.iter().map(|d| d.clone().unwrap_or_default()).collect::<Vec<_>>());
                 }
                 s = shared.1.wait(s).unwrap_or_else(|e| e.into_inner());
             }

@@ -3,6 +3,7 @@
 //! `PROBE_FAIL_RANK=r` makes rank r exit with status 3 after the first barrier (a planted
 //! failure: the others must fail through the rendezvous, not hang).
 
+use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 use trident_gpu_runtime::world_env::WorldEnv;
@@ -35,12 +36,14 @@ fn main() -> ExitCode {
         c.barrier("end").map_err(|e| e.to_string())
     };
     match run() {
+        // One write per line: the ranks share the launcher's terminal.
         Ok(()) => {
-            println!("probe: rank {} of {} met every rank", env.rank, env.size);
+            let line = format!("probe: rank {} of {} met every rank\n", env.rank, env.size);
+            let _ = std::io::stdout().write_all(line.as_bytes());
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprintln!("probe: rank {}: {e}", env.rank);
+            let _ = std::io::stderr().write_all(format!("probe: rank {}: {e}\n", env.rank).as_bytes());
             ExitCode::FAILURE
         }
     }
