@@ -8,17 +8,7 @@ use trident_core::ir::*;
 use trident_core::KernelBuilder;
 
 fn kernel() -> trident_core::Function {
-    let b = KernelBuilder::new(
-        "golden",
-        LaunchAttrs {
-            warps: 4,
-            stages: 2,
-            cooperative: false,
-            fast_math: false,
-            warp_specialize: false,
-            persistent: false,
-        },
-    );
+    let b = KernelBuilder::new("golden", LaunchAttrs::default());
     let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
     let (sig, cnt) = (b.arg_ptr("sig", DType::U64), b.arg_ptr("cnt", DType::I32));
     let t = b.wait(sig, 1, CmpOp::Ge, 1u64, Scope::Sys, MemSemantic::Acquire);

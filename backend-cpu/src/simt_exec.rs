@@ -178,12 +178,9 @@ fn truncate_lanes(v: &mut Val, n: usize) {
 
 /// A tensor map the arguments cannot make, named by its tensor's parameter.
 fn tensor_map_fault(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: String) -> SimtFault {
-    SimtFault { message: tensor_map_error(k, m, &e), op: "launch".into(), loc: None }
-}
-
-/// What a launch reports when the arguments cannot make tensor map `m` of `k`.
-pub fn tensor_map_error(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: &str) -> String {
-    format!("the tensor map of %{} (TMA) cannot be made from the arguments: {e}", k.params[m.ptr as usize].0)
+    let message =
+        format!("the tensor map of %{} (TMA) cannot be made from the arguments: {e}", k.params[m.ptr as usize].0);
+    SimtFault { message, op: "launch".into(), loc: None }
 }
 
 fn fault<T>(m: impl Into<String>) -> Result<T, Fault> {
@@ -1110,24 +1107,17 @@ impl Exec<'_> {
                 let view = self.mem.view();
                 for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
                     let src = o.ints()[i] as usize;
-                    let align = if m.swizzle > 0 { 8 * m.swizzle as usize } else { 128 };
-                    if !src.is_multiple_of(align) {
-                        return fault(format!("TMA store from shared byte {src}, not {align}-byte aligned"));
+                    if !src.is_multiple_of(m.shared_align()) {
+                        return fault(format!(
+                            "TMA store from shared byte {src}, not {}-byte aligned",
+                            m.shared_align()
+                        ));
                     }
-                    let (r0, c0) = (r.ints()[i], c.ints()[i]);
                     let es = m.elem_bytes as usize;
-                    for rr in 0..m.box_rows as i64 {
-                        for cc in 0..m.box_cols as i64 {
-                            let (gr, gc) = (r0 + rr, c0 + cc);
-                            if gr < 0 || gc < 0 || gr as u64 >= m.rows || gc as u64 >= m.cols {
-                                continue;
-                            }
-                            let logical = src + (rr as usize * m.box_cols as usize + cc as usize) * es;
-                            let at = trident_core::simt::smem::swizzle(logical as u32, m.swizzle) as usize;
-                            let x = self.shared_get(i, at, es)?;
-                            let g = m.address + gr as u64 * m.row_stride_bytes + gc as u64 * es as u64;
-                            self.view.store(&view, g, es, x, i).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
-                        }
+                    for (at, global) in m.box_elements(src, r.ints()[i], c.ints()[i]) {
+                        let Some(g) = global else { continue };
+                        let x = self.shared_get(i, at, es)?;
+                        self.view.store(&view, g, es, x, i).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
                     }
                 }
             }
@@ -1158,31 +1148,21 @@ impl Exec<'_> {
                 let view = self.mem.view();
                 for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
                     let dst = o.ints()[i] as usize;
-                    let align = if m.swizzle > 0 { 8 * m.swizzle as usize } else { 128 };
-                    if !dst.is_multiple_of(align) {
-                        return fault(format!("TMA copy to shared byte {dst}, not {align}-byte aligned"));
+                    if !dst.is_multiple_of(m.shared_align()) {
+                        return fault(format!("TMA copy to shared byte {dst}, not {}-byte aligned", m.shared_align()));
                     }
-                    let (r0, c0) = (r.ints()[i], c.ints()[i]);
                     let es = m.elem_bytes as usize;
-                    for rr in 0..m.box_rows as i64 {
-                        for cc in 0..m.box_cols as i64 {
-                            let (gr, gc) = (r0 + rr, c0 + cc);
-                            let inside = gr >= 0 && gc >= 0 && (gr as u64) < m.rows && (gc as u64) < m.cols;
-                            let x = if inside {
-                                let at = m.address + gr as u64 * m.row_stride_bytes + gc as u64 * es as u64;
-                                self.view.load(&view, at, es).or_else(|e| fault(format!("TMA copy: {}", e.0)))?
-                            } else {
-                                0
-                            };
-                            let logical = dst + (rr as usize * m.box_cols as usize + cc as usize) * es;
-                            let at = trident_core::simt::smem::swizzle(logical as u32, m.swizzle) as usize;
-                            if self.shared.get(at..at + es).is_none() {
-                                return fault(format!("TMA copy to shared bytes {at}.. out of {}", self.shared.len()));
-                            }
-                            for j in 0..es {
-                                self.hazards.async_write(at + j)?;
-                                self.shared[at + j] = (x >> (8 * j)) as u8;
-                            }
+                    for (at, global) in m.box_elements(dst, r.ints()[i], c.ints()[i]) {
+                        let x = match global {
+                            Some(g) => self.view.load(&view, g, es).or_else(|e| fault(format!("TMA copy: {}", e.0)))?,
+                            None => 0,
+                        };
+                        if self.shared.get(at..at + es).is_none() {
+                            return fault(format!("TMA copy to shared bytes {at}.. out of {}", self.shared.len()));
+                        }
+                        for j in 0..es {
+                            self.hazards.async_write(at + j)?;
+                            self.shared[at + j] = (x >> (8 * j)) as u8;
                         }
                     }
                     let m_at = b.ints()[i] as usize;

@@ -57,17 +57,7 @@ impl AgGemm {
         let g = &self.gemm;
         let (bm, bn) = (g.block_m, g.block_n);
         let name = format!("ag_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k);
-        let b = KernelBuilder::new(
-            &name,
-            LaunchAttrs {
-                warps: g.warps,
-                stages: g.stages,
-                cooperative: false,
-                fast_math: false,
-                warp_specialize: false,
-                persistent: false,
-            },
-        );
+        let b = KernelBuilder::new(&name, LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() });
         let (a_full, bp, c) = (b.arg_ptr("a_full", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("c", g.dtype));
         let ready = b.arg_ptr("ready", DType::U64);
         let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));

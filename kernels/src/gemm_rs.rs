@@ -69,14 +69,7 @@ impl GemmRs {
         let (bm, bn) = (g.block_m, g.block_n);
         let b = KernelBuilder::new(
             &format!("gemm_rs_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k),
-            LaunchAttrs {
-                warps: g.warps,
-                stages: g.stages,
-                cooperative: false,
-                fast_math: false,
-                warp_specialize: false,
-                persistent: false,
-            },
+            LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() },
         );
         let (a, bp, partial) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));
         let arrived = b.arg_ptr("arrived", DType::U64);

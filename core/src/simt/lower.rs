@@ -694,6 +694,20 @@ fn used_values(func: &Function) -> std::collections::HashSet<Value> {
 /// Pure tile ops of index arithmetic and layout: what can be recomputed at any coordinates
 /// when its operands can (`Lowering::rematerializable`). Elementary functions and `pow` are
 /// not: they expand to long sequences.
+/// Ops that touch no memory and no other thread: index math, constants, program ids, tensor
+/// descriptors (what may come before a warp-specialized or persistent K loop).
+fn effect_free(k: &OpKind) -> bool {
+    is_index_math(k)
+        || matches!(
+            k,
+            OpKind::Const(_)
+                | OpKind::ProgramId(_)
+                | OpKind::NumPrograms(_)
+                | OpKind::MakeDesc { .. }
+                | OpKind::Splat(_)
+        )
+}
+
 fn is_index_math(k: &OpKind) -> bool {
     if let OpKind::Unary { op, .. } = k {
         if crate::math::is_expanded(*op) {
@@ -770,17 +784,7 @@ mod tests {
     /// `stages - 2` groups in flight.
     #[test]
     fn gemm_k_loops_are_pipelined() {
-        let b = KernelBuilder::new(
-            "mm",
-            LaunchAttrs {
-                warps: 4,
-                stages: 3,
-                cooperative: false,
-                fast_math: false,
-                warp_specialize: false,
-                persistent: false,
-            },
-        );
+        let b = KernelBuilder::new("mm", LaunchAttrs { stages: 3, ..LaunchAttrs::default() });
         let (x, y, c) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16), b.arg_ptr("c", DType::F32));
         let k = b.arg("k", DType::I32);
         let (i, kr) = (b.arange(0, 64), b.arange(0, 32));

@@ -53,6 +53,31 @@ impl MapValues {
     pub fn box_bytes(&self) -> u32 {
         self.box_rows * self.box_cols * self.elem_bytes
     }
+
+    /// The alignment the box's shared-memory copy needs: a swizzle pattern's 8 rows, else 128.
+    pub fn shared_align(&self) -> usize {
+        if self.swizzle > 0 {
+            8 * self.swizzle as usize
+        } else {
+            128
+        }
+    }
+
+    /// Every element of the box whose first element is tensor element (`row`, `col`), copied at
+    /// shared byte `shared`: its shared address (rows one after the other, swizzled) and its
+    /// global address when it lies inside the tensor.
+    pub fn box_elements(&self, shared: usize, row: i64, col: i64) -> impl Iterator<Item = (usize, Option<u64>)> + '_ {
+        let es = self.elem_bytes as usize;
+        (0..self.box_rows as i64).flat_map(move |rr| {
+            (0..self.box_cols as i64).map(move |cc| {
+                let (gr, gc) = (row + rr, col + cc);
+                let inside = gr >= 0 && gc >= 0 && (gr as u64) < self.rows && (gc as u64) < self.cols;
+                let global = inside.then(|| self.address + gr as u64 * self.row_stride_bytes + gc as u64 * es as u64);
+                let logical = shared + (rr as usize * self.box_cols as usize + cc as usize) * es;
+                (super::smem::swizzle(logical as u32, self.swizzle) as usize, global)
+            })
+        })
+    }
 }
 
 impl TensorMap {

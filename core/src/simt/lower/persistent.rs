@@ -27,18 +27,7 @@ impl Lowering<'_> {
         let ops = self.func.blocks[body].ops.clone();
         let pos = ops.iter().position(|&o| matches!(self.func.ops[o].kind, OpKind::For { .. }))?;
         let inner = ops[pos];
-        let pure = |k: &OpKind| {
-            is_index_math(k)
-                || matches!(
-                    k,
-                    OpKind::Const(_)
-                        | OpKind::ProgramId(_)
-                        | OpKind::NumPrograms(_)
-                        | OpKind::MakeDesc { .. }
-                        | OpKind::Splat(_)
-                )
-        };
-        if !ops[..pos].iter().all(|&o| pure(&self.func.ops[o].kind)) {
+        if !ops[..pos].iter().all(|&o| effect_free(&self.func.ops[o].kind)) {
             return None;
         }
         // Nothing after the K loop may loop again (its epilogue runs inside the flat loop).
@@ -122,20 +111,10 @@ impl Lowering<'_> {
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
         self.emit(Inst::Barrier);
         let bars_at = self.shared_alloc("pipeline.mbarriers", 8 * s, 8);
-        let leader = self.first_thread();
-        for i in 0..s {
-            let offset = self.iconst((bars_at + 8 * i) as i64);
-            self.emit(Inst::MbarrierInit { offset, count: 1, pred: leader });
-        }
-        self.emit(Inst::FenceMbarrierInit);
-        self.emit(Inst::Barrier);
+        let leader = self.init_mbarriers(&[(bars_at, 1)], s);
         let single = s >= 4;
         let dist = if single { s - 2 } else { s - 1 };
-        let slot = |me: &mut Self, g: Reg, at: u32, bytes: u32| {
-            let r = me.bin_c(BinaryOp::Rem, g, s as i64);
-            let r = me.bin_c(BinaryOp::Mul, r, bytes as i64);
-            me.bin_c(BinaryOp::Add, r, at as i64)
-        };
+        let slot = |me: &mut Self, g: Reg, at: u32, bytes: u32| me.ring_slot(g, s, at, bytes);
         let tile_iv = |me: &mut Self, t: Reg| {
             let ti = me.bin(BinaryOp::Mul, t, st_t);
             me.bin(BinaryOp::Add, lo_t, ti)
@@ -149,18 +128,10 @@ impl Lowering<'_> {
         let offsets = Self::tensor_offsets(&plan);
         let per_tile: Vec<usize> = (0..4).filter(|&i| !self.depends_on(offsets[i], k_arg)).collect();
         let tile_offsets = |me: &mut Self, t: Reg| -> Vec<Reg> {
-            let (ti, ki) = (tile_iv(me, t), lo_k);
-            let saved = [(tile_arg, me.vals.insert(tile_arg, vec![ti])), (k_arg, me.vals.insert(k_arg, vec![ki]))];
-            let memo = std::mem::take(&mut me.memo);
-            let out = per_tile.iter().map(|&i| me.scalar_value(offsets[i])).collect();
-            me.memo = memo;
-            for (v, old) in saved.into_iter().rev() {
-                match old {
-                    Some(r) => me.vals.insert(v, r),
-                    None => me.vals.remove(&v),
-                };
-            }
-            out
+            let ti = tile_iv(me, t);
+            me.with_bound(&[(tile_arg, ti), (k_arg, lo_k)], |me| {
+                per_tile.iter().map(|&i| me.scalar_value(offsets[i])).collect()
+            })
         };
         // Copies of step `g` (tile `t`, K step `kk`), with the per-tile offsets `known`.
         let issue = |me: &mut Self, g: Reg, t: Reg, kk: Reg, known: &[Reg], sl: StageLayout| {
@@ -302,13 +273,7 @@ impl Lowering<'_> {
         let results: Vec<Reg> = all_phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
         self.emit(Inst::Loop { iv: g, lo: zero, hi: total, step: one, phis: all_phis, inits, body, nexts, results });
         self.emit(Inst::WgmmaWait { pending: 0 });
-        self.emit(Inst::Barrier);
-        for i in 0..s {
-            let offset = self.iconst((bars_at + 8 * i) as i64);
-            self.emit(Inst::MbarrierInval { offset, pred: leader });
-        }
-        self.emit(Inst::Barrier);
-        self.shared_free(bars_at);
+        self.end_mbarriers(&[bars_at], s, leader);
         self.shared_free(stages_at);
         Ok(())
     }

@@ -222,20 +222,10 @@ impl Lowering<'_> {
         let top = &self.func.blocks[self.func.body].ops;
         let specialized = strategy == Strategy::Tma
             && self.func.attrs.warp_specialize
-            && top.iter().position(|&o| o == op).is_some_and(|i| {
-                top[..i].iter().all(|&o| {
-                    let k = &self.func.ops[o].kind;
-                    is_index_math(k)
-                        || matches!(
-                            k,
-                            OpKind::Const(_)
-                                | OpKind::ProgramId(_)
-                                | OpKind::NumPrograms(_)
-                                | OpKind::MakeDesc { .. }
-                                | OpKind::Splat(_)
-                        )
-                })
-            });
+            && top
+                .iter()
+                .position(|&o| o == op)
+                .is_some_and(|i| top[..i].iter().all(|&o| effect_free(&self.func.ops[o].kind)));
         Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b })
     }
 
@@ -342,8 +332,10 @@ impl Lowering<'_> {
         base: Reg,
         sl: StageLayout,
     ) {
-        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
-        let memo = std::mem::take(&mut self.memo);
+        self.with_bound(&[(iv_arg, iv)], |me| me.issue_stage_here(plan, valid, base, sl))
+    }
+
+    fn issue_stage_here(&mut self, plan: &Pipeline, valid: Reg, base: Reg, sl: StageLayout) {
         for (which, operand) in [plan.a, plan.b].into_iter().enumerate() {
             let ((ptr, mask), v) = (operand.pointer(), operand.value);
             let shape = self.func.ty(v).shape.clone();
@@ -385,11 +377,6 @@ impl Lowering<'_> {
                 }
             });
         }
-        self.memo = memo;
-        match saved_iv {
-            Some(r) => self.vals.insert(iv_arg, r),
-            None => self.vals.remove(&iv_arg),
-        };
     }
 
     /// Register staging: loads one K step's operands (the loop variable bound to `iv`, lanes
@@ -403,8 +390,10 @@ impl Lowering<'_> {
         valid: Reg,
         sl: StageLayout,
     ) -> Vec<(Reg, Vec<Reg>)> {
-        let saved_iv = self.vals.insert(iv_arg, vec![iv]);
-        let memo = std::mem::take(&mut self.memo);
+        self.with_bound(&[(iv_arg, iv)], |me| me.fetch_step_here(plan, valid, sl))
+    }
+
+    fn fetch_step_here(&mut self, plan: &Pipeline, valid: Reg, sl: StageLayout) -> Vec<(Reg, Vec<Reg>)> {
         let mut out = Vec::new();
         for (which, operand) in [plan.a, plan.b].into_iter().enumerate() {
             let ((ptr, mask), v) = (operand.pointer(), operand.value);
@@ -446,11 +435,6 @@ impl Lowering<'_> {
                 out.push((off, vals));
             });
         }
-        self.memo = memo;
-        match saved_iv {
-            Some(r) => self.vals.insert(iv_arg, r),
-            None => self.vals.remove(&iv_arg),
-        };
         out
     }
 
@@ -500,14 +484,7 @@ impl Lowering<'_> {
         // of step j is j / s, so its parity is (j / s) & 1.
         let (bars_at, leader) = if tma {
             let at = self.shared_alloc("pipeline.mbarriers", 8 * s, 8);
-            let leader = self.first_thread();
-            for st in 0..s {
-                let offset = self.iconst((at + 8 * st) as i64);
-                self.emit(Inst::MbarrierInit { offset, count: 1, pred: leader });
-            }
-            self.emit(Inst::FenceMbarrierInit);
-            self.emit(Inst::Barrier);
-            (at, leader)
+            (at, self.init_mbarriers(&[(at, 1)], s))
         } else {
             (0, Reg(0))
         };
@@ -566,22 +543,10 @@ impl Lowering<'_> {
         let next_iv = self.bin(BinaryOp::Add, iv, ahead);
         let valid = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: next_iv, b: hi });
-        let stage_of = |me: &mut Self, x: Reg| {
-            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
-            let r = me.bin_c(BinaryOp::Mul, r, stage_bytes as i64);
-            if stages_at == 0 {
-                r
-            } else {
-                me.bin_c(BinaryOp::Add, r, stages_at as i64)
-            }
-        };
+        let stage_of = |me: &mut Self, x: Reg| me.ring_slot(x, s, stages_at, stage_bytes);
         let jn = self.bin_c(BinaryOp::Add, j, dist as i64);
         let next_base = stage_of(self, jn);
-        let bar_of = |me: &mut Self, x: Reg| {
-            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
-            let r = me.bin_c(BinaryOp::Mul, r, 8);
-            me.bin_c(BinaryOp::Add, r, bars_at as i64)
-        };
+        let bar_of = |me: &mut Self, x: Reg| me.ring_slot(x, s, bars_at, 8);
         let nexts_acc = if tma {
             let base = stage_of(self, j);
             let pred = self.bin(BinaryOp::And, valid, leader);
@@ -669,13 +634,7 @@ impl Lowering<'_> {
         if tma {
             // No copy is in flight (steps past the loop issue none): the mbarriers end before
             // their bytes are anyone else's.
-            self.emit(Inst::Barrier);
-            for st in 0..s {
-                let offset = self.iconst((bars_at + 8 * st) as i64);
-                self.emit(Inst::MbarrierInval { offset, pred: leader });
-            }
-            self.emit(Inst::Barrier);
-            self.shared_free(bars_at);
+            self.end_mbarriers(&[bars_at], s, leader);
         } else if !registers {
             self.emit(Inst::AsyncWait { pending: 0 });
             self.emit(Inst::Barrier);
@@ -683,6 +642,64 @@ impl Lowering<'_> {
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
+    }
+
+    /// `f` with the values of `binds` (loop variables) bound to registers and a fresh memo of
+    /// evaluations; the bindings and the memo are restored after.
+    pub(super) fn with_bound<T>(&mut self, binds: &[(Value, Reg)], f: impl FnOnce(&mut Self) -> T) -> T {
+        let saved: Vec<_> = binds.iter().map(|&(v, r)| (v, self.vals.insert(v, vec![r]))).collect();
+        let memo = std::mem::take(&mut self.memo);
+        let out = f(self);
+        self.memo = memo;
+        for (v, old) in saved.into_iter().rev() {
+            match old {
+                Some(r) => self.vals.insert(v, r),
+                None => self.vals.remove(&v),
+            };
+        }
+        out
+    }
+
+    /// Slot `step % slots` of a ring of `bytes`-byte slots at shared byte `at`.
+    pub(super) fn ring_slot(&mut self, step: Reg, slots: u32, at: u32, bytes: u32) -> Reg {
+        let r = self.bin_c(BinaryOp::Rem, step, slots as i64);
+        let r = self.bin_c(BinaryOp::Mul, r, bytes as i64);
+        if at == 0 {
+            r
+        } else {
+            self.bin_c(BinaryOp::Add, r, at as i64)
+        }
+    }
+
+    /// Thread 0 initializes `stages` mbarriers of each ring (its shared byte and arrival count),
+    /// then everyone meets; returns the thread-0 predicate.
+    pub(super) fn init_mbarriers(&mut self, rings: &[(u32, u32)], stages: u32) -> Reg {
+        let leader = self.first_thread();
+        for st in 0..stages {
+            for &(at, count) in rings {
+                let offset = self.iconst((at + 8 * st) as i64);
+                self.emit(Inst::MbarrierInit { offset, count, pred: leader });
+            }
+        }
+        self.emit(Inst::FenceMbarrierInit);
+        self.emit(Inst::Barrier);
+        leader
+    }
+
+    /// Everyone meets (no copy in flight), thread 0 (`leader`) ends the `stages` mbarriers of
+    /// each ring at `rings`, everyone meets again, and the rings' shared memory is free.
+    pub(super) fn end_mbarriers(&mut self, rings: &[u32], stages: u32, leader: Reg) {
+        self.emit(Inst::Barrier);
+        for st in 0..stages {
+            for &at in rings {
+                let offset = self.iconst((at + 8 * st) as i64);
+                self.emit(Inst::MbarrierInval { offset, pred: leader });
+            }
+        }
+        self.emit(Inst::Barrier);
+        for &at in rings.iter().rev() {
+            self.shared_free(at);
+        }
     }
 
     /// A stage's layout, its size and its alignment (bytes) for `plan`: swizzled for `wgmma`
@@ -725,24 +742,13 @@ impl Lowering<'_> {
         self.emit(Inst::Barrier);
         let (full_at, empty_at) =
             (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
-        let leader = self.first_thread();
-        for st in 0..s {
-            let (full, empty) = (self.iconst((full_at + 8 * st) as i64), self.iconst((empty_at + 8 * st) as i64));
-            self.emit(Inst::MbarrierInit { offset: full, count: 1, pred: leader });
-            self.emit(Inst::MbarrierInit { offset: empty, count: consumers, pred: leader });
-        }
-        self.emit(Inst::FenceMbarrierInit);
-        self.emit(Inst::Barrier);
+        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, consumers)], s);
         let zero = self.iconst(0);
         let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
         let first_producer = self.iconst(consumers as i64);
         self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
         self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
-        let slot = |me: &mut Self, x: Reg, at: u32, bytes: u32| {
-            let r = me.bin_c(BinaryOp::Rem, x, s as i64);
-            let r = me.bin_c(BinaryOp::Mul, r, bytes as i64);
-            me.bin_c(BinaryOp::Add, r, at as i64)
-        };
+        let slot = |me: &mut Self, x: Reg, at: u32, bytes: u32| me.ring_slot(x, s, at, bytes);
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
         // The producer: wait until step j's stage is free, announce and copy.
@@ -810,15 +816,7 @@ impl Lowering<'_> {
         self.emit(Inst::Specialized { consumer_warps: self.k.warps, producer, consumer: vec![consumer_loop] });
         // Only the consumers from here on: every group done, then the mbarriers end.
         self.emit(Inst::WgmmaWait { pending: 0 });
-        self.emit(Inst::Barrier);
-        for st in 0..s {
-            let (full, empty) = (self.iconst((full_at + 8 * st) as i64), self.iconst((empty_at + 8 * st) as i64));
-            self.emit(Inst::MbarrierInval { offset: full, pred: leader });
-            self.emit(Inst::MbarrierInval { offset: empty, pred: leader });
-        }
-        self.emit(Inst::Barrier);
-        self.shared_free(empty_at);
-        self.shared_free(full_at);
+        self.end_mbarriers(&[full_at, empty_at], s, leader);
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
@@ -858,27 +856,20 @@ impl Lowering<'_> {
         let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("TMA fills swizzled stages") };
         let bytes = (m * kk + kk * plan.layout.n) * 2;
         self.emit(Inst::MbarrierExpectTx { offset: bar, bytes, pred });
-        let saved: Vec<_> = binds.iter().map(|&(v, r)| (v, self.vals.insert(v, vec![r]))).collect();
-        let memo = std::mem::take(&mut self.memo);
-        for (i, (operand, atom_bytes, start, width)) in
-            [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)].into_iter().enumerate()
-        {
-            let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
-            let row = given[2 * i].unwrap_or_else(|| self.scalar_value(offsets[0]));
-            let col = given[2 * i + 1].unwrap_or_else(|| self.scalar_value(offsets[1]));
-            for atom in 0..atoms {
-                let c = if atom == 0 { col } else { self.bin_c(BinaryOp::Add, col, (atom * width / 2) as i64) };
-                let offset = self.bin_c(BinaryOp::Add, base, (start + atom * atom_bytes) as i64);
-                self.emit(Inst::TmaLoad { map, offset, coords: [row, c], barrier: bar, pred });
+        self.with_bound(binds, |me| {
+            for (i, (operand, atom_bytes, start, width)) in
+                [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)].into_iter().enumerate()
+            {
+                let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
+                let row = given[2 * i].unwrap_or_else(|| me.scalar_value(offsets[0]));
+                let col = given[2 * i + 1].unwrap_or_else(|| me.scalar_value(offsets[1]));
+                for atom in 0..atoms {
+                    let c = if atom == 0 { col } else { me.bin_c(BinaryOp::Add, col, (atom * width / 2) as i64) };
+                    let offset = me.bin_c(BinaryOp::Add, base, (start + atom * atom_bytes) as i64);
+                    me.emit(Inst::TmaLoad { map, offset, coords: [row, c], barrier: bar, pred });
+                }
             }
-        }
-        self.memo = memo;
-        for (v, old) in saved.into_iter().rev() {
-            match old {
-                Some(r) => self.vals.insert(v, r),
-                None => self.vals.remove(&v),
-            };
-        }
+        })
     }
 
     /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,

@@ -26,12 +26,7 @@ impl Lowering<'_> {
         if self.smem.place(bytes, 1024) + bytes > self.target.shared_bytes {
             return false;
         }
-        let before = self.k.tensor_maps.len();
         let Some(map) = self.tensor_map(desc, l.m, 64, 128) else { return false };
-        if self.k.tensor_maps.len() > before + 1 {
-            self.k.tensor_maps.truncate(before);
-            return false;
-        }
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
         // Whoever read these bytes before is done.
         self.emit(Inst::Barrier);
