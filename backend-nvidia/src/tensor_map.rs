@@ -25,8 +25,11 @@ pub(crate) fn encode_all(
             kernel.params.get(m.ptr as usize).map(|p| p.0.as_str()).unwrap_or("?")
         ),
     };
+    // Looked up once per process, not at every launch.
+    static PRESENT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     // SAFETY: the driver library is loaded (a device is open); looking a symbol up calls nothing.
-    let present = unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuTensorMapEncodeTiled\0") }.is_ok();
+    let present = *PRESENT
+        .get_or_init(|| unsafe { sys::culib().get::<unsafe extern "C" fn()>(b"cuTensorMapEncodeTiled\0") }.is_ok());
     if !present {
         return Err(fail(
             &maps[0],
