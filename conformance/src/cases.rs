@@ -81,7 +81,8 @@ pub fn all_cases(world: Option<usize>) -> Vec<Case> {
                 distributed: false,
             });
         }
-        let variants: &[&'static str] = if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { &["f32acc"] };
+        let variants: &[&'static str] =
+            if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { GEMM_16BIT_VARIANTS };
         for &variant in variants {
             // Shapes off the tile; the last two divisible by 16 in N and K but not by the tile (the
             // descriptor/TMA path on sm_90a, whose copies read the edges' zeros themselves).
@@ -122,6 +123,10 @@ pub fn all_cases(world: Option<usize>) -> Vec<Case> {
     }
     cases
 }
+
+/// The 16-bit GEMM's cases: the heuristic's schedule, then the same tiles with a producer warp
+/// and as a persistent loop (sm_90a with TMA; the same kernel as the first elsewhere).
+const GEMM_16BIT_VARIANTS: &[&str] = &["f32acc", "f32acc-ws", "f32acc-persistent"];
 
 /// The accepted normwise error for a dtype (and `dot` precision), scaled for long reductions.
 pub fn bound(dtype: DType, variant: &str, reduction_len: usize) -> f64 {
@@ -199,9 +204,15 @@ fn execute(
         "gemm" => {
             let precision = InputPrecision::parse(case.variant).unwrap_or(InputPrecision::Ieee);
             let mnk = (case.shape[0], case.shape[1], case.shape[2]);
-            Gemm::for_problem(d, l.gpu_target(), mnk.0)
-                .with_precision(precision)
-                .run(&l, &ins[0], &ins[1], &out, mnk)?
+            let g = Gemm::for_problem(d, l.gpu_target(), mnk.0).with_precision(precision);
+            // The schedules the heuristic does not pick on its own, on targets where they exist
+            // (elsewhere the attribute changes nothing and the case repeats the plain one).
+            let g = match case.variant {
+                "f32acc-ws" => Gemm { warp_specialize: true, ..g },
+                "f32acc-persistent" => Gemm { persistent: true, ..g },
+                _ => g,
+            };
+            g.run(&l, &ins[0], &ins[1], &out, mnk)?
         }
         "splitk_gemm" => {
             let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);

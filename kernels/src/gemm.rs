@@ -36,7 +36,8 @@ pub struct Gemm {
     /// epilogue.
     pub persistent: bool,
     /// With descriptors: C is written through a descriptor too (`desc_store`: a TMA store from a
-    /// swizzled shared copy on sm_90a). Off by default until measured on the GPU.
+    /// swizzled shared copy on sm_90a). On where the target has TMA: it won at every shape of
+    /// the H200 sweep (`results/h200-issue11/store-5a9a74b`).
     pub tma_store: bool,
 }
 
@@ -77,7 +78,16 @@ impl Gemm {
             // of the benchmark's sweep on the H200 from M = 512 up (`results/README.md`).
             Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
                 let tma = t.has_async_copy(trident_core::target::AsyncCopy::Tma);
-                Gemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, descriptors: tma, ..base }
+                Gemm {
+                    block_m: 128,
+                    block_n: 256,
+                    block_k: 64,
+                    warps: 8,
+                    stages: 4,
+                    descriptors: tma,
+                    tma_store: tma,
+                    ..base
+                }
             }
             Some(t) if t.has_async_copy(trident_core::target::AsyncCopy::CpAsyncGroups) => Gemm { stages: 3, ..base },
             _ => base,
@@ -85,27 +95,20 @@ impl Gemm {
     }
 
     /// [`Gemm::for_target`] adjusted to the problem's M where the target runs `wgmma`: narrower
-    /// tiles for small M, so that enough programs fill the GPU, with a producer warp issuing the
-    /// TMA copies at M <= 128 where the target has TMA (the H200 sweep of `results/README.md`:
-    /// 64x128 tiles with a K tile of 128 and 4 stages at M <= 128, warp-specialized; 128x128x128
-    /// with 3 stages at M <= 256; from M = 512 the 128x256x64 tile). A K tile of 128 halves the
-    /// per-step waits, which bound small-M tiles. A stand-in for the per-shape autotuner the
-    /// Hopper GEMM issue asks for.
+    /// tiles for small M, so that enough programs fill the GPU (the H200 sweeps of
+    /// `results/README.md`: 64x128 tiles with a K tile of 128 and 4 stages at M <= 128;
+    /// 128x128x128 with 3 stages at M <= 256; from M = 512 the 128x256x64 tile). A K tile of
+    /// 128 halves the per-step waits, which bound small-M tiles. A producer warp won at M = 128
+    /// in one sweep (0.058 against 0.062 ms) and lost in the next (0.083 against 0.062 ms), so
+    /// the heuristic leaves it off; the tuning cache ([`Gemm::tuned`]) takes whichever the
+    /// device measured.
     pub fn for_problem(dtype: DType, target: Option<&trident_core::target::TargetDesc>, m: usize) -> Gemm {
         let g = Gemm::for_target(dtype, target);
         if g.block_n != 256 {
             return g;
         }
         match m {
-            0..=128 => Gemm {
-                block_m: 64,
-                block_n: 128,
-                block_k: 128,
-                warps: 4,
-                stages: 4,
-                warp_specialize: g.descriptors,
-                ..g
-            },
+            0..=128 => Gemm { block_m: 64, block_n: 128, block_k: 128, warps: 4, stages: 4, ..g },
             129..=256 => Gemm { block_n: 128, block_k: 128, stages: 3, ..g },
             _ => g,
         }

@@ -49,6 +49,7 @@ fn tma_pipelines_through_descriptors() {
             (false, true, false),
             (false, false, true),
             (true, false, true),
+            (false, true, true),
         ] {
             let g = Gemm {
                 block_m: bm,

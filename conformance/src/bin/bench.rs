@@ -318,6 +318,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                     (true, true, false, false),
                     (true, false, true, false),
                     (true, false, false, true),
+                    (true, true, false, true),
                 ][..]
             } else {
                 &[(false, false, false, false)][..]
@@ -338,6 +339,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                     ..Gemm::new(d)
                 };
                 let suffix = match (descriptors, warp_specialize, persistent, tma_store) {
+                    (true, true, _, true) => "/tma-ws-store",
                     (true, _, _, true) => "/tma-store",
                     (true, _, true, _) => "/tma-persistent",
                     (true, true, _, _) => "/tma-ws",
