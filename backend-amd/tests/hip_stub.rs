@@ -163,7 +163,9 @@ fn loopback_world_on_the_stub(log: &std::path::Path, kernel: trident_core::Funct
     let dev = Arc::new(HipDevice::open(0).unwrap());
     let mut opts = GpuWorldOptions::new(2);
     opts.heap_bytes = 1 << 20;
-    opts.stream_wait_bound = Duration::from_millis(300);
+    // Long enough for a loaded 2-core CI machine (300 ms timed out there once); the planted
+    // unsatisfied wait below pays it once.
+    opts.stream_wait_bound = Duration::from_millis(2000);
     std::fs::write(log, "").unwrap();
     let log2 = log.to_path_buf();
     let out = GpuWorld::run(vec![dev.clone()], opts.clone(), move |ctx| {

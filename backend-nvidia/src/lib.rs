@@ -7,6 +7,8 @@
 
 pub mod emit;
 pub mod event;
+pub mod nvshmem;
+pub mod nvshmem_world;
 pub mod runtime;
 pub mod target;
 pub mod tensor_map;

@@ -45,6 +45,7 @@ struct Loaded {
 /// One GPU, through its primary context.
 pub struct CudaDevice {
     ctx: sys::CUcontext,
+    ordinal: usize,
     name: String,
     /// Multiprocessors (for the occupancy check of cooperative launches).
     pub(crate) sms: u32,
@@ -87,6 +88,7 @@ impl CudaDevice {
         .map_err(|e| driver_err("cuDeviceGetAttribute", e))? as u32;
         let d = CudaDevice {
             ctx,
+            ordinal: index,
             name,
             sms,
             modules: Mutex::new(HashMap::new()),
@@ -111,6 +113,22 @@ impl CudaDevice {
         // SAFETY: `m` was just loaded and nothing uses it.
         let _ = unsafe { result::module::unload(m) };
         Ok(ms)
+    }
+
+    /// How many devices the driver sees (`NoDevice` without a driver).
+    pub fn count() -> Result<usize, BackendError> {
+        driver_available().map_err(|reason| BackendError::NoDevice { backend: crate::NAME, reason })?;
+        result::init().map_err(|e| driver_err("cuInit", e))?;
+        let n = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
+        if n <= 0 {
+            return Err(BackendError::NoDevice { backend: crate::NAME, reason: "the driver sees no GPU".into() });
+        }
+        Ok(n as usize)
+    }
+
+    /// The device's ordinal (`cuDeviceGet`'s index).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// The GPU's name as the driver reports it.

@@ -12,19 +12,26 @@ use trident_core::backend::BackendError;
 use trident_core::world::RankCtx;
 pub use trident_gpu_runtime::GpuWorldOptions;
 
-/// The process's device 0, opened once.
-fn device() -> Result<Arc<CudaDevice>, BackendError> {
-    static DEVICE: Mutex<Option<Arc<CudaDevice>>> = Mutex::new(None);
-    let mut d = DEVICE.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(dev) = d.as_ref() {
+/// The process's device `index`, opened once.
+fn device_at(index: usize) -> Result<Arc<CudaDevice>, BackendError> {
+    static DEVICES: Mutex<Vec<(usize, Arc<CudaDevice>)>> = Mutex::new(Vec::new());
+    let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, dev)) = d.iter().find(|(i, _)| *i == index) {
         return Ok(dev.clone());
     }
     // SAFETY: set before the driver is initialised in this process by CudaDevice::open, and the
     // tests and binaries that use the world do not read the environment concurrently.
     unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
-    let dev = Arc::new(CudaDevice::open(0)?);
-    *d = Some(dev.clone());
+    let dev = Arc::new(CudaDevice::open(index)?);
+    d.push((index, dev.clone()));
     Ok(dev)
+}
+
+/// The device of the process of local rank `local_rank` in a world of processes: device
+/// `local_rank` modulo the devices present (several ranks share a GPU when there are fewer
+/// GPUs than ranks on the node).
+pub fn local_device(local_rank: usize) -> Result<Arc<CudaDevice>, BackendError> {
+    device_at(local_rank % CudaDevice::count()?.max(1))
 }
 
 /// Runs SPMD host code on N ranks of one GPU.
@@ -35,6 +42,6 @@ impl GpuWorld {
         opts: GpuWorldOptions,
         host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> Result<Vec<T>, BackendError> {
-        trident_gpu_runtime::GpuWorld::run(vec![device()?], opts, host)
+        trident_gpu_runtime::GpuWorld::run(vec![device_at(0)?], opts, host)
     }
 }

@@ -238,6 +238,8 @@ pub struct RunConfig<'a> {
     pub race: bool,
     /// Run on every kernel compiled, in worlds too (`--backend amd`: the code object checks).
     pub compile_check: Option<trident_core::backend::CompileCheck>,
+    /// Where distributed cases run instead of the backend's own world (`--processes`).
+    pub world: Option<crate::distributed::WorldKind>,
 }
 
 pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record {
@@ -267,6 +269,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         _ => None,
     };
     let kind = match backend.descriptor().name {
+        _ if cfg.world.is_some() => cfg.world.clone(),
         "nvidia" => Some(crate::distributed::WorldKind::Gpu),
         "cpu" | "cpu-simt" => {
             Some(crate::distributed::WorldKind::Cpu { race, simt_target, compile_check: cfg.compile_check.clone() })

@@ -6,6 +6,7 @@ use crate::host::{decode, encode, poison, random};
 use crate::reference;
 use std::sync::Arc;
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
+use trident_backend_nvidia::nvshmem_world::NvshmemWorld;
 use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -23,6 +24,10 @@ pub enum WorldKind {
     Cpu { race: bool, simt_target: Option<&'static str>, compile_check: Option<trident_core::backend::CompileCheck> },
     /// The loopback world: every rank on one GPU.
     Gpu,
+    /// The world of processes this process is one rank of (NVSHMEM, `trident launch`); every
+    /// rank's output comes back through the rendezvous so that each process judges the whole
+    /// collective. `plant_dead`: that rank exits just before its first launch or copy.
+    Processes { world: Arc<NvshmemWorld>, plant_dead: Option<usize> },
 }
 
 /// Kernels that run in a world, with their variants and shapes.
@@ -208,5 +213,127 @@ pub fn execute(
             CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
         }
         WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| rank_main(&case2, &data, ctx)),
+        WorldKind::Processes { world, plant_dead } => {
+            let mine = world.run(&|ctx| match plant_dead {
+                Some(r) if r == ctx.rank() => rank_main(&case2, &data, &DyingRank { inner: ctx }),
+                _ => rank_main(&case2, &data, ctx),
+            });
+            // Every rank's outcome: 0 and its output's f64s, or 1 and its error.
+            let payload = match &mine {
+                Ok(v) => std::iter::once(0u8).chain(v.iter().flat_map(|x| x.to_le_bytes())).collect(),
+                Err(e) => std::iter::once(1u8).chain(e.to_string().into_bytes()).collect::<Vec<u8>>(),
+            };
+            let all = match (world.all_gather("outputs", &payload), mine) {
+                (Ok(all), _) => all,
+                (Err(_), Err(e)) => return Err(e),
+                (Err(e), Ok(_)) => return Err(e),
+            };
+            all.iter()
+                .enumerate()
+                .map(|(rank, b)| match b.split_first() {
+                    Some((0, v)) => {
+                        Ok(v.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect())
+                    }
+                    Some((_, m)) => Err(BackendError::Rank {
+                        rank,
+                        error: Box::new(BackendError::Host(String::from_utf8_lossy(m).into_owned())),
+                    }),
+                    None => Err(BackendError::Host(format!("rank {rank} sent no outcome"))),
+                })
+                .collect()
+        }
+    }
+}
+
+/// A rank that dies (exits) just before its first launch or copy: its buffers exist, the
+/// others are past the barrier that precedes the kernels, and their waits for its signals can
+/// only end through their bounds.
+struct DyingRank<'a> {
+    inner: &'a dyn RankCtx,
+}
+
+impl DyingRank<'_> {
+    fn die(&self) -> ! {
+        eprintln!("rank {}: planted death before its first launch (--plant-dead-rank)", self.inner.rank());
+        std::process::exit(3)
+    }
+}
+
+impl RankCtx for DyingRank<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn backend(&self) -> &dyn trident_core::backend::Backend {
+        self.inner.backend()
+    }
+    fn compile(
+        &self,
+        key: &str,
+        build: &dyn Fn() -> Result<trident_core::Function, trident_core::VerifyError>,
+    ) -> Result<trident_core::backend::Artifact, BackendError> {
+        self.inner.compile(key, build)
+    }
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.inner.alloc(bytes, name)
+    }
+    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.inner.symm_alloc(bytes, name)
+    }
+    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
+        self.inner.peer(buffer, rank)
+    }
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.inner.write(buffer, offset, data)
+    }
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read(buffer, offset, out)
+    }
+    fn launch(
+        &self,
+        _: trident_core::world::StreamId,
+        _: &trident_core::backend::Artifact,
+        _: [u32; 3],
+        _: &[trident_core::backend::KernelArg],
+    ) -> Result<(), BackendError> {
+        self.die()
+    }
+    fn copy(
+        &self,
+        _: trident_core::world::StreamId,
+        _: &Buffer,
+        _: usize,
+        _: &Buffer,
+        _: usize,
+        _: usize,
+    ) -> Result<(), BackendError> {
+        self.die()
+    }
+    fn write_signal(
+        &self,
+        stream: trident_core::world::StreamId,
+        signal: &Buffer,
+        offset: usize,
+        value: u64,
+    ) -> Result<(), BackendError> {
+        self.inner.write_signal(stream, signal, offset, value)
+    }
+    fn wait_signal(
+        &self,
+        stream: trident_core::world::StreamId,
+        signal: &Buffer,
+        offset: usize,
+        cmp: trident_core::ir::CmpOp,
+        value: u64,
+    ) -> Result<(), BackendError> {
+        self.inner.wait_signal(stream, signal, offset, cmp, value)
+    }
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.inner.synchronize()
+    }
+    fn barrier(&self) -> Result<(), BackendError> {
+        self.inner.barrier()
     }
 }

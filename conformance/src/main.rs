@@ -48,6 +48,16 @@ struct Args {
     /// `cargo xtask test` does before any work.
     #[arg(long)]
     check: bool,
+    /// Run the distributed cases as this process's rank of a world of processes (one per rank,
+    /// started by `trident launch -n N`, torchrun, Slurm or mpirun), symmetric memory from
+    /// NVSHMEM (`--backend nvidia`); only cases at that world size. Without CUDA, a GPU or
+    /// NVSHMEM every case is skipped, visibly.
+    #[arg(long)]
+    processes: bool,
+    /// With --processes: rank R exits just before its first kernel launch or copy, to show that
+    /// every other rank ends with a diagnostic within its bounds.
+    #[arg(long, value_name = "R")]
+    plant_dead_rank: Option<usize>,
 }
 
 /// Ranks a world may have (the CPU and loopback worlds' limit).
@@ -86,22 +96,48 @@ fn main() -> ExitCode {
     if args.race && !matches!(desc.name, "cpu" | "cpu-simt") {
         return usage(format!("--race: the race detector runs in the CPU world (cpu, cpu-simt), not on {}", desc.name));
     }
-    let seed = match cli::seed(args.seed.as_deref()) {
+    let mut seed = match cli::seed(args.seed.as_deref()) {
         Ok(s) => s,
         Err(e) => return usage(e),
     };
+    if args.plant_dead_rank.is_some() && !args.processes {
+        return usage("--plant-dead-rank: only with --processes");
+    }
+    // A world of processes: this process is one rank; the cases are those at its size.
+    let place = if args.processes {
+        if desc.name != "nvidia" {
+            return usage(format!("--processes: the world of processes runs on nvidia (NVSHMEM), not {}", desc.name));
+        }
+        match trident_gpu_runtime::world_env::WorldEnv::from_env() {
+            Ok(env) => {
+                if args.world.is_some_and(|w| w != env.size) {
+                    return usage(format!("--world {:?}: this process is in a world of {}", args.world, env.size));
+                }
+                Some(env)
+            }
+            Err(e) => {
+                return usage(format!(
+                    "--processes: {e}: start it with `trident launch -n N -- trident-conformance --processes ...`"
+                ))
+            }
+        }
+    } else {
+        None
+    };
+    let world_filter = args.world.or(place.as_ref().map(|p| p.size));
     // The report path must be writable before any case runs.
     if let Some(path) = &args.json {
         if let Err(e) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
             return usage(format!("--json {}: {e}", path.display()));
         }
     }
-    let selected: Vec<(usize, _)> = all_cases(args.world)
+    let selected: Vec<(usize, _)> = all_cases(world_filter)
         .into_iter()
         .enumerate()
         .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
         .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
-        .filter(|(_, c)| args.world.is_none_or(|w| c.world == w))
+        .filter(|(_, c)| world_filter.is_none_or(|w| c.world == w))
+        .filter(|(_, c)| place.is_none() || c.distributed)
         .collect();
     if args.list {
         for (_, c) in &selected {
@@ -115,6 +151,40 @@ fn main() -> ExitCode {
     if args.check {
         println!("options ok: backend {}, {} cases", desc.name, selected.len());
         return ExitCode::SUCCESS;
+    }
+    let mut processes = None;
+    if let Some(place) = &place {
+        use trident_backend_nvidia::nvshmem_world::NvshmemWorld;
+        let opts = trident_backend_nvidia::world::GpuWorldOptions::new(place.size);
+        match NvshmemWorld::join(opts) {
+            Ok(w) => {
+                // Every rank runs the cases on rank 0's seed.
+                match w.all_gather("seed", &seed.to_le_bytes()) {
+                    Ok(all) => seed = u64::from_le_bytes(all[0].as_slice().try_into().unwrap_or_default()),
+                    Err(e) => {
+                        println!("trident conformance: rank {}: {e}", place.rank);
+                        return ExitCode::FAILURE;
+                    }
+                }
+                println!(
+                    "trident conformance: rank {} of a world of {} processes ({}), symmetric heap from {}",
+                    place.rank,
+                    place.size,
+                    place.source,
+                    w.provider()
+                );
+                processes = Some(Arc::new(w));
+            }
+            Err(e @ trident_core::backend::BackendError::NoDevice { .. }) => {
+                println!("trident conformance: rank {} of {}: NVSHMEM world: skipped: {e}", place.rank, place.size);
+                println!("[rank {}] conformance: 0 passed, 0 failed, {} skipped", place.rank, selected.len());
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => {
+                println!("trident conformance: rank {} of {}: NVSHMEM world: {e}", place.rank, place.size);
+                return ExitCode::FAILURE;
+            }
+        }
     }
     let mut backend = (desc.create)();
     let mut target = args.target.clone();
@@ -164,18 +234,29 @@ fn main() -> ExitCode {
         println!("conformance: 0 passed, 0 failed, {} skipped", selected.len());
         return ExitCode::SUCCESS;
     }
-    let cfg = RunConfig { backend: backend.as_ref(), target, schedules: args.chaos, race: args.race, compile_check };
-    println!(
+    let world = processes.clone().map(|world| trident_conformance::distributed::WorldKind::Processes {
+        world,
+        plant_dead: args.plant_dead_rank,
+    });
+    let cfg =
+        RunConfig { backend: backend.as_ref(), target, schedules: args.chaos, race: args.race, compile_check, world };
+    // In a world of processes every rank judges every case; rank 0 prints the table, the others
+    // their failures and their summary.
+    let quiet = place.as_ref().is_some_and(|p| p.rank != 0);
+    let tag = place.as_ref().map(|p| format!("[rank {}] ", p.rank)).unwrap_or_default();
+    if !quiet {
+        println!(
         "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
         selected.len(),
         args.chaos,
         if args.race { ", race detector on" } else { "" }
     );
-    println!(
-        "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8} {:>9}  result",
-        "kernel", "variant", "dtype", "shape", "world", "error", "bound", "time ms"
-    );
+        println!(
+            "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8} {:>9}  result",
+            "kernel", "variant", "dtype", "shape", "world", "error", "bound", "time ms"
+        );
+    }
     let mut records: Vec<Record> = Vec::new();
     for (index, case) in &selected {
         let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or((0, 0));
@@ -210,21 +291,24 @@ fn main() -> ExitCode {
             );
             r.backend = "amd".into();
         }
-        println!(
-            "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
-            r.kernel,
-            r.variant,
-            r.dtype,
-            case.shape_text(),
-            r.world,
-            err,
-            r.bound,
-            r.time_ms
-        );
+        if !(quiet && r.pass) {
+            println!(
+                "{tag}{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
+                r.kernel,
+                r.variant,
+                r.dtype,
+                case.shape_text(),
+                r.world,
+                err,
+                r.bound,
+                r.time_ms
+            );
+        }
         let _ = std::io::stdout().flush();
         records.push(r);
     }
-    if let Some(path) = &args.json {
+    drop(cfg);
+    if let Some(path) = args.json.as_ref().filter(|_| !quiet) {
         let text = serde_json::to_string_pretty(&records).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text + "\n") {
             eprintln!("error: writing {}: {e}", path.display());
@@ -232,13 +316,30 @@ fn main() -> ExitCode {
         }
         println!("wrote {} records to {}", records.len(), path.display());
     }
+    if let Some(w) = processes {
+        // Every rank judged every rank's output; the world ends together (bounded).
+        match Arc::try_unwrap(w) {
+            Ok(w) => {
+                if let Err(e) = w.finish() {
+                    println!("trident conformance: ending the NVSHMEM world: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            Err(_) => println!("trident conformance: the NVSHMEM world is still in use; left to the process's exit"),
+        }
+    }
     let skipped = records.iter().filter(|r| r.skipped).count();
     let failed = records.iter().filter(|r| !r.pass && !r.skipped).count();
     let what = match &amd {
         Some((t, _, _)) => format!(" (code objects compiled and checked, and cpu-simt[{t}]; no device run)"),
         None => String::new(),
     };
-    println!("conformance: {} passed{what}, {} failed, {} skipped", records.len() - failed - skipped, failed, skipped);
+    println!(
+        "{tag}conformance: {} passed{what}, {} failed, {} skipped",
+        records.len() - failed - skipped,
+        failed,
+        skipped
+    );
     if failed > 0 {
         println!("replay the failures with --seed {seed:#x}");
         return ExitCode::FAILURE;

@@ -8,17 +8,21 @@
 //! ([`barrier`]), the names of live allocations and the decoding of a timed-out wait's record
 //! into an error ([`diagnostics`]), the watchdog of stream waits ([`watchdog`]) and the hidden
 //! buffers of single-device launches ([`hidden`]), and the rendezvous of a world of processes
-//! ([`rendezvous`]: bounded barriers and all-gathers that know who is missing or dead). It does not own code generation (the
+//! ([`rendezvous`]: bounded barriers and all-gathers that know who is missing or dead), and the
+//! world of processes built on it ([`process_world::ProcessWorld`]: one rank per process, the
+//! symmetric heap from a vendor library). It does not own code generation (the
 //! backends) nor the host API of a rank (`trident_core::world::RankCtx`).
 
 pub mod barrier;
 pub mod diagnostics;
 pub mod driver;
 pub mod hidden;
+pub mod process_world;
 pub mod rendezvous;
 pub mod watchdog;
 pub mod world;
 pub mod world_env;
 
 pub use driver::{check_resident, persistent_grid, Driver, RawStream};
+pub use process_world::{ProcessWorld, SymmetricHeap};
 pub use world::{GpuWorld, GpuWorldOptions};

@@ -53,22 +53,57 @@ impl GpuWorldOptions {
 }
 
 /// Symmetric heaps are carved in units of this many bytes (any access of the heap is aligned).
-const HEAP_GRAIN: usize = 256;
+pub(crate) const HEAP_GRAIN: usize = 256;
 
-struct Shared<D: Driver> {
-    devices: Vec<Arc<D>>,
-    opts: GpuWorldOptions,
-    heaps: Vec<Buffer>,
+pub(crate) struct Shared<D: Driver> {
+    pub(crate) devices: Vec<Arc<D>>,
+    pub(crate) opts: GpuWorldOptions,
+    /// The first rank this process runs: 0 in a world of threads, the process's rank in a
+    /// world of processes (`crate::process_world`), which runs one.
+    pub(crate) first: usize,
+    /// Every rank's heap, at the address this process reaches it.
+    pub(crate) heaps: Vec<Buffer>,
+    /// Bytes at the start of every heap that symmetric allocations do not use.
+    pub(crate) reserved: usize,
     /// `__heap_bases` of every device (the heap addresses, the same table on each).
-    tables: Vec<Buffer>,
-    diags: Vec<Buffer>,
-    /// Count and generation words of `barrier_all`, shared by every rank (on device 0).
-    barrier_all: Buffer,
-    /// Next free byte of every rank's heap (identical on all ranks in SPMD code).
-    next: Mutex<Vec<usize>>,
+    pub(crate) tables: Vec<Buffer>,
+    /// The wait diagnostics of the ranks this process runs (from `first`).
+    pub(crate) diags: Vec<Buffer>,
+    /// Count and generation words of `barrier_all`, shared by every rank.
+    pub(crate) barrier_all: u64,
+    /// Next free byte of the heaps of the ranks this process runs (identical on all ranks in
+    /// SPMD code).
+    pub(crate) next: Mutex<Vec<usize>>,
+    /// Ranks sharing each local rank's device (a waiting launch must fit beside theirs).
+    pub(crate) sharing: Vec<u32>,
     /// Every allocation above with the index of the device that owns it (freed at the end).
-    owned: Vec<(usize, Buffer)>,
-    barrier: HostBarrier,
+    pub(crate) owned: Vec<(usize, Buffer)>,
+    pub(crate) sync: HostSync,
+}
+
+/// How the hosts of a world meet: threads at a barrier that a failing rank breaks, or
+/// processes at the launcher's rendezvous (bounded, and told at once of a rank that died).
+pub(crate) enum HostSync {
+    Threads(HostBarrier),
+    Processes(Mutex<crate::rendezvous::Client>),
+}
+
+impl HostSync {
+    pub(crate) fn wait(&self, rank: usize, what: &str) -> Result<(), BackendError> {
+        match self {
+            HostSync::Threads(b) => b.wait(rank),
+            HostSync::Processes(c) => {
+                c.lock().unwrap_or_else(|e| e.into_inner()).barrier(what).map_err(|e| BackendError::Host(e.to_string()))
+            }
+        }
+    }
+
+    fn abandon(&self, why: String) {
+        // A process that fails ends, and its closed connection tells the rendezvous.
+        if let HostSync::Threads(b) = self {
+            b.abandon(why);
+        }
+    }
 }
 
 impl<D: Driver> Shared<D> {
@@ -76,16 +111,14 @@ impl<D: Driver> Shared<D> {
         &self.devices[rank % self.devices.len()]
     }
 
-    /// Ranks that share rank `rank`'s device.
-    fn sharing(&self, rank: usize) -> u32 {
-        let d = self.devices.len();
-        (0..self.opts.ranks).filter(|r| r % d == rank % d).count() as u32
+    fn local(&self, rank: usize) -> usize {
+        rank - self.first
     }
 }
 
 /// Frees `owned` (buffers with their device's index); the names of the symmetric buffers carved
 /// from a heap go with it.
-fn free_owned<D: Driver>(devices: &[Arc<D>], owned: &[(usize, Buffer)]) {
+pub(crate) fn free_owned<D: Driver>(devices: &[Arc<D>], owned: &[(usize, Buffer)]) {
     for (d, b) in owned {
         devices[*d].allocations().remove_within(b.address, b.bytes);
         let _ = devices[*d].free(b);
@@ -138,7 +171,7 @@ impl GpuWorld {
                 .collect::<Result<_, _>>()?;
             let tables: Vec<Buffer> =
                 (0..nd).map(|d| alloc(d, 8 * n, format!("__heap_bases@device{d}"))).collect::<Result<_, _>>()?;
-            let barrier_all = alloc(0, 16, "__barrier_all".into())?;
+            let barrier_all = alloc(0, 16, "__barrier_all".into())?.address;
             let bases: Vec<u8> = heaps.iter().flat_map(|h| h.address.to_le_bytes()).collect();
             for (d, t) in tables.iter().enumerate() {
                 devices[d].write(t, 0, &bases)?;
@@ -152,15 +185,19 @@ impl GpuWorld {
                 return Err(e);
             }
         };
+        let nd = devices.len();
         let shared = Arc::new(Shared {
             devices: devices.clone(),
             opts: opts.clone(),
+            first: 0,
             heaps,
+            reserved: 0,
             tables,
             diags,
             barrier_all,
             next: Mutex::new(vec![0; n]),
-            barrier: HostBarrier::new(n),
+            sharing: (0..n).map(|r| (0..n).filter(|q| q % nd == r % nd).count() as u32).collect(),
+            sync: HostSync::Threads(HostBarrier::new(n)),
             owned: made,
         });
         let host = Arc::new(host);
@@ -168,19 +205,10 @@ impl GpuWorld {
             .map(|rank| {
                 let (shared, host) = (shared.clone(), host.clone());
                 std::thread::spawn(move || {
-                    let ctx = GpuRank {
-                        shared,
-                        rank,
-                        streams: Mutex::new(Vec::new()),
-                        compiled: Mutex::new(HashMap::new()),
-                        pending: Mutex::new(Vec::new()),
-                    };
-                    let r = ctx.device().bind().and_then(|()| host(&ctx));
-                    let done = ctx.synchronize();
-                    ctx.destroy_streams();
-                    let r = r.and_then(|v| done.map(|_| v));
+                    let ctx = GpuRank::new(shared, rank);
+                    let r = ctx.run(&*host);
                     if let Err(e) = &r {
-                        ctx.shared.barrier.abandon(format!("rank {rank} failed: {e}"));
+                        ctx.shared.sync.abandon(format!("rank {rank} failed: {e}"));
                     }
                     r
                 })
@@ -210,8 +238,9 @@ impl GpuWorld {
     }
 }
 
-struct GpuRank<D: Driver> {
-    shared: Arc<Shared<D>>,
+/// One rank's context (`RankCtx`) in either world.
+pub(crate) struct GpuRank<D: Driver> {
+    pub(crate) shared: Arc<Shared<D>>,
     rank: usize,
     streams: Mutex<Vec<(StreamId, RawStream)>>,
     compiled: Mutex<HashMap<String, Artifact>>,
@@ -230,6 +259,25 @@ fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendE
 }
 
 impl<D: Driver> GpuRank<D> {
+    pub(crate) fn new(shared: Arc<Shared<D>>, rank: usize) -> GpuRank<D> {
+        GpuRank {
+            shared,
+            rank,
+            streams: Mutex::new(Vec::new()),
+            compiled: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `host` on this rank, then waits for its streams (whatever `host` returned) and
+    /// destroys them.
+    pub(crate) fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let r = self.device().bind().and_then(|()| host(self));
+        let done = self.synchronize();
+        self.destroy_streams();
+        r.and_then(|v| done.map(|_| v))
+    }
+
     fn device(&self) -> &D {
         self.shared.device(self.rank)
     }
@@ -272,7 +320,7 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let a = dev.compiler().compile(&build()?, dev.target().as_deref())?;
         dev.load(&a)?;
         // Every rank has loaded the module before any rank launches it (SPMD: all compile it).
-        self.shared.barrier.wait(self.rank)?;
+        self.shared.sync.wait(self.rank, &format!("load_{key}"))?;
         self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), a.clone());
         Ok(a)
     }
@@ -283,18 +331,21 @@ impl<D: Driver> RankCtx for GpuRank<D> {
 
     fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         let mut next = self.shared.next.lock().unwrap_or_else(|e| e.into_inner());
-        let off = next[self.rank];
+        let here = self.shared.local(self.rank);
+        let off = next[here];
         let end = off + bytes.max(1).next_multiple_of(HEAP_GRAIN);
-        if end > self.shared.opts.heap_bytes {
+        let (reserved, heap) = (self.shared.reserved, self.shared.heaps[self.rank].bytes);
+        if end > heap {
             return Err(BackendError::Buffer {
                 buffer: name.to_string(),
                 message: format!(
-                    "symmetric heap of {} bytes exhausted ({off} used, {bytes} asked)",
-                    self.shared.opts.heap_bytes
+                    "symmetric heap of {} bytes exhausted ({} used, {bytes} asked)",
+                    heap - reserved,
+                    off - reserved
                 ),
             });
         }
-        next[self.rank] = end;
+        next[here] = end;
         drop(next);
         let b = Buffer {
             name: format!("{name}@rank{}", self.rank),
@@ -311,7 +362,7 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
         let mine = &self.shared.heaps[self.rank];
         if rank >= self.world_size()
-            || buffer.address < mine.address
+            || buffer.address < mine.address + self.shared.reserved as u64
             || buffer.address >= mine.address + mine.bytes as u64
         {
             return Err(BackendError::Buffer {
@@ -347,15 +398,16 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let s = self.stream(stream)?;
         let (sh, r) = (&self.shared, self.rank);
         let table = &sh.tables[r % sh.devices.len()];
+        let here = sh.local(r);
         let hidden = hidden_args(
             r,
             self.world_size(),
             table.address,
-            sh.diags[r].address,
+            sh.diags[here].address,
             sh.opts.wait_bound,
-            sh.barrier_all.address,
+            sh.barrier_all,
         );
-        self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing(r))
+        self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here])
     }
 
     fn copy(
@@ -409,7 +461,7 @@ impl<D: Driver> RankCtx for GpuRank<D> {
             }
         }
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let d = &self.shared.diags[self.rank];
+        let d = &self.shared.diags[self.shared.local(self.rank)];
         let mut raw = vec![0u8; d.bytes];
         dev.read(d, 0, &mut raw)?;
         let r = wait_error(
@@ -425,6 +477,6 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     }
 
     fn barrier(&self) -> Result<(), BackendError> {
-        self.shared.barrier.wait(self.rank)
+        self.shared.sync.wait(self.rank, "barrier")
     }
 }

@@ -22,7 +22,13 @@ pub struct WorldEnv {
     pub hosts_rendezvous: bool,
     /// Which launcher's variables these were.
     pub source: &'static str,
+    /// How long a rendezvous operation may wait for the others: `TRIDENT_RENDEZVOUS_BOUND_MS`
+    /// (`trident launch --bound-ms` sets it), else 60 s.
+    pub bound: Duration,
 }
+
+/// The rendezvous bound when the environment sets none.
+pub const DEFAULT_BOUND: Duration = Duration::from_secs(60);
 
 /// The environment does not describe a world, or describes it inconsistently.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -68,7 +74,14 @@ impl WorldEnv {
             Some(format!("{addr}:{}", port.checked_add(1)?))
         });
         let hosts_rendezvous = source != "trident launch" && rank == 0;
-        Ok(WorldEnv { rank, size, local_rank, rendezvous, hosts_rendezvous, source })
+        let bound = match var("TRIDENT_RENDEZVOUS_BOUND_MS") {
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(ms) if ms > 0 => Duration::from_millis(ms),
+                _ => return Err(invalid(format!("TRIDENT_RENDEZVOUS_BOUND_MS={v} is not a positive number"))),
+            },
+            None => DEFAULT_BOUND,
+        };
+        Ok(WorldEnv { rank, size, local_rank, rendezvous, hosts_rendezvous, source, bound })
     }
 
     /// Joins the world's rendezvous (serving it first where this process hosts it), every
@@ -120,6 +133,9 @@ mod tests {
             .unwrap();
         assert_eq!((t.rank, t.size, t.local_rank, t.hosts_rendezvous), (2, 4, 2, false));
         assert_eq!(t.rendezvous.as_deref(), Some("10.0.0.1:5000"));
+        assert_eq!(t.bound, DEFAULT_BOUND);
+        let b = env(&[("TRIDENT_RANK", "0"), ("TRIDENT_WORLD_SIZE", "1"), ("TRIDENT_RENDEZVOUS_BOUND_MS", "1500")]);
+        assert_eq!(b.unwrap().bound, Duration::from_millis(1500));
         let torch = env(&[
             ("RANK", "0"),
             ("WORLD_SIZE", "8"),
@@ -143,6 +159,8 @@ mod tests {
         assert!(e.to_string().contains("rank 4 in a world of 4"), "{e}");
         let e = env(&[("SLURM_PROCID", "x"), ("SLURM_NTASKS", "2")]).unwrap_err();
         assert!(e.to_string().contains("SLURM_PROCID=x"), "{e}");
+        let e = env(&[("TRIDENT_RANK", "0"), ("TRIDENT_WORLD_SIZE", "1"), ("TRIDENT_RENDEZVOUS_BOUND_MS", "0")]);
+        assert!(e.unwrap_err().to_string().contains("TRIDENT_RENDEZVOUS_BOUND_MS=0"));
         let e = env(&[("TRIDENT_RANK", "0")]).unwrap_err();
         assert!(e.to_string().contains("TRIDENT_WORLD_SIZE is not set"), "{e}");
         let no_addr = env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]).unwrap();

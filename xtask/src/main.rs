@@ -4,6 +4,8 @@
 //!   checks the options, then unit tests of the workspace, the conformance suite (release
 //!   build) and the differential test of every op x element type (`trident-ops`, which also
 //!   checks the support matrix `docs/SUPPORT.md`) on the backend.
+//!   With `--backend nvidia` the distributed cases also run in the NVSHMEM world of processes
+//!   (`trident launch -n 2`, or `-n W` with `--world W`).
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
@@ -249,10 +251,35 @@ fn test(args: &TestArgs) -> Result<(), Failure> {
         run(c)?;
     }
     run(conformance(args))?;
+    if args.backend == "nvidia" && !args.race && args.chaos.is_none() {
+        run(processes(args, args.world.as_deref().unwrap_or("2")))?;
+    }
     match ops(args) {
         Some(c) => run(c),
         None => Ok(()),
     }
+}
+
+/// The distributed cases in the NVSHMEM world of `ranks` processes (`trident launch`), one
+/// rank per process; a visible skip on every rank without CUDA, a GPU or NVSHMEM.
+fn processes(args: &TestArgs, ranks: &str) -> Command {
+    let mut build = cargo();
+    build.args(["build", "--quiet", "--release", "-p", "trident-launcher", "-p", "trident-conformance"]);
+    // The build's failure shows in the launch that follows (no binaries).
+    let _ = build.status();
+    let bin = workspace_root().join("target/release");
+    let mut c = Command::new(bin.join("trident"));
+    c.args(["launch", "-n", ranks, "--"]).arg(bin.join("trident-conformance"));
+    c.args(["--backend", "nvidia", "--processes"]);
+    for (flag, v) in
+        [("--kernel", &args.kernel), ("--dtype", &args.dtype), ("--seed", &args.seed), ("--target", &args.target)]
+    {
+        if let Some(v) = v {
+            c.args([flag, v.as_str()]);
+        }
+    }
+    c.arg("--json").arg(workspace_root().join(format!("target/conformance-nvshmem-world{ranks}.json")));
+    c
 }
 
 /// The `ptxas` to use: `$PTXAS`, else the one on the PATH.

@@ -5,7 +5,6 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::time::Duration;
 use trident_gpu_runtime::world_env::WorldEnv;
 
 fn main() -> ExitCode {
@@ -16,11 +15,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let bound = std::env::var("TRIDENT_RENDEZVOUS_BOUND_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map(Duration::from_millis)
-        .unwrap_or(Duration::from_secs(60));
+    let bound = env.bound;
     let run = || -> Result<(), String> {
         let mut c = env.connect(trident_launcher::VERSION, bound).map_err(|e| e.to_string())?;
         c.barrier("start").map_err(|e| e.to_string())?;

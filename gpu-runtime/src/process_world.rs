@@ -1,0 +1,154 @@
+//! A world of processes: one rank per process (`trident launch`, torchrun, Slurm, mpirun), the
+//! same SPMD host code (`RankCtx`) as the worlds of threads in `crate::world`.
+//!
+//! The vendor layer brings the symmetric heap ([`SymmetricHeap`]: NVSHMEM's `nvshmem_malloc`
+//! with `nvshmem_ptr` to every peer on NVIDIA) and the rendezvous connection; this module
+//! builds the rest as the thread world does (`__heap_bases` from the peers' addresses as this
+//! process maps them, wait diagnostics, the stream-wait watchdog) and puts every host barrier
+//! through the rendezvous, which is bounded and knows a rank that died. The count and
+//! generation words of `barrier_all` live in the reserved start of rank 0's heap, which every
+//! rank reaches.
+
+use crate::driver::Driver;
+use crate::rendezvous::Client;
+use crate::world::{free_owned, GpuRank, GpuWorldOptions, HostSync, Shared, HEAP_GRAIN};
+use std::sync::{Arc, Mutex};
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::simt::diag;
+use trident_core::world::RankCtx;
+
+/// A symmetric heap made by a vendor library: the same size on every rank, each rank's heap
+/// reachable by load and store from this process.
+#[derive(Clone, Debug)]
+pub struct SymmetricHeap {
+    /// Every rank's heap at the address this process reaches it (its own at its rank).
+    pub bases: Vec<u64>,
+    pub bytes: usize,
+    /// What made it, for reports ("NVSHMEM 3.4.5").
+    pub provider: String,
+}
+
+/// This process's rank of a world of processes, ready to run host code.
+pub struct ProcessWorld<D: Driver> {
+    shared: Arc<Shared<D>>,
+    rank: usize,
+    provider: String,
+}
+
+/// Bytes at the start of every heap kept from symmetric allocations (`barrier_all`'s words on
+/// rank 0).
+const RESERVED: usize = HEAP_GRAIN;
+
+impl<D: Driver> ProcessWorld<D> {
+    /// Rank `rank` of `heap.bases.len()` ranks on `device`, which `sharing` ranks (this one
+    /// included) use; host barriers through `rendezvous`.
+    pub fn new(
+        device: Arc<D>,
+        rank: usize,
+        sharing: u32,
+        heap: SymmetricHeap,
+        rendezvous: Client,
+        mut opts: GpuWorldOptions,
+    ) -> Result<ProcessWorld<D>, BackendError> {
+        let n = heap.bases.len();
+        if rank >= n || rendezvous.size != n || rendezvous.rank != rank {
+            return Err(BackendError::Host(format!(
+                "rank {rank}: the symmetric heap has {n} ranks, the rendezvous {} (as rank {})",
+                rendezvous.size, rendezvous.rank
+            )));
+        }
+        if heap.bytes <= RESERVED {
+            return Err(BackendError::Host(format!("a symmetric heap of {} bytes is too small", heap.bytes)));
+        }
+        opts.ranks = n;
+        device.bind()?;
+        let mut owned = Vec::new();
+        let made = (|| {
+            let d = device.alloc(8 * diag::WORDS, &format!("__wait_diagnostics@rank{rank}"))?;
+            owned.push((0, d.clone()));
+            device.fill(&d, &[0])?;
+            let t = device.alloc(8 * n, "__heap_bases")?;
+            owned.push((0, t.clone()));
+            let bases: Vec<u8> = heap.bases.iter().flat_map(|b| b.to_le_bytes()).collect();
+            device.write(&t, 0, &bases)?;
+            Ok((d, t))
+        })();
+        let (diag_buf, table) = match made {
+            Ok(p) => p,
+            Err(e) => {
+                free_owned(std::slice::from_ref(&device), &owned);
+                return Err(e);
+            }
+        };
+        let heaps = heap
+            .bases
+            .iter()
+            .enumerate()
+            .map(|(r, &address)| Buffer { name: format!("heap@rank{r}"), address, bytes: heap.bytes })
+            .collect();
+        let shared = Shared {
+            devices: vec![device],
+            opts,
+            first: rank,
+            heaps,
+            reserved: RESERVED,
+            tables: vec![table],
+            diags: vec![diag_buf],
+            barrier_all: heap.bases[0],
+            next: Mutex::new(vec![RESERVED]),
+            sharing: vec![sharing.max(1)],
+            owned,
+            sync: HostSync::Processes(Mutex::new(rendezvous)),
+        };
+        Ok(ProcessWorld { shared: Arc::new(shared), rank, provider: heap.provider })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn size(&self) -> usize {
+        self.shared.opts.ranks
+    }
+
+    /// What made the symmetric heap ("NVSHMEM 3.4.5").
+    pub fn provider(&self) -> &str {
+        &self.provider
+    }
+
+    /// Runs `host` as this process's rank, with a fresh symmetric allocator: every rank starts
+    /// it together (after rank 0 cleared `barrier_all`'s words) and, when it succeeded, ends it
+    /// together. A rank that fails returns at once; the others learn it at their next
+    /// rendezvous operation (or their kernels' bounded waits), never by hanging.
+    pub fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
+        let sh = &self.shared;
+        sh.devices[0].bind()?;
+        if self.rank == 0 {
+            let words = Buffer { name: "__barrier_all".into(), address: sh.barrier_all, bytes: 16 };
+            sh.devices[0].write(&words, 0, &[0u8; 16])?;
+        }
+        *sh.next.lock().unwrap_or_else(|e| e.into_inner()) = vec![RESERVED];
+        sh.sync.wait(self.rank, "run_start")?;
+        let r = GpuRank::new(sh.clone(), self.rank).run(host)?;
+        sh.sync.wait(self.rank, "run_end")?;
+        Ok(r)
+    }
+
+    /// Every rank's `data`, by rank (bounded, through the rendezvous).
+    pub fn all_gather(&self, name: &str, data: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
+        match &self.shared.sync {
+            HostSync::Processes(c) => c
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .all_gather(name, data)
+                .map_err(|e| BackendError::Host(e.to_string())),
+            HostSync::Threads(_) => Err(BackendError::Host("not a world of processes".into())),
+        }
+    }
+}
+
+impl<D: Driver> Drop for ProcessWorld<D> {
+    fn drop(&mut self) {
+        free_owned(&self.shared.devices, &self.shared.owned);
+    }
+}
