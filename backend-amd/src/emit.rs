@@ -608,6 +608,11 @@ impl Writer<'_> {
                 return err("a protocol instruction reached the writer (run simt::protocol::expand first)")
             }
             Inst::Fence { scope: sc } => self.line(format!("fence{} acq_rel", scope(*sc))),
+            Inst::DeviceCall { call, .. } => {
+                return err(format!(
+                    "{call:?} at inter-node scope needs ROCSHMEM's device functions, which the AMD backend does not link yet"
+                ))
+            }
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v) = (self.n(*addr), self.n(*value));
                 let op = *op;

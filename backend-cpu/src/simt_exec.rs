@@ -437,6 +437,69 @@ impl Exec<'_> {
         }
     }
 
+    /// The vendor library's device function, as the library defines it: a `Block` transfer
+    /// once per program (every thread calls it with the same operands; lane 0's are used), the
+    /// signal update by every calling thread, fence and quiet as this program's release of its
+    /// stores (what the library's P2P path does) followed by an acquire.
+    fn device_call(&mut self, call: DeviceCall, args: &[Reg], pred: Option<Reg>, lanes: usize) -> Result<(), Fault> {
+        let vals: Vec<Val> = args.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
+        let on: Vec<bool> = match pred {
+            Some(p) => self.get(p)?.ints().iter().map(|&x| x != 0).collect(),
+            None => vec![true; lanes],
+        };
+        let Some(first) = on.iter().position(|&b| b) else { return Ok(()) };
+        let name = Vendor::Nvshmem.function(call);
+        let int = |i: usize, lane: usize| vals[i].ints()[lane];
+        let ptr = |i: usize, lane: usize| vals[i].ptrs()[lane];
+        match call {
+            DeviceCall::PutBlock { .. } | DeviceCall::GetBlock { .. } | DeviceCall::PutSignalBlock { .. } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let is_put = !matches!(call, DeviceCall::GetBlock { .. });
+                let (dst, src, bytes) = (ptr(0, first), ptr(1, first), int(2, first));
+                let pe = int(vals.len() - 1, first);
+                let (to, from) =
+                    if is_put { (self.hooks.translate(dst, pe)?, src) } else { (dst, self.hooks.translate(src, pe)?) };
+                let view = self.mem.view();
+                let mut done = 0u64;
+                while done < bytes.max(0) as u64 {
+                    let n = if bytes as u64 - done >= 8 { 8 } else { 1 };
+                    let bits = self.view.load(&view, from + done, n).or_else(|e| fault(format!("{name}: {}", e.0)))?;
+                    self.view.store(&view, to + done, n, bits, first).or_else(|e| fault(format!("{name}: {}", e.0)))?;
+                    done += n as u64;
+                }
+                if let DeviceCall::PutSignalBlock { op, .. } = call {
+                    // The signal is delivered after the data.
+                    self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
+                    let sig = self.hooks.translate(ptr(3, first), pe)?;
+                    self.signal_update(sig, int(4, first) as u64, op, name)?;
+                }
+            }
+            DeviceCall::SignalOp { op } => {
+                self.hooks.yield_point(&mut self.view)?;
+                for lane in (0..lanes).filter(|&l| on[l]) {
+                    let sig = self.hooks.translate(ptr(0, lane), int(2, lane))?;
+                    self.signal_update(sig, int(1, lane) as u64, op, name)?;
+                }
+            }
+            DeviceCall::Fence | DeviceCall::Quiet => {
+                self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
+                self.view.acquire(self.mem);
+            }
+        }
+        Ok(())
+    }
+
+    /// A 64-bit signal update (relaxed, system scope), reported to the world's scheduler.
+    fn signal_update(&mut self, addr: u64, x: u64, op: SignalOp, what: &str) -> Result<(), Fault> {
+        let f = |old: u64| match op {
+            SignalOp::Set => x,
+            SignalOp::Add => old.wrapping_add(x),
+        };
+        self.view.rmw(self.mem, addr, 8, f).or_else(|e| fault(format!("{what}: signal: {}", e.0)))?;
+        self.hooks.signal_written(&self.view, addr, x);
+        Ok(())
+    }
+
     fn uniform(&self, r: Reg) -> Result<i64, Fault> {
         Ok(self.get(r)?.scalar_i64())
     }
@@ -1224,6 +1287,7 @@ impl Exec<'_> {
                     self.hooks.signal_written(&self.view, a.ptrs()[i], x);
                 }
             }
+            Inst::DeviceCall { call, args, pred } => self.device_call(*call, args, *pred, lanes)?,
             Inst::WaitSignals { base, count, cmp, value } => {
                 self.hooks.yield_point(&mut self.view)?;
                 let (b, c, v) = (self.get(*base)?, self.uniform(*count)?, self.get(*value)?);

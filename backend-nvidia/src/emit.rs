@@ -7,7 +7,9 @@
 
 use crate::target::Target;
 use std::fmt::Write;
-use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
+use trident_core::ir::{
+    AtomicOp, Axis, BinaryOp, CallParam, CmpOp, DeviceCall, Literal, MemSemantic, Scope, SignalOp, UnaryOp, Vendor,
+};
 use trident_core::simt::{ApproxFn, Inst, Kernel, Reg, SType, Special};
 
 /// An instruction the writer cannot express for its types.
@@ -622,6 +624,7 @@ impl<'k> Writer<'k> {
             Inst::Origin { loc: Some(l), .. } => self.body.push_str(&format!("  .loc 1 {} {}\n", l.line, l.col)),
             Inst::Origin { loc: None, .. } => {}
             Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
+            Inst::DeviceCall { call, args, pred } => self.device_call(*call, args, *pred),
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());
                 match op {
@@ -757,6 +760,39 @@ impl<'k> Writer<'k> {
         match self.consumers {
             Some(n) => format!("1, {n}"),
             None => "0".into(),
+        }
+    }
+
+    /// A call of NVSHMEM's device function for `call` (the operands in order, the signal
+    /// operation's number inserted), skipped by threads where `pred` is false.
+    fn device_call(&mut self, call: DeviceCall, args: &[Reg], pred: Option<Reg>) {
+        let l = self.label();
+        if let Some(p) = pred {
+            let p = self.n(p).to_string();
+            self.line(format!("@!{p} bra $L{l}_skip"));
+        }
+        self.line("{".into());
+        let mut operands = args.iter();
+        let mut names = Vec::new();
+        for (i, param) in call.params().iter().enumerate() {
+            let ty = call_param(*param);
+            self.line(format!(".param .{ty} c{i};"));
+            let value = match call.op_position() {
+                Some((at, op)) if at == i => Vendor::Nvshmem.signal_op(op).to_string(),
+                _ => operands.next().map(|r| self.n(*r).to_string()).unwrap_or_default(),
+            };
+            self.line(format!("st.param.{ty} [c{i}], {value};"));
+            names.push(format!("c{i}"));
+        }
+        let f = Vendor::Nvshmem.function(call);
+        if names.is_empty() {
+            self.line(format!("call {f}, ();"));
+        } else {
+            self.line(format!("call {f}, ({});", names.join(", ")));
+        }
+        self.line("}".into());
+        if pred.is_some() {
+            self.body.push_str(&format!("$L{l}_skip:\n"));
         }
     }
 
@@ -1050,6 +1086,14 @@ fn bf16_bits(x: f32) -> u16 {
 }
 
 /// Writes the PTX module for one kernel.
+/// The PTX parameter type of a device function's C parameter.
+fn call_param(p: CallParam) -> &'static str {
+    match p {
+        CallParam::Ptr | CallParam::U64 => "b64",
+        CallParam::I32 => "b32",
+    }
+}
+
 pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     let mut w = Writer {
         k,
@@ -1093,6 +1137,13 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     if k.shared_bytes > 0 {
         // 1024-byte aligned: swizzled `wgmma` operand layouts repeat at 1024-byte boundaries.
         let _ = writeln!(out, ".extern .shared .align 1024 .b8 trident_smem[];\n");
+    }
+    // NVSHMEM's device functions the inter-node lowering calls: defined by the shim the
+    // runtime links in (`nvshmem_shim`).
+    for call in k.device_calls() {
+        let params: Vec<String> =
+            call.params().iter().enumerate().map(|(i, p)| format!(".param .{} a{i}", call_param(*p))).collect();
+        let _ = writeln!(out, ".extern .func {}({});", Vendor::Nvshmem.function(call), params.join(", "));
     }
     let n = k.params.len() + k.tensor_maps.len();
     let mut params: Vec<String> = k

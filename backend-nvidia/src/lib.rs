@@ -8,6 +8,7 @@
 pub mod emit;
 pub mod event;
 pub mod nvshmem;
+pub mod nvshmem_shim;
 pub mod nvshmem_world;
 pub mod runtime;
 pub mod target;
@@ -44,6 +45,9 @@ pub struct PtxModule {
     /// The tensor maps the kernel's TMA copies read, encoded at each launch from its arguments
     /// and passed after every other parameter.
     pub tensor_maps: Vec<trident_core::simt::tma::TensorMap>,
+    /// NVSHMEM device functions the kernel calls (inter-node scope): the runtime links the
+    /// NVSHMEM shim into its module and registers the module with NVSHMEM.
+    pub device_calls: Vec<trident_core::ir::DeviceCall>,
 }
 
 pub struct NvidiaBackend;
@@ -55,6 +59,7 @@ impl NvidiaBackend {
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
         let mut k = lower(func, target.desc()).map_err(|e| compile_err(e.to_string()))?;
         let waits = k.waits();
+        let device_calls = k.device_calls();
         trident_core::simt::protocol::expand(&mut k);
         let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
         Ok(PtxModule {
@@ -64,6 +69,7 @@ impl NvidiaBackend {
             waits,
             shared_bytes: k.shared_bytes,
             tensor_maps: k.tensor_maps.clone(),
+            device_calls,
         })
     }
 }

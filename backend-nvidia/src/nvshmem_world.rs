@@ -17,7 +17,7 @@
 //! (NVSHMEM's device functions) exists.
 
 use crate::nvshmem::{Nvshmem, UNIQUE_ID_BYTES};
-use crate::runtime::CudaDevice;
+use crate::runtime::{CudaDevice, DeviceLibrary};
 use std::sync::Arc;
 use trident_core::backend::BackendError;
 use trident_core::world::RankCtx;
@@ -104,6 +104,18 @@ impl NvshmemWorld {
         device.current()?;
         nvshmem.init(env.rank, env.size, &id).map_err(host)?;
         let nvshmem = Arc::new(nvshmem);
+        // Modules whose communication is at inter-node scope call NVSHMEM's device functions:
+        // linked with the shim, registered with NVSHMEM once loaded.
+        let arch = crate::nvshmem_shim::arch_of(device.arch());
+        let bitcode = crate::nvshmem_shim::bitcode_beside(&nvshmem.path);
+        let ptx =
+            crate::nvshmem_shim::find_or_build(&nvshmem.version, &arch, bitcode.as_deref()).map_err(|e| e.to_string());
+        let lib = nvshmem.clone();
+        device.set_device_library(Arc::new(DeviceLibrary {
+            name: format!("NVSHMEM {}", nvshmem.version),
+            ptx,
+            register: Box::new(move |m| lib.cumodule_init(m.cast()).map_err(|e| e.to_string())),
+        }));
         let bytes = opts.heap_bytes + 256;
         let heap = nvshmem.malloc(bytes).map_err(host)?;
         let bases = (0..env.size)

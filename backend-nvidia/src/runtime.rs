@@ -9,7 +9,7 @@ use crate::PtxModule;
 use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::CmpOp;
 use trident_core::ir::{DType, Literal};
@@ -42,9 +42,23 @@ struct Loaded {
     function: sys::CUfunction,
 }
 
+/// A vendor library's device code that modules calling its device functions are linked with
+/// (NVSHMEM's shim, `crate::nvshmem_world`), and how a loaded module is registered with it.
+pub struct DeviceLibrary {
+    /// "NVSHMEM 3.4.5".
+    pub name: String,
+    /// PTX defining the functions (and the library's device state), or why there is none (the
+    /// error a module that needs it gets).
+    pub ptx: Result<String, String>,
+    /// Registers a loaded module (`nvshmemx_cumodule_init`).
+    pub register: Box<dyn Fn(sys::CUmodule) -> Result<(), String> + Send + Sync>,
+}
+
 /// One GPU, through its primary context.
 pub struct CudaDevice {
     ctx: sys::CUcontext,
+    /// `sm_XY` from the compute capability.
+    arch: String,
     ordinal: usize,
     name: String,
     /// Multiprocessors (for the occupancy check of cooperative launches).
@@ -54,6 +68,8 @@ pub struct CudaDevice {
     names: Allocations,
     /// The hidden buffers of single-rank launches.
     hidden: HiddenBuffers,
+    /// The device library modules with `device_calls` are linked with (set by the NVSHMEM world).
+    library: Mutex<Option<Arc<DeviceLibrary>>>,
 }
 
 // SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
@@ -86,7 +102,17 @@ impl CudaDevice {
             result::device::get_attribute(dev, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         }
         .map_err(|e| driver_err("cuDeviceGetAttribute", e))? as u32;
+        let cc = |a| {
+            // SAFETY: `dev` is a valid device handle.
+            unsafe { result::device::get_attribute(dev, a) }.map_err(|e| driver_err("cuDeviceGetAttribute", e))
+        };
+        let arch = format!(
+            "sm_{}{}",
+            cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            cc(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?
+        );
         let d = CudaDevice {
+            arch,
             ctx,
             ordinal: index,
             name,
@@ -94,6 +120,7 @@ impl CudaDevice {
             modules: Mutex::new(HashMap::new()),
             names: Allocations::default(),
             hidden: HiddenBuffers::default(),
+            library: Mutex::new(None),
         };
         d.current()?;
         Ok(d)
@@ -126,9 +153,70 @@ impl CudaDevice {
         Ok(n as usize)
     }
 
+    /// `sm_XY`, the device's compute capability.
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
     /// The device's ordinal (`cuDeviceGet`'s index).
     pub fn ordinal(&self) -> usize {
         self.ordinal
+    }
+
+    /// Links later modules that call a device library's functions with `library`.
+    pub fn set_device_library(&self, library: Arc<DeviceLibrary>) {
+        *self.library.lock().unwrap_or_else(|e| e.into_inner()) = Some(library);
+    }
+
+    /// `ptx` linked with `library`'s PTX by the driver's JIT linker, loaded, and registered with
+    /// the library.
+    fn load_linked(&self, ptx: &str, library: &DeviceLibrary) -> Result<sys::CUmodule, String> {
+        let err = |what: &str, r: sys::CUresult| format!("{what}: {r:?}");
+        let mut state = std::mem::MaybeUninit::uninit();
+        // SAFETY: no options; `state` receives the linker.
+        let r = unsafe { sys::cuLinkCreate_v2(0, std::ptr::null_mut(), std::ptr::null_mut(), state.as_mut_ptr()) };
+        if r != sys::CUresult::CUDA_SUCCESS {
+            return Err(err("cuLinkCreate", r));
+        }
+        // SAFETY: initialised by the successful call.
+        let state = unsafe { state.assume_init() };
+        let linked = (|| {
+            let shim = library.ptx.as_deref().map_err(|e| e.to_string())?;
+            for (name, text) in [("nvshmem_shim.ptx", shim), ("kernel.ptx", ptx)] {
+                let data = CString::new(text).map_err(|_| format!("{name} contains a NUL byte"))?;
+                let cname = CString::new(name).unwrap_or_default();
+                let bytes = data.as_bytes_with_nul();
+                // SAFETY: `data` is NUL-terminated PTX that outlives the call; no options.
+                let r = unsafe {
+                    sys::cuLinkAddData_v2(
+                        state,
+                        sys::CUjitInputType::CU_JIT_INPUT_PTX,
+                        bytes.as_ptr() as *mut c_void,
+                        bytes.len(),
+                        cname.as_ptr(),
+                        0,
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                    )
+                };
+                if r != sys::CUresult::CUDA_SUCCESS {
+                    return Err(err(&format!("cuLinkAddData ({name})"), r));
+                }
+            }
+            let (mut cubin, mut size) = (std::ptr::null_mut(), 0usize);
+            // SAFETY: the linker owns the image until it is destroyed, after the load below.
+            let r = unsafe { sys::cuLinkComplete(state, &mut cubin, &mut size) };
+            if r != sys::CUresult::CUDA_SUCCESS {
+                return Err(err("cuLinkComplete", r));
+            }
+            // SAFETY: `cubin` is the linker's image, alive until `cuLinkDestroy`.
+            unsafe { result::module::load_data(cubin as *const c_void) }.map_err(|e| format!("cuModuleLoadData: {e:?}"))
+        })();
+        // SAFETY: the state is no longer used.
+        let _ = unsafe { sys::cuLinkDestroy(state) };
+        let m = linked?;
+        (library.register)(m).map_err(|e| format!("registering the module with {}: {e}", library.name))?;
+        Ok(m)
     }
 
     /// The GPU's name as the driver reports it.
@@ -170,7 +258,19 @@ impl CudaDevice {
         })?;
         // A kernel from the text format carries `.loc` lines: the JIT keeps them (line info does
         // not change the code) so compute-sanitizer and debuggers name the tile-IR line.
-        let m = if module.ptx.contains("\n  .loc ") {
+        let m = if !module.device_calls.is_empty() {
+            let library = self.library.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let Some(library) = library else {
+                return Err(BackendError::Launch {
+                    kernel: kernel.kernel.clone(),
+                    message: "it calls NVSHMEM's device functions (communication at inter-node scope), which only the \
+                              NVSHMEM world links: run it under `trident launch -n N` in that world"
+                        .into(),
+                });
+            };
+            self.load_linked(&module.ptx, &library)
+                .map_err(|message| BackendError::Launch { kernel: kernel.kernel.clone(), message })?
+        } else if module.ptx.contains("\n  .loc ") {
             let mut opts = [sys::CUjit_option::CU_JIT_GENERATE_LINE_INFO];
             let mut vals = [std::ptr::without_provenance_mut::<c_void>(1)];
             let mut m = std::mem::MaybeUninit::uninit();

@@ -240,6 +240,8 @@ pub struct RunConfig<'a> {
     pub compile_check: Option<trident_core::backend::CompileCheck>,
     /// Where distributed cases run instead of the backend's own world (`--processes`).
     pub world: Option<crate::distributed::WorldKind>,
+    /// Every distributed kernel compiled with all its communication at inter-node scope.
+    pub inter_node: bool,
 }
 
 pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record {
@@ -289,8 +291,8 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         let mut worst = 0.0f64;
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
-            let outcome =
-                crate::distributed::execute(case, data.clone(), schedule_seed, kind.clone()).map(|outs| outs.concat());
+            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed, kind.clone(), cfg.inter_node)
+                .map(|outs| outs.concat());
             match judge(outcome, &expected, record.bound) {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {

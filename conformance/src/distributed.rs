@@ -198,26 +198,32 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
     }
 }
 
-/// Runs a case in a world with the given schedule seed; returns every rank's output.
+/// Runs a case in a world with the given schedule seed; returns every rank's output. With
+/// `inter_node`, every kernel is compiled with all its communication at inter-node scope.
 pub fn execute(
     case: &Case,
     data: Arc<WorldData>,
     schedule_seed: u64,
     kind: WorldKind,
+    inter_node: bool,
 ) -> Result<Vec<Vec<f64>>, BackendError> {
     let case2 = case.clone();
+    let steer = move |ctx: &dyn RankCtx, die: bool| {
+        if die || inter_node {
+            rank_main(&case2, &data, &Steered { inner: ctx, die, inter_node })
+        } else {
+            rank_main(&case2, &data, ctx)
+        }
+    };
     match kind {
         WorldKind::Cpu { race, simt_target, compile_check } => {
             let opts =
                 WorldOptions { race, simt_target, compile_check, ..WorldOptions::new(case.world, schedule_seed) };
-            CpuWorld::run(opts, move |ctx| rank_main(&case2, &data, ctx)).map(|run| run.results)
+            CpuWorld::run(opts, move |ctx| steer(ctx, false)).map(|run| run.results)
         }
-        WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| rank_main(&case2, &data, ctx)),
+        WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| steer(ctx, false)),
         WorldKind::Processes { world, plant_dead } => {
-            let mine = world.run(&|ctx| match plant_dead {
-                Some(r) if r == ctx.rank() => rank_main(&case2, &data, &DyingRank { inner: ctx }),
-                _ => rank_main(&case2, &data, ctx),
-            });
+            let mine = world.run(&|ctx| steer(ctx, plant_dead == Some(ctx.rank())));
             // Every rank's outcome: 0 and its output's f64s, or 1 and its error.
             let payload = match &mine {
                 Ok(v) => std::iter::once(0u8).chain(v.iter().flat_map(|x| x.to_le_bytes())).collect(),
@@ -245,21 +251,26 @@ pub fn execute(
     }
 }
 
-/// A rank that dies (exits) just before its first launch or copy: its buffers exist, the
-/// others are past the barrier that precedes the kernels, and their waits for its signals can
-/// only end through their bounds.
-struct DyingRank<'a> {
+/// A rank's context with the suite's switches applied: `die`, the rank exits just before its
+/// first launch or copy (its buffers exist, the others are past the barrier that precedes the
+/// kernels, and their waits for its signals can only end through their bounds); `inter_node`,
+/// every kernel is compiled with all its communication at inter-node scope.
+struct Steered<'a> {
     inner: &'a dyn RankCtx,
+    die: bool,
+    inter_node: bool,
 }
 
-impl DyingRank<'_> {
-    fn die(&self) -> ! {
-        eprintln!("rank {}: planted death before its first launch (--plant-dead-rank)", self.inner.rank());
-        std::process::exit(3)
+impl Steered<'_> {
+    fn die(&self) {
+        if self.die {
+            eprintln!("rank {}: planted death before its first launch (--plant-dead-rank)", self.inner.rank());
+            std::process::exit(3)
+        }
     }
 }
 
-impl RankCtx for DyingRank<'_> {
+impl RankCtx for Steered<'_> {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
@@ -274,7 +285,14 @@ impl RankCtx for DyingRank<'_> {
         key: &str,
         build: &dyn Fn() -> Result<trident_core::Function, trident_core::VerifyError>,
     ) -> Result<trident_core::backend::Artifact, BackendError> {
-        self.inner.compile(key, build)
+        if !self.inter_node {
+            return self.inner.compile(key, build);
+        }
+        self.inner.compile(&format!("{key}+inter_node"), &|| {
+            let mut f = build()?;
+            f.attrs.inter_node = true;
+            Ok(f)
+        })
     }
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         self.inner.alloc(bytes, name)
@@ -293,23 +311,25 @@ impl RankCtx for DyingRank<'_> {
     }
     fn launch(
         &self,
-        _: trident_core::world::StreamId,
-        _: &trident_core::backend::Artifact,
-        _: [u32; 3],
-        _: &[trident_core::backend::KernelArg],
+        stream: trident_core::world::StreamId,
+        kernel: &trident_core::backend::Artifact,
+        grid: [u32; 3],
+        args: &[trident_core::backend::KernelArg],
     ) -> Result<(), BackendError> {
-        self.die()
+        self.die();
+        self.inner.launch(stream, kernel, grid, args)
     }
     fn copy(
         &self,
-        _: trident_core::world::StreamId,
-        _: &Buffer,
-        _: usize,
-        _: &Buffer,
-        _: usize,
-        _: usize,
+        stream: trident_core::world::StreamId,
+        dst: &Buffer,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        bytes: usize,
     ) -> Result<(), BackendError> {
-        self.die()
+        self.die();
+        self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes)
     }
     fn write_signal(
         &self,

@@ -58,6 +58,11 @@ struct Args {
     /// every other rank ends with a diagnostic within its bounds.
     #[arg(long, value_name = "R")]
     plant_dead_rank: Option<usize>,
+    /// Compile every distributed kernel with all its communication at inter-node scope: calls
+    /// of NVSHMEM's device functions (nvidia with --processes), executed as the library defines
+    /// them on cpu-simt. Only distributed cases.
+    #[arg(long)]
+    inter_node: bool,
 }
 
 /// Ranks a world may have (the CPU and loopback worlds' limit).
@@ -103,6 +108,13 @@ fn main() -> ExitCode {
     if args.plant_dead_rank.is_some() && !args.processes {
         return usage("--plant-dead-rank: only with --processes");
     }
+    if args.inter_node && !(desc.name == "cpu-simt" || (desc.name == "nvidia" && args.processes)) {
+        return usage(format!(
+            "--inter-node: the inter-node lowering runs on cpu-simt and on nvidia with --processes (NVSHMEM), not on {}{}",
+            desc.name,
+            if desc.name == "nvidia" { " without --processes" } else { "" }
+        ));
+    }
     // A world of processes: this process is one rank; the cases are those at its size.
     let place = if args.processes {
         if desc.name != "nvidia" {
@@ -137,7 +149,7 @@ fn main() -> ExitCode {
         .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
         .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
         .filter(|(_, c)| world_filter.is_none_or(|w| c.world == w))
-        .filter(|(_, c)| place.is_none() || c.distributed)
+        .filter(|(_, c)| (place.is_none() && !args.inter_node) || c.distributed)
         .collect();
     if args.list {
         for (_, c) in &selected {
@@ -238,19 +250,27 @@ fn main() -> ExitCode {
         world,
         plant_dead: args.plant_dead_rank,
     });
-    let cfg =
-        RunConfig { backend: backend.as_ref(), target, schedules: args.chaos, race: args.race, compile_check, world };
+    let cfg = RunConfig {
+        backend: backend.as_ref(),
+        target,
+        schedules: args.chaos,
+        race: args.race,
+        compile_check,
+        world,
+        inter_node: args.inter_node,
+    };
     // In a world of processes every rank judges every case; rank 0 prints the table, the others
     // their failures and their summary.
     let quiet = place.as_ref().is_some_and(|p| p.rank != 0);
     let tag = place.as_ref().map(|p| format!("[rank {}] ", p.rank)).unwrap_or_default();
     if !quiet {
         println!(
-        "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}, seed {seed:#x} (replay with --seed {seed:#x})",
+        "trident conformance: backend {}, {} cases, {} schedule(s) per distributed case{}{}, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
         selected.len(),
         args.chaos,
-        if args.race { ", race detector on" } else { "" }
+        if args.race { ", race detector on" } else { "" },
+        if args.inter_node { ", communication at inter-node scope" } else { "" }
     );
         println!(
             "{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8} {:>9}  result",

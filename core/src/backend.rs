@@ -273,6 +273,15 @@ impl Default for LaunchOptions {
     }
 }
 
+/// trident's per-user cache directory: `$TRIDENT_CACHE_DIR`, else `~/.cache/trident` (the GEMM
+/// tuning cache, NVSHMEM device shims).
+pub fn cache_dir() -> std::path::PathBuf {
+    std::env::var_os("TRIDENT_CACHE_DIR")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/trident")))
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 /// The bound of a kernel's waits when the caller sets none: 2 s, or `TRIDENT_WAIT_BOUND_MS`
 /// (raised under compute-sanitizer, whose tools slow kernels down by 10-1000x). A value that is
 /// not a positive integer is ignored with a message on stderr.

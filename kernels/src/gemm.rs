@@ -191,6 +191,7 @@ impl Gemm {
                 fast_math: false,
                 warp_specialize: self.warp_specialize && self.descriptors && self.divisible,
                 persistent: self.persistent,
+                inter_node: false,
             },
         );
         let ptr = |name: &str| {

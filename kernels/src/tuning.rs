@@ -82,11 +82,7 @@ impl TuningCache {
     /// Where the cache lives: `$TRIDENT_CACHE_DIR/gemm-tuning.json`, else under
     /// `~/.cache/trident`.
     pub fn default_path() -> PathBuf {
-        std::env::var_os("TRIDENT_CACHE_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/trident")))
-            .unwrap_or_else(std::env::temp_dir)
-            .join("gemm-tuning.json")
+        trident_core::backend::cache_dir().join("gemm-tuning.json")
     }
 
     /// The cache at `path`: empty when the file is missing or unreadable (said on stderr when

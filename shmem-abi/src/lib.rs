@@ -174,6 +174,114 @@ impl Vendor {
     }
 }
 
+/// A device function of the vendor library, called by the inter-node lowering (every
+/// communication op at `inter_node` scope, or all of them when a compile forces that scope).
+/// The `Block` forms are called by every thread of the program together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum DeviceCall {
+    /// `(dest, src, bytes, pe)`: local `src` to the symmetric `dest` on `pe`.
+    PutBlock { nbi: bool },
+    /// `(dest, src, bytes, pe)`: the symmetric `src` on `pe` to local `dest`.
+    GetBlock { nbi: bool },
+    /// `(dest, src, bytes, sig, value, pe)`: a put, then `sig` on `pe` updated by `op` once the
+    /// data is delivered.
+    PutSignalBlock { nbi: bool, op: SignalOp },
+    /// `(sig, value, pe)`: one thread updates the signal on `pe` by `op`.
+    SignalOp { op: SignalOp },
+    /// Orders this PE's earlier puts before its later ones, per destination.
+    Fence,
+    /// Completes every outstanding put of this PE.
+    Quiet,
+}
+
+/// A parameter of a [`DeviceCall`] as the library's C signature has it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum CallParam {
+    Ptr,
+    /// `size_t` or `uint64_t`.
+    U64,
+    /// `int` (the PE, or the signal operation's vendor number).
+    I32,
+}
+
+impl DeviceCall {
+    /// Every call, for tables and tests.
+    pub const ALL: [DeviceCall; 12] = [
+        DeviceCall::PutBlock { nbi: false },
+        DeviceCall::PutBlock { nbi: true },
+        DeviceCall::GetBlock { nbi: false },
+        DeviceCall::GetBlock { nbi: true },
+        DeviceCall::PutSignalBlock { nbi: false, op: SignalOp::Set },
+        DeviceCall::PutSignalBlock { nbi: false, op: SignalOp::Add },
+        DeviceCall::PutSignalBlock { nbi: true, op: SignalOp::Set },
+        DeviceCall::PutSignalBlock { nbi: true, op: SignalOp::Add },
+        DeviceCall::SignalOp { op: SignalOp::Set },
+        DeviceCall::SignalOp { op: SignalOp::Add },
+        DeviceCall::Fence,
+        DeviceCall::Quiet,
+    ];
+
+    /// The operands a caller passes, in order (the signal operation is not one: the writer
+    /// inserts the vendor's number for it, see [`DeviceCall::params`]).
+    pub fn operands(self) -> usize {
+        match self {
+            DeviceCall::PutBlock { .. } | DeviceCall::GetBlock { .. } => 4,
+            DeviceCall::PutSignalBlock { .. } => 6,
+            DeviceCall::SignalOp { .. } => 3,
+            DeviceCall::Fence | DeviceCall::Quiet => 0,
+        }
+    }
+
+    /// The C parameters, in order; [`CallParam::I32`] at [`DeviceCall::op_position`] is the
+    /// signal operation's vendor number.
+    pub fn params(self) -> &'static [CallParam] {
+        use CallParam::*;
+        match self {
+            DeviceCall::PutBlock { .. } | DeviceCall::GetBlock { .. } => &[Ptr, Ptr, U64, I32],
+            DeviceCall::PutSignalBlock { .. } => &[Ptr, Ptr, U64, Ptr, U64, I32, I32],
+            DeviceCall::SignalOp { .. } => &[Ptr, U64, I32, I32],
+            DeviceCall::Fence | DeviceCall::Quiet => &[],
+        }
+    }
+
+    /// Where the signal operation's number goes among [`DeviceCall::params`], with the
+    /// operation.
+    pub fn op_position(self) -> Option<(usize, SignalOp)> {
+        match self {
+            DeviceCall::PutSignalBlock { op, .. } => Some((5, op)),
+            DeviceCall::SignalOp { op } => Some((2, op)),
+            _ => None,
+        }
+    }
+}
+
+impl Vendor {
+    /// The device function's name in the vendor library (ROCSHMEM's as its API documentation
+    /// spells them; not yet checked against its bitcode, which is not on this project's machines).
+    pub fn function(self, call: DeviceCall) -> &'static str {
+        match (self, call) {
+            (Vendor::Nvshmem, DeviceCall::PutBlock { nbi: false }) => "nvshmemx_putmem_block",
+            (Vendor::Nvshmem, DeviceCall::PutBlock { nbi: true }) => "nvshmemx_putmem_nbi_block",
+            (Vendor::Nvshmem, DeviceCall::GetBlock { nbi: false }) => "nvshmemx_getmem_block",
+            (Vendor::Nvshmem, DeviceCall::GetBlock { nbi: true }) => "nvshmemx_getmem_nbi_block",
+            (Vendor::Nvshmem, DeviceCall::PutSignalBlock { nbi: false, .. }) => "nvshmemx_putmem_signal_block",
+            (Vendor::Nvshmem, DeviceCall::PutSignalBlock { nbi: true, .. }) => "nvshmemx_putmem_signal_nbi_block",
+            (Vendor::Nvshmem, DeviceCall::SignalOp { .. }) => "nvshmemx_signal_op",
+            (Vendor::Nvshmem, DeviceCall::Fence) => "nvshmem_fence",
+            (Vendor::Nvshmem, DeviceCall::Quiet) => "nvshmem_quiet",
+            (Vendor::Rocshmem, DeviceCall::PutBlock { nbi: false }) => "rocshmem_putmem_wg",
+            (Vendor::Rocshmem, DeviceCall::PutBlock { nbi: true }) => "rocshmem_putmem_nbi_wg",
+            (Vendor::Rocshmem, DeviceCall::GetBlock { nbi: false }) => "rocshmem_getmem_wg",
+            (Vendor::Rocshmem, DeviceCall::GetBlock { nbi: true }) => "rocshmem_getmem_nbi_wg",
+            (Vendor::Rocshmem, DeviceCall::PutSignalBlock { nbi: false, .. }) => "rocshmem_putmem_signal_wg",
+            (Vendor::Rocshmem, DeviceCall::PutSignalBlock { nbi: true, .. }) => "rocshmem_putmem_signal_nbi_wg",
+            (Vendor::Rocshmem, DeviceCall::SignalOp { .. }) => "rocshmem_signal_op",
+            (Vendor::Rocshmem, DeviceCall::Fence) => "rocshmem_fence",
+            (Vendor::Rocshmem, DeviceCall::Quiet) => "rocshmem_quiet",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +296,19 @@ mod tests {
         }
         assert_eq!(MemSemantic::parse("acq_rel"), Some(MemSemantic::AcqRel));
         assert_eq!(Group::parse("grid"), None);
+    }
+
+    #[test]
+    fn device_calls_have_one_parameter_per_operand_plus_the_signal_operation() {
+        for c in DeviceCall::ALL {
+            let extra = usize::from(c.op_position().is_some());
+            assert_eq!(c.params().len(), c.operands() + extra, "{c:?}");
+            if let Some((at, _)) = c.op_position() {
+                assert_eq!(c.params()[at], CallParam::I32, "{c:?}");
+            }
+            assert!(Vendor::Nvshmem.function(c).starts_with("nvshmem"));
+            assert!(Vendor::Rocshmem.function(c).starts_with("rocshmem"));
+        }
     }
 
     #[test]

@@ -38,7 +38,7 @@ pub mod semantics;
 pub mod types;
 
 pub use arena::{Arena, Handle};
-pub use trident_shmem_abi::{CmpOp, CommScope, Group, MemSemantic, Scope, SignalOp};
+pub use trident_shmem_abi::{CallParam, CmpOp, CommScope, DeviceCall, Group, MemSemantic, Scope, SignalOp, Vendor};
 pub use types::{DType, Elem, Type};
 
 use serde::Serialize;
@@ -259,6 +259,11 @@ pub struct LaunchAttrs {
     /// at once (one per multiprocessor and more where they fit; per rank when ranks share the
     /// device), and a pipelined K loop in the tile loop keeps its copies running across tiles.
     pub persistent: bool,
+    /// Every communication op of the kernel at inter-node scope: puts, gets, signals, fences and
+    /// `barrier_all` become calls of the vendor library's device functions (NVSHMEM), as a
+    /// `notify` at `inter_node` scope always does. Worlds set it to force that path where
+    /// every rank shares a node (`trident-conformance --processes --inter-node`).
+    pub inter_node: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -270,6 +275,7 @@ impl Default for LaunchAttrs {
             fast_math: false,
             warp_specialize: false,
             persistent: false,
+            inter_node: false,
         }
     }
 }

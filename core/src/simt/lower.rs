@@ -589,10 +589,14 @@ impl Lowering<'_> {
                 let (p, r) = (self.held(*ptr)[0], self.held(*rank)[0]);
                 vec![self.symm_at(p, r)]
             }
-            OpKind::Notify { sig, rank, value, op: sop, .. } => {
+            OpKind::Notify { sig, rank, value, op: sop, scope } => {
                 let (s0, r, v) = (self.held(*sig)[0], self.held(*rank)[0], self.held(*value)[0]);
-                let target = self.symm_at(s0, r);
-                self.release_then_signal(target, v, *sop);
+                if self.inter_node(Some(*scope)) {
+                    self.notify_inter_node(s0, r, v, *sop);
+                } else {
+                    let target = self.symm_at(s0, r);
+                    self.release_then_signal(target, v, *sop);
+                }
                 Vec::new()
             }
             OpKind::Wait { sigs, count, cmp, value, .. } => {
@@ -610,6 +614,13 @@ impl Lowering<'_> {
                 self.emit(Inst::Load { dst: seen, addr: b, pred: None, other: None });
                 vec![seen]
             }
+            OpKind::Fence | OpKind::Quiet if self.inter_node(None) => {
+                let call = if matches!(data.kind, OpKind::Fence) { DeviceCall::Fence } else { DeviceCall::Quiet };
+                self.emit(Inst::Barrier);
+                self.device_call(call, &[], None);
+                self.emit(Inst::Barrier);
+                Vec::new()
+            }
             OpKind::Fence | OpKind::Quiet => {
                 // Transfers are stores by the program's threads: the barrier gathers them, each
                 // thread's fence orders its own.
@@ -617,9 +628,24 @@ impl Lowering<'_> {
                 self.emit(Inst::Fence { scope: Scope::Sys });
                 Vec::new()
             }
+            OpKind::Put { dst, src, bytes, rank, nbi, .. } | OpKind::Get { dst, src, bytes, rank, nbi, .. }
+                if self.inter_node(None) =>
+            {
+                let call = match data.kind {
+                    OpKind::Put { .. } => DeviceCall::PutBlock { nbi: *nbi },
+                    _ => DeviceCall::GetBlock { nbi: *nbi },
+                };
+                self.transfer_inter_node(call, &[*dst, *src, *bytes, *rank]);
+                Vec::new()
+            }
             OpKind::Put { dst, src, bytes, rank, .. } | OpKind::Get { dst, src, bytes, rank, .. } => {
                 let is_put = matches!(data.kind, OpKind::Put { .. });
                 self.transfer(is_put, *dst, *src, *bytes, *rank);
+                Vec::new()
+            }
+            OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, nbi, .. } if self.inter_node(None) => {
+                let call = DeviceCall::PutSignalBlock { nbi: *nbi, op: *sig_op };
+                self.transfer_inter_node(call, &[*dst, *src, *bytes, *sig, *sig_value, *rank]);
                 Vec::new()
             }
             OpKind::PutSignal { dst, src, bytes, sig, sig_value, sig_op, rank, .. } => {
@@ -630,6 +656,10 @@ impl Lowering<'_> {
                 Vec::new()
             }
             OpKind::BarrierAll { .. } => {
+                if self.inter_node(None) {
+                    // Puts through the library complete before the (load/store) count.
+                    self.quiet_all();
+                }
                 self.barrier_all();
                 Vec::new()
             }

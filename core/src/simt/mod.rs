@@ -646,6 +646,14 @@ pub enum Inst {
         cmp: CmpOp,
         value: Reg,
     },
+    /// A device function of the vendor SHMEM library (the inter-node lowering), with
+    /// `call.operands()` operands in order; only threads where `pred` holds call it (the
+    /// `Block` forms: every thread of the program, together).
+    DeviceCall {
+        call: trident_shmem_abi::DeviceCall,
+        args: Vec<Reg>,
+        pred: Option<Reg>,
+    },
     /// Uniform branch: `results` take the yields of the branch taken.
     If {
         cond: Reg,
@@ -751,5 +759,26 @@ impl Kernel {
     /// kernel needs whatever it waits for to make progress while it occupies the GPU.
     pub fn waits(&self) -> bool {
         count(&self.body, &|i| matches!(i, Inst::WaitSignals { .. })) > 0
+    }
+
+    /// The vendor library's device functions the kernel calls (empty unless some communication
+    /// is at inter-node scope): a module that calls them must be linked with the library's
+    /// device code and registered with it before it runs.
+    pub fn device_calls(&self) -> Vec<trident_shmem_abi::DeviceCall> {
+        fn walk(body: &[Inst], out: &mut Vec<trident_shmem_abi::DeviceCall>) {
+            for i in body {
+                if let Inst::DeviceCall { call, .. } = i {
+                    if !out.contains(call) {
+                        out.push(*call);
+                    }
+                }
+                for b in i.bodies() {
+                    walk(b, out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.body, &mut out);
+        out
     }
 }

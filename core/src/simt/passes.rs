@@ -230,6 +230,12 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             f(count);
             f(value)
         }
+        Inst::DeviceCall { args, pred, .. } => {
+            for r in args.iter_mut() {
+                f(r)
+            }
+            opt(pred, f)
+        }
         Inst::Loop { lo, hi, step, inits, nexts, .. } => {
             f(lo);
             f(hi);

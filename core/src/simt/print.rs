@@ -242,6 +242,11 @@ impl Printer<'_> {
             Inst::Exit => "exit".to_string(),
             Inst::SymmAt { dst, ptr, rank } => format!("{} = symm_at {}, rank {}", self.def(*dst), r(ptr), r(rank)),
             Inst::Fence { scope } => format!("fence.{scope}"),
+            Inst::DeviceCall { call, args, pred } => format!(
+                "call {call:?}({}){}",
+                args.iter().map(r).collect::<Vec<_>>().join(", "),
+                pred.as_ref().map(|p| format!(" if {}", r(p))).unwrap_or_default()
+            ),
             Inst::Signal { addr, value, op, pred } => format!("signal.{op} [{}], {} if {}", r(addr), r(value), r(pred)),
             Inst::WaitSignals { base, count, cmp, value } => {
                 format!("wait_signals [{}] x {} until {cmp} {}", r(base), r(count), r(value))

@@ -431,6 +431,7 @@ impl Parser<'_> {
                         "fast_math" => attrs.fast_math = self.boolean()?,
                         "warp_specialize" => attrs.warp_specialize = self.boolean()?,
                         "persistent" => attrs.persistent = self.boolean()?,
+                        "inter_node" => attrs.inter_node = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

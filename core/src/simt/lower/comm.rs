@@ -1,8 +1,65 @@
 //! Communication: `symm_at`, signals, puts and gets, `barrier_all`.
+//!
+//! Intra-node scope (the default): loads, stores and atomics through the peers' heap addresses
+//! (`symm_at`). Inter-node scope (a `notify` at `inter_node`, or every op of a kernel with
+//! `LaunchAttrs::inter_node`): calls of the vendor library's device functions
+//! ([`Inst::DeviceCall`]), which reach peers on other nodes. Waits are on local memory either
+//! way and stay the bounded protocol wait. `barrier_all` keeps counting on rank 0's words by
+//! load and store after completing its puts through the library: across nodes it is not
+//! lowered yet (a world refuses peers it cannot reach by load and store).
 
 use super::*;
 
 impl Lowering<'_> {
+    /// Whether communication lowers to the vendor library's device functions.
+    pub(super) fn inter_node(&self, scope: Option<CommScope>) -> bool {
+        self.func.attrs.inter_node || scope == Some(CommScope::InterNode)
+    }
+
+    /// `call` by the threads where `pred` holds, each operand converted to the C parameter's
+    /// type (the signal operation's number is the writer's).
+    pub(super) fn device_call(&mut self, call: DeviceCall, operands: &[Reg], pred: Option<Reg>) {
+        let op_at = call.op_position().map(|(at, _)| at);
+        let params = call.params().iter().enumerate().filter(|(i, _)| Some(*i) != op_at).map(|(_, p)| *p);
+        let args: Vec<Reg> = operands
+            .iter()
+            .zip(params)
+            .map(|(&r, p)| match p {
+                CallParam::Ptr => r,
+                CallParam::U64 => self.cast(r, U64),
+                CallParam::I32 => self.cast(r, I32),
+            })
+            .collect();
+        self.emit(Inst::DeviceCall { call, args, pred });
+    }
+
+    /// Completes every put of the program through the library: all threads call `quiet` (a
+    /// block put is issued by all of them), then meet.
+    pub(super) fn quiet_all(&mut self) {
+        self.emit(Inst::Barrier);
+        self.device_call(DeviceCall::Quiet, &[], None);
+        self.emit(Inst::Barrier);
+    }
+
+    /// `notify` through the library: the program's puts complete, its stores are released,
+    /// then one thread updates the signal on `rank`.
+    pub(super) fn notify_inter_node(&mut self, sig: Reg, rank: Reg, value: Reg, op: SignalOp) {
+        self.quiet_all();
+        self.emit(Inst::Fence { scope: Scope::Sys });
+        let first = self.first_thread();
+        self.device_call(DeviceCall::SignalOp { op }, &[sig, value, rank], Some(first));
+    }
+
+    /// `put`/`get`/`put_signal` through the library's block functions, every thread calling
+    /// with the same operands; barriers before (the source may be other threads' stores) and
+    /// after (the destination may be read by other threads).
+    pub(super) fn transfer_inter_node(&mut self, call: DeviceCall, operands: &[Value]) {
+        let regs: Vec<Reg> = operands.iter().map(|v| self.held(*v)[0]).collect();
+        self.emit(Inst::Barrier);
+        self.device_call(call, &regs, None);
+        self.emit(Inst::Barrier);
+    }
+
     pub(super) fn first_thread(&mut self) -> Reg {
         let zero = self.iconst(0);
         let first = self.reg(SType::Pred);
