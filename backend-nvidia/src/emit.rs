@@ -771,26 +771,26 @@ impl<'k> Writer<'k> {
             let p = self.n(p).to_string();
             self.line(format!("@!{p} bra $L{l}_skip"));
         }
-        self.line("{".into());
+        self.body.push_str("  {\n");
         let mut operands = args.iter();
         let mut names = Vec::new();
         for (i, param) in call.params().iter().enumerate() {
             let ty = call_param(*param);
-            self.line(format!(".param .{ty} c{i};"));
+            self.body.push_str(&format!("  .param .{ty} c{i};\n"));
             let value = match call.op_position() {
                 Some((at, op)) if at == i => Vendor::Nvshmem.signal_op(op).to_string(),
                 _ => operands.next().map(|r| self.n(*r).to_string()).unwrap_or_default(),
             };
-            self.line(format!("st.param.{ty} [c{i}], {value};"));
+            self.line(format!("st.param.{ty} [c{i}], {value}"));
             names.push(format!("c{i}"));
         }
         let f = Vendor::Nvshmem.function(call);
         if names.is_empty() {
-            self.line(format!("call {f}, ();"));
+            self.line(format!("call {f}, ()"));
         } else {
-            self.line(format!("call {f}, ({});", names.join(", ")));
+            self.line(format!("call {f}, ({})", names.join(", ")));
         }
-        self.line("}".into());
+        self.body.push_str("  }\n");
         if pred.is_some() {
             self.body.push_str(&format!("$L{l}_skip:\n"));
         }

@@ -263,8 +263,11 @@ impl Nvshmem {
     }
 
     /// Registers a loaded module that links NVSHMEM's device functions (`CUmodule`).
-    pub fn cumodule_init(&self, module: *mut c_void) -> Result<(), NvshmemError> {
-        // SAFETY: `module` is a loaded module handle.
+    ///
+    /// # Safety
+    /// `module` is a module loaded in the current context, after `init`.
+    pub unsafe fn cumodule_init(&self, module: *mut c_void) -> Result<(), NvshmemError> {
+        // SAFETY: the caller's contract.
         Self::check("nvshmemx_cumodule_init", unsafe { (self.cumodule_init)(module) }, "")
     }
 
@@ -320,7 +323,7 @@ mod tests {
         assert!(text.contains("(absent)") && text.contains("libtrident-no-such-nvshmem.so.3"), "{text}");
         let bad = dir.join(HOST_LIBRARY);
         std::fs::write(&bad, "not an ELF file").unwrap();
-        let e = Nvshmem::open_from(&[bad.clone()]).err().unwrap();
+        let e = Nvshmem::open_from(std::slice::from_ref(&bad)).err().unwrap();
         assert!(matches!(&e, NvshmemError::Load { path, .. } if path == &bad.display().to_string()), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

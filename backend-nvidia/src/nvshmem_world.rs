@@ -114,7 +114,8 @@ impl NvshmemWorld {
         device.set_device_library(Arc::new(DeviceLibrary {
             name: format!("NVSHMEM {}", nvshmem.version),
             ptx,
-            register: Box::new(move |m| lib.cumodule_init(m.cast()).map_err(|e| e.to_string())),
+            // SAFETY: the runtime registers modules it has just loaded, after this init.
+            register: Box::new(move |m| unsafe { lib.cumodule_init(m.cast()) }.map_err(|e| e.to_string())),
         }));
         let bytes = opts.heap_bytes + 256;
         let heap = nvshmem.malloc(bytes).map_err(host)?;

@@ -19,6 +19,8 @@
 //! * `cargo xtask ops [--backend B] [--op NAME] [--bless]`: the differential test alone.
 //! * `cargo xtask math [--stride N] [--backend B]`: accuracy of the elementary functions.
 //! * `cargo xtask bundle`: release binaries for the GPU machine in `bundle/`.
+//! * `cargo xtask nvshmem-shim [--bc FILE] [--arch sm_90] [--out FILE]`: the NVSHMEM device shim
+//!   (LLVM 18+ and NVSHMEM's bitcode needed), to carry to a GPU machine without LLVM.
 //! * `cargo xtask ptx-check`: every compiled kernel's PTX through ptxas for sm_80/sm_90/sm_90a.
 
 use clap::{Parser, Subcommand};
@@ -113,6 +115,14 @@ enum Cmd {
     /// option).
     #[command(disable_help_flag = true)]
     Run {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Makes the NVSHMEM device shim from NVSHMEM's bitcode with LLVM 18+ (`--bc FILE`,
+    /// `--arch sm_90`, `--out FILE`; default: the cache the runtime reads), to carry to a GPU
+    /// machine without LLVM.
+    #[command(name = "nvshmem-shim", disable_help_flag = true)]
+    NvshmemShim {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -364,6 +374,14 @@ fn ptx_check() -> Result<(), Failure> {
 }
 
 /// Builds the release binaries and copies them with the commit id into `bundle/`.
+/// trident's cache directory (as `trident_core::backend::cache_dir` finds it).
+fn trident_cache_dir() -> PathBuf {
+    std::env::var_os("TRIDENT_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/trident")))
+        .unwrap_or_else(std::env::temp_dir)
+}
+
 fn bundle() -> Result<(), Failure> {
     let mut c = cargo();
     c.args(["build", "--release", "-p", "trident-conformance", "-p", "trident-launcher"]);
@@ -385,6 +403,16 @@ fn bundle() -> Result<(), Failure> {
     ] {
         let from = root.join("target/release").join(bin);
         std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
+    }
+    // NVSHMEM device shims made here (`cargo xtask nvshmem-shim`): the GPU machine has no LLVM.
+    let shims = trident_cache_dir().join("nvshmem-shim");
+    if shims.is_dir() {
+        let to = dir.join("cache/nvshmem-shim");
+        let mut c = Command::new("cp");
+        c.arg("-r").arg(&shims).arg(dir.join("cache"));
+        let _ = std::fs::remove_dir_all(&to);
+        std::fs::create_dir_all(dir.join("cache")).map_err(|e| e.to_string())?;
+        run(c)?;
     }
     let commit = Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
@@ -428,6 +456,7 @@ fn main() -> ExitCode {
         Cmd::Emit { args } => run(tool_here("trident-emit", args)),
         Cmd::Run { args } => run(tool_here("trident-run", args)),
         Cmd::Ops { args } => run(tool("trident-ops", args)),
+        Cmd::NvshmemShim { args } => run(tool_here("trident-nvshmem-shim", args)),
         Cmd::Math { args } => run(tool("trident-math", args)),
         Cmd::Ci(a) => {
             let mut fmt = cargo();

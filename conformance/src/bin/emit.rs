@@ -49,6 +49,10 @@ struct Args {
     /// With `--descriptors`: C written through a descriptor (a TMA store on sm_90a).
     #[arg(long, requires = "descriptors")]
     tma_store: bool,
+    /// Every communication op at inter-node scope (`LaunchAttrs::inter_node`: calls of
+    /// NVSHMEM's device functions).
+    #[arg(long)]
+    inter_node: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -123,10 +127,11 @@ fn main() -> ExitCode {
         },
     };
     let result = {
-        let func = match built {
+        let mut func = match built {
             Ok(f) => f,
             Err(e) => return usage(e),
         };
+        func.attrs.inter_node |= a.inter_node;
         let b = (d.create)();
         (|| -> Result<String, String> {
             if a.backend == "amd" && (a.time || a.asm) {
