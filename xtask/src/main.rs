@@ -75,6 +75,10 @@ struct TestArgs {
     /// Skip the differential test of every op.
     #[arg(long)]
     no_ops: bool,
+    /// Distributed cases only, every kernel's communication at inter-node scope (cpu-simt, or
+    /// nvidia's NVSHMEM world).
+    #[arg(long)]
+    inter_node: bool,
 }
 
 #[derive(Subcommand)]
@@ -202,6 +206,10 @@ fn conformance(args: &TestArgs) -> Command {
     if args.race {
         c.arg("--race");
     }
+    // On nvidia the inter-node path is the NVSHMEM world's (`processes`).
+    if args.inter_node && args.backend != "nvidia" {
+        c.arg("--inter-node");
+    }
     for (flag, v) in [
         ("--kernel", &args.kernel),
         ("--dtype", &args.dtype),
@@ -222,7 +230,7 @@ fn conformance(args: &TestArgs) -> Command {
 
 /// The differential test of every op on the test's backend (not for the distributed modes).
 fn ops(args: &TestArgs) -> Option<Command> {
-    if args.no_ops || args.world.is_some() || args.chaos.is_some() || args.race {
+    if args.no_ops || args.world.is_some() || args.chaos.is_some() || args.race || args.inter_node {
         return None;
     }
     let mut a = vec!["--backend".to_string(), args.backend.clone()];
@@ -260,7 +268,9 @@ fn test(args: &TestArgs) -> Result<(), Failure> {
         c.args(["test", "--workspace", "--quiet"]);
         run(c)?;
     }
-    run(conformance(args))?;
+    if !(args.backend == "nvidia" && args.inter_node) {
+        run(conformance(args))?;
+    }
     if args.backend == "nvidia" && !args.race && args.chaos.is_none() {
         run(processes(args, args.world.as_deref().unwrap_or("2")))?;
     }
@@ -281,6 +291,9 @@ fn processes(args: &TestArgs, ranks: &str) -> Command {
     let mut c = Command::new(bin.join("trident"));
     c.args(["launch", "-n", ranks, "--"]).arg(bin.join("trident-conformance"));
     c.args(["--backend", "nvidia", "--processes"]);
+    if args.inter_node {
+        c.arg("--inter-node");
+    }
     for (flag, v) in
         [("--kernel", &args.kernel), ("--dtype", &args.dtype), ("--seed", &args.seed), ("--target", &args.target)]
     {
@@ -344,8 +357,12 @@ fn ptx_check() -> Result<(), Failure> {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some((target, f)) = jobs.get(i) else { break };
+                        // Inter-node kernels call NVSHMEM's device functions, defined by the shim the
+                        // runtime links in: assembled as relocatable code.
+                        let relocatable = f.to_string_lossy().contains("_inter_node");
                         match Command::new(&ptxas)
                             .arg(format!("-arch={target}"))
+                            .args(relocatable.then_some("-c"))
                             .arg(f)
                             .arg("-o")
                             .arg(f.with_extension("cubin"))
@@ -369,7 +386,7 @@ fn ptx_check() -> Result<(), Failure> {
     if let Some(e) = errors.first() {
         return Err(format!("{} of {} PTX modules rejected; the first: {e}", errors.len(), jobs.len()).into());
     }
-    eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a; every op case for sm_80 and sm_90a)", jobs.len());
+    eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a, its communicating kernels also at inter-node scope; every op case for sm_80 and sm_90a)", jobs.len());
     Ok(())
 }
 
@@ -511,6 +528,15 @@ fn main() -> ExitCode {
                 .and_then(|_| test(&race))
                 .and_then(|_| test(&simt("sm_80")))
                 .and_then(|_| test(&simt("sm_90a")))
+                // Every distributed kernel with its communication at inter-node scope: the
+                // NVSHMEM device calls executed as the library defines them.
+                .and_then(|_| {
+                    test(&TestArgs {
+                        inter_node: true,
+                        json: Some(workspace_root().join("target/conformance-cpu-simt-inter-node.json")),
+                        ..simt("sm_90a")
+                    })
+                })
                 .and_then(|_| test(&simt("gfx90a")))
                 .and_then(|_| test(&simt("gfx942")))
                 // Every kernel's AMD code object compiled (LLVM 19) and checked, its SIMT

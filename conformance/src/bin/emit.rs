@@ -246,18 +246,34 @@ fn emit_all(a: &Args, dir: &std::path::Path) -> ExitCode {
     let (mut written, mut skipped) = (0, 0);
     for d in [DType::F32, DType::BF16, DType::F16] {
         for (name, built) in trident_kernels::catalogue(d) {
-            let r = built
-                .map_err(|e| e.to_string())
-                .and_then(|f| b.compile(&f, a.target.as_deref()).map_err(|e| e.to_string()));
+            let r = built.map_err(|e| e.to_string()).and_then(|f| {
+                let art = b.compile(&f, a.target.as_deref()).map_err(|e| e.to_string())?;
+                // On nvidia, communicating kernels also with their communication at inter-node
+                // scope (calls of NVSHMEM's device functions: assembled as relocatable code).
+                let mut inter = f.clone();
+                inter.attrs.inter_node = true;
+                let inter = match desc.name {
+                    "nvidia" => b
+                        .compile(&inter, a.target.as_deref())
+                        .ok()
+                        .map(|x| x.text)
+                        .filter(|t| t.contains("call nvshmem")),
+                    _ => None,
+                };
+                Ok((art, inter))
+            });
             match r {
-                Ok(art) => {
+                Ok((art, inter)) => {
                     let ext = if desc.name == "amd" { "ll" } else { "ptx" };
-                    let path = dir.join(format!("{name}_{d}.{ext}"));
-                    if let Err(e) = std::fs::write(&path, art.text) {
-                        eprintln!("error: writing {}: {e}", path.display());
-                        return ExitCode::FAILURE;
+                    let mut files = vec![(dir.join(format!("{name}_{d}.{ext}")), art.text)];
+                    files.extend(inter.map(|t| (dir.join(format!("{name}_{d}_inter_node.{ext}")), t)));
+                    for (path, text) in files {
+                        if let Err(e) = std::fs::write(&path, text) {
+                            eprintln!("error: writing {}: {e}", path.display());
+                            return ExitCode::FAILURE;
+                        }
+                        written += 1;
                     }
-                    written += 1;
                 }
                 Err(e) if e.contains("not supported by the SIMT lowering yet") => {
                     println!("skipped {name} {d}: {}", e.rsplit(": ").next().unwrap_or(&e));
