@@ -202,7 +202,11 @@ fn loopback_world_on_the_stub(log: &std::path::Path, kernel: trident_core::Funct
         ctx.read(&trident_core::backend::Buffer { name: "table".into(), address: table, bytes: 16 }, 0, &mut raw)?;
         let bases =
             [u64::from_le_bytes(raw[..8].try_into().unwrap()), u64::from_le_bytes(raw[8..].try_into().unwrap())];
-        assert_eq!(bases, [ctx.peer(&data, 0)?.address, ctx.peer(&data, 1)?.address]);
+        // The first symmetric buffer follows the heap's reserved start (`barrier_all`'s words),
+        // at the same offset on both ranks.
+        let (d0, d1) = (ctx.peer(&data, 0)?.address, ctx.peer(&data, 1)?.address);
+        assert_eq!(d0 - bases[0], d1 - bases[1]);
+        assert_eq!(d0 - bases[0], 256);
         Ok(back)
     })
     .unwrap();

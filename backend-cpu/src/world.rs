@@ -108,8 +108,9 @@ struct Inner {
     next_launch: AtomicU64,
     races: Option<Races>,
     barrier_clock: Mutex<VClock>,
-    /// The `__barrier` words of lowered kernels' `barrier_all` (count, generation).
-    barrier_words: u64,
+    /// The `__barrier` words of lowered kernels' `barrier_all` (count, generation, arrivals),
+    /// one symmetric allocation (every rank's at the same place of the map), by rank.
+    barrier_words: Vec<u64>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -203,9 +204,24 @@ impl CpuWorld {
         let sched = Sched::new(opts.seed);
         let races = opts.race.then(Races::default);
         let mem = Arc::new(Memory::default());
-        let barrier_words = mem.alloc("__barrier", 16).map_err(|e| BackendError::Host(e.0))?;
+        // `barrier_all`'s words: symmetric (the intra-node lowering reaches rank 0's with
+        // `symm_at`, the inter-node one signals every rank's), made before any rank's own.
+        let barrier_words: Vec<u64> = (0..opts.ranks)
+            .map(|r| mem.alloc(&format!("__barrier@rank{r}"), 8 * trident_core::simt::BARRIER_WORDS))
+            .collect::<Result<_, _>>()
+            .map_err(|e| BackendError::Host(e.0))?;
+        let symm = Symm {
+            by_slot: barrier_words.iter().enumerate().map(|(r, a)| (Memory::slot_of(*a), (0, r))).collect(),
+            allocs: vec![SymAlloc {
+                name: "__barrier".into(),
+                bytes: 8 * trident_core::simt::BARRIER_WORDS,
+                addrs: barrier_words.clone(),
+            }],
+            // The first allocation of every rank is the world's (`__barrier`).
+            calls: vec![1; opts.ranks],
+        };
         let inner = Arc::new(Inner {
-            symm: Mutex::new(Symm { calls: vec![0; opts.ranks], ..Symm::default() }),
+            symm: Mutex::new(symm),
             opts,
             sched: sched.clone(),
             mem,
@@ -454,8 +470,11 @@ impl RankCtx for CpuRank {
         let a = &s.allocs[k];
         if a.bytes != bytes || a.name != name {
             return Err(host_err(format!(
-                "symmetric allocation #{k}: rank {} asks for `{name}` of {bytes} bytes, another rank made `{}` of {} bytes (every rank must allocate the same buffers in the same order)",
-                self.rank, a.name, a.bytes
+                "symmetric allocation #{}: rank {} asks for `{name}` of {bytes} bytes, another rank made `{}` of {} bytes (every rank must allocate the same buffers in the same order)",
+                k - 1,
+                self.rank,
+                a.name,
+                a.bytes
             )));
         }
         Ok(Buffer { name: format!("{name}@rank{}", self.rank), address: a.addrs[self.rank], bytes })
@@ -873,7 +892,7 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                             0,
                             0,
                             std::time::Duration::ZERO,
-                            inner.barrier_words,
+                            inner.barrier_words[ctx.rank as usize],
                         ));
                         crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks)
                             .map_err(|f| f.into_error(format!("{} on rank {}", k.name, ctx.rank), pid))

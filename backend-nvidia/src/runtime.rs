@@ -17,14 +17,60 @@ use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
 use trident_gpu_runtime::{check_resident, persistent_grid, Driver, RawStream};
 
-/// Whether the CUDA driver library can be loaded here.
+/// The driver entry points trident calls (as cudarc's `cuda-13000` bindings name them), checked
+/// when a device opens: cudarc panics on a missing one at its first call, so a driver older than
+/// the newest of them (`cuEventElapsedTime_v2`: CUDA 12.8) is a typed error here instead.
+/// `cuTensorMapEncodeTiled` is checked where TMA kernels launch (`tensor_map`).
+pub const ENTRY_POINTS: &[&str] = &[
+    "cuInit",
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxEnablePeerAccess",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemcpyHtoD_v2",
+    "cuMemcpyDtoH_v2",
+    "cuMemcpyDtoDAsync_v2",
+    "cuMemsetD8_v2",
+    "cuModuleLoadData",
+    "cuModuleLoadDataEx",
+    "cuModuleGetFunction",
+    "cuModuleUnload",
+    "cuFuncSetAttribute",
+    "cuLaunchKernel",
+    "cuLaunchCooperativeKernel",
+    "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamQuery",
+    "cuStreamWaitValue64_v2",
+    "cuStreamWriteValue64_v2",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventSynchronize",
+    "cuEventQuery",
+    "cuEventElapsedTime_v2",
+    "cuLinkCreate_v2",
+    "cuLinkAddData_v2",
+    "cuLinkComplete",
+    "cuLinkDestroy",
+];
+
+/// Whether the CUDA driver library can be loaded here and has every entry point trident calls.
 pub fn driver_available() -> Result<(), String> {
     let mut reasons = Vec::new();
     for name in ["libcuda.so.1", "libcuda.so"] {
-        // SAFETY: loading the driver runs only its own initialisers; the handle is dropped at once
-        // (cudarc loads it again for its calls).
+        // SAFETY: loading the driver runs only its own initialisers; the handle is dropped at the
+        // end (cudarc loads it again for its calls).
         match unsafe { libloading::Library::new(name) } {
-            Ok(_) => return Ok(()),
+            Ok(lib) => return missing_entry_points(&lib, name),
             Err(e) => reasons.push(format!("{name}: {e}")),
         }
     }
@@ -35,6 +81,27 @@ pub fn driver_available() -> Result<(), String> {
         "no NVIDIA GPU on PCI and ".to_string()
     };
     Err(format!("{seen}no CUDA driver ({})", reasons.join("; ")))
+}
+
+/// `Err` naming the driver's version and the [`ENTRY_POINTS`] `lib` lacks.
+fn missing_entry_points(lib: &libloading::Library, name: &str) -> Result<(), String> {
+    // SAFETY: looking symbols up does not call them.
+    let has = |sym: &str| unsafe { lib.get::<*const c_void>(sym.as_bytes()) }.is_ok();
+    let missing: Vec<&str> = ENTRY_POINTS.iter().copied().filter(|s| !has(s)).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut version = 0i32;
+    // SAFETY: `cuDriverGetVersion(int*)` only writes the version; called only if present.
+    if let Ok(f) = unsafe { lib.get::<unsafe extern "C" fn(*mut i32) -> i32>(b"cuDriverGetVersion") } {
+        unsafe { f(&mut version) };
+    }
+    Err(format!(
+        "the CUDA driver {name} (CUDA {}.{}) lacks entry points trident calls: {}; install a driver for CUDA 12.8 or newer",
+        version / 1000,
+        version % 1000 / 10,
+        missing.join(", ")
+    ))
 }
 
 struct Loaded {
@@ -606,5 +673,18 @@ impl Driver for CudaDevice {
         unsafe { sys::cuStreamWaitValue64_v2(stream as sys::CUstream, address, value, flags) }
             .result()
             .map_err(|e| stream_err("cuStreamWaitValue64", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A library without the driver's entry points (here the C library) is refused with the
+    /// names of those it lacks, not with a panic at the first call.
+    #[test]
+    fn a_driver_without_the_entry_points_is_a_typed_error() {
+        // SAFETY: the C library is already loaded in every process.
+        let libc = unsafe { libloading::Library::new("libc.so.6") }.unwrap();
+        let e = super::missing_entry_points(&libc, "libc.so.6").unwrap_err();
+        assert!(e.contains("cuEventElapsedTime_v2") && e.contains("CUDA 12.8 or newer"), "{e}");
     }
 }

@@ -24,7 +24,7 @@ impl HiddenBuffers {
         let b = [
             dev.alloc(8, "__heap_bases")?,
             dev.alloc(8 * diag::WORDS, "__wait_diagnostics")?,
-            dev.alloc(16, "__barrier_all")?,
+            dev.alloc(8 * trident_core::simt::BARRIER_WORDS, "__barrier_all")?,
         ];
         // Fresh allocations may hold old bytes: a stale flag would abort every wait.
         for x in &b {

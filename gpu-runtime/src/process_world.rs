@@ -5,13 +5,12 @@
 //! with `nvshmem_ptr` to every peer on NVIDIA) and the rendezvous connection; this module
 //! builds the rest as the thread world does (`__heap_bases` from the peers' addresses as this
 //! process maps them, wait diagnostics, the stream-wait watchdog) and puts every host barrier
-//! through the rendezvous, which is bounded and knows a rank that died. The count and
-//! generation words of `barrier_all` live in the reserved start of rank 0's heap, which every
-//! rank reaches.
+//! through the rendezvous, which is bounded and knows a rank that died. `barrier_all`'s words
+//! live in the reserved start of every rank's heap, as in the thread world.
 
 use crate::driver::Driver;
 use crate::rendezvous::Client;
-use crate::world::{free_owned, GpuRank, GpuWorldOptions, HostSync, Shared, HEAP_GRAIN};
+use crate::world::{free_owned, GpuRank, GpuWorldOptions, HostSync, Shared, RESERVED};
 use std::sync::{Arc, Mutex};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::simt::diag;
@@ -34,10 +33,6 @@ pub struct ProcessWorld<D: Driver> {
     rank: usize,
     provider: String,
 }
-
-/// Bytes at the start of every heap kept from symmetric allocations (`barrier_all`'s words on
-/// rank 0).
-const RESERVED: usize = HEAP_GRAIN;
 
 impl<D: Driver> ProcessWorld<D> {
     /// Rank `rank` of `heap.bases.len()` ranks on `device`, which `sharing` ranks (this one
@@ -94,7 +89,6 @@ impl<D: Driver> ProcessWorld<D> {
             reserved: RESERVED,
             tables: vec![table],
             diags: vec![diag_buf],
-            barrier_all: heap.bases[0],
             next: Mutex::new(vec![RESERVED]),
             sharing: vec![sharing.max(1)],
             owned,
@@ -117,16 +111,14 @@ impl<D: Driver> ProcessWorld<D> {
     }
 
     /// Runs `host` as this process's rank, with a fresh symmetric allocator: every rank starts
-    /// it together (after rank 0 cleared `barrier_all`'s words) and, when it succeeded, ends it
+    /// it together (after clearing its `barrier_all` words) and, when it succeeded, ends it
     /// together. A rank that fails returns at once; the others learn it at their next
     /// rendezvous operation (or their kernels' bounded waits), never by hanging.
     pub fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
         let sh = &self.shared;
         sh.devices[0].bind()?;
-        if self.rank == 0 {
-            let words = Buffer { name: "__barrier_all".into(), address: sh.barrier_all, bytes: 16 };
-            sh.devices[0].write(&words, 0, &[0u8; 16])?;
-        }
+        let words = Buffer { name: "__barrier_all".into(), address: sh.heaps[self.rank].address, bytes: RESERVED };
+        sh.devices[0].write(&words, 0, &[0u8; RESERVED])?;
         *sh.next.lock().unwrap_or_else(|e| e.into_inner()) = vec![RESERVED];
         sh.sync.wait(self.rank, "run_start")?;
         let r = GpuRank::new(sh.clone(), self.rank).run(host)?;

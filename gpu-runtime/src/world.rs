@@ -55,6 +55,10 @@ impl GpuWorldOptions {
 /// Symmetric heaps are carved in units of this many bytes (any access of the heap is aligned).
 pub(crate) const HEAP_GRAIN: usize = 256;
 
+/// Bytes at the start of every rank's heap kept from symmetric allocations: `barrier_all`'s
+/// words (`trident_core::simt::BARRIER_WORDS`), at the same offset on every rank.
+pub(crate) const RESERVED: usize = HEAP_GRAIN;
+
 pub(crate) struct Shared<D: Driver> {
     pub(crate) devices: Vec<Arc<D>>,
     pub(crate) opts: GpuWorldOptions,
@@ -69,8 +73,6 @@ pub(crate) struct Shared<D: Driver> {
     pub(crate) tables: Vec<Buffer>,
     /// The wait diagnostics of the ranks this process runs (from `first`).
     pub(crate) diags: Vec<Buffer>,
-    /// Count and generation words of `barrier_all`, shared by every rank.
-    pub(crate) barrier_all: u64,
     /// Next free byte of the heaps of the ranks this process runs (identical on all ranks in
     /// SPMD code).
     pub(crate) next: Mutex<Vec<usize>>,
@@ -164,21 +166,23 @@ impl GpuWorld {
             };
             let nd = devices.len();
             let heaps: Vec<Buffer> = (0..n)
-                .map(|r| alloc(r % nd, opts.heap_bytes.next_multiple_of(HEAP_GRAIN), format!("heap@rank{r}")))
+                .map(|r| {
+                    let bytes = RESERVED + opts.heap_bytes.next_multiple_of(HEAP_GRAIN);
+                    alloc(r % nd, bytes, format!("heap@rank{r}"))
+                })
                 .collect::<Result<_, _>>()?;
             let diags: Vec<Buffer> = (0..n)
                 .map(|r| alloc(r % nd, 8 * diag::WORDS, format!("__wait_diagnostics@rank{r}")))
                 .collect::<Result<_, _>>()?;
             let tables: Vec<Buffer> =
                 (0..nd).map(|d| alloc(d, 8 * n, format!("__heap_bases@device{d}"))).collect::<Result<_, _>>()?;
-            let barrier_all = alloc(0, 16, "__barrier_all".into())?.address;
             let bases: Vec<u8> = heaps.iter().flat_map(|h| h.address.to_le_bytes()).collect();
             for (d, t) in tables.iter().enumerate() {
                 devices[d].write(t, 0, &bases)?;
             }
-            Ok((heaps, tables, diags, barrier_all))
+            Ok((heaps, tables, diags))
         })();
-        let (heaps, tables, diags, barrier_all) = match parts {
+        let (heaps, tables, diags) = match parts {
             Ok(p) => p,
             Err(e) => {
                 free_owned(&devices, &made);
@@ -191,11 +195,10 @@ impl GpuWorld {
             opts: opts.clone(),
             first: 0,
             heaps,
-            reserved: 0,
+            reserved: RESERVED,
             tables,
             diags,
-            barrier_all,
-            next: Mutex::new(vec![0; n]),
+            next: Mutex::new(vec![RESERVED; n]),
             sharing: (0..n).map(|r| (0..n).filter(|q| q % nd == r % nd).count() as u32).collect(),
             sync: HostSync::Threads(HostBarrier::new(n)),
             owned: made,
@@ -399,14 +402,10 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let (sh, r) = (&self.shared, self.rank);
         let table = &sh.tables[r % sh.devices.len()];
         let here = sh.local(r);
-        let hidden = hidden_args(
-            r,
-            self.world_size(),
-            table.address,
-            sh.diags[here].address,
-            sh.opts.wait_bound,
-            sh.barrier_all,
-        );
+        // `barrier_all`'s words: the reserved start of this rank's heap.
+        let words = sh.heaps[r].address;
+        let hidden =
+            hidden_args(r, self.world_size(), table.address, sh.diags[here].address, sh.opts.wait_bound, words);
         self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here])
     }
 

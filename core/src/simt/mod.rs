@@ -121,8 +121,10 @@ pub enum Hidden {
     Diag,
     /// Bound of every wait, in nanoseconds of the target's clock (u64).
     WaitBoundNs,
-    /// Two u64 words shared by every rank of the world (arrival count, generation):
-    /// `barrier_all`.
+    /// This rank's `barrier_all` words, at the same symmetric offset on every rank
+    /// ([`BARRIER_WORDS`] u64: arrival count, generation, arrivals of ranks): intra-node,
+    /// every rank counts on rank 0's (reached through `symm_at`); inter-node, each rank's last
+    /// program signals every rank's third word through the vendor library.
     Barrier,
 }
 
@@ -140,6 +142,9 @@ impl Hidden {
         (k.params.len() - HIDDEN_PARAMS.len() + self.position()) as u32
     }
 }
+
+/// The u64 words of a rank's `barrier_all` ([`Hidden::Barrier`]).
+pub const BARRIER_WORDS: usize = 3;
 
 /// The values of the hidden parameters, in [`Hidden::ALL`] order, that a runtime appends to a
 /// launch's arguments (addresses of its heap-base table, diagnostics record and barrier words;

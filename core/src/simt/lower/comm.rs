@@ -4,9 +4,7 @@
 //! (`symm_at`). Inter-node scope (a `notify` at `inter_node`, or every op of a kernel with
 //! `LaunchAttrs::inter_node`): calls of the vendor library's device functions
 //! ([`Inst::DeviceCall`]), which reach peers on other nodes. Waits are on local memory either
-//! way and stay the bounded protocol wait. `barrier_all` keeps counting on rank 0's words by
-//! load and store after completing its puts through the library: across nodes it is not
-//! lowered yet (a world refuses peers it cannot reach by load and store).
+//! way and stay the bounded protocol wait, `barrier_all`'s included.
 
 use super::*;
 
@@ -136,19 +134,96 @@ impl Lowering<'_> {
     }
 
     /// Every program of every rank arrives (its transfers complete) before any leaves: thread 0
-    /// reads the generation, counts itself in on rank 0's `__barrier` words, and the last arriver
-    /// resets the count and bumps the generation; the others wait (bounded) for the bump.
+    /// reads the generation, counts itself in on rank 0's `barrier_all` words (this rank's,
+    /// rebased with `symm_at`), and the last arriver resets the count and bumps the generation;
+    /// the others wait (bounded) for the bump. At inter-node scope the count is per rank and
+    /// the ranks meet through the library ([`Lowering::barrier_all_inter_node`]).
     pub(super) fn barrier_all(&mut self) {
+        if self.inter_node(None) {
+            return self.barrier_all_inter_node();
+        }
         self.emit(Inst::Barrier);
+        self.emit(Inst::Fence { scope: Scope::Sys });
+        let own = self.hidden[Hidden::Barrier.position()];
+        let zero_rank = self.iconst(0);
+        let words = self.symm_at(own, zero_rank);
+        let nranks = self.hidden[Hidden::NumRanks.position()];
+        let want = self.programs_times(nranks);
+        let (_, gen, gen_addr, last) = self.count_in(words, want);
+        self.release_count(words, gen_addr, last);
+        let one = self.iconst(1);
+        self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
+    }
+
+    /// `barrier_all` across nodes: the program's puts complete through the library; thread 0 of
+    /// each program counts itself in on this rank's words; the rank's last program adds 1 to
+    /// the arrival word of every rank through the library and waits (bounded) until its own
+    /// arrival word reaches `(generation + 1) x ranks` (generations advance in step on every
+    /// rank), then resets the count and bumps the generation; the rank's other programs wait
+    /// (bounded) for the bump.
+    pub(super) fn barrier_all_inter_node(&mut self) {
+        self.quiet_all();
         self.emit(Inst::Fence { scope: Scope::Sys });
         let words = self.hidden[Hidden::Barrier.position()];
         let nranks = self.hidden[Hidden::NumRanks.position()];
-        let mut want = nranks;
+        let one = self.iconst(1);
+        let want = self.programs_times(one);
+        let (_, gen, gen_addr, last) = self.count_in(words, want);
+        // `last` holds on thread 0 of the rank's last program: made uniform over the program.
+        let last_prog = self.reg(SType::Pred);
+        self.emit(Inst::BarrierAny { dst: last_prog, pred: last });
+        let two = self.iconst(2);
+        let arrivals = self.reg(SType::Ptr);
+        self.emit(Inst::AddrOffset { dst: arrivals, base: words, offset: two, scale: 8 });
+        // Thread t signals ranks t, t + threads, ..
+        let one64 = self.cast(one, U64);
+        let (lo, step) = (self.iconst(0), self.iconst(self.threads() as i64));
+        let iv = self.reg(I32);
+        let saved = std::mem::take(&mut self.cur);
+        let pe = self.bin(BinaryOp::Add, iv, self.tid);
+        let inside = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: inside, op: CmpOp::Lt, a: pe, b: nranks });
+        let on = self.bin(BinaryOp::And, inside, last_prog);
+        self.device_call(DeviceCall::SignalOp { op: SignalOp::Add }, &[arrivals, one64, pe], Some(on));
+        let body = std::mem::replace(&mut self.cur, saved);
+        self.emit(Inst::Loop {
+            iv,
+            lo,
+            hi: nranks,
+            step,
+            phis: vec![],
+            inits: vec![],
+            body,
+            nexts: vec![],
+            results: vec![],
+        });
+        // The last program waits for every rank's arrival of this generation.
+        let next_gen = self.bin(BinaryOp::Add, gen, one64);
+        let n64 = self.cast(nranks, U64);
+        let expected = self.bin(BinaryOp::Mul, next_gen, n64);
+        let zero = self.iconst(0);
+        let count = self.reg(I32);
+        self.emit(Inst::Select { dst: count, cond: last_prog, on_true: one, on_false: zero });
+        self.emit(Inst::WaitSignals { base: arrivals, count, cmp: CmpOp::Ge, value: expected });
+        self.release_count(words, gen_addr, last);
+        self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
+    }
+
+    /// `n` times the programs of the launch.
+    fn programs_times(&mut self, n: Reg) -> Reg {
+        let mut want = n;
         for a in [Axis::X, Axis::Y, Axis::Z] {
-            let n = self.reg(I32);
-            self.emit(Inst::Special { dst: n, which: Special::NumPrograms(a) });
-            want = self.bin(BinaryOp::Mul, want, n);
+            let p = self.reg(I32);
+            self.emit(Inst::Special { dst: p, which: Special::NumPrograms(a) });
+            want = self.bin(BinaryOp::Mul, want, p);
         }
+        want
+    }
+
+    /// Thread 0 reads the generation at `words[1]` and counts itself in at `words[0]`; returns
+    /// (thread 0, the generation it read, the generation's address, whether it arrived last
+    /// of `want`).
+    fn count_in(&mut self, words: Reg, want: Reg) -> (Reg, Reg, Reg, Reg) {
         let last_old = self.bin_c(BinaryOp::Sub, want, 1);
         let last_old = self.cast(last_old, U64);
         let first = self.first_thread();
@@ -180,6 +255,14 @@ impl Lowering<'_> {
         let is_last = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: is_last, op: CmpOp::Eq, a: old, b: last_old });
         let last = self.bin(BinaryOp::And, is_last, first);
+        (first, gen, gen_addr, last)
+    }
+
+    /// The last arriver (`last`) resets the count at `words[0]` and bumps the generation.
+    fn release_count(&mut self, words: Reg, gen_addr: Reg, last: Reg) {
+        let zero = self.zero_u64();
+        let one = self.iconst(1);
+        let one64 = self.cast(one, U64);
         let ignored = (self.reg(U64), self.reg(U64));
         self.emit(Inst::Atomic {
             dst: ignored.0,
@@ -199,7 +282,6 @@ impl Lowering<'_> {
             sem: MemSemantic::Release,
             scope: Scope::Sys,
         });
-        self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
     }
 
     pub(super) fn zero_u64(&mut self) -> Reg {
