@@ -107,18 +107,26 @@ impl Lowering<'_> {
 
     /// `to[i] = from[i]` for `i < n`, spread over the program's threads.
     pub(super) fn copy_loop(&mut self, to: Reg, from: Reg, n: Reg, size: u32, t: SType) {
+        self.over_threads(n, &mut |l, i, inside| {
+            let (src, dst) = (l.reg(SType::Ptr), l.reg(SType::Ptr));
+            l.emit(Inst::AddrOffset { dst: src, base: from, offset: i, scale: size });
+            l.emit(Inst::AddrOffset { dst, base: to, offset: i, scale: size });
+            let v = l.reg(t);
+            l.emit(Inst::Load { dst: v, addr: src, pred: Some(inside), other: None });
+            l.emit(Inst::Store { addr: dst, value: v, pred: Some(inside) });
+        });
+    }
+
+    /// `body(i, i < n)` for `i = thread, thread + threads, ..` while some thread has `i < n`: a
+    /// loop every thread runs the same number of times.
+    fn over_threads(&mut self, n: Reg, body: &mut dyn FnMut(&mut Self, Reg, Reg)) {
         let (lo, step) = (self.iconst(0), self.iconst(self.threads() as i64));
         let iv = self.reg(I32);
         let saved = std::mem::take(&mut self.cur);
         let i = self.bin(BinaryOp::Add, iv, self.tid);
         let inside = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: inside, op: CmpOp::Lt, a: i, b: n });
-        let (src, dst) = (self.reg(SType::Ptr), self.reg(SType::Ptr));
-        self.emit(Inst::AddrOffset { dst: src, base: from, offset: i, scale: size });
-        self.emit(Inst::AddrOffset { dst, base: to, offset: i, scale: size });
-        let v = self.reg(t);
-        self.emit(Inst::Load { dst: v, addr: src, pred: Some(inside), other: None });
-        self.emit(Inst::Store { addr: dst, value: v, pred: Some(inside) });
+        body(self, i, inside);
         let body = std::mem::replace(&mut self.cur, saved);
         self.emit(Inst::Loop {
             iv,
@@ -177,25 +185,9 @@ impl Lowering<'_> {
         self.emit(Inst::AddrOffset { dst: arrivals, base: words, offset: two, scale: 8 });
         // Thread t signals ranks t, t + threads, ..
         let one64 = self.cast(one, U64);
-        let (lo, step) = (self.iconst(0), self.iconst(self.threads() as i64));
-        let iv = self.reg(I32);
-        let saved = std::mem::take(&mut self.cur);
-        let pe = self.bin(BinaryOp::Add, iv, self.tid);
-        let inside = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: inside, op: CmpOp::Lt, a: pe, b: nranks });
-        let on = self.bin(BinaryOp::And, inside, last_prog);
-        self.device_call(DeviceCall::SignalOp { op: SignalOp::Add }, &[arrivals, one64, pe], Some(on));
-        let body = std::mem::replace(&mut self.cur, saved);
-        self.emit(Inst::Loop {
-            iv,
-            lo,
-            hi: nranks,
-            step,
-            phis: vec![],
-            inits: vec![],
-            body,
-            nexts: vec![],
-            results: vec![],
+        self.over_threads(nranks, &mut |l, pe, inside| {
+            let on = l.bin(BinaryOp::And, inside, last_prog);
+            l.device_call(DeviceCall::SignalOp { op: SignalOp::Add }, &[arrivals, one64, pe], Some(on));
         });
         // The last program waits for every rank's arrival of this generation.
         let next_gen = self.bin(BinaryOp::Add, gen, one64);
