@@ -425,6 +425,10 @@ impl RankCtx for CpuRank {
         self.rank
     }
 
+    fn target(&self) -> Option<String> {
+        self.target.map(str::to_string)
+    }
+
     fn world_size(&self) -> usize {
         self.inner.opts.ranks
     }

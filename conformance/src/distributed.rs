@@ -177,7 +177,7 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         ("ag_gemm", variant) => {
             let mode = if variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
             let (m, n, k) = (s[0], s[1], s[2]);
-            let op = AgGemm::new(d, mode);
+            let op = AgGemm::for_target(d, mode, ctx.gpu_target());
             let mut bufs = op.buffers(ctx, m, k)?;
             let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
             ctx.fill(&c, &poison(d))?;
@@ -187,7 +187,7 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         }
         _ => {
             let (m, n, k) = (s[0], s[1], s[2]);
-            let op = GemmRs::new(d);
+            let op = GemmRs::for_target(d, ctx.gpu_target());
             let mut bufs = op.buffers(ctx, m, n)?;
             let out = ctx.alloc(len * d.size_bytes() as usize, "out")?;
             ctx.fill(&out, &poison(d))?;
@@ -279,6 +279,9 @@ impl RankCtx for Steered<'_> {
     }
     fn backend(&self) -> &dyn trident_core::backend::Backend {
         self.inner.backend()
+    }
+    fn target(&self) -> Option<String> {
+        self.inner.target()
     }
     fn compile(
         &self,

@@ -22,6 +22,16 @@ pub trait RankCtx {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
     fn backend(&self) -> &dyn Backend;
+    /// The target this rank's kernels compile for (`None`: the backend's default).
+    fn target(&self) -> Option<String> {
+        None
+    }
+    /// The GPU target this rank's kernels compile for, as data (`None` on the CPU interpreter):
+    /// what kernels choose their tiles by.
+    fn gpu_target(&self) -> Option<&'static crate::target::TargetDesc> {
+        let name = self.backend().descriptor().resolve_target(self.target().as_deref()).ok()?;
+        crate::target::lookup(name).ok()
+    }
 
     /// The artifact of the specialization `key`, built and compiled on first use on this rank.
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError>;

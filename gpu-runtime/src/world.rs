@@ -315,6 +315,10 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         self.device().compiler()
     }
 
+    fn target(&self) -> Option<String> {
+        self.device().target()
+    }
+
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
         if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
             return Ok(a.clone());

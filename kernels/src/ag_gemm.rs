@@ -40,6 +40,14 @@ impl AgGemm {
         AgGemm { gemm: Gemm::new(dtype), mode }
     }
 
+    /// The GEMM tiles of `target` (`Gemm::for_target`: `wgmma` on sm_90a, MFMA on gfx942),
+    /// reading A through pointers: the gathered rows arrive from other ranks while the GEMM
+    /// runs, and a TMA read of them would need the async proxy ordered after the signal's
+    /// acquire (not lowered yet).
+    pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
+        AgGemm { gemm: Gemm::for_target(dtype, target).pointer_operands(), mode }
+    }
+
     fn problem(&self, message: String) -> BackendError {
         BackendError::Problem { kernel: "ag_gemm".into(), message }
     }

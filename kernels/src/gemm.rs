@@ -94,6 +94,12 @@ impl Gemm {
         }
     }
 
+    /// The same tiles with every operand through pointers (no descriptors, no TMA store, no
+    /// producer warp, not persistent): for kernels that build on [`Gemm::tile_product`].
+    pub fn pointer_operands(self) -> Gemm {
+        Gemm { descriptors: false, tma_store: false, warp_specialize: false, persistent: false, ..self }
+    }
+
     /// [`Gemm::for_target`] adjusted to the problem's M where the target runs `wgmma`: narrower
     /// tiles for small M, so that enough programs fill the GPU (the H200 sweeps of
     /// `results/README.md`: 64x128 tiles with a K tile of 128 and 4 stages at M <= 128;

@@ -37,6 +37,12 @@ impl GemmRs {
         GemmRs { gemm: Gemm::new(dtype) }
     }
 
+    /// The GEMM tiles of `target` (`Gemm::for_target`), operands and the owner's tile through
+    /// pointers (its epilogue stores into another rank's buffer).
+    pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> GemmRs {
+        GemmRs { gemm: Gemm::for_target(dtype, target).pointer_operands() }
+    }
+
     fn problem(&self, message: String) -> BackendError {
         BackendError::Problem { kernel: "gemm_rs".into(), message }
     }

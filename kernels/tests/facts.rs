@@ -111,3 +111,23 @@ fn gemm_tiles_follow_m_on_hopper() {
     // f32 has no wgmma: the generic choice whatever M.
     assert_eq!(Gemm::for_problem(DType::F32, Some(&SM_90A), 128).block_n, 64);
 }
+
+/// The overlap kernels compute on the target's GEMM tiles (on sm_90a the 128x256x64 `wgmma`
+/// tile with 4 stages the benchmark chose, not the generic 64x64): the suite runs them so on
+/// cpu-simt, the GPU worlds and the NVSHMEM world.
+#[test]
+fn ag_gemm_and_gemm_rs_use_the_targets_matrix_instructions() {
+    use trident_core::target::SM_90A;
+    use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+    use trident_kernels::gemm_rs::GemmRs;
+    let wgmmas = |f: trident_core::Function| {
+        let k = lower(&f, &SM_90A).unwrap();
+        trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Wgmma { .. }))
+    };
+    let ag = AgGemm::for_target(DType::BF16, GatherMode::Kernel, Some(&SM_90A));
+    assert_eq!((ag.gemm.block_m, ag.gemm.block_n, ag.gemm.descriptors), (128, 256, false));
+    assert!(wgmmas(ag.build().unwrap()) > 0, "AG-GEMM on wgmma");
+    let rs = GemmRs::for_target(DType::BF16, Some(&SM_90A));
+    assert_eq!((rs.gemm.block_m, rs.gemm.block_n, rs.gemm.stages), (128, 256, 4));
+    assert!(wgmmas(rs.build_gemm(128).unwrap()) > 0, "GEMM-RS on wgmma");
+}
