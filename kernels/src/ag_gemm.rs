@@ -61,14 +61,25 @@ impl AgGemm {
         Ok(AgGemmBuffers { gather: GatherBuffers::new(ctx, self.gemm.dtype, (m / w) * k)?, m, k })
     }
 
+    /// This operation with its GEMM specialized for its arguments (`Gemm::specialized`).
+    pub fn specialized(&self, ptrs: [&Buffer; 3], n: usize, k: usize) -> AgGemm {
+        AgGemm { gemm: self.gemm.specialized(ptrs, n, k), ..*self }
+    }
+
     pub fn build(&self) -> Result<Function, VerifyError> {
         let g = &self.gemm;
         let (bm, bn) = (g.block_m, g.block_n);
         let name = format!("ag_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k);
         let b = KernelBuilder::new(&name, LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() });
-        let (a_full, bp, c) = (b.arg_ptr("a_full", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("c", g.dtype));
+        // With `divisible`, the facts that let the copies be 16-byte vectors without alignment
+        // tests (as `Gemm::run` specializes the plain GEMM).
+        let ptr =
+            |name: &str| if g.divisible { b.arg_ptr_aligned(name, g.dtype, 16) } else { b.arg_ptr(name, g.dtype) };
+        let int =
+            |name: &str| if g.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
+        let (a_full, bp, c) = (ptr("a_full"), ptr("b"), ptr("c"));
         let ready = b.arg_ptr("ready", DType::U64);
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let (rows_per_rank, target) = (b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
 
         let pid = b.program_id_x();
@@ -108,7 +119,8 @@ impl AgGemm {
         require_bytes(c, m * n * es, "c")?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         // Compile (and, on GPUs, load) the GEMM before any gather kernel starts spinning.
-        let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
+        let spec = self.specialized([&bufs.gather.out, b, c], n, k);
+        let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
         bufs.gather.epoch += 1;
         let epoch = bufs.gather.epoch;
         let target = match self.mode {

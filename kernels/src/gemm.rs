@@ -94,6 +94,14 @@ impl Gemm {
         }
     }
 
+    /// This GEMM specialized for its arguments: `divisible` when every pointer is 16-byte
+    /// aligned and N and K are multiples of 16 (descriptors also need K >= 1: a tensor map has
+    /// no empty extent).
+    pub fn specialized(self, ptrs: [&Buffer; 3], n: usize, k: usize) -> Gemm {
+        let aligned = ptrs.iter().all(|p| p.address.is_multiple_of(16));
+        Gemm { divisible: aligned && n.is_multiple_of(16) && k.is_multiple_of(16) && k > 0, ..self }
+    }
+
     /// The same tiles with every operand through pointers (no descriptors, no TMA store, no
     /// producer warp, not persistent): for kernels that build on [`Gemm::tile_product`].
     pub fn pointer_operands(self) -> Gemm {
@@ -320,9 +328,7 @@ impl Gemm {
         if m == 0 || n == 0 {
             return Ok(());
         }
-        let aligned = [a, b, c].iter().all(|x| x.address % 16 == 0);
-        // (Descriptors need k >= 1: a tensor map has no empty extent.)
-        let spec = Gemm { divisible: aligned && k % 16 == 0 && n % 16 == 0 && k > 0, ..*self };
+        let spec = self.specialized([a, b, c], n, k);
         let kernel = l.compile(format!("{spec:?}"), || spec.build())?;
         let args = [
             a.arg(),

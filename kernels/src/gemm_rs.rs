@@ -66,6 +66,11 @@ impl GemmRs {
         })
     }
 
+    /// This operation with its GEMM specialized for its arguments (`Gemm::specialized`).
+    pub fn specialized(&self, ptrs: [&Buffer; 3], n: usize, k: usize) -> GemmRs {
+        GemmRs { gemm: self.gemm.specialized(ptrs, n, k) }
+    }
+
     fn gemm(&self, block_m: u32) -> Gemm {
         Gemm { block_m, ..self.gemm }
     }
@@ -77,9 +82,15 @@ impl GemmRs {
             &format!("gemm_rs_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k),
             LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() },
         );
-        let (a, bp, partial) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));
+        // With `divisible`, the facts that let the copies be 16-byte vectors without alignment
+        // tests (as `Gemm::run` specializes the plain GEMM).
+        let ptr =
+            |name: &str| if g.divisible { b.arg_ptr_aligned(name, g.dtype, 16) } else { b.arg_ptr(name, g.dtype) };
+        let int =
+            |name: &str| if g.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
+        let (a, bp, partial) = (ptr("a"), ptr("b"), ptr("partial"));
         let arrived = b.arg_ptr("arrived", DType::U64);
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let rows_per_rank = b.arg("rows_per_rank", DType::I32);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
@@ -145,7 +156,8 @@ impl GemmRs {
         let bm = bufs.block_m;
         let tiles_n = cdiv(n, self.gemm.block_n as usize);
         let rows = require_i32(m / w, "rows_per_rank")?;
-        let gemm = ctx.compile(&format!("{self:?}/gemm/{bm}"), &|| self.build_gemm(bm))?;
+        let spec = self.specialized([a, b, &bufs.partial], n, k);
+        let gemm = ctx.compile(&format!("{spec:?}/gemm/{bm}"), &|| spec.build_gemm(bm))?;
         let reduce = ctx.compile(&format!("{self:?}/reduce/{bm}"), &|| self.build_reduce(bm))?;
         let gemm_args = [
             a.arg(),

@@ -81,6 +81,7 @@ impl Case {
         match self.name {
             "vector_add" => (d[0], 3.0 * d[0] * s),
             "softmax" | "softmax_fast" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
+            // The GEMM's: the gather (or the reduction) is not part of what is timed.
             _ => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s),
         }
     }
@@ -95,11 +96,16 @@ impl Case {
         }
     }
 
+    /// Whether the case is a GEMM (rated in FLOP/s, bounded by compute).
+    fn is_gemm(&self) -> bool {
+        matches!(self.name, "gemm" | "ag_gemm_w1" | "gemm_rs_w1")
+    }
+
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
     fn floor_ms(&self, device: &str) -> f64 {
         let (flops, bytes) = self.work();
         let (peak_flops, peak_bytes) = peaks(device);
-        let compute = if self.name == "gemm" { flops / peak_flops } else { 0.0 };
+        let compute = if self.is_gemm() { flops / peak_flops } else { 0.0 };
         compute.max(bytes / peak_bytes) * 1e3
     }
 }
@@ -123,6 +129,12 @@ fn cases() -> Vec<Case> {
         c("gemm", DType::F16, &[4096, 4096, 4096]),
         c("gemm", DType::F16, &[8192, 3584, 8192]),
         c("gemm", DType::F16, &[8192, 8192, 8192]),
+        // What the overlap machinery costs: AG-GEMM's GEMM (per-chunk waits, rank swizzle) and
+        // GEMM-RS's GEMM (epilogue into the owner's buffer, notify) at world 1 with every signal
+        // already set, against the plain GEMM of the same tiles in the same run (LLaMA-3.1-70B's
+        // per-rank shape at 8 ranks: N = 28672 / 8).
+        c("ag_gemm_w1", DType::BF16, &[8192, 3584, 8192]),
+        c("gemm_rs_w1", DType::BF16, &[8192, 3584, 8192]),
     ]
 }
 
@@ -274,6 +286,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                 },
             )?
         }
+        "ag_gemm_w1" | "gemm_rs_w1" => return overlap_cost(cuda, &l, case, reps, &mut rng),
         _ => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
             let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
@@ -352,23 +365,7 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
                     cuda,
                     reps,
                     || g.run(&l, &ab, &bb, &c, (m, n, k)),
-                    || {
-                        // 256 random entries against f64 dot products, relative to sum |a||b|.
-                        let mut worst = 0.0f64;
-                        for _ in 0..256 {
-                            let (i, j) = (rng_row(m), rng_row(n));
-                            let mut raw = vec![0u8; es];
-                            cuda.read(&c, (i * n + j) * es, &mut raw)?;
-                            let got = decode(&raw, d)[0];
-                            let (mut want, mut scale) = (0.0, 0.0);
-                            for p in 0..k {
-                                want += a[i * k + p] * b[p * n + j];
-                                scale += (a[i * k + p] * b[p * n + j]).abs();
-                            }
-                            worst = worst.max((got - want).abs() / scale.max(1e-30));
-                        }
-                        Ok(worst)
-                    },
+                    || gemm_error(cuda, &c, (&a, &b), (m, n, k), d),
                 );
                 // A configuration the target cannot hold (shared memory, registers) is skipped.
                 let (ms, err) = match timed {
@@ -413,6 +410,90 @@ fn run_case(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured,
         return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
     }
     Ok(Measured { ms, error, config: String::new() })
+}
+
+/// The worst of 256 random entries of `c = a b` against f64 dot products, relative to
+/// sum |a||b|.
+fn gemm_error(
+    cuda: &Enqueuing,
+    c: &Buffer,
+    (a, b): (&[f64], &[f64]),
+    (m, n, k): (usize, usize, usize),
+    d: DType,
+) -> Result<f64, BackendError> {
+    let es = d.size_bytes() as usize;
+    let mut worst = 0.0f64;
+    for _ in 0..256 {
+        let (i, j) = (rng_row(m), rng_row(n));
+        let mut raw = vec![0u8; es];
+        cuda.read(c, (i * n + j) * es, &mut raw)?;
+        let got = decode(&raw, d)[0];
+        let (mut want, mut scale) = (0.0, 0.0);
+        for p in 0..k {
+            want += a[i * k + p] * b[p * n + j];
+            scale += (a[i * k + p] * b[p * n + j]).abs();
+        }
+        worst = worst.max((got - want).abs() / scale.max(1e-30));
+    }
+    Ok(worst)
+}
+
+/// AG-GEMM's or GEMM-RS's GEMM kernel at world 1 (single-device launch: `symm_at` to rank 0 is
+/// the pointer itself) with every signal it waits for already set, and the plain GEMM of the
+/// same tiles, both timed and checked in this run; the configuration column gives the GEMM's
+/// time and what the machinery costs.
+fn overlap_cost(
+    cuda: &Enqueuing,
+    l: &Launcher,
+    case: &Case,
+    reps: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Measured, BackendError> {
+    use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+    use trident_kernels::gemm_rs::GemmRs;
+    let d = case.dtype;
+    let es = d.size_bytes() as usize;
+    let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
+    let (a, b) = (random(m * k, d, rng), random(k * n, d, rng));
+    let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
+    let c = cuda.alloc(m * n * es, "c")?;
+    let gemm = Gemm::for_target(d, l.gpu_target()).pointer_operands();
+    let i32 = |x: usize| KernelArg::i32(x as i32);
+    let tiles = (m.div_ceil(gemm.block_m as usize) * n.div_ceil(gemm.block_n as usize)) as u32;
+    // Signals: AG-GEMM waits for `ready[0] >= 1` (set); GEMM-RS's epilogue adds to its tiles'
+    // arrival counters (one per block of rows).
+    let signals = cuda.alloc(8 * (m / gemm.block_m as usize).max(1), "signals")?;
+    let (kernel, args) = if case.name == "ag_gemm_w1" {
+        cuda.write(&signals, 0, &1u64.to_le_bytes())?;
+        let op = AgGemm { gemm, mode: GatherMode::Kernel }.specialized([&ab, &bb, &c], n, k);
+        let kernel = l.compile(format!("{op:?}"), || op.build())?;
+        let args = vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m), KernelArg::u64(1)];
+        (kernel, args)
+    } else {
+        let op = GemmRs { gemm }.specialized([&ab, &bb, &c], n, k);
+        let kernel = l.compile(format!("{op:?}/gemm"), || op.build_gemm(gemm.block_m))?;
+        (kernel, vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m)])
+    };
+    cuda.fill(&c, &poison(d))?;
+    let overlap =
+        time(cuda, reps, || l.launch(&kernel, [tiles, 1, 1], &args), || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;
+    cuda.fill(&c, &poison(d))?;
+    let plain =
+        time(cuda, reps, || gemm.run(l, &ab, &bb, &c, (m, n, k)), || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;
+    let err = overlap.1.max(plain.1);
+    if err > case.bound() {
+        return Err(BackendError::Host(format!("error {err:.2e} over the bound {:.0e}", case.bound())));
+    }
+    let config = format!(
+        "{}x{}x{}/{}s; same-tile GEMM {:.3} ms: machinery {:+.1}%",
+        gemm.block_m,
+        gemm.block_n,
+        gemm.block_k,
+        gemm.stages,
+        plain.0.median,
+        (overlap.0.median / plain.0.median - 1.0) * 100.0
+    );
+    Ok(Measured { ms: overlap.0, error: err, config })
 }
 
 fn rng_row(n: usize) -> usize {
@@ -558,7 +639,7 @@ fn main() -> ExitCode {
     for (case, result) in measured {
         let (flops, bytes) = case.work();
         let rate = |ms: f64| {
-            if case.name == "gemm" {
+            if case.is_gemm() {
                 format!("{:.1} TF/s", flops / ms / 1e9)
             } else {
                 format!("{:.0} GB/s", bytes / ms / 1e6)
