@@ -245,16 +245,12 @@ impl Gemm {
                     // Blocks through descriptors: zeros outside A and B, so no edge masks in
                     // the loop; the store clips at C's edges (a TMA store on sm_90a).
                     let (row0, col0) = (pid_m * bm as i32, pid_n * bn as i32);
-                    let acc = b.zeros(&[bm, bn], self.accumulator());
-                    let out = b.for_range(0, k, bk as i32, &[acc], |k0, carried: &[Tile]| {
-                        let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
-                        vec![b.dot(ta, tb, carried[0], self.dot_precision())]
-                    });
+                    let out = self.desc_product(&b, (da, db), (row0, col0), k);
                     if self.tma_store {
-                        b.desc_store(dc, [row0, col0], out[0].cast(self.dtype));
+                        b.desc_store(dc, [row0, col0], out.cast(self.dtype));
                     } else {
                         let c_ptrs = c + rows * sc + cols;
-                        b.store(c_ptrs, out[0].cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
+                        b.store(c_ptrs, out.cast(self.dtype), Some(rows.lt(m) & cols.lt(n)));
                     }
                 }
                 None => {
@@ -281,6 +277,24 @@ impl Gemm {
     /// `block_k` steps, edge masks on every side. `rows` is `[block_m, 1]`, `cols` `[1, block_n]`;
     /// `a` and `b` come with their row strides. Shared by every GEMM-shaped kernel.
     #[allow(clippy::too_many_arguments)]
+    /// The output tile at (`row0`, `col0`) of `A B` with both read through the descriptors
+    /// `da` (`[M, K]`, blocks `block_m x block_k`) and `db` (`[K, N]`, blocks `block_k x
+    /// block_n`): zeros outside the tensors, so no edge masks; TMA copies on sm_90a.
+    pub fn desc_product<'b>(
+        &self,
+        b: &'b KernelBuilder,
+        (da, db): (Tile<'b>, Tile<'b>),
+        (row0, col0): (Tile<'b>, Tile<'b>),
+        k: Tile<'b>,
+    ) -> Tile<'b> {
+        let acc = b.zeros(&[self.block_m, self.block_n], self.accumulator());
+        let out = b.for_range(0, k, self.block_k as i32, &[acc], |k0, carried: &[Tile]| {
+            let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
+            vec![b.dot(ta, tb, carried[0], self.dot_precision())]
+        });
+        out[0]
+    }
+
     pub fn tile_product<'b>(
         &self,
         b: &'b KernelBuilder,

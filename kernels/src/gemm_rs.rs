@@ -37,10 +37,12 @@ impl GemmRs {
         GemmRs { gemm: Gemm::new(dtype) }
     }
 
-    /// The GEMM tiles of `target` (`Gemm::for_target`), operands and the owner's tile through
-    /// pointers (its epilogue stores into another rank's buffer).
+    /// The GEMM tiles of `target` (`Gemm::for_target`): A and B through descriptors where the
+    /// target has TMA and the arguments are divisible, the owner's tile through a pointer (its
+    /// epilogue stores into another rank's buffer).
     pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> GemmRs {
-        GemmRs { gemm: Gemm::for_target(dtype, target).pointer_operands() }
+        let g = Gemm::for_target(dtype, target);
+        GemmRs { gemm: Gemm { descriptors: g.descriptors, ..g.pointer_operands() } }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -102,7 +104,17 @@ impl GemmRs {
         let local_rows = (local_block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
         let rows = local_rows + owner * rows_per_rank;
         let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-        let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
+        let acc = if g.divisible && g.descriptors {
+            // A and B through descriptors (TMA copies on sm_90a); the tile still goes to the
+            // owner's buffer through a pointer.
+            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
+            let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
+            let row0 = owner * rows_per_rank + local_block * bm as i32;
+            g.desc_product(&b, (da, db), (row0, (pid % tiles_n) * bn as i32), k)
+        } else {
+            g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k))
+        };
         let dst = b.symm_at(partial, owner) + ((me * rows_per_rank + local_rows) * n + cols);
         b.store(dst, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
         b.notify(arrived + (local_block * world + me), owner, 1u64, SignalOp::Add, CommScope::IntraNode);
