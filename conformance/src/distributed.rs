@@ -35,7 +35,8 @@ pub const KERNELS: &[(&str, &[&str])] = &[
     ("allgather", &["push", "ce"]),
     ("allreduce", &["oneshot", "twoshot"]),
     ("ag_gemm", &["ce", "kernel"]),
-    ("gemm_rs", &["-"]),
+    // `tma`: A and B read by TMA where the target has it and the arguments are divisible.
+    ("gemm_rs", &["-", "tma"]),
     ("ring_shift", &["put", "get"]),
 ];
 
@@ -187,7 +188,8 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         }
         _ => {
             let (m, n, k) = (s[0], s[1], s[2]);
-            let op = GemmRs::for_target(d, ctx.gpu_target());
+            let mut op = GemmRs::for_target(d, ctx.gpu_target());
+            op.gemm.descriptors = case.variant == "tma";
             let mut bufs = op.buffers(ctx, m, n)?;
             let out = ctx.alloc(len * d.size_bytes() as usize, "out")?;
             ctx.fill(&out, &poison(d))?;

@@ -130,12 +130,12 @@ fn ag_gemm_and_gemm_rs_use_the_targets_matrix_instructions() {
     let rs = GemmRs::for_target(DType::BF16, Some(&SM_90A));
     assert_eq!((rs.gemm.block_m, rs.gemm.block_n, rs.gemm.stages), (128, 256, 4));
     assert!(wgmmas(rs.build_gemm(128).unwrap()) > 0, "GEMM-RS on wgmma");
-    // With divisible arguments GEMM-RS reads A and B by TMA.
+    // With descriptors and divisible arguments GEMM-RS reads A and B by TMA.
     let tma = |f: trident_core::Function| {
         let k = lower(&f, &SM_90A).unwrap();
         trident_core::simt::count(&k.body, &|i| matches!(i, Inst::TmaLoad { .. }))
     };
-    let divisible = GemmRs { gemm: trident_kernels::gemm::Gemm { divisible: true, ..rs.gemm } };
+    let divisible = GemmRs { gemm: trident_kernels::gemm::Gemm { divisible: true, descriptors: true, ..rs.gemm } };
     assert!(tma(divisible.build_gemm(128).unwrap()) > 0, "GEMM-RS on TMA");
     assert_eq!(tma(rs.build_gemm(128).unwrap()), 0, "no facts, no TMA");
 }
