@@ -102,6 +102,13 @@ impl NvshmemWorld {
             .try_into()
             .map_err(|_| host(format!("rank 0 sent a unique id of {} bytes", ids[0].len())))?;
         device.current()?;
+        // NVLink multicast stays off (the project's rule, `DESIGN.md`): NVSHMEM reads this at
+        // init; a value the user set is kept.
+        if std::env::var_os("NVSHMEM_DISABLE_NVLS").is_none() {
+            // SAFETY: set before NVSHMEM's init reads it; no other thread of the process reads
+            // the environment while a world is joined.
+            unsafe { std::env::set_var("NVSHMEM_DISABLE_NVLS", "1") };
+        }
         nvshmem.init(env.rank, env.size, &id).map_err(host)?;
         let nvshmem = Arc::new(nvshmem);
         // Modules whose communication is at inter-node scope call NVSHMEM's device functions:
