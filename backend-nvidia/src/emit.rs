@@ -17,7 +17,7 @@ use trident_core::simt::{ApproxFn, Inst, Kernel, Reg, SType, Special};
 #[error("PTX writer: {0}")]
 pub struct EmitError(pub String);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Class {
     P,
     R,
@@ -79,17 +79,32 @@ fn mem(t: SType) -> &'static str {
     }
 }
 
+/// A PTX register's name (`%rd12`): a class and a number, written when formatted (the writer
+/// names thousands of registers; none needs a string of its own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Name {
+    class: Class,
+    index: u32,
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(prefix(self.class))?;
+        std::fmt::Display::fmt(&self.index, f)
+    }
+}
+
 struct Writer<'k> {
     k: &'k Kernel,
     target: Target,
-    names: Vec<String>,
+    names: Vec<Name>,
     counts: [u32; 6],
     body: String,
     labels: u32,
     /// Register holding the shared-memory window address of the program's scratch.
-    smem: Option<String>,
+    smem: Option<Name>,
     /// Registers holding the generic addresses of the tensor-map parameters, by map.
-    maps: Vec<String>,
+    maps: Vec<Name>,
     /// After an `Inst::Specialized`: the consumer threads, the only ones left.
     consumers: Option<u32>,
 }
@@ -99,14 +114,14 @@ fn ci(c: Class) -> usize {
 }
 
 impl<'k> Writer<'k> {
-    fn n(&self, r: Reg) -> &str {
-        &self.names[r.0 as usize]
+    fn n(&self, r: Reg) -> Name {
+        self.names[r.0 as usize]
     }
 
-    fn temp(&mut self, c: Class) -> String {
+    fn temp(&mut self, c: Class) -> Name {
         let i = self.counts[ci(c)];
         self.counts[ci(c)] += 1;
-        format!("{}{}", prefix(c), i)
+        Name { class: c, index: i }
     }
 
     fn line(&mut self, s: String) {
@@ -121,27 +136,27 @@ impl<'k> Writer<'k> {
             SType::F16 => {
                 let f = self.temp(Class::F);
                 self.line(format!("cvt.f32.f16 {f}, {}", self.n(r)));
-                f
+                f.to_string()
             }
             SType::BF16 => {
                 let (w, f) = (self.temp(Class::R), self.temp(Class::F));
                 self.line(format!("cvt.u32.u16 {w}, {}", self.n(r)));
                 self.line(format!("shl.b32 {w}, {w}, 16"));
                 self.line(format!("mov.b32 {f}, {w}"));
-                f
+                f.to_string()
             }
             _ => self.n(r).to_string(),
         }
     }
 
     /// Stores the f32 value `f` into `dst` (rounding to f16/bf16 when needed).
-    fn narrow(&mut self, dst: Reg, f: &str) {
+    fn narrow(&mut self, dst: Reg, f: &dyn std::fmt::Display) {
         let d = self.n(dst).to_string();
         match self.k.ty(dst) {
             SType::F16 => self.line(format!("cvt.rn.f16.f32 {d}, {f}")),
             SType::BF16 => self.line(format!("cvt.rn.bf16.f32 {d}, {f}")),
             _ => {
-                if d != f {
+                if d != f.to_string() {
                     self.line(format!("mov.f32 {d}, {f}"))
                 }
             }
@@ -223,7 +238,7 @@ impl<'k> Writer<'k> {
                         "half-float comparison in the SIMT IR (the lowering computes in f32)".into(),
                     ));
                 }
-                let (x, y): (String, String) = (self.n(*a).into(), self.n(*b).into());
+                let (x, y): (String, String) = (self.n(*a).to_string(), self.n(*b).to_string());
                 let c = match (op, t.is_float()) {
                     (CmpOp::Ne, true) => "neu",
                     (o, _) => o.as_str(),
@@ -410,7 +425,7 @@ impl<'k> Writer<'k> {
                         let (p, one) = (self.temp(Class::P), self.temp(Class::R));
                         self.line(format!("mov.b32 {one}, 1"));
                         self.line(format!("setp.ne.b32 {p}, {one}, 0"));
-                        p
+                        p.to_string()
                     }
                 };
                 let dd = d.iter().map(|r| self.n(*r).to_string()).collect::<Vec<_>>().join(", ");
@@ -493,7 +508,7 @@ impl<'k> Writer<'k> {
                     } else {
                         let h = w.temp(Class::H);
                         w.line(format!("cvt.u16.u32 {h}, {name}"));
-                        h
+                        h.to_string()
                     }
                 };
                 let (l, h) = (half(self, *lo, l), half(self, *hi, h));
@@ -686,7 +701,7 @@ impl<'k> Writer<'k> {
     /// 16-bit values through a 32-bit register.
     fn shuffle(&mut self, dst: Reg, src: Reg, xor: u32) {
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
-        let shfl = |w: &mut Self, out: &str, inp: &str| {
+        let shfl = |w: &mut Self, out: &dyn std::fmt::Display, inp: &dyn std::fmt::Display| {
             w.line(format!("shfl.sync.bfly.b32 {out}, {inp}, {xor}, 31, -1"));
         };
         match class(self.k.ty(src)) {
@@ -715,7 +730,7 @@ impl<'k> Writer<'k> {
 
     /// `ld.<space>` of `dst`'s type from `addr` where `pred` holds; predicates travel as a byte
     /// (a guarded-off predicate load reads false).
-    fn load_line(&mut self, space: &str, dst: Reg, addr: &str, pred: Option<Reg>) {
+    fn load_line(&mut self, space: &str, dst: Reg, addr: &dyn std::fmt::Display, pred: Option<Reg>) {
         let t = self.k.ty(dst);
         let d = self.n(dst).to_string();
         let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
@@ -734,7 +749,7 @@ impl<'k> Writer<'k> {
     }
 
     /// `st.<space>` of `value` at `addr` where `pred` holds; predicates travel as a byte.
-    fn store_line(&mut self, space: &str, addr: &str, value: Reg, pred: Option<Reg>) {
+    fn store_line(&mut self, space: &str, addr: &dyn std::fmt::Display, value: Reg, pred: Option<Reg>) {
         let t = self.k.ty(value);
         let v = self.n(value).to_string();
         let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
@@ -821,7 +836,7 @@ impl<'k> Writer<'k> {
     fn parallel_movs(&mut self, dsts: &[Reg], srcs: &[Reg]) {
         let (dsts, srcs): (Vec<Reg>, Vec<Reg>) =
             dsts.iter().zip(srcs).filter(|(d, s)| self.n(**d) != self.n(**s)).map(|(d, s)| (*d, *s)).unzip();
-        let temps: Vec<String> = srcs
+        let temps: Vec<Name> = srcs
             .iter()
             .map(|s| {
                 let c = class(self.k.ty(*s));
@@ -839,8 +854,8 @@ impl<'k> Writer<'k> {
     }
 
     /// A 32-bit shared-window address for a byte offset register.
-    fn shared_addr(&mut self, offset: Reg) -> Result<String, EmitError> {
-        let base = self.smem.clone().ok_or_else(|| EmitError("shared access without shared memory".into()))?;
+    fn shared_addr(&mut self, offset: Reg) -> Result<Name, EmitError> {
+        let base = self.smem.ok_or_else(|| EmitError("shared access without shared memory".into()))?;
         let r = self.temp(Class::R);
         let o = self.n(offset).to_string();
         match class(self.k.ty(offset)) {
@@ -926,7 +941,7 @@ impl<'k> Writer<'k> {
         let y = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && bits == 64 {
             let s = self.temp(Class::R);
             self.line(format!("cvt.u32.u64 {s}, {y}"));
-            s
+            s.to_string()
         } else {
             y
         };
@@ -1008,7 +1023,7 @@ impl<'k> Writer<'k> {
                     let src32 = if sc == Class::Rd {
                         let t = self.temp(Class::R);
                         self.line(format!("cvt.u32.u64 {t}, {s}"));
-                        t
+                        t.to_string()
                     } else {
                         s.clone()
                     };
@@ -1191,7 +1206,7 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
 /// Gives each `Wgmma`'s accumulator outputs the PTX registers of its inputs where nothing else
 /// reads an input, so a chain of `wgmma`s (and the loop that carries it) accumulates in place:
 /// moving accumulators between two `wgmma`s makes ptxas serialize them.
-fn alias_accumulators(k: &Kernel, names: &mut [String]) {
+fn alias_accumulators(k: &Kernel, names: &mut [Name]) {
     fn count(body: &mut [Inst], uses: &mut [u32]) {
         for i in body.iter_mut() {
             trident_core::simt::passes::for_each_use(i, &mut |r| uses[r.0 as usize] += 1);
@@ -1200,12 +1215,12 @@ fn alias_accumulators(k: &Kernel, names: &mut [String]) {
             }
         }
     }
-    fn walk(body: &[Inst], uses: &[u32], names: &mut [String]) {
+    fn walk(body: &[Inst], uses: &[u32], names: &mut [Name]) {
         for i in body {
             if let Inst::Wgmma { d, c, .. } = i {
                 for (x, y) in d.iter().zip(c) {
                     if uses[y.0 as usize] == 1 {
-                        names[x.0 as usize] = names[y.0 as usize].clone();
+                        names[x.0 as usize] = names[y.0 as usize];
                     }
                 }
             }
@@ -1218,7 +1233,7 @@ fn alias_accumulators(k: &Kernel, names: &mut [String]) {
             if let Inst::Loop { phis, nexts, results, .. } = i {
                 for ((p, n), r) in phis.iter().zip(nexts).zip(results) {
                     if names[p.0 as usize] == names[n.0 as usize] {
-                        names[r.0 as usize] = names[p.0 as usize].clone();
+                        names[r.0 as usize] = names[p.0 as usize];
                     }
                 }
             }
