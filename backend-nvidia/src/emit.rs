@@ -113,6 +113,16 @@ fn ci(c: Class) -> usize {
     c as usize
 }
 
+/// `w.line(format!(..))` without the intermediate string: one PTX statement written into the
+/// body (the format arguments may read the writer: the body's borrow starts at the write).
+macro_rules! line {
+    ($w:expr, $($arg:tt)*) => {{
+        $w.body.push_str("  ");
+        let _ = $w.body.write_fmt(format_args!($($arg)*));
+        $w.body.push_str(";\n");
+    }};
+}
+
 impl<'k> Writer<'k> {
     fn n(&self, r: Reg) -> Name {
         self.names[r.0 as usize]
@@ -135,14 +145,14 @@ impl<'k> Writer<'k> {
         match self.k.ty(r) {
             SType::F16 => {
                 let f = self.temp(Class::F);
-                self.line(format!("cvt.f32.f16 {f}, {}", self.n(r)));
+                line!(self, "cvt.f32.f16 {f}, {}", self.n(r));
                 f.to_string()
             }
             SType::BF16 => {
                 let (w, f) = (self.temp(Class::R), self.temp(Class::F));
-                self.line(format!("cvt.u32.u16 {w}, {}", self.n(r)));
-                self.line(format!("shl.b32 {w}, {w}, 16"));
-                self.line(format!("mov.b32 {f}, {w}"));
+                line!(self, "cvt.u32.u16 {w}, {}", self.n(r));
+                line!(self, "shl.b32 {w}, {w}, 16");
+                line!(self, "mov.b32 {f}, {w}");
                 f.to_string()
             }
             _ => self.n(r).to_string(),
@@ -153,11 +163,11 @@ impl<'k> Writer<'k> {
     fn narrow(&mut self, dst: Reg, f: &dyn std::fmt::Display) {
         let d = self.n(dst).to_string();
         match self.k.ty(dst) {
-            SType::F16 => self.line(format!("cvt.rn.f16.f32 {d}, {f}")),
-            SType::BF16 => self.line(format!("cvt.rn.bf16.f32 {d}, {f}")),
+            SType::F16 => line!(self, "cvt.rn.f16.f32 {d}, {f}"),
+            SType::BF16 => line!(self, "cvt.rn.bf16.f32 {d}, {f}"),
             _ => {
                 if d != f.to_string() {
-                    self.line(format!("mov.f32 {d}, {f}"))
+                    line!(self, "mov.f32 {d}, {f}")
                 }
             }
         }
@@ -188,10 +198,10 @@ impl<'k> Writer<'k> {
                 match t {
                     SType::Pred => {
                         let r = self.temp(Class::R);
-                        self.line(format!("ld.param.u8 {r}, [p{index}]"));
-                        self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+                        line!(self, "ld.param.u8 {r}, [p{index}]");
+                        line!(self, "setp.ne.u32 {d}, {r}, 0");
                     }
-                    _ => self.line(format!("ld.param.{} {d}, [p{index}]", mem(t))),
+                    _ => line!(self, "ld.param.{} {d}, [p{index}]", mem(t)),
                 }
             }
             Inst::Special { dst, which } => {
@@ -201,7 +211,7 @@ impl<'k> Writer<'k> {
                     Special::NumPrograms(a) => format!("%nctaid.{}", axis(*a)),
                 };
                 let d = self.n(*dst).to_string();
-                self.line(format!("mov.u32 {d}, {sreg}"));
+                line!(self, "mov.u32 {d}, {sreg}");
             }
             Inst::Const { dst, value } => {
                 let d = self.n(*dst).to_string();
@@ -220,12 +230,12 @@ impl<'k> Writer<'k> {
                     (_, Literal::Float(f)) => (*f as i64).to_string(),
                 };
                 match t {
-                    SType::Pred => self.line(format!("setp.ne.u32 {d}, {}, 0", if v == "0" { 0 } else { 1 })),
-                    SType::F16 | SType::BF16 => self.line(format!("mov.b16 {d}, {v}")),
-                    SType::F32 => self.line(format!("mov.f32 {d}, {v}")),
-                    SType::F64 => self.line(format!("mov.f64 {d}, {v}")),
-                    _ if class(t) == Class::Rd => self.line(format!("mov.b64 {d}, {v}")),
-                    _ => self.line(format!("mov.b32 {d}, {v}")),
+                    SType::Pred => line!(self, "setp.ne.u32 {d}, {}, 0", if v == "0" { 0 } else { 1 }),
+                    SType::F16 | SType::BF16 => line!(self, "mov.b16 {d}, {v}"),
+                    SType::F32 => line!(self, "mov.f32 {d}, {v}"),
+                    SType::F64 => line!(self, "mov.f64 {d}, {v}"),
+                    _ if class(t) == Class::Rd => line!(self, "mov.b64 {d}, {v}"),
+                    _ => line!(self, "mov.b32 {d}, {v}"),
                 }
             }
             Inst::Unary { dst, op, src } => self.unary(*dst, *op, *src)?,
@@ -247,14 +257,14 @@ impl<'k> Writer<'k> {
                     let r = self.temp(Class::P);
                     match op {
                         CmpOp::Eq => {
-                            self.line(format!("xor.pred {r}, {x}, {y}"));
-                            self.line(format!("not.pred {d}, {r}"));
+                            line!(self, "xor.pred {r}, {x}, {y}");
+                            line!(self, "not.pred {d}, {r}");
                         }
-                        CmpOp::Ne => self.line(format!("xor.pred {d}, {x}, {y}")),
+                        CmpOp::Ne => line!(self, "xor.pred {d}, {x}, {y}"),
                         _ => return Err(EmitError("ordered comparison of i1 values".into())),
                     }
                 } else {
-                    self.line(format!("setp.{c}.{} {d}, {x}, {y}", arith(t)));
+                    line!(self, "setp.{c}.{} {d}, {x}, {y}", arith(t));
                 }
             }
             Inst::Select { dst, cond, on_true, on_false } => {
@@ -269,29 +279,29 @@ impl<'k> Writer<'k> {
                     Class::Fd => "f64",
                     Class::P => {
                         let (t1, t2) = (self.temp(Class::P), self.temp(Class::P));
-                        self.line(format!("and.pred {t1}, {c}, {a}"));
-                        self.line(format!("not.pred {t2}, {c}"));
-                        self.line(format!("and.pred {t2}, {t2}, {b}"));
-                        self.line(format!("or.pred {d}, {t1}, {t2}"));
+                        line!(self, "and.pred {t1}, {c}, {a}");
+                        line!(self, "not.pred {t2}, {c}");
+                        line!(self, "and.pred {t2}, {t2}, {b}");
+                        line!(self, "or.pred {d}, {t1}, {t2}");
                         return Ok(());
                     }
                 };
                 if suffix == "b16" {
                     // selp has no 16-bit form: select through 32-bit registers.
                     let (x, y, z) = (self.temp(Class::R), self.temp(Class::R), self.temp(Class::R));
-                    self.line(format!("cvt.u32.u16 {x}, {a}"));
-                    self.line(format!("cvt.u32.u16 {y}, {b}"));
-                    self.line(format!("selp.b32 {z}, {x}, {y}, {c}"));
-                    self.line(format!("cvt.u16.u32 {d}, {z}"));
+                    line!(self, "cvt.u32.u16 {x}, {a}");
+                    line!(self, "cvt.u32.u16 {y}, {b}");
+                    line!(self, "selp.b32 {z}, {x}, {y}, {c}");
+                    line!(self, "cvt.u16.u32 {d}, {z}");
                 } else {
-                    self.line(format!("selp.{suffix} {d}, {a}, {b}, {c}"));
+                    line!(self, "selp.{suffix} {d}, {a}, {b}, {c}");
                 }
             }
             Inst::Cast { dst, src } => self.cast(*dst, *src)?,
             Inst::Bitcast { dst, src } => {
                 let (d, x) = (self.n(*dst).to_string(), self.n(*src).to_string());
                 let w = if matches!(class(self.k.ty(*dst)), Class::Rd | Class::Fd) { 64 } else { 32 };
-                self.line(format!("mov.b{w} {d}, {x}"));
+                line!(self, "mov.b{w} {d}, {x}");
             }
             Inst::Approx { dst, func, src } => {
                 let (d, x) = (self.n(*dst).to_string(), self.n(*src).to_string());
@@ -303,7 +313,7 @@ impl<'k> Writer<'k> {
                     ApproxFn::Rsqrt => "rsqrt",
                     ApproxFn::Rcp => "rcp",
                 };
-                self.line(format!("{name}.approx.f32 {d}, {x}"));
+                line!(self, "{name}.approx.f32 {d}, {x}");
             }
             Inst::AddrOffset { dst, base, offset, scale } => {
                 let (d, b) = (self.n(*dst).to_string(), self.n(*base).to_string());
@@ -311,15 +321,15 @@ impl<'k> Writer<'k> {
                 match self.k.ty(*offset) {
                     SType::Int { bits: 64, .. } => {
                         let o = self.n(*offset).to_string();
-                        self.line(format!("mul.lo.s64 {t}, {o}, {scale}"));
+                        line!(self, "mul.lo.s64 {t}, {o}, {scale}");
                     }
                     SType::Int { signed, .. } => {
                         let o = self.n(*offset).to_string();
-                        self.line(format!("mul.wide.{} {t}, {o}, {scale}", if signed { "s32" } else { "u32" }));
+                        line!(self, "mul.wide.{} {t}, {o}, {scale}", if signed { "s32" } else { "u32" });
                     }
                     other => return Err(EmitError(format!("address offset of type {other:?}"))),
                 }
-                self.line(format!("add.s64 {d}, {b}, {t}"));
+                line!(self, "add.s64 {d}, {b}, {t}");
             }
             Inst::Load { dst, addr, pred, other } => {
                 if let Some(o) = other {
@@ -336,25 +346,20 @@ impl<'k> Writer<'k> {
                 let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
                 let a = self.n(*addr).to_string();
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                self.line(format!("{guard}ld.global.v{}.{} {{{}}}, [{a}]", dsts.len(), vec_type(t), names.join(", ")));
+                line!(self, "{guard}ld.global.v{}.{} {{{}}}, [{a}]", dsts.len(), vec_type(t), names.join(", "));
             }
             Inst::VStore { addr, values, pred } => {
                 let t = self.k.ty(values[0]);
                 let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
                 let a = self.n(*addr).to_string();
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                self.line(format!(
-                    "{guard}st.global.v{}.{} [{a}], {{{}}}",
-                    values.len(),
-                    vec_type(t),
-                    names.join(", ")
-                ));
+                line!(self, "{guard}st.global.v{}.{} [{a}], {{{}}}", values.len(), vec_type(t), names.join(", "));
             }
             Inst::IsAligned { dst, addr, bytes } => {
                 let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
                 let t = self.temp(Class::Rd);
-                self.line(format!("and.b64 {t}, {a}, {}", bytes - 1));
-                self.line(format!("setp.eq.u64 {d}, {t}, 0"));
+                line!(self, "and.b64 {t}, {a}, {}", bytes - 1);
+                line!(self, "setp.eq.u64 {d}, {t}, 0");
             }
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor),
             Inst::AsyncCopy { offset, addr, bytes, pred, zero_fill } => {
@@ -364,23 +369,24 @@ impl<'k> Writer<'k> {
                 if *zero_fill {
                     // A source size of 0 reads nothing and fills the destination with zeros.
                     let n = self.temp(Class::R);
-                    self.line(format!("selp.u32 {n}, {bytes}, 0, {p}"));
-                    self.line(format!("cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}, {n}"));
+                    line!(self, "selp.u32 {n}, {bytes}, 0, {p}");
+                    line!(self, "cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}, {n}");
                 } else {
-                    self.line(format!("@{p} cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}"));
+                    line!(self, "@{p} cp.async.{cache}.shared.global [{saddr}], [{a}], {bytes}");
                 }
             }
             Inst::AsyncCommit => self.line("cp.async.commit_group".into()),
-            Inst::AsyncWait { pending } => self.line(format!("cp.async.wait_group {pending}")),
+            Inst::AsyncWait { pending } => line!(self, "cp.async.wait_group {pending}"),
             Inst::MatrixLoad { dsts, offset, trans } => {
                 let addr = self.shared_addr(*offset)?;
                 let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
                 let t = if *trans { ".trans" } else { "" };
-                self.line(format!(
+                line!(
+                    self,
                     "ldmatrix.sync.aligned.m8n8.x{}{t}.shared.b16 {{{}}}, [{addr}]",
                     dsts.len(),
                     names.join(", ")
-                ));
+                );
             }
             Inst::Matmul { atom, d, a, b, c, ab } => {
                 if atom.name != trident_core::target::MMA_SYNC_M16N8K16.name {
@@ -393,18 +399,16 @@ impl<'k> Writer<'k> {
                 let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
                 let list = |w: &Self, rs: &[Reg]| rs.iter().map(|r| w.n(*r).to_string()).collect::<Vec<_>>().join(", ");
                 let (dd, aa, bb, cc) = (list(self, d), list(self, a), list(self, b), list(self, c));
-                self.line(format!(
-                    "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{dd}}}, {{{aa}}}, {{{bb}}}, {{{cc}}}"
-                ));
+                line!(self, "mma.sync.aligned.m16n8k16.row.col.f32.{t}.{t}.f32 {{{dd}}}, {{{aa}}}, {{{bb}}}, {{{cc}}}");
             }
             Inst::MatrixDescriptor { dst, offset, lbo, sbo, swizzle } => {
                 let addr = self.shared_addr(*offset)?;
                 let (d, t) = (self.n(*dst).to_string(), self.temp(Class::Rd));
                 let fixed = trident_core::simt::smem::Descriptor::fixed_bits(*lbo, *sbo, *swizzle);
-                self.line(format!("cvt.u64.u32 {t}, {addr}"));
-                self.line(format!("shr.u64 {t}, {t}, 4"));
-                self.line(format!("and.b64 {t}, {t}, 16383"));
-                self.line(format!("or.b64 {d}, {t}, {fixed:#x}"));
+                line!(self, "cvt.u64.u32 {t}, {addr}");
+                line!(self, "shr.u64 {t}, {t}, 4");
+                line!(self, "and.b64 {t}, {t}, 16383");
+                line!(self, "or.b64 {d}, {t}, {fixed:#x}");
             }
             Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => {
                 if !self.target.name().ends_with('a') {
@@ -423,25 +427,26 @@ impl<'k> Writer<'k> {
                     Some(p) => self.n(*p).to_string(),
                     None => {
                         let (p, one) = (self.temp(Class::P), self.temp(Class::R));
-                        self.line(format!("mov.b32 {one}, 1"));
-                        self.line(format!("setp.ne.b32 {p}, {one}, 0"));
+                        line!(self, "mov.b32 {one}, 1");
+                        line!(self, "setp.ne.b32 {p}, {one}, 0");
                         p.to_string()
                     }
                 };
                 let dd = d.iter().map(|r| self.n(*r).to_string()).collect::<Vec<_>>().join(", ");
                 let (da, db) = (self.n(*a).to_string(), self.n(*b).to_string());
-                self.line(format!(
+                line!(
+                    self,
                     "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{dd}}}, {da}, {db}, {p}, 1, 1, 0, {}",
                     *trans_b as u32
-                ));
+                );
             }
             Inst::WgmmaFence => self.line("wgmma.fence.sync.aligned".into()),
             Inst::WgmmaCommit => self.line("wgmma.commit_group.sync.aligned".into()),
-            Inst::WgmmaWait { pending } => self.line(format!("wgmma.wait_group.sync.aligned {pending}")),
+            Inst::WgmmaWait { pending } => line!(self, "wgmma.wait_group.sync.aligned {pending}"),
             Inst::FenceProxyAsync => self.line("fence.proxy.async.shared::cta".into()),
             Inst::MbarrierInit { offset, count, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
-                self.line(format!("@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}"));
+                line!(self, "@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}");
             }
             Inst::FenceMbarrierInit => self.line("fence.mbarrier_init.release.cluster".into()),
             Inst::TmaStore { map, offset, coords, pred } => {
@@ -450,24 +455,25 @@ impl<'k> Writer<'k> {
                     self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
                 let (row, col, p) =
                     (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
-                self.line(format!(
+                line!(
+                    self,
                     "@{p} cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [{m}, {{{col}, {row}}}], [{src}]"
-                ));
+                );
             }
             Inst::BulkCommit => self.line("cp.async.bulk.commit_group".into()),
             Inst::BulkWait => self.line("cp.async.bulk.wait_group.read 0".into()),
             Inst::MbarrierArrive { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
-                self.line(format!("@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]"));
+                line!(self, "@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]");
             }
             Inst::Specialized { consumer_warps, producer, consumer } => {
                 // The producer warps run their side and leave; barriers from here on are the
                 // consumers' own (barrier 1 with their count), the producers having exited.
                 let threads = consumer_warps * self.k.warp_size;
                 let (l, t, p) = (self.label(), self.temp(Class::R), self.temp(Class::P));
-                self.line(format!("mov.u32 {t}, %tid.x"));
-                self.line(format!("setp.lt.u32 {p}, {t}, {threads}"));
-                self.line(format!("@{p} bra $L{l}_consumer"));
+                line!(self, "mov.u32 {t}, %tid.x");
+                line!(self, "setp.lt.u32 {p}, {t}, {threads}");
+                line!(self, "@{p} bra $L{l}_consumer");
                 self.insts(producer)?;
                 self.line("bra.uni $EXIT".into());
                 self.body.push_str(&format!("$L{l}_consumer:\n"));
@@ -476,18 +482,18 @@ impl<'k> Writer<'k> {
             }
             Inst::MbarrierInval { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
-                self.line(format!("@{p} mbarrier.inval.shared::cta.b64 [{addr}]"));
+                line!(self, "@{p} mbarrier.inval.shared::cta.b64 [{addr}]");
             }
             Inst::MbarrierExpectTx { offset, bytes, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
-                self.line(format!("@{p} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{addr}], {bytes}"));
+                line!(self, "@{p} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{addr}], {bytes}");
             }
             Inst::MbarrierWait { offset, parity } => {
                 let (addr, par) = (self.shared_addr(*offset)?, self.n(*parity).to_string());
                 let (l, done) = (self.label(), self.temp(Class::P));
                 self.body.push_str(&format!("$L{l}_wait:\n"));
-                self.line(format!("mbarrier.try_wait.parity.shared::cta.b64 {done}, [{addr}], {par}"));
-                self.line(format!("@!{done} bra $L{l}_wait"));
+                line!(self, "mbarrier.try_wait.parity.shared::cta.b64 {done}, [{addr}], {par}");
+                line!(self, "@!{done} bra $L{l}_wait");
             }
             Inst::TmaLoad { map, offset, coords, barrier, pred } => {
                 let (dst, bar) = (self.shared_addr(*offset)?, self.shared_addr(*barrier)?);
@@ -495,9 +501,9 @@ impl<'k> Writer<'k> {
                     self.maps.get(*map as usize).cloned().ok_or_else(|| EmitError(format!("no tensor map {map}")))?;
                 let (row, col, p) =
                     (self.n(coords[0]).to_string(), self.n(coords[1]).to_string(), self.n(*pred).to_string());
-                self.line(format!(
+                line!(self,
                     "@{p} cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [{dst}], [{m}, {{{col}, {row}}}], [{bar}]"
-                ));
+                );
             }
             Inst::Pack { dst, lo, hi } => {
                 let (d, l, h) = (self.n(*dst).to_string(), self.n(*lo).to_string(), self.n(*hi).to_string());
@@ -507,24 +513,24 @@ impl<'k> Writer<'k> {
                         name
                     } else {
                         let h = w.temp(Class::H);
-                        w.line(format!("cvt.u16.u32 {h}, {name}"));
+                        line!(w, "cvt.u16.u32 {h}, {name}");
                         h.to_string()
                     }
                 };
                 let (l, h) = (half(self, *lo, l), half(self, *hi, h));
-                self.line(format!("mov.b32 {d}, {{{l}, {h}}}"));
+                line!(self, "mov.b32 {d}, {{{l}, {h}}}");
             }
             Inst::SharedVLoad { dsts, offset } => {
                 let t = self.k.ty(dsts[0]);
                 let addr = self.shared_addr(*offset)?;
                 let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
-                self.line(format!("ld.shared.v{}.{} {{{}}}, [{addr}]", dsts.len(), vec_type(t), names.join(", ")));
+                line!(self, "ld.shared.v{}.{} {{{}}}, [{addr}]", dsts.len(), vec_type(t), names.join(", "));
             }
             Inst::Fma { dst, a, b, c } => {
                 let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
                 let (d, x, y, z) =
                     (self.n(*dst).to_string(), self.n(*a).to_string(), self.n(*b).to_string(), self.n(*c).to_string());
-                self.line(format!("fma.rn.{sfx} {d}, {x}, {y}, {z}"));
+                line!(self, "fma.rn.{sfx} {d}, {x}, {y}, {z}");
             }
             Inst::Mov { dst, src } => self.mov(*dst, *src),
             Inst::SharedStore { offset, value, pred } => {
@@ -535,7 +541,7 @@ impl<'k> Writer<'k> {
                 let t = self.k.ty(values[0]);
                 let addr = self.shared_addr(*offset)?;
                 let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
-                self.line(format!("st.shared.v{}.{} [{addr}], {{{}}}", values.len(), vec_type(t), names.join(", ")));
+                line!(self, "st.shared.v{}.{} [{addr}], {{{}}}", values.len(), vec_type(t), names.join(", "));
             }
             Inst::SharedLoad { dst, offset } => {
                 let addr = self.shared_addr(*offset)?;
@@ -543,7 +549,7 @@ impl<'k> Writer<'k> {
             }
             Inst::Barrier => {
                 let b = self.barrier();
-                self.line(format!("bar.sync {b}"))
+                line!(self, "bar.sync {b}")
             }
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 let t = self.k.ty(*value);
@@ -578,7 +584,7 @@ impl<'k> Writer<'k> {
                 let (sem, scope) = (sem_name(*sem), scope_name(*scope));
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
                 let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
-                self.line(format!("{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}"));
+                line!(self, "{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}");
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, scope } => {
                 let ty = match class(self.k.ty(*desired)) {
@@ -590,7 +596,7 @@ impl<'k> Writer<'k> {
                 let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
                 let (e, n) = (self.n(*expected).to_string(), self.n(*desired).to_string());
                 let (sem, scope) = (sem_name(*sem), scope_name(*scope));
-                self.line(format!("{guard}atom.{sem}.{scope}.global.cas.{ty} {d}, [{a}], {e}, {n}"));
+                line!(self, "{guard}atom.{sem}.{scope}.global.cas.{ty} {d}, [{a}], {e}, {n}");
             }
             Inst::SymmAt { .. } | Inst::WaitSignals { .. } => {
                 return Err(EmitError(
@@ -599,7 +605,7 @@ impl<'k> Writer<'k> {
             }
             Inst::Clock { dst } => {
                 let d = self.n(*dst).to_string();
-                self.line(format!("mov.u64 {d}, %globaltimer"));
+                line!(self, "mov.u64 {d}, %globaltimer");
             }
             Inst::AtomicLoad { dst, addr, pred, sem, scope } => {
                 let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
@@ -611,12 +617,12 @@ impl<'k> Writer<'k> {
                 };
                 let guard = match pred {
                     Some(p) => {
-                        self.line(format!("mov.{} {d}, 0", mov_type(self.k.ty(*dst))));
+                        line!(self, "mov.{} {d}, 0", mov_type(self.k.ty(*dst)));
                         format!("@{} ", self.n(*p))
                     }
                     None => String::new(),
                 };
-                self.line(format!("{guard}ld.{order}.{}.global.{ty} {d}, [{a}]", scope_name(*scope)));
+                line!(self, "{guard}ld.{order}.{}.global.{ty} {d}, [{a}]", scope_name(*scope));
             }
             Inst::AtomicStore { addr, value, pred, sem, scope } => {
                 let (a, v) = (self.n(*addr).to_string(), self.n(*value).to_string());
@@ -627,24 +633,24 @@ impl<'k> Writer<'k> {
                     other => return Err(EmitError(format!("atomic store with {other} semantics"))),
                 };
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                self.line(format!("{guard}st.{order}.{}.global.{ty} [{a}], {v}", scope_name(*scope)));
+                line!(self, "{guard}st.{order}.{}.global.{ty} [{a}], {v}", scope_name(*scope));
             }
             Inst::BarrierAny { dst, pred } => {
                 let (d, p) = (self.n(*dst).to_string(), self.n(*pred).to_string());
                 let b = self.barrier();
-                self.line(format!("bar.red.or.pred {d}, {b}, {p}"));
+                line!(self, "bar.red.or.pred {d}, {b}, {p}");
             }
             Inst::Exit => self.line("bra.uni $EXIT".into()),
             // Line information: compute-sanitizer and debuggers report the tile-IR line.
             Inst::Origin { loc: Some(l), .. } => self.body.push_str(&format!("  .loc 1 {} {}\n", l.line, l.col)),
             Inst::Origin { loc: None, .. } => {}
-            Inst::Fence { scope } => self.line(format!("fence.acq_rel.{}", scope_name(*scope))),
+            Inst::Fence { scope } => line!(self, "fence.acq_rel.{}", scope_name(*scope)),
             Inst::DeviceCall { call, args, pred } => self.device_call(*call, args, *pred),
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());
                 match op {
-                    SignalOp::Set => self.line(format!("@{p} st.relaxed.sys.global.u64 [{a}], {v}")),
-                    SignalOp::Add => self.line(format!("@{p} red.relaxed.sys.global.add.u64 [{a}], {v}")),
+                    SignalOp::Set => line!(self, "@{p} st.relaxed.sys.global.u64 [{a}], {v}"),
+                    SignalOp::Add => line!(self, "@{p} red.relaxed.sys.global.add.u64 [{a}], {v}"),
                 }
             }
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
@@ -655,22 +661,22 @@ impl<'k> Writer<'k> {
                 let p = self.temp(Class::P);
                 let (ivn, hin, stn) = (self.n(*iv).to_string(), self.n(*hi).to_string(), self.n(*step).to_string());
                 self.body.push_str(&format!("$L{l}_head:\n"));
-                self.line(format!("setp.ge.{t} {p}, {ivn}, {hin}"));
-                self.line(format!("@{p} bra $L{l}_end"));
+                line!(self, "setp.ge.{t} {p}, {ivn}, {hin}");
+                line!(self, "@{p} bra $L{l}_end");
                 self.insts(body)?;
                 self.parallel_movs(phis, nexts);
-                self.line(format!("add.{t} {ivn}, {ivn}, {stn}"));
-                self.line(format!("bra.uni $L{l}_head"));
+                line!(self, "add.{t} {ivn}, {ivn}, {stn}");
+                line!(self, "bra.uni $L{l}_head");
                 self.body.push_str(&format!("$L{l}_end:\n"));
                 self.movs(results, phis);
             }
             Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
                 let l = self.label();
                 let c = self.n(*cond).to_string();
-                self.line(format!("@!{c} bra $L{l}_else"));
+                line!(self, "@!{c} bra $L{l}_else");
                 self.insts(then_body)?;
                 self.movs(results, then_yields);
-                self.line(format!("bra.uni $L{l}_end"));
+                line!(self, "bra.uni $L{l}_end");
                 self.body.push_str(&format!("$L{l}_else:\n"));
                 self.insts(else_body)?;
                 self.movs(results, else_yields);
@@ -682,10 +688,10 @@ impl<'k> Writer<'k> {
                 self.body.push_str(&format!("$L{l}_head:\n"));
                 self.insts(cond_body)?;
                 let c = self.n(*cond).to_string();
-                self.line(format!("@!{c} bra $L{l}_end"));
+                line!(self, "@!{c} bra $L{l}_end");
                 self.insts(body)?;
                 self.parallel_movs(phis, nexts);
-                self.line(format!("bra.uni $L{l}_head"));
+                line!(self, "bra.uni $L{l}_head");
                 self.body.push_str(&format!("$L{l}_end:\n"));
                 self.movs(results, phis);
             }
@@ -702,28 +708,28 @@ impl<'k> Writer<'k> {
     fn shuffle(&mut self, dst: Reg, src: Reg, xor: u32) {
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
         let shfl = |w: &mut Self, out: &dyn std::fmt::Display, inp: &dyn std::fmt::Display| {
-            w.line(format!("shfl.sync.bfly.b32 {out}, {inp}, {xor}, 31, -1"));
+            line!(w, "shfl.sync.bfly.b32 {out}, {inp}, {xor}, 31, -1");
         };
         match class(self.k.ty(src)) {
             Class::R | Class::F => shfl(self, &d, &s),
             Class::Rd | Class::Fd => {
                 let (lo, hi) = (self.temp(Class::R), self.temp(Class::R));
-                self.line(format!("mov.b64 {{{lo}, {hi}}}, {s}"));
+                line!(self, "mov.b64 {{{lo}, {hi}}}, {s}");
                 shfl(self, &lo, &lo);
                 shfl(self, &hi, &hi);
-                self.line(format!("mov.b64 {d}, {{{lo}, {hi}}}"));
+                line!(self, "mov.b64 {d}, {{{lo}, {hi}}}");
             }
             Class::H => {
                 let w = self.temp(Class::R);
-                self.line(format!("cvt.u32.u16 {w}, {s}"));
+                line!(self, "cvt.u32.u16 {w}, {s}");
                 shfl(self, &w, &w);
-                self.line(format!("cvt.u16.u32 {d}, {w}"));
+                line!(self, "cvt.u16.u32 {d}, {w}");
             }
             Class::P => {
                 let w = self.temp(Class::R);
-                self.line(format!("selp.u32 {w}, 1, 0, {s}"));
+                line!(self, "selp.u32 {w}, 1, 0, {s}");
                 shfl(self, &w, &w);
-                self.line(format!("setp.ne.u32 {d}, {w}, 0"));
+                line!(self, "setp.ne.u32 {d}, {w}, 0");
             }
         }
     }
@@ -738,13 +744,13 @@ impl<'k> Writer<'k> {
             // A guarded-off lane keeps what `dst` held (the load's `other`, moved in first).
             let r = self.temp(Class::R);
             match pred {
-                Some(_) => self.line(format!("selp.u32 {r}, 1, 0, {d}")),
-                None => self.line(format!("mov.b32 {r}, 0")),
+                Some(_) => line!(self, "selp.u32 {r}, 1, 0, {d}"),
+                None => line!(self, "mov.b32 {r}, 0"),
             }
-            self.line(format!("{guard}ld.{space}.u8 {r}, [{addr}]"));
-            self.line(format!("setp.ne.u32 {d}, {r}, 0"));
+            line!(self, "{guard}ld.{space}.u8 {r}, [{addr}]");
+            line!(self, "setp.ne.u32 {d}, {r}, 0");
         } else {
-            self.line(format!("{guard}ld.{space}.{} {d}, [{addr}]", mem(t)));
+            line!(self, "{guard}ld.{space}.{} {d}, [{addr}]", mem(t));
         }
     }
 
@@ -755,10 +761,10 @@ impl<'k> Writer<'k> {
         let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
         if t == SType::Pred {
             let r = self.temp(Class::R);
-            self.line(format!("selp.u32 {r}, 1, 0, {v}"));
-            self.line(format!("{guard}st.{space}.u8 [{addr}], {r}"));
+            line!(self, "selp.u32 {r}, 1, 0, {v}");
+            line!(self, "{guard}st.{space}.u8 [{addr}], {r}");
         } else {
-            self.line(format!("{guard}st.{space}.{} [{addr}], {v}", mem(t)));
+            line!(self, "{guard}st.{space}.{} [{addr}], {v}", mem(t));
         }
     }
 
@@ -784,7 +790,7 @@ impl<'k> Writer<'k> {
         let l = self.label();
         if let Some(p) = pred {
             let p = self.n(p).to_string();
-            self.line(format!("@!{p} bra $L{l}_skip"));
+            line!(self, "@!{p} bra $L{l}_skip");
         }
         self.body.push_str("  {\n");
         let mut operands = args.iter();
@@ -796,14 +802,14 @@ impl<'k> Writer<'k> {
                 Some((at, op)) if at == i => Vendor::Nvshmem.signal_op(op).to_string(),
                 _ => operands.next().map(|r| self.n(*r).to_string()).unwrap_or_default(),
             };
-            self.line(format!("st.param.{ty} [c{i}], {value}"));
+            line!(self, "st.param.{ty} [c{i}], {value}");
             names.push(format!("c{i}"));
         }
         let f = Vendor::Nvshmem.function(call);
         if names.is_empty() {
-            self.line(format!("call {f}, ()"));
+            line!(self, "call {f}, ()");
         } else {
-            self.line(format!("call {f}, ({})", names.join(", ")));
+            line!(self, "call {f}, ({})", names.join(", "));
         }
         self.body.push_str("  }\n");
         if pred.is_some() {
@@ -822,7 +828,7 @@ impl<'k> Writer<'k> {
         }
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
         let t = mov_type(self.k.ty(dst));
-        self.line(format!("mov.{t} {d}, {s}"));
+        line!(self, "mov.{t} {d}, {s}");
     }
 
     fn movs(&mut self, dsts: &[Reg], srcs: &[Reg]) {
@@ -843,13 +849,13 @@ impl<'k> Writer<'k> {
                 let t = self.temp(c);
                 let name = self.n(*s).to_string();
                 let mt = mov_type(self.k.ty(*s));
-                self.line(format!("mov.{mt} {t}, {name}"));
+                line!(self, "mov.{mt} {t}, {name}");
                 t
             })
             .collect();
         for (d, t) in dsts.iter().zip(temps) {
             let (dn, mt) = (self.n(*d).to_string(), mov_type(self.k.ty(*d)));
-            self.line(format!("mov.{mt} {dn}, {t}"));
+            line!(self, "mov.{mt} {dn}, {t}");
         }
     }
 
@@ -859,10 +865,10 @@ impl<'k> Writer<'k> {
         let r = self.temp(Class::R);
         let o = self.n(offset).to_string();
         match class(self.k.ty(offset)) {
-            Class::R => self.line(format!("add.u32 {r}, {base}, {o}")),
+            Class::R => line!(self, "add.u32 {r}, {base}, {o}"),
             _ => {
-                self.line(format!("cvt.u32.u64 {r}, {o}"));
-                self.line(format!("add.u32 {r}, {base}, {r}"));
+                line!(self, "cvt.u32.u64 {r}, {o}");
+                line!(self, "add.u32 {r}, {base}, {r}");
             }
         }
         Ok(r)
@@ -929,7 +935,7 @@ impl<'k> Writer<'k> {
                 BinaryOp::Xor | BinaryOp::Add | BinaryOp::Sub => "xor",
                 _ => return Err(EmitError(format!("`{op}` on i1"))),
             };
-            self.line(format!("{name}.pred {d}, {x}, {y}"));
+            line!(self, "{name}.pred {d}, {x}, {y}");
             return Ok(());
         }
         if let SType::Int { bits: 8 | 16, .. } = t {
@@ -940,7 +946,7 @@ impl<'k> Writer<'k> {
         // Shift amounts are 32-bit registers in PTX; 64-bit shifts take the low word.
         let y = if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && bits == 64 {
             let s = self.temp(Class::R);
-            self.line(format!("cvt.u32.u64 {s}, {y}"));
+            line!(self, "cvt.u32.u64 {s}, {y}");
             s.to_string()
         } else {
             y
@@ -968,32 +974,32 @@ impl<'k> Writer<'k> {
         let (dt, st) = (self.k.ty(dst), self.k.ty(src));
         let (d, s) = (self.n(dst).to_string(), self.n(src).to_string());
         match (dt, st) {
-            (a, b) if a == b => self.line(format!("mov.{} {d}, {s}", mov_type(a))),
-            (SType::Pred, SType::F64) => self.line(format!("setp.neu.f64 {d}, {s}, 0d0000000000000000")),
+            (a, b) if a == b => line!(self, "mov.{} {d}, {s}", mov_type(a)),
+            (SType::Pred, SType::F64) => line!(self, "setp.neu.f64 {d}, {s}, 0d0000000000000000"),
             (SType::Pred, _) if st.is_float() => {
                 let w = self.widen(src);
-                self.line(format!("setp.neu.f32 {d}, {w}, 0f00000000"));
+                line!(self, "setp.neu.f32 {d}, {w}, 0f00000000");
             }
-            (SType::Pred, _) => self.line(format!("setp.ne.{} {d}, {s}, 0", arith(st))),
+            (SType::Pred, _) => line!(self, "setp.ne.{} {d}, {s}, 0", arith(st)),
             (SType::F64, SType::Pred) => {
-                self.line(format!("selp.f64 {d}, 0d3FF0000000000000, 0d0000000000000000, {s}"))
+                line!(self, "selp.f64 {d}, 0d3FF0000000000000, 0d0000000000000000, {s}")
             }
             (_, SType::Pred) => {
                 if dt.is_float() {
                     let f = self.temp(Class::F);
-                    self.line(format!("selp.f32 {f}, 0f3F800000, 0f00000000, {s}"));
+                    line!(self, "selp.f32 {f}, 0f3F800000, 0f00000000, {s}");
                     self.narrow(dst, &f);
                 } else {
-                    self.line(format!("selp.{} {d}, 1, 0, {s}", arith(dt)));
+                    line!(self, "selp.{} {d}, 1, 0, {s}", arith(dt));
                 }
             }
             (SType::F64, _) if st.is_float() => {
                 let w = self.widen(src);
-                self.line(format!("cvt.f64.f32 {d}, {w}"));
+                line!(self, "cvt.f64.f32 {d}, {w}");
             }
             (_, SType::F64) if dt.is_float() => {
                 let f = self.temp(Class::F);
-                self.line(format!("cvt.rn.f32.f64 {f}, {s}"));
+                line!(self, "cvt.rn.f32.f64 {f}, {s}");
                 self.narrow(dst, &f);
             }
             (_, _) if dt.is_float() && st.is_float() => {
@@ -1002,17 +1008,17 @@ impl<'k> Writer<'k> {
             }
             (_, _) if dt.is_float() => {
                 if dt == SType::F64 {
-                    self.line(format!("cvt.rn.f64.{} {d}, {s}", arith(st)));
+                    line!(self, "cvt.rn.f64.{} {d}, {s}", arith(st));
                 } else {
                     let f = self.temp(Class::F);
-                    self.line(format!("cvt.rn.f32.{} {f}, {s}", arith(st)));
+                    line!(self, "cvt.rn.f32.{} {f}, {s}", arith(st));
                     self.narrow(dst, &f);
                 }
             }
             (_, _) if st.is_float() => {
                 let w = if st == SType::F64 { s.clone() } else { self.widen(src) };
                 let from = if st == SType::F64 { "f64" } else { "f32" };
-                self.line(format!("cvt.rzi.{}.{from} {d}, {w}", arith(dt)));
+                line!(self, "cvt.rzi.{}.{from} {d}, {w}", arith(dt));
             }
             _ => {
                 // Integer to integer: truncate to the destination, then sign- or zero-extend as
@@ -1022,18 +1028,18 @@ impl<'k> Writer<'k> {
                     let c = if signed { "s" } else { "u" };
                     let src32 = if sc == Class::Rd {
                         let t = self.temp(Class::R);
-                        self.line(format!("cvt.u32.u64 {t}, {s}"));
+                        line!(self, "cvt.u32.u64 {t}, {s}");
                         t.to_string()
                     } else {
                         s.clone()
                     };
-                    self.line(format!("cvt.{c}{b}.u32 {d}, {src32}"));
+                    line!(self, "cvt.{c}{b}.u32 {d}, {src32}");
                     // The destination register holds the narrow value extended to 32 bits.
-                    self.line(format!("cvt.{c}32.{c}{b} {d}, {d}"));
+                    line!(self, "cvt.{c}32.{c}{b} {d}, {d}");
                 } else if dc == sc {
-                    self.line(format!("mov.b{} {d}, {s}", if dc == Class::Rd { 64 } else { 32 }));
+                    line!(self, "mov.b{} {d}, {s}", if dc == Class::Rd { 64 } else { 32 });
                 } else {
-                    self.line(format!("cvt.{}.{} {d}, {s}", arith(dt), arith(st)));
+                    line!(self, "cvt.{}.{} {d}, {s}", arith(dt), arith(st));
                 }
             }
         }
@@ -1130,15 +1136,15 @@ pub fn write_ptx(k: &Kernel, target: Target) -> Result<String, EmitError> {
     alias_accumulators(k, &mut w.names);
     if k.shared_bytes > 0 {
         let base = w.temp(Class::R);
-        w.line(format!("mov.u32 {base}, trident_smem"));
+        line!(w, "mov.u32 {base}, trident_smem");
         w.smem = Some(base);
     }
     let first_map = k.params.len();
     for i in 0..k.tensor_maps.len() {
         // A tensor map is read in place, by its generic address in the parameter space.
         let r = w.temp(Class::Rd);
-        w.line(format!("mov.b64 {r}, p{}", first_map + i));
-        w.line(format!("cvta.param.u64 {r}, {r}"));
+        line!(w, "mov.b64 {r}, p{}", first_map + i);
+        line!(w, "cvta.param.u64 {r}, {r}");
         w.maps.push(r);
     }
     w.insts(&k.body)?;
