@@ -489,13 +489,17 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// A 64-bit signal update (relaxed, system scope), reported to the world's scheduler.
-    fn signal_update(&mut self, addr: u64, x: u64, op: SignalOp, what: &str) -> Result<(), Fault> {
+    /// A 64-bit signal update (relaxed, system scope), reported to the world's scheduler;
+    /// `call`, when not empty, names the library call that made it in a fault.
+    fn signal_update(&mut self, addr: u64, x: u64, op: SignalOp, call: &str) -> Result<(), Fault> {
         let f = |old: u64| match op {
             SignalOp::Set => x,
             SignalOp::Add => old.wrapping_add(x),
         };
-        self.view.rmw(self.mem, addr, 8, f).or_else(|e| fault(format!("{what}: signal: {}", e.0)))?;
+        self.view.rmw(self.mem, addr, 8, f).or_else(|e| match call {
+            "" => fault(format!("signal: {}", e.0)),
+            _ => fault(format!("{call}: signal: {}", e.0)),
+        })?;
         self.hooks.signal_written(&self.view, addr, x);
         Ok(())
     }
@@ -1274,17 +1278,8 @@ impl Exec<'_> {
             Inst::Signal { addr, value, op, pred } => {
                 self.hooks.yield_point(&mut self.view)?;
                 let (a, v, p) = (self.get(*addr)?, self.get(*value)?, self.get(*pred)?);
-                for i in 0..lanes {
-                    if p.ints()[i] == 0 {
-                        continue;
-                    }
-                    let x = v.ints()[i] as u64;
-                    let f = |old: u64| match op {
-                        SignalOp::Set => x,
-                        SignalOp::Add => old.wrapping_add(x),
-                    };
-                    self.view.rmw(self.mem, a.ptrs()[i], 8, f).or_else(|e| fault(format!("signal: {}", e.0)))?;
-                    self.hooks.signal_written(&self.view, a.ptrs()[i], x);
+                for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
+                    self.signal_update(a.ptrs()[i], v.ints()[i] as u64, *op, "")?;
                 }
             }
             Inst::DeviceCall { call, args, pred } => self.device_call(*call, args, *pred, lanes)?,

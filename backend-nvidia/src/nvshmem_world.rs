@@ -29,7 +29,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// This process's rank of an NVSHMEM world.
 pub struct NvshmemWorld {
-    world: Option<ProcessWorld<CudaDevice>>,
+    world: ProcessWorld<CudaDevice>,
     nvshmem: Arc<Nvshmem>,
     heap: u64,
 }
@@ -139,45 +139,42 @@ impl NvshmemWorld {
             .collect::<Result<Vec<u64>, _>>()?;
         let heap_desc = SymmetricHeap { bases, bytes, provider: format!("NVSHMEM {}", nvshmem.version) };
         let world = ProcessWorld::new(device, env.rank, sharing, heap_desc, client, opts)?;
-        Ok(NvshmemWorld { world: Some(world), nvshmem, heap })
-    }
-
-    fn inner(&self) -> &ProcessWorld<CudaDevice> {
-        self.world.as_ref().expect("the world lives until finish or drop")
+        Ok(NvshmemWorld { world, nvshmem, heap })
     }
 
     pub fn rank(&self) -> usize {
-        self.world.as_ref().map_or(0, |w| w.rank())
+        self.world.rank()
     }
 
     pub fn size(&self) -> usize {
-        self.world.as_ref().map_or(0, |w| w.size())
+        self.world.size()
     }
 
     /// "NVSHMEM 3.4.5".
     pub fn provider(&self) -> &str {
-        self.inner().provider()
+        self.world.provider()
     }
 
     /// Runs SPMD host code as this process's rank (see `ProcessWorld::run`).
     pub fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
-        self.inner().run(host)
+        self.world.run(host)
     }
 
     /// Every rank's `data`, by rank.
     pub fn all_gather(&self, name: &str, data: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
-        self.inner().all_gather(name, data)
+        self.world.all_gather(name, data)
     }
 
     /// Ends the world: a bounded rendezvous barrier first (every rank is alive and done), then
     /// NVSHMEM's own collective teardown, which cannot time out and so never starts while a
     /// rank may be dead. Dropping without `finish` leaves NVSHMEM to the process's exit.
-    pub fn finish(mut self) -> Result<(), BackendError> {
-        let world = self.world.take().expect("finish once");
+    pub fn finish(self) -> Result<(), BackendError> {
+        let NvshmemWorld { world, nvshmem, heap } = self;
         world.all_gather("finish", &[])?;
+        // Trident's own buffers go before NVSHMEM does.
         drop(world);
-        self.nvshmem.free(self.heap);
-        self.nvshmem.finalize();
+        nvshmem.free(heap);
+        nvshmem.finalize();
         Ok(())
     }
 }

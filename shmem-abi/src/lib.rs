@@ -221,15 +221,10 @@ impl DeviceCall {
         DeviceCall::Quiet,
     ];
 
-    /// The operands a caller passes, in order (the signal operation is not one: the writer
-    /// inserts the vendor's number for it, see [`DeviceCall::params`]).
+    /// The operands a caller passes, in order: the C parameters less the signal operation
+    /// (the writer inserts the vendor's number for it, see [`DeviceCall::op_position`]).
     pub fn operands(self) -> usize {
-        match self {
-            DeviceCall::PutBlock { .. } | DeviceCall::GetBlock { .. } => 4,
-            DeviceCall::PutSignalBlock { .. } => 6,
-            DeviceCall::SignalOp { .. } => 3,
-            DeviceCall::Fence | DeviceCall::Quiet => 0,
-        }
+        self.params().len() - usize::from(self.op_position().is_some())
     }
 
     /// The C parameters, in order; [`CallParam::I32`] at [`DeviceCall::op_position`] is the

@@ -157,7 +157,7 @@ impl Lowering<'_> {
         let words = self.symm_at(own, zero_rank);
         let nranks = self.hidden[Hidden::NumRanks.position()];
         let want = self.programs_times(nranks);
-        let (_, gen, gen_addr, last) = self.count_in(words, want);
+        let (gen, gen_addr, last) = self.count_in(words, want);
         self.release_count(words, gen_addr, last);
         let one = self.iconst(1);
         self.emit(Inst::WaitSignals { base: gen_addr, count: one, cmp: CmpOp::Ne, value: gen });
@@ -176,7 +176,7 @@ impl Lowering<'_> {
         let nranks = self.hidden[Hidden::NumRanks.position()];
         let one = self.iconst(1);
         let want = self.programs_times(one);
-        let (_, gen, gen_addr, last) = self.count_in(words, want);
+        let (gen, gen_addr, last) = self.count_in(words, want);
         // `last` holds on thread 0 of the rank's last program: made uniform over the program.
         let last_prog = self.reg(SType::Pred);
         self.emit(Inst::BarrierAny { dst: last_prog, pred: last });
@@ -213,9 +213,8 @@ impl Lowering<'_> {
     }
 
     /// Thread 0 reads the generation at `words[1]` and counts itself in at `words[0]`; returns
-    /// (thread 0, the generation it read, the generation's address, whether it arrived last
-    /// of `want`).
-    fn count_in(&mut self, words: Reg, want: Reg) -> (Reg, Reg, Reg, Reg) {
+    /// (the generation it read, the generation's address, whether it arrived last of `want`).
+    fn count_in(&mut self, words: Reg, want: Reg) -> (Reg, Reg, Reg) {
         let last_old = self.bin_c(BinaryOp::Sub, want, 1);
         let last_old = self.cast(last_old, U64);
         let first = self.first_thread();
@@ -247,7 +246,7 @@ impl Lowering<'_> {
         let is_last = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: is_last, op: CmpOp::Eq, a: old, b: last_old });
         let last = self.bin(BinaryOp::And, is_last, first);
-        (first, gen, gen_addr, last)
+        (gen, gen_addr, last)
     }
 
     /// The last arriver (`last`) resets the count at `words[0]` and bumps the generation.
