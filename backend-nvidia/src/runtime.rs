@@ -130,7 +130,8 @@ pub struct CudaDevice {
     name: String,
     /// Multiprocessors (for the occupancy check of cooperative launches).
     pub(crate) sms: u32,
-    modules: Mutex<HashMap<String, Loaded>>,
+    /// Loaded modules by `PtxModule::id`.
+    modules: Mutex<HashMap<u64, Loaded>>,
     /// Live allocations, to name buffers in diagnostics.
     names: Allocations,
     /// The hidden buffers of single-rank launches.
@@ -312,7 +313,7 @@ impl CudaDevice {
 
     pub(crate) fn function(&self, kernel: &Artifact, module: &PtxModule) -> Result<sys::CUfunction, BackendError> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = modules.get(&module.ptx) {
+        if let Some(l) = modules.get(&module.id) {
             return Ok(l.function);
         }
         let fail = |what: &str, e: result::DriverError| BackendError::Launch {
@@ -374,7 +375,7 @@ impl CudaDevice {
             }
             .map_err(|e| fail("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", e))?;
         }
-        modules.insert(module.ptx.clone(), Loaded { _module: m, function: f });
+        modules.insert(module.id, Loaded { _module: m, function: f });
         Ok(f)
     }
 }

@@ -171,20 +171,19 @@ impl Lowering<'_> {
         if single {
             self.emit(Inst::WgmmaWait { pending: 1 });
             self.emit(Inst::Barrier);
-            issue(self, ahead, t_next, kk_next, &known, sl);
         }
-        let phase = self.bin_c(BinaryOp::Div, g, s as i64);
-        let parity = self.bin_c(BinaryOp::And, phase, 1);
+        let parity = self.ring_parity(g, s);
         let (base, bar) = (slot(self, g, stages_at, stage_bytes), slot(self, g, bars_at, 8));
         self.emit(Inst::MbarrierWait { offset: bar, parity });
         let accumulate = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk_cur, b: zero });
         let acc =
             self.wgmma_steps(l, ab, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
+        // The copies `dist` steps ahead go after this step's group (as in `pipelined_for`).
         if !single {
             self.emit(Inst::Barrier);
-            issue(self, ahead, t_next, kk_next, &known, sl);
         }
+        issue(self, ahead, t_next, kk_next, &known, sl);
         // The tile's last step: every group done, then the epilogue at this tile.
         let last = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk_cur, b: last_k });

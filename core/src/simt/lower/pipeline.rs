@@ -551,13 +551,16 @@ impl Lowering<'_> {
             let base = stage_of(self, j);
             let pred = self.bin(BinaryOp::And, valid, leader);
             let (next_bar, bar) = (bar_of(self, jn), bar_of(self, j));
-            let phase = self.bin_c(BinaryOp::Div, j, s as i64);
-            let parity = self.bin_c(BinaryOp::And, phase, 1);
+            let parity = self.ring_parity(j, s);
             if single {
-                // Step j + s - 2 refills stage (j - 2) % s after the barrier above.
-                self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
+                // This step's group is issued first, so the tensor cores go on from group
+                // j - 1 to it without waiting for the copies' issue; then step j + s - 2
+                // refills stage (j - 2) % s, which group j - 2 read: every warpgroup waited
+                // for it before the barrier above.
                 self.emit(Inst::MbarrierWait { offset: bar, parity });
-                self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None)
+                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None);
+                self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
+                acc
             } else {
                 // This step's group stays in flight while step j + s - 1 refills the stage the
                 // previous group read, once every warpgroup has waited for that group.
@@ -660,15 +663,31 @@ impl Lowering<'_> {
         out
     }
 
-    /// Slot `step % slots` of a ring of `bytes`-byte slots at shared byte `at`.
+    /// Slot `step % slots` of a ring of `bytes`-byte slots at shared byte `at` (`step` counts
+    /// from 0, so a power-of-two ring takes a mask, not a division).
     pub(super) fn ring_slot(&mut self, step: Reg, slots: u32, at: u32, bytes: u32) -> Reg {
-        let r = self.bin_c(BinaryOp::Rem, step, slots as i64);
+        let r = if slots.is_power_of_two() {
+            self.bin_c(BinaryOp::And, step, slots as i64 - 1)
+        } else {
+            self.bin_c(BinaryOp::Rem, step, slots as i64)
+        };
         let r = self.bin_c(BinaryOp::Mul, r, bytes as i64);
         if at == 0 {
             r
         } else {
             self.bin_c(BinaryOp::Add, r, at as i64)
         }
+    }
+
+    /// The parity of the phase step `step` (from 0) of a ring of `slots` mbarriers waits for:
+    /// `(step / slots) & 1`, by a shift where `slots` is a power of two.
+    pub(super) fn ring_parity(&mut self, step: Reg, slots: u32) -> Reg {
+        let phase = if slots.is_power_of_two() {
+            self.bin_c(BinaryOp::Shr, step, log2(slots))
+        } else {
+            self.bin_c(BinaryOp::Div, step, slots as i64)
+        };
+        self.bin_c(BinaryOp::And, phase, 1)
     }
 
     /// Thread 0 initializes `stages` mbarriers of each ring (its shared byte and arrival count),
@@ -725,7 +744,7 @@ impl Lowering<'_> {
     /// the `warps` consumers wait for a stage's data, run its `wgmma`s and, once the group of the
     /// step before has completed (one group stays in flight), hand that step's stage back. Each
     /// stage has a "full" mbarrier (one arrival, the copy's bytes) and an "empty" one (an
-    /// arrival per consumer thread); step j uses phase j / s of both, and the producer's first
+    /// arrival per consumer warp); step j uses phase j / s of both, and the producer's first
     /// round passes the empty barriers at once (waiting for the parity before the first phase).
     /// No barrier of the whole program in the loop.
     fn specialized_for(&mut self, op: Op, plan: &Pipeline, sl: StageLayout, stages_at: u32, stage_bytes: u32) {
@@ -742,7 +761,10 @@ impl Lowering<'_> {
         self.emit(Inst::Barrier);
         let (full_at, empty_at) =
             (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
-        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, consumers)], s);
+        // One arrival per consumer warp on "empty" (its lane 0, after the warp's wait for the
+        // group: `wgmma.wait_group` is warp-synchronous), as CUTLASS arrives once per consumer:
+        // an arrival per thread made 256 shared-memory updates per step.
+        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, self.k.warps)], s);
         let zero = self.iconst(0);
         let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
         let first_producer = self.iconst(consumers as i64);
@@ -753,8 +775,7 @@ impl Lowering<'_> {
         let memo = self.memo.clone();
         // The producer: wait until step j's stage is free, announce and copy.
         let (piv, pj) = (self.reg(I32), self.reg(I32));
-        let phase = self.bin_c(BinaryOp::Div, pj, s as i64);
-        let parity = self.bin_c(BinaryOp::And, phase, 1);
+        let parity = self.ring_parity(pj, s);
         let parity = self.bin_c(BinaryOp::Xor, parity, 1);
         let empty = slot(self, pj, empty_at, 8);
         self.emit(Inst::MbarrierWait { offset: empty, parity });
@@ -781,8 +802,7 @@ impl Lowering<'_> {
         let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         self.vals.insert(iv_arg, vec![civ]);
         self.mma_held.insert(acc_arg, (l, phis.clone()));
-        let phase = self.bin_c(BinaryOp::Div, cj, s as i64);
-        let parity = self.bin_c(BinaryOp::And, phase, 1);
+        let parity = self.ring_parity(cj, s);
         let (full, base) = (slot(self, cj, full_at, 8), slot(self, cj, stages_at, stage_bytes));
         self.emit(Inst::MbarrierWait { offset: full, parity });
         let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
@@ -790,7 +810,11 @@ impl Lowering<'_> {
         let released = slot(self, before, empty_at, 8);
         let not_first = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: not_first, op: CmpOp::Gt, a: cj, b: zero });
+        let lane = self.bin_c(BinaryOp::And, self.tid, self.k.warp_size as i64 - 1);
+        let lane0 = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: lane0, op: CmpOp::Eq, a: lane, b: zero });
         let pred = self.bin(BinaryOp::And, not_first, consumer);
+        let pred = self.bin(BinaryOp::And, pred, lane0);
         self.emit(Inst::MbarrierArrive { offset: released, pred });
         let cj1 = self.bin_c(BinaryOp::Add, cj, 1);
         let consumer_body = std::mem::replace(&mut self.cur, saved);
