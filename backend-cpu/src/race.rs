@@ -75,6 +75,12 @@ impl Races {
         vc.tick(task);
     }
 
+    /// A relaxed write of the sync word `addr` after a release fence whose clock was `fenced`:
+    /// what the fence ordered is published there (fence-release, then the write).
+    pub fn publish(&self, addr: u64, fenced: &VClock) {
+        self.lock().sync.entry(addr).or_default().join(fenced);
+    }
+
     /// An acquire of the sync word `addr`.
     pub fn acquire(&self, addr: u64, vc: &mut VClock) {
         if let Some(s) = self.lock().sync.get(&addr) {

@@ -471,6 +471,7 @@ impl Exec<'_> {
                     // The signal is delivered after the data.
                     self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
                     let sig = self.hooks.translate(ptr(3, first), pe)?;
+                    self.view.race_release(sig);
                     self.signal_update(sig, int(4, first) as u64, op, name)?;
                 }
             }
@@ -484,6 +485,7 @@ impl Exec<'_> {
             DeviceCall::Fence | DeviceCall::Quiet => {
                 self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
                 self.view.acquire(self.mem);
+                self.view.race_fence();
             }
         }
         Ok(())
@@ -500,6 +502,7 @@ impl Exec<'_> {
             "" => fault(format!("signal: {}", e.0)),
             _ => fault(format!("{call}: signal: {}", e.0)),
         })?;
+        self.view.race_relaxed_write(addr);
         self.hooks.signal_written(&self.view, addr, x);
         Ok(())
     }
@@ -573,6 +576,16 @@ impl Exec<'_> {
                 }
             }
         }
+        for &i in &active {
+            let at = a.ptrs()[i];
+            if sem.releases() {
+                self.view.race_release(at);
+            } else {
+                // Relaxed: ordered by the fences around it (fence; write / read; fence).
+                self.view.race_relaxed_write(at);
+                self.view.race_relaxed_read(at);
+            }
+        }
         let mut old = vec![0u64; lanes];
         for &i in &active {
             old[i] = self
@@ -582,6 +595,9 @@ impl Exec<'_> {
         }
         if sem.acquires() {
             self.view.acquire(self.mem);
+            for &i in &active {
+                self.view.race_acquire(a.ptrs()[i]);
+            }
         }
         if let Some(dst) = dst {
             let mut out = empty_for(Elem::Num(d), lanes);
@@ -1274,6 +1290,7 @@ impl Exec<'_> {
             Inst::Fence { .. } => {
                 self.view.release_all(self.mem).or_else(|e| fault(e.0))?;
                 self.view.acquire(self.mem);
+                self.view.race_fence();
             }
             Inst::Signal { addr, value, op, pred } => {
                 self.hooks.yield_point(&mut self.view)?;
@@ -1290,6 +1307,9 @@ impl Exec<'_> {
                 let addrs: Vec<u64> = (0..c.max(0) as u64).map(|i| b.ptrs()[0].wrapping_add(8 * i)).collect();
                 self.hooks.wait(&self.view, &addrs, *cmp, want)?;
                 self.view.acquire(self.mem);
+                for &a in &addrs {
+                    self.view.race_acquire(a);
+                }
             }
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {
                 let (lo, hi, st) = (self.uniform(*lo)?, self.uniform(*hi)?, self.uniform(*step)?);

@@ -61,6 +61,12 @@ pub struct ProgramView {
 pub struct RaceCtx {
     pub races: Races,
     pub clock: VClock,
+    /// The clock at the program's last release fence: a relaxed signal write after it
+    /// releases what the fence ordered (the SIMT lowering's `fence; signal`).
+    pub fenced: Option<VClock>,
+    /// Sync words read by relaxed atomics since the last fence, which an acquire fence turns
+    /// into acquires (`ld.relaxed; fence`).
+    pub relaxed_reads: Vec<u64>,
     /// Names an address for reports.
     pub place: std::sync::Arc<dyn Fn(u64) -> String + Send + Sync>,
 }
@@ -123,6 +129,35 @@ impl ProgramView {
         let task = self.writer.task;
         if let Some(r) = &mut self.race {
             r.races.release(addr, task, &mut r.clock);
+        }
+    }
+
+    /// A fence with acquire and release semantics (`fence.acq_rel`): the words read relaxed
+    /// since the last fence are acquired, and the clock is kept for later relaxed writes.
+    pub fn race_fence(&mut self) {
+        let task = self.writer.task;
+        if let Some(r) = &mut self.race {
+            for a in std::mem::take(&mut r.relaxed_reads) {
+                r.races.acquire(a, &mut r.clock);
+            }
+            r.fenced = Some(r.clock.clone());
+            r.clock.tick(task);
+        }
+    }
+
+    /// A relaxed write of the sync word `addr` (a signal): releases what the last fence ordered.
+    pub fn race_relaxed_write(&mut self, addr: u64) {
+        if let Some(r) = &mut self.race {
+            if let Some(f) = &r.fenced {
+                r.races.publish(addr, f);
+            }
+        }
+    }
+
+    /// A relaxed read of the sync word `addr` (acquired at the next fence).
+    pub fn race_relaxed_read(&mut self, addr: u64) {
+        if let Some(r) = &mut self.race {
+            r.relaxed_reads.push(addr);
         }
     }
 

@@ -874,6 +874,8 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                     view = view.with_race(RaceCtx {
                         races: races.clone(),
                         clock,
+                        fenced: None,
+                        relaxed_reads: Vec::new(),
                         place: Arc::new(move |a| inner3.describe_byte(a)),
                     });
                 }

@@ -53,6 +53,8 @@ enum Publish {
     Notify,
     ReleaseWithoutBarrier,
     BarrierThenRelease,
+    /// A barrier, then a relaxed store of the signal: nothing orders the data before it.
+    BarrierThenRelaxed,
 }
 
 /// Rank 0 stores a tile into rank 1's `data`, then publishes the signal.
@@ -63,12 +65,14 @@ fn writer(how: Publish) -> Function {
     b.store(b.symm_at(data, peer) + offs, b.load(src + offs, None, None), None);
     match how {
         Publish::Notify => b.notify(signal, peer, 1u64, SignalOp::Set, CommScope::IntraNode),
-        Publish::ReleaseWithoutBarrier | Publish::BarrierThenRelease => {
-            if matches!(how, Publish::BarrierThenRelease) {
+        Publish::ReleaseWithoutBarrier | Publish::BarrierThenRelease | Publish::BarrierThenRelaxed => {
+            if !matches!(how, Publish::ReleaseWithoutBarrier) {
                 b.barrier();
             }
+            let sem =
+                if matches!(how, Publish::BarrierThenRelaxed) { MemSemantic::Relaxed } else { MemSemantic::Release };
             let remote = b.symm_at(signal, peer);
-            b.atomic(AtomicOp::Xchg, remote, 1u64, None, MemSemantic::Release, Scope::Sys);
+            b.atomic(AtomicOp::Xchg, remote, 1u64, None, sem, Scope::Sys);
         }
     }
     b.finish().unwrap()
@@ -128,6 +132,25 @@ fn race_detector_reports_missing_acquire_in_every_schedule() {
         );
         let out = protocol_with(&writer(Publish::Notify), &reader(MemSemantic::Acquire), race(seed)).unwrap();
         assert!(correct(&out));
+    }
+}
+
+/// The same detector over the lowered kernels (cpu-simt, the sm_90a lowering): `notify`'s
+/// barrier, fence and relaxed signal write order the data before the reader's acquiring wait,
+/// and a signal stored relaxed after a barrier, with no fence, is reported.
+#[test]
+fn simt_race_detector_orders_fenced_signals_and_reports_a_relaxed_publish() {
+    trident_backend_nvidia::link();
+    let race = |seed: u64| WorldOptions { race: true, simt_target: Some("sm_90a"), ..WorldOptions::new(2, seed) };
+    for seed in 0..4 {
+        let out = protocol_with(&writer(Publish::Notify), &reader(MemSemantic::Acquire), race(seed)).unwrap();
+        assert!(correct(&out));
+        let out = protocol_with(&writer(Publish::BarrierThenRelease), &reader(MemSemantic::Acquire), race(seed));
+        assert!(correct(&out.unwrap()));
+        let e = protocol_with(&writer(Publish::BarrierThenRelaxed), &reader(MemSemantic::Acquire), race(seed))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("data race on `data`") && e.contains("rank 1 program"), "{e}");
     }
 }
 

@@ -9,7 +9,8 @@
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
-//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector,
+//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector
+//!   (on the tile interpreter and on cpu-simt's sm_90a lowering),
 //!   the SIMT lowering on `cpu-simt` at warp 32 and 64 (suite and differential test), its
 //!   elementary functions against the host's bit for bit, and `ptx-check` when ptxas is present.
 //! * `cargo xtask emit --backend nvidia --target sm_90 (--kernel NAME | --file K.tile) [--time]`:
@@ -534,6 +535,15 @@ fn main() -> ExitCode {
                     test(&TestArgs {
                         inter_node: true,
                         json: Some(workspace_root().join("target/conformance-cpu-simt-inter-node.json")),
+                        ..simt("sm_90a")
+                    })
+                })
+                // The race detector over the lowered kernels (fenced signals, acquiring waits).
+                .and_then(|_| {
+                    test(&TestArgs {
+                        world: Some("2".into()),
+                        race: true,
+                        json: Some(workspace_root().join("target/conformance-cpu-simt-race.json")),
                         ..simt("sm_90a")
                     })
                 })
