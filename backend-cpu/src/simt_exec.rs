@@ -239,10 +239,13 @@ struct Exec<'a> {
     mbarriers: std::collections::HashMap<usize, Mbarrier>,
     /// The kernel's tensor maps evaluated against the launch's arguments.
     maps: Vec<MapValues>,
-    /// Inside an [`Inst::Specialized`] region: a wait that cannot pass yet gives way to the
-    /// other side (`blocked` set) instead of faulting.
+    /// Inside an [`Inst::Specialized`] region's producer: a wait that cannot pass yet gives
+    /// way to the consumers (`blocked` set) instead of faulting.
     yielding: bool,
     blocked: bool,
+    /// Inside an [`Inst::Specialized`] region's consumers: the producer, run when a consumer
+    /// wait cannot pass yet.
+    producer: Option<Pump>,
 }
 
 /// An mbarrier's state: `pending` of `count` arrivals and `tx` bytes still due in phase `phase`.
@@ -323,6 +326,7 @@ pub fn run_program(
         maps,
         yielding: false,
         blocked: false,
+        producer: None,
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         e.body(&k.body)?;
@@ -356,21 +360,15 @@ impl Exec<'_> {
     }
 
     /// An [`Inst::Specialized`] region: the effect-free instructions before each side's loop,
-    /// then the two loops interleaved an iteration at a time, each running until a wait of its
-    /// cannot pass yet (its iteration then starts again later: a side's waits come before its
-    /// effects), a fault if neither can go on. Afterwards only the consumer lanes are left.
+    /// then the consumers' loop, run on the consumer lanes with their own register file (as on
+    /// the GPU, where the producer warps never execute it). A consumer wait that cannot pass yet
+    /// runs the producer's loop ([`Exec::pump`]) an iteration at a time until it blocks on an
+    /// mbarrier of its own (its iteration then starts again later: the producer's waits come
+    /// before its effects) or ends; a fault if neither side can go on. The consumers' loop may
+    /// nest loops and branches (a persistent kernel's tile loop and epilogue). Afterwards only
+    /// the consumer lanes are left.
     fn specialized(&mut self, consumer_warps: u32, producer: &[Inst], consumer: &[Inst]) -> Result<(), Fault> {
-        struct Side<'i> {
-            iv: Reg,
-            at: i64,
-            hi: i64,
-            step: i64,
-            phis: &'i [Reg],
-            body: &'i [Inst],
-            nexts: &'i [Reg],
-            results: &'i [Reg],
-        }
-        let mut sides = Vec::new();
+        let mut loops = Vec::new();
         for body in [producer, consumer] {
             let Some((Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results }, pre)) = body.split_last()
             else {
@@ -382,46 +380,65 @@ impl Exec<'_> {
                 return fault(format!("loop step {step} is not positive"));
             }
             self.copy_all(phis, inits)?;
-            sides.push(Side { iv: *iv, at: lo, hi, step, phis, body, nexts, results });
+            loops.push((*iv, lo, hi, step, phis, body, nexts, results));
         }
-        loop {
-            let mut progressed = false;
-            for side in sides.iter_mut() {
-                while side.at < side.hi {
-                    self.set(side.iv, Data::I(vec![side.at; self.lanes]));
-                    self.yielding = true;
-                    let r = self.body(side.body);
-                    self.yielding = false;
-                    if std::mem::take(&mut self.blocked) {
-                        break;
-                    }
-                    r?;
-                    self.copy_all(side.phis, side.nexts)?;
-                    side.at += side.step;
-                    progressed = true;
-                }
-            }
-            if sides.iter().all(|s| s.at >= s.hi) {
-                break;
-            }
-            if !progressed {
-                let at: Vec<String> = sides.iter().map(|s| s.at.to_string()).collect();
-                return fault(format!(
-                    "warp-specialized loops deadlock: the producer at iteration value {} and the consumers at {} both wait on mbarriers that cannot complete",
-                    at[0], at[1]
-                ));
-            }
-        }
-        for side in &sides {
-            self.copy_all(side.results, side.phis)?;
-        }
-        // The producer warps are gone: every register keeps the consumer lanes only.
         let n = (consumer_warps * self.k.warp_size) as usize;
-        for v in self.regs.iter_mut().flatten() {
+        let mut consumer_regs = self.regs.clone();
+        for v in consumer_regs.iter_mut().flatten() {
             truncate_lanes(v, n);
         }
-        self.lanes = n;
-        Ok(())
+        let (iv, lo, hi, step, phis, body, nexts, _) = loops[0];
+        let side = Side { iv, at: lo, hi, step, phis: phis.clone(), body: body.clone(), nexts: nexts.clone() };
+        let regs = std::mem::replace(&mut self.regs, consumer_regs);
+        let lanes = std::mem::replace(&mut self.lanes, n);
+        self.producer = Some(Pump { side, regs, lanes });
+        let (iv, lo, hi, step, phis, body, nexts, results) = loops[1];
+        let mut at = lo;
+        while at < hi && !self.exited {
+            self.set(iv, Data::I(vec![at; self.lanes]));
+            self.body(body)?;
+            self.copy_all(phis, nexts)?;
+            at += step;
+        }
+        // What the producer has left (nothing, when every copy it made was consumed).
+        self.pump()?;
+        let left = self.producer.take().filter(|p| p.side.at < p.side.hi);
+        if let Some(p) = left {
+            return fault(format!(
+                "warp-specialized loops deadlock: the consumers finished, the producer waits at iteration value {}",
+                p.side.at
+            ));
+        }
+        self.copy_all(results, phis)
+    }
+
+    /// Runs the producer's loop (see [`Exec::specialized`]) on its own lanes and registers
+    /// until it blocks or ends; returns whether it made progress.
+    fn pump(&mut self) -> Result<bool, Fault> {
+        let Some(mut p) = self.producer.take() else { return Ok(false) };
+        std::mem::swap(&mut self.regs, &mut p.regs);
+        std::mem::swap(&mut self.lanes, &mut p.lanes);
+        let mut progressed = false;
+        let mut r = Ok(());
+        while p.side.at < p.side.hi {
+            self.set(p.side.iv, Data::I(vec![p.side.at; self.lanes]));
+            self.yielding = true;
+            let ran = self.body(&p.side.body);
+            self.yielding = false;
+            if std::mem::take(&mut self.blocked) {
+                break;
+            }
+            if let Err(e) = ran.and_then(|_| self.copy_all(&p.side.phis, &p.side.nexts)) {
+                r = Err(e);
+                break;
+            }
+            p.side.at += p.side.step;
+            progressed = true;
+        }
+        std::mem::swap(&mut self.regs, &mut p.regs);
+        std::mem::swap(&mut self.lanes, &mut p.lanes);
+        self.producer = Some(p);
+        r.map(|_| progressed)
     }
 
     /// The shared offsets in `offset` of the lanes whose `pred` holds.
@@ -1162,10 +1179,14 @@ impl Exec<'_> {
                 let (o, p) = (self.get(*offset)?, self.get(*parity)?);
                 for i in 0..lanes {
                     let (at, want) = (o.ints()[i] as usize, p.ints()[i] as u64 & 1);
-                    let m = *self.mbarrier(at)?;
+                    let mut m = *self.mbarrier(at)?;
                     if m.phase & 1 == want && self.yielding {
                         self.blocked = true;
                         return fault("blocked on an mbarrier (the other side runs)");
+                    }
+                    // A consumer waits: the producer runs until it blocks too.
+                    while m.phase & 1 == want && self.pump()? {
+                        m = *self.mbarrier(at)?;
                     }
                     if m.phase & 1 == want {
                         return fault(format!(
@@ -1433,4 +1454,23 @@ fn push(out: &mut Data, e: Elt) -> Result<(), Fault> {
 #[inline(never)]
 pub fn link() {
     std::hint::black_box(NAME);
+}
+
+/// The producer's loop of a warp-specialized region and where it is (its instructions owned:
+/// it runs from inside the consumers' waits).
+struct Side {
+    iv: Reg,
+    at: i64,
+    hi: i64,
+    step: i64,
+    phis: Vec<Reg>,
+    body: Vec<Inst>,
+    nexts: Vec<Reg>,
+}
+
+/// The producer of the running warp-specialized region: its loop, registers and lane count.
+struct Pump {
+    side: Side,
+    regs: Vec<Option<Val>>,
+    lanes: usize,
 }

@@ -473,12 +473,14 @@ impl<'k> Writer<'k> {
                 let (l, t, p) = (self.label(), self.temp(Class::R), self.temp(Class::P));
                 line!(self, "mov.u32 {t}, %tid.x");
                 line!(self, "setp.lt.u32 {p}, {t}, {threads}");
-                line!(self, "@{p} bra $L{l}_consumer");
+                // Whole warps go one way: uniform within each warp.
+                line!(self, "@{p} bra.uni $L{l}_consumer");
                 self.insts(producer)?;
                 self.line("bra.uni $EXIT".into());
                 self.body.push_str(&format!("$L{l}_consumer:\n"));
-                self.insts(consumer)?;
+                // Barriers in the consumers' side (a persistent loop's epilogue) are theirs too.
                 self.consumers = Some(threads);
+                self.insts(consumer)?;
             }
             Inst::MbarrierInval { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
@@ -662,7 +664,8 @@ impl<'k> Writer<'k> {
                 let (ivn, hin, stn) = (self.n(*iv).to_string(), self.n(*hi).to_string(), self.n(*step).to_string());
                 self.body.push_str(&format!("$L{l}_head:\n"));
                 line!(self, "setp.ge.{t} {p}, {ivn}, {hin}");
-                line!(self, "@{p} bra $L{l}_end");
+                // The bounds are uniform (as `If`'s condition).
+                line!(self, "@{p} bra.uni $L{l}_end");
                 self.insts(body)?;
                 self.parallel_movs(phis, nexts);
                 line!(self, "add.{t} {ivn}, {ivn}, {stn}");
@@ -673,7 +676,10 @@ impl<'k> Writer<'k> {
             Inst::If { cond, then_body, then_yields, else_body, else_yields, results } => {
                 let l = self.label();
                 let c = self.n(*cond).to_string();
-                line!(self, "@!{c} bra $L{l}_else");
+                // `If` is uniform (the SIMT IR's contract): `bra.uni` tells ptxas, which
+                // otherwise treats a `wgmma` wait inside as divergent and serializes every
+                // `wgmma` of the kernel (C7518).
+                line!(self, "@!{c} bra.uni $L{l}_else");
                 self.insts(then_body)?;
                 self.movs(results, then_yields);
                 line!(self, "bra.uni $L{l}_end");

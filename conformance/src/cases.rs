@@ -84,8 +84,10 @@ pub fn all_cases(world: Option<usize>) -> Vec<Case> {
         let variants: &[&'static str] =
             if dtype == DType::F32 { &["ieee", "tf32", "bf16x3"] } else { GEMM_16BIT_VARIANTS };
         for &variant in variants {
-            // Shapes off the tile; the last two divisible by 16 in N and K but not by the tile (the
-            // descriptor/TMA path on sm_90a, whose copies read the edges' zeros themselves).
+            // Shapes off the tile; the last three divisible by 16 in N and K but not by the tile
+            // (the descriptor/TMA path on sm_90a, whose copies read the edges' zeros themselves;
+            // the last on its 128x256 tiles, two per persistent program on cpu-simt, whose TMA
+            // store beside a 4-stage ring goes out half a block at a time).
             for s in [
                 [1, 1, 1],
                 [64, 64, 64],
@@ -95,6 +97,7 @@ pub fn all_cases(world: Option<usize>) -> Vec<Case> {
                 [256, 256, 256],
                 [70, 144, 208],
                 [130, 272, 96],
+                [272, 512, 128],
             ] {
                 cases.push(Case { kernel: "gemm", variant, dtype, shape: s.to_vec(), world: 1, distributed: false });
             }
@@ -124,9 +127,10 @@ pub fn all_cases(world: Option<usize>) -> Vec<Case> {
     cases
 }
 
-/// The 16-bit GEMM's cases: the heuristic's schedule, then the same tiles with a producer warp
-/// and as a persistent loop (sm_90a with TMA; the same kernel as the first elsewhere).
-const GEMM_16BIT_VARIANTS: &[&str] = &["f32acc", "f32acc-ws", "f32acc-persistent"];
+/// The 16-bit GEMM's cases: the heuristic's schedule, then the same tiles with a producer warp,
+/// as a persistent loop, and as a persistent loop with a producer warp (sm_90a with TMA; the
+/// same kernel as the first elsewhere).
+const GEMM_16BIT_VARIANTS: &[&str] = &["f32acc", "f32acc-ws", "f32acc-persistent", "f32acc-ws-persistent"];
 
 /// The accepted normwise error for a dtype (and `dot` precision), scaled for long reductions.
 pub fn bound(dtype: DType, variant: &str, reduction_len: usize) -> f64 {
@@ -210,6 +214,7 @@ fn execute(
             let g = match case.variant {
                 "f32acc-ws" => Gemm { warp_specialize: true, ..g },
                 "f32acc-persistent" => Gemm { persistent: true, ..g },
+                "f32acc-ws-persistent" => Gemm { warp_specialize: true, persistent: true, ..g },
                 _ => g,
             };
             g.run(&l, &ins[0], &ins[1], &out, mnk)?

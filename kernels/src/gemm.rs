@@ -74,8 +74,10 @@ impl Gemm {
         };
         match target {
             Some(t) if t.warp_size == 64 => Gemm { warps: 4, stages: 2, ..base },
-            // Two warpgroups of m64n256 on `wgmma`, 4 stages (one barrier per step): the fastest
-            // of the benchmark's sweep on the H200 from M = 512 up (`results/README.md`).
+            // Two warpgroups of m64n256 on `wgmma`, 4 stages; with TMA persistent, a producer
+            // warp filling the next tile's stages during this tile's epilogue, and a TMA store:
+            // the fastest of the benchmark's sweep on the H200 at 4096^3, 8192x3584x8192 and
+            // 8192^3 (`results/h200-issue11/ws-persistent-*`).
             Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
                 let tma = t.has_async_copy(trident_core::target::AsyncCopy::Tma);
                 Gemm {
@@ -86,6 +88,8 @@ impl Gemm {
                     stages: 4,
                     descriptors: tma,
                     tma_store: tma,
+                    warp_specialize: tma,
+                    persistent: tma,
                     ..base
                 }
             }
@@ -121,9 +125,11 @@ impl Gemm {
         if g.block_n != 256 {
             return g;
         }
+        // (Small M: not persistent, no producer warp; see above.)
+        let small = Gemm { warp_specialize: false, persistent: false, ..g };
         match m {
-            0..=128 => Gemm { block_m: 64, block_n: 128, block_k: 128, warps: 4, stages: 4, ..g },
-            129..=256 => Gemm { block_n: 128, block_k: 128, stages: 3, ..g },
+            0..=128 => Gemm { block_m: 64, block_n: 128, block_k: 128, warps: 4, stages: 4, ..small },
+            129..=256 => Gemm { block_n: 128, block_k: 128, stages: 3, ..small },
             _ => g,
         }
     }
@@ -273,10 +279,6 @@ impl Gemm {
         b.finish()
     }
 
-    /// The accumulator of one output tile: `sum_k a[rows, k] * b[k, cols]` with a K loop of
-    /// `block_k` steps, edge masks on every side. `rows` is `[block_m, 1]`, `cols` `[1, block_n]`;
-    /// `a` and `b` come with their row strides. Shared by every GEMM-shaped kernel.
-    #[allow(clippy::too_many_arguments)]
     /// The output tile at (`row0`, `col0`) of `A B` with both read through the descriptors
     /// `da` (`[M, K]`, blocks `block_m x block_k`) and `db` (`[K, N]`, blocks `block_k x
     /// block_n`): zeros outside the tensors, so no edge masks; TMA copies on sm_90a.
@@ -295,6 +297,9 @@ impl Gemm {
         out[0]
     }
 
+    /// The accumulator of one output tile: `sum_k a[rows, k] * b[k, cols]` with a K loop of
+    /// `block_k` steps, edge masks on every side. `rows` is `[block_m, 1]`, `cols` `[1, block_n]`;
+    /// `a` and `b` come with their row strides. Shared by every GEMM-shaped kernel.
     pub fn tile_product<'b>(
         &self,
         b: &'b KernelBuilder,

@@ -94,18 +94,28 @@ fn gemm_meta_parameters_depend_on_the_target() {
 }
 
 /// On sm_90a small M gets narrower tiles (more programs) and deeper K tiles, large M the
-/// 128x256 wgmma tile; all read and write through descriptors (TMA loads and stores), none
-/// with a producer warp; other targets keep their `for_target` choice.
+/// 128x256 wgmma tile, persistent with a producer warp; all read and write through descriptors
+/// (TMA loads and stores); other targets keep their `for_target` choice.
 #[test]
 fn gemm_tiles_follow_m_on_hopper() {
     use trident_core::target::{GFX942, SM_90A};
     let tile = |m| {
         let g = Gemm::for_problem(DType::BF16, Some(&SM_90A), m);
-        (g.block_m, g.block_n, g.block_k, g.warps, g.stages, g.descriptors, g.tma_store, g.warp_specialize)
+        (
+            g.block_m,
+            g.block_n,
+            g.block_k,
+            g.warps,
+            g.stages,
+            g.descriptors,
+            g.tma_store,
+            g.warp_specialize,
+            g.persistent,
+        )
     };
-    assert_eq!(tile(128), (64, 128, 128, 4, 4, true, true, false));
-    assert_eq!(tile(256), (128, 128, 128, 8, 3, true, true, false));
-    assert_eq!(tile(8192), (128, 256, 64, 8, 4, true, true, false));
+    assert_eq!(tile(128), (64, 128, 128, 4, 4, true, true, false, false));
+    assert_eq!(tile(256), (128, 128, 128, 8, 3, true, true, false, false));
+    assert_eq!(tile(8192), (128, 256, 64, 8, 4, true, true, true, true));
     let amd = Gemm::for_problem(DType::BF16, Some(&GFX942), 128);
     assert_eq!((amd.block_m, amd.block_n, amd.stages, amd.descriptors, amd.tma_store), (64, 64, 2, false, false));
     // f32 has no wgmma: the generic choice whatever M.

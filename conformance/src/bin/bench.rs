@@ -367,7 +367,9 @@ fn run_case(
             // Where the target has TMA, each configuration also reads A and B through tensor
             // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`), and
             // persistent (`/tma-persistent`: one program per SM walking the tiles), and with C
-            // written by a TMA store (`/tma-store`).
+            // written by a TMA store (`/tma-store`), and the combinations
+            // (`/tma-ws-persistent-store`: a producer warp filling the next tile's stages while
+            // the consumers run this tile's epilogue).
             let tma = l.gpu_target().is_some_and(|t| t.has_async_copy(trident_core::target::AsyncCopy::Tma));
             // (The sweep of results/README.md, less the configurations that never won.)
             let configs = [
@@ -398,6 +400,9 @@ fn run_case(
                     (true, false, true, false),
                     (true, false, false, true),
                     (true, true, false, true),
+                    (true, false, true, true),
+                    (true, true, true, false),
+                    (true, true, true, true),
                 ][..]
             } else {
                 &[(false, false, false, false)][..]
@@ -418,6 +423,9 @@ fn run_case(
                     ..Gemm::new(d)
                 };
                 let suffix = match (descriptors, warp_specialize, persistent, tma_store) {
+                    (true, true, true, true) => "/tma-ws-persistent-store",
+                    (true, true, true, false) => "/tma-ws-persistent",
+                    (true, false, true, true) => "/tma-persistent-store",
                     (true, true, _, true) => "/tma-ws-store",
                     (true, _, _, true) => "/tma-store",
                     (true, _, true, _) => "/tma-persistent",

@@ -68,13 +68,8 @@ impl Lowering<'_> {
         }
     }
 
-    /// The flat loop (see the module): step g is K step `g % kn` of the program's tile
-    /// `g / kn` (`kn` the K loop's trip count, at least 1). The refill order is
-    /// `pipelined_for`'s TMA one with the tile and K loop variables of step g + dist bound; a
-    /// tile's first step ignores the accumulator (`wgmma`'s scale-d), its last waits for every
-    /// group and runs the epilogue (the tile's ops after the K loop, and the index math before
-    /// it, at that tile).
-    pub(super) fn flattened_for(&mut self, op: Op, p: Persistent) -> Result<(), LowerError> {
+    /// The counters and per-tile values both flat loops share (see [`Flat`]).
+    fn flat(&mut self, op: Op, p: &Persistent) -> Flat {
         let OpKind::For { lower: lt, upper: ut, step: st, body: outer, .. } = self.func.ops[op].kind.clone() else {
             unreachable!()
         };
@@ -82,9 +77,6 @@ impl Lowering<'_> {
         else {
             unreachable!()
         };
-        let plan = p.plan;
-        let (l, s) = (plan.layout, plan.stages);
-        let ab = stype(self.func.ty(plan.a.value));
         let (tile_arg, k_arg) = (self.func.blocks[outer].args[0], self.func.blocks[inner_body].args[0]);
         let (lo_t, hi_t, st_t) = (self.held(lt)[0], self.held(ut)[0], self.held(st)[0]);
         let (lo_k, hi_k, st_k) = (self.scalar_value(lk), self.scalar_value(uk), self.scalar_value(sk));
@@ -106,120 +98,105 @@ impl Lowering<'_> {
         self.emit(Inst::Cmp { dst: has_k, op: CmpOp::Gt, a: kn, b: zero });
         let total = self.bin(BinaryOp::Mul, tn, kn1);
         let last_k = self.bin_c(BinaryOp::Sub, kn1, 1);
-
-        let (sl, stage_bytes, align) = self.stage_layout(&plan);
-        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
-        self.emit(Inst::Barrier);
-        let bars_at = self.shared_alloc("pipeline.mbarriers", 8 * s, 8);
-        let leader = self.init_mbarriers(&[(bars_at, 1)], s);
-        let single = s >= 4;
-        let dist = if single { s - 2 } else { s - 1 };
-        let slot = |me: &mut Self, g: Reg, at: u32, bytes: u32| me.ring_slot(g, s, at, bytes);
-        let tile_iv = |me: &mut Self, t: Reg| {
-            let ti = me.bin(BinaryOp::Mul, t, st_t);
-            me.bin(BinaryOp::Add, lo_t, ti)
-        };
-        let k_iv = |me: &mut Self, kk: Reg| {
-            let ki = me.bin(BinaryOp::Mul, kk, st_k);
-            me.bin(BinaryOp::Add, lo_k, ki)
-        };
         // Copy offsets that do not depend on the K step are computed once per tile and carried
         // (the raster order's divisions); the others at every step.
-        let offsets = Self::tensor_offsets(&plan);
+        let offsets = Self::tensor_offsets(&p.plan);
         let per_tile: Vec<usize> = (0..4).filter(|&i| !self.depends_on(offsets[i], k_arg)).collect();
-        let tile_offsets = |me: &mut Self, t: Reg| -> Vec<Reg> {
-            let ti = tile_iv(me, t);
-            me.with_bound(&[(tile_arg, ti), (k_arg, lo_k)], |me| {
-                per_tile.iter().map(|&i| me.scalar_value(offsets[i])).collect()
-            })
-        };
-        // Copies of step `g` (tile `t`, K step `kk`), with the per-tile offsets `known`.
-        let issue = |me: &mut Self, g: Reg, t: Reg, kk: Reg, known: &[Reg], sl: StageLayout| {
-            let valid = me.reg(SType::Pred);
-            me.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: g, b: total });
-            let pred = me.bin(BinaryOp::And, valid, leader);
-            let (ti, ki) = (tile_iv(me, t), k_iv(me, kk));
-            let mut given = [None; 4];
-            for (j, &i) in per_tile.iter().enumerate() {
-                given[i] = Some(known[j]);
-            }
-            let (base, bar) = (slot(me, g, stages_at, stage_bytes), slot(me, g, bars_at, 8));
-            me.tma_issue_bound(&plan, &[(tile_arg, ti), (k_arg, ki)], given, pred, base, bar, sl);
-        };
-        // The first `dist` steps, and where the step `dist` ahead of step 0 is.
-        for i in 0..dist {
-            let g = self.iconst(i as i64);
-            let t = self.bin(BinaryOp::Div, g, kn1);
-            let kk = self.bin(BinaryOp::Rem, g, kn1);
-            let known = tile_offsets(self, t);
-            issue(self, g, t, kk, &known, sl);
-        }
-        let ahead0 = self.iconst(dist as i64);
-        let t_next0 = self.bin(BinaryOp::Div, ahead0, kn1);
-        let kk_next0 = self.bin(BinaryOp::Rem, ahead0, kn1);
-        let known0 = tile_offsets(self, t_next0);
+        Flat { outer, tile_arg, k_arg, lo_t, st_t, lo_k, st_k, kn1, has_k, tiles: tn, total, last_k, per_tile, offsets }
+    }
 
-        // Phis: the accumulator, this step's K step, the tile and K step `dist` ahead, and the
-        // per-tile offsets of that tile.
-        let g = self.reg(I32);
-        let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
-        let (kk_cur, kk_next, t_next) = (self.reg(I32), self.reg(I32), self.reg(I32));
-        let known: Vec<Reg> = per_tile.iter().map(|_| self.reg(I32)).collect();
-        let saved = std::mem::take(&mut self.cur);
-        let memo = self.memo.clone();
-        let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
-        if single {
-            self.emit(Inst::WgmmaWait { pending: 1 });
-            self.emit(Inst::Barrier);
+    fn flat_tile_iv(&mut self, f: &Flat, t: Reg) -> Reg {
+        let ti = self.bin(BinaryOp::Mul, t, f.st_t);
+        self.bin(BinaryOp::Add, f.lo_t, ti)
+    }
+
+    /// The per-tile copy offsets of tile number `t`.
+    fn flat_tile_offsets(&mut self, f: &Flat, t: Reg) -> Vec<Reg> {
+        let ti = self.flat_tile_iv(f, t);
+        let lo_k = f.lo_k;
+        self.with_bound(&[(f.tile_arg, ti), (f.k_arg, lo_k)], |me| {
+            f.per_tile.iter().map(|&i| me.scalar_value(f.offsets[i])).collect()
+        })
+    }
+
+    /// The copies of flat step `g` (tile number `t`, K step `kk`, the per-tile offsets `known`)
+    /// by the threads with `who`, into ring slot `g % stages` (stages at `stages_at`, "full"
+    /// mbarriers at `bars_at`).
+    #[allow(clippy::too_many_arguments)]
+    fn flat_issue(
+        &mut self,
+        f: &Flat,
+        plan: &Pipeline,
+        g: Reg,
+        (t, kk): (Reg, Reg),
+        known: &[Reg],
+        who: Reg,
+        ring: Ring,
+    ) {
+        let valid = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: g, b: f.total });
+        let pred = self.bin(BinaryOp::And, valid, who);
+        let ti = self.flat_tile_iv(f, t);
+        let ki = self.bin(BinaryOp::Mul, kk, f.st_k);
+        let ki = self.bin(BinaryOp::Add, f.lo_k, ki);
+        let mut given = [None; 4];
+        for (j, &i) in f.per_tile.iter().enumerate() {
+            given[i] = Some(known[j]);
         }
-        let parity = self.ring_parity(g, s);
-        let (base, bar) = (slot(self, g, stages_at, stage_bytes), slot(self, g, bars_at, 8));
-        self.emit(Inst::MbarrierWait { offset: bar, parity });
-        let accumulate = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk_cur, b: zero });
-        let acc =
-            self.wgmma_steps(l, ab, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
-        // The copies `dist` steps ahead go after this step's group (as in `pipelined_for`).
-        if !single {
-            self.emit(Inst::Barrier);
+        let s = plan.stages;
+        let (base, bar) =
+            (self.ring_slot(g, s, ring.stages_at, ring.stage_bytes), self.ring_slot(g, s, ring.full_at, 8));
+        self.tma_issue_bound(plan, &[(f.tile_arg, ti), (f.k_arg, ki)], given, pred, base, bar, ring.layout);
+    }
+
+    /// Counters one flat step on: K step `kk` wraps to 0 at the tile's end, where the tile
+    /// number `t` (when given) moves on and the carried offsets `known` are recomputed.
+    /// Returns the next K step, tile number and offsets.
+    fn flat_advance(&mut self, f: &Flat, kk: Reg, t: Option<Reg>, known: &[Reg]) -> (Reg, Option<Reg>, Vec<Reg>) {
+        let zero = self.iconst(0);
+        let x1 = self.bin_c(BinaryOp::Add, kk, 1);
+        let wrap = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: wrap, op: CmpOp::Eq, a: x1, b: f.kn1 });
+        let kk1 = self.reg(I32);
+        self.emit(Inst::Select { dst: kk1, cond: wrap, on_true: zero, on_false: x1 });
+        let Some(t) = t else { return (kk1, None, Vec::new()) };
+        let t1 = self.reg(I32);
+        let t_plus = self.bin_c(BinaryOp::Add, t, 1);
+        self.emit(Inst::Select { dst: t1, cond: wrap, on_true: t_plus, on_false: t });
+        let known1: Vec<Reg> = known.iter().map(|_| self.reg(I32)).collect();
+        if !known.is_empty() {
+            let outside = std::mem::take(&mut self.cur);
+            let fresh = self.flat_tile_offsets(f, t1);
+            let then_body = std::mem::replace(&mut self.cur, outside);
+            self.emit(Inst::If {
+                cond: wrap,
+                then_body,
+                then_yields: fresh,
+                else_body: Vec::new(),
+                else_yields: known.to_vec(),
+                results: known1.clone(),
+            });
         }
-        issue(self, ahead, t_next, kk_next, &known, sl);
-        // The tile's last step: every group done, then the epilogue at this tile.
+        (kk1, Some(t1), known1)
+    }
+
+    /// The tile's last step (K step `kk` of flat step `g`): `first` (every group done, stage
+    /// handed back), then the epilogue ([`Lowering::tile_epilogue`]), in an `if`.
+    fn flat_epilogue(
+        &mut self,
+        f: &Flat,
+        p: &Persistent,
+        (g, kk): (Reg, Reg),
+        acc: &[Reg],
+        first: impl FnOnce(&mut Self),
+    ) -> Result<(), LowerError> {
         let last = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk_cur, b: last_k });
+        self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk, b: f.last_k });
         let body_memo = self.memo.clone();
         let before_epilogue = std::mem::take(&mut self.cur);
-        self.emit(Inst::WgmmaWait { pending: 0 });
-        let fz = self.konst(SType::F32, Literal::Float(0.0));
-        let products: Vec<Reg> = acc
-            .iter()
-            .map(|&x| {
-                let dst = self.reg(SType::F32);
-                self.emit(Inst::Select { dst, cond: has_k, on_true: x, on_false: fz });
-                dst
-            })
-            .collect();
-        let t = self.bin(BinaryOp::Div, g, kn1);
-        let ti = tile_iv(self, t);
-        let saved_tile = self.vals.insert(tile_arg, vec![ti]);
-        let result = self.func.ops[p.inner].results[0];
-        self.mma_held.insert(result, (l, products));
-        for &o in &self.func.blocks[outer].ops.clone() {
-            if o != p.inner {
-                self.op(o)?;
-            }
-        }
-        match saved_tile {
-            Some(r) => self.vals.insert(tile_arg, r),
-            None => self.vals.remove(&tile_arg),
-        };
-        // The tile's values live in the epilogue's region only.
-        for &o in &self.func.blocks[outer].ops {
-            for r in &self.func.ops[o].results {
-                self.vals.remove(r);
-                self.mma_held.remove(r);
-            }
-        }
+        first(self);
+        let t = self.bin(BinaryOp::Div, g, f.kn1);
+        self.tile_epilogue(f, p, t, acc)?;
         let then_body = std::mem::replace(&mut self.cur, before_epilogue);
         self.memo = body_memo;
         self.emit(Inst::If {
@@ -230,50 +207,296 @@ impl Lowering<'_> {
             else_yields: Vec::new(),
             results: Vec::new(),
         });
-        // The counters move on one step; a tile change recomputes the carried offsets.
-        let wrap = |me: &mut Self, x: Reg| {
-            let x1 = me.bin_c(BinaryOp::Add, x, 1);
-            let w = me.reg(SType::Pred);
-            me.emit(Inst::Cmp { dst: w, op: CmpOp::Eq, a: x1, b: kn1 });
-            let dst = me.reg(I32);
-            me.emit(Inst::Select { dst, cond: w, on_true: zero, on_false: x1 });
-            (dst, w)
-        };
-        let (kk_cur1, _) = wrap(self, kk_cur);
-        let (kk_next1, new_tile) = wrap(self, kk_next);
-        let t_next1 = self.reg(I32);
-        let t_plus = self.bin_c(BinaryOp::Add, t_next, 1);
-        self.emit(Inst::Select { dst: t_next1, cond: new_tile, on_true: t_plus, on_false: t_next });
-        let known1: Vec<Reg> = known.iter().map(|_| self.reg(I32)).collect();
-        if !known.is_empty() {
-            let outside = std::mem::take(&mut self.cur);
-            let fresh = tile_offsets(self, t_next1);
-            let then_body = std::mem::replace(&mut self.cur, outside);
-            self.emit(Inst::If {
-                cond: new_tile,
-                then_body,
-                then_yields: fresh,
-                else_body: Vec::new(),
-                else_yields: known.clone(),
-                results: known1.clone(),
-            });
+        Ok(())
+    }
+
+    /// The epilogue of tile number `t`: the tile loop's ops but the K loop, with the products
+    /// `acc` (zeros for an empty K loop) in place of its result and the tile variable bound.
+    fn tile_epilogue(&mut self, f: &Flat, p: &Persistent, t: Reg, acc: &[Reg]) -> Result<(), LowerError> {
+        let fz = self.konst(SType::F32, Literal::Float(0.0));
+        let products: Vec<Reg> = acc
+            .iter()
+            .map(|&x| {
+                let dst = self.reg(SType::F32);
+                self.emit(Inst::Select { dst, cond: f.has_k, on_true: x, on_false: fz });
+                dst
+            })
+            .collect();
+        let ti = self.flat_tile_iv(f, t);
+        let saved_tile = self.vals.insert(f.tile_arg, vec![ti]);
+        let result = self.func.ops[p.inner].results[0];
+        self.mma_held.insert(result, (p.plan.layout, products));
+        for &o in &self.func.blocks[f.outer].ops.clone() {
+            if o != p.inner {
+                self.op(o)?;
+            }
         }
+        match saved_tile {
+            Some(r) => self.vals.insert(f.tile_arg, r),
+            None => self.vals.remove(&f.tile_arg),
+        };
+        // The tile's values live in the epilogue's region only.
+        for &o in &self.func.blocks[f.outer].ops {
+            for r in &self.func.ops[o].results {
+                self.vals.remove(r);
+                self.mma_held.remove(r);
+            }
+        }
+        Ok(())
+    }
+
+    /// The flat loop (see the module): step g is K step `g % kn` of the program's tile
+    /// `g / kn` (`kn` the K loop's trip count, at least 1). The refill order is
+    /// `pipelined_for`'s TMA one with the tile and K loop variables of step g + dist bound; a
+    /// tile's first step ignores the accumulator (`wgmma`'s scale-d), its last waits for every
+    /// group and runs the epilogue (the tile's ops after the K loop, and the index math before
+    /// it, at that tile). With `LaunchAttrs::warp_specialize`, [`Lowering::flattened_specialized`].
+    pub(super) fn flattened_for(&mut self, op: Op, p: Persistent) -> Result<(), LowerError> {
+        if self.func.attrs.warp_specialize {
+            return self.flattened_specialized(op, p);
+        }
+        let f = self.flat(op, &p);
+        let plan = &p.plan;
+        let (l, s) = (plan.layout, plan.stages);
+        let ab = stype(self.func.ty(plan.a.value));
+        let zero = self.iconst(0);
+        let one = self.iconst(1);
+        let (sl, stage_bytes, align) = self.stage_layout(plan);
+        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
+        self.emit(Inst::Barrier);
+        let bars_at = self.shared_alloc("pipeline.mbarriers", 8 * s, 8);
+        let leader = self.init_mbarriers(&[(bars_at, 1)], s);
+        let ring = Ring { stages_at, stage_bytes, full_at: bars_at, layout: sl };
+        let single = s >= 4;
+        let dist = if single { s - 2 } else { s - 1 };
+        // The first `dist` steps, and where the step `dist` ahead of step 0 is.
+        for i in 0..dist {
+            let g = self.iconst(i as i64);
+            let t = self.bin(BinaryOp::Div, g, f.kn1);
+            let kk = self.bin(BinaryOp::Rem, g, f.kn1);
+            let known = self.flat_tile_offsets(&f, t);
+            self.flat_issue(&f, plan, g, (t, kk), &known, leader, ring);
+        }
+        let ahead0 = self.iconst(dist as i64);
+        let t_next0 = self.bin(BinaryOp::Div, ahead0, f.kn1);
+        let kk_next0 = self.bin(BinaryOp::Rem, ahead0, f.kn1);
+        let known0 = self.flat_tile_offsets(&f, t_next0);
+
+        // Phis: the accumulator, this step's K step, the tile and K step `dist` ahead, and the
+        // per-tile offsets of that tile.
+        let g = self.reg(I32);
+        let phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let (kk_cur, kk_next, t_next) = (self.reg(I32), self.reg(I32), self.reg(I32));
+        let known: Vec<Reg> = f.per_tile.iter().map(|_| self.reg(I32)).collect();
+        let saved = std::mem::take(&mut self.cur);
+        let memo = self.memo.clone();
+        let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
+        if single {
+            self.emit(Inst::WgmmaWait { pending: 1 });
+            self.emit(Inst::Barrier);
+        }
+        let parity = self.ring_parity(g, s);
+        let (base, bar) = (self.ring_slot(g, s, stages_at, stage_bytes), self.ring_slot(g, s, bars_at, 8));
+        self.emit(Inst::MbarrierWait { offset: bar, parity });
+        let accumulate = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk_cur, b: zero });
+        let acc =
+            self.wgmma_steps(l, ab, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
+        // The copies `dist` steps ahead go after this step's group (as in `pipelined_for`).
+        if !single {
+            self.emit(Inst::Barrier);
+        }
+        self.flat_issue(&f, plan, ahead, (t_next, kk_next), &known, leader, ring);
+        // The tile's last step: every group done, then the epilogue at this tile.
+        self.flat_epilogue(&f, &p, (g, kk_cur), &acc, |me| me.emit(Inst::WgmmaWait { pending: 0 }))?;
+        let (kk_cur1, _, _) = self.flat_advance(&f, kk_cur, None, &[]);
+        let (kk_next1, t_next1, known1) = self.flat_advance(&f, kk_next, Some(t_next), &known);
         let body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
+        let fz = self.konst(SType::F32, Literal::Float(0.0));
         let mut all_phis = phis;
         let mut inits: Vec<Reg> = (0..l.slots()).map(|_| fz).collect();
         let mut nexts = acc;
         all_phis.extend([kk_cur, kk_next, t_next]);
         inits.extend([zero, kk_next0, t_next0]);
-        nexts.extend([kk_cur1, kk_next1, t_next1]);
+        nexts.extend([kk_cur1, kk_next1, t_next1.expect("the tile moves on")]);
         all_phis.extend(known.iter().copied());
         inits.extend(known0);
         nexts.extend(known1);
         let results: Vec<Reg> = all_phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
-        self.emit(Inst::Loop { iv: g, lo: zero, hi: total, step: one, phis: all_phis, inits, body, nexts, results });
+        self.emit(Inst::Loop { iv: g, lo: zero, hi: f.total, step: one, phis: all_phis, inits, body, nexts, results });
         self.emit(Inst::WgmmaWait { pending: 0 });
         self.end_mbarriers(&[bars_at], s, leader);
         self.shared_free(stages_at);
         Ok(())
     }
+
+    /// The flat loop with a producer warp (`LaunchAttrs::warp_specialize`), as
+    /// `specialized_for` splits a K loop: the producer walks every (tile, K step) of the
+    /// program, waiting for a stage's "empty" mbarrier and copying into it; the consumers walk
+    /// the same steps, waiting for "full", issuing the step's `wgmma` group and, once the group
+    /// before completed, handing that step's stage back (one arrival per warp). A tile's last
+    /// step waits for every group, hands its stage back and runs the epilogue while the producer
+    /// already fills the stages of the next tile. The epilogue's barriers are the consumers'
+    /// own.
+    fn flattened_specialized(&mut self, op: Op, p: Persistent) -> Result<(), LowerError> {
+        let f = self.flat(op, &p);
+        let plan = &p.plan;
+        let (l, s) = (plan.layout, plan.stages);
+        let ab = stype(self.func.ty(plan.a.value));
+        let (zero, one) = (self.iconst(0), self.iconst(1));
+        let consumers = self.k.warps * self.k.warp_size;
+        self.k.producer_warps = 1;
+        let (sl, stage_bytes, align) = self.stage_layout(plan);
+        let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
+        self.emit(Inst::Barrier);
+        let (full_at, empty_at) =
+            (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
+        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, self.k.warps)], s);
+        let ring = Ring { stages_at, stage_bytes, full_at, layout: sl };
+        let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
+        let first_producer = self.iconst(consumers as i64);
+        self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
+        self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
+        let lane = self.bin_c(BinaryOp::And, self.tid, self.k.warp_size as i64 - 1);
+        let lane0 = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: lane0, op: CmpOp::Eq, a: lane, b: zero });
+        let releaser = self.bin(BinaryOp::And, consumer, lane0);
+        let t0 = zero;
+        let known0 = self.flat_tile_offsets(&f, t0);
+        let saved = std::mem::take(&mut self.cur);
+        let memo = self.memo.clone();
+
+        // The producer: wait until step g's stage is free, announce and copy; then move on.
+        let (pg, pkk, pt) = (self.reg(I32), self.reg(I32), self.reg(I32));
+        let known: Vec<Reg> = f.per_tile.iter().map(|_| self.reg(I32)).collect();
+        let parity = self.ring_parity(pg, s);
+        let parity = self.bin_c(BinaryOp::Xor, parity, 1);
+        let empty = self.ring_slot(pg, s, empty_at, 8);
+        self.emit(Inst::MbarrierWait { offset: empty, parity });
+        self.flat_issue(&f, plan, pg, (pt, pkk), &known, producer_lane, ring);
+        let (pkk1, pt1, known1) = self.flat_advance(&f, pkk, Some(pt), &known);
+        let producer_body = std::mem::take(&mut self.cur);
+        self.memo = memo.clone();
+        let mut phis = vec![pkk, pt];
+        phis.extend(known.iter().copied());
+        let mut inits = vec![zero, t0];
+        inits.extend(known0);
+        let mut nexts = vec![pkk1, pt1.expect("the tile moves on")];
+        nexts.extend(known1);
+        let results = phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
+        let producer = vec![Inst::Loop {
+            iv: pg,
+            lo: zero,
+            hi: f.total,
+            step: one,
+            phis,
+            inits,
+            body: producer_body,
+            nexts,
+            results,
+        }];
+
+        // The consumers: a tile loop whose K loop waits for step g's data, issues its group and
+        // hands the step before back (within the tile); after it every group is done, the last
+        // stage goes back and the epilogue runs, while the producer fills the next tile's stages.
+        // (Nested loops, not the flat loop: a `wgmma` wait in an `if` makes ptxas serialize every
+        // `wgmma` of the kernel, C7518.)
+        let (ct, tile_g) = (self.reg(I32), self.reg(I32));
+        let (ckk, cg) = (self.reg(I32), self.reg(I32));
+        let acc_phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+        let k_saved = std::mem::take(&mut self.cur);
+        let k_memo = self.memo.clone();
+        let parity = self.ring_parity(cg, s);
+        let (full, base) = (self.ring_slot(cg, s, full_at, 8), self.ring_slot(cg, s, stages_at, stage_bytes));
+        self.emit(Inst::MbarrierWait { offset: full, parity });
+        let accumulate = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: ckk, b: zero });
+        let acc = self.wgmma_steps(l, ab, sl, base, acc_phis.clone(), Some(1), Some(accumulate));
+        let before = self.bin_c(BinaryOp::Add, cg, s as i64 - 1);
+        let released = self.ring_slot(before, s, empty_at, 8);
+        let pred = self.bin(BinaryOp::And, accumulate, releaser);
+        self.emit(Inst::MbarrierArrive { offset: released, pred });
+        let cg1 = self.bin_c(BinaryOp::Add, cg, 1);
+        let k_body = std::mem::replace(&mut self.cur, k_saved);
+        self.memo = k_memo;
+        let fz = self.konst(SType::F32, Literal::Float(0.0));
+        let mut phis = acc_phis;
+        phis.push(cg);
+        let mut inits: Vec<Reg> = (0..l.slots()).map(|_| fz).collect();
+        inits.push(tile_g);
+        let mut nexts = acc;
+        nexts.push(cg1);
+        let results: Vec<Reg> = phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
+        self.emit(Inst::Loop {
+            iv: ckk,
+            lo: zero,
+            hi: f.kn1,
+            step: one,
+            phis,
+            inits,
+            body: k_body,
+            nexts,
+            results: results.clone(),
+        });
+        let (acc_r, g_end) = (&results[..l.slots() as usize], results[l.slots() as usize]);
+        self.emit(Inst::WgmmaWait { pending: 0 });
+        let last = self.bin_c(BinaryOp::Sub, g_end, 1);
+        let mine = self.ring_slot(last, s, empty_at, 8);
+        self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
+        self.tile_epilogue(&f, &p, ct, acc_r)?;
+        let outer_body = std::mem::replace(&mut self.cur, saved);
+        self.memo = memo;
+        let g_r = self.reg(I32);
+        let consumer_loop = Inst::Loop {
+            iv: ct,
+            lo: zero,
+            hi: f.tiles,
+            step: one,
+            phis: vec![tile_g],
+            inits: vec![zero],
+            body: outer_body,
+            nexts: vec![g_end],
+            results: vec![g_r],
+        };
+        self.emit(Inst::Specialized { consumer_warps: self.k.warps, producer, consumer: vec![consumer_loop] });
+        // Only the consumers from here on: every group done (each tile's last step waited),
+        // then the mbarriers end.
+        self.end_mbarriers(&[full_at, empty_at], s, leader);
+        self.shared_free(stages_at);
+        Ok(())
+    }
+}
+
+/// What both flat loops share: the tile loop's body and variables, the K loop's variable, the
+/// tile and K step counters' bounds, and which copy offsets are per tile.
+struct Flat {
+    outer: Block,
+    tile_arg: Value,
+    k_arg: Value,
+    lo_t: Reg,
+    st_t: Reg,
+    lo_k: Reg,
+    st_k: Reg,
+    /// K steps per tile, at least 1.
+    kn1: Reg,
+    /// Whether the K loop has any step (else the products are zeros).
+    has_k: Reg,
+    /// The program's tiles.
+    tiles: Reg,
+    /// Flat steps of the program: tiles x `kn1`.
+    total: Reg,
+    last_k: Reg,
+    /// Which of the copy offsets ([`Lowering::tensor_offsets`]) do not depend on the K step.
+    per_tile: Vec<usize>,
+    offsets: [Value; 4],
+}
+
+/// Where a TMA ring lives: its stages, their "full" mbarriers, and the stage layout.
+#[derive(Clone, Copy)]
+struct Ring {
+    stages_at: u32,
+    stage_bytes: u32,
+    full_at: u32,
+    layout: StageLayout,
 }

@@ -22,33 +22,67 @@ impl Lowering<'_> {
         if !matches!(t, SType::BF16 | SType::F16) || !l.n.is_multiple_of(64) || l.m > 256 {
             return false;
         }
-        let bytes = l.m * l.n * 2;
-        if self.smem.place(bytes, 1024) + bytes > self.target.shared_bytes {
+        // The staging copy: the whole block, or (when that does not fit beside what is live,
+        // as a persistent kernel's stage ring) a part of its 64-column atoms at a time, stored
+        // round by round. A round takes the accumulator slots of its columns, which is static
+        // when the warps do not split the columns.
+        let atom_bytes = l.m * 128;
+        let atoms = l.n / 64;
+        let fits =
+            |me: &mut Self, k: u32| me.smem.place(k * atom_bytes, 1024) + k * atom_bytes <= me.target.shared_bytes;
+        let mut per = atoms;
+        while per > 1 && (!fits(self, per) || !atoms.is_multiple_of(per)) && l.warps_n == 1 {
+            per /= 2;
+        }
+        if !fits(self, per) || !atoms.is_multiple_of(per) {
             return false;
         }
         let Some(map) = self.tensor_map(desc, l.m, 64, 128) else { return false };
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
-        // Whoever read these bytes before is done.
-        self.emit(Inst::Barrier);
-        let at = self.shared_alloc("tma.store", bytes, 1024);
+        let at = self.shared_alloc("tma.store", per * atom_bytes, 1024);
         let base = self.iconst(at as i64);
         let sl = StageLayout::Swizzled { m: l.m, kk: 64, sa: 128, sb: 128, b_off: 0 };
-        for (s, &r) in regs.iter().enumerate() {
-            let [row, col] = self.mma_coords(l, s as u32);
-            let off = self.stage_offset_here(sl, 0, row, col, 2);
-            let off = self.bin(BinaryOp::Add, off, base);
-            self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
-        }
-        self.emit(Inst::FenceProxyAsync);
-        self.emit(Inst::Barrier);
         let leader = self.first_thread();
-        for atom in 0..l.n / 64 {
-            let col = self.bin_c(BinaryOp::Add, col0, (atom * 64) as i64);
-            let offset = self.iconst((at + atom * l.m * 128) as i64);
-            self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
+        for round in 0..atoms / per {
+            let (lo, hi) = (round * per * 64, (round + 1) * per * 64);
+            // Whoever read these bytes before (an earlier op, the last round's bulk copy) is done.
+            self.emit(Inst::Barrier);
+            let mut s = 0;
+            while s < regs.len() {
+                let o = l.offset(s as u32);
+                // A thread's two neighbouring columns (as the accumulator layouts pair them, from
+                // an even column) go out as one 32-bit store: they share a 16-byte chunk, which
+                // the swizzle moves whole.
+                let pair = s + 1 < regs.len() && l.offset(s as u32 + 1) == [o[0], o[1] + 1];
+                let step = if pair { 2 } else { 1 };
+                if per < atoms && !(lo..hi).contains(&o[1]) {
+                    s += step;
+                    continue;
+                }
+                let [row, col] = self.mma_coords(l, s as u32);
+                let col = if lo > 0 { self.bin_c(BinaryOp::Sub, col, lo as i64) } else { col };
+                let off = self.stage_offset_here(sl, 0, row, col, 2);
+                let off = self.bin(BinaryOp::Add, off, base);
+                let value = if pair {
+                    let d = self.reg(SType::Int { bits: 32, signed: true });
+                    self.emit(Inst::Pack { dst: d, lo: regs[s], hi: regs[s + 1] });
+                    d
+                } else {
+                    regs[s]
+                };
+                self.emit(Inst::SharedStore { offset: off, value, pred: None });
+                s += step;
+            }
+            self.emit(Inst::FenceProxyAsync);
+            self.emit(Inst::Barrier);
+            for atom in 0..per {
+                let col = self.bin_c(BinaryOp::Add, col0, (lo + atom * 64) as i64);
+                let offset = self.iconst((at + atom * atom_bytes) as i64);
+                self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
+            }
+            self.emit(Inst::BulkCommit);
+            self.emit(Inst::BulkWait);
         }
-        self.emit(Inst::BulkCommit);
-        self.emit(Inst::BulkWait);
         self.emit(Inst::Barrier);
         self.shared_free(at);
         true
