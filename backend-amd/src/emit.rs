@@ -566,6 +566,7 @@ impl Writer<'_> {
             | Inst::WgmmaCommit
             | Inst::WgmmaWait { .. }
             | Inst::FenceProxyAsync
+            | Inst::FenceProxyAsyncGlobal
             | Inst::MbarrierInit { .. }
             | Inst::FenceMbarrierInit
             | Inst::MbarrierInval { .. }

@@ -1152,6 +1152,7 @@ impl Exec<'_> {
             | Inst::WgmmaCommit
             | Inst::WgmmaWait { .. }
             | Inst::FenceProxyAsync
+            | Inst::FenceProxyAsyncGlobal
             | Inst::FenceMbarrierInit => {}
             Inst::MbarrierInit { offset, count, pred } => {
                 for at in self.active_offsets(*offset, *pred)? {

@@ -444,6 +444,7 @@ impl<'k> Writer<'k> {
             Inst::WgmmaCommit => self.line("wgmma.commit_group.sync.aligned".into()),
             Inst::WgmmaWait { pending } => line!(self, "wgmma.wait_group.sync.aligned {pending}"),
             Inst::FenceProxyAsync => self.line("fence.proxy.async.shared::cta".into()),
+            Inst::FenceProxyAsyncGlobal => self.line("fence.proxy.async.global".into()),
             Inst::MbarrierInit { offset, count, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
                 line!(self, "@{p} mbarrier.init.shared::cta.b64 [{addr}], {count}");

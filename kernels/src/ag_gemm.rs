@@ -40,12 +40,12 @@ impl AgGemm {
         AgGemm { gemm: Gemm::new(dtype), mode }
     }
 
-    /// The GEMM tiles of `target` (`Gemm::for_target`: `wgmma` on sm_90a, MFMA on gfx942),
-    /// reading A through pointers: the gathered rows arrive from other ranks while the GEMM
-    /// runs, and a TMA read of them would need the async proxy ordered after the signal's
-    /// acquire (not lowered yet).
+    /// The GEMM tiles of `target` (`Gemm::for_target`: `wgmma` on sm_90a, MFMA on gfx942), one
+    /// program per tile (it waits for its rows' chunks before its K loop), A, B and C through
+    /// descriptors where the target has TMA (the wait's lowering orders the async proxy after
+    /// its acquire, so TMA reads the gathered rows other ranks wrote).
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
-        AgGemm { gemm: Gemm::for_target(dtype, target).pointer_operands(), mode }
+        AgGemm { gemm: Gemm::for_target(dtype, target).single_tile(), mode }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -96,9 +96,25 @@ impl AgGemm {
         let a = a_full.consume_token(tok);
 
         let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
-        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-        let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
-        b.store(c + rows * n + cols, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
+        let col0 = (pid % tiles_n) * bn as i32;
+        let cols = (col0 + b.arange(0, bn as i64)).expand_dims(0);
+        let mask = rows.lt(m) & cols.lt(n);
+        if g.divisible && g.descriptors {
+            // A (after the wait: its descriptor carries the token), B and C through descriptors
+            // (TMA copies and store on sm_90a).
+            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
+            let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
+            let out = g.desc_product(&b, (da, db), (row0, col0), k).cast(g.dtype);
+            if g.tma_store {
+                b.desc_store(b.make_desc(c, [m, n], [n, one], [bm, bn]), [row0, col0], out);
+            } else {
+                b.store(c + rows * n + cols, out, Some(mask));
+            }
+        } else {
+            let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
+            b.store(c + rows * n + cols, acc.cast(g.dtype), Some(mask));
+        }
         b.finish()
     }
 

@@ -106,6 +106,13 @@ impl Gemm {
         Gemm { divisible: aligned && n.is_multiple_of(16) && k.is_multiple_of(16) && k > 0, ..self }
     }
 
+    /// The same tiles reading A and B through descriptors where [`Gemm::for_target`] does (TMA
+    /// on sm_90a), C as it says, in a plain (not persistent, no producer warp) program per tile:
+    /// for the overlap kernels, whose programs wait for signals before their K loop.
+    pub fn single_tile(self) -> Gemm {
+        Gemm { warp_specialize: false, persistent: false, ..self }
+    }
+
     /// The same tiles with every operand through pointers (no descriptors, no TMA store, no
     /// producer warp, not persistent): for kernels that build on [`Gemm::tile_product`].
     pub fn pointer_operands(self) -> Gemm {

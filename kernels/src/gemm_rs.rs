@@ -37,13 +37,11 @@ impl GemmRs {
         GemmRs { gemm: Gemm::new(dtype) }
     }
 
-    /// The GEMM tiles of `target` (`Gemm::for_target`), operands and the owner's tile through
-    /// pointers (its epilogue stores into another rank's buffer). Setting `gemm.descriptors`
-    /// reads A and B by TMA where the arguments are divisible: checked on cpu-simt, off until
-    /// the H200 has checked and timed it (the device budget of the session that wrote it ran
-    /// out first).
+    /// The GEMM tiles of `target` (`Gemm::for_target`), one program per tile, A and B through
+    /// descriptors where the target has TMA and the arguments are divisible; the owner's tile
+    /// through a pointer (its epilogue stores into another rank's buffer).
     pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> GemmRs {
-        GemmRs { gemm: Gemm::for_target(dtype, target).pointer_operands() }
+        GemmRs { gemm: Gemm { tma_store: false, ..Gemm::for_target(dtype, target).single_tile() } }
     }
 
     fn problem(&self, message: String) -> BackendError {

@@ -135,7 +135,8 @@ fn ag_gemm_and_gemm_rs_use_the_targets_matrix_instructions() {
         trident_core::simt::count(&k.body, &|i| matches!(i, Inst::Wgmma { .. }))
     };
     let ag = AgGemm::for_target(DType::BF16, GatherMode::Kernel, Some(&SM_90A));
-    assert_eq!((ag.gemm.block_m, ag.gemm.block_n, ag.gemm.descriptors), (128, 256, false));
+    assert_eq!((ag.gemm.block_m, ag.gemm.block_n, ag.gemm.descriptors), (128, 256, true));
+    assert!(!ag.gemm.persistent && !ag.gemm.warp_specialize, "a program per tile: it waits first");
     assert!(wgmmas(ag.build().unwrap()) > 0, "AG-GEMM on wgmma");
     let rs = GemmRs::for_target(DType::BF16, Some(&SM_90A));
     assert_eq!((rs.gemm.block_m, rs.gemm.block_n, rs.gemm.stages), (128, 256, 4));
@@ -148,4 +149,26 @@ fn ag_gemm_and_gemm_rs_use_the_targets_matrix_instructions() {
     let divisible = GemmRs { gemm: trident_kernels::gemm::Gemm { divisible: true, descriptors: true, ..rs.gemm } };
     assert!(tma(divisible.build_gemm(128).unwrap()) > 0, "GEMM-RS on TMA");
     assert_eq!(tma(rs.build_gemm(128).unwrap()), 0, "no facts, no TMA");
+    // AG-GEMM with divisible arguments reads the gathered A (and B) by TMA after its wait, the
+    // async proxy ordered after the wait's acquire, and stores C by TMA.
+    let ag_div = AgGemm { gemm: trident_kernels::gemm::Gemm { divisible: true, ..ag.gemm }, ..ag };
+    let k = lower(&ag_div.build().unwrap(), &SM_90A).unwrap();
+    fn walk(body: &[Inst], order: &mut Vec<&'static str>) {
+        for i in body {
+            match i {
+                Inst::WaitSignals { .. } => order.push("wait"),
+                Inst::FenceProxyAsyncGlobal => order.push("fence"),
+                Inst::TmaLoad { .. } => order.push("tma"),
+                Inst::TmaStore { .. } => order.push("store"),
+                _ => {}
+            }
+            for b in i.bodies() {
+                walk(b, order);
+            }
+        }
+    }
+    let mut order = Vec::new();
+    walk(&k.body, &mut order);
+    assert_eq!(order[..3], ["wait", "fence", "tma"], "{order:?}");
+    assert!(order.contains(&"store"), "{order:?}");
 }

@@ -602,6 +602,11 @@ impl Lowering<'_> {
             OpKind::Wait { sigs, count, cmp, value, .. } => {
                 let (b, c, v) = (self.held(*sigs)[0], self.held(*count)[0], self.held(*value)[0]);
                 self.emit(Inst::WaitSignals { base: b, count: c, cmp: *cmp, value: v });
+                // What the wait acquired is read by TMA too (an AG-GEMM's gathered rows): the
+                // async proxy is ordered after it.
+                if self.target.has_async_copy(AsyncCopy::Tma) {
+                    self.emit(Inst::FenceProxyAsyncGlobal);
+                }
                 let t = self.reg(U64);
                 self.emit(Inst::Const { dst: t, value: Literal::Int(0) });
                 vec![t]

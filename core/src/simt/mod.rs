@@ -485,6 +485,10 @@ pub enum Inst {
     /// Makes the thread's earlier shared-memory writes (stores, completed `cp.async`) visible to
     /// the asynchronous proxy that `Wgmma` reads through (`fence.proxy.async.shared::cta`).
     FenceProxyAsync,
+    /// Orders the thread's earlier global-memory accesses, and what an acquire before made
+    /// visible to it, before its later asynchronous-proxy accesses of global memory (TMA copies):
+    /// after a wait for data that other programs or ranks wrote (`fence.proxy.async.global`).
+    FenceProxyAsyncGlobal,
     /// Threads with `pred` initialize the mbarrier (8 bytes) at shared byte `offset` for
     /// `count` arrivals per phase, in phase 0 (`mbarrier.init`).
     MbarrierInit {

@@ -79,6 +79,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::WgmmaCommit
         | Inst::WgmmaWait { .. }
         | Inst::FenceProxyAsync
+        | Inst::FenceProxyAsyncGlobal
         | Inst::FenceMbarrierInit
         | Inst::BulkCommit
         | Inst::BulkWait

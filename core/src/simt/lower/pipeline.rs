@@ -237,6 +237,13 @@ impl Lowering<'_> {
         use crate::simt::tma::{MapScalar, TensorMap};
         let ValueDef::Result { op, .. } = self.func.values[desc].def else { return None };
         let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { return None };
+        // The pointer may carry a wait's token (`consume_token`): the copies come after the wait
+        // in program order, and the wait's lowering orders the async proxy after it.
+        let mut ptr = ptr;
+        while let ValueDef::Result { op, .. } = self.func.values[ptr].def {
+            let OpKind::ConsumeToken { value, .. } = self.func.ops[op].kind else { break };
+            ptr = value;
+        }
         let ValueDef::Param(p) = self.func.values[ptr].def else { return None };
         let (dtype, _) = self.func.ty(desc).elem.desc()?;
         if dtype.size_bytes() != 2 || rows > 256 {
