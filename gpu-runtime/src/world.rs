@@ -363,6 +363,10 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         // name into wait diagnostics.
         self.device().fill(&b, &[0])?;
         self.device().allocations().insert(&b);
+        // Collective, as `shmem_malloc`: no rank returns before every rank has zeroed its part,
+        // so a peer's first write (a signal) cannot be wiped by the owner's zeroing. (Without
+        // this the HIP stub's world test lost a signal written right after the allocation.)
+        self.shared.sync.wait(self.rank, "symm_alloc")?;
         Ok(b)
     }
 

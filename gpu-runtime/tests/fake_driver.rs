@@ -305,6 +305,30 @@ fn heaps_table_hidden_arguments_and_load_before_launch() {
     assert!(node.mem.lock().unwrap().is_empty());
 }
 
+/// `symm_alloc` is collective: a peer's write right after its own allocation is never wiped by
+/// the owner's zeroing of its part, however late the owner allocates.
+#[test]
+fn symmetric_allocation_is_collective() {
+    trident_backend_cpu::link();
+    let (_, devs) = node_devices(1, false);
+    let out = GpuWorld::run(devs, opts(2), |ctx| {
+        if ctx.rank() == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let flag = ctx.symm_alloc(8, "flag")?;
+        if ctx.rank() == 1 {
+            ctx.write_signal(0, &ctx.peer(&flag, 0)?, 0, 5)?;
+            ctx.synchronize()?;
+        }
+        ctx.barrier()?;
+        let mut raw = [0u8; 8];
+        ctx.read(&flag, 0, &mut raw)?;
+        Ok(u64::from_le_bytes(raw))
+    })
+    .unwrap();
+    assert_eq!(out[0], 5, "rank 1's signal survived rank 0's allocation");
+}
+
 #[test]
 fn stream_signals_across_ranks_and_the_watchdog() {
     trident_backend_cpu::link();
