@@ -130,6 +130,9 @@ struct Lowering<'f> {
     /// While a software-pipelined loop body is lowered: where its loop-invariant
     /// rematerializations go (`index.rs`, `eval`).
     hoist: Option<Hoist>,
+    /// A TMA store's bulk copy may still read its shared staging copy (`tma_store` leaves the
+    /// wait to the next store or the program's end).
+    bulk_pending: bool,
 }
 
 /// Loop-invariant code motion for rematerialized values: inside a pipelined K loop, a value that
@@ -201,6 +204,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         const_ints: HashMap::default(),
         hoist: None,
         used: used_values(func),
+        bulk_pending: false,
     };
     let mut head = Vec::new();
     l.tid = l.reg(I32);
@@ -222,6 +226,10 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     l.prologue.push(Inst::Binary { dst: l.lane, op: BinaryOp::And, a: l.tid, b: mask });
     l.prologue.push(Inst::Binary { dst: l.warp, op: BinaryOp::Shr, a: l.tid, b: shift });
     l.block(func.body)?;
+    if l.bulk_pending {
+        // The last TMA store's reads of shared memory end before the program does.
+        l.emit(Inst::BulkWait);
+    }
     head.append(&mut l.prologue);
     head.append(&mut l.cur);
     l.k.body = head;

@@ -213,6 +213,31 @@ impl Lowering<'_> {
     /// The epilogue of tile number `t`: the tile loop's ops but the K loop, with the products
     /// `acc` (zeros for an empty K loop) in place of its result and the tile variable bound.
     fn tile_epilogue(&mut self, f: &Flat, p: &Persistent, t: Reg, acc: &[Reg]) -> Result<(), LowerError> {
+        let saved_tile = self.tile_ops_before(f, p, t)?;
+        self.tile_ops_after(f, p, acc, saved_tile)
+    }
+
+    /// The tile loop's ops before the K loop (index math) with the tile variable bound to tile
+    /// number `t`; returns the variable's earlier binding, for [`Lowering::tile_ops_after`].
+    fn tile_ops_before(&mut self, f: &Flat, p: &Persistent, t: Reg) -> Result<Option<Vec<Reg>>, LowerError> {
+        let ti = self.flat_tile_iv(f, t);
+        let saved_tile = self.vals.insert(f.tile_arg, vec![ti]);
+        let ops = self.func.blocks[f.outer].ops.clone();
+        for &o in ops.iter().take_while(|&&o| o != p.inner) {
+            self.op(o)?;
+        }
+        Ok(saved_tile)
+    }
+
+    /// The tile loop's ops after the K loop, with the products `acc` (zeros for an empty K loop)
+    /// in place of its result; then the tile's values and the tile variable's binding go.
+    fn tile_ops_after(
+        &mut self,
+        f: &Flat,
+        p: &Persistent,
+        acc: &[Reg],
+        saved_tile: Option<Vec<Reg>>,
+    ) -> Result<(), LowerError> {
         let fz = self.konst(SType::F32, Literal::Float(0.0));
         let products: Vec<Reg> = acc
             .iter()
@@ -222,14 +247,11 @@ impl Lowering<'_> {
                 dst
             })
             .collect();
-        let ti = self.flat_tile_iv(f, t);
-        let saved_tile = self.vals.insert(f.tile_arg, vec![ti]);
         let result = self.func.ops[p.inner].results[0];
         self.mma_held.insert(result, (p.plan.layout, products));
-        for &o in &self.func.blocks[f.outer].ops.clone() {
-            if o != p.inner {
-                self.op(o)?;
-            }
+        let ops = self.func.blocks[f.outer].ops.clone();
+        for &o in ops.iter().skip_while(|&&o| o != p.inner).skip(1) {
+            self.op(o)?;
         }
         match saved_tile {
             Some(r) => self.vals.insert(f.tile_arg, r),
@@ -403,6 +425,8 @@ impl Lowering<'_> {
         // (Nested loops, not the flat loop: a `wgmma` wait in an `if` makes ptxas serialize every
         // `wgmma` of the kernel, C7518.)
         let (ct, tile_g) = (self.reg(I32), self.reg(I32));
+        // The tile's index math first (off the path from the last group to the stores).
+        let saved_tile = self.tile_ops_before(&f, &p, ct)?;
         let (ckk, cg) = (self.reg(I32), self.reg(I32));
         let acc_phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let k_saved = std::mem::take(&mut self.cur);
@@ -444,7 +468,7 @@ impl Lowering<'_> {
         let last = self.bin_c(BinaryOp::Sub, g_end, 1);
         let mine = self.ring_slot(last, s, empty_at, 8);
         self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
-        self.tile_epilogue(&f, &p, ct, acc_r)?;
+        self.tile_ops_after(&f, &p, acc_r, saved_tile)?;
         let outer_body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
         let g_r = self.reg(I32);

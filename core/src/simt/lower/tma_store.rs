@@ -39,7 +39,11 @@ impl Lowering<'_> {
         }
         let Some(map) = self.tensor_map(desc, l.m, 64, 128) else { return false };
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
+        // The staging copy stays allocated to the program's end: the last round's bulk read is
+        // waited for by the next store (this one again, in a loop) or at the end, so the
+        // epilogue does not wait for it and nothing else may take the bytes meanwhile.
         let at = self.shared_alloc("tma.store", per * atom_bytes, 1024);
+        self.emit(Inst::BulkWait);
         let base = self.iconst(at as i64);
         let sl = StageLayout::Swizzled { m: l.m, kk: 64, sa: 128, sb: 128, b_off: 0 };
         let leader = self.first_thread();
@@ -81,10 +85,11 @@ impl Lowering<'_> {
                 self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
             }
             self.emit(Inst::BulkCommit);
-            self.emit(Inst::BulkWait);
+            if round + 1 < atoms / per {
+                self.emit(Inst::BulkWait);
+            }
         }
-        self.emit(Inst::Barrier);
-        self.shared_free(at);
+        self.bulk_pending = true;
         true
     }
 }
