@@ -123,19 +123,28 @@ impl Gemm {
     /// tiles for small M, so that enough programs fill the GPU (the H200 sweeps of
     /// `results/README.md`: 64x128 tiles with a K tile of 128 and 4 stages at M <= 128;
     /// 128x128x128 with 3 stages at M <= 256; from M = 512 the 128x256x64 tile). A K tile of
-    /// 128 halves the per-step waits, which bound small-M tiles. A producer warp won at M = 128
-    /// in one sweep (0.058 against 0.062 ms) and lost in the next (0.083 against 0.062 ms), so
-    /// the heuristic leaves it off; the tuning cache ([`Gemm::tuned`]) takes whichever the
-    /// device measured.
+    /// 128 halves the per-step waits, which bound small-M tiles. At M <= 128 a producer warp
+    /// issues the copies: with L2 evicted before each repetition (as the baseline is timed) it
+    /// took 0.045 against 0.052 ms (`results/h200-issue11/final-ec8b124`); earlier sweeps,
+    /// which reused a warm L2, disagreed from run to run. The tuning cache ([`Gemm::tuned`])
+    /// takes whichever the device measured.
     pub fn for_problem(dtype: DType, target: Option<&trident_core::target::TargetDesc>, m: usize) -> Gemm {
         let g = Gemm::for_target(dtype, target);
         if g.block_n != 256 {
             return g;
         }
-        // (Small M: not persistent, no producer warp; see above.)
+        // (Small M: one program per tile; see above.)
         let small = Gemm { warp_specialize: false, persistent: false, ..g };
         match m {
-            0..=128 => Gemm { block_m: 64, block_n: 128, block_k: 128, warps: 4, stages: 4, ..small },
+            0..=128 => Gemm {
+                block_m: 64,
+                block_n: 128,
+                block_k: 128,
+                warps: 4,
+                stages: 4,
+                warp_specialize: g.descriptors,
+                ..small
+            },
             129..=256 => Gemm { block_n: 128, block_k: 128, stages: 3, ..small },
             _ => g,
         }
