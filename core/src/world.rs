@@ -87,13 +87,15 @@ pub trait RankCtx {
     fn barrier(&self) -> Result<(), BackendError>;
 }
 
-/// Artifacts per specialization key, for one backend.
+/// Artifacts per backend, target and specialization key.
 #[derive(Default)]
 pub struct KernelCache {
-    compiled: Mutex<HashMap<String, Artifact>>,
+    compiled: Mutex<HashMap<(&'static str, Option<String>, String), Artifact>>,
 }
 
 impl KernelCache {
+    /// The artifact of `key` for `backend` and `target`, compiled from `build` the first time.
+    /// (Keyed by all three: a launcher whose target changes never reuses another target's code.)
     pub fn get_or_compile(
         &self,
         backend: &dyn Backend,
@@ -101,11 +103,12 @@ impl KernelCache {
         key: &str,
         build: &dyn Fn() -> Result<Function, VerifyError>,
     ) -> Result<Artifact, BackendError> {
-        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+        let id = (backend.descriptor().name, target.map(str::to_string), key.to_string());
+        if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             return Ok(a.clone());
         }
         let artifact = backend.compile(&build()?, target)?;
-        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), artifact.clone());
+        self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(id, artifact.clone());
         Ok(artifact)
     }
 }
