@@ -87,10 +87,13 @@ pub trait RankCtx {
     fn barrier(&self) -> Result<(), BackendError>;
 }
 
+/// What a [`KernelCache`] entry is for: the backend's name, the target and the key.
+type CacheKey = (&'static str, Option<String>, String);
+
 /// Artifacts per backend, target and specialization key.
 #[derive(Default)]
 pub struct KernelCache {
-    compiled: Mutex<HashMap<(&'static str, Option<String>, String), Artifact>>,
+    compiled: Mutex<HashMap<CacheKey, Artifact>>,
 }
 
 impl KernelCache {
