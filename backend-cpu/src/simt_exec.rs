@@ -524,8 +524,20 @@ impl Exec<'_> {
         Ok(())
     }
 
+    /// The value of `r`, which every lane must hold alike: `If` conditions, loop bounds and
+    /// the like, which the writers branch on as uniform (`bra.uni` in PTX). A register whose
+    /// lanes differ is a contract fault, so the suites run here check that claim.
     fn uniform(&self, r: Reg) -> Result<i64, Fault> {
-        Ok(self.get(r)?.scalar_i64())
+        let v = self.get(r)?;
+        if let Data::I(x) = &v.data {
+            if let Some(i) = x.iter().position(|&y| y != x[0]) {
+                return contract(format!(
+                    "a uniform value (register {}) differs across lanes: lane 0 has {}, lane {i} has {}",
+                    r.0, x[0], x[i]
+                ));
+            }
+        }
+        Ok(v.scalar_i64())
     }
 
     fn copy_all(&mut self, dsts: &[Reg], srcs: &[Reg]) -> Result<(), Fault> {

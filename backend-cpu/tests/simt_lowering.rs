@@ -342,3 +342,43 @@ fn faults_and_line_information_point_at_the_tile_ir() {
         trident_backend_nvidia::NvidiaBackend::ptx(&f, trident_backend_nvidia::target::Target::Sm90a).unwrap().ptx;
     assert!(ptx.contains(".file 1 \"oob.tile\"") && ptx.contains(".loc 1 5 "), "{ptx}");
 }
+
+/// The writers branch on `If` conditions and loop bounds as uniform (`bra.uni` in PTX), so
+/// cpu-simt checks that claim: a condition whose lanes differ is a contract fault.
+#[test]
+fn a_condition_that_differs_across_lanes_is_a_contract_fault() {
+    use std::sync::Arc;
+    use trident_core::simt::{Inst, Reg, SType, Special};
+    link();
+    let b = KernelBuilder::new("branchy", LaunchAttrs::default());
+    let y = b.arg_ptr("y", DType::F32);
+    b.store(y + b.arange(0, 128), b.full(&[128], 1.0, DType::F32), None);
+    let f = b.finish().unwrap();
+    let mut k = trident_core::simt::lower::lower(&f, trident_core::target::lookup("sm_90a").unwrap()).unwrap();
+    let mut reg = |t: SType| {
+        k.regs.push(t);
+        Reg(k.regs.len() as u32 - 1)
+    };
+    let i32t = SType::Int { bits: 32, signed: true };
+    let (tid, one, odd) = (reg(i32t), reg(i32t), reg(i32t));
+    let prefix = vec![
+        Inst::Special { dst: tid, which: Special::ThreadId },
+        Inst::Const { dst: one, value: Literal::Int(1) },
+        Inst::Binary { dst: odd, op: BinaryOp::And, a: tid, b: one },
+        Inst::If {
+            cond: odd,
+            then_body: Vec::new(),
+            then_yields: Vec::new(),
+            else_body: Vec::new(),
+            else_yields: Vec::new(),
+            results: Vec::new(),
+        },
+    ];
+    k.body.splice(0..0, prefix);
+    let text = k.to_string();
+    let art = trident_core::backend::Artifact::new(&f, "cpu-simt", "sm_90a", text, Arc::new(k));
+    let dev = SimtBackend.open_device(0).unwrap();
+    let out = dev.alloc(128 * 4, "y").unwrap();
+    let e = dev.launch(&art, [1, 1, 1], &[out.arg()], &LaunchOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("SIMT contract broken") && e.contains("differs across lanes"), "{e}");
+}
