@@ -10,6 +10,7 @@ pub mod distributed;
 pub mod host;
 pub mod npy;
 pub mod ops;
+pub mod overlap;
 pub mod reference;
 
 /// Registers the backends this suite can run on (call first in every binary).

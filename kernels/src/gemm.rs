@@ -346,6 +346,39 @@ impl Gemm {
         [(cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)).max(1) as u32, 1, 1]
     }
 
+    /// `c[m, n] = a[m, k] @ b[k, n]` enqueued on `stream` of a rank in a world (as [`Gemm::run`]
+    /// on a device): for host code that runs a GEMM beside the communication kernels.
+    pub fn enqueue(
+        &self,
+        ctx: &dyn trident_core::world::RankCtx,
+        stream: trident_core::world::StreamId,
+        (a, b, c): (&Buffer, &Buffer, &Buffer),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        let es = self.dtype.size_bytes() as usize;
+        require_bytes(a, m * k * es, "a")?;
+        require_bytes(b, k * n * es, "b")?;
+        require_bytes(c, m * n * es, "c")?;
+        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
+        if m == 0 || n == 0 {
+            return Ok(());
+        }
+        let spec = self.specialized([a, b, c], n, k);
+        let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
+        let args = [
+            a.arg(),
+            b.arg(),
+            c.arg(),
+            KernelArg::i32(m32),
+            KernelArg::i32(n32),
+            KernelArg::i32(k32),
+            KernelArg::i32(k32),
+            KernelArg::i32(n32),
+            KernelArg::i32(n32),
+        ];
+        ctx.launch(stream, &kernel, spec.grid(m, n), &args)
+    }
+
     /// `c[m, n] = a[m, k] @ b[k, n]`, contiguous row-major.
     pub fn run(
         &self,

@@ -89,6 +89,10 @@ impl Case {
         match self.name {
             "vector_add" => (d[0], 3.0 * d[0] * s),
             "softmax" | "softmax_fast" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
+            // Every rank's GEMM on the one GPU (a loopback world of d[3] ranks).
+            "ag_gemm_loopback" => {
+                (2.0 * d[0] * d[1] * d[2] * d[3], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s * d[3])
+            }
             // The GEMM's: the gather (or the reduction) is not part of what is timed.
             _ => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s),
         }
@@ -106,7 +110,7 @@ impl Case {
 
     /// Whether the case is a GEMM (rated in FLOP/s, bounded by compute).
     fn is_gemm(&self) -> bool {
-        matches!(self.name, "gemm" | "ag_gemm_w1" | "gemm_rs_w1")
+        matches!(self.name, "gemm" | "ag_gemm_w1" | "gemm_rs_w1" | "ag_gemm_loopback")
     }
 
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
@@ -143,6 +147,10 @@ fn cases() -> Vec<Case> {
         // per-rank shape at 8 ranks: N = 28672 / 8).
         c("ag_gemm_w1", DType::BF16, &[8192, 3584, 8192]),
         c("gemm_rs_w1", DType::BF16, &[8192, 3584, 8192]),
+        // AG-GEMM against the gather and then the GEMM, in a loopback world of 4 ranks sharing
+        // the GPU (M over all ranks, N and K per rank, ranks): protocol and scheduling costs
+        // on real hardware, not communication speed (`trident_conformance::overlap`).
+        c("ag_gemm_loopback", DType::BF16, &[8192, 3584, 8192, 4]),
     ]
 }
 
@@ -353,6 +361,7 @@ fn run_case(
             )?
         }
         "ag_gemm_w1" | "gemm_rs_w1" => return overlap_cost(cuda, &l, case, reps, &mut rng),
+        "ag_gemm_loopback" => return loopback_overlap(drv, case, reps),
         _ => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
             let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
@@ -586,6 +595,31 @@ fn overlap_cost(
         (overlap.0.median / plain.0.median - 1.0) * 100.0
     );
     Ok(Measured { ms: overlap.0, error: err, config })
+}
+
+/// AG-GEMM against "gather, then GEMM" in a loopback world on this GPU (`case.dims[3]` ranks);
+/// the time is the slowest rank's median of AG-GEMM, the configuration column gives the
+/// sequential pipeline's and the ratio.
+fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<Measured, BackendError> {
+    use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
+    if drv.backend() != "nvidia" {
+        return Err(BackendError::Host(format!("{}: the loopback case runs on nvidia", case.key())));
+    }
+    let (d, dims) = (case.dtype, case.dims.clone());
+    let (mnk, w, seed) = ((dims[0], dims[1], dims[2]), dims[3], rand::random());
+    let out = GpuWorld::run(GpuWorldOptions::new(w), move |ctx| {
+        trident_conformance::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed)
+    })?;
+    let worst = |f: &dyn Fn(&trident_conformance::overlap::OverlapTimes) -> f64| out.iter().map(f).fold(0.0, f64::max);
+    let (overlapped, sequential, error) =
+        (worst(&|t| t.overlapped_ms), worst(&|t| t.sequential_ms), worst(&|t| t.error));
+    if error > case.bound() {
+        return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
+    }
+    let ms = Stats { median: overlapped, min: overlapped, max: overlapped, host_us: f64::NAN };
+    let config =
+        format!("{w} ranks on one GPU; gather then GEMM {sequential:.3} ms: overlap {:.3}x", sequential / overlapped);
+    Ok(Measured { ms, error, config })
 }
 
 fn rng_row(n: usize) -> usize {

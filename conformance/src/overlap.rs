@@ -1,0 +1,122 @@
+//! AG-GEMM against "gather, then GEMM" in a world: the overlap benchmark of the Hopper GEMM
+//! issue, run by `trident-bench` in the loopback world (ranks sharing one GPU) and by the tests
+//! in the CPU world. Every rank times both pipelines with the host clock between barriers (the
+//! same way for both, so launch costs count alike) and checks both outputs against an f64
+//! reference of sampled entries.
+
+use crate::host::{decode, encode, poison, random};
+use rand::{Rng, SeedableRng};
+use std::time::Instant;
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_core::world::RankCtx;
+use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+use trident_kernels::allgather::AllGather;
+
+/// One rank's medians (ms) and the worst normwise error of the two outputs.
+#[derive(Clone, Copy, Debug)]
+pub struct OverlapTimes {
+    /// AG-GEMM: the in-kernel gather on stream 1 while the GEMM's programs wait per chunk.
+    pub overlapped_ms: f64,
+    /// The same gather to completion, then AG-GEMM's GEMM tiles without waits.
+    pub sequential_ms: f64,
+    pub error: f64,
+}
+
+/// This rank's A shard (`m / w x k`) and B (`k x n`), from `seed` (every rank can make every
+/// other rank's shard, which the reference needs).
+fn inputs(seed: u64, rank: usize, (m, n, k, w): (usize, usize, usize, usize), d: DType) -> (Vec<f64>, Vec<f64>) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    (random(m / w * k, d, &mut rng), random(k * n, d, &mut rng))
+}
+
+/// The worst of 128 sampled entries of `c = A_full b`, relative to `sum |a||b|`.
+fn worst_error(
+    ctx: &dyn RankCtx,
+    c: &Buffer,
+    (a_full, b): (&[f64], &[f64]),
+    (m, n, k): (usize, usize, usize),
+    d: DType,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<f64, BackendError> {
+    let es = d.size_bytes() as usize;
+    let mut worst = 0.0f64;
+    for _ in 0..128 {
+        let (i, j) = (rng.gen_range(0..m), rng.gen_range(0..n));
+        let mut raw = vec![0u8; es];
+        ctx.read(c, (i * n + j) * es, &mut raw)?;
+        let got = decode(&raw, d)[0];
+        let (mut want, mut scale) = (0.0, 0.0);
+        for p in 0..k {
+            want += a_full[i * k + p] * b[p * n + j];
+            scale += (a_full[i * k + p] * b[p * n + j]).abs();
+        }
+        worst = worst.max((got - want).abs() / scale.max(1e-30));
+    }
+    Ok(worst)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times AG-GEMM (`C = A_full B_r`, `A` `m x k` sharded by rows over the ranks, `B_r` `k x n`)
+/// and the gather followed by the GEMM, `reps` times each after a checked warm-up run; every
+/// rank returns its own medians.
+pub fn ag_gemm_vs_sequential(
+    ctx: &dyn RankCtx,
+    d: DType,
+    (m, n, k): (usize, usize, usize),
+    reps: usize,
+    seed: u64,
+) -> Result<OverlapTimes, BackendError> {
+    let (r, w) = (ctx.rank(), ctx.world_size());
+    let es = d.size_bytes() as usize;
+    let (shard, b) = inputs(seed, r, (m, n, k, w), d);
+    let a_full: Vec<f64> = (0..w).flat_map(|q| inputs(seed, q, (m, n, k, w), d).0).collect();
+    let upload = |v: &[f64], name: &str| -> Result<Buffer, BackendError> {
+        let buf = ctx.alloc(v.len() * es, name)?;
+        ctx.write(&buf, 0, &encode(v, d))?;
+        Ok(buf)
+    };
+    let (a_buf, b_buf) = (upload(&shard, "a_shard")?, upload(&b, "b")?);
+    let c = ctx.alloc(m * n * es, "c")?;
+    let op = AgGemm::for_target(d, GatherMode::Kernel, ctx.gpu_target());
+    let mut bufs = op.buffers(ctx, m, k)?;
+    let gather = AllGather::new(d);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xC0FF_EE00 ^ r as u64);
+    let fresh = |c: &Buffer| ctx.fill(c, &poison(d));
+
+    let overlapped = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| op.run(ctx, bufs, &a_buf, &b_buf, &c, n);
+    // The sequential pipeline: the gather to completion on every rank, then the GEMM of the
+    // same tiles reading the gathered A (no waits left in it).
+    let sequential = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| -> Result<(), BackendError> {
+        gather.run(ctx, &mut bufs.gather, &a_buf)?;
+        op.gemm.enqueue(ctx, 0, (&bufs.gather.out, &b_buf, &c), (m, n, k))?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    };
+
+    let mut error = 0.0f64;
+    fresh(&c)?;
+    overlapped(&mut bufs)?;
+    error = error.max(worst_error(ctx, &c, (&a_full, &b), (m, n, k), d, &mut rng)?);
+    fresh(&c)?;
+    sequential(&mut bufs)?;
+    error = error.max(worst_error(ctx, &c, (&a_full, &b), (m, n, k), d, &mut rng)?);
+
+    let mut time = |f: &dyn Fn(&mut trident_kernels::ag_gemm::AgGemmBuffers) -> Result<(), BackendError>| {
+        let mut ms = Vec::with_capacity(reps.max(1));
+        for _ in 0..reps.max(1) {
+            ctx.barrier()?;
+            let t = Instant::now();
+            f(&mut bufs)?;
+            ms.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        Ok::<f64, BackendError>(median(ms))
+    };
+    let overlapped_ms = time(&overlapped)?;
+    let sequential_ms = time(&sequential)?;
+    Ok(OverlapTimes { overlapped_ms, sequential_ms, error })
+}
