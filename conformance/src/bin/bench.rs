@@ -679,6 +679,12 @@ fn compare(a: &str, b: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // The loopback case's ranks spin in kernels while others launch: modules load eagerly, as
+    // the loopback world sets up when it opens the device first (`backend-nvidia/src/world.rs`).
+    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
+        // SAFETY: before any thread starts and before the driver is initialised.
+        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+    }
     trident_conformance::link_backends();
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("compare") {
