@@ -1,9 +1,11 @@
 //! Persistent tile loops (`LaunchAttrs::persistent`) whose K loop is TMA-pipelined: the two
 //! loops become one loop over (tile, K step) pairs, so the copies of the next tile's first steps
 //! run while this tile's last steps compute and its epilogue stores. The tile loop must be
-//! `for t in range(..)` carrying nothing, with only index math before its K loop (whose bounds are
-//! constants or do not depend on the tile and whose accumulator starts at zero); what follows the K loop (the
-//! epilogue) runs once per tile, after the tile's last step.
+//! `for t in range(..)` carrying nothing, with only index math before its K loop (whose bounds
+//! are constants or do not depend on the tile and whose accumulator starts at zero); what
+//! follows the K loop (the epilogue) runs once per tile, after the tile's last step. With a
+//! producer warp (`LaunchAttrs::warp_specialize`) only the producer walks the flat loop; the
+//! consumers keep the tile loop around the K loop ([`Lowering::flattened_specialized`]).
 
 use super::pipeline::{Pipeline, StageLayout, Strategy};
 use super::*;
@@ -120,8 +122,8 @@ impl Lowering<'_> {
     }
 
     /// The copies of flat step `g` (tile number `t`, K step `kk`, the per-tile offsets `known`)
-    /// by the threads with `who`, into ring slot `g % stages` (stages at `stages_at`, "full"
-    /// mbarriers at `bars_at`).
+    /// by the threads with `who`, into slot `g % stages` of `ring` (its stage and its "full"
+    /// mbarrier).
     #[allow(clippy::too_many_arguments)]
     fn flat_issue(
         &mut self,
