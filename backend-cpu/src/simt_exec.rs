@@ -578,6 +578,8 @@ impl Exec<'_> {
 
     /// Read-modify-write of each active lane's word at `addr` (`f(lane, current)` is the new
     /// value), releasing before and acquiring after as `sem` says; `dst` gets the old values.
+    /// `writes` is false for an atomic load (a relaxed load publishes nothing at the next
+    /// signal; a relaxed store acquires nothing at the next fence).
     #[allow(clippy::too_many_arguments)]
     fn atomic_lanes(
         &mut self,
@@ -586,7 +588,7 @@ impl Exec<'_> {
         pred: Option<Reg>,
         sem: MemSemantic,
         d: DType,
-        what: &str,
+        (what, writes): (&str, bool),
         f: &dyn Fn(usize, u64) -> u64,
     ) -> Result<(), Fault> {
         self.hooks.yield_point(&mut self.view)?;
@@ -611,8 +613,12 @@ impl Exec<'_> {
                 self.view.race_release(at);
             } else {
                 // Relaxed: ordered by the fences around it (fence; write / read; fence).
-                self.view.race_relaxed_write(at);
-                self.view.race_relaxed_read(at);
+                if writes {
+                    self.view.race_relaxed_write(at);
+                }
+                if dst.is_some() {
+                    self.view.race_relaxed_read(at);
+                }
             }
         }
         let mut old = vec![0u64; lanes];
@@ -933,7 +939,7 @@ impl Exec<'_> {
                     return contract(format!("atomic load with {sem} semantics"));
                 }
                 let d = dtype(k.ty(*dst));
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "atomic load", &|_, cur| cur)?;
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("atomic load", false), &|_, cur| cur)?;
             }
             Inst::AtomicStore { addr, value, pred, sem, .. } => {
                 if sem.acquires() {
@@ -941,13 +947,15 @@ impl Exec<'_> {
                 }
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
-                self.atomic_lanes(None, *addr, *pred, *sem, d, "atomic store", &|i, _| elem_bits(&v.data, i, d))?;
+                self.atomic_lanes(None, *addr, *pred, *sem, d, ("atomic store", true), &|i, _| {
+                    elem_bits(&v.data, i, d)
+                })?;
             }
             Inst::Atomic { dst, op, addr, value, pred, sem, .. } => {
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
                 let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, elem_bits(&v.data, i, d));
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "atomic", &f)?;
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("atomic", true), &f)?;
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
                 let d = dtype(k.ty(*desired));
@@ -959,7 +967,7 @@ impl Exec<'_> {
                         cur
                     }
                 };
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, "cas", &f)?;
+                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("cas", true), &f)?;
             }
             // Copies complete at once here (the GPU's asynchrony is covered by the waits and
             // barriers the lowering places; the GPU conformance run checks them).
