@@ -5,7 +5,8 @@
 //! reference of sampled entries.
 
 use crate::host::{decode, encode, poison, random};
-use rand::{Rng, SeedableRng};
+use crate::reference::sampled_gemm_error;
+use rand::SeedableRng;
 use std::time::Instant;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -30,30 +31,22 @@ fn inputs(seed: u64, rank: usize, (m, n, k, w): (usize, usize, usize, usize), d:
     (random(m / w * k, d, &mut rng), random(k * n, d, &mut rng))
 }
 
-/// The worst of 128 sampled entries of `c = A_full b`, relative to `sum |a||b|`.
+/// The worst of 128 sampled entries of `c = A_full b` ([`sampled_gemm_error`]).
 fn worst_error(
     ctx: &dyn RankCtx,
     c: &Buffer,
     (a_full, b): (&[f64], &[f64]),
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     d: DType,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<f64, BackendError> {
     let es = d.size_bytes() as usize;
-    let mut worst = 0.0f64;
-    for _ in 0..128 {
-        let (i, j) = (rng.gen_range(0..m), rng.gen_range(0..n));
+    let entry = |idx: usize| -> Result<f64, BackendError> {
         let mut raw = vec![0u8; es];
-        ctx.read(c, (i * n + j) * es, &mut raw)?;
-        let got = decode(&raw, d)[0];
-        let (mut want, mut scale) = (0.0, 0.0);
-        for p in 0..k {
-            want += a_full[i * k + p] * b[p * n + j];
-            scale += (a_full[i * k + p] * b[p * n + j]).abs();
-        }
-        worst = worst.max((got - want).abs() / scale.max(1e-30));
-    }
-    Ok(worst)
+        ctx.read(c, idx * es, &mut raw)?;
+        Ok(decode(&raw, d)[0])
+    };
+    sampled_gemm_error(&entry, (a_full, b), mnk, 128, rng)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

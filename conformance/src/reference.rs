@@ -2,6 +2,31 @@
 
 use trident_core::ir::{BinaryOp, DType, UnaryOp};
 
+/// The worst of `samples` random entries of `c = a b` (`a` `m x k`, `b` `k x n`, row-major)
+/// against f64 dot products, relative to `sum_p |a_ip b_pj|`; `entry` reads the output at a
+/// flat index (from a device, a rank's buffer).
+pub fn sampled_gemm_error(
+    entry: &dyn Fn(usize) -> Result<f64, trident_core::backend::BackendError>,
+    (a, b): (&[f64], &[f64]),
+    (m, n, k): (usize, usize, usize),
+    samples: usize,
+    rng: &mut dyn rand::RngCore,
+) -> Result<f64, trident_core::backend::BackendError> {
+    use rand::Rng;
+    let mut worst = 0.0f64;
+    for _ in 0..samples {
+        let (i, j) = (rng.gen_range(0..m), rng.gen_range(0..n));
+        let got = entry(i * n + j)?;
+        let (mut want, mut scale) = (0.0, 0.0);
+        for p in 0..k {
+            want += a[i * k + p] * b[p * n + j];
+            scale += (a[i * k + p] * b[p * n + j]).abs();
+        }
+        worst = worst.max((got - want).abs() / scale.max(1e-30));
+    }
+    Ok(worst)
+}
+
 /// `x + y`.
 pub fn vector_add(x: &[f64], y: &[f64]) -> Vec<f64> {
     x.iter().zip(y).map(|(a, b)| a + b).collect()

@@ -346,25 +346,21 @@ impl Gemm {
         [(cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)).max(1) as u32, 1, 1]
     }
 
-    /// `c[m, n] = a[m, k] @ b[k, n]` enqueued on `stream` of a rank in a world (as [`Gemm::run`]
-    /// on a device): for host code that runs a GEMM beside the communication kernels.
-    pub fn enqueue(
+    /// The specialization and arguments of `c[m, n] = a[m, k] @ b[k, n]` (contiguous
+    /// row-major), after checking the buffers and extents; `None` when the output is empty.
+    fn launch_args(
         &self,
-        ctx: &dyn trident_core::world::RankCtx,
-        stream: trident_core::world::StreamId,
         (a, b, c): (&Buffer, &Buffer, &Buffer),
         (m, n, k): (usize, usize, usize),
-    ) -> Result<(), BackendError> {
+    ) -> Result<Option<(Gemm, [KernelArg; 9])>, BackendError> {
         let es = self.dtype.size_bytes() as usize;
         require_bytes(a, m * k * es, "a")?;
         require_bytes(b, k * n * es, "b")?;
         require_bytes(c, m * n * es, "c")?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         if m == 0 || n == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let spec = self.specialized([a, b, c], n, k);
-        let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
         let args = [
             a.arg(),
             b.arg(),
@@ -376,6 +372,20 @@ impl Gemm {
             KernelArg::i32(n32),
             KernelArg::i32(n32),
         ];
+        Ok(Some((self.specialized([a, b, c], n, k), args)))
+    }
+
+    /// `c[m, n] = a[m, k] @ b[k, n]` enqueued on `stream` of a rank in a world (as [`Gemm::run`]
+    /// on a device): for host code that runs a GEMM beside the communication kernels.
+    pub fn enqueue(
+        &self,
+        ctx: &dyn trident_core::world::RankCtx,
+        stream: trident_core::world::StreamId,
+        (a, b, c): (&Buffer, &Buffer, &Buffer),
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        let Some((spec, args)) = self.launch_args((a, b, c), (m, n, k))? else { return Ok(()) };
+        let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
         ctx.launch(stream, &kernel, spec.grid(m, n), &args)
     }
 
@@ -388,27 +398,8 @@ impl Gemm {
         c: &Buffer,
         (m, n, k): (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        let es = self.dtype.size_bytes() as usize;
-        require_bytes(a, m * k * es, "a")?;
-        require_bytes(b, k * n * es, "b")?;
-        require_bytes(c, m * n * es, "c")?;
-        let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
-        if m == 0 || n == 0 {
-            return Ok(());
-        }
-        let spec = self.specialized([a, b, c], n, k);
+        let Some((spec, args)) = self.launch_args((a, b, c), (m, n, k))? else { return Ok(()) };
         let kernel = l.compile(format!("{spec:?}"), || spec.build())?;
-        let args = [
-            a.arg(),
-            b.arg(),
-            c.arg(),
-            KernelArg::i32(m32),
-            KernelArg::i32(n32),
-            KernelArg::i32(k32),
-            KernelArg::i32(k32),
-            KernelArg::i32(n32),
-            KernelArg::i32(n32),
-        ];
         l.launch(&kernel, spec.grid(m, n), &args)
     }
 }

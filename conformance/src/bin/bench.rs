@@ -512,24 +512,16 @@ fn gemm_error(
     cuda: &Enqueuing,
     c: &Buffer,
     (a, b): (&[f64], &[f64]),
-    (m, n, k): (usize, usize, usize),
+    mnk: (usize, usize, usize),
     d: DType,
 ) -> Result<f64, BackendError> {
     let es = d.size_bytes() as usize;
-    let mut worst = 0.0f64;
-    for _ in 0..256 {
-        let (i, j) = (rng_row(m), rng_row(n));
+    let entry = |idx: usize| -> Result<f64, BackendError> {
         let mut raw = vec![0u8; es];
-        cuda.read(c, (i * n + j) * es, &mut raw)?;
-        let got = decode(&raw, d)[0];
-        let (mut want, mut scale) = (0.0, 0.0);
-        for p in 0..k {
-            want += a[i * k + p] * b[p * n + j];
-            scale += (a[i * k + p] * b[p * n + j]).abs();
-        }
-        worst = worst.max((got - want).abs() / scale.max(1e-30));
-    }
-    Ok(worst)
+        cuda.read(c, idx * es, &mut raw)?;
+        Ok(decode(&raw, d)[0])
+    };
+    trident_conformance::reference::sampled_gemm_error(&entry, (a, b), mnk, 256, &mut rand::thread_rng())
 }
 
 /// AG-GEMM's or GEMM-RS's GEMM kernel at world 1 (single-device launch: `symm_at` to rank 0 is

@@ -7,7 +7,7 @@
 //! producer warp (`LaunchAttrs::warp_specialize`) only the producer walks the flat loop; the
 //! consumers keep the tile loop around the K loop ([`Lowering::flattened_specialized`]).
 
-use super::pipeline::{Pipeline, StageLayout, Strategy};
+use super::pipeline::{Pipeline, ProducerRings, StageLayout, Strategy};
 use super::*;
 
 /// A tile loop flattened with its K loop `inner`, pipelined by `plan`.
@@ -369,23 +369,10 @@ impl Lowering<'_> {
         let (l, s) = (plan.layout, plan.stages);
         let ab = stype(self.func.ty(plan.a.value));
         let (zero, one) = (self.iconst(0), self.iconst(1));
-        let consumers = self.k.warps * self.k.warp_size;
-        self.k.producer_warps = 1;
         let (sl, stage_bytes, align) = self.stage_layout(plan);
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
-        self.emit(Inst::Barrier);
-        let (full_at, empty_at) =
-            (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
-        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, self.k.warps)], s);
+        let ProducerRings { full_at, empty_at, leader, producer_lane, releaser } = self.producer_rings(s);
         let ring = Ring { stages_at, stage_bytes, full_at, layout: sl };
-        let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
-        let first_producer = self.iconst(consumers as i64);
-        self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
-        self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
-        let lane = self.bin_c(BinaryOp::And, self.tid, self.k.warp_size as i64 - 1);
-        let lane0 = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: lane0, op: CmpOp::Eq, a: lane, b: zero });
-        let releaser = self.bin(BinaryOp::And, consumer, lane0);
         let t0 = zero;
         let known0 = self.flat_tile_offsets(&f, t0);
         let saved = std::mem::take(&mut self.cur);

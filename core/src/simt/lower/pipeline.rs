@@ -746,6 +746,27 @@ impl Lowering<'_> {
         }
     }
 
+    /// The mbarrier rings and thread roles of a region with a producer warp (one beyond the
+    /// kernel's `warps`), after a barrier (the stages overlap what earlier ops used): `s` "full"
+    /// mbarriers (one arrival, the copy's bytes) and `s` "empty" ones, with one arrival per
+    /// consumer warp (its lane 0, after the warp's wait for the group: `wgmma.wait_group` is
+    /// warp-synchronous; an arrival per thread made 256 shared-memory updates a step).
+    pub(super) fn producer_rings(&mut self, s: u32) -> ProducerRings {
+        let consumers = self.k.warps * self.k.warp_size;
+        self.k.producer_warps = 1;
+        self.emit(Inst::Barrier);
+        let (full_at, empty_at) =
+            (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
+        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, self.k.warps)], s);
+        let (producer_lane, consumer, lane0) = (self.reg(SType::Pred), self.reg(SType::Pred), self.reg(SType::Pred));
+        let (first_producer, zero) = (self.iconst(consumers as i64), self.iconst(0));
+        self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
+        self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
+        self.emit(Inst::Cmp { dst: lane0, op: CmpOp::Eq, a: self.lane, b: zero });
+        let releaser = self.bin(BinaryOp::And, consumer, lane0);
+        ProducerRings { full_at, empty_at, leader, producer_lane, releaser }
+    }
+
     /// The pipelined K loop with a producer warp (`Pipeline::specialized`): warp `warps` (one
     /// beyond the layouts' warps) issues every step's TMA copies as soon as the stage is free,
     /// the `warps` consumers wait for a stage's data, run its `wgmma`s and, once the group of the
@@ -762,21 +783,8 @@ impl Lowering<'_> {
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
-        let consumers = self.k.warps * self.k.warp_size;
-        self.k.producer_warps = 1;
-        // Shared memory: the stages overlap what earlier ops used; then the mbarriers.
-        self.emit(Inst::Barrier);
-        let (full_at, empty_at) =
-            (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
-        // One arrival per consumer warp on "empty" (its lane 0, after the warp's wait for the
-        // group: `wgmma.wait_group` is warp-synchronous), as CUTLASS arrives once per consumer:
-        // an arrival per thread made 256 shared-memory updates per step.
-        let leader = self.init_mbarriers(&[(full_at, 1), (empty_at, self.k.warps)], s);
+        let ProducerRings { full_at, empty_at, leader, producer_lane, releaser } = self.producer_rings(s);
         let zero = self.iconst(0);
-        let (producer_lane, consumer) = (self.reg(SType::Pred), self.reg(SType::Pred));
-        let first_producer = self.iconst(consumers as i64);
-        self.emit(Inst::Cmp { dst: producer_lane, op: CmpOp::Eq, a: self.tid, b: first_producer });
-        self.emit(Inst::Cmp { dst: consumer, op: CmpOp::Lt, a: self.tid, b: first_producer });
         let slot = |me: &mut Self, x: Reg, at: u32, bytes: u32| me.ring_slot(x, s, at, bytes);
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
@@ -817,11 +825,7 @@ impl Lowering<'_> {
         let released = slot(self, before, empty_at, 8);
         let not_first = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: not_first, op: CmpOp::Gt, a: cj, b: zero });
-        let lane = self.bin_c(BinaryOp::And, self.tid, self.k.warp_size as i64 - 1);
-        let lane0 = self.reg(SType::Pred);
-        self.emit(Inst::Cmp { dst: lane0, op: CmpOp::Eq, a: lane, b: zero });
-        let pred = self.bin(BinaryOp::And, not_first, consumer);
-        let pred = self.bin(BinaryOp::And, pred, lane0);
+        let pred = self.bin(BinaryOp::And, not_first, releaser);
         self.emit(Inst::MbarrierArrive { offset: released, pred });
         let cj1 = self.bin_c(BinaryOp::Add, cj, 1);
         let consumer_body = std::mem::replace(&mut self.cur, saved);
@@ -958,4 +962,14 @@ impl Lowering<'_> {
         }
         variant
     }
+}
+
+/// What [`Lowering::producer_rings`] sets up: the rings' shared bytes, thread 0's predicate
+/// (which ends them), the producer warp's issuing lane, and each consumer warp's lane 0.
+pub(super) struct ProducerRings {
+    pub(super) full_at: u32,
+    pub(super) empty_at: u32,
+    pub(super) leader: Reg,
+    pub(super) producer_lane: Reg,
+    pub(super) releaser: Reg,
 }
