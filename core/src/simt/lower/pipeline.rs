@@ -75,6 +75,23 @@ impl StageLayout {
             StageLayout::Swizzled { .. } => unreachable!("register fragments are read from padded stages"),
         }
     }
+
+    /// The byte offset [`Lowering::stage_offset_here`] computes, evaluated on the host: what
+    /// compile-time checks of the emitted address math compare against.
+    pub(super) fn offset_of(&self, which: usize, row: u32, col: u32, size: u32) -> u32 {
+        match *self {
+            StageLayout::Padded { strides, b_off } => {
+                (row * strides[which] + col) * size + if which == 0 { 0 } else { b_off }
+            }
+            StageLayout::Swizzled { m, kk, sa, sb, b_off } => {
+                let (width, atom_bytes, base) = if which == 0 { (sa, m * sa, 0) } else { (sb, kk * sb, b_off) };
+                let per = width / size;
+                let logical = (col / per) * atom_bytes + row * width + (col % per) * size;
+                let bits = ((logical >> 7) & (width / 16 - 1)) << 4;
+                (logical ^ bits) + base
+            }
+        }
+    }
 }
 
 impl Lowering<'_> {

@@ -47,26 +47,40 @@ impl Lowering<'_> {
         let base = self.iconst(at as i64);
         let sl = StageLayout::Swizzled { m: l.m, kk: 64, sa: 128, sb: 128, b_off: 0 };
         let leader = self.first_thread();
+        let slots = Self::store_slots(l, regs.len(), atoms, per);
+        let deltas = self.class_deltas(l, sl, &slots);
+        // Each class's offset (with the copy's base) once, in the prologue: the coordinates
+        // are the thread's, the same for every tile of a persistent loop.
+        let mut class_base: HashMap<usize, Reg> = HashMap::default();
+        if let Some(d) = &deltas {
+            let saved = std::mem::take(&mut self.cur);
+            for (i, &(c, _)) in d.iter().enumerate() {
+                if c == i {
+                    let (s, lo) = (slots[i].0, slots[i].3);
+                    let off = self.swizzled_offset(l, sl, s, lo);
+                    let off = self.bin(BinaryOp::Add, off, base);
+                    class_base.insert(c, off);
+                }
+            }
+            let defs = std::mem::replace(&mut self.cur, saved);
+            self.prologue.extend(defs);
+        }
         for round in 0..atoms / per {
-            let (lo, hi) = (round * per * 64, (round + 1) * per * 64);
             // Whoever read these bytes before (an earlier op, the last round's bulk copy) is done.
             self.emit(Inst::Barrier);
-            let mut s = 0;
-            while s < regs.len() {
-                let o = l.offset(s as u32);
-                // A thread's two neighbouring columns (as the accumulator layouts pair them, from
-                // an even column) go out as one 32-bit store: they share a 16-byte chunk, which
-                // the swizzle moves whole.
-                let pair = s + 1 < regs.len() && l.offset(s as u32 + 1) == [o[0], o[1] + 1];
-                let step = if pair { 2 } else { 1 };
-                if per < atoms && !(lo..hi).contains(&o[1]) {
-                    s += step;
+            for (i, &(s, pair, r, lo)) in slots.iter().enumerate() {
+                if r != round {
                     continue;
                 }
-                let [row, col] = self.mma_coords(l, s as u32);
-                let col = if lo > 0 { self.bin_c(BinaryOp::Sub, col, lo as i64) } else { col };
-                let off = self.stage_offset_here(sl, 0, row, col, 2);
-                let off = self.bin(BinaryOp::Add, off, base);
+                let off = match &deltas {
+                    // The offset of the store's class plus a constant.
+                    Some(d) if d[i].1 == 0 => class_base[&d[i].0],
+                    Some(d) => self.bin_c(BinaryOp::Add, class_base[&d[i].0], d[i].1),
+                    None => {
+                        let off = self.swizzled_offset(l, sl, s, lo);
+                        self.bin(BinaryOp::Add, off, base)
+                    }
+                };
                 let value = if pair {
                     let d = self.reg(SType::Int { bits: 32, signed: true });
                     self.emit(Inst::Pack { dst: d, lo: regs[s], hi: regs[s + 1] });
@@ -75,12 +89,11 @@ impl Lowering<'_> {
                     regs[s]
                 };
                 self.emit(Inst::SharedStore { offset: off, value, pred: None });
-                s += step;
             }
             self.emit(Inst::FenceProxyAsync);
             self.emit(Inst::Barrier);
             for atom in 0..per {
-                let col = self.bin_c(BinaryOp::Add, col0, (lo + atom * 64) as i64);
+                let col = self.bin_c(BinaryOp::Add, col0, ((round * per + atom) * 64) as i64);
                 let offset = self.iconst((at + atom * atom_bytes) as i64);
                 self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
             }
@@ -91,5 +104,65 @@ impl Lowering<'_> {
         }
         self.bulk_pending = true;
         true
+    }
+
+    /// The offset in the staging copy of accumulator slot `s` of this thread, in a round whose
+    /// first column is `lo`.
+    fn swizzled_offset(&mut self, l: AccLayout, sl: StageLayout, s: usize, lo: u32) -> Reg {
+        let [row, col] = self.mma_coords(l, s as u32);
+        let col = if lo > 0 { self.bin_c(BinaryOp::Sub, col, lo as i64) } else { col };
+        self.stage_offset_here(sl, 0, row, col, 2)
+    }
+
+    /// The shared stores of a TMA store, in order: (first slot, whether it pairs with the next
+    /// slot, round, first column of the round). A thread's two neighbouring columns (as the
+    /// accumulator layouts pair them, from an even column) go out as one 32-bit store: they
+    /// share a 16-byte chunk, which the swizzle moves whole.
+    fn store_slots(l: AccLayout, n: usize, atoms: u32, per: u32) -> Vec<(usize, bool, u32, u32)> {
+        let mut out = Vec::new();
+        let mut s = 0;
+        while s < n {
+            let o = l.offset(s as u32);
+            let pair = s + 1 < n && l.offset(s as u32 + 1) == [o[0], o[1] + 1];
+            let round = o[1] / (per * 64);
+            if round < atoms / per {
+                out.push((s, pair, round, round * per * 64));
+            }
+            s += if pair { 2 } else { 1 };
+        }
+        out
+    }
+
+    /// Classes of the stores whose swizzled offsets differ by a constant for every thread: the
+    /// 128-byte swizzle XORs a row's 16-byte chunk index with `row % 8`, so stores with the same
+    /// row offset modulo 8 and the same chunk within their atom move together. Returns each
+    /// store's (class, offset minus its class's first store's offset), checked at compile time
+    /// for every thread of the layout; `None` where that does not hold (the offsets are then
+    /// computed store by store). Each class's offset is computed once, each store adds a constant.
+    fn class_deltas(
+        &self,
+        l: AccLayout,
+        sl: StageLayout,
+        slots: &[(usize, bool, u32, u32)],
+    ) -> Option<Vec<(usize, i64)>> {
+        let threads = l.warps_m * l.warps_n * self.target.warp_size;
+        let at = |t: u32, s: usize, lo: u32| {
+            let e = l.element(t, s as u32, self.target.warp_size);
+            sl.offset_of(0, e[0], e[1] - lo, 2) as i64
+        };
+        let mut first: HashMap<(u32, u32), usize> = HashMap::default();
+        let mut out = Vec::with_capacity(slots.len());
+        for (i, &(s, _, _, lo)) in slots.iter().enumerate() {
+            let o = l.offset(s as u32);
+            let key = (o[0] % 8, ((o[1] - lo) % 64) / 8);
+            let c = *first.entry(key).or_insert(i);
+            let (s0, lo0) = (slots[c].0, slots[c].3);
+            let d = at(0, s, lo) - at(0, s0, lo0);
+            if (1..threads).any(|t| at(t, s, lo) - at(t, s0, lo0) != d) {
+                return None;
+            }
+            out.push((c, d));
+        }
+        Some(out)
     }
 }
