@@ -2,7 +2,8 @@
 //!
 //! Two ways to move the data (`KERNELS.md`):
 //! * [`AllGather`], in kernel (low latency): each program of rank r stores its slice of the chunk
-//!   into `out[r]` on every rank through `symm_at` and adds 1 to `ready[r]` there with `notify`;
+//!   into `out[r]` on every rank through `symm_at` (a grid of at most 128 programs, each looping
+//!   over its blocks) and then adds 1 to `ready[r]` there with `notify`;
 //!   program 0 then waits until every peer's `ready[p]` reached `epoch * programs`.
 //! * [`AllGatherCe`], copy engine: rank r's copy stream copies its chunk into `out[r]` on each
 //!   peer (starting at r+1, so links are used evenly) and then writes `ready[r] = epoch` there,
@@ -13,7 +14,7 @@
 
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
+use trident_core::ir::{Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::{RankCtx, StreamId};
 use trident_core::{Function, KernelBuilder, VerifyError};
 
@@ -42,19 +43,26 @@ impl GatherBuffers {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AllGather {
     pub dtype: DType,
-    /// Elements per program.
+    /// Elements per program and loop step.
     pub block: u32,
+    /// The grid cap ([`AllGather::programs`]).
+    pub max_programs: u32,
 }
 
 impl AllGather {
     pub fn new(dtype: DType) -> AllGather {
-        AllGather { dtype, block: 1024 }
+        AllGather { dtype, block: 1024, max_programs: Self::MAX_PROGRAMS }
     }
 
-    /// Programs per rank for a chunk (each adds 1 to every peer's signal).
+    /// Programs per rank for a chunk (each adds 1 to every peer's signal): one per block of
+    /// the chunk, at most `max_programs` (each then loops over its blocks).
     pub fn programs(&self, chunk: usize) -> u32 {
-        cdiv(chunk.max(1), self.block as usize) as u32
+        cdiv(chunk.max(1), self.block as usize).min(self.max_programs.max(1) as usize) as u32
     }
+
+    /// The default grid cap: 8 ranks sharing one H200 (12 resident programs per multiprocessor, 132
+    /// of them) can all be resident, as a waiting kernel must be.
+    pub const MAX_PROGRAMS: u32 = 128;
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let b = KernelBuilder::new(&format!("allgather_push_{}_{}", self.dtype, self.block), LaunchAttrs::default());
@@ -62,12 +70,22 @@ impl AllGather {
         let ready = b.arg_ptr("ready", DType::U64);
         let (chunk, target) = (b.arg("chunk", DType::I32), b.arg("target", DType::U64));
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
-        let offs = pid * self.block as i32 + b.arange(0, self.block as i64);
-        let mask = offs.lt(chunk);
-        let x = b.load(src + offs, Some(mask), None);
-        let dst = me * chunk + offs;
+        // Blocks pid, pid + programs, ...: the grid is capped ([`AllGather::programs`]) so that
+        // every program of a waiting kernel can be resident, also with several ranks sharing
+        // one GPU.
+        let blocks = (chunk + (self.block as i32 - 1)) / self.block as i32;
+        b.for_range(pid, blocks, b.num_programs(Axis::X), &[], |blk, _| {
+            let offs = blk * self.block as i32 + b.arange(0, self.block as i64);
+            let mask = offs.lt(chunk);
+            let x = b.load(src + offs, Some(mask), None);
+            let dst = me * chunk + offs;
+            b.for_range(0, world, 1, &[], |p, _| {
+                b.store(b.symm_at(out, p) + dst, x, Some(mask));
+                vec![]
+            });
+            vec![]
+        });
         b.for_range(0, world, 1, &[], |p, _| {
-            b.store(b.symm_at(out, p) + dst, x, Some(mask));
             b.notify(ready + me, p, 1u64, SignalOp::Add, CommScope::IntraNode);
             vec![]
         });

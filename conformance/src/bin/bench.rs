@@ -599,9 +599,11 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
     }
     let (d, dims) = (case.dtype, case.dims.clone());
     let (mnk, w, seed) = ((dims[0], dims[1], dims[2]), dims[3], rand::random());
-    let out = GpuWorld::run(GpuWorldOptions::new(w), move |ctx| {
-        trident_conformance::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed)
-    })?;
+    // The gathered A lives in every rank's symmetric heap (`m x k`), beside its signals.
+    let mut opts = GpuWorldOptions::new(w);
+    opts.heap_bytes = opts.heap_bytes.max(mnk.0 * mnk.2 * d.size_bytes() as usize + (8 << 20));
+    let out =
+        GpuWorld::run(opts, move |ctx| trident_conformance::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed))?;
     let worst = |f: &dyn Fn(&trident_conformance::overlap::OverlapTimes) -> f64| out.iter().map(f).fold(0.0, f64::max);
     let (overlapped, sequential, error) =
         (worst(&|t| t.overlapped_ms), worst(&|t| t.sequential_ms), worst(&|t| t.error));
