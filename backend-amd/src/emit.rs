@@ -576,7 +576,7 @@ impl Writer<'_> {
             | Inst::MbarrierArrive { .. }
             | Inst::TmaStore { .. }
             | Inst::BulkCommit
-            | Inst::BulkWait
+            | Inst::BulkWait { .. }
             | Inst::Specialized { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,
             Inst::Pack { dst, lo, hi } => {

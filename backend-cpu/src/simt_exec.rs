@@ -246,6 +246,20 @@ struct Exec<'a> {
     /// Inside an [`Inst::Specialized`] region's consumers: the producer, run when a consumer
     /// wait cannot pass yet.
     producer: Option<Pump>,
+    /// TMA stores issued since the last [`Inst::BulkCommit`], and the committed groups whose
+    /// shared memory is not read yet, oldest first ([`Exec::complete_tma_stores`]).
+    bulk_open: Vec<PendingTmaStore>,
+    bulk_groups: std::collections::VecDeque<Vec<PendingTmaStore>>,
+}
+
+/// A TMA store whose shared-memory box is read when its bulk group completes.
+#[derive(Clone, Copy)]
+struct PendingTmaStore {
+    lane: usize,
+    map: MapValues,
+    src: usize,
+    row: i64,
+    col: i64,
 }
 
 /// An mbarrier's state: `pending` of `count` arrivals and `tx` bytes still due in phase `phase`.
@@ -327,9 +341,15 @@ pub fn run_program(
         yielding: false,
         blocked: false,
         producer: None,
+        bulk_open: Vec::new(),
+        bulk_groups: Default::default(),
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         e.body(&k.body)?;
+        // Bulk stores not waited for still complete before the program ends.
+        let mut left: Vec<PendingTmaStore> = e.bulk_groups.drain(..).flatten().collect();
+        left.append(&mut e.bulk_open);
+        e.complete_tma_stores(left)?;
         e.hooks.yield_point(&mut e.view)?;
         e.view.finish(mem).or_else(|x| fault(x.0))?;
         e.hooks.program_done(&mut e.view);
@@ -439,6 +459,20 @@ impl Exec<'_> {
         std::mem::swap(&mut self.lanes, &mut p.lanes);
         self.producer = Some(p);
         r.map(|_| progressed)
+    }
+
+    /// Reads the boxes of `stores` from shared memory and writes them to global memory.
+    fn complete_tma_stores(&mut self, stores: Vec<PendingTmaStore>) -> Result<(), Fault> {
+        let view = self.mem.view();
+        for s in stores {
+            let es = s.map.elem_bytes as usize;
+            for (at, global) in s.map.box_elements(s.src, s.row, s.col) {
+                let Some(g) = global else { continue };
+                let x = self.shared_get(s.lane, at, es)?;
+                self.view.store(&view, g, es, x, s.lane).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
+            }
+        }
+        Ok(())
     }
 
     /// The shared offsets in `offset` of the lanes whose `pred` holds.
@@ -1222,14 +1256,21 @@ impl Exec<'_> {
                 // race detector as a barrier would.
                 self.hazards.barrier();
             }
-            // The bulk store completes at issue (its group's waits are the GPU's business).
-            Inst::BulkCommit | Inst::BulkWait => {}
+            Inst::BulkCommit => {
+                let group = std::mem::take(&mut self.bulk_open);
+                self.bulk_groups.push_back(group);
+            }
+            Inst::BulkWait { pending } => {
+                while self.bulk_groups.len() > *pending as usize {
+                    let group = self.bulk_groups.pop_front().unwrap_or_default();
+                    self.complete_tma_stores(group)?;
+                }
+            }
             Inst::TmaStore { map, offset, coords, pred } => {
                 let (o, r, c, p) = (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*pred)?);
                 let Some(m) = self.maps.get(*map as usize).copied() else {
                     return contract(format!("TMA store through tensor map {map}, which the kernel does not have"));
                 };
-                let view = self.mem.view();
                 for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
                     let src = o.ints()[i] as usize;
                     if !src.is_multiple_of(m.shared_align()) {
@@ -1238,12 +1279,10 @@ impl Exec<'_> {
                             m.shared_align()
                         ));
                     }
-                    let es = m.elem_bytes as usize;
-                    for (at, global) in m.box_elements(src, r.ints()[i], c.ints()[i]) {
-                        let Some(g) = global else { continue };
-                        let x = self.shared_get(i, at, es)?;
-                        self.view.store(&view, g, es, x, i).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
-                    }
+                    // Read when its group is waited for (or at the program's end): the latest
+                    // the GPU may read it, so shared memory reused too early shows up as wrong
+                    // values in global memory.
+                    self.bulk_open.push(PendingTmaStore { lane: i, map: m, src, row: r.ints()[i], col: c.ints()[i] });
                 }
             }
             Inst::MbarrierArrive { offset, pred } => {

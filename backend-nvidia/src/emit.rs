@@ -462,7 +462,7 @@ impl<'k> Writer<'k> {
                 );
             }
             Inst::BulkCommit => self.line("cp.async.bulk.commit_group".into()),
-            Inst::BulkWait => self.line("cp.async.bulk.wait_group.read 0".into()),
+            Inst::BulkWait { pending } => self.line(format!("cp.async.bulk.wait_group.read {pending}")),
             Inst::MbarrierArrive { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
                 line!(self, "@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]");

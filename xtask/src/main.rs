@@ -25,7 +25,7 @@
 //! * `cargo xtask ptx-check`: every compiled kernel's PTX through ptxas for sm_80/sm_90/sm_90a.
 
 use clap::{Parser, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
 #[derive(Parser)]
@@ -388,6 +388,59 @@ fn ptx_check() -> Result<(), Failure> {
         return Err(format!("{} of {} PTX modules rejected; the first: {e}", errors.len(), jobs.len()).into());
     }
     eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a, its communicating kernels also at inter-node scope; every op case for sm_80 and sm_90a)", jobs.len());
+    gemm_forms_check(&ptxas, &root)
+}
+
+/// The sm_90a GEMM in the forms the library and the benchmark run (tiles x TMA, producer warp,
+/// persistent, TMA store x bf16/f16) through `ptxas -v`: no spills, and no warning (C7518 and
+/// its kind: `wgmma` serialized by ptxas, which costs a tenth of the GEMM's speed).
+fn gemm_forms_check(ptxas: &Path, root: &Path) -> Result<(), Failure> {
+    let dir = root.join("target/ptx/sm_90a-gemm-forms");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let forms: [&[&str]; 5] = [
+        &[],
+        &["--descriptors", "--tma-store"],
+        &["--descriptors", "--warp-specialize"],
+        &["--descriptors", "--persistent", "--tma-store"],
+        &["--descriptors", "--warp-specialize", "--persistent", "--tma-store"],
+    ];
+    let mut checked = 0;
+    for config in ["128x256x64/8w/4s", "128x128x64/8w/5s", "64x128x128/4w/4s"] {
+        for form in forms {
+            for dtype in ["bf16", "f16"] {
+                let mut a: Vec<String> =
+                    ["--backend", "nvidia", "--target", "sm_90a", "--kernel", "gemm"].map(String::from).to_vec();
+                a.extend(["--dtype", dtype, "--config", config].map(String::from));
+                a.extend(form.iter().map(|f| f.to_string()));
+                let out = tool("trident-emit", &a).output().map_err(|e| format!("trident-emit: {e}"))?;
+                if !out.status.success() {
+                    return Err(
+                        format!("trident-emit {}: {}", a.join(" "), String::from_utf8_lossy(&out.stderr)).into()
+                    );
+                }
+                let name = format!("{dtype}_{}{}", config.replace('/', "_"), form.join("").replace("--", "_"));
+                let f = dir.join(format!("{name}.ptx"));
+                std::fs::write(&f, &out.stdout).map_err(|e| format!("{}: {e}", f.display()))?;
+                let o = Command::new(ptxas)
+                    .args(["-arch=sm_90a", "-v"])
+                    .arg(&f)
+                    .arg("-o")
+                    .arg(f.with_extension("cubin"))
+                    .output()
+                    .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+                let log = String::from_utf8_lossy(&o.stderr);
+                let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
+                if !o.status.success() || spills || log.contains("warning") {
+                    return Err(
+                        format!("ptxas -v on the sm_90a GEMM `{}`: spills or warnings:\n{log}", a.join(" ")).into()
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    eprintln!("xtask: the sm_90a GEMM in {checked} forms assembled without spills or ptxas warnings");
     Ok(())
 }
 

@@ -228,7 +228,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     l.block(func.body)?;
     if l.bulk_pending {
         // The last TMA store's reads of shared memory end before the program does.
-        l.emit(Inst::BulkWait);
+        l.emit(Inst::BulkWait { pending: 0 });
     }
     head.append(&mut l.prologue);
     head.append(&mut l.cur);

@@ -541,9 +541,11 @@ pub enum Inst {
     },
     /// Closes the thread's bulk group of `TmaStore`s (`cp.async.bulk.commit_group`).
     BulkCommit,
-    /// Waits until the thread's bulk groups have read their shared memory
-    /// (`cp.async.bulk.wait_group.read 0`).
-    BulkWait,
+    /// Waits until all but the `pending` most recent of the thread's bulk groups have read
+    /// their shared memory (`cp.async.bulk.wait_group.read pending`).
+    BulkWait {
+        pending: u32,
+    },
     /// Waits until the phase of parity `parity` (0 or 1) of the mbarrier at `offset` has
     /// completed (`mbarrier.try_wait.parity` in a loop). Every thread executes it; the data the
     /// phase's copies brought is then visible to the thread and to the asynchronous proxy.

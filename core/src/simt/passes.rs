@@ -82,7 +82,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::FenceProxyAsyncGlobal
         | Inst::FenceMbarrierInit
         | Inst::BulkCommit
-        | Inst::BulkWait
+        | Inst::BulkWait { .. }
         | Inst::Specialized { .. }
         | Inst::Clock { .. }
         | Inst::Exit

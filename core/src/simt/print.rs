@@ -221,7 +221,7 @@ impl Printer<'_> {
                 r(pred)
             ),
             Inst::BulkCommit => "bulk.commit".to_string(),
-            Inst::BulkWait => "bulk.wait.read".to_string(),
+            Inst::BulkWait { pending } => format!("bulk.wait.read {pending}"),
             Inst::MbarrierArrive { offset, pred } => format!("mbarrier.arrive shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierInval { offset, pred } => format!("mbarrier.inval shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierExpectTx { offset, bytes, pred } => {

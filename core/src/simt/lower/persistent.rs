@@ -240,18 +240,26 @@ impl Lowering<'_> {
         acc: &[Reg],
         saved_tile: Option<Vec<Reg>>,
     ) -> Result<(), LowerError> {
-        // Zeros for an empty K loop, in a uniform branch (the trip count is the program's): a
-        // select per register would cost every tile an instruction per accumulator register.
+        // Zeros for an empty K loop. With a producer warp, in a uniform branch (the trip count is
+        // the program's; a select per register would cost every tile an instruction per
+        // accumulator register). In the flat loop without one the epilogue is already a branch,
+        // and ptxas spilled the nested branch's 128 results there: a select per register.
         let fz = self.konst(SType::F32, Literal::Float(0.0));
         let products: Vec<Reg> = acc.iter().map(|_| self.reg(SType::F32)).collect();
-        self.emit(Inst::If {
-            cond: f.has_k,
-            then_body: Vec::new(),
-            then_yields: acc.to_vec(),
-            else_body: Vec::new(),
-            else_yields: vec![fz; acc.len()],
-            results: products.clone(),
-        });
+        if self.func.attrs.warp_specialize {
+            self.emit(Inst::If {
+                cond: f.has_k,
+                then_body: Vec::new(),
+                then_yields: acc.to_vec(),
+                else_body: Vec::new(),
+                else_yields: vec![fz; acc.len()],
+                results: products.clone(),
+            });
+        } else {
+            for (&dst, &x) in products.iter().zip(acc) {
+                self.emit(Inst::Select { dst, cond: f.has_k, on_true: x, on_false: fz });
+            }
+        }
         let result = self.func.ops[p.inner].results[0];
         self.mma_held.insert(result, (p.plan.layout, products));
         let ops = self.func.blocks[f.outer].ops.clone();

@@ -39,49 +39,55 @@ impl Lowering<'_> {
         }
         let Some(map) = self.tensor_map(desc, l.m, 64, 128) else { return false };
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
-        // The staging copy stays allocated to the program's end: the last round's bulk read is
+        // Stored in rounds, the staging copy is two buffers of half a round each, used in
+        // turn: a round's shared stores then overlap the previous round's bulk read (each
+        // round waits only for the read of the round before that).
+        let (per, buffers) = if per < atoms && per >= 2 { (per / 2, 2) } else { (per, 1) };
+        let buffer_bytes = per * atom_bytes;
+        // The staging copy stays allocated to the program's end: the last rounds' bulk reads are
         // waited for by the next store (this one again, in a loop) or at the end, so the
-        // epilogue does not wait for it and nothing else may take the bytes meanwhile.
-        let at = self.shared_alloc("tma.store", per * atom_bytes, 1024);
-        self.emit(Inst::BulkWait);
-        let base = self.iconst(at as i64);
+        // epilogue does not wait for them and nothing else may take the bytes meanwhile.
+        let at = self.shared_alloc("tma.store", buffers * buffer_bytes, 1024);
         let sl = StageLayout::Swizzled { m: l.m, kk: 64, sa: 128, sb: 128, b_off: 0 };
         let leader = self.first_thread();
-        let slots = Self::store_slots(l, regs.len(), atoms, per);
+        let slots = Self::store_slots(l, regs.len(), atoms, per, buffers, at, buffer_bytes);
         let deltas = self.class_deltas(l, sl, &slots);
-        // Each class's offset (with the copy's base) once, in the prologue: the coordinates
-        // are the thread's, the same for every tile of a persistent loop.
+        // Each class's offset once. With a producer warp, in the prologue (the coordinates are
+        // the thread's, the same for every tile of a persistent loop, and the consumers have the
+        // registers to keep them); otherwise here, as the flat persistent loop of a kernel
+        // without one keeps its ring's state live too (it spilled with them in the prologue).
         let mut class_base: HashMap<usize, Reg> = HashMap::default();
         if let Some(d) = &deltas {
-            let saved = std::mem::take(&mut self.cur);
+            let hoist = self.func.attrs.warp_specialize;
+            let saved = if hoist { std::mem::take(&mut self.cur) } else { Vec::new() };
             for (i, &(c, _)) in d.iter().enumerate() {
                 if c == i {
-                    let (s, lo) = (slots[i].0, slots[i].3);
-                    let off = self.swizzled_offset(l, sl, s, lo);
-                    let off = self.bin(BinaryOp::Add, off, base);
+                    let off = self.swizzled_offset(l, sl, slots[i]);
                     class_base.insert(c, off);
                 }
             }
-            let defs = std::mem::replace(&mut self.cur, saved);
-            self.prologue.extend(defs);
+            if hoist {
+                let defs = std::mem::replace(&mut self.cur, saved);
+                self.prologue.extend(defs);
+            }
         }
         for round in 0..atoms / per {
-            // Whoever read these bytes before (an earlier op, the last round's bulk copy) is done.
+            // The bulk read of this round's buffer (by the round `buffers` before, or an earlier
+            // store) is done, and so are whoever else read these bytes before.
+            self.emit(Inst::BulkWait { pending: buffers - 1 });
             self.emit(Inst::Barrier);
-            for (i, &(s, pair, r, lo)) in slots.iter().enumerate() {
-                if r != round {
+            for (i, slot) in slots.iter().enumerate() {
+                if slot.round != round {
                     continue;
                 }
                 let off = match &deltas {
                     // The offset of the store's class plus a constant.
                     Some(d) if d[i].1 == 0 => class_base[&d[i].0],
                     Some(d) => self.bin_c(BinaryOp::Add, class_base[&d[i].0], d[i].1),
-                    None => {
-                        let off = self.swizzled_offset(l, sl, s, lo);
-                        self.bin(BinaryOp::Add, off, base)
-                    }
+                    None => self.swizzled_offset(l, sl, *slot),
                 };
-                let value = if pair {
+                let s = slot.slot;
+                let value = if slot.pair {
                     let d = self.reg(SType::Int { bits: 32, signed: true });
                     self.emit(Inst::Pack { dst: d, lo: regs[s], hi: regs[s + 1] });
                     d
@@ -92,33 +98,38 @@ impl Lowering<'_> {
             }
             self.emit(Inst::FenceProxyAsync);
             self.emit(Inst::Barrier);
+            let buffer = at + (round % buffers) * buffer_bytes;
             for atom in 0..per {
                 let col = self.bin_c(BinaryOp::Add, col0, ((round * per + atom) * 64) as i64);
-                let offset = self.iconst((at + atom * atom_bytes) as i64);
+                let offset = self.iconst((buffer + atom * atom_bytes) as i64);
                 self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
             }
             self.emit(Inst::BulkCommit);
-            if round + 1 < atoms / per {
-                self.emit(Inst::BulkWait);
-            }
         }
         self.bulk_pending = true;
         true
     }
 
-    /// The offset in the staging copy of accumulator slot `s` of this thread, in a round whose
-    /// first column is `lo`.
-    fn swizzled_offset(&mut self, l: AccLayout, sl: StageLayout, s: usize, lo: u32) -> Reg {
-        let [row, col] = self.mma_coords(l, s as u32);
-        let col = if lo > 0 { self.bin_c(BinaryOp::Sub, col, lo as i64) } else { col };
-        self.stage_offset_here(sl, 0, row, col, 2)
+    /// The shared byte offset of store `st`'s element in its round's buffer.
+    fn swizzled_offset(&mut self, l: AccLayout, sl: StageLayout, st: StoreSlot) -> Reg {
+        let [row, col] = self.mma_coords(l, st.slot as u32);
+        let col = if st.lo > 0 { self.bin_c(BinaryOp::Sub, col, st.lo as i64) } else { col };
+        let off = self.stage_offset_here(sl, 0, row, col, 2);
+        self.bin_c(BinaryOp::Add, off, st.buffer as i64)
     }
 
-    /// The shared stores of a TMA store, in order: (first slot, whether it pairs with the next
-    /// slot, round, first column of the round). A thread's two neighbouring columns (as the
-    /// accumulator layouts pair them, from an even column) go out as one 32-bit store: they
-    /// share a 16-byte chunk, which the swizzle moves whole.
-    fn store_slots(l: AccLayout, n: usize, atoms: u32, per: u32) -> Vec<(usize, bool, u32, u32)> {
+    /// The shared stores of a TMA store, in order, `per` atoms a round. A thread's two
+    /// neighbouring columns (as the accumulator layouts pair them, from an even column) go out
+    /// as one 32-bit store: they share a 16-byte chunk, which the swizzle moves whole.
+    fn store_slots(
+        l: AccLayout,
+        n: usize,
+        atoms: u32,
+        per: u32,
+        buffers: u32,
+        at: u32,
+        buffer_bytes: u32,
+    ) -> Vec<StoreSlot> {
         let mut out = Vec::new();
         let mut s = 0;
         while s < n {
@@ -126,7 +137,8 @@ impl Lowering<'_> {
             let pair = s + 1 < n && l.offset(s as u32 + 1) == [o[0], o[1] + 1];
             let round = o[1] / (per * 64);
             if round < atoms / per {
-                out.push((s, pair, round, round * per * 64));
+                let buffer = at + (round % buffers) * buffer_bytes;
+                out.push(StoreSlot { slot: s, pair, round, lo: round * per * 64, buffer });
             }
             s += if pair { 2 } else { 1 };
         }
@@ -139,30 +151,36 @@ impl Lowering<'_> {
     /// store's (class, offset minus its class's first store's offset), checked at compile time
     /// for every thread of the layout; `None` where that does not hold (the offsets are then
     /// computed store by store). Each class's offset is computed once, each store adds a constant.
-    fn class_deltas(
-        &self,
-        l: AccLayout,
-        sl: StageLayout,
-        slots: &[(usize, bool, u32, u32)],
-    ) -> Option<Vec<(usize, i64)>> {
+    fn class_deltas(&self, l: AccLayout, sl: StageLayout, slots: &[StoreSlot]) -> Option<Vec<(usize, i64)>> {
         let threads = l.warps_m * l.warps_n * self.target.warp_size;
-        let at = |t: u32, s: usize, lo: u32| {
-            let e = l.element(t, s as u32, self.target.warp_size);
-            sl.offset_of(0, e[0], e[1] - lo, 2) as i64
+        let at = |t: u32, st: StoreSlot| {
+            let e = l.element(t, st.slot as u32, self.target.warp_size);
+            (sl.offset_of(0, e[0], e[1] - st.lo, 2) + st.buffer) as i64
         };
         let mut first: HashMap<(u32, u32), usize> = HashMap::default();
         let mut out = Vec::with_capacity(slots.len());
-        for (i, &(s, _, _, lo)) in slots.iter().enumerate() {
-            let o = l.offset(s as u32);
-            let key = (o[0] % 8, ((o[1] - lo) % 64) / 8);
+        for (i, &st) in slots.iter().enumerate() {
+            let o = l.offset(st.slot as u32);
+            let key = (o[0] % 8, ((o[1] - st.lo) % 64) / 8);
             let c = *first.entry(key).or_insert(i);
-            let (s0, lo0) = (slots[c].0, slots[c].3);
-            let d = at(0, s, lo) - at(0, s0, lo0);
-            if (1..threads).any(|t| at(t, s, lo) - at(t, s0, lo0) != d) {
+            let d = at(0, st) - at(0, slots[c]);
+            if (1..threads).any(|t| at(t, st) - at(t, slots[c]) != d) {
                 return None;
             }
             out.push((c, d));
         }
         Some(out)
     }
+}
+
+/// One shared store of a TMA store's staging: accumulator slot `slot` (and the next, when
+/// `pair`), in round `round`, whose first column is `lo`, into the buffer at shared byte
+/// `buffer`.
+#[derive(Clone, Copy, Debug)]
+struct StoreSlot {
+    slot: usize,
+    pair: bool,
+    round: u32,
+    lo: u32,
+    buffer: u32,
 }
