@@ -11,7 +11,7 @@ O=${OUT:-gpu-out}; mkdir -p "$O"
 B=bundle
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 { date -u +%FT%TZ; cat $B/COMMIT; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$O/run.log"
-for v in "" "--tma-store" "--persistent"; do
+for v in "" "--tma-store" "--persistent" "--warp-specialize --persistent --tma-store"; do
   $B/trident-emit --backend nvidia --target sm_90a --kernel gemm --dtype bf16 --config 128x256x64/8w/4s \
     --descriptors $v > /tmp/g.ptx
   /usr/local/cuda/bin/ptxas -arch sm_90a -v /tmp/g.ptx -o /tmp/g.cubin 2>&1 | grep -E "registers|spill" >> "$O/run.log"
