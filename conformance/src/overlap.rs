@@ -12,14 +12,15 @@ use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 use trident_kernels::ag_gemm::{AgGemm, GatherMode};
-use trident_kernels::allgather::AllGather;
+use trident_kernels::allgather::AllGatherCe;
+use trident_kernels::gemm::Gemm;
 
 /// One rank's medians (ms) and the worst normwise error of the two outputs.
 #[derive(Clone, Copy, Debug)]
 pub struct OverlapTimes {
-    /// AG-GEMM: the in-kernel gather on stream 1 while the GEMM's programs wait per chunk.
+    /// AG-GEMM: the copy-engine gather on stream 1 while the GEMM's programs wait per chunk.
     pub overlapped_ms: f64,
-    /// The same gather to completion, then AG-GEMM's GEMM tiles without waits.
+    /// The same gather to completion, then the library's GEMM for the target.
     pub sequential_ms: f64,
     pub error: f64,
 }
@@ -75,18 +76,22 @@ pub fn ag_gemm_vs_sequential(
     };
     let (a_buf, b_buf) = (upload(&shard, "a_shard")?, upload(&b, "b")?);
     let c = ctx.alloc(m * n * es, "c")?;
-    let op = AgGemm::for_target(d, GatherMode::Kernel, ctx.gpu_target());
+    // The copy engine gathers in both: AG-GEMM is then persistent where the target has TMA (a
+    // program per multiprocessor and rank), and the sequential pipeline's GEMM is the library's
+    // default for the target.
+    let op = AgGemm::for_target(d, GatherMode::CopyEngine, ctx.gpu_target());
+    let gemm = Gemm::for_target(d, ctx.gpu_target());
     let mut bufs = op.buffers(ctx, m, k)?;
-    let gather = AllGather::new(d);
+    let gather = AllGatherCe { dtype: d };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xC0FF_EE00 ^ r as u64);
     let fresh = |c: &Buffer| ctx.fill(c, &poison(d));
 
     let overlapped = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| op.run(ctx, bufs, &a_buf, &b_buf, &c, n);
-    // The sequential pipeline: the gather to completion on every rank, then the GEMM of the
-    // same tiles reading the gathered A (no waits left in it).
+    // The sequential pipeline: the gather to completion on every rank, then the GEMM reading
+    // the gathered A (no waits in it).
     let sequential = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| -> Result<(), BackendError> {
         gather.run(ctx, &mut bufs.gather, &a_buf)?;
-        op.gemm.enqueue(ctx, 0, (&bufs.gather.out, &b_buf, &c), (m, n, k))?;
+        gemm.enqueue(ctx, 0, (&bufs.gather.out, &b_buf, &c), (m, n, k))?;
         ctx.synchronize()?;
         ctx.barrier()
     };

@@ -40,12 +40,19 @@ impl AgGemm {
         AgGemm { gemm: Gemm::new(dtype), mode }
     }
 
-    /// The GEMM tiles of `target` (`Gemm::for_target`: `wgmma` on sm_90a, MFMA on gfx942), one
-    /// program per tile (it waits for its rows' chunks before its K loop), A, B and C through
-    /// descriptors where the target has TMA (the wait's lowering orders the async proxy after
-    /// its acquire, so TMA reads the gathered rows other ranks wrote).
+    /// The GEMM tiles of `target` (`Gemm::for_target`: `wgmma` on sm_90a, MFMA on gfx942), A,
+    /// B and C through descriptors where the target has TMA (the wait's lowering orders the
+    /// async proxy after its acquire, so TMA reads the gathered rows other ranks wrote). Each
+    /// tile waits for its rows' chunks before its K loop. With the copy engine gathering, the
+    /// GEMM is persistent where the target has TMA (a program per multiprocessor, or per
+    /// multiprocessor and rank when ranks share a GPU; each waits before a tile's first copies,
+    /// ahead of the tile before's last steps): nothing it waits for needs a multiprocessor. With
+    /// the in-kernel gather it stays one program per tile: persistent programs filling every
+    /// multiprocessor could keep the gather's programs from ever starting.
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
-        AgGemm { gemm: Gemm::for_target(dtype, target).single_tile(), mode }
+        let g = Gemm::for_target(dtype, target).single_tile();
+        let persistent = mode == GatherMode::CopyEngine && g.descriptors;
+        AgGemm { gemm: Gemm { persistent, ..g }, mode }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -69,8 +76,13 @@ impl AgGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let g = &self.gemm;
         let (bm, bn) = (g.block_m, g.block_n);
-        let name = format!("ag_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k);
-        let b = KernelBuilder::new(&name, LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() });
+        let persistent = g.persistent && g.divisible && g.descriptors;
+        let name =
+            format!("ag_gemm_{}_{bm}x{bn}x{}{}", g.dtype, g.block_k, if persistent { "_persistent" } else { "" });
+        let b = KernelBuilder::new(
+            &name,
+            LaunchAttrs { warps: g.warps, stages: g.stages, persistent, ..LaunchAttrs::default() },
+        );
         // With `divisible`, the facts that let the copies be 16-byte vectors without alignment
         // tests (as `Gemm::run` specializes the plain GEMM).
         let ptr =
@@ -82,38 +94,49 @@ impl AgGemm {
         let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let (rows_per_rank, target) = (b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
 
-        let pid = b.program_id_x();
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
-        // Rank swizzle: start at the tile row holding this rank's first row (its own chunk,
-        // already local), then walk on to the chunks of r+1, r+2, ...
-        let first = (b.rank() * rows_per_rank) / bm as i32;
-        let tile_m = (pid / tiles_n + first) % tiles_m;
-        let row0 = tile_m * bm as i32;
-        let last_row = (row0 + bm as i32).min(m) - 1;
-        let (c_lo, c_hi) = (row0 / rows_per_rank, last_row / rows_per_rank);
-        let tok = b.wait(ready + c_lo, c_hi - c_lo + 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
-        let a = a_full.consume_token(tok);
+        let tile = |pid: trident_core::Tile| {
+            // Rank swizzle: start at the tile row holding this rank's first row (its own chunk,
+            // already local), then walk on to the chunks of r+1, r+2, ...
+            let first = (b.rank() * rows_per_rank) / bm as i32;
+            let tile_m = (pid / tiles_n + first) % tiles_m;
+            let row0 = tile_m * bm as i32;
+            let last_row = (row0 + bm as i32).min(m) - 1;
+            let (c_lo, c_hi) = (row0 / rows_per_rank, last_row / rows_per_rank);
+            let tok = b.wait(ready + c_lo, c_hi - c_lo + 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+            let a = a_full.consume_token(tok);
 
-        let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
-        let col0 = (pid % tiles_n) * bn as i32;
-        let cols = (col0 + b.arange(0, bn as i64)).expand_dims(0);
-        let mask = rows.lt(m) & cols.lt(n);
-        if g.divisible && g.descriptors {
-            // A (after the wait: its descriptor carries the token), B and C through descriptors
-            // (TMA copies and store on sm_90a).
-            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
-            let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
-            let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
-            let out = g.desc_product(&b, (da, db), (row0, col0), k).cast(g.dtype);
-            if g.tma_store {
-                b.desc_store(b.make_desc(c, [m, n], [n, one], [bm, bn]), [row0, col0], out);
+            let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
+            let col0 = (pid % tiles_n) * bn as i32;
+            let cols = (col0 + b.arange(0, bn as i64)).expand_dims(0);
+            let mask = rows.lt(m) & cols.lt(n);
+            if g.divisible && g.descriptors {
+                // A (after the wait: its descriptor carries the token), B and C through descriptors
+                // (TMA copies and store on sm_90a).
+                let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+                let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
+                let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
+                let out = g.desc_product(&b, (da, db), (row0, col0), k).cast(g.dtype);
+                if g.tma_store {
+                    b.desc_store(b.make_desc(c, [m, n], [n, one], [bm, bn]), [row0, col0], out);
+                } else {
+                    b.store(c + rows * n + cols, out, Some(mask));
+                }
             } else {
-                b.store(c + rows * n + cols, out, Some(mask));
+                let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
+                b.store(c + rows * n + cols, acc.cast(g.dtype), Some(mask));
             }
+        };
+        let pid = b.program_id_x();
+        if persistent {
+            let (tiles, programs) = (tiles_m * tiles_n, b.num_programs(trident_core::ir::Axis::X));
+            b.for_range(pid, tiles, programs, &[], |t, _| {
+                tile(t);
+                Vec::new()
+            });
         } else {
-            let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k));
-            b.store(c + rows * n + cols, acc.cast(g.dtype), Some(mask));
+            tile(pid);
         }
         b.finish()
     }

@@ -405,42 +405,44 @@ fn gemm_forms_check(ptxas: &Path, root: &Path) -> Result<(), Failure> {
         &["--descriptors", "--persistent", "--tma-store"],
         &["--descriptors", "--warp-specialize", "--persistent", "--tma-store"],
     ];
-    let mut checked = 0;
+    // AG-GEMM as the library runs it on sm_90a: one program per tile, or persistent (with the
+    // copy engine gathering), its waits before each tile's first copies.
+    let ag_forms: [&[&str]; 2] = [&["--descriptors", "--tma-store"], &["--descriptors", "--persistent", "--tma-store"]];
+    let mut cases = Vec::new();
     for config in ["128x256x64/8w/4s", "128x128x64/8w/5s", "64x128x128/4w/4s"] {
-        for form in forms {
-            for dtype in ["bf16", "f16"] {
-                let mut a: Vec<String> =
-                    ["--backend", "nvidia", "--target", "sm_90a", "--kernel", "gemm"].map(String::from).to_vec();
-                a.extend(["--dtype", dtype, "--config", config].map(String::from));
-                a.extend(form.iter().map(|f| f.to_string()));
-                let out = tool("trident-emit", &a).output().map_err(|e| format!("trident-emit: {e}"))?;
-                if !out.status.success() {
-                    return Err(
-                        format!("trident-emit {}: {}", a.join(" "), String::from_utf8_lossy(&out.stderr)).into()
-                    );
-                }
-                let name = format!("{dtype}_{}{}", config.replace('/', "_"), form.join("").replace("--", "_"));
-                let f = dir.join(format!("{name}.ptx"));
-                std::fs::write(&f, &out.stdout).map_err(|e| format!("{}: {e}", f.display()))?;
-                let o = Command::new(ptxas)
-                    .args(["-arch=sm_90a", "-v"])
-                    .arg(&f)
-                    .arg("-o")
-                    .arg(f.with_extension("cubin"))
-                    .output()
-                    .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
-                let log = String::from_utf8_lossy(&o.stderr);
-                let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
-                if !o.status.success() || spills || log.contains("warning") {
-                    return Err(
-                        format!("ptxas -v on the sm_90a GEMM `{}`: spills or warnings:\n{log}", a.join(" ")).into()
-                    );
-                }
-                checked += 1;
+        cases.extend(forms.iter().map(|f| ("gemm", config, *f)));
+    }
+    cases.extend(ag_forms.iter().map(|f| ("ag_gemm", "128x256x64/8w/4s", *f)));
+    let mut checked = 0;
+    for (kernel, config, form) in cases {
+        for dtype in ["bf16", "f16"] {
+            let mut a: Vec<String> =
+                ["--backend", "nvidia", "--target", "sm_90a", "--kernel", kernel].map(String::from).to_vec();
+            a.extend(["--dtype", dtype, "--config", config].map(String::from));
+            a.extend(form.iter().map(|f| f.to_string()));
+            let out = tool("trident-emit", &a).output().map_err(|e| format!("trident-emit: {e}"))?;
+            if !out.status.success() {
+                return Err(format!("trident-emit {}: {}", a.join(" "), String::from_utf8_lossy(&out.stderr)).into());
             }
+            let name = format!("{kernel}_{dtype}_{}{}", config.replace('/', "_"), form.join("").replace("--", "_"));
+            let f = dir.join(format!("{name}.ptx"));
+            std::fs::write(&f, &out.stdout).map_err(|e| format!("{}: {e}", f.display()))?;
+            let o = Command::new(ptxas)
+                .args(["-arch=sm_90a", "-v"])
+                .arg(&f)
+                .arg("-o")
+                .arg(f.with_extension("cubin"))
+                .output()
+                .map_err(|e| format!("running {}: {e}", ptxas.display()))?;
+            let log = String::from_utf8_lossy(&o.stderr);
+            let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
+            if !o.status.success() || spills || log.contains("warning") {
+                return Err(format!("ptxas -v on `{}`: spills or warnings:\n{log}", a.join(" ")).into());
+            }
+            checked += 1;
         }
     }
-    eprintln!("xtask: the sm_90a GEMM in {checked} forms assembled without spills or ptxas warnings");
+    eprintln!("xtask: the sm_90a GEMM and AG-GEMM in {checked} forms assembled without spills or ptxas warnings");
     Ok(())
 }
 

@@ -32,7 +32,7 @@ struct Args {
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
     #[arg(long)]
     time: bool,
-    /// With `--kernel gemm`: the configuration `BMxBNxBK/Ww/Ss` (as `trident-bench` prints it),
+    /// With `--kernel gemm` or `ag_gemm`: the configuration `BMxBNxBK/Ww/Ss` (as `trident-bench` prints it),
     /// specialized for arguments divisible by 16.
     #[arg(long)]
     config: Option<String>,
@@ -108,7 +108,7 @@ fn main() -> ExitCode {
             Err(e) => return usage(format!("{}: {e}", path.display())),
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
-            Ok(g) if a.kernel == "gemm" => {
+            Ok(g) if a.kernel == "gemm" || a.kernel == "ag_gemm" => {
                 let g = trident_kernels::gemm::Gemm {
                     descriptors: a.descriptors,
                     warp_specialize: a.warp_specialize,
@@ -116,9 +116,14 @@ fn main() -> ExitCode {
                     tma_store: a.tma_store,
                     ..g
                 };
-                g.build().map_err(|e| e.to_string())
+                if a.kernel == "gemm" {
+                    g.build().map_err(|e| e.to_string())
+                } else {
+                    let mode = trident_kernels::ag_gemm::GatherMode::CopyEngine;
+                    trident_kernels::ag_gemm::AgGemm { gemm: g, mode }.build().map_err(|e| e.to_string())
+                }
             }
-            Ok(_) => return usage("--config applies to --kernel gemm"),
+            Ok(_) => return usage("--config applies to --kernel gemm and ag_gemm"),
             Err(e) => return usage(e),
         },
         None => match cat.into_iter().find(|(n, _)| *n == a.kernel) {

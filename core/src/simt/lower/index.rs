@@ -246,6 +246,9 @@ impl Lowering<'_> {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.scalar_value(x)).collect();
                 self.elementwise(&k, st, &srcs)
             }
+            // Kernel parameters the runtime adds (an AG-GEMM's rank swizzle).
+            OpKind::Rank => return self.hidden[super::Hidden::Rank.position()],
+            OpKind::NumRanks => return self.hidden[super::Hidden::NumRanks.position()],
             _ => return self.held(v)[0],
         };
         self.memo.insert((v, Vec::new()), r);

@@ -29,7 +29,15 @@ impl Lowering<'_> {
         let ops = self.func.blocks[body].ops.clone();
         let pos = ops.iter().position(|&o| matches!(self.func.ops[o].kind, OpKind::For { .. }))?;
         let inner = ops[pos];
-        if !ops[..pos].iter().all(|&o| effect_free(&self.func.ops[o].kind)) {
+        // Index math before the K loop; without a producer warp also the tile's waits (an
+        // AG-GEMM's chunk signals), which the flat loop runs before the tile's first copies.
+        let waits_allowed = !self.func.attrs.warp_specialize;
+        if !ops[..pos].iter().all(|&o| {
+            let k = &self.func.ops[o].kind;
+            effect_free(k)
+                || matches!(k, OpKind::Rank | OpKind::NumRanks | OpKind::ConsumeToken { .. })
+                || (waits_allowed && matches!(k, OpKind::Wait { .. }))
+        }) {
             return None;
         }
         // Nothing after the K loop may loop again (its epilogue runs inside the flat loop).
@@ -215,17 +223,83 @@ impl Lowering<'_> {
     /// The epilogue of tile number `t`: the tile loop's ops but the K loop, with the products
     /// `acc` (zeros for an empty K loop) in place of its result and the tile variable bound.
     fn tile_epilogue(&mut self, f: &Flat, p: &Persistent, t: Reg, acc: &[Reg]) -> Result<(), LowerError> {
-        let saved_tile = self.tile_ops_before(f, p, t)?;
+        let saved_tile = self.tile_ops_before(f, p, t, false)?;
         self.tile_ops_after(f, p, acc, saved_tile)
+    }
+
+    /// Where the tile loop waits before its K loop (an AG-GEMM's chunk signals): at the flat
+    /// step that issues a tile's first copies (K step `kk` 0 of tile number `t`), the tile's
+    /// index math and waits, in a uniform `if` (the copies that follow then read what the wait
+    /// acquired: the wait's lowering orders the async proxy after it). Nothing without waits.
+    fn flat_waits(&mut self, f: &Flat, p: &Persistent, g: Reg, (t, kk): (Reg, Reg)) -> Result<(), LowerError> {
+        let waits = self.func.blocks[f.outer]
+            .ops
+            .iter()
+            .take_while(|&&o| o != p.inner)
+            .any(|&o| matches!(self.func.ops[o].kind, OpKind::Wait { .. }));
+        if !waits {
+            return Ok(());
+        }
+        // Only for a step of the program's (past its last tile there is nothing to wait for).
+        let zero = self.iconst(0);
+        let (starts, valid) = (self.reg(SType::Pred), self.reg(SType::Pred));
+        self.emit(Inst::Cmp { dst: starts, op: CmpOp::Eq, a: kk, b: zero });
+        self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: g, b: f.total });
+        let first = self.bin(BinaryOp::And, starts, valid);
+        let memo = self.memo.clone();
+        let outside = std::mem::take(&mut self.cur);
+        let saved_tile = self.tile_ops_before(f, p, t, true)?;
+        let then_body = std::mem::replace(&mut self.cur, outside);
+        self.memo = memo;
+        self.forget_tile(f, saved_tile);
+        self.emit(Inst::If {
+            cond: first,
+            then_body,
+            then_yields: Vec::new(),
+            else_body: Vec::new(),
+            else_yields: Vec::new(),
+            results: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// The tile variable's earlier binding back, and the tile's values gone (they live in the
+    /// region that computed them).
+    fn forget_tile(&mut self, f: &Flat, saved_tile: Option<Vec<Reg>>) {
+        match saved_tile {
+            Some(r) => self.vals.insert(f.tile_arg, r),
+            None => self.vals.remove(&f.tile_arg),
+        };
+        for &o in &self.func.blocks[f.outer].ops {
+            for r in &self.func.ops[o].results {
+                self.vals.remove(r);
+                self.mma_held.remove(r);
+            }
+        }
     }
 
     /// The tile loop's ops before the K loop (index math) with the tile variable bound to tile
     /// number `t`; returns the variable's earlier binding, for [`Lowering::tile_ops_after`].
-    fn tile_ops_before(&mut self, f: &Flat, p: &Persistent, t: Reg) -> Result<Option<Vec<Reg>>, LowerError> {
+    /// Its waits run only with `waits` ([`Lowering::flat_waits`] runs them before the tile's
+    /// first copies); otherwise their tokens are plain values.
+    fn tile_ops_before(
+        &mut self,
+        f: &Flat,
+        p: &Persistent,
+        t: Reg,
+        waits: bool,
+    ) -> Result<Option<Vec<Reg>>, LowerError> {
         let ti = self.flat_tile_iv(f, t);
         let saved_tile = self.vals.insert(f.tile_arg, vec![ti]);
         let ops = self.func.blocks[f.outer].ops.clone();
         for &o in ops.iter().take_while(|&&o| o != p.inner) {
+            if !waits && matches!(self.func.ops[o].kind, OpKind::Wait { .. }) {
+                let token = self.reg(SType::Int { bits: 64, signed: false });
+                self.emit(Inst::Const { dst: token, value: Literal::Int(0) });
+                let r = self.func.ops[o].results[0];
+                self.vals.insert(r, vec![token]);
+                continue;
+            }
             self.op(o)?;
         }
         Ok(saved_tile)
@@ -266,17 +340,8 @@ impl Lowering<'_> {
         for &o in ops.iter().skip_while(|&&o| o != p.inner).skip(1) {
             self.op(o)?;
         }
-        match saved_tile {
-            Some(r) => self.vals.insert(f.tile_arg, r),
-            None => self.vals.remove(&f.tile_arg),
-        };
         // The tile's values live in the epilogue's region only.
-        for &o in &self.func.blocks[f.outer].ops {
-            for r in &self.func.ops[o].results {
-                self.vals.remove(r);
-                self.mma_held.remove(r);
-            }
-        }
+        self.forget_tile(f, saved_tile);
         Ok(())
     }
 
@@ -310,6 +375,7 @@ impl Lowering<'_> {
             let t = self.bin(BinaryOp::Div, g, f.kn1);
             let kk = self.bin(BinaryOp::Rem, g, f.kn1);
             let known = self.flat_tile_offsets(&f, t);
+            self.flat_waits(&f, &p, g, (t, kk))?;
             self.flat_issue(&f, plan, g, (t, kk), &known, leader, ring);
         }
         let ahead0 = self.iconst(dist as i64);
@@ -341,6 +407,7 @@ impl Lowering<'_> {
         if !single {
             self.emit(Inst::Barrier);
         }
+        self.flat_waits(&f, &p, ahead, (t_next, kk_next))?;
         self.flat_issue(&f, plan, ahead, (t_next, kk_next), &known, leader, ring);
         // The tile's last step: every group done, then the epilogue at this tile.
         self.flat_epilogue(&f, &p, (g, kk_cur), &acc, |me| me.emit(Inst::WgmmaWait { pending: 0 }))?;
@@ -426,7 +493,7 @@ impl Lowering<'_> {
         // `wgmma` of the kernel, C7518.)
         let (ct, tile_g) = (self.reg(I32), self.reg(I32));
         // The tile's index math first (off the path from the last group to the stores).
-        let saved_tile = self.tile_ops_before(&f, &p, ct)?;
+        let saved_tile = self.tile_ops_before(&f, &p, ct, false)?;
         let (ckk, cg) = (self.reg(I32), self.reg(I32));
         let acc_phis: Vec<Reg> = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
         let k_saved = std::mem::take(&mut self.cur);
