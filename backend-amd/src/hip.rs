@@ -494,7 +494,11 @@ impl Driver for HipDevice {
             })?;
             Ok(per_cu.max(0) as u64)
         };
-        let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, self.cus) } else { grid };
+        let grid = if kernel.attrs.persistent {
+            persistent_grid(grid, sharing, occupancy()?, self.cus, m.kernel.waits())
+        } else {
+            grid
+        };
         if kernel.attrs.cooperative || (m.kernel.waits() && sharing > 1) {
             check_resident(kernel, grid, sharing, occupancy()?, self.cus)?;
         }

@@ -451,7 +451,8 @@ pub(crate) fn launch_raw(
         .map(|n| n.max(0) as u64)
         .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
     };
-    let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, sms) } else { grid };
+    let grid =
+        if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, sms, module.waits) } else { grid };
     if resident {
         check_resident(kernel, grid, sharing, occupancy()?, sms)?;
     }

@@ -78,8 +78,13 @@ pub trait Driver: Device + Send + Sync + 'static {
 
 /// The grid a launch of a persistent kernel (`LaunchAttrs::persistent`) runs: along x, at
 /// most as many programs as `per_mp` per multiprocessor times `mps` hold at once, shared by the
-/// `sharing` ranks launching it on the device (at least one each); y and z as asked.
-pub fn persistent_grid(grid: [u32; 3], sharing: u32, per_mp: u64, mps: u32) -> [u32; 3] {
+/// `sharing` ranks launching it on the device (at least one each); y and z as asked. A kernel
+/// that `waits` leaves an eighth of the multiprocessors (at least one) to what it waits for:
+/// spinning programs on every multiprocessor would keep a gather's kernels, or the copy kernels
+/// a driver may run for a copy within one device, from ever starting (measured: AG-GEMM in a
+/// loopback world of 4 ranks timed out waiting for a copy-engine gather).
+pub fn persistent_grid(grid: [u32; 3], sharing: u32, per_mp: u64, mps: u32, waits: bool) -> [u32; 3] {
+    let mps = if waits && mps > 1 { mps - (mps / 8).max(1) } else { mps };
     let fit = (per_mp * mps as u64 / sharing.max(1) as u64).max(1);
     let yz = (grid[1] as u64 * grid[2] as u64).max(1);
     let x = (fit / yz).max(1).min(grid[0] as u64) as u32;
@@ -110,4 +115,20 @@ pub fn check_resident(
             "{why} of {total} programs{ranks}: at most {fit} can be resident ({per_mp} per multiprocessor x {mps})"
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::persistent_grid;
+
+    #[test]
+    fn persistent_grids_share_the_device_and_leave_room_for_what_a_waiting_kernel_waits_for() {
+        // One program per multiprocessor of an H200, 4 ranks sharing it.
+        assert_eq!(persistent_grid([1000, 1, 1], 4, 1, 132, false), [33, 1, 1]);
+        assert_eq!(persistent_grid([1000, 1, 1], 4, 1, 132, true), [29, 1, 1]);
+        assert_eq!(persistent_grid([1000, 1, 1], 1, 1, 132, true), [116, 1, 1]);
+        // Never more programs than asked, never none.
+        assert_eq!(persistent_grid([10, 1, 1], 1, 1, 132, true), [10, 1, 1]);
+        assert_eq!(persistent_grid([1000, 1, 1], 8, 1, 1, true), [1, 1, 1]);
+    }
 }
