@@ -202,15 +202,28 @@ impl Lowering<'_> {
     ) -> Result<(), LowerError> {
         let last = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: last, op: CmpOp::Eq, a: kk, b: f.last_k });
-        let body_memo = self.memo.clone();
-        let before_epilogue = std::mem::take(&mut self.cur);
-        first(self);
-        let t = self.bin(BinaryOp::Div, g, f.kn1);
-        self.tile_epilogue(f, p, t, acc)?;
-        let then_body = std::mem::replace(&mut self.cur, before_epilogue);
-        self.memo = body_memo;
+        self.uniform_if(last, |me| {
+            first(me);
+            let t = me.bin(BinaryOp::Div, g, f.kn1);
+            me.tile_epilogue(f, p, t, acc)
+        })
+    }
+
+    /// `if cond { body }` with `cond` uniform: what `body` emits goes in the branch, and the
+    /// values it memoized stay there.
+    fn uniform_if(
+        &mut self,
+        cond: Reg,
+        body: impl FnOnce(&mut Self) -> Result<(), LowerError>,
+    ) -> Result<(), LowerError> {
+        let memo = self.memo.clone();
+        let outside = std::mem::take(&mut self.cur);
+        let done = body(self);
+        let then_body = std::mem::replace(&mut self.cur, outside);
+        self.memo = memo;
+        done?;
         self.emit(Inst::If {
-            cond: last,
+            cond,
             then_body,
             then_yields: Vec::new(),
             else_body: Vec::new(),
@@ -246,21 +259,11 @@ impl Lowering<'_> {
         self.emit(Inst::Cmp { dst: starts, op: CmpOp::Eq, a: kk, b: zero });
         self.emit(Inst::Cmp { dst: valid, op: CmpOp::Lt, a: g, b: f.total });
         let first = self.bin(BinaryOp::And, starts, valid);
-        let memo = self.memo.clone();
-        let outside = std::mem::take(&mut self.cur);
-        let saved_tile = self.tile_ops_before(f, p, t, true)?;
-        let then_body = std::mem::replace(&mut self.cur, outside);
-        self.memo = memo;
-        self.forget_tile(f, saved_tile);
-        self.emit(Inst::If {
-            cond: first,
-            then_body,
-            then_yields: Vec::new(),
-            else_body: Vec::new(),
-            else_yields: Vec::new(),
-            results: Vec::new(),
-        });
-        Ok(())
+        self.uniform_if(first, |me| {
+            let saved_tile = me.tile_ops_before(f, p, t, true)?;
+            me.forget_tile(f, saved_tile);
+            Ok(())
+        })
     }
 
     /// The tile variable's earlier binding back, and the tile's values gone (they live in the
