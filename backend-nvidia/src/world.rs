@@ -1,6 +1,7 @@
-//! The loopback world on NVIDIA: N ranks on the process's GPU 0, run by the shared GPU runtime
-//! (`trident_gpu_runtime::GpuWorld`, which owns heaps, barrier, diagnostics and the stream-wait
-//! watchdog) over [`CudaDevice`]'s `Driver` implementation.
+//! Worlds of threads on NVIDIA GPUs, run by the shared GPU runtime (`trident_gpu_runtime::GpuWorld`,
+//! which owns heaps, barrier, diagnostics and the stream-wait watchdog) over [`CudaDevice`]'s
+//! `Driver` implementation: the loopback world (N ranks on the process's GPU 0) and the peer
+//! world (one rank per GPU of the node, peer access between every pair).
 //!
 //! Modules are loaded eagerly (`CUDA_MODULE_LOADING=EAGER`): a lazy load cannot happen while
 //! another rank's kernel spins (`probes/loopback-signals`). The device is opened once per process
@@ -34,14 +35,32 @@ pub fn local_device(local_rank: usize) -> Result<Arc<CudaDevice>, BackendError> 
     device_at(local_rank % CudaDevice::count()?.max(1))
 }
 
-/// Runs SPMD host code on N ranks of one GPU.
+/// Runs SPMD host code on N ranks of one GPU, or one rank per GPU.
 pub struct GpuWorld;
 
 impl GpuWorld {
+    /// The loopback world: every rank on GPU 0.
     pub fn run<T: Send + 'static>(
         opts: GpuWorldOptions,
         host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
     ) -> Result<Vec<T>, BackendError> {
         trident_gpu_runtime::GpuWorld::run(vec![device_at(0)?], opts, host)
+    }
+
+    /// The peer world: rank `r` on GPU `r % g`, where `g` is the smaller of the ranks and the
+    /// GPUs present (one rank per GPU when there are enough; ranks share GPUs otherwise, as in
+    /// the loopback world), with peer access enabled between every pair of those GPUs.
+    pub fn run_peer<T: Send + 'static>(
+        opts: GpuWorldOptions,
+        host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Result<Vec<T>, BackendError> {
+        let g = Self::peer_devices(opts.ranks)?;
+        let devices = (0..g).map(device_at).collect::<Result<Vec<_>, _>>()?;
+        trident_gpu_runtime::GpuWorld::run(devices, opts, host)
+    }
+
+    /// How many GPUs a peer world of `ranks` ranks spreads over on this machine.
+    pub fn peer_devices(ranks: usize) -> Result<usize, BackendError> {
+        Ok(ranks.clamp(1, CudaDevice::count()?))
     }
 }

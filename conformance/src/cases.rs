@@ -277,7 +277,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
     };
     let kind = match backend.descriptor().name {
         _ if cfg.world.is_some() => cfg.world.clone(),
-        "nvidia" => Some(crate::distributed::WorldKind::Gpu),
+        "nvidia" => Some(crate::distributed::WorldKind::Gpu { peer: false }),
         "cpu" | "cpu-simt" => {
             Some(crate::distributed::WorldKind::Cpu { race, simt_target, compile_check: cfg.compile_check.clone() })
         }

@@ -22,8 +22,9 @@ use trident_kernels::ring_shift::{RingShift, ShiftMode};
 pub enum WorldKind {
     /// The CPU world: tile interpreter, or the SIMT lowering at a warp size.
     Cpu { race: bool, simt_target: Option<&'static str>, compile_check: Option<trident_core::backend::CompileCheck> },
-    /// The loopback world: every rank on one GPU.
-    Gpu,
+    /// A world of threads on GPUs: every rank on GPU 0 (the loopback world), or with `peer` one
+    /// rank per GPU of the node (the peer world; ranks share GPUs when there are fewer).
+    Gpu { peer: bool },
     /// The world of processes this process is one rank of (NVSHMEM, `trident launch`); every
     /// rank's output comes back through the rendezvous so that each process judges the whole
     /// collective. `plant_dead`: that rank exits just before its first launch or copy.
@@ -168,7 +169,9 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         }
         ("allreduce", variant) => {
             let algo = if variant == "oneshot" { Algorithm::OneShot } else { Algorithm::TwoShot };
-            let ar = AllReduce::new(d, algo);
+            // At most 4 programs: the larger shape's programs loop over several blocks, as every
+            // program does at the benchmark's sizes (at most 128 programs by default).
+            let ar = AllReduce { max_programs: 4, ..AllReduce::new(d, algo) };
             let mut bufs = ar.buffers(ctx, s[0])?;
             ctx.fill(&bufs.out, &poison(d))?;
             ctx.barrier()?;
@@ -223,7 +226,10 @@ pub fn execute(
                 WorldOptions { race, simt_target, compile_check, ..WorldOptions::new(case.world, schedule_seed) };
             CpuWorld::run(opts, move |ctx| steer(ctx, false)).map(|run| run.results)
         }
-        WorldKind::Gpu => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| steer(ctx, false)),
+        WorldKind::Gpu { peer: false } => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| steer(ctx, false)),
+        WorldKind::Gpu { peer: true } => {
+            GpuWorld::run_peer(GpuWorldOptions::new(case.world), move |ctx| steer(ctx, false))
+        }
         WorldKind::Processes { world, plant_dead } => {
             let mine = world.run(&|ctx| steer(ctx, plant_dead == Some(ctx.rank())));
             // Every rank's outcome: 0 and its output's f64s, or 1 and its error.

@@ -6,6 +6,8 @@
 
 pub mod cases;
 pub mod cli;
+pub mod dist_bench;
+pub mod dist_report;
 pub mod distributed;
 pub mod host;
 pub mod npy;

@@ -63,6 +63,11 @@ struct Args {
     /// them on cpu-simt. Only distributed cases.
     #[arg(long)]
     inter_node: bool,
+    /// Run the distributed cases in the peer world (`--backend nvidia`): one process, rank r on
+    /// GPU r (peer access between every pair of GPUs; with fewer GPUs than ranks, ranks share
+    /// them as in the loopback world, which the header says).
+    #[arg(long)]
+    peer: bool,
 }
 
 /// Ranks a world may have (the CPU and loopback worlds' limit).
@@ -107,6 +112,13 @@ fn main() -> ExitCode {
     };
     if args.plant_dead_rank.is_some() && !args.processes {
         return usage("--plant-dead-rank: only with --processes");
+    }
+    if args.peer && (desc.name != "nvidia" || args.processes) {
+        return usage(format!(
+            "--peer: the peer world (one process, a rank per GPU) runs on nvidia without --processes, not on {}{}",
+            desc.name,
+            if args.processes { " with --processes" } else { "" }
+        ));
     }
     if args.inter_node && !(desc.name == "cpu-simt" || (desc.name == "nvidia" && args.processes)) {
         return usage(format!(
@@ -246,10 +258,24 @@ fn main() -> ExitCode {
         println!("conformance: 0 passed, 0 failed, {} skipped", selected.len());
         return ExitCode::SUCCESS;
     }
-    let world = processes.clone().map(|world| trident_conformance::distributed::WorldKind::Processes {
+    let mut world = processes.clone().map(|world| trident_conformance::distributed::WorldKind::Processes {
         world,
         plant_dead: args.plant_dead_rank,
     });
+    if args.peer {
+        let sizes: std::collections::BTreeSet<usize> =
+            selected.iter().filter(|(_, c)| c.distributed).map(|(_, c)| c.world).collect();
+        for w in sizes {
+            match trident_backend_nvidia::world::GpuWorld::peer_devices(w) {
+                Ok(g) if g == w => println!("trident conformance: peer world of {w} ranks: one per GPU (0..{g})"),
+                Ok(g) => println!(
+                    "trident conformance: peer world of {w} ranks on {g} GPU(s): ranks share GPUs (loopback), not a peer run"
+                ),
+                Err(e) => println!("trident conformance: peer world of {w} ranks: {e}"),
+            }
+        }
+        world = Some(trident_conformance::distributed::WorldKind::Gpu { peer: true });
+    }
     let cfg = RunConfig {
         backend: backend.as_ref(),
         target,

@@ -30,6 +30,8 @@ fn usage_errors_exit_2_before_any_work() {
         ("trident-conformance", vec!["--world", "65"]),
         ("trident-conformance", vec!["--json", "/nonexistent/dir/report.json"]),
         ("trident-conformance", vec!["--backend", "nvidia", "--race"]),
+        ("trident-conformance", vec!["--backend", "cpu", "--peer"]),
+        ("trident-conformance", vec!["--backend", "nvidia", "--peer", "--processes"]),
         ("trident-emit", vec!["--kernel", "no_such_kernel"]),
         ("trident-emit", vec!["--backend", "nvidia", "--target", "sm_42"]),
         ("trident-emit", vec!["--file", "no/such.tile"]),

@@ -1,18 +1,24 @@
 //! AllReduce (sum): every rank ends with the elementwise sum of every rank's input, reduced in f32.
 //!
-//! * One-shot: each program copies its slice of the input into the symmetric `stage`, signals
-//!   every rank (`ready[program][rank] = epoch`), waits for every rank's signal for its slice, then
-//!   reads that slice from all W stages (`symm_at`) and sums. Reads W x the data; wins for small
+//! * One-shot: each program copies its slices of the input into the symmetric `stage`, signals
+//!   every rank (`ready[program][rank] = epoch`), waits for every rank's signal for its slices,
+//!   then reads them from all W stages (`symm_at`) and sums. Reads W x the data; wins for small
 //!   messages.
-//! * Two-shot: rank r owns chunk r. Program i stages slice i of every chunk and signals each
-//!   chunk's owner; the owner sums slice i of its chunk from all stages, pushes the sum into every
-//!   rank's `out` and signals; everyone waits for every chunk's slice i. Moves 2 x the data.
+//! * Two-shot: rank r owns chunk r. Program i stages its slices of every chunk and signals each
+//!   chunk's owner; the owner sums those slices of its chunk from all stages, pushes the sums
+//!   into every rank's `out` and signals; everyone waits for every chunk's slices of program i.
+//!   Moves 2 x the data.
+//!
+//! Program i's slices are blocks i, i + P, i + 2P, .. of `block` elements, with at most
+//! `max_programs` programs P: every program of the waiting kernel can be resident (program i
+//! of one rank waits for program i of the others; with a grid larger than the GPUs hold, that
+//! would rest on the order in which the hardware starts programs).
 //!
 //! The sum runs over ranks 0..W in order on every rank, so all ranks get identical bits.
 
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
+use trident_core::ir::{Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
@@ -25,8 +31,11 @@ pub enum Algorithm {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AllReduce {
     pub dtype: DType,
+    /// Elements per program and loop step.
     pub block: u32,
     pub algorithm: Algorithm,
+    /// The grid cap ([`AllReduce::programs`]).
+    pub max_programs: u32,
 }
 
 /// Symmetric state of an AllReduce of `n` elements.
@@ -42,7 +51,7 @@ pub struct AllReduceBuffers {
 
 impl AllReduce {
     pub fn new(dtype: DType, algorithm: Algorithm) -> AllReduce {
-        AllReduce { dtype, block: 1024, algorithm }
+        AllReduce { dtype, block: 1024, algorithm, max_programs: crate::allgather::AllGather::MAX_PROGRAMS }
     }
 
     /// Elements each rank owns in the two-shot algorithm.
@@ -53,8 +62,10 @@ impl AllReduce {
         }
     }
 
+    /// Programs per rank: one per block of the chunk, at most `max_programs` (each then loops
+    /// over its blocks).
     pub fn programs(&self, n: usize, world: usize) -> u32 {
-        cdiv(self.chunk(n, world).max(1), self.block as usize) as u32
+        cdiv(self.chunk(n, world).max(1), self.block as usize).min(self.max_programs.max(1) as usize) as u32
     }
 
     /// Collective: the symmetric buffers for `n` elements.
@@ -87,37 +98,62 @@ impl AllReduce {
         let (ready, done) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("done", DType::U64));
         let (n, chunk, epoch) = (b.arg("n", DType::I32), b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
-        let lane = pid * self.block as i32 + b.arange(0, self.block as i64);
+        let (bs, programs) = (self.block as i32, b.num_programs(Axis::X));
+        let lanes = b.arange(0, self.block as i64);
         let my_signals = ready + pid * world;
+        // This program's blocks: pid, pid + programs, .. below the blocks of the input and of a
+        // chunk.
+        let (blocks_n, blocks_chunk) = ((n + (bs - 1)) / bs, (chunk + (bs - 1)) / bs);
         match self.algorithm {
             Algorithm::OneShot => {
-                let mask = lane.lt(n);
-                b.store(stage + lane, b.load(input + lane, Some(mask), None), Some(mask));
+                b.for_range(pid, blocks_n, programs, &[], |blk, _| {
+                    let lane = blk * bs + lanes;
+                    let mask = lane.lt(n);
+                    b.store(stage + lane, b.load(input + lane, Some(mask), None), Some(mask));
+                    vec![]
+                });
                 b.for_range(0, world, 1, &[], |p, _| {
                     b.notify(ready + (pid * world + me), p, epoch, SignalOp::Set, CommScope::IntraNode);
                     vec![]
                 });
                 let tok = b.wait(my_signals, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
-                let sum = self.sum_over_ranks(&b, stage.consume_token(tok), lane, mask);
-                b.store(out + lane, sum.cast(self.dtype), Some(mask));
+                let staged = stage.consume_token(tok);
+                b.for_range(pid, blocks_n, programs, &[], |blk, _| {
+                    let lane = blk * bs + lanes;
+                    let mask = lane.lt(n);
+                    let sum = self.sum_over_ranks(&b, staged, lane, mask);
+                    b.store(out + lane, sum.cast(self.dtype), Some(mask));
+                    vec![]
+                });
             }
             Algorithm::TwoShot => {
-                let in_chunk = lane.lt(chunk);
-                // Stage slice `pid` of every chunk and tell the chunk's owner.
+                // Stage this program's slices of every chunk and tell the chunk's owner.
                 b.for_range(0, world, 1, &[], |c, _| {
-                    let idx = c * chunk + lane;
-                    let m = in_chunk & idx.lt(n);
-                    b.store(stage + idx, b.load(input + idx, Some(m), None), Some(m));
+                    b.for_range(pid, blocks_chunk, programs, &[], |blk, _| {
+                        let lane = blk * bs + lanes;
+                        let idx = c * chunk + lane;
+                        let m = lane.lt(chunk) & idx.lt(n);
+                        b.store(stage + idx, b.load(input + idx, Some(m), None), Some(m));
+                        vec![]
+                    });
                     b.notify(ready + (pid * world + me), c, epoch, SignalOp::Set, CommScope::IntraNode);
                     vec![]
                 });
-                // Reduce slice `pid` of my chunk and push it to every rank.
+                // Reduce this program's slices of my chunk and push them to every rank.
                 let tok = b.wait(my_signals, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
-                let idx = me * chunk + lane;
-                let m = in_chunk & idx.lt(n);
-                let sum = self.sum_over_ranks(&b, stage.consume_token(tok), idx, m).cast(self.dtype);
+                let staged = stage.consume_token(tok);
+                b.for_range(pid, blocks_chunk, programs, &[], |blk, _| {
+                    let lane = blk * bs + lanes;
+                    let idx = me * chunk + lane;
+                    let m = lane.lt(chunk) & idx.lt(n);
+                    let sum = self.sum_over_ranks(&b, staged, idx, m).cast(self.dtype);
+                    b.for_range(0, world, 1, &[], |p, _| {
+                        b.store(b.symm_at(out, p) + idx, sum, Some(m));
+                        vec![]
+                    });
+                    vec![]
+                });
                 b.for_range(0, world, 1, &[], |p, _| {
-                    b.store(b.symm_at(out, p) + idx, sum, Some(m));
                     b.notify(done + (pid * world + me), p, epoch, SignalOp::Set, CommScope::IntraNode);
                     vec![]
                 });

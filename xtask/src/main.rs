@@ -5,7 +5,8 @@
 //!   build) and the differential test of every op x element type (`trident-ops`, which also
 //!   checks the support matrix `docs/SUPPORT.md`) on the backend.
 //!   With `--backend nvidia` the distributed cases also run in the NVSHMEM world of processes
-//!   (`trident launch -n 2`, or `-n W` with `--world W`).
+//!   (`trident launch -n 2`, or `-n W` with `--world W`); `--peer` runs them in the peer world
+//!   (a rank per GPU) instead of the loopback world.
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
@@ -80,6 +81,10 @@ struct TestArgs {
     /// nvidia's NVSHMEM world).
     #[arg(long)]
     inter_node: bool,
+    /// nvidia: the distributed cases in the peer world (one process, a rank per GPU) instead
+    /// of the loopback world.
+    #[arg(long)]
+    peer: bool,
 }
 
 #[derive(Subcommand)]
@@ -206,6 +211,9 @@ fn conformance(args: &TestArgs) -> Command {
     c.args(["--backend", &args.backend]);
     if args.race {
         c.arg("--race");
+    }
+    if args.peer {
+        c.arg("--peer");
     }
     // On nvidia the inter-node path is the NVSHMEM world's (`processes`).
     if args.inter_node && args.backend != "nvidia" {

@@ -67,6 +67,11 @@ struct Args {
     /// repeatable; the names are those the sweep prints).
     #[arg(long = "config")]
     configs: Vec<String>,
+    /// Run the distributed cases (AG-GEMM, GEMM-RS, AllReduce, AllGather) in the peer world of
+    /// W ranks, one per GPU (`trident_conformance::dist_bench`), against a baseline command
+    /// started under torchrun (`bench/baseline_dist.py`: NCCL and cuBLAS through PyTorch).
+    #[arg(long, value_name = "W")]
+    world: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -672,6 +677,120 @@ fn compare(a: &str, b: &str) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Runs the baseline command (`CMD CASES_FILE OUT_JSON`) on `keys`; its timings, or `None`
+/// without a command or when it fails.
+fn baseline(cmd: Option<&str>, keys: &[String], when: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let cmd = cmd?;
+    let dir = std::env::temp_dir();
+    let (list, out) = (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
+    let text: String = keys.iter().map(|k| k.clone() + "\n").collect();
+    std::fs::write(&list, text).ok()?;
+    eprintln!("bench: baseline ({when} trident): {cmd}");
+    let status =
+        std::process::Command::new("sh").arg("-c").arg(format!("{cmd} {} {}", list.display(), out.display())).status();
+    if !status.as_ref().is_ok_and(|s| s.success()) {
+        eprintln!("bench: baseline command failed ({status:?}); no baseline {when}");
+        return None;
+    }
+    read_json(Some(&out.display().to_string()))
+}
+
+fn read_json(path: Option<&str>) -> Option<serde_json::Map<String, serde_json::Value>> {
+    std::fs::read_to_string(path?).ok().and_then(|t| serde_json::from_str(&t).ok())
+}
+
+/// `trident-bench --world W`: the distributed cases in the peer world, checked and timed, with
+/// the vendor pipeline timed before and after them (the faster compared).
+fn world_main(args: &Args, w: usize) -> ExitCode {
+    use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
+    use trident_conformance::{dist_bench, dist_report};
+    if !(1..=64).contains(&w) {
+        eprintln!("error: --world {w}: a world has 1..=64 ranks");
+        return ExitCode::from(2);
+    }
+    if args.backend != "nvidia" {
+        eprintln!("error: --world: the peer world runs on nvidia, not {}", args.backend);
+        return ExitCode::from(2);
+    }
+    let selected: Vec<dist_bench::DistCase> = dist_bench::cases(w)
+        .into_iter()
+        .filter(|c| args.only.as_ref().is_none_or(|o| c.key().contains(o.as_str())))
+        .collect();
+    if args.cases {
+        for c in &selected {
+            println!("{}", c.key());
+        }
+        return ExitCode::SUCCESS;
+    }
+    let gpus = match GpuWorld::peer_devices(w) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("bench: skipped: the peer world of {w} ranks: {e} ({})", trident_core::discovery::summary());
+            return ExitCode::SUCCESS;
+        }
+    };
+    let layout = if gpus == w {
+        format!("peer world: {w} ranks, one per GPU")
+    } else {
+        format!("peer world: {w} ranks on {gpus} GPU(s): ranks share GPUs, so these are not communication figures")
+    };
+    eprintln!("bench: {layout}");
+    let keys: Vec<String> = selected.iter().map(|c| c.key()).collect();
+    let before = baseline(args.baseline_cmd.as_deref(), &keys, "before")
+        .or_else(|| read_json(args.baseline.as_deref()))
+        .unwrap_or_default();
+    let seed: u64 = rand::random();
+    let mut rows = Vec::new();
+    for case in &selected {
+        let mut opts = GpuWorldOptions::new(w);
+        opts.heap_bytes = case.heap_bytes();
+        let (c, reps) = (case.clone(), args.reps);
+        let t = std::time::Instant::now();
+        let out = GpuWorld::run_peer(opts, move |ctx| dist_bench::run(ctx, &c, reps, seed));
+        let measured =
+            out.map(|ranks| (dist_bench::combine(&ranks), ranks.iter().map(|r| r.error).fold(0.0, f64::max)));
+        let measured = match measured {
+            Ok((_, e)) if e > 1e-2 => Err(format!("error {e:.2e} over the bound 1e-2")),
+            other => other.map_err(|e| e.to_string()),
+        };
+        eprintln!("bench: {} ({:.1} s): {measured:?}", case.key(), t.elapsed().as_secs_f64());
+        rows.push((case.clone(), measured));
+    }
+    let after = baseline(args.baseline_cmd.as_deref(), &keys, "after")
+        .or_else(|| read_json(args.baseline_after.as_deref()))
+        .unwrap_or_default();
+    // The vendor timed before and after: the faster of the two is compared.
+    let mut base = before.clone();
+    for (k, v) in &after {
+        match (base.get(k).and_then(|x| x.as_f64()), v.as_f64()) {
+            (Some(b), Some(a)) if a >= b => {}
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let device = trident_backend_nvidia::runtime::CudaDevice::open(0).map(|d| d.device_name()).unwrap_or_default();
+    let (records, text) = dist_report::report(&rows, &base, &format!("{gpus} x {device}"));
+    println!("{layout}\n{text}");
+    let failed = rows.iter().any(|(_, m)| m.is_err());
+    if let Some(p) = &args.json {
+        let doc = serde_json::json!({
+            "device": device, "gpus": gpus, "world": w, "layout": layout, "reps": args.reps, "seed": seed,
+            "protocol": "host clock per repetition after an L2-evicting copy and a host barrier; the slowest rank's time; median over repetitions",
+            "baseline_before": before, "baseline_after": after, "results": records,
+        });
+        if let Err(e) = std::fs::write(p, serde_json::to_string_pretty(&doc).unwrap_or_default()) {
+            println!("bench: cannot write {p}: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 fn main() -> ExitCode {
     // The loopback case's ranks spin in kernels while others launch: modules load eagerly, as
     // the loopback world sets up when it opens the device first (`backend-nvidia/src/world.rs`).
@@ -691,6 +810,9 @@ fn main() -> ExitCode {
         };
     }
     let args = Args::parse();
+    if let Some(w) = args.world {
+        return world_main(&args, w);
+    }
     let chosen: Result<Vec<Case>, String> =
         if args.gemms.is_empty() { Ok(cases()) } else { args.gemms.iter().map(|g| gemm_case(g)).collect() };
     let chosen = match chosen {
@@ -725,32 +847,11 @@ fn main() -> ExitCode {
         }
     };
     let device = drv.device_name();
-    let read = |p: &Option<String>| -> serde_json::Map<String, serde_json::Value> {
-        p.as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
-            .and_then(|t| serde_json::from_str(&t).ok())
-            .unwrap_or_default()
-    };
+    let read = |p: &Option<String>| read_json(p.as_deref()).unwrap_or_default();
     let selected: Vec<Case> =
         chosen.into_iter().filter(|c| args.only.as_ref().is_none_or(|o| c.key().contains(o.as_str()))).collect();
-    let run_baseline = |when: &str| -> Option<serde_json::Map<String, serde_json::Value>> {
-        let cmd = args.baseline_cmd.as_ref()?;
-        let dir = std::env::temp_dir();
-        let (list, out) =
-            (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
-        let text: String = selected.iter().map(|c| c.key() + "\n").collect();
-        std::fs::write(&list, text).ok()?;
-        eprintln!("bench: baseline ({when} trident): {cmd}");
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!("{cmd} {} {}", list.display(), out.display()))
-            .status();
-        if !status.as_ref().is_ok_and(|s| s.success()) {
-            eprintln!("bench: baseline command failed ({status:?}); no baseline {when}");
-            return None;
-        }
-        read(&Some(out.display().to_string())).into()
-    };
+    let keys: Vec<String> = selected.iter().map(Case::key).collect();
+    let run_baseline = |when: &str| baseline(args.baseline_cmd.as_deref(), &keys, when);
     let before = run_baseline("before").unwrap_or_else(|| read(&args.baseline));
     let measured: Vec<(Case, Result<Measured, BackendError>)> =
         selected.iter().map(|c| (c.clone(), run_case(&drv, c, args.reps, &args.configs))).collect();

@@ -1,0 +1,128 @@
+"""The vendor pipeline for `trident-bench --world W`, measured in the same run on the same GPUs.
+
+Run under torchrun, one process per GPU:
+
+    torchrun --nproc-per-node W bench/baseline_dist.py CASES_FILE OUT_JSON
+
+(`trident-bench --world W --baseline-cmd "torchrun --nproc-per-node W bench/baseline_dist.py"`
+appends the two paths). Each case line is `name dtype dims... wW` as `trident-bench --world W
+--cases` prints it. For every case it times, with NCCL through `torch.distributed` and cuBLAS
+through `torch.matmul`:
+
+* `ag_gemm M N K`: all_gather of A's row shards (M/W x K each), then A_full @ B_r (K x N/W);
+  also the matmul alone (`cublas <case>`) and the all_gather alone (`nccl <case>`);
+* `gemm_rs M N K`: A_r (M x K/W) @ B_r (K/W x N), then reduce_scatter of the M x N partial
+  products (each rank keeps M/W rows); also the matmul and the reduce_scatter alone;
+* `allreduce N`: all_reduce (sum) of N elements;
+* `allgather C`: all_gather_into_tensor of C elements per rank.
+
+Timing protocol, the one `trident_conformance::dist_bench` uses for trident: every repetition
+clears L2 (a 256 MB write, as `triton.testing.do_bench` does), synchronizes, meets the other
+ranks at an NCCL barrier and synchronizes again, then reads the host clock, runs the operation,
+synchronizes and reads the clock; a repetition's figure is the slowest rank's, the case's the
+median over repetitions. Rank 0 writes {"case line": ms, "cublas <line>": ms, "nccl <line>": ms}.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Baselines only: nothing here is part of trident.
+"""
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+REPS = int(os.environ.get("TRIDENT_BASELINE_REPS", "20"))
+
+
+def timed(fn, flush, device):
+    """Median over repetitions of the slowest rank's host-clock time of `fn` (ms)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(REPS):
+        flush.zero_()
+        torch.cuda.synchronize()
+        dist.barrier(device_ids=[device.index])
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ms.append((time.perf_counter() - t) * 1e3)
+    slowest = torch.tensor(ms, device=device, dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return slowest.median().item()
+
+
+def main(cases_path, out_path):
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local)
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flush = torch.empty(256 << 20, dtype=torch.int8, device=device)
+    results = {}
+    for line in open(cases_path):
+        line = line.strip()
+        if not line:
+            continue
+        name, dtype, *rest = line.split()
+        dims, w = [int(d) for d in rest[:-1]], int(rest[-1].lstrip("w"))
+        if w != world:
+            if rank == 0:
+                print(f"baseline {line}: skipped (a world of {w}, this one has {world})", flush=True)
+            continue
+        dt = DTYPES[dtype]
+        rand = lambda *shape: torch.rand(*shape, device=device, dtype=dt) * 2 - 1
+        if name == "ag_gemm":
+            m, n, k = dims
+            shard, b = rand(m // w, k), rand(k, n // w)
+            a_full = torch.empty(m, k, device=device, dtype=dt)
+
+            def gather():
+                dist.all_gather_into_tensor(a_full, shard)
+
+            gemm = lambda: torch.matmul(a_full, b)
+            parts = {"nccl": gather, "cublas": gemm}
+            pipeline = lambda: (gather(), gemm())
+        elif name == "gemm_rs":
+            m, n, k = dims
+            a, b = rand(m, k // w), rand(k // w, n)
+            c = torch.empty(m, n, device=device, dtype=dt)
+            out = torch.empty(m // w, n, device=device, dtype=dt)
+            gemm = lambda: torch.matmul(a, b, out=c)
+
+            def scatter():
+                dist.reduce_scatter_tensor(out, c)
+
+            parts = {"cublas": gemm, "nccl": scatter}
+            pipeline = lambda: (gemm(), scatter())
+        elif name == "allreduce":
+            x = rand(dims[0])
+            parts, pipeline = {}, lambda: dist.all_reduce(x)
+        elif name == "allgather":
+            x = rand(dims[0])
+            out = torch.empty(dims[0] * w, device=device, dtype=dt)
+            parts, pipeline = {}, lambda: dist.all_gather_into_tensor(out, x)
+        else:
+            if rank == 0:
+                print(f"baseline {line}: skipped (no vendor pipeline for {name})", flush=True)
+            continue
+        results[line] = timed(pipeline, flush, device)
+        for part, fn in parts.items():
+            results[f"{part} {line}"] = timed(fn, flush, device)
+        if rank == 0:
+            extra = "".join(f", {p} {results[f'{p} {line}']:.3f} ms" for p in parts)
+            print(f"baseline {line}: {results[line]:.3f} ms{extra}", flush=True)
+    if rank == 0:
+        json.dump(results, open(out_path, "w"), indent=1)
+    dist.barrier(device_ids=[device.index])
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
