@@ -32,7 +32,9 @@ for W in $WORLDS; do
   grep -E "peer world|conformance:|FAIL" "$L" | head -12 >> "$O/multi.log"
 done
 if [ "${NVSHMEM:-1}" = 1 ]; then
-  OUT="$O" WORLDS="$WORLDS" DEAD_WORLDS="$LARGEST" LIMIT=${LIMIT:-240} scripts/gpu-nvshmem.sh > /dev/null 2>&1
+  # A dead rank needs another to notice: at world 1, two processes share the GPU.
+  DEAD=$LARGEST; [ "$DEAD" = 1 ] && DEAD=2
+  OUT="$O" WORLDS="$WORLDS" DEAD_WORLDS="$DEAD" LIMIT=${LIMIT:-240} scripts/gpu-nvshmem.sh > /dev/null 2>&1
   cat "$O/nvshmem.log" >> "$O/multi.log"
 fi
 mkdir -p "$O/logs"
