@@ -270,8 +270,9 @@ fn sampled(
 }
 
 /// AG-GEMM: rank r holds rows `r M/W ..` of A (`M x K`) and B_r (`K x N/W`), and computes
-/// `C_r = A B_r`. Variants: the fused operation with the copy engine gathering and with the
-/// in-kernel gather, the gather to completion and then the GEMM, and the two parts alone.
+/// `C_r = A B_r`. Variants: the fused operation with the copy engine gathering (persistent
+/// where the library makes it so, and one program per tile) and with the in-kernel gather, the
+/// gather to completion and then the GEMM, and the two parts alone.
 fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, w, r) = (case.dtype, case.world, ctx.rank());
@@ -297,6 +298,8 @@ fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
     let target = ctx.gpu_target();
     let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
     let kernel = AgGemm::for_target(d, GatherMode::Kernel, target);
+    // The copy engine gathering under one program per tile (the library's choice is persistent).
+    let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
     let gemm = Gemm::for_target(d, target);
     let mut ce_bufs = ce.buffers(ctx, m, k)?;
     let mut kernel_bufs = kernel.buffers(ctx, m, k)?;
@@ -311,6 +314,12 @@ fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
     ce.run(ctx, &mut ce_bufs, &shard, &b, &c, n)?;
     check(t, &mut rng)?;
     t.time("ag_gemm/ce", &mut || ce.run(ctx, &mut ce_bufs, &shard, &b, &c, n))?;
+    if ce_tiles != ce {
+        ctx.fill(&c, &poison(d))?;
+        ce_tiles.run(ctx, &mut ce_bufs, &shard, &b, &c, n)?;
+        check(t, &mut rng)?;
+        t.time("ag_gemm/ce-tiles", &mut || ce_tiles.run(ctx, &mut ce_bufs, &shard, &b, &c, n))?;
+    }
     ctx.fill(&c, &poison(d))?;
     kernel.run(ctx, &mut kernel_bufs, &shard, &b, &c, n)?;
     check(t, &mut rng)?;

@@ -62,10 +62,16 @@ pub fn shapes(kernel: &str, world: usize) -> Vec<Vec<usize>> {
         "allreduce" => vec![vec![1000], vec![8197]],
         // M, N, K (M over all ranks; N per rank)
         "ag_gemm" => {
-            vec![vec![128usize.next_multiple_of(world), 96, 64], vec![64usize.next_multiple_of(world), 40, 72]]
+            // (The third: more rows of tiles than a group of the grouped raster order holds,
+            // at 64- and 128-row tiles, the last group partial.)
+            vec![
+                vec![128usize.next_multiple_of(world), 96, 64],
+                vec![64usize.next_multiple_of(world), 40, 72],
+                vec![1152usize.next_multiple_of(world), 48, 32],
+            ]
         }
         // M, N, K (M over all ranks)
-        _ => vec![vec![split(128), 64, 32], vec![split(64), 80, 24]],
+        _ => vec![vec![split(128), 64, 32], vec![split(64), 80, 24], vec![split(1152), 48, 32]],
     }
 }
 

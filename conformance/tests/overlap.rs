@@ -44,7 +44,8 @@ fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
                 "allgather" => &["allgather/ce", "allgather/kernel"],
                 _ => &["allreduce/one_shot", "allreduce/two_shot"],
             };
-            let names: Vec<&str> = times.iter().map(|(n, _)| n.as_str()).collect();
+            // (`ag_gemm/ce-tiles` only where the library's copy-engine AG-GEMM is persistent.)
+            let names: Vec<&str> = times.iter().map(|(n, _)| n.as_str()).filter(|n| *n != "ag_gemm/ce-tiles").collect();
             assert_eq!(names, want, "{}", case.key());
             assert!(times.iter().all(|(_, ms)| *ms > 0.0), "{} {times:?}", case.key());
             for r in &out.results {

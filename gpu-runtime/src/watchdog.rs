@@ -23,15 +23,28 @@ pub struct StreamWait {
     pub value: u64,
 }
 
-/// Polls `s` until it is idle (true) or `deadline` passed (false), backing off to 2 ms naps.
+/// How long [`drain`] polls without sleeping: a sleep lasts at least the kernel's timer slack
+/// (50 us on Linux), which every short operation (a small AllReduce: 10-20 us of GPU time)
+/// would otherwise pay (measured on the H200: 93 us per AllReduce of 8 KB at world 1, against
+/// 24 us for NCCL's through PyTorch).
+const SPIN: Duration = Duration::from_micros(200);
+
+/// Polls `s` until it is idle (true) or `deadline` passed (false): without sleeping for the
+/// first [`SPIN`], then backing off from 20 us to 2 ms naps.
 pub fn drain(dev: &dyn Driver, s: RawStream, deadline: Instant) -> Result<bool, BackendError> {
+    let start = Instant::now();
     let mut nap = Duration::from_micros(20);
     loop {
         if dev.stream_idle(s)? {
             return Ok(true);
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return Ok(false);
+        }
+        if now - start < SPIN {
+            std::thread::yield_now();
+            continue;
         }
         std::thread::sleep(nap);
         nap = (nap * 2).min(Duration::from_millis(2));

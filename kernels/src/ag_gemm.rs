@@ -99,8 +99,11 @@ impl AgGemm {
         let tile = |pid: trident_core::Tile| {
             // Rank swizzle: start at the tile row holding this rank's first row (its own chunk,
             // already local), then walk on to the chunks of r+1, r+2, ...
+            // Tiles in the grouped raster order ([`crate::gemm::grouped_tile`]), rotated by
+            // the rank's first row of tiles.
+            let (group_m, tile_n) = crate::gemm::grouped_tile(pid, tiles_m, tiles_n);
             let first = (b.rank() * rows_per_rank) / bm as i32;
-            let tile_m = (pid / tiles_n + first) % tiles_m;
+            let tile_m = (group_m + first) % tiles_m;
             let row0 = tile_m * bm as i32;
             let last_row = (row0 + bm as i32).min(m) - 1;
             let (c_lo, c_hi) = (row0 / rows_per_rank, last_row / rows_per_rank);
@@ -108,7 +111,7 @@ impl AgGemm {
             let a = a_full.consume_token(tok);
 
             let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
-            let col0 = (pid % tiles_n) * bn as i32;
+            let col0 = tile_n * bn as i32;
             let cols = (col0 + b.arange(0, bn as i64)).expand_dims(0);
             let mask = rows.lt(m) & cols.lt(n);
             if g.divisible && g.descriptors {

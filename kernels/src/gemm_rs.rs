@@ -96,13 +96,14 @@ impl GemmRs {
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let blocks_per_rank = rows_per_rank / bm as i32;
-        let t = pid / tiles_n;
-        // Swizzle: tiles owned by rank r+1 first, this rank's own last.
+        // Tiles in the grouped raster order ([`crate::gemm::grouped_tile`]) over the rows of
+        // tiles in owner order; swizzle: tiles owned by rank r+1 first, this rank's own last.
+        let (t, tile_n) = crate::gemm::grouped_tile(pid, m / bm as i32, tiles_n);
         let owner = (me + 1 + t / blocks_per_rank) % world;
         let local_block = t % blocks_per_rank;
         let local_rows = (local_block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
         let rows = local_rows + owner * rows_per_rank;
-        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
+        let cols = (tile_n * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
         let acc = if g.divisible && g.descriptors {
             // A and B through descriptors (TMA copies on sm_90a); the tile still goes to the
             // owner's buffer through a pointer.
@@ -110,7 +111,7 @@ impl GemmRs {
             let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
             let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
             let row0 = owner * rows_per_rank + local_block * bm as i32;
-            g.desc_product(&b, (da, db), (row0, (pid % tiles_n) * bn as i32), k)
+            g.desc_product(&b, (da, db), (row0, tile_n * bn as i32), k)
         } else {
             g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k))
         };
