@@ -270,9 +270,9 @@ fn sampled(
 }
 
 /// AG-GEMM: rank r holds rows `r M/W ..` of A (`M x K`) and B_r (`K x N/W`), and computes
-/// `C_r = A B_r`. Variants: the fused operation with the copy engine gathering (persistent
-/// where the library makes it so, and one program per tile) and with the in-kernel gather, the
-/// gather to completion and then the GEMM, and the two parts alone.
+/// `C_r = A B_r`. Variants: the fused operation with the copy engine gathering (one program
+/// per tile, and persistent where the target has TMA) and with the in-kernel gather, the gather
+/// to completion and then the GEMM, and the two parts alone.
 fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, w, r) = (case.dtype, case.world, ctx.rank());
@@ -296,11 +296,12 @@ fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xA6 ^ r as u64);
     let target = ctx.gpu_target();
-    let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
-    let kernel = AgGemm::for_target(d, GatherMode::Kernel, target);
-    // The copy engine gathering under one program per tile (the library's choice is persistent).
-    let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
+    let kernel = AgGemm::for_world(ctx, d, GatherMode::Kernel);
     let gemm = Gemm::for_target(d, target);
+    // The copy engine gathering, one program per tile (the library's choice where every rank
+    // has its own GPU), and persistent (its choice where ranks share one).
+    let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
+    let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
     let mut ce_bufs = ce.buffers(ctx, m, k)?;
     let mut kernel_bufs = kernel.buffers(ctx, m, k)?;
     let gather = AllGatherCe { dtype: d };
@@ -310,20 +311,18 @@ fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
         Ok(())
     };
     // Each variant: a checked run on poisoned C, then the timed runs.
-    ctx.fill(&c, &poison(d))?;
-    ce.run(ctx, &mut ce_bufs, &shard, &b, &c, n)?;
-    check(t, &mut rng)?;
-    t.time("ag_gemm/ce", &mut || ce.run(ctx, &mut ce_bufs, &shard, &b, &c, n))?;
-    if ce_tiles != ce {
-        ctx.fill(&c, &poison(d))?;
-        ce_tiles.run(ctx, &mut ce_bufs, &shard, &b, &c, n)?;
-        check(t, &mut rng)?;
-        t.time("ag_gemm/ce-tiles", &mut || ce_tiles.run(ctx, &mut ce_bufs, &shard, &b, &c, n))?;
+    let mut fused = vec![("ag_gemm/ce", ce_tiles, GatherMode::CopyEngine)];
+    if ce != ce_tiles {
+        fused.push(("ag_gemm/ce-persistent", ce, GatherMode::CopyEngine));
     }
-    ctx.fill(&c, &poison(d))?;
-    kernel.run(ctx, &mut kernel_bufs, &shard, &b, &c, n)?;
-    check(t, &mut rng)?;
-    t.time("ag_gemm/kernel", &mut || kernel.run(ctx, &mut kernel_bufs, &shard, &b, &c, n))?;
+    fused.push(("ag_gemm/kernel", kernel, GatherMode::Kernel));
+    for (name, op, mode) in fused {
+        let bufs = if mode == GatherMode::CopyEngine { &mut ce_bufs } else { &mut kernel_bufs };
+        ctx.fill(&c, &poison(d))?;
+        op.run(ctx, bufs, &shard, &b, &c, n)?;
+        check(t, &mut rng)?;
+        t.time(name, &mut || op.run(ctx, bufs, &shard, &b, &c, n))?;
+    }
     let sequential = |bufs: &mut GatherBuffers| -> Result<(), BackendError> {
         gather.run(ctx, bufs, &shard)?;
         gemm.enqueue(ctx, 0, (&bufs.out, &b, &c), (m, n, k))?;

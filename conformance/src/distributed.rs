@@ -187,7 +187,7 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         ("ag_gemm", variant) => {
             let mode = if variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
             let (m, n, k) = (s[0], s[1], s[2]);
-            let op = AgGemm::for_target(d, mode, ctx.gpu_target());
+            let op = AgGemm::for_world(ctx, d, mode);
             let mut bufs = op.buffers(ctx, m, k)?;
             let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
             ctx.fill(&c, &poison(d))?;
@@ -290,6 +290,9 @@ impl RankCtx for Steered<'_> {
     }
     fn world_size(&self) -> usize {
         self.inner.world_size()
+    }
+    fn ranks_sharing_device(&self) -> usize {
+        self.inner.ranks_sharing_device()
     }
     fn backend(&self) -> &dyn trident_core::backend::Backend {
         self.inner.backend()

@@ -76,10 +76,10 @@ pub fn ag_gemm_vs_sequential(
     };
     let (a_buf, b_buf) = (upload(&shard, "a_shard")?, upload(&b, "b")?);
     let c = ctx.alloc(m * n * es, "c")?;
-    // The copy engine gathers in both: AG-GEMM is then persistent where the target has TMA (a
-    // program per multiprocessor and rank), and the sequential pipeline's GEMM is the library's
-    // default for the target.
-    let op = AgGemm::for_target(d, GatherMode::CopyEngine, ctx.gpu_target());
+    // The copy engine gathers in both: AG-GEMM is then persistent where the target has TMA and
+    // ranks share the GPU (a program per multiprocessor and rank), and the sequential
+    // pipeline's GEMM is the library's default for the target.
+    let op = AgGemm::for_world(ctx, d, GatherMode::CopyEngine);
     let gemm = Gemm::for_target(d, ctx.gpu_target());
     let mut bufs = op.buffers(ctx, m, k)?;
     let gather = AllGatherCe { dtype: d };

@@ -44,13 +44,31 @@ fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
                 "allgather" => &["allgather/ce", "allgather/kernel"],
                 _ => &["allreduce/one_shot", "allreduce/two_shot"],
             };
-            // (`ag_gemm/ce-tiles` only where the library's copy-engine AG-GEMM is persistent.)
-            let names: Vec<&str> = times.iter().map(|(n, _)| n.as_str()).filter(|n| *n != "ag_gemm/ce-tiles").collect();
+            // (`ag_gemm/ce-persistent` only where the target has TMA.)
+            let names: Vec<&str> =
+                times.iter().map(|(n, _)| n.as_str()).filter(|n| *n != "ag_gemm/ce-persistent").collect();
             assert_eq!(names, want, "{}", case.key());
             assert!(times.iter().all(|(_, ms)| *ms > 0.0), "{} {times:?}", case.key());
             for r in &out.results {
                 assert!(r.error <= 1e-2, "{} {simt:?}: error {}", case.key(), r.error);
             }
         }
+    }
+}
+
+#[test]
+fn the_copy_engine_ag_gemm_is_persistent_only_where_ranks_share_a_device() {
+    use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+    trident_conformance::link_backends();
+    for world in [1, 2] {
+        let opts = WorldOptions { simt_target: Some("sm_90a"), ..WorldOptions::new(world, 1) };
+        let out = CpuWorld::run(opts, |ctx| {
+            let ce = AgGemm::for_world(ctx, DType::BF16, GatherMode::CopyEngine);
+            let kernel = AgGemm::for_world(ctx, DType::BF16, GatherMode::Kernel);
+            Ok((ctx.ranks_sharing_device(), ce.gemm.persistent, kernel.gemm.persistent))
+        })
+        .unwrap();
+        // The CPU world's ranks share one device.
+        assert!(out.results.iter().all(|r| *r == (world, world > 1, false)), "{world}: {:?}", out.results);
     }
 }

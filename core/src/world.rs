@@ -33,6 +33,15 @@ pub trait RankCtx {
         crate::target::lookup(name).ok()
     }
 
+    /// How many ranks of the world (this one included) run on this rank's device: 1 in a peer
+    /// world or a world of processes with a GPU each, more in a loopback world. Kernels whose
+    /// programs wait must all be resident beside the other ranks' (the runtime refuses a grid
+    /// that is not), so operations choose their grids by it. By default every rank shares one
+    /// device (the CPU world).
+    fn ranks_sharing_device(&self) -> usize {
+        self.world_size()
+    }
+
     /// The artifact of the specialization `key`, built and compiled on first use on this rank.
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError>;
 

@@ -311,6 +311,10 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         self.shared.opts.ranks
     }
 
+    fn ranks_sharing_device(&self) -> usize {
+        self.shared.sharing[self.shared.local(self.rank)] as usize
+    }
+
     fn backend(&self) -> &dyn Backend {
         self.device().compiler()
     }

@@ -46,13 +46,26 @@ impl AgGemm {
     /// tile waits for its rows' chunks before its K loop. With the copy engine gathering, the
     /// GEMM is persistent where the target has TMA (a program per multiprocessor, or per
     /// multiprocessor and rank when ranks share a GPU; each waits before a tile's first copies,
-    /// ahead of the tile before's last steps): nothing it waits for needs a multiprocessor. With
+    /// ahead of the tile before's last steps): nothing it waits for needs a multiprocessor
+    /// ([`AgGemm::for_world`] keeps that form for worlds whose ranks share a GPU). With
     /// the in-kernel gather it stays one program per tile: persistent programs filling every
     /// multiprocessor could keep the gather's programs from ever starting.
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
         let g = Gemm::for_target(dtype, target).single_tile();
         let persistent = mode == GatherMode::CopyEngine && g.descriptors;
         AgGemm { gemm: Gemm { persistent, ..g }, mode }
+    }
+
+    /// [`AgGemm::for_target`] for `ctx`'s world: persistent only where ranks share the GPU,
+    /// where one waiting program per tile could not be resident beside the other ranks'
+    /// (launches of such grids are refused). With a GPU per rank, one program per tile: on the
+    /// H200 the persistent form (its flat loop has no producer warp) took 9.6 ms against
+    /// 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at 8192x14336x4096 (world 1,
+    /// `results/h200-issue13/`).
+    pub fn for_world(ctx: &dyn RankCtx, dtype: DType, mode: GatherMode) -> AgGemm {
+        let op = Self::for_target(dtype, mode, ctx.gpu_target());
+        let persistent = op.gemm.persistent && ctx.ranks_sharing_device() > 1;
+        AgGemm { gemm: Gemm { persistent, ..op.gemm }, ..op }
     }
 
     fn problem(&self, message: String) -> BackendError {
