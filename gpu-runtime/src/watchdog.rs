@@ -26,14 +26,21 @@ pub struct StreamWait {
 /// How long [`drain`] polls without sleeping: a sleep lasts at least the kernel's timer slack
 /// (50 us on Linux), which every short operation (a small AllReduce: 10-20 us of GPU time)
 /// would otherwise pay (measured on the H200: 93 us per AllReduce of 8 KB at world 1, against
-/// 24 us for NCCL's through PyTorch).
-const SPIN: Duration = Duration::from_micros(200);
+/// 24 us for NCCL's through PyTorch). 20 ms covers every operation of the benchmarks: with a
+/// 200 us spin and naps doubling to 2 ms, a GEMM that ended at 1.25 ms was seen at 1.9 ms and
+/// one that ended at 5.3 ms at 5.4 or 7.5 ms by turns (`results/h200-issue13/drain-*`), as
+/// `cudaStreamSynchronize` under the spinning schedule (what PyTorch's timing sees) does not.
+const SPIN: Duration = Duration::from_millis(20);
+
+/// The nap between polls after [`SPIN`]: short, so that a long operation is seen within about
+/// a tenth of a millisecond of its end, and a stuck stream (waited for up to the bound, seconds)
+/// costs a few thousand wake-ups a second.
+const NAP: Duration = Duration::from_micros(100);
 
 /// Polls `s` until it is idle (true) or `deadline` passed (false): without sleeping for the
-/// first [`SPIN`], then backing off from 20 us to 2 ms naps.
+/// first [`SPIN`], then every [`NAP`].
 pub fn drain(dev: &dyn Driver, s: RawStream, deadline: Instant) -> Result<bool, BackendError> {
     let start = Instant::now();
-    let mut nap = Duration::from_micros(20);
     loop {
         if dev.stream_idle(s)? {
             return Ok(true);
@@ -46,8 +53,7 @@ pub fn drain(dev: &dyn Driver, s: RawStream, deadline: Instant) -> Result<bool, 
             std::thread::yield_now();
             continue;
         }
-        std::thread::sleep(nap);
-        nap = (nap * 2).min(Duration::from_millis(2));
+        std::thread::sleep(NAP);
     }
 }
 

@@ -375,6 +375,43 @@ fn stream_signals_across_ranks_and_the_watchdog() {
         .contains("stream waits support ge and eq, not lt"));
 }
 
+/// `synchronize` sees a stream's end promptly: a host timer around an operation (the
+/// distributed benchmark's protocol) reads the operation, not the poll's naps. The stream
+/// waits on a word that another thread sets 1 to 15 ms later; the median of how late
+/// `synchronize` returns must stay under 200 us (a median: a descheduled thread now and then
+/// is not the poll's fault). With the old back-off (naps doubling to 2 ms after a 200 us spin)
+/// its median was 0.4 ms here (0.1-0.8 ms), and up to 2 ms for a stream that ends later.
+#[test]
+fn synchronize_sees_an_ended_stream_promptly() {
+    trident_backend_cpu::link();
+    let (node, devs) = node_devices(1, false);
+    let late = GpuWorld::run(devs, opts(1), move |ctx| {
+        let flag = ctx.symm_alloc(8, "flag")?;
+        let mut late = Vec::new();
+        for (round, ms) in (1..).zip([1u64, 3, 5, 7, 9, 11, 15]) {
+            ctx.wait_signal(0, &flag, 0, CmpOp::Ge, round)?;
+            let (node, at) = (node.clone(), flag.address);
+            let setter = std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                node.set_word(at, round);
+                std::time::Instant::now()
+            });
+            ctx.synchronize()?;
+            let seen = std::time::Instant::now();
+            late.push(seen.saturating_duration_since(setter.join().unwrap()));
+        }
+        late.sort();
+        Ok(late)
+    })
+    .unwrap();
+    let median = late[0][late[0].len() / 2];
+    assert!(
+        median < Duration::from_micros(200),
+        "synchronize returned this late after the stream's end: {:?}",
+        late[0]
+    );
+}
+
 #[test]
 fn kernel_wait_records_and_failing_ranks() {
     trident_backend_cpu::link();
