@@ -42,10 +42,22 @@ PY=/opt/torch/.venv/bin
 [ -x "$PY/torchrun" ] || PY=$(dirname "$(command -v torchrun || echo /usr/bin/torchrun)")
 for W in ${BENCH_WORLDS:-$LARGEST}; do
   ONLYARG=(); [ -n "${ONLY:-}" ] && ONLYARG=(--only "$ONLY")
+  # Clocks, power and the clock-event reasons of every GPU every 100 ms: the H200 caps its
+  # power (700 W) and large GEMMs run at 1.0-1.6 GHz instead of 1.98 then, for trident and
+  # the baseline alike (results/h200-issue13/power-7476bca).
+  C="$O/logs/clocks-world$W.csv"
+  nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
+    --format=csv,noheader -lms 100 > "$C" 2>/dev/null & SMI=$!
   timeout ${BENCH_LIMIT:-500} $B/trident-bench --world $W "${ONLYARG[@]}" --reps ${REPS:-20} \
     --baseline-cmd "$PY/torchrun --nproc-per-node $W --master-port 29531 bench/baseline_dist.py" \
     --json "$O/bench-world$W.json" > "$O/logs/bench-world$W.log" 2>&1
   echo "== trident-bench --world $W: rc=$?" >> "$O/multi.log"
+  kill $SMI 2>/dev/null
+  # Busy samples (SM clock above idle): how many ran power-capped (reason bit 0x4), the lowest
+  # clock.
+  awk -F', ' '$3+0 > 500 { n++; if (index("4567cdefCDEF", substr($6, length($6))) > 0) capped++; c = $3+0; if (!lo || c < lo) lo = c }
+    END { printf "clocks during the benchmark: %d busy samples, %d power-capped, lowest SM clock %d MHz\n", n, capped, lo }' \
+    "$C" >> "$O/multi.log"
   grep -vE "^bench: (baseline|config)" "$O/logs/bench-world$W.log" | tail -60 >> "$O/multi.log"
 done
 (cd "$O" && tar czf multi-logs.tgz logs && rm -rf logs)
