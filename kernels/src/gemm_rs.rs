@@ -4,15 +4,24 @@
 //! product belongs to the rank t that owns its rows; the GEMM's epilogue stores the tile into
 //! `partial[r]` on rank t (`symm_at`) and adds 1 to `arrived[row block][r]` there (`notify`
 //! carries the program barrier). Tiles for rank r+1 are computed first and rank r's own last. A
-//! reduction kernel on rank t waits until all W partials of a row block arrived (`epoch x column
-//! tiles` each) and sums them in f32.
+//! persistent reduction kernel on rank t walks smaller tiles ([`REDUCE_ROWS`] x [`REDUCE_COLS`]);
+//! each waits until all W partials of its row block arrived (`epoch x column tiles` each) and
+//! sums them in f32.
 
 use crate::gemm::Gemm;
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
+use trident_core::ir::{Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
+
+/// Rows of a reduction tile (fewer where the GEMM's row block is shorter). The reduction's
+/// first form summed whole GEMM tiles (128 x 256) with 4 warps: 256 f32 accumulators per
+/// thread, 255 registers, 190 us for 8192 x 4096 bf16 at world 1 on the H200 (18% of memory
+/// throughput under Nsight Compute), a sixth of the GEMM's time (`results/h200-issue13/`).
+pub const REDUCE_ROWS: u32 = 32;
+/// Columns of a reduction tile.
+pub const REDUCE_COLS: u32 = 256;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmRs {
@@ -121,28 +130,48 @@ impl GemmRs {
         b.finish()
     }
 
+    /// The reduction: persistent programs walk tiles of [`REDUCE_ROWS`] (at most the GEMM's
+    /// row block) x [`REDUCE_COLS`]; each waits until every rank's partial of its GEMM row block
+    /// arrived, then sums the W partial tiles in f32.
     pub fn build_reduce(&self, block_m: u32) -> Result<Function, VerifyError> {
-        let (bm, bn, dt) = (block_m, self.gemm.block_n, self.gemm.dtype);
-        let b = KernelBuilder::new(&format!("gemm_rs_reduce_{dt}_{bm}x{bn}"), LaunchAttrs::default());
+        let dt = self.gemm.dtype;
+        let (rb, rn) = (REDUCE_ROWS.min(block_m), REDUCE_COLS);
+        let b = KernelBuilder::new(
+            &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}"),
+            LaunchAttrs { warps: 4, persistent: true, ..LaunchAttrs::default() },
+        );
         let (partial, arrived, out) =
             (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
         let (n, rows_per_rank, target) =
             (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
-        let (world, pid) = (b.num_ranks(), b.program_id_x());
-        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let block = pid / tiles_n;
-        let tok = b.wait(arrived + block * world, world, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
-        let partial = partial.consume_token(tok);
-        let rows = (block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
-        let cols = ((pid % tiles_n) * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-        let mask = rows.lt(rows_per_rank) & cols.lt(n);
-        let acc = b.zeros(&[bm, bn], DType::F32);
-        let sum = b.for_range(0, world, 1, &[acc], |src, c| {
-            let tile = b.load_or(partial + ((src * rows_per_rank + rows) * n + cols), mask, 0.0);
-            vec![c[0] + tile.cast(DType::F32)]
-        })[0];
-        b.store(out + rows * n + cols, sum.cast(dt), Some(mask));
+        let (world, pid, programs) = (b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
+        let tiles_n = (n + (rn as i32 - 1)) / rn as i32;
+        // `rows_per_rank` is a multiple of the GEMM's row block, which `rb` divides.
+        let tiles = (rows_per_rank / rb as i32) * tiles_n;
+        b.for_range(pid, tiles, programs, &[], |t, _| {
+            let sub = t / tiles_n;
+            let block = sub / (block_m / rb) as i32;
+            let tok = b.wait(arrived + block * world, world, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+            let partial = partial.consume_token(tok);
+            let rows = (sub * rb as i32 + b.arange(0, rb as i64)).expand_dims(1);
+            let cols = ((t % tiles_n) * rn as i32 + b.arange(0, rn as i64)).expand_dims(0);
+            let mask = rows.lt(rows_per_rank) & cols.lt(n);
+            let acc = b.zeros(&[rb, rn], DType::F32);
+            let sum = b.for_range(0, world, 1, &[acc], |src, c| {
+                let tile = b.load_or(partial + ((src * rows_per_rank + rows) * n + cols), mask, 0.0);
+                vec![c[0] + tile.cast(DType::F32)]
+            })[0];
+            b.store(out + rows * n + cols, sum.cast(dt), Some(mask));
+            Vec::new()
+        });
         b.finish()
+    }
+
+    /// Programs of the reduction for `rows` rows per rank of `n` columns (before the runtime
+    /// caps a persistent grid at what the GPU holds).
+    fn reduce_grid(rows: usize, n: usize, block_m: u32) -> u32 {
+        let rb = REDUCE_ROWS.min(block_m) as usize;
+        ((rows / rb) * cdiv(n, REDUCE_COLS as usize)).max(1) as u32
     }
 
     /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b` `k_r x n`.
@@ -191,7 +220,7 @@ impl GemmRs {
             KernelArg::i32(rows),
             KernelArg::u64(target),
         ];
-        ctx.launch(0, &reduce, [((m / w / bm as usize) * tiles_n) as u32, 1, 1], &reduce_args)?;
+        ctx.launch(0, &reduce, [Self::reduce_grid(m / w, n, bm), 1, 1], &reduce_args)?;
         ctx.synchronize()?;
         ctx.barrier()
     }
