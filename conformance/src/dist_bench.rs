@@ -25,7 +25,7 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
 use trident_kernels::gemm::Gemm;
-use trident_kernels::gemm_rs::GemmRs;
+use trident_kernels::gemm_rs::{GemmRs, ReduceTiles};
 
 /// Bytes copied before every timed repetition to evict L2 (50 MB on the H200), as
 /// `triton.testing.do_bench` does.
@@ -343,8 +343,8 @@ fn ag_gemm(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
 }
 
 /// GEMM-RS: rank r holds A_r (`M x K/W`) and B_r (`K/W x N`) and ends with rows `r M/W ..` of
-/// `sum_p A_p B_p`. Variants: the fused operation and its GEMM alone (the reduce-scatter alone
-/// is the baseline's NCCL figure).
+/// `sum_p A_p B_p`. Variants: the fused operation (the library's choice, then other reduction
+/// tiles) and its GEMM alone (the reduce-scatter alone is the baseline's NCCL figure).
 fn gemm_rs(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, w, r) = (case.dtype, case.world, ctx.rank());
@@ -368,14 +368,36 @@ fn gemm_rs(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
         })
     };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x25 ^ r as u64);
-    let op = GemmRs::for_target(d, ctx.gpu_target());
+    let op = GemmRs::for_world(ctx, d);
     let gemm = Gemm::for_target(d, ctx.gpu_target());
     let mut bufs = op.buffers(ctx, m, n)?;
-    ctx.fill(&out, &poison(d))?;
-    op.run(ctx, &mut bufs, &a, &b, &out, k)?;
-    let e = sampled(ctx, &out, (rows, n), d, 128, &mut rng, &want)?;
-    t.error(e);
-    t.time("gemm_rs", &mut || op.run(ctx, &mut bufs, &a, &b, &out, k))?;
+    // The library's choice, then other reduction tiles (rows x 256 columns, warps; persistent
+    // or a program per tile): the reduction is memory-bound and its first form took a sixth of
+    // the GEMM's time.
+    let mut variants = vec![("gemm_rs".to_string(), op)];
+    let other = |rows, warps, persistent| GemmRs { reduce: ReduceTiles { rows, warps, persistent, ..op.reduce }, ..op };
+    for alt in
+        [other(32, 4, op.reduce.persistent), other(16, 4, op.reduce.persistent), other(64, 8, op.reduce.persistent)]
+            .into_iter()
+            .chain((ctx.ranks_sharing_device() == 1).then(|| other(op.reduce.rows, op.reduce.warps, true)))
+    {
+        let r = alt.reduce;
+        let name = format!(
+            "gemm_rs/reduce-{}x{}w{}{}",
+            r.rows,
+            r.cols,
+            r.warps,
+            if r.persistent { "-persistent" } else { "" }
+        );
+        variants.push((name, alt));
+    }
+    for (name, op) in variants {
+        ctx.fill(&out, &poison(d))?;
+        op.run(ctx, &mut bufs, &a, &b, &out, k)?;
+        let e = sampled(ctx, &out, (rows, n), d, 128, &mut rng, &want)?;
+        t.error(e);
+        t.time(&name, &mut || op.run(ctx, &mut bufs, &a, &b, &out, k))?;
+    }
     t.time("gemm", &mut || {
         gemm.enqueue(ctx, 0, (&a, &b, &c), (m, n, k))?;
         ctx.synchronize()

@@ -16,7 +16,7 @@ pub type Measured = Result<(Vec<(String, f64)>, f64), String>;
 fn is_fused(case: &DistCase, variant: &str) -> bool {
     match case.name {
         "ag_gemm" => variant.starts_with("ag_gemm/"),
-        "gemm_rs" => variant == "gemm_rs",
+        "gemm_rs" => variant == "gemm_rs" || variant.starts_with("gemm_rs/"),
         _ => true,
     }
 }

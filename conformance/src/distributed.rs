@@ -197,7 +197,9 @@ fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64
         }
         _ => {
             let (m, n, k) = (s[0], s[1], s[2]);
-            let mut op = GemmRs::for_target(d, ctx.gpu_target());
+            // The library's choice for this world: the reduction persistent where ranks share
+            // a device (the CPU world above one rank, loopback), a program per tile elsewhere.
+            let mut op = GemmRs::for_world(ctx, d);
             op.gemm.descriptors = case.variant == "tma";
             let mut bufs = op.buffers(ctx, m, n)?;
             let out = ctx.alloc(len * d.size_bytes() as usize, "out")?;

@@ -4,7 +4,7 @@
 //! product belongs to the rank t that owns its rows; the GEMM's epilogue stores the tile into
 //! `partial[r]` on rank t (`symm_at`) and adds 1 to `arrived[row block][r]` there (`notify`
 //! carries the program barrier). Tiles for rank r+1 are computed first and rank r's own last. A
-//! persistent reduction kernel on rank t walks smaller tiles ([`REDUCE_ROWS`] x [`REDUCE_COLS`]);
+//! reduction kernel on rank t runs over smaller tiles ([`ReduceTiles`], 32 x 256 by default);
 //! each waits until all W partials of its row block arrived (`epoch x column tiles` each) and
 //! sums them in f32.
 
@@ -15,17 +15,32 @@ use trident_core::ir::{Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, 
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
 
-/// Rows of a reduction tile (fewer where the GEMM's row block is shorter). The reduction's
-/// first form summed whole GEMM tiles (128 x 256) with 4 warps: 256 f32 accumulators per
-/// thread, 255 registers, 190 us for 8192 x 4096 bf16 at world 1 on the H200 (18% of memory
-/// throughput under Nsight Compute), a sixth of the GEMM's time (`results/h200-issue13/`).
-pub const REDUCE_ROWS: u32 = 32;
-/// Columns of a reduction tile.
-pub const REDUCE_COLS: u32 = 256;
+/// The reduction's tiles: `rows` (fewer where the GEMM's row block is shorter) x `cols`, with
+/// `warps` warps; persistent (programs walk the tiles, the grid capped at what the GPU holds)
+/// where ranks share the GPU, since its programs wait; one program per tile otherwise.
+///
+/// The reduction's first form summed whole GEMM tiles (128 x 256) with 4 warps: 256 f32
+/// accumulators per thread, 255 registers, 190 us for 8192 x 4096 bf16 at world 1 on the H200
+/// (18% of memory throughput under Nsight Compute), a sixth of the GEMM's time; persistent over
+/// 32 x 256 tiles with 4 warps: 141 registers, 123 us (`results/h200-issue13/reduce-*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReduceTiles {
+    pub rows: u32,
+    pub cols: u32,
+    pub warps: u32,
+    pub persistent: bool,
+}
+
+impl Default for ReduceTiles {
+    fn default() -> ReduceTiles {
+        ReduceTiles { rows: 32, cols: 256, warps: 8, persistent: true }
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GemmRs {
     pub gemm: Gemm,
+    pub reduce: ReduceTiles,
 }
 
 /// Symmetric state for an `m x n` result.
@@ -43,14 +58,24 @@ pub struct GemmRsBuffers {
 
 impl GemmRs {
     pub fn new(dtype: DType) -> GemmRs {
-        GemmRs { gemm: Gemm::new(dtype) }
+        GemmRs { gemm: Gemm::new(dtype), reduce: ReduceTiles::default() }
     }
 
     /// The GEMM tiles of `target` (`Gemm::for_target`), one program per tile, A and B through
     /// descriptors where the target has TMA and the arguments are divisible; the owner's tile
     /// through a pointer (its epilogue stores into another rank's buffer).
     pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> GemmRs {
-        GemmRs { gemm: Gemm { tma_store: false, ..Gemm::for_target(dtype, target).single_tile() } }
+        GemmRs {
+            gemm: Gemm { tma_store: false, ..Gemm::for_target(dtype, target).single_tile() },
+            reduce: ReduceTiles::default(),
+        }
+    }
+
+    /// [`GemmRs::for_target`] for this rank's world: the reduction persistent only where ranks
+    /// share the GPU (its waiting programs must all be resident then).
+    pub fn for_world(ctx: &dyn RankCtx, dtype: DType) -> GemmRs {
+        let op = GemmRs::for_target(dtype, ctx.gpu_target());
+        GemmRs { reduce: ReduceTiles { persistent: ctx.ranks_sharing_device() > 1, ..op.reduce }, ..op }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -78,7 +103,7 @@ impl GemmRs {
 
     /// This operation with its GEMM specialized for its arguments (`Gemm::specialized`).
     pub fn specialized(&self, ptrs: [&Buffer; 3], n: usize, k: usize) -> GemmRs {
-        GemmRs { gemm: self.gemm.specialized(ptrs, n, k) }
+        GemmRs { gemm: self.gemm.specialized(ptrs, n, k), ..*self }
     }
 
     fn gemm(&self, block_m: u32) -> Gemm {
@@ -130,15 +155,16 @@ impl GemmRs {
         b.finish()
     }
 
-    /// The reduction: persistent programs walk tiles of [`REDUCE_ROWS`] (at most the GEMM's
-    /// row block) x [`REDUCE_COLS`]; each waits until every rank's partial of its GEMM row block
-    /// arrived, then sums the W partial tiles in f32.
+    /// The reduction: programs walk tiles of [`ReduceTiles`] (one each unless persistent); each
+    /// waits until every rank's partial of its GEMM row block arrived, then sums the W partial
+    /// tiles in f32.
     pub fn build_reduce(&self, block_m: u32) -> Result<Function, VerifyError> {
         let dt = self.gemm.dtype;
-        let (rb, rn) = (REDUCE_ROWS.min(block_m), REDUCE_COLS);
+        let r = self.reduce;
+        let (rb, rn) = (r.rows.min(block_m), r.cols);
         let b = KernelBuilder::new(
-            &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}"),
-            LaunchAttrs { warps: 4, persistent: true, ..LaunchAttrs::default() },
+            &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}{}", if r.persistent { "_persistent" } else { "" }),
+            LaunchAttrs { warps: r.warps, persistent: r.persistent, ..LaunchAttrs::default() },
         );
         let (partial, arrived, out) =
             (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
@@ -169,9 +195,9 @@ impl GemmRs {
 
     /// Programs of the reduction for `rows` rows per rank of `n` columns (before the runtime
     /// caps a persistent grid at what the GPU holds).
-    fn reduce_grid(rows: usize, n: usize, block_m: u32) -> u32 {
-        let rb = REDUCE_ROWS.min(block_m) as usize;
-        ((rows / rb) * cdiv(n, REDUCE_COLS as usize)).max(1) as u32
+    fn reduce_grid(&self, rows: usize, n: usize, block_m: u32) -> u32 {
+        let rb = self.reduce.rows.min(block_m) as usize;
+        ((rows / rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32
     }
 
     /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b` `k_r x n`.
@@ -220,7 +246,7 @@ impl GemmRs {
             KernelArg::i32(rows),
             KernelArg::u64(target),
         ];
-        ctx.launch(0, &reduce, [Self::reduce_grid(m / w, n, bm), 1, 1], &reduce_args)?;
+        ctx.launch(0, &reduce, [self.reduce_grid(m / w, n, bm), 1, 1], &reduce_args)?;
         ctx.synchronize()?;
         ctx.barrier()
     }

@@ -147,7 +147,8 @@ fn ag_gemm_and_gemm_rs_use_the_targets_matrix_instructions() {
         let k = lower(&f, &SM_90A).unwrap();
         trident_core::simt::count(&k.body, &|i| matches!(i, Inst::TmaLoad { .. }))
     };
-    let divisible = GemmRs { gemm: trident_kernels::gemm::Gemm { divisible: true, descriptors: true, ..rs.gemm } };
+    let divisible =
+        GemmRs { gemm: trident_kernels::gemm::Gemm { divisible: true, descriptors: true, ..rs.gemm }, ..rs };
     assert!(tma(divisible.build_gemm(128).unwrap()) > 0, "GEMM-RS on TMA");
     assert_eq!(tma(rs.build_gemm(128).unwrap()), 0, "no facts, no TMA");
     // AG-GEMM with divisible arguments reads the gathered A (and B) by TMA after its wait, the

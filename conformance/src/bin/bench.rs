@@ -567,7 +567,7 @@ fn overlap_cost(
         let args = vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m), KernelArg::u64(1)];
         (kernel, args)
     } else {
-        let op = GemmRs { gemm };
+        let op = GemmRs { gemm, reduce: Default::default() };
         let kernel = l.compile(format!("{op:?}/gemm"), || op.build_gemm(gemm.block_m))?;
         (kernel, vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m)])
     };
