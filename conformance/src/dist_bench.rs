@@ -376,10 +376,10 @@ fn gemm_rs(t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError
     // the GEMM's time.
     let mut variants = vec![("gemm_rs".to_string(), op)];
     let other = |rows, warps, persistent| GemmRs { reduce: ReduceTiles { rows, warps, persistent, ..op.reduce }, ..op };
-    for alt in
-        [other(32, 4, op.reduce.persistent), other(16, 4, op.reduce.persistent), other(64, 8, op.reduce.persistent)]
-            .into_iter()
-            .chain((ctx.ranks_sharing_device() == 1).then(|| other(op.reduce.rows, op.reduce.warps, true)))
+    let same_grid = [(32, 4), (16, 4), (64, 8)].map(|(rows, warps)| other(rows, warps, op.reduce.persistent));
+    for alt in same_grid
+        .into_iter()
+        .chain((ctx.ranks_sharing_device() == 1).then(|| other(op.reduce.rows, op.reduce.warps, true)))
     {
         let r = alt.reduce;
         let name = format!(

@@ -22,7 +22,8 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 /// The reduction's first form summed whole GEMM tiles (128 x 256) with 4 warps: 256 f32
 /// accumulators per thread, 255 registers, 190 us for 8192 x 4096 bf16 at world 1 on the H200
 /// (18% of memory throughput under Nsight Compute), a sixth of the GEMM's time; persistent over
-/// 32 x 256 tiles with 4 warps: 141 registers, 123 us (`results/h200-issue13/reduce-*`).
+/// 32 x 256 tiles with 4 warps: 141 registers, 123 us; the default (32 x 256, 8 warps, a program
+/// per tile with a GPU per rank): 101 registers, 98 us (`results/h200-issue13/reduce-*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ReduceTiles {
     pub rows: u32,
