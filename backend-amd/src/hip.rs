@@ -14,7 +14,7 @@ use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffe
 use trident_core::ir::{CmpOp, DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, persistent_grid, Driver, RawStream};
+use trident_gpu_runtime::{check_resident, persistent_grid, watchdog, DeviceHealth, Driver, HardwareQueues, RawStream};
 
 type Err = c_int;
 const MEMCPY_HOST_TO_DEVICE: c_int = 1;
@@ -57,7 +57,6 @@ struct Api {
     module_load_data: unsafe extern "C" fn(*mut *mut c_void, *const c_void) -> Err,
     module_get_function: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, *const c_char) -> Err,
     launch: LaunchKernel,
-    synchronize: unsafe extern "C" fn() -> Err,
     error_string: unsafe extern "C" fn(Err) -> *const c_char,
     stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> Err,
     stream_query: unsafe extern "C" fn(*mut c_void) -> Err,
@@ -66,11 +65,9 @@ struct Api {
     occupancy: unsafe extern "C" fn(*mut c_int, *mut c_void, c_int, usize) -> Err,
     enable_peer: unsafe extern "C" fn(c_int, c_uint) -> Err,
     stream_destroy: unsafe extern "C" fn(*mut c_void) -> Err,
-    stream_synchronize: unsafe extern "C" fn(*mut c_void) -> Err,
     event_create: unsafe extern "C" fn(*mut *mut c_void) -> Err,
     event_destroy: unsafe extern "C" fn(*mut c_void) -> Err,
     event_record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> Err,
-    event_synchronize: unsafe extern "C" fn(*mut c_void) -> Err,
     event_elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> Err,
     write_value64: unsafe extern "C" fn(*mut c_void, *mut c_void, u64, c_uint) -> Err,
     wait_value64: unsafe extern "C" fn(*mut c_void, *mut c_void, u64, c_uint, u64) -> Err,
@@ -137,7 +134,6 @@ impl Hip {
             module_load_data: sym!(b"hipModuleLoadData\0"),
             module_get_function: sym!(b"hipModuleGetFunction\0"),
             launch: sym!(b"hipModuleLaunchKernel\0"),
-            synchronize: sym!(b"hipDeviceSynchronize\0"),
             error_string: sym!(b"hipGetErrorString\0"),
             stream_create: sym!(b"hipStreamCreateWithFlags\0"),
             stream_query: sym!(b"hipStreamQuery\0"),
@@ -146,11 +142,9 @@ impl Hip {
             occupancy: sym!(b"hipModuleOccupancyMaxActiveBlocksPerMultiprocessor\0"),
             enable_peer: sym!(b"hipDeviceEnablePeerAccess\0"),
             stream_destroy: sym!(b"hipStreamDestroy\0"),
-            stream_synchronize: sym!(b"hipStreamSynchronize\0"),
             event_create: sym!(b"hipEventCreate\0"),
             event_destroy: sym!(b"hipEventDestroy\0"),
             event_record: sym!(b"hipEventRecord\0"),
-            event_synchronize: sym!(b"hipEventSynchronize\0"),
             event_elapsed: sym!(b"hipEventElapsedTime\0"),
             write_value64: sym!(b"hipStreamWriteValue64\0"),
             wait_value64: sym!(b"hipStreamWaitValue64\0"),
@@ -219,10 +213,40 @@ pub struct HipDevice {
     names: Allocations,
     /// The hidden buffers of single-rank launches.
     hidden: HiddenBuffers,
+    /// The hardware queues of this process's HIP runtime (`GPU_MAX_HW_QUEUES`).
+    queues: HardwareQueues,
+    /// Usable, or the stuck work that made it unusable.
+    health: DeviceHealth,
+}
+
+/// The variable that sizes the HIP runtime's hardware queues per device (read when the runtime
+/// starts; 4 when unset).
+const HW_QUEUES: &str = "GPU_MAX_HW_QUEUES";
+
+/// The hardware queues HIP gives each device, and the most trident asks for. As with CUDA's
+/// connections, a stream wait (`hipStreamWaitValue64`, a barrier packet in the queue) blocks
+/// its queue, so a world needs a queue per stream. Not measured on AMD hardware (none here):
+/// 32 mirrors CUDA's maximum; HIP's own limit may be higher.
+fn hw_queues() -> HardwareQueues {
+    static FIRST_LOAD: std::sync::Once = std::sync::Once::new();
+    FIRST_LOAD.call_once(|| {
+        if std::env::var_os(HW_QUEUES).is_none() {
+            // SAFETY: before this process loads the HIP runtime through trident, from the thread
+            // opening the first device; trident reads the environment only through `std::env`.
+            unsafe { std::env::set_var(HW_QUEUES, "32") };
+        }
+    });
+    let queues = std::env::var(HW_QUEUES).ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(4).max(1);
+    HardwareQueues {
+        queues,
+        max: queues.max(32),
+        setting: format!("{HW_QUEUES}={queues}, read when the HIP runtime starts"),
+    }
 }
 
 impl HipDevice {
     pub fn open(index: usize) -> Result<HipDevice, BackendError> {
+        let queues = hw_queues();
         let hip = Hip::load()?;
         let fail = |e: String| no_device(format!("{}: {e}", hip.path));
         let mut cus: c_int = 0;
@@ -249,6 +273,8 @@ impl HipDevice {
             functions: Mutex::new(HashMap::new()),
             names: Allocations::default(),
             hidden: HiddenBuffers::default(),
+            queues,
+            health: DeviceHealth::default(),
         })
     }
 
@@ -287,17 +313,22 @@ impl HipDevice {
         Ok(Stream { hip: self.hip.clone(), raw: self.stream_create()? as *mut c_void })
     }
 
+    /// Waits for `s` (at most `watchdog::FINISH_BOUND`).
     pub fn synchronize(&self, s: &Stream) -> Result<(), BackendError> {
-        // SAFETY: a live stream.
-        self.call("hipStreamSynchronize", unsafe { (self.hip.api.stream_synchronize)(s.raw) })
+        watchdog::finish(self, s.raw(), watchdog::FINISH_BOUND, "the stream's work")
     }
 
     /// Milliseconds between two events recorded on `s` around `work`.
     pub fn time_ms(&self, s: &Stream, work: &mut dyn FnMut() -> Result<(), BackendError>) -> Result<f32, BackendError> {
-        self.time_on(s.raw, work)
+        self.time_on(s.raw, watchdog::FINISH_BOUND, work)
     }
 
-    fn time_on(&self, s: *mut c_void, work: &mut dyn FnMut() -> Result<(), BackendError>) -> Result<f32, BackendError> {
+    fn time_on(
+        &self,
+        s: *mut c_void,
+        bound: std::time::Duration,
+        work: &mut dyn FnMut() -> Result<(), BackendError>,
+    ) -> Result<f32, BackendError> {
         let (mut a, mut b) = (std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: valid out-pointers, live stream, events destroyed below.
         unsafe {
@@ -307,7 +338,7 @@ impl HipDevice {
                 self.call("hipEventRecord", (self.hip.api.event_record)(a, s))?;
                 work()?;
                 self.call("hipEventRecord", (self.hip.api.event_record)(b, s))?;
-                self.call("hipEventSynchronize", (self.hip.api.event_synchronize)(b))?;
+                watchdog::finish(self, s as RawStream, bound, "the timed work")?;
                 let mut ms = 0f32;
                 self.call("hipEventElapsedTime", (self.hip.api.event_elapsed)(&mut ms, a, b))?;
                 Ok(ms)
@@ -433,9 +464,9 @@ impl Device for HipDevice {
         check_launch(kernel, grid, args, u32::MAX as u64)?;
         let hidden = self.hidden.args(self, opts.wait_bound)?;
         self.launch_on(0, kernel, grid, args, hidden, 1)?;
-        // SAFETY: plain call.
-        unsafe { self.hip.check("hipDeviceSynchronize", (self.hip.api.synchronize)()) }
-            .map_err(|e| self.launch_err(&kernel.kernel, e))?;
+        let bound = watchdog::FINISH_BOUND.max(opts.wait_bound * 5);
+        watchdog::finish(self, 0, bound, &format!("kernel `{}`", kernel.kernel))
+            .map_err(|e| self.launch_err(&kernel.kernel, e.to_string()))?;
         self.hidden.check(self, &kernel.kernel, &self.names, opts.wait_bound)
     }
 }
@@ -541,18 +572,21 @@ impl Driver for HipDevice {
         format!("AMD {}", self.target.as_deref().unwrap_or("GPU"))
     }
 
-    fn synchronize_device(&self) -> Result<(), BackendError> {
-        self.bind()?;
-        // SAFETY: plain call.
-        self.call("hipDeviceSynchronize", unsafe { (self.hip.api.synchronize)() })
+    fn health(&self) -> &DeviceHealth {
+        &self.health
+    }
+
+    fn hardware_queues(&self) -> HardwareQueues {
+        self.queues.clone()
     }
 
     fn time_enqueued(
         &self,
         stream: RawStream,
+        bound: std::time::Duration,
         enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<std::time::Duration, BackendError> {
-        let ms = self.time_on(stream as *mut c_void, enqueue)?;
+        let ms = self.time_on(stream as *mut c_void, bound, enqueue)?;
         Ok(std::time::Duration::from_secs_f64(ms as f64 / 1e3))
     }
 

@@ -15,7 +15,7 @@ use trident_core::ir::CmpOp;
 use trident_core::ir::{DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, persistent_grid, Driver, RawStream};
+use trident_gpu_runtime::{check_resident, persistent_grid, DeviceHealth, Driver, HardwareQueues, RawStream};
 
 /// The driver entry points trident calls (as cudarc's `cuda-13000` bindings name them), checked
 /// when a device opens: cudarc panics on a missing one at its first call, so a driver older than
@@ -29,6 +29,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "cuDeviceGetName",
     "cuDeviceGetAttribute",
     "cuDevicePrimaryCtxRetain",
+    "cuDevicePrimaryCtxGetState",
     "cuCtxSetCurrent",
     "cuCtxSynchronize",
     "cuCtxEnablePeerAccess",
@@ -138,6 +139,47 @@ pub struct CudaDevice {
     hidden: HiddenBuffers,
     /// The device library modules with `device_calls` are linked with (set by the NVSHMEM world).
     library: Mutex<Option<Arc<DeviceLibrary>>>,
+    /// The hardware queues of this process's context (`CUDA_DEVICE_MAX_CONNECTIONS`).
+    queues: HardwareQueues,
+    /// Usable, or the stuck work that made it unusable.
+    health: DeviceHealth,
+}
+
+/// The most hardware queues (connections) CUDA gives a context, and what trident asks for.
+pub const MAX_CONNECTIONS: u32 = 32;
+
+/// The variable that sizes a context's hardware queues; CUDA reads it when the process creates
+/// the context (8 when unset).
+const CONNECTIONS: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
+
+/// Before the process's CUDA context exists: asks for every hardware queue CUDA allows
+/// (`CUDA_DEVICE_MAX_CONNECTIONS=32`: worlds on one GPU need a queue per stream,
+/// `trident_gpu_runtime::queues`) and for modules loaded whole (`CUDA_MODULE_LOADING=EAGER`: a
+/// lazy load cannot happen while another rank's kernel spins, `probes/loopback-signals`), each
+/// unless the user set it.
+fn prepare_environment() {
+    for (var, value) in [(CONNECTIONS, "32"), ("CUDA_MODULE_LOADING", "EAGER")] {
+        if std::env::var_os(var).is_none() {
+            // SAFETY: called before the driver creates the context, from the thread opening the
+            // first device; trident's binaries and tests read the environment only through
+            // `std::env` (which locks it) meanwhile.
+            unsafe { std::env::set_var(var, value) };
+        }
+    }
+}
+
+/// The queues a context has: `CUDA_DEVICE_MAX_CONNECTIONS` as the driver reads it (8 when
+/// unset or unreadable, at most 32). `created_here`: whether trident created the context;
+/// otherwise the variable may have changed since, which the description says.
+fn connections(created_here: bool) -> HardwareQueues {
+    let set = std::env::var(CONNECTIONS).ok().and_then(|v| v.trim().parse::<u32>().ok());
+    let queues = set.unwrap_or(8).clamp(1, MAX_CONNECTIONS);
+    let when = if created_here {
+        "read when the CUDA context was created"
+    } else {
+        "as set now; the CUDA context existed before trident opened the device"
+    };
+    HardwareQueues { queues, max: MAX_CONNECTIONS, setting: format!("{CONNECTIONS}={queues}, {when}") }
 }
 
 // SAFETY: a CUDA context and the modules/functions loaded in it may be used from any thread once
@@ -153,6 +195,11 @@ fn driver_err(what: &str, e: result::DriverError) -> BackendError {
 impl CudaDevice {
     pub fn open(index: usize) -> Result<CudaDevice, BackendError> {
         driver_available().map_err(|reason| BackendError::NoDevice { backend: crate::NAME, reason })?;
+        // SAFETY: cuDeviceGetCount only writes the count; before cuInit it says so.
+        let initialised = unsafe { sys::cuDeviceGetCount(&mut 0) } != sys::CUresult::CUDA_ERROR_NOT_INITIALIZED;
+        if !initialised {
+            prepare_environment();
+        }
         result::init().map_err(|e| driver_err("cuInit", e))?;
         let count = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
         if index as i32 >= count {
@@ -163,6 +210,14 @@ impl CudaDevice {
         }
         let dev = result::device::get(index as i32).map_err(|e| driver_err("cuDeviceGet", e))?;
         let name = result::device::get_name(dev).unwrap_or_default();
+        let (mut flags, mut active) = (0u32, 0i32);
+        // SAFETY: `dev` is a valid device handle; both out-pointers are valid.
+        let existed = unsafe { sys::cuDevicePrimaryCtxGetState(dev, &mut flags, &mut active) }
+            == sys::CUresult::CUDA_SUCCESS
+            && active != 0;
+        if !existed {
+            prepare_environment();
+        }
         // SAFETY: `dev` is a valid device handle from cuDeviceGet.
         let ctx = unsafe { result::primary_ctx::retain(dev) }.map_err(|e| driver_err("cuDevicePrimaryCtxRetain", e))?;
         // SAFETY: `dev` is a valid device handle.
@@ -189,6 +244,8 @@ impl CudaDevice {
             names: Allocations::default(),
             hidden: HiddenBuffers::default(),
             library: Mutex::new(None),
+            queues: connections(!existed),
+            health: DeviceHealth::default(),
         };
         d.current()?;
         Ok(d)
@@ -395,12 +452,14 @@ impl CudaDevice {
         self.launch_on(0, kernel, grid, args, hidden, 1)
     }
 
-    /// Waits for everything enqueued and reports a timed-out wait of `kernel`'s launches.
+    /// Waits for everything enqueued (at most `watchdog::FINISH_BOUND`, or five wait bounds if longer)
+    /// and reports a timed-out wait of `kernel`'s launches. Work still running then leaves the
+    /// device unusable (its later work would queue behind it) and is an error.
     pub fn finish(&self, kernel: &str, opts: &LaunchOptions) -> Result<(), BackendError> {
         self.current()?;
-        result::ctx::synchronize().map_err(|e| BackendError::Launch {
-            kernel: kernel.to_string(),
-            message: format!("kernel execution: {e:?}"),
+        let bound = trident_gpu_runtime::watchdog::FINISH_BOUND.max(opts.wait_bound * 5);
+        trident_gpu_runtime::watchdog::finish(self, 0, bound, &format!("kernel `{kernel}`")).map_err(|e| {
+            BackendError::Launch { kernel: kernel.to_string(), message: format!("kernel execution: {e}") }
         })?;
         self.hidden.check(self, kernel, &self.names, opts.wait_bound)
     }
@@ -609,21 +668,25 @@ impl Driver for CudaDevice {
         self.name.clone()
     }
 
-    fn synchronize_device(&self) -> Result<(), BackendError> {
-        self.current()?;
-        result::ctx::synchronize().map_err(|e| stream_err("cuCtxSynchronize", e))
+    fn health(&self) -> &DeviceHealth {
+        &self.health
+    }
+
+    fn hardware_queues(&self) -> HardwareQueues {
+        self.queues.clone()
     }
 
     fn time_enqueued(
         &self,
         stream: RawStream,
+        bound: std::time::Duration,
         enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<std::time::Duration, BackendError> {
         let (a, b) = (crate::event::Event::new(self)?, crate::event::Event::new(self)?);
         a.record(stream as sys::CUstream)?;
         enqueue()?;
         b.record(stream as sys::CUstream)?;
-        b.synchronize()?;
+        trident_gpu_runtime::watchdog::finish(self, stream, bound, "the timed work")?;
         b.elapsed_since(&a)
     }
 

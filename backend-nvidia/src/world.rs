@@ -3,9 +3,13 @@
 //! `Driver` implementation: the loopback world (N ranks on the process's GPU 0) and the peer
 //! world (one rank per GPU of the node, peer access between every pair).
 //!
-//! Modules are loaded eagerly (`CUDA_MODULE_LOADING=EAGER`): a lazy load cannot happen while
-//! another rank's kernel spins (`probes/loopback-signals`). The device is opened once per process
-//! and shared by every world (a module is JIT-compiled once per process, not once per world).
+//! The process's context is made with modules loaded eagerly and every hardware queue CUDA
+//! allows (`CudaDevice::open`: `CUDA_MODULE_LOADING=EAGER`, `CUDA_DEVICE_MAX_CONNECTIONS=32`,
+//! unless set): a lazy load cannot happen while another rank's kernel spins
+//! (`probes/loopback-signals`), and every stream of a world needs a queue of its own, so one GPU
+//! holds at most 16 ranks of 2 streams (`trident_gpu_runtime::queues`). The device is opened
+//! once per process and shared by every world (a module is JIT-compiled once per process, not
+//! once per world).
 
 use crate::runtime::CudaDevice;
 use std::sync::{Arc, Mutex};
@@ -20,9 +24,6 @@ fn device_at(index: usize) -> Result<Arc<CudaDevice>, BackendError> {
     if let Some((_, dev)) = d.iter().find(|(i, _)| *i == index) {
         return Ok(dev.clone());
     }
-    // SAFETY: set before the driver is initialised in this process by CudaDevice::open, and the
-    // tests and binaries that use the world do not read the environment concurrently.
-    unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
     let dev = Arc::new(CudaDevice::open(index)?);
     d.push((index, dev.clone()));
     Ok(dev)

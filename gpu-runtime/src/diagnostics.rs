@@ -46,14 +46,20 @@ impl Allocations {
 }
 
 /// `Ok` when `raw` (a diagnostics buffer's words) holds no record, else the error naming rank,
-/// program, signal, expected and seen.
-pub fn wait_error(kernel: &str, raw: &[u8], names: &Allocations, bound: Duration) -> Result<(), BackendError> {
+/// program, signal, expected and seen: the kernel by `kernel` (from the record's tag, a
+/// `diag::kernel_tag`) and the signal by `place` (from its address).
+pub fn wait_error(
+    raw: &[u8],
+    bound: Duration,
+    kernel: &dyn Fn(u64) -> String,
+    place: &dyn Fn(u64) -> String,
+) -> Result<(), BackendError> {
     let Some(r) = diag::Record::decode(raw) else { return Ok(()) };
     Err(BackendError::Execution {
-        kernel: kernel.to_string(),
+        kernel: kernel(r.kernel),
         program: r.program,
         op: "wait".into(),
         loc: None,
-        message: r.message(&names.describe_word(r.signal), bound),
+        message: r.message(&place(r.signal), bound),
     })
 }

@@ -9,6 +9,8 @@ use trident_core::backend::{Artifact, Backend, BackendError, Device, KernelArg};
 use trident_core::ir::CmpOp;
 
 use crate::diagnostics::Allocations;
+use crate::health::DeviceHealth;
+use crate::queues::HardwareQueues;
 
 /// A stream handle as the vendor runtime gives it (a pointer, carried as an integer so that
 /// handles cross threads; only the driver that made it interprets it).
@@ -53,13 +55,26 @@ pub trait Driver: Device + Send + Sync + 'static {
     ) -> Result<(), BackendError>;
     /// The device's name for reports ("NVIDIA H200", "AMD gfx942").
     fn device_name(&self) -> String;
-    /// Waits for all work on the device (every stream).
-    fn synchronize_device(&self) -> Result<(), BackendError>;
+    /// Whether this device can still be used, or which stuck work made it unusable.
+    fn health(&self) -> &DeviceHealth;
+    /// The hardware work queues the device's streams share (`crate::queues`); by default every
+    /// stream has its own.
+    fn hardware_queues(&self) -> HardwareQueues {
+        HardwareQueues::unlimited()
+    }
+    /// A stream outside the world's whose work does not queue behind theirs, from which the
+    /// watchdog releases stuck stream waits: the legacy default stream (handle 0) of CUDA and
+    /// HIP. (On the H200, a kernel on it never waited behind a blocked stream:
+    /// `results/h200-issue24`.)
+    fn release_stream(&self) -> RawStream {
+        0
+    }
     /// Device time of the work `enqueue` puts on `stream`: events recorded before and after it,
-    /// waited for (benchmarks time host orchestration this way).
+    /// waited for at most `bound` (benchmarks time host orchestration this way).
     fn time_enqueued(
         &self,
         stream: RawStream,
+        bound: std::time::Duration,
         enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<std::time::Duration, BackendError>;
     /// A stream that does not synchronize with the legacy default stream.

@@ -52,7 +52,7 @@ impl HiddenBuffers {
         let Some([_, d, barrier]) = self.made.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
         let mut raw = vec![0u8; d.bytes];
         dev.read(&d, 0, &mut raw)?;
-        let r = wait_error(kernel, &raw, names, bound);
+        let r = wait_error(&raw, bound, &|_| kernel.to_string(), &|a| names.describe_word(a));
         if r.is_err() {
             dev.write(&d, 0, &vec![0u8; d.bytes])?;
             dev.write(&barrier, 0, &[0u8; 16])?;

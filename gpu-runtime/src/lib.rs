@@ -3,8 +3,10 @@
 //! modules).
 //!
 //! Owns: the world of ranks on GPUs ([`world::GpuWorld`]: one host thread per rank, each rank's
-//! symmetric heap and the `__heap_bases` table, loading every kernel on every rank before any
-//! rank launches it, residency of waiting kernels), the host barrier a failing rank breaks
+//! symmetric heap and the `__heap_bases` table, its streams counted against the device's
+//! hardware queues ([`queues`]), loading every kernel on every rank before any rank launches it,
+//! residency of waiting kernels, driver calls that never return ending the world instead of
+//! hanging it, and devices left unusable by stuck work ([`health`])), the host barrier a failing rank breaks
 //! ([`barrier`]), the names of live allocations and the decoding of a timed-out wait's record
 //! into an error ([`diagnostics`]), the watchdog of stream waits ([`watchdog`]) and the hidden
 //! buffers of single-device launches ([`hidden`]), and the rendezvous of a world of processes
@@ -16,13 +18,18 @@
 pub mod barrier;
 pub mod diagnostics;
 pub mod driver;
+pub mod health;
 pub mod hidden;
+mod host_calls;
 pub mod process_world;
+pub mod queues;
 pub mod rendezvous;
 pub mod watchdog;
 pub mod world;
 pub mod world_env;
 
 pub use driver::{check_resident, persistent_grid, Driver, RawStream};
+pub use health::DeviceHealth;
 pub use process_world::{ProcessWorld, SymmetricHeap};
+pub use queues::HardwareQueues;
 pub use world::{GpuWorld, GpuWorldOptions};

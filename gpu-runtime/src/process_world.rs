@@ -9,9 +9,13 @@
 //! live in the reserved start of every rank's heap, as in the thread world.
 
 use crate::driver::Driver;
+use crate::host_calls::HostCalls;
 use crate::rendezvous::Client;
-use crate::world::{free_owned, GpuRank, GpuWorldOptions, HostSync, Shared, RESERVED};
+use crate::world::{create_streams, free_owned, GpuRank, GpuWorld, GpuWorldOptions, HostSync, Shared, RESERVED};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::simt::diag;
 use trident_core::world::RankCtx;
@@ -56,6 +60,8 @@ impl<D: Driver> ProcessWorld<D> {
             return Err(BackendError::Host(format!("a symmetric heap of {} bytes is too small", heap.bytes)));
         }
         opts.ranks = n;
+        // The process has a context of its own, whose queues its one rank's streams share.
+        GpuWorld::check(std::slice::from_ref(&device), &GpuWorldOptions { ranks: 1, ..opts.clone() })?;
         device.bind()?;
         let mut owned = Vec::new();
         let made = (|| {
@@ -66,9 +72,10 @@ impl<D: Driver> ProcessWorld<D> {
             owned.push((0, t.clone()));
             let bases: Vec<u8> = heap.bases.iter().flat_map(|b| b.to_le_bytes()).collect();
             device.write(&t, 0, &bases)?;
-            Ok((d, t))
+            let streams = create_streams(&*device, opts.streams_per_rank)?;
+            Ok((d, t, streams))
         })();
-        let (diag_buf, table) = match made {
+        let (diag_buf, table, streams) = match made {
             Ok(p) => p,
             Err(e) => {
                 free_owned(std::slice::from_ref(&device), &owned);
@@ -89,9 +96,13 @@ impl<D: Driver> ProcessWorld<D> {
             reserved: RESERVED,
             tables: vec![table],
             diags: vec![diag_buf],
+            streams: vec![streams],
             next: Mutex::new(vec![RESERVED]),
+            symmetric: Mutex::new(Vec::new()),
+            kernels: Mutex::new(HashMap::new()),
             sharing: vec![sharing.max(1)],
             owned,
+            calls: HostCalls::new(1),
             sync: HostSync::Processes(Mutex::new(rendezvous)),
         };
         Ok(ProcessWorld { shared: Arc::new(shared), rank, provider: heap.provider })
@@ -110,18 +121,39 @@ impl<D: Driver> ProcessWorld<D> {
         &self.provider
     }
 
-    /// Runs `host` as this process's rank, with a fresh symmetric allocator: every rank starts
-    /// it together (after clearing its `barrier_all` words) and, when it succeeded, ends it
-    /// together. A rank that fails returns at once; the others learn it at their next
-    /// rendezvous operation (or their kernels' bounded waits), never by hanging.
+    /// Runs `host` as this process's rank, with a fresh symmetric allocator (whose buffers name
+    /// signals in diagnostics from then on): every rank starts it together (after clearing its
+    /// `barrier_all` words) and, when it succeeded, ends it together. A rank that fails returns
+    /// at once; the others learn it at their next rendezvous operation (or their kernels'
+    /// bounded waits), never by hanging. A driver call that never returns ends the process
+    /// with its diagnostic on stderr (`crate::health::exit`): the launcher names the rank.
     pub fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
         let sh = &self.shared;
+        sh.devices[0].health().check(&sh.devices[0].device_name())?;
         sh.devices[0].bind()?;
         let words = Buffer { name: "__barrier_all".into(), address: sh.heaps[self.rank].address, bytes: RESERVED };
         sh.devices[0].write(&words, 0, &[0u8; RESERVED])?;
-        *sh.next.lock().unwrap_or_else(|e| e.into_inner()) = vec![RESERVED];
+        sh.reset_symmetric();
         sh.sync.wait(self.rank, "run_start")?;
-        let r = GpuRank::new(sh.clone(), self.rank).run(host)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch = {
+            let (sh, stop) = (sh.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(o) = sh.calls.overdue() {
+                        let rank = sh.first + o.local;
+                        sh.devices[0].health().wedge(format!("rank {rank}: {}", o.message));
+                        eprintln!("trident: rank {rank}: {}", o.message);
+                        crate::health::exit(1);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let r = GpuRank::new(sh.clone(), self.rank).run(host);
+        stop.store(true, Ordering::Relaxed);
+        let _ = watch.join();
+        let r = r?;
         sh.sync.wait(self.rank, "run_end")?;
         Ok(r)
     }
@@ -141,6 +173,6 @@ impl<D: Driver> ProcessWorld<D> {
 
 impl<D: Driver> Drop for ProcessWorld<D> {
     fn drop(&mut self) {
-        free_owned(&self.shared.devices, &self.shared.owned);
+        self.shared.release();
     }
 }

@@ -3,8 +3,10 @@
 //! A stream wait (`cuStreamWaitValue64`, `hipStreamWaitValue64`) has no timeout of its own, so
 //! `synchronize` is its watchdog: it polls a rank's streams up to a bound; a stream still
 //! blocked then has its unsatisfied waits named (rank, stream, signal buffer and index,
-//! expected, seen) and released (the host writes the awaited value from a helper stream, so the
-//! device drains and the process can go on), and the call fails with that diagnostic.
+//! expected, seen) and released (the host writes the awaited value from the device's release
+//! stream, so the device drains and the process can go on), and the call fails with that
+//! diagnostic. A stream busy with no wait to release (a kernel that never ends) is named with
+//! what it was given since the last `synchronize`.
 
 use crate::driver::{Driver, RawStream};
 use std::time::{Duration, Instant};
@@ -57,6 +59,23 @@ pub fn drain(dev: &dyn Driver, s: RawStream, deadline: Instant) -> Result<bool, 
     }
 }
 
+/// How long a single-device launch or a benchmark's batch may run before waiting for it gives
+/// up (benchmarks enqueue batches of seconds).
+pub const FINISH_BOUND: Duration = Duration::from_secs(60);
+
+/// Waits for `stream` of `dev` at most `bound`. Work still running then (a kernel that never
+/// ends) leaves the device unusable, since its later work would queue behind it, and is an
+/// error naming `what` was waited for.
+pub fn finish(dev: &dyn Driver, stream: RawStream, bound: Duration, what: &str) -> Result<(), BackendError> {
+    dev.health().check(&dev.device_name())?;
+    if drain(dev, stream, Instant::now() + bound)? {
+        return Ok(());
+    }
+    let why = format!("{what} still running after {bound:?} (a kernel that never ends?)");
+    dev.health().wedge(why.clone());
+    Err(BackendError::Host(format!("{}: {why}", dev.device_name())))
+}
+
 /// The 64-bit word at `address`, read now (a synchronous copy that does not wait for a stream
 /// that is stuck).
 fn word(dev: &dyn Driver, address: u64) -> Result<u64, BackendError> {
@@ -66,15 +85,17 @@ fn word(dev: &dyn Driver, address: u64) -> Result<u64, BackendError> {
     Ok(u64::from_le_bytes(raw))
 }
 
-/// The verdict on stream `id` of `rank`, still blocked after `bound`: names its unsatisfied
-/// waits among `pending`, releases them and drains `streams` (another `bound` at most).
+/// The verdict on stream `id` of `rank`, still busy after `bound`: names its unsatisfied waits
+/// among `pending` (or, with none, what the stream was given: `busy`), releases them from the
+/// device's release stream, and drains `streams` (another `bound` at most).
 pub fn release_stuck(
     dev: &dyn Driver,
     rank: usize,
     id: StreamId,
     pending: &[StreamWait],
-    streams: &[(StreamId, RawStream)],
+    streams: &[RawStream],
     bound: Duration,
+    busy: &str,
 ) -> BackendError {
     let mut blocked = Vec::new();
     for w in pending.iter().filter(|w| w.stream == id) {
@@ -90,19 +111,19 @@ pub fn release_stuck(
             w.signal, w.index, w.cmp, w.value
         ),
         None => format!(
-            "rank {rank}, stream {id} still busy after {bound:?} with no unsatisfied stream wait (a kernel longer than the bound?)"
+            "rank {rank}, stream {id} still busy after {bound:?} with no unsatisfied stream wait ({busy}): a kernel longer than the bound, or one that never ends"
         ),
     };
-    if let Ok(helper) = dev.stream_create() {
-        for (w, _) in &blocked {
-            let _ = dev.write_value(helper, w.address, w.value);
-        }
-        let later = Instant::now() + bound;
-        let _ = drain(dev, helper, later);
-        dev.stream_destroy(helper);
-        for (_, s) in streams {
-            let _ = drain(dev, *s, later);
-        }
+    // The release stream's work does not queue behind the world's streams, so the awaited
+    // values land even when every queue of the world is blocked.
+    let helper = dev.release_stream();
+    for (w, _) in &blocked {
+        let _ = dev.write_value(helper, w.address, w.value);
+    }
+    let later = Instant::now() + bound;
+    let _ = drain(dev, helper, later);
+    for s in streams {
+        let _ = drain(dev, *s, later);
     }
     BackendError::Execution {
         kernel: format!("stream {id} of rank {rank}"),

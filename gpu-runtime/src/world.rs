@@ -10,15 +10,23 @@
 //! Rules that keep ranks that signal each other from hanging (`probes/loopback-signals`): every
 //! rank loads a kernel before any rank launches it (a host barrier after the first compile of
 //! each kernel), and a kernel that waits is refused when its grid times the ranks sharing the
-//! GPU cannot be resident at once (`Driver::launch_on`). Kernel waits are bounded on the device
-//! and reported by `synchronize` from the rank's diagnostics record; stream waits are bounded by
-//! the watchdog (`watchdog`). A rank that fails breaks the host barrier, so no rank waits for it.
+//! GPU cannot be resident at once (`Driver::launch_on`); every stream of the world is created
+//! when it starts and needs a hardware queue of its own (`crate::queues`: a world that would
+//! need more is refused before it starts). Kernel waits are bounded on the device and reported
+//! by `synchronize` from the rank's diagnostics record, which names the kernel (by the tag the
+//! lowering writes) and the signal (by the symmetric buffer at its offset, on any rank); stream
+//! waits are bounded by the watchdog (`watchdog`); every call into the driver is marked
+//! (`crate::host_calls`), and the thread that runs the world ends it with a diagnostic when
+//! one never returns. A rank that fails breaks the host barrier, so no rank waits for it.
 
 use crate::barrier::HostBarrier;
 use crate::diagnostics::wait_error;
 use crate::driver::{Driver, RawStream};
+use crate::host_calls::HostCalls;
+use crate::queues::check_queues;
 use crate::watchdog::{self, StreamWait};
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, KernelArg};
@@ -35,6 +43,15 @@ pub struct GpuWorldOptions {
     /// How long `synchronize` lets a stream stay blocked (stream waits, long kernels) before it
     /// reports and releases the stream's waits.
     pub stream_wait_bound: Duration,
+    /// Streams each rank may use (ids `0..streams_per_rank`), all created when the world
+    /// starts: each needs a hardware queue of its own (`crate::queues`), so a world whose ranks
+    /// would need more than their device has is refused before it starts. 2 by default: a
+    /// compute stream and a communication stream, what the library's operations use.
+    pub streams_per_rank: usize,
+    /// How long one call into the driver (a copy, a free, a module load) may take before the
+    /// world gives up on it with a diagnostic (`crate::host_calls`); `synchronize` may take two
+    /// stream-wait bounds more.
+    pub host_call_bound: Duration,
     /// Bytes of symmetric heap per rank.
     pub heap_bytes: usize,
 }
@@ -42,11 +59,14 @@ pub struct GpuWorldOptions {
 impl GpuWorldOptions {
     pub fn new(ranks: usize) -> GpuWorldOptions {
         let bound = trident_core::backend::default_wait_bound();
+        // Stream waits outlast the kernels they wait for (at least 5 kernel wait bounds).
+        let stream_wait_bound = Duration::from_secs(10).max(bound * 5);
         GpuWorldOptions {
             ranks,
             wait_bound: bound,
-            // Stream waits outlast the kernels they wait for (at least 5 kernel wait bounds).
-            stream_wait_bound: Duration::from_secs(10).max(bound * 5),
+            stream_wait_bound,
+            streams_per_rank: 2,
+            host_call_bound: stream_wait_bound,
             heap_bytes: 64 << 20,
         }
     }
@@ -58,6 +78,12 @@ pub(crate) const HEAP_GRAIN: usize = 256;
 /// Bytes at the start of every rank's heap kept from symmetric allocations: `barrier_all`'s
 /// words (`trident_core::simt::BARRIER_WORDS`), at the same offset on every rank.
 pub(crate) const RESERVED: usize = HEAP_GRAIN;
+
+/// How often the thread that runs a world of threads looks for a driver call that overran.
+const SUPERVISION_TICK: Duration = Duration::from_millis(20);
+
+/// A live symmetric buffer: offset in every heap, bytes, name without the rank.
+type Symmetric = (usize, usize, String);
 
 pub(crate) struct Shared<D: Driver> {
     pub(crate) devices: Vec<Arc<D>>,
@@ -73,13 +99,23 @@ pub(crate) struct Shared<D: Driver> {
     pub(crate) tables: Vec<Buffer>,
     /// The wait diagnostics of the ranks this process runs (from `first`).
     pub(crate) diags: Vec<Buffer>,
+    /// The streams of the ranks this process runs (from `first`), ids `0..streams_per_rank`,
+    /// created when the world started.
+    pub(crate) streams: Vec<Vec<RawStream>>,
     /// Next free byte of the heaps of the ranks this process runs (identical on all ranks in
     /// SPMD code).
     pub(crate) next: Mutex<Vec<usize>>,
+    /// The live symmetric buffers (the same on every rank), which name signals in diagnostics;
+    /// forgotten when the allocator starts over, so a reused offset is named by its new buffer.
+    pub(crate) symmetric: Mutex<Vec<Symmetric>>,
+    /// The names of the kernels compiled in this world, by `diag::kernel_tag`.
+    pub(crate) kernels: Mutex<HashMap<u64, String>>,
     /// Ranks sharing each local rank's device (a waiting launch must fit beside theirs).
     pub(crate) sharing: Vec<u32>,
     /// Every allocation above with the index of the device that owns it (freed at the end).
     pub(crate) owned: Vec<(usize, Buffer)>,
+    /// The driver call each local rank is in (`crate::host_calls`).
+    pub(crate) calls: HostCalls,
     pub(crate) sync: HostSync,
 }
 
@@ -116,28 +152,79 @@ impl<D: Driver> Shared<D> {
     fn local(&self, rank: usize) -> usize {
         rank - self.first
     }
+
+    /// "`name@rankR`[i]" for the 8-byte word at `address`: a symmetric buffer of any rank's
+    /// heap, else a buffer of `device`, else the address in hex.
+    fn describe(&self, device: &D, address: u64) -> String {
+        let symmetric = self.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+        for (r, h) in self.heaps.iter().enumerate() {
+            if address < h.address + self.reserved as u64 || address >= h.address + h.bytes as u64 {
+                continue;
+            }
+            let off = (address - h.address) as usize;
+            if let Some((o, _, name)) =
+                symmetric.iter().filter(|(o, b, _)| off >= *o && off < o + b).min_by_key(|(_, b, _)| *b)
+            {
+                return format!("`{name}@rank{r}`[{}]", (off - o) / 8);
+            }
+        }
+        device.allocations().describe_word(address)
+    }
+
+    /// Starts the symmetric allocator over (a world of processes, at each run).
+    pub(crate) fn reset_symmetric(&self) {
+        *self.next.lock().unwrap_or_else(|e| e.into_inner()) = vec![self.reserved; self.diags.len()];
+        self.symmetric.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Frees what the world allocated and destroys its streams, on every device still usable
+    /// (a device marked unusable keeps them: freeing would wait for its stuck work).
+    pub(crate) fn release(&self) {
+        for (local, streams) in self.streams.iter().enumerate() {
+            let dev = self.device(self.first + local);
+            if !dev.health().is_wedged() {
+                streams.iter().for_each(|s| dev.stream_destroy(*s));
+            }
+        }
+        free_owned(&self.devices, &self.owned);
+    }
 }
 
-/// Frees `owned` (buffers with their device's index); the names of the symmetric buffers carved
-/// from a heap go with it.
+/// Frees `owned` (buffers with their device's index) on the devices still usable; the names of
+/// the symmetric buffers carved from a heap go with it.
 pub(crate) fn free_owned<D: Driver>(devices: &[Arc<D>], owned: &[(usize, Buffer)]) {
     for (d, b) in owned {
+        if devices[*d].health().is_wedged() {
+            continue;
+        }
         devices[*d].allocations().remove_within(b.address, b.bytes);
         let _ = devices[*d].free(b);
     }
+}
+
+/// Creates `count` streams on `device`, or destroys those made and fails.
+pub(crate) fn create_streams<D: Driver>(device: &D, count: usize) -> Result<Vec<RawStream>, BackendError> {
+    let mut made = Vec::with_capacity(count);
+    for _ in 0..count {
+        match device.stream_create() {
+            Ok(s) => made.push(s),
+            Err(e) => {
+                made.into_iter().for_each(|s| device.stream_destroy(s));
+                return Err(e);
+            }
+        }
+    }
+    Ok(made)
 }
 
 /// Runs SPMD host code on the ranks of a world of GPUs.
 pub struct GpuWorld;
 
 impl GpuWorld {
-    /// Runs `host` on `opts.ranks` ranks, rank `r` on `devices[r % devices.len()]`, and returns
-    /// every rank's result, or the first rank's error.
-    pub fn run<D: Driver, T: Send + 'static>(
-        devices: Vec<Arc<D>>,
-        opts: GpuWorldOptions,
-        host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
-    ) -> Result<Vec<T>, BackendError> {
+    /// Refuses, before anything is allocated, a world of `opts` on `devices` that cannot run:
+    /// a size outside 1..=64, no device, a device an earlier world left unusable, or more
+    /// streams on a device than it has hardware queues (`crate::queues`).
+    pub fn check<D: Driver>(devices: &[Arc<D>], opts: &GpuWorldOptions) -> Result<(), BackendError> {
         let n = opts.ranks;
         if n == 0 || n > 64 {
             return Err(BackendError::Host(format!("a GPU world has 1..=64 ranks, not {n}")));
@@ -145,6 +232,29 @@ impl GpuWorld {
         if devices.is_empty() {
             return Err(BackendError::Host("a GPU world needs at least one device".into()));
         }
+        if opts.streams_per_rank == 0 {
+            return Err(BackendError::Host("a GPU world needs at least one stream per rank".into()));
+        }
+        for (d, dev) in devices.iter().enumerate() {
+            let name = format!("{} (device {d})", dev.device_name());
+            dev.health().check(&name)?;
+            let ranks = (0..n).filter(|r| r % devices.len() == d).count();
+            check_queues(&name, ranks, opts.streams_per_rank, &dev.hardware_queues())?;
+        }
+        Ok(())
+    }
+
+    /// Runs `host` on `opts.ranks` ranks, rank `r` on `devices[r % devices.len()]`, and returns
+    /// every rank's result, or the first rank's error. A driver call of a rank that overruns
+    /// `opts.host_call_bound` ends the world with its diagnostic (the rank's thread is left
+    /// behind, the device marked unusable).
+    pub fn run<D: Driver, T: Send + 'static>(
+        devices: Vec<Arc<D>>,
+        opts: GpuWorldOptions,
+        host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
+    ) -> Result<Vec<T>, BackendError> {
+        Self::check(&devices, &opts)?;
+        let n = opts.ranks;
         for (i, a) in devices.iter().enumerate() {
             for (j, b) in devices.iter().enumerate() {
                 if i != j {
@@ -152,7 +262,9 @@ impl GpuWorld {
                 }
             }
         }
+        let nd = devices.len();
         let mut made: Vec<(usize, Buffer)> = Vec::new();
+        let mut streams: Vec<Vec<RawStream>> = Vec::new();
         let parts = (|| {
             let mut alloc = |owner: usize, bytes: usize, name: String| -> Result<Buffer, BackendError> {
                 let d = &devices[owner];
@@ -164,7 +276,6 @@ impl GpuWorld {
                 d.fill(&b, &[0])?;
                 Ok(b)
             };
-            let nd = devices.len();
             let heaps: Vec<Buffer> = (0..n)
                 .map(|r| {
                     let bytes = RESERVED + opts.heap_bytes.next_multiple_of(HEAP_GRAIN);
@@ -180,16 +291,25 @@ impl GpuWorld {
             for (d, t) in tables.iter().enumerate() {
                 devices[d].write(t, 0, &bases)?;
             }
+            // Every stream of the world now, in rank order, so that each is counted against
+            // its device's queues before any work can wait.
+            for r in 0..n {
+                let d = &devices[r % nd];
+                d.bind()?;
+                streams.push(create_streams(&**d, opts.streams_per_rank)?);
+            }
             Ok((heaps, tables, diags))
         })();
         let (heaps, tables, diags) = match parts {
             Ok(p) => p,
             Err(e) => {
+                for (r, s) in streams.iter().enumerate() {
+                    s.iter().for_each(|x| devices[r % nd].stream_destroy(*x));
+                }
                 free_owned(&devices, &made);
                 return Err(e);
             }
         };
-        let nd = devices.len();
         let shared = Arc::new(Shared {
             devices: devices.clone(),
             opts: opts.clone(),
@@ -198,46 +318,97 @@ impl GpuWorld {
             reserved: RESERVED,
             tables,
             diags,
+            streams,
             next: Mutex::new(vec![RESERVED; n]),
+            symmetric: Mutex::new(Vec::new()),
+            kernels: Mutex::new(HashMap::new()),
             sharing: (0..n).map(|r| (0..n).filter(|q| q % nd == r % nd).count() as u32).collect(),
             sync: HostSync::Threads(HostBarrier::new(n)),
+            calls: HostCalls::new(n),
             owned: made,
         });
         let host = Arc::new(host);
+        let (tx, rx) = mpsc::channel();
         let handles: Vec<_> = (0..n)
             .map(|rank| {
-                let (shared, host) = (shared.clone(), host.clone());
+                let (shared, host, tx) = (shared.clone(), host.clone(), tx.clone());
                 std::thread::spawn(move || {
                     let ctx = GpuRank::new(shared, rank);
-                    let r = ctx.run(&*host);
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ctx.run(&*host)))
+                        .unwrap_or_else(|_| Err(BackendError::Host("host thread panicked".into())));
                     if let Err(e) = &r {
                         ctx.shared.sync.abandon(format!("rank {rank} failed: {e}"));
                     }
-                    r
+                    let _ = tx.send((rank, r));
                 })
             })
             .collect();
-        let mut out = Vec::with_capacity(n);
-        let mut first_err = None;
-        for (rank, h) in handles.into_iter().enumerate() {
-            match h.join() {
-                Ok(Ok(v)) => out.push(v),
-                Ok(Err(e)) => {
-                    first_err.get_or_insert(BackendError::Rank { rank, error: Box::new(e) });
+        drop(tx);
+        let mut results: Vec<Option<Result<T, BackendError>>> = (0..n).map(|_| None).collect();
+        let mut left = n;
+        while left > 0 {
+            match rx.recv_timeout(SUPERVISION_TICK) {
+                Ok((rank, r)) => {
+                    results[rank] = Some(r);
+                    left -= 1;
                 }
-                Err(_) => {
-                    first_err.get_or_insert(BackendError::Rank {
-                        rank,
-                        error: Box::new(BackendError::Host("host thread panicked".into())),
-                    });
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(o) = shared.calls.overdue() {
+                        // The stuck thread keeps its share of the world; nothing is freed.
+                        let rank = shared.first + o.local;
+                        shared.device(rank).health().wedge(format!("rank {rank}: {}", o.message));
+                        shared.sync.abandon(format!("rank {rank} is stuck in the driver"));
+                        return Err(BackendError::Rank { rank, error: Box::new(BackendError::Host(o.message)) });
+                    }
                 }
+                Err(RecvTimeoutError::Disconnected) => break,
             }
         }
-        free_owned(&shared.devices, &shared.owned);
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(out),
+        for h in handles {
+            let _ = h.join();
         }
+        shared.release();
+        let mut out = Vec::with_capacity(n);
+        for (rank, r) in results.into_iter().enumerate() {
+            match r.unwrap_or_else(|| Err(BackendError::Host("host thread ended without a result".into()))) {
+                Ok(v) => out.push(v),
+                Err(e) => return Err(BackendError::Rank { rank, error: Box::new(e) }),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What was enqueued on one stream since the last `synchronize`, for the diagnostic of a
+/// stream that stays busy: how many operations, and the last few.
+#[derive(Default)]
+struct Enqueued {
+    count: usize,
+    last: VecDeque<String>,
+}
+
+impl Enqueued {
+    const KEPT: usize = 4;
+
+    fn push(&mut self, what: String) {
+        self.count += 1;
+        if self.last.len() == Self::KEPT {
+            self.last.pop_front();
+        }
+        self.last.push_back(what);
+    }
+
+    fn describe(&self) -> String {
+        if self.count == 0 {
+            return "nothing enqueued since the last synchronize".into();
+        }
+        let last: Vec<&str> = self.last.iter().map(String::as_str).collect();
+        let more = if self.count > last.len() {
+            format!(" (the last {} of {})", last.len(), self.count)
+        } else {
+            String::new()
+        };
+        format!("enqueued since the last synchronize{more}: {}", last.join(", "))
     }
 }
 
@@ -245,10 +416,13 @@ impl GpuWorld {
 pub(crate) struct GpuRank<D: Driver> {
     pub(crate) shared: Arc<Shared<D>>,
     rank: usize,
-    streams: Mutex<Vec<(StreamId, RawStream)>>,
     compiled: Mutex<HashMap<String, Artifact>>,
     /// Stream waits enqueued since the last `synchronize`.
     pending: Mutex<Vec<StreamWait>>,
+    /// What each stream was given since the last `synchronize`.
+    enqueued: Mutex<Vec<Enqueued>>,
+    /// This rank's own buffers (`RankCtx::alloc`), freed when its host code ends.
+    private: Mutex<Vec<Buffer>>,
 }
 
 fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendError> {
@@ -263,21 +437,28 @@ fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendE
 
 impl<D: Driver> GpuRank<D> {
     pub(crate) fn new(shared: Arc<Shared<D>>, rank: usize) -> GpuRank<D> {
+        let streams = shared.opts.streams_per_rank;
         GpuRank {
             shared,
             rank,
-            streams: Mutex::new(Vec::new()),
             compiled: Mutex::new(HashMap::new()),
             pending: Mutex::new(Vec::new()),
+            enqueued: Mutex::new((0..streams).map(|_| Enqueued::default()).collect()),
+            private: Mutex::new(Vec::new()),
         }
     }
 
     /// Runs `host` on this rank, then waits for its streams (whatever `host` returned) and
-    /// destroys them.
+    /// frees its own buffers.
     pub(crate) fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
         let r = self.device().bind().and_then(|()| host(self));
         let done = self.synchronize();
-        self.destroy_streams();
+        let dev = self.device();
+        if !dev.health().is_wedged() {
+            for b in self.private.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+                let _ = self.call(|| format!("free of `{}`", b.name), || dev.free(&b));
+            }
+        }
         r.and_then(|v| done.map(|_| v))
     }
 
@@ -285,20 +466,75 @@ impl<D: Driver> GpuRank<D> {
         self.shared.device(self.rank)
     }
 
-    fn stream(&self, id: StreamId) -> Result<RawStream, BackendError> {
-        let mut streams = self.streams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, s)) = streams.iter().find(|(i, _)| *i == id) {
-            return Ok(*s);
-        }
-        let s = self.device().stream_create()?;
-        streams.push((id, s));
-        Ok(s)
+    fn local(&self) -> usize {
+        self.shared.local(self.rank)
     }
 
-    fn destroy_streams(&self) {
-        for (_, s) in self.streams.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            self.device().stream_destroy(s);
+    /// `f`, a call into the driver, marked as this rank's call `what` (`crate::host_calls`).
+    fn call<T>(&self, what: impl FnOnce() -> String, f: impl FnOnce() -> T) -> T {
+        let limit = self.shared.opts.host_call_bound;
+        self.shared.calls.run(self.local(), || format!("rank {}: {}", self.rank, what()), limit, f)
+    }
+
+    fn streams(&self) -> &[RawStream] {
+        &self.shared.streams[self.local()]
+    }
+
+    fn stream(&self, id: StreamId) -> Result<RawStream, BackendError> {
+        self.streams().get(id).copied().ok_or_else(|| {
+            BackendError::Host(format!(
+                "rank {} asked for stream {id}: this world gives each rank streams 0..{} (GpuWorldOptions::streams_per_rank)",
+                self.rank,
+                self.streams().len()
+            ))
+        })
+    }
+
+    /// Notes that `what` was enqueued on stream `id`.
+    fn enqueued(&self, id: StreamId, what: impl FnOnce() -> String) {
+        if let Some(e) = self.enqueued.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id) {
+            e.push(what());
         }
+    }
+
+    /// Drains every stream within the stream-wait bound; a stream still busy then has its
+    /// unsatisfied waits named and released (`watchdog`), and a stream busy even after that
+    /// leaves the device unusable. Then reads the rank's wait record.
+    fn drain_and_check(&self) -> Result<(), BackendError> {
+        let dev = self.device();
+        let streams = self.streams();
+        let bound = self.shared.opts.stream_wait_bound;
+        let deadline = Instant::now() + bound;
+        for (id, s) in streams.iter().enumerate() {
+            if !watchdog::drain(dev, *s, deadline)? {
+                let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+                let busy = std::mem::take(&mut *self.enqueued.lock().unwrap_or_else(|e| e.into_inner()));
+                let what = busy.get(id).map(Enqueued::describe).unwrap_or_default();
+                let e = watchdog::release_stuck(dev, self.rank, id, &pending, streams, bound, &what);
+                *self.enqueued.lock().unwrap_or_else(|e| e.into_inner()) =
+                    (0..streams.len()).map(|_| Enqueued::default()).collect();
+                if streams.iter().any(|s| !dev.stream_idle(*s).unwrap_or(false)) {
+                    dev.health().wedge(format!("rank {}, stream {id} never finished its work ({what})", self.rank));
+                }
+                return Err(e);
+            }
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        self.enqueued.lock().unwrap_or_else(|e| e.into_inner()).iter_mut().for_each(|e| *e = Enqueued::default());
+        let d = &self.shared.diags[self.local()];
+        let mut raw = vec![0u8; d.bytes];
+        dev.read(d, 0, &mut raw)?;
+        let kernels = self.shared.kernels.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let r = wait_error(
+            &raw,
+            self.shared.opts.wait_bound,
+            &|tag| kernels.get(&tag).cloned().unwrap_or_else(|| format!("a kernel of rank {}", self.rank)),
+            &|address| self.shared.describe(dev, address),
+        );
+        if r.is_err() {
+            dev.write(d, 0, &vec![0u8; d.bytes])?;
+        }
+        r
     }
 }
 
@@ -312,7 +548,7 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     }
 
     fn ranks_sharing_device(&self) -> usize {
-        self.shared.sharing[self.shared.local(self.rank)] as usize
+        self.shared.sharing[self.local()] as usize
     }
 
     fn backend(&self) -> &dyn Backend {
@@ -329,7 +565,12 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let dev = self.device();
         let a = dev.compiler().compile(&build()?, dev.target().as_deref())?;
-        dev.load(&a)?;
+        self.call(|| format!("load of kernel `{}`", a.kernel), || dev.load(&a))?;
+        self.shared
+            .kernels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(diag::kernel_tag(&a.kernel), a.kernel.clone());
         // Every rank has loaded the module before any rank launches it (SPMD: all compile it).
         self.shared.sync.wait(self.rank, &format!("load_{key}"))?;
         self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(key.to_string(), a.clone());
@@ -337,12 +578,15 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     }
 
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.device().alloc(bytes.max(1), &format!("{name}@rank{}", self.rank))
+        let name = format!("{name}@rank{}", self.rank);
+        let b = self.call(|| format!("allocation of `{name}`"), || self.device().alloc(bytes.max(1), &name))?;
+        self.private.lock().unwrap_or_else(|e| e.into_inner()).push(b.clone());
+        Ok(b)
     }
 
     fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
         let mut next = self.shared.next.lock().unwrap_or_else(|e| e.into_inner());
-        let here = self.shared.local(self.rank);
+        let here = self.local();
         let off = next[here];
         let end = off + bytes.max(1).next_multiple_of(HEAP_GRAIN);
         let (reserved, heap) = (self.shared.reserved, self.shared.heaps[self.rank].bytes);
@@ -364,9 +608,14 @@ impl<D: Driver> RankCtx for GpuRank<D> {
             bytes,
         };
         // Symmetric buffers start zeroed on every rank, as in the CPU world, and carry their
-        // name into wait diagnostics.
-        self.device().fill(&b, &[0])?;
-        self.device().allocations().insert(&b);
+        // name into wait diagnostics (every rank records the same buffer; once is enough).
+        self.call(|| format!("zeroing of `{}`", b.name), || self.device().fill(&b, &[0]))?;
+        {
+            let mut symmetric = self.shared.symmetric.lock().unwrap_or_else(|e| e.into_inner());
+            if !symmetric.iter().any(|(o, _, _)| *o == off) {
+                symmetric.push((off, bytes, name.to_string()));
+            }
+        }
         // Collective, as `shmem_malloc`: no rank returns before every rank has zeroed its part,
         // so a peer's first write (a signal) cannot be wiped by the owner's zeroing. (Without
         // this the HIP stub's world test lost a signal written right after the allocation.)
@@ -395,11 +644,15 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     }
 
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.device().write(buffer, offset, data)
+        self.call(
+            || format!("write of {} bytes to `{}`", data.len(), buffer.name),
+            || self.device().write(buffer, offset, data),
+        )
     }
 
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.device().read(buffer, offset, out)
+        let len = out.len();
+        self.call(|| format!("read of {len} bytes from `{}`", buffer.name), || self.device().read(buffer, offset, out))
     }
 
     fn launch(
@@ -418,7 +671,13 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let words = sh.heaps[r].address;
         let hidden =
             hidden_args(r, self.world_size(), table.address, sh.diags[here].address, sh.opts.wait_bound, words);
-        self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here])
+        let what = || format!("kernel `{}` (grid {grid:?})", kernel.kernel);
+        self.call(
+            || format!("launch of {} on stream {stream}", what()),
+            || self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here]),
+        )?;
+        self.enqueued(stream, what);
+        Ok(())
     }
 
     fn copy(
@@ -432,13 +691,19 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     ) -> Result<(), BackendError> {
         let (d, s) = (in_buffer(dst, dst_offset, bytes)?, in_buffer(src, src_offset, bytes)?);
         let st = self.stream(stream)?;
-        self.device().copy_async(st, d, s, bytes)
+        let what = || format!("copy of {bytes} bytes from `{}` to `{}`", src.name, dst.name);
+        self.call(|| format!("{} on stream {stream}", what()), || self.device().copy_async(st, d, s, bytes))?;
+        self.enqueued(stream, what);
+        Ok(())
     }
 
     fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
-        self.device().write_value(st, a, value)
+        let what = || format!("signal write `{}`[{}] = {value}", signal.name, offset / 8);
+        self.call(|| format!("{} on stream {stream}", what()), || self.device().write_value(st, a, value))?;
+        self.enqueued(stream, what);
+        Ok(())
     }
 
     fn wait_signal(
@@ -454,37 +719,20 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
-        self.device().wait_value(st, a, cmp, value)?;
+        let what = || format!("stream wait `{}`[{}] {cmp} {value}", signal.name, offset / 8);
+        self.call(|| format!("{} on stream {stream}", what()), || self.device().wait_value(st, a, cmp, value))?;
+        self.enqueued(stream, what);
         let w = StreamWait { stream, signal: signal.name.clone(), index: offset / 8, address: a, cmp, value };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(w);
         Ok(())
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
-        let dev = self.device();
-        let streams: Vec<(StreamId, RawStream)> = self.streams.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let bound = self.shared.opts.stream_wait_bound;
-        let deadline = Instant::now() + bound;
-        for (id, s) in &streams {
-            if !watchdog::drain(dev, *s, deadline)? {
-                let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-                return Err(watchdog::release_stuck(dev, self.rank, *id, &pending, &streams, bound));
-            }
-        }
-        self.pending.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let d = &self.shared.diags[self.shared.local(self.rank)];
-        let mut raw = vec![0u8; d.bytes];
-        dev.read(d, 0, &mut raw)?;
-        let r = wait_error(
-            &format!("a kernel of rank {}", self.rank),
-            &raw,
-            dev.allocations(),
-            self.shared.opts.wait_bound,
-        );
-        if r.is_err() {
-            dev.write(d, 0, &vec![0u8; d.bytes])?;
-        }
-        r
+        // Draining may take a stream-wait bound, and releasing stuck waits another.
+        let o = &self.shared.opts;
+        let limit = o.stream_wait_bound * 2 + o.host_call_bound;
+        let what = || format!("rank {}: synchronize", self.rank);
+        self.shared.calls.run(self.local(), what, limit, || self.drain_and_check())
     }
 
     fn barrier(&self) -> Result<(), BackendError> {

@@ -12,9 +12,13 @@ use trident_backend_cpu::CpuBackend;
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{CmpOp, DType, LaunchAttrs};
 use trident_core::simt::diag;
+use trident_core::world::RankCtx;
 use trident_core::KernelBuilder;
 use trident_gpu_runtime::diagnostics::Allocations;
-use trident_gpu_runtime::{Driver, GpuWorld, GpuWorldOptions, RawStream};
+use trident_gpu_runtime::rendezvous::{Client, Server};
+use trident_gpu_runtime::{
+    DeviceHealth, Driver, GpuWorld, GpuWorldOptions, HardwareQueues, ProcessWorld, RawStream, SymmetricHeap,
+};
 
 enum Op {
     Copy(u64, u64, usize),
@@ -23,13 +27,31 @@ enum Op {
     Kernel(String, Vec<KernelArg>, [KernelArg; 6]),
 }
 
-/// What every fake device of a node shares: memory and the event log.
+/// The key of the queue of the legacy default stream (stream 0): a queue of its own, as on the
+/// H200, where its work never waited behind a blocked stream (`results/h200-issue24`).
+const LEGACY: usize = usize::MAX;
+
+/// What every fake device of a node shares: memory, the hardware queues and the event log.
 #[derive(Default)]
 struct Node {
     mem: Mutex<HashMap<u64, Vec<u8>>>,
     next: Mutex<u64>,
-    streams: Mutex<HashMap<RawStream, VecDeque<Op>>>,
+    queues: Mutex<Queues>,
     log: Mutex<Vec<String>>,
+    /// While set, synchronous reads of a buffer whose name starts with `stuck` never return
+    /// (a driver call stuck behind work the device never finishes).
+    block_reads: std::sync::atomic::AtomicBool,
+}
+
+/// Streams spread over hardware queues, each read in order: an operation runs only at the head
+/// of its queue, so a stream wait at the head blocks every stream behind it in that queue.
+#[derive(Default)]
+struct Queues {
+    /// Stream -> the key of its queue.
+    of: HashMap<RawStream, usize>,
+    /// Queue key -> its operations in submission order, with their stream.
+    ops: HashMap<usize, VecDeque<(RawStream, Op)>>,
+    created: usize,
 }
 
 impl Node {
@@ -51,15 +73,22 @@ impl Node {
         self.with(addr, 8, |b| b.copy_from_slice(&v.to_le_bytes()))
     }
 
-    /// Runs every stream as far as its waits allow.
+    fn enqueue(&self, stream: RawStream, op: Op) {
+        let mut q = self.queues.lock().unwrap();
+        let key = *q.of.get(&stream).expect("fake device: enqueue on a stream that does not exist");
+        q.ops.entry(key).or_default().push_back((stream, op));
+    }
+
+    /// Runs every queue as far as the operations at its head allow.
     fn progress(&self) {
-        let mut streams = self.streams.lock().unwrap();
+        let mut q = self.queues.lock().unwrap();
         loop {
             let mut moved = false;
-            for q in streams.values_mut() {
-                while let Some(op) = q.front() {
+            for ops in q.ops.values_mut() {
+                while let Some((_, op)) = ops.front() {
                     match op {
                         Op::Wait(a, cmp, v) if !cmp.holds(self.word(*a), *v) => break,
+                        Op::Kernel(name, ..) if name == "spin_forever" => break,
                         Op::Wait(..) => {}
                         Op::Write(a, v) => self.set_word(*a, *v),
                         Op::Copy(d, s, n) => {
@@ -68,7 +97,7 @@ impl Node {
                         }
                         Op::Kernel(name, args, hidden) => self.run_kernel(name, args, hidden),
                     }
-                    q.pop_front();
+                    ops.pop_front();
                     moved = true;
                 }
             }
@@ -78,8 +107,15 @@ impl Node {
         }
     }
 
+    fn idle(&self, stream: Option<RawStream>) -> bool {
+        self.progress();
+        let q = self.queues.lock().unwrap();
+        q.ops.values().flatten().all(|(s, _)| stream.is_some_and(|x| x != *s))
+    }
+
     /// The scripted kernels: `store_rank` writes its rank at `args[0]`; `times_out` leaves the
-    /// record of a wait on the word at `args[0]` that timed out, as the lowered wait does.
+    /// record of a wait on the word at `args[0]` that timed out, as the lowered wait does;
+    /// `spin_forever` never ends.
     fn run_kernel(&self, name: &str, args: &[KernelArg], hidden: &[KernelArg; 6]) {
         let (KernelArg::Scalar(rank, _), KernelArg::Ptr(diag_addr)) = (&hidden[0], &hidden[3]) else { panic!() };
         let rank = rank.as_f64() as u64;
@@ -90,6 +126,7 @@ impl Node {
                 for (i, w) in [(diag::FLAG, 1), (diag::RANK, rank), (diag::PROGRAM_X, 3), (diag::SIGNAL, target)]
                     .into_iter()
                     .chain([(diag::EXPECTED, 9), (diag::SEEN, 4), (diag::CMP, diag::cmp_code(CmpOp::Ge))])
+                    .chain([(diag::KERNEL, diag::kernel_tag(name))])
                 {
                     self.set_word(diag_addr + 8 * i as u64, w);
                 }
@@ -103,7 +140,10 @@ struct FakeDevice {
     id: usize,
     node: Arc<Node>,
     names: Allocations,
+    health: DeviceHealth,
     peers: bool,
+    /// Hardware queues its streams share (`None`: one each).
+    queues: Option<u32>,
 }
 
 impl FakeDevice {
@@ -128,7 +168,12 @@ impl Device for FakeDevice {
         Ok(b)
     }
 
+    /// As `cuMemFree`, waits for every stream of the device first (measured on the H200: a
+    /// free never returned while any stream was blocked).
     fn free(&self, buffer: &Buffer) -> Result<(), BackendError> {
+        while !self.node.idle(None) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.names.remove(buffer.address);
         self.node.mem.lock().unwrap().remove(&buffer.address);
         Ok(())
@@ -140,6 +185,9 @@ impl Device for FakeDevice {
     }
 
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        while buffer.name.starts_with("stuck") && self.node.block_reads.load(std::sync::atomic::Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         self.node.with(buffer.address + offset as u64, out.len(), |b| out.copy_from_slice(b));
         Ok(())
     }
@@ -158,6 +206,15 @@ impl Driver for FakeDevice {
     }
     fn allocations(&self) -> &Allocations {
         &self.names
+    }
+    fn health(&self) -> &DeviceHealth {
+        &self.health
+    }
+    fn hardware_queues(&self) -> HardwareQueues {
+        match self.queues {
+            Some(q) => HardwareQueues { queues: q, max: 32, setting: format!("FAKE_QUEUES={q}") },
+            None => HardwareQueues::unlimited(),
+        }
     }
     fn enable_peer(&self, peer: &Self) -> Result<(), BackendError> {
         if !self.peers {
@@ -186,20 +243,16 @@ impl Driver for FakeDevice {
             "launch {} grid {grid:?} on device {} sharing {sharing} hidden {hidden:?}",
             kernel.kernel, self.id
         ));
-        let op = Op::Kernel(kernel.kernel.clone(), args.to_vec(), hidden);
-        self.node.streams.lock().unwrap().get_mut(&stream).unwrap().push_back(op);
+        self.node.enqueue(stream, Op::Kernel(kernel.kernel.clone(), args.to_vec(), hidden));
         Ok(())
     }
     fn device_name(&self) -> String {
         format!("fake device {}", self.id)
     }
-    fn synchronize_device(&self) -> Result<(), BackendError> {
-        self.node.progress();
-        Ok(())
-    }
     fn time_enqueued(
         &self,
         _: RawStream,
+        _: Duration,
         enqueue: &mut dyn FnMut() -> Result<(), BackendError>,
     ) -> Result<Duration, BackendError> {
         let t = std::time::Instant::now();
@@ -207,37 +260,51 @@ impl Driver for FakeDevice {
         self.node.progress();
         Ok(t.elapsed())
     }
+    /// Streams take the device's queues in turn, as they are created.
     fn stream_create(&self) -> Result<RawStream, BackendError> {
-        let mut streams = self.node.streams.lock().unwrap();
-        let id = 0x5000 + streams.len() as u64;
-        streams.insert(id, VecDeque::new());
+        let mut q = self.node.queues.lock().unwrap();
+        q.created += 1;
+        let id = 0x5000 + q.created as u64;
+        let key = match self.queues {
+            Some(n) => 1000 * self.id + q.created % n as usize,
+            None => id as usize,
+        };
+        q.of.insert(id, key);
         Ok(id)
     }
     fn stream_destroy(&self, stream: RawStream) {
-        self.node.streams.lock().unwrap().remove(&stream);
+        self.node.queues.lock().unwrap().of.remove(&stream);
     }
     fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
-        self.node.progress();
-        Ok(self.node.streams.lock().unwrap().get(&stream).is_none_or(|q| q.is_empty()))
+        Ok(self.node.idle(Some(stream)))
     }
     fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
-        self.node.streams.lock().unwrap().get_mut(&stream).unwrap().push_back(Op::Copy(dst, src, bytes));
+        self.node.enqueue(stream, Op::Copy(dst, src, bytes));
         Ok(())
     }
     fn write_value(&self, stream: RawStream, address: u64, value: u64) -> Result<(), BackendError> {
-        self.node.streams.lock().unwrap().get_mut(&stream).unwrap().push_back(Op::Write(address, value));
+        self.node.enqueue(stream, Op::Write(address, value));
         Ok(())
     }
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError> {
-        self.node.streams.lock().unwrap().get_mut(&stream).unwrap().push_back(Op::Wait(address, cmp, value));
+        self.node.enqueue(stream, Op::Wait(address, cmp, value));
         Ok(())
     }
 }
 
 fn node_devices(n: usize, peers: bool) -> (Arc<Node>, Vec<Arc<FakeDevice>>) {
+    node_with_queues(n, peers, None)
+}
+
+/// `n` fake devices of one node whose streams share `queues` hardware queues each.
+fn node_with_queues(n: usize, peers: bool, queues: Option<u32>) -> (Arc<Node>, Vec<Arc<FakeDevice>>) {
     let node = Arc::new(Node::default());
+    node.queues.lock().unwrap().of.insert(0, LEGACY);
     let devs = (0..n)
-        .map(|id| Arc::new(FakeDevice { id, node: node.clone(), names: Allocations::default(), peers }))
+        .map(|id| {
+            let (names, health) = (Allocations::default(), DeviceHealth::default());
+            Arc::new(FakeDevice { id, node: node.clone(), names, health, peers, queues })
+        })
         .collect();
     (node, devs)
 }
@@ -255,6 +322,7 @@ fn opts(ranks: usize) -> GpuWorldOptions {
     let mut o = GpuWorldOptions::new(ranks);
     o.heap_bytes = 1 << 16;
     o.stream_wait_bound = Duration::from_millis(300);
+    o.host_call_bound = Duration::from_millis(500);
     o
 }
 
@@ -361,7 +429,7 @@ fn stream_signals_across_ranks_and_the_watchdog() {
     let e = GpuWorld::run(devs.clone(), opts(2), |ctx| {
         let flag = ctx.symm_alloc(24, "flag")?;
         if ctx.rank() == 0 {
-            ctx.wait_signal(3, &flag, 16, CmpOp::Ge, 5)?;
+            ctx.wait_signal(1, &flag, 16, CmpOp::Ge, 5)?;
         }
         ctx.synchronize()
     })
@@ -427,7 +495,7 @@ fn kernel_wait_records_and_failing_ranks() {
     })
     .unwrap_err()
     .to_string();
-    assert!(e.contains("rank 1: kernel `a kernel of rank 1`, program [3, 0, 0], op `wait`"), "{e}");
+    assert!(e.contains("rank 1: kernel `times_out`, program [3, 0, 0], op `wait`"), "{e}");
     assert!(e.contains("signal `sig@rank1`[2] expected ge 9, seen 4"), "{e}");
 
     // A rank that fails before a barrier: the others leave the barrier with an error.
@@ -467,4 +535,205 @@ fn ranks_spread_over_devices_need_peer_access() {
     let (_, devs) = node_devices(2, false);
     let e = GpuWorld::run(devs, opts(2), |_| Ok(())).unwrap_err();
     assert!(e.to_string().contains("fake: no peer access"), "{e}");
+}
+
+/// Runs `f` on a thread and fails the test if it has not returned after `limit`: what a hang
+/// looks like to a test.
+fn within<T: Send + 'static>(limit: Duration, what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what} did not end within {limit:?}: a hang"))
+}
+
+/// The copy-engine AllGather's shape, arranged so that every stream wait is enqueued before any
+/// copy: each rank waits on stream 0 for every peer's chunk, then (after a barrier) copies its
+/// chunk to every peer on stream 1 and signals it. Returns every rank's gathered words.
+fn gather_after_waits(ctx: &dyn RankCtx) -> Result<Vec<u64>, BackendError> {
+    let w = ctx.world_size();
+    let (out, ready) = (ctx.symm_alloc(8 * w, "out")?, ctx.symm_alloc(8 * w, "ready")?);
+    let mine = ctx.alloc(8, "chunk")?;
+    ctx.write(&mine, 0, &(100 + ctx.rank() as u64).to_le_bytes())?;
+    for p in 0..w {
+        ctx.wait_signal(0, &ready, 8 * p, CmpOp::Ge, 1)?;
+    }
+    ctx.barrier()?;
+    for k in 0..w {
+        let p = (ctx.rank() + k) % w;
+        ctx.copy(1, &ctx.peer(&out, p)?, 8 * ctx.rank(), &mine, 0, 8)?;
+        ctx.write_signal(1, &ctx.peer(&ready, p)?, 8 * ctx.rank(), 1)?;
+    }
+    ctx.synchronize()?;
+    let mut raw = vec![0u8; 8 * w];
+    ctx.read(&out, 0, &mut raw)?;
+    Ok(raw.chunks(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect())
+}
+
+/// Issue 24: 9 ranks of 2 streams on a device of 8 hardware queues deadlocked on the H200 (the
+/// copies that would satisfy the waits queued behind them) and hung the process at 12 and 16.
+/// Here every queue's head is a wait before any copy is enqueued, so such a world can only
+/// deadlock; the runtime must refuse it before it starts (at 8fffb18 it ran, its watchdog's
+/// release queued behind the waits too, and freeing the world's memory waited forever). With
+/// every stream on a queue of its own, the same protocol passes.
+#[test]
+fn a_world_with_more_streams_than_hardware_queues_is_refused_not_left_to_deadlock() {
+    trident_backend_cpu::link();
+    let (_, devs) = node_with_queues(1, false, Some(8));
+    let start = std::time::Instant::now();
+    let r = within(Duration::from_secs(20), "a world of 9 ranks on 8 queues", move || {
+        GpuWorld::run(devs, opts(9), gather_after_waits).map_err(|e| e.to_string())
+    });
+    let e = r.expect_err("9 ranks x 2 streams cannot all have one of 8 queues");
+    assert!(e.contains("9 ranks x 2 streams = 18 streams on fake device 0 (device 0)"), "{e}");
+    assert!(e.contains("8 hardware queues (FAKE_QUEUES=8; raise it up to 32") && e.contains("At most 4 ranks"), "{e}");
+    assert!(start.elapsed() < Duration::from_millis(200), "refused before it started: {:?}", start.elapsed());
+
+    let (_, devs) = node_with_queues(1, false, Some(32));
+    let out = within(Duration::from_secs(20), "a world of 16 ranks on 32 queues", move || {
+        GpuWorld::run(devs, opts(16), gather_after_waits).map_err(|e| e.to_string())
+    })
+    .unwrap();
+    let want: Vec<u64> = (0..16).map(|r| 100 + r).collect();
+    assert!(out.iter().all(|o| *o == want), "{out:?}");
+}
+
+/// A kernel that never ends on stream 1 of rank 3 of 16: `synchronize` ends within its bound
+/// naming rank, stream and the kernel; the world returns (its memory stays allocated, since a
+/// free would wait for the kernel), and a later world on the device is refused at once.
+#[test]
+fn a_stuck_stream_ends_the_world_within_its_bound_and_the_device_is_refused_after() {
+    trident_backend_cpu::link();
+    let (_, devs) = node_with_queues(1, false, Some(32));
+    let d2 = devs.clone();
+    let start = std::time::Instant::now();
+    let e = within(Duration::from_secs(10), "the world with a stuck stream", move || {
+        GpuWorld::run(d2, opts(16), |ctx| {
+            let x = ctx.symm_alloc(8, "x")?;
+            let spin = ctx.compile("spin_forever", &kernel("spin_forever"))?;
+            if ctx.rank() == 3 {
+                ctx.launch(1, &spin, [1, 1, 1], &[x.arg()])?;
+            }
+            ctx.synchronize()
+        })
+        .unwrap_err()
+        .to_string()
+    });
+    let took = start.elapsed();
+    assert!(e.starts_with("rank 3:"), "{e}");
+    assert!(e.contains("rank 3, stream 1 still busy after 300ms with no unsatisfied stream wait"), "{e}");
+    assert!(e.contains("kernel `spin_forever` (grid [1, 1, 1])"), "{e}");
+    assert!(took < Duration::from_secs(2), "ended within the bound and the release's: {took:?}");
+    let again = GpuWorld::run(devs, opts(2), |_| Ok(())).unwrap_err().to_string();
+    assert!(again.contains("fake device 0 (device 0) is unusable for the rest of this process"), "{again}");
+    assert!(again.contains("rank 3, stream 1 never finished its work"), "{again}");
+}
+
+/// A driver call that never returns (a synchronous read stuck behind work the device never
+/// finishes): the world ends within the host-call bound naming rank and call, instead of
+/// hanging with the rank's thread.
+#[test]
+fn a_driver_call_that_never_returns_ends_the_world_with_its_name() {
+    trident_backend_cpu::link();
+    let (node, devs) = node_with_queues(1, false, None);
+    node.block_reads.store(true, std::sync::atomic::Ordering::Relaxed);
+    let start = std::time::Instant::now();
+    let e = within(Duration::from_secs(10), "the world with a stuck read", move || {
+        GpuWorld::run(devs, opts(4), |ctx| {
+            let b = ctx.alloc(8, if ctx.rank() == 2 { "stuck" } else { "fine" })?;
+            let mut raw = [0u8; 8];
+            ctx.read(&b, 0, &mut raw)?;
+            ctx.barrier()
+        })
+        .unwrap_err()
+        .to_string()
+    });
+    let took = start.elapsed();
+    node.block_reads.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        e.starts_with("rank 2: host orchestration: rank 2: read of 8 bytes from `stuck@rank2` has not returned after"),
+        "{e}"
+    );
+    assert!(e.contains("(limit 500ms)"), "{e}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+}
+
+/// Issue 24: a timed-out wait names its kernel and the buffer now at the signal's offset, even
+/// where an earlier buffer of another name lived at that offset: in a world of processes, whose
+/// allocator starts over at each run, and across worlds of threads on the same device.
+#[test]
+fn a_timed_out_wait_names_its_kernel_and_the_buffer_now_at_a_reused_offset() {
+    trident_backend_cpu::link();
+    // Processes (as threads, each with its own device object and rendezvous connection).
+    let (_, devs) = node_devices(1, false);
+    let heap_bytes = 1 << 16;
+    let heaps: Vec<Buffer> = (0..2).map(|r| devs[0].alloc(heap_bytes, &format!("heap@rank{r}")).unwrap()).collect();
+    for h in &heaps {
+        devs[0].write(h, 0, &vec![0; heap_bytes]).unwrap();
+    }
+    let node_mem = devs[0].node.clone();
+    let server = Server::start("127.0.0.1:0", 2, "v1").unwrap();
+    let addr = server.addr.to_string();
+    let bases: Vec<u64> = heaps.iter().map(|h| h.address).collect();
+    let handles: Vec<_> = (0..2)
+        .map(|rank| {
+            let (node, addr, bases) = (node_mem.clone(), addr.clone(), bases.clone());
+            std::thread::spawn(move || {
+                let dev = Arc::new(FakeDevice {
+                    id: 0,
+                    node,
+                    names: Allocations::default(),
+                    health: DeviceHealth::default(),
+                    peers: false,
+                    queues: None,
+                });
+                let client = Client::connect(&addr, rank, 2, "v1", Duration::from_secs(5)).unwrap();
+                let heap = SymmetricHeap { bases, bytes: heap_bytes, provider: "fake".into() };
+                let world = ProcessWorld::new(dev, rank, 2, heap, client, opts(2)).unwrap();
+                // First run: `first_buffer` at the first offset, no failure.
+                world.run(&|ctx| ctx.symm_alloc(64, "first_buffer").map(|_| ())).unwrap();
+                // Second run: `second` at the same offset, and a wait on it times out on rank 1.
+                world
+                    .run(&|ctx| {
+                        let sig = ctx.symm_alloc(64, "second")?;
+                        let k = ctx.compile("times_out", &kernel("times_out"))?;
+                        if ctx.rank() == 1 {
+                            ctx.launch(0, &k, [1, 1, 1], &[ctx.peer(&sig, 0)?.arg_at(16)])?;
+                        }
+                        ctx.synchronize()
+                    })
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    // Rank 0's host code succeeded; it learns at the run's end that rank 1 failed.
+    assert!(out[0].as_ref().map_or_else(|e| e.contains("rank 1 died"), |_| true), "{:?}", out[0]);
+    let e = out[1].as_ref().unwrap_err();
+    assert!(e.contains("kernel `times_out`"), "{e}");
+    assert!(e.contains("signal `second@rank0`[2] expected ge 9, seen 4"), "{e}");
+
+    // Threads: two worlds in turn on one device.
+    let (_, devs) = node_devices(1, false);
+    GpuWorld::run(devs.clone(), opts(2), |ctx| ctx.symm_alloc(64, "first_buffer").map(|_| ())).unwrap();
+    let e = GpuWorld::run(devs, opts(2), |ctx| {
+        let sig = ctx.symm_alloc(64, "second")?;
+        let k = ctx.compile("times_out", &kernel("times_out"))?;
+        if ctx.rank() == 0 {
+            ctx.launch(0, &k, [1, 1, 1], &[ctx.peer(&sig, 1)?.arg_at(8)])?;
+        }
+        ctx.synchronize()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("kernel `times_out`") && e.contains("signal `second@rank1`[1]"), "{e}");
+}
+
+/// A rank may use only the streams its world made for it.
+#[test]
+fn a_stream_beyond_the_worlds_is_a_typed_error() {
+    trident_backend_cpu::link();
+    let (_, devs) = node_devices(1, false);
+    let e = GpuWorld::run(devs, opts(2), |ctx| ctx.write_signal(2, &ctx.symm_alloc(8, "s")?, 0, 1)).unwrap_err();
+    assert!(e.to_string().contains("asked for stream 2: this world gives each rank streams 0..2"), "{e}");
 }

@@ -212,7 +212,12 @@ impl Enqueuing {
     }
 
     fn finish(&self, opts: &LaunchOptions) -> Result<(), BackendError> {
-        self.drv.synchronize_device()?;
+        trident_gpu_runtime::watchdog::finish(
+            self.drv.as_ref(),
+            0,
+            trident_gpu_runtime::watchdog::FINISH_BOUND,
+            "the benchmark's work",
+        )?;
         self.hidden.check(self.drv.as_ref(), "bench", self.drv.allocations(), opts.wait_bound)
     }
 }
@@ -278,7 +283,7 @@ fn time(
             host.push(t.elapsed().as_secs_f64() * 1e6);
             r
         };
-        ms.push(dev.drv.time_enqueued(0, &mut timed)?.as_secs_f64() * 1e3);
+        ms.push(dev.drv.time_enqueued(0, trident_gpu_runtime::watchdog::FINISH_BOUND, &mut timed)?.as_secs_f64() * 1e3);
     }
     dev.finish(&opts)?;
     let host_us = Stats::of(host).median;

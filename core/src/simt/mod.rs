@@ -193,7 +193,21 @@ pub mod diag {
     pub const EXPECTED: usize = 6;
     pub const SEEN: usize = 7;
     pub const CMP: usize = 8;
-    pub const WORDS: usize = 9;
+    /// [`kernel_tag`] of the kernel whose wait timed out: the runtime names the kernel by it
+    /// (several kernels of a rank may wait at once, and a world of processes knows only its own
+    /// kernels' names).
+    pub const KERNEL: usize = 9;
+    pub const WORDS: usize = 10;
+
+    /// The tag of kernel `name` in a wait record: FNV-1a of the name (never 0, so that a record
+    /// written by an older lowering, without the word, is told apart).
+    pub fn kernel_tag(name: &str) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in name.bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+        h.max(1)
+    }
 
     /// A filled record: which wait timed out, and what it saw.
     #[derive(Clone, Debug, PartialEq, Eq)]
@@ -205,6 +219,8 @@ pub mod diag {
         pub cmp: CmpOp,
         pub expected: u64,
         pub seen: u64,
+        /// [`kernel_tag`] of the kernel that waited.
+        pub kernel: u64,
     }
 
     impl Record {
@@ -223,6 +239,7 @@ pub mod diag {
                 cmp: CmpOp::ALL.get(w(CMP) as usize).copied().unwrap_or(CmpOp::Ge),
                 expected: w(EXPECTED),
                 seen: w(SEEN),
+                kernel: w(KERNEL),
             })
         }
 

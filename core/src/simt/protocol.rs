@@ -11,7 +11,7 @@
 //!   wait for ([`Inst::BarrierAny`] keeps the loop uniform); a waiting thread reads its signal
 //!   with acquire semantics at system scope, the diagnostics flag (another program aborted) and
 //!   the clock; past the bound it claims the record with a compare-and-swap, fills it (rank,
-//!   program, signal, expected, seen, comparison) and publishes the flag with a release store.
+//!   program, signal, expected, seen, comparison, the kernel's tag) and publishes the flag with a release store.
 //!   After the loop thread 0 reads the flag and, if it is raised, every thread leaves the
 //!   program ([`Inst::Exit`]).
 //!
@@ -281,6 +281,8 @@ impl Expander<'_> {
         fields.push((diag::EXPECTED, want));
         fields.push((diag::SEEN, seen));
         fields.push((diag::CMP, self.konst(&mut b, U64, diag::cmp_code(cmp) as i64)));
+        let tag = diag::kernel_tag(&self.k.name) as i64;
+        fields.push((diag::KERNEL, self.konst(&mut b, U64, tag)));
         for (word, v) in fields {
             let at = self.word(&mut b, dg, word);
             b.push(Inst::Store { addr: at, value: v, pred: Some(won) });
