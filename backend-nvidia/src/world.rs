@@ -40,6 +40,15 @@ pub fn local_device(local_rank: usize) -> Result<Arc<CudaDevice>, BackendError> 
 pub struct GpuWorld;
 
 impl GpuWorld {
+    /// Refuses, before anything is allocated, a world of `opts` this machine cannot run (the
+    /// loopback world, or with `peer` the peer world): a device left unusable, or more streams
+    /// on a GPU than it has hardware queues (`trident_gpu_runtime::GpuWorld::check`).
+    pub fn check(opts: &GpuWorldOptions, peer: bool) -> Result<(), BackendError> {
+        let g = if peer { Self::peer_devices(opts.ranks)? } else { 1 };
+        let devices = (0..g).map(device_at).collect::<Result<Vec<_>, _>>()?;
+        trident_gpu_runtime::GpuWorld::check(&devices, opts)
+    }
+
     /// The loopback world: every rank on GPU 0.
     pub fn run<T: Send + 'static>(
         opts: GpuWorldOptions,

@@ -276,6 +276,20 @@ fn main() -> ExitCode {
         }
         world = Some(trident_conformance::distributed::WorldKind::Gpu { peer: true });
     }
+    if desc.name == "nvidia" && processes.is_none() {
+        // A world this GPU cannot hold (more streams than hardware queues) is refused once, at
+        // once, before any case runs.
+        let sizes: std::collections::BTreeSet<usize> =
+            selected.iter().filter(|(_, c)| c.distributed && c.world > 1).map(|(_, c)| c.world).collect();
+        for w in sizes {
+            let opts = trident_backend_nvidia::world::GpuWorldOptions::new(w);
+            if let Err(e) = trident_backend_nvidia::world::GpuWorld::check(&opts, args.peer) {
+                let kind = if args.peer { "peer" } else { "loopback" };
+                println!("trident conformance: the {kind} world of {w} ranks is refused: {e}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     let cfg = RunConfig {
         backend: backend.as_ref(),
         target,
@@ -388,6 +402,8 @@ fn main() -> ExitCode {
     );
     if failed > 0 {
         println!("replay the failures with --seed {seed:#x}");
+        // A device that stuck work left unusable: the driver's exit handlers would wait for it.
+        trident_gpu_runtime::health::exit_if_wedged(1);
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

@@ -46,6 +46,13 @@ impl DeviceHealth {
 /// running the exit handlers (the driver's would wait for the stuck work) after flushing what
 /// was printed; otherwise as `std::process::exit`.
 pub fn exit(code: i32) -> ! {
+    exit_if_wedged(code);
+    std::process::exit(code)
+}
+
+/// Ends the process with `code` at once (after flushing what was printed, without the exit
+/// handlers) when a device of the process was marked unusable; returns otherwise.
+pub fn exit_if_wedged(code: i32) {
     if ANY.load(Ordering::Relaxed) {
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -53,7 +60,6 @@ pub fn exit(code: i32) -> ! {
         // SAFETY: `_exit` ends the process at once; nothing runs after it.
         unsafe { libc_exit(code) }
     }
-    std::process::exit(code)
 }
 
 extern "C" {

@@ -9,6 +9,14 @@
 //! 5. Loopback world: a stream wait that nothing satisfies is reported by the `synchronize`
 //!    watchdog (rank, stream, signal, expected, seen) and released; the world's next launch works.
 //! 6. Loopback world: a waiting kernel whose grid x ranks cannot be co-resident is refused.
+//! 7. A loopback world of 32 ranks (64 streams on a GPU of at most 32 hardware queues) is
+//!    refused at once with a typed error that says what fits.
+//! 8. A timed-out wait names its kernel and the buffer now at the signal's offset, where an
+//!    earlier world had another buffer at the same offset.
+//! 9. Last (it leaves the GPU unusable for the process): a kernel that never ends on stream 1
+//!    of rank 3 in a world of 16 ends the world within its bounds, naming rank, stream and
+//!    kernel, and a later world is refused at once. The process then exits without the
+//!    driver's exit handlers.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -20,16 +28,18 @@ use trident_core::KernelBuilder;
 
 fn main() -> ExitCode {
     trident_conformance::link_backends();
-    match run() {
+    let code = match run() {
         Ok(()) => {
             println!("gpu selftest: PASS");
-            ExitCode::SUCCESS
+            0
         }
         Err(e) => {
             println!("gpu selftest: FAIL: {e}");
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    trident_gpu_runtime::health::exit_if_wedged(code);
+    ExitCode::from(code as u8)
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -200,6 +210,82 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             println!("oversized waiting launch in a world of 4 refused: {e}")
         }
         other => return Err(format!("an oversized waiting launch was not refused: {other:?}").into()),
+    }
+
+    // 7. More streams than hardware queues: refused before anything starts.
+    let start = Instant::now();
+    match GpuWorld::run(GpuWorldOptions::new(32), |_| Ok(())) {
+        Err(e) if e.to_string().contains("hardware queues") && start.elapsed() < Duration::from_secs(1) => {
+            println!("world of 32 ranks on one GPU refused after {:?}: {e}", start.elapsed())
+        }
+        other => return Err(format!("a world of 32 ranks on one GPU was not refused at once: {other:?}").into()),
+    }
+
+    // 8. Names on a reused offset: `first_buffer`, then in the next world `second` at the same
+    //    offset, on which a kernel's wait times out.
+    let mut short = GpuWorldOptions::new(2);
+    short.wait_bound = Duration::from_millis(300);
+    GpuWorld::run(short.clone(), |ctx| ctx.symm_alloc(64, "first_buffer").map(|_| ()))?;
+    let r = GpuWorld::run(short, |ctx| {
+        let sig = ctx.symm_alloc(64, "second")?;
+        let k = ctx.compile("planted_wait_second", &|| {
+            let b = KernelBuilder::new("planted_wait_second", LaunchAttrs::default());
+            let s = b.arg_ptr("sig", DType::U64);
+            b.wait(s + 1, 1, CmpOp::Ge, 5u64, Scope::Sys, MemSemantic::Acquire);
+            b.finish()
+        })?;
+        if ctx.rank() == 0 {
+            ctx.launch(0, &k, [1, 1, 1], &[sig.arg()])?;
+        }
+        ctx.synchronize()
+    });
+    match r {
+        Err(e)
+            if e.to_string().contains("kernel `planted_wait_second`")
+                && e.to_string().contains("`second@rank0`[1]") =>
+        {
+            println!("timed-out wait on a reused offset named: {e}")
+        }
+        other => return Err(format!("the wait on a reused offset was not named right: {other:?}").into()),
+    }
+
+    // 9. A kernel that never ends, on stream 1 of rank 3 of 16.
+    let mut opts = GpuWorldOptions::new(16);
+    opts.stream_wait_bound = Duration::from_secs(2);
+    let start = Instant::now();
+    let r = GpuWorld::run(opts, |ctx| {
+        let flag = ctx.symm_alloc(8, "never_set")?;
+        let k = ctx.compile("spin_forever", &|| {
+            let b = KernelBuilder::new("spin_forever", LaunchAttrs::default());
+            let f = b.arg_ptr("flag", DType::I32);
+            let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
+            let relaxed = |v| b.atomic(trident_core::ir::AtomicOp::Add, f, v, None, MemSemantic::Relaxed, Scope::Sys);
+            let seen = b.while_loop(&[zero], |c| c[0].eq(0), |_| vec![relaxed(0)]);
+            b.store(f, seen[0] + 1, None);
+            b.finish()
+        })?;
+        if ctx.rank() == 3 {
+            ctx.launch(1, &k, [1, 1, 1], &[flag.arg()])?;
+        }
+        ctx.synchronize()
+    });
+    let took = start.elapsed();
+    let e = match r {
+        Ok(_) => return Err("the kernel that never ends completed".into()),
+        Err(e) => e.to_string(),
+    };
+    println!("stuck stream in a world of 16 ended after {took:?} (stream bound 2s): {e}");
+    for needle in ["rank 3, stream 1 still busy", "kernel `spin_forever`"] {
+        if !e.contains(needle) {
+            return Err(format!("stuck-stream diagnostic lacks `{needle}`").into());
+        }
+    }
+    if took > Duration::from_secs(8) {
+        return Err(format!("the stuck stream took {took:?} to report").into());
+    }
+    match GpuWorld::run(GpuWorldOptions::new(2), |_| Ok(())) {
+        Err(e) if e.to_string().contains("unusable") => println!("the next world is refused at once: {e}"),
+        other => return Err(format!("a world after the stuck stream was not refused: {other:?}").into()),
     }
     Ok(())
 }
