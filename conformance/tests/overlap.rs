@@ -64,7 +64,7 @@ fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
 }
 
 #[test]
-fn the_copy_engine_ag_gemm_is_persistent_only_where_ranks_share_a_device() {
+fn ag_gemm_is_persistent_only_where_ranks_share_a_device() {
     use trident_kernels::ag_gemm::{AgGemm, GatherMode};
     trident_conformance::link_backends();
     for world in [1, 2] {
@@ -75,7 +75,8 @@ fn the_copy_engine_ag_gemm_is_persistent_only_where_ranks_share_a_device() {
             Ok((ctx.ranks_sharing_device(), ce.gemm.persistent, kernel.gemm.persistent))
         })
         .unwrap();
-        // The CPU world's ranks share one device.
-        assert!(out.results.iter().all(|r| *r == (world, world > 1, false)), "{world}: {:?}", out.results);
+        // The CPU world's ranks share one device; with either gather the GEMM is persistent
+        // there (one waiting program per tile and rank may not fit the GPU: issue 24).
+        assert!(out.results.iter().all(|r| *r == (world, world > 1, world > 1)), "{world}: {:?}", out.results);
     }
 }

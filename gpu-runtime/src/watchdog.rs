@@ -125,6 +125,9 @@ pub fn release_stuck(
     for s in streams {
         let _ = drain(dev, *s, later);
     }
+    if blocked.is_empty() {
+        return BackendError::Host(what);
+    }
     BackendError::Execution {
         kernel: format!("stream {id} of rank {rank}"),
         program: [0; 3],

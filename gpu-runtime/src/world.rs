@@ -502,6 +502,9 @@ impl<D: Driver> GpuRank<D> {
     /// leaves the device unusable. Then reads the rank's wait record.
     fn drain_and_check(&self) -> Result<(), BackendError> {
         let dev = self.device();
+        // Stuck work of this world (or an earlier one) made the device unusable: say so at once
+        // instead of waiting the bounds again.
+        dev.health().check(&dev.device_name())?;
         let streams = self.streams();
         let bound = self.shared.opts.stream_wait_bound;
         let deadline = Instant::now() + bound;

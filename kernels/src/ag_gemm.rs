@@ -48,23 +48,27 @@ impl AgGemm {
     /// multiprocessor and rank when ranks share a GPU; each waits before a tile's first copies,
     /// ahead of the tile before's last steps): nothing it waits for needs a multiprocessor
     /// ([`AgGemm::for_world`] keeps that form for worlds whose ranks share a GPU). With
-    /// the in-kernel gather it stays one program per tile: persistent programs filling every
-    /// multiprocessor could keep the gather's programs from ever starting.
+    /// the in-kernel gather it is one program per tile here, and persistent only where ranks
+    /// share a GPU ([`AgGemm::for_world`]).
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
         let g = Gemm::for_target(dtype, target).single_tile();
         let persistent = mode == GatherMode::CopyEngine && g.descriptors;
         AgGemm { gemm: Gemm { persistent, ..g }, mode }
     }
 
-    /// [`AgGemm::for_target`] for `ctx`'s world: persistent only where ranks share the GPU,
-    /// where one waiting program per tile could not be resident beside the other ranks'
-    /// (launches of such grids are refused). With a GPU per rank, one program per tile: on the
-    /// H200 the persistent form (its flat loop has no producer warp) took 9.6 ms against
-    /// 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at 8192x14336x4096 (world 1,
-    /// `results/h200-issue13/`).
+    /// [`AgGemm::for_target`] for `ctx`'s world: persistent (with either gather, where the
+    /// target has TMA) only where ranks share the GPU, where one waiting program per tile could
+    /// not be resident beside the other ranks' (launches of such grids are refused: with the
+    /// in-kernel gather, 9 programs x 16 ranks of the 1152-row conformance shape on the H200's
+    /// 132 multiprocessors, issue 24). The persistent grid leaves an eighth of the
+    /// multiprocessors to what it waits for (`persistent_grid`), where the in-kernel gather's
+    /// programs run (all but one per rank finish without waiting). With a GPU per rank, one
+    /// program per tile: on the H200 the persistent form (its flat loop has no producer warp)
+    /// took 9.6 ms against 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at
+    /// 8192x14336x4096 (world 1, `results/h200-issue13/`).
     pub fn for_world(ctx: &dyn RankCtx, dtype: DType, mode: GatherMode) -> AgGemm {
         let op = Self::for_target(dtype, mode, ctx.gpu_target());
-        let persistent = op.gemm.persistent && ctx.ranks_sharing_device() > 1;
+        let persistent = op.gemm.descriptors && ctx.ranks_sharing_device() > 1;
         AgGemm { gemm: Gemm { persistent, ..op.gemm }, ..op }
     }
 
