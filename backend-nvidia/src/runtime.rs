@@ -152,6 +152,10 @@ pub const MAX_CONNECTIONS: u32 = 32;
 /// the context (8 when unset).
 const CONNECTIONS: &str = "CUDA_DEVICE_MAX_CONNECTIONS";
 
+/// Whether trident initialised the driver in this process, after [`prepare_environment`]: then
+/// every context of the process was created with its settings.
+static PREPARED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// Before the process's CUDA context exists: asks for every hardware queue CUDA allows
 /// (`CUDA_DEVICE_MAX_CONNECTIONS=32`: worlds on one GPU need a queue per stream,
 /// `trident_gpu_runtime::queues`) and for modules loaded whole (`CUDA_MODULE_LOADING=EAGER`: a
@@ -199,6 +203,7 @@ impl CudaDevice {
         let initialised = unsafe { sys::cuDeviceGetCount(&mut 0) } != sys::CUresult::CUDA_ERROR_NOT_INITIALIZED;
         if !initialised {
             prepare_environment();
+            PREPARED.store(true, std::sync::atomic::Ordering::Relaxed);
         }
         result::init().map_err(|e| driver_err("cuInit", e))?;
         let count = result::device::get_count().map_err(|e| driver_err("cuDeviceGetCount", e))?;
@@ -244,7 +249,7 @@ impl CudaDevice {
             names: Allocations::default(),
             hidden: HiddenBuffers::default(),
             library: Mutex::new(None),
-            queues: connections(!existed),
+            queues: connections(!existed || PREPARED.load(std::sync::atomic::Ordering::Relaxed)),
             health: DeviceHealth::default(),
         };
         d.current()?;

@@ -491,9 +491,9 @@ impl<D: Driver> GpuRank<D> {
     }
 
     /// Notes that `what` was enqueued on stream `id`.
-    fn enqueued(&self, id: StreamId, what: impl FnOnce() -> String) {
+    fn enqueued(&self, id: StreamId, what: String) {
         if let Some(e) = self.enqueued.lock().unwrap_or_else(|e| e.into_inner()).get_mut(id) {
-            e.push(what());
+            e.push(what);
         }
     }
 
@@ -527,13 +527,11 @@ impl<D: Driver> GpuRank<D> {
         let d = &self.shared.diags[self.local()];
         let mut raw = vec![0u8; d.bytes];
         dev.read(d, 0, &mut raw)?;
-        let kernels = self.shared.kernels.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let r = wait_error(
-            &raw,
-            self.shared.opts.wait_bound,
-            &|tag| kernels.get(&tag).cloned().unwrap_or_else(|| format!("a kernel of rank {}", self.rank)),
-            &|address| self.shared.describe(dev, address),
-        );
+        let kernel = |tag| {
+            let kernels = self.shared.kernels.lock().unwrap_or_else(|e| e.into_inner());
+            kernels.get(&tag).cloned().unwrap_or_else(|| format!("a kernel of rank {}", self.rank))
+        };
+        let r = wait_error(&raw, self.shared.opts.wait_bound, &kernel, &|address| self.shared.describe(dev, address));
         if r.is_err() {
             dev.write(d, 0, &vec![0u8; d.bytes])?;
         }
@@ -674,9 +672,9 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let words = sh.heaps[r].address;
         let hidden =
             hidden_args(r, self.world_size(), table.address, sh.diags[here].address, sh.opts.wait_bound, words);
-        let what = || format!("kernel `{}` (grid {grid:?})", kernel.kernel);
+        let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
         self.call(
-            || format!("launch of {} on stream {stream}", what()),
+            || format!("launch of {what} on stream {stream}"),
             || self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here]),
         )?;
         self.enqueued(stream, what);
@@ -694,8 +692,8 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     ) -> Result<(), BackendError> {
         let (d, s) = (in_buffer(dst, dst_offset, bytes)?, in_buffer(src, src_offset, bytes)?);
         let st = self.stream(stream)?;
-        let what = || format!("copy of {bytes} bytes from `{}` to `{}`", src.name, dst.name);
-        self.call(|| format!("{} on stream {stream}", what()), || self.device().copy_async(st, d, s, bytes))?;
+        let what = format!("copy of {bytes} bytes from `{}` to `{}`", src.name, dst.name);
+        self.call(|| format!("{what} on stream {stream}"), || self.device().copy_async(st, d, s, bytes))?;
         self.enqueued(stream, what);
         Ok(())
     }
@@ -703,8 +701,8 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
-        let what = || format!("signal write `{}`[{}] = {value}", signal.name, offset / 8);
-        self.call(|| format!("{} on stream {stream}", what()), || self.device().write_value(st, a, value))?;
+        let what = format!("signal write `{}`[{}] = {value}", signal.name, offset / 8);
+        self.call(|| format!("{what} on stream {stream}"), || self.device().write_value(st, a, value))?;
         self.enqueued(stream, what);
         Ok(())
     }
@@ -722,8 +720,8 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
-        let what = || format!("stream wait `{}`[{}] {cmp} {value}", signal.name, offset / 8);
-        self.call(|| format!("{} on stream {stream}", what()), || self.device().wait_value(st, a, cmp, value))?;
+        let what = format!("stream wait `{}`[{}] {cmp} {value}", signal.name, offset / 8);
+        self.call(|| format!("{what} on stream {stream}"), || self.device().wait_value(st, a, cmp, value))?;
         self.enqueued(stream, what);
         let w = StreamWait { stream, signal: signal.name.clone(), index: offset / 8, address: a, cmp, value };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(w);
