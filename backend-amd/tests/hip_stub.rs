@@ -224,7 +224,7 @@ fn loopback_world_on_the_stub(log: &std::path::Path, kernel: trident_core::Funct
     let e = GpuWorld::run(vec![dev], opts, |ctx| {
         let flag = ctx.symm_alloc(16, "flag")?;
         if ctx.rank() == 0 {
-            ctx.wait_signal(2, &flag, 8, CmpOp::Eq, 5)?;
+            ctx.wait_signal(1, &flag, 8, CmpOp::Eq, 5)?;
         }
         ctx.synchronize()
     })
