@@ -12,13 +12,9 @@ pub const NVLINK_BYTES_PER_S: f64 = 450e9;
 /// What a case measured: its variants' times (ms, slowest rank, median) and the worst error.
 pub type Measured = Result<(Vec<(String, f64)>, f64), String>;
 
-/// The variants that are the whole operation (the others are its parts or a pipeline of them).
+/// Whether `variant` is the whole operation (the others are its parts or a pipeline of them).
 fn is_fused(case: &DistCase, variant: &str) -> bool {
-    match case.name {
-        "ag_gemm" => variant.starts_with("ag_gemm/"),
-        "gemm_rs" => variant == "gemm_rs" || variant.starts_with("gemm_rs/"),
-        _ => true,
-    }
+    case.benchmark().map_or(true, |b| b.is_fused(variant))
 }
 
 /// One record per case and the printed table.
@@ -43,17 +39,12 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
         let time_of = |name: &str| variants.iter().find(|(v, _)| v == name).map(|(_, ms)| *ms);
         let vendor = base(key.clone());
         let (cublas, nccl) = (base(format!("cublas {key}")), base(format!("nccl {key}")));
-        let min = |a: Option<f64>, b: Option<f64>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, y) => x.or(y),
-        };
         // max(compute, communication): each part at its faster implementation measured in
         // this run; a collective's communication is its link floor.
         let floor = case.bus_bytes() / NVLINK_BYTES_PER_S * 1e3;
-        let (compute, comm) = match case.name {
-            "ag_gemm" => (min(time_of("gemm"), cublas), min(time_of("gather"), nccl)),
-            "gemm_rs" => (min(time_of("gemm"), cublas), nccl),
-            _ => (Some(0.0), Some(floor)),
+        let (compute, comm) = match case.benchmark() {
+            Ok(b) => b.parts(&time_of, cublas, nccl, floor),
+            Err(_) => (None, None),
         };
         let bound = match (compute, comm) {
             (Some(a), Some(b)) => Some(a.max(b)),

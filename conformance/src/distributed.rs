@@ -1,9 +1,10 @@
-//! Distributed cases: a world of ranks runs each kernel's host orchestration SPMD; every rank's
-//! output is checked against an f64 reference of the whole collective.
+//! Distributed cases: a world of ranks runs each operation's host orchestration SPMD (its
+//! `Operation::run_rank`); every rank's output is checked against an f64 reference of the
+//! whole collective.
 
-use crate::cases::Case;
-use crate::host::{decode, encode, poison, random};
-use crate::reference;
+use crate::host::{decode, encode};
+use crate::registry::WorldData;
+use crate::suite::Case;
 use std::sync::Arc;
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
 use trident_backend_nvidia::nvshmem_world::NvshmemWorld;
@@ -11,11 +12,6 @@ use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
-use trident_kernels::ag_gemm::{AgGemm, GatherMode};
-use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
-use trident_kernels::allreduce::{Algorithm, AllReduce};
-use trident_kernels::gemm_rs::GemmRs;
-use trident_kernels::ring_shift::{RingShift, ShiftMode};
 
 /// Where a distributed case runs.
 #[derive(Clone, Debug)]
@@ -31,184 +27,29 @@ pub enum WorldKind {
     Processes { world: Arc<NvshmemWorld>, plant_dead: Option<usize> },
 }
 
-/// Kernels that run in a world, with their variants and shapes.
-pub const KERNELS: &[(&str, &[&str])] = &[
-    ("allgather", &["push", "ce"]),
-    ("allreduce", &["oneshot", "twoshot"]),
-    ("ag_gemm", &["ce", "kernel"]),
-    // `tma`: A and B read by TMA where the target has it and the arguments are divisible.
-    ("gemm_rs", &["-", "tma"]),
-    ("ring_shift", &["put", "get"]),
-];
-
-/// World sizes every distributed kernel runs at.
-pub const WORLDS: [usize; 4] = [1, 2, 4, 8];
-
-/// A kernel's shapes at world size `world`. GEMM-RS splits M over the ranks in power-of-two
-/// tiles, so M stays as it is where `M / world` is a power of two and becomes a multiple of
-/// `16 world` otherwise; AG-GEMM's M (over all ranks) becomes a multiple of `world`.
-pub fn shapes(kernel: &str, world: usize) -> Vec<Vec<usize>> {
-    let split = |m: usize| {
-        if m.is_multiple_of(world) && (m / world).is_power_of_two() {
-            m
-        } else {
-            m.next_multiple_of(16 * world)
-        }
-    };
-    match kernel {
-        // elements per rank
-        "allgather" | "ring_shift" => vec![vec![777], vec![4096]],
-        // elements
-        "allreduce" => vec![vec![1000], vec![8197]],
-        // M, N, K (M over all ranks; N per rank)
-        "ag_gemm" => {
-            // (The third: more rows of tiles than a group of the grouped raster order holds,
-            // at 64- and 128-row tiles, the last group partial.)
-            vec![
-                vec![128usize.next_multiple_of(world), 96, 64],
-                vec![64usize.next_multiple_of(world), 40, 72],
-                vec![1152usize.next_multiple_of(world), 48, 32],
-            ]
-        }
-        // M, N, K (M over all ranks)
-        _ => vec![vec![split(128), 64, 32], vec![split(64), 80, 24], vec![split(1152), 48, 32]],
-    }
-}
-
-/// Inputs of every rank and the output every rank must end with.
-pub struct WorldData {
-    pub inputs: Vec<Vec<Vec<f64>>>,
-    pub expected: Vec<Vec<f64>>,
-    pub reduction_len: usize,
-}
-
-pub fn prepare(case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
-    let (w, d, s) = (case.world, case.dtype, &case.shape);
-    match case.kernel {
-        "allgather" => {
-            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
-            let all: Vec<f64> = inputs.iter().flat_map(|i| i[0].clone()).collect();
-            WorldData { expected: vec![all; w], inputs, reduction_len: 1 }
-        }
-        "ring_shift" => {
-            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
-            let expected = (0..w).map(|r| inputs[(r + w - 1) % w][0].clone()).collect();
-            WorldData { expected, inputs, reduction_len: 1 }
-        }
-        "allreduce" => {
-            let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(s[0], d, rng)]).collect();
-            let sum: Vec<f64> = (0..s[0]).map(|i| inputs.iter().map(|x| x[0][i]).sum()).collect();
-            WorldData { expected: vec![sum; w], inputs, reduction_len: w }
-        }
-        "ag_gemm" => {
-            let (m, n, k) = (s[0], s[1], s[2]);
-            let a = random(m * k, d, rng);
-            let rows = m / w.max(1);
-            let mut inputs = Vec::new();
-            let mut expected = Vec::new();
-            for r in 0..w {
-                let b = random(k * n, d, rng);
-                expected.push(reference::gemm(&a, &b, m, n, k));
-                inputs.push(vec![a[r * rows * k..(r + 1) * rows * k].to_vec(), b]);
-            }
-            WorldData { inputs, expected, reduction_len: k }
-        }
-        _ => {
-            let (m, n, k) = (s[0], s[1], s[2]);
-            let inputs: Vec<Vec<Vec<f64>>> =
-                (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
-            let mut total = vec![0.0; m * n];
-            for x in &inputs {
-                for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
-                    *t += v;
-                }
-            }
-            let rows = m / w;
-            let expected = (0..w).map(|r| total[r * rows * n..(r + 1) * rows * n].to_vec()).collect();
-            WorldData { inputs, expected, reduction_len: k * w }
-        }
-    }
-}
-
-fn upload(ctx: &dyn RankCtx, name: &str, values: &[f64], d: DType) -> Result<Buffer, BackendError> {
+/// A new buffer of this rank holding `values` encoded in `d`.
+pub fn upload(ctx: &dyn RankCtx, name: &str, values: &[f64], d: DType) -> Result<Buffer, BackendError> {
     let b = ctx.alloc(values.len() * d.size_bytes() as usize, name)?;
     ctx.write(&b, 0, &encode(values, d))?;
     Ok(b)
 }
 
-fn download(ctx: &dyn RankCtx, b: &Buffer, len: usize, d: DType) -> Result<Vec<f64>, BackendError> {
+/// The first `len` elements of `b`, decoded from `d`.
+pub fn download(ctx: &dyn RankCtx, b: &Buffer, len: usize, d: DType) -> Result<Vec<f64>, BackendError> {
     let mut bytes = vec![0u8; len * d.size_bytes() as usize];
     ctx.read(b, 0, &mut bytes)?;
     Ok(decode(&bytes, d))
 }
 
-/// Runs one rank's part of a case; returns its output.
+/// Runs one rank's part of a case (its inputs uploaded first); returns its output.
 fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64>, BackendError> {
-    let (d, s, r) = (case.dtype, &case.shape, ctx.rank());
-    let inputs: Vec<Buffer> = data.inputs[r]
+    let (d, r) = (case.dtype, ctx.rank());
+    let ins: Vec<Buffer> = data.inputs[r]
         .iter()
         .enumerate()
         .map(|(i, v)| upload(ctx, &format!("in{i}"), v, d))
         .collect::<Result<_, _>>()?;
-    let len = data.expected[r].len();
-    match (case.kernel, case.variant) {
-        ("allgather", variant) => {
-            let mut bufs = GatherBuffers::new(ctx, d, s[0])?;
-            ctx.fill(&bufs.out, &poison(d))?;
-            ctx.barrier()?;
-            if variant == "push" {
-                AllGather::new(d).run(ctx, &mut bufs, &inputs[0])?;
-            } else {
-                AllGatherCe { dtype: d }.run(ctx, &mut bufs, &inputs[0])?;
-            }
-            download(ctx, &bufs.out, len, d)
-        }
-        ("ring_shift", variant) => {
-            let mode = if variant == "put" { ShiftMode::Put } else { ShiftMode::Get };
-            let op = RingShift::new(d, mode);
-            let mut bufs = op.buffers(ctx, s[0])?;
-            ctx.write(&bufs.src, 0, &encode(&data.inputs[r][0], d))?;
-            ctx.fill(&bufs.out, &poison(d))?;
-            ctx.barrier()?;
-            op.run(ctx, &mut bufs)?;
-            download(ctx, &bufs.out, len, d)
-        }
-        ("allreduce", variant) => {
-            let algo = if variant == "oneshot" { Algorithm::OneShot } else { Algorithm::TwoShot };
-            // At most 4 programs: the larger shape's programs loop over several blocks, as every
-            // program does at the benchmark's sizes (at most 128 programs by default).
-            let ar = AllReduce { max_programs: 4, ..AllReduce::new(d, algo) };
-            let mut bufs = ar.buffers(ctx, s[0])?;
-            ctx.fill(&bufs.out, &poison(d))?;
-            ctx.barrier()?;
-            ar.run(ctx, &mut bufs, &inputs[0])?;
-            download(ctx, &bufs.out, len, d)
-        }
-        ("ag_gemm", variant) => {
-            let mode = if variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
-            let (m, n, k) = (s[0], s[1], s[2]);
-            let op = AgGemm::for_world(ctx, d, mode);
-            let mut bufs = op.buffers(ctx, m, k)?;
-            let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
-            ctx.fill(&c, &poison(d))?;
-            ctx.barrier()?;
-            op.run(ctx, &mut bufs, &inputs[0], &inputs[1], &c, n)?;
-            download(ctx, &c, len, d)
-        }
-        _ => {
-            let (m, n, k) = (s[0], s[1], s[2]);
-            // The library's choice for this world: the reduction persistent where ranks share
-            // a device (the CPU world above one rank, loopback), a program per tile elsewhere.
-            let mut op = GemmRs::for_world(ctx, d);
-            op.gemm.descriptors = case.variant == "tma";
-            let mut bufs = op.buffers(ctx, m, n)?;
-            let out = ctx.alloc(len * d.size_bytes() as usize, "out")?;
-            ctx.fill(&out, &poison(d))?;
-            ctx.barrier()?;
-            op.run(ctx, &mut bufs, &inputs[0], &inputs[1], &out, k)?;
-            download(ctx, &out, len, d)
-        }
-    }
+    case.op.run_rank(case, ctx, &data.inputs[r], &ins, data.expected[r].len())
 }
 
 /// Runs a case in a world with the given schedule seed; returns every rank's output. With

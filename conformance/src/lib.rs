@@ -4,7 +4,7 @@
 //! checked against an f64 host reference computed from the same (rounded) random inputs, with
 //! outputs poisoned first. Inputs come from a fresh seed per run (printed; `--seed` replays).
 
-pub mod cases;
+mod cases;
 pub mod cli;
 pub mod dist_bench;
 pub mod dist_report;
@@ -14,6 +14,8 @@ pub mod npy;
 pub mod ops;
 pub mod overlap;
 pub mod reference;
+pub mod registry;
+pub mod suite;
 
 /// Registers the backends this suite can run on (call first in every binary).
 pub fn link_backends() {

@@ -4,8 +4,8 @@ use clap::Parser;
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use trident_conformance::cases::{all_cases, run_case, Record, RunConfig};
 use trident_conformance::cli::{self, usage};
+use trident_conformance::suite::{all_cases, run_case, Record, RunConfig};
 use trident_core::backend;
 
 #[derive(Parser, Debug)]
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         Err(e) => return usage(e),
     };
     if let Some(d) = &args.dtype {
-        if !trident_conformance::cases::DTYPES.iter().any(|x| x.as_str() == d) {
+        if !trident_conformance::suite::DTYPES.iter().any(|x| x.as_str() == d) {
             return usage(format!("--dtype {d}: the suite runs f32, bf16 and f16"));
         }
     }

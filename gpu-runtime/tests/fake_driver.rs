@@ -318,6 +318,15 @@ fn kernel(name: &'static str) -> impl Fn() -> Result<trident_core::Function, tri
     }
 }
 
+/// The tests of this file run one at a time: worlds of up to 16 rank threads that spin while
+/// they drain would otherwise starve `synchronize_sees_an_ended_stream_promptly`, which times
+/// how soon a poll sees a stream's end (on 2 cores, with the others running, its median was
+/// 0.9 ms once).
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn opts(ranks: usize) -> GpuWorldOptions {
     let mut o = GpuWorldOptions::new(ranks);
     o.heap_bytes = 1 << 16;
@@ -328,6 +337,7 @@ fn opts(ranks: usize) -> GpuWorldOptions {
 
 #[test]
 fn heaps_table_hidden_arguments_and_load_before_launch() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (node, devs) = node_devices(1, false);
     let out = GpuWorld::run(devs.clone(), opts(3), |ctx| {
@@ -377,6 +387,7 @@ fn heaps_table_hidden_arguments_and_load_before_launch() {
 /// the owner's zeroing of its part, however late the owner allocates.
 #[test]
 fn symmetric_allocation_is_collective() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_devices(1, false);
     let out = GpuWorld::run(devs, opts(2), |ctx| {
@@ -399,6 +410,7 @@ fn symmetric_allocation_is_collective() {
 
 #[test]
 fn stream_signals_across_ranks_and_the_watchdog() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_devices(1, false);
     // Rank 1 copies its data into rank 0's buffer, then signals; rank 0's stream waits for the
@@ -451,6 +463,7 @@ fn stream_signals_across_ranks_and_the_watchdog() {
 /// its median was 0.4 ms here (0.1-0.8 ms), and up to 2 ms for a stream that ends later.
 #[test]
 fn synchronize_sees_an_ended_stream_promptly() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (node, devs) = node_devices(1, false);
     let late = GpuWorld::run(devs, opts(1), move |ctx| {
@@ -482,6 +495,7 @@ fn synchronize_sees_an_ended_stream_promptly() {
 
 #[test]
 fn kernel_wait_records_and_failing_ranks() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_devices(1, false);
     // A kernel whose wait timed out: synchronize names the signal by its symmetric buffer.
@@ -515,6 +529,7 @@ fn kernel_wait_records_and_failing_ranks() {
 
 #[test]
 fn ranks_spread_over_devices_need_peer_access() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (node, devs) = node_devices(2, true);
     let out = GpuWorld::run(devs, opts(4), |ctx| {
@@ -578,6 +593,7 @@ fn gather_after_waits(ctx: &dyn RankCtx) -> Result<Vec<u64>, BackendError> {
 /// every stream on a queue of its own, the same protocol passes.
 #[test]
 fn a_world_with_more_streams_than_hardware_queues_is_refused_not_left_to_deadlock() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_with_queues(1, false, Some(8));
     let start = std::time::Instant::now();
@@ -603,6 +619,7 @@ fn a_world_with_more_streams_than_hardware_queues_is_refused_not_left_to_deadloc
 /// free would wait for the kernel), and a later world on the device is refused at once.
 #[test]
 fn a_stuck_stream_ends_the_world_within_its_bound_and_the_device_is_refused_after() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_with_queues(1, false, Some(32));
     let d2 = devs.clone();
@@ -634,6 +651,7 @@ fn a_stuck_stream_ends_the_world_within_its_bound_and_the_device_is_refused_afte
 /// hanging with the rank's thread.
 #[test]
 fn a_driver_call_that_never_returns_ends_the_world_with_its_name() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (node, devs) = node_with_queues(1, false, None);
     node.block_reads.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -663,6 +681,7 @@ fn a_driver_call_that_never_returns_ends_the_world_with_its_name() {
 /// allocator starts over at each run, and across worlds of threads on the same device.
 #[test]
 fn a_timed_out_wait_names_its_kernel_and_the_buffer_now_at_a_reused_offset() {
+    let _serial = serial();
     trident_backend_cpu::link();
     // Processes (as threads, each with its own device object and rendezvous connection).
     let (_, devs) = node_devices(1, false);
@@ -732,6 +751,7 @@ fn a_timed_out_wait_names_its_kernel_and_the_buffer_now_at_a_reused_offset() {
 /// A rank may use only the streams its world made for it.
 #[test]
 fn a_stream_beyond_the_worlds_is_a_typed_error() {
+    let _serial = serial();
     trident_backend_cpu::link();
     let (_, devs) = node_devices(1, false);
     let e = GpuWorld::run(devs, opts(2), |ctx| ctx.write_signal(2, &ctx.symm_alloc(8, "s")?, 0, 1)).unwrap_err();

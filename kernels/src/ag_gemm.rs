@@ -207,3 +207,7 @@ impl AgGemm {
         ctx.barrier()
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "ag_gemm", operation: "ag_gemm", distributed: true, build: |d| AgGemm::new(d, GatherMode::CopyEngine).build() }
+}

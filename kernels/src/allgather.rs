@@ -170,3 +170,7 @@ impl AllGatherCe {
         ctx.barrier()
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "allgather", operation: "allgather", distributed: true, build: |d| AllGather::new(d).build() }
+}

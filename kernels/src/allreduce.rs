@@ -185,3 +185,21 @@ impl AllReduce {
         ctx.barrier()
     }
 }
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "allreduce_oneshot",
+        operation: "allreduce",
+        distributed: true,
+        build: |d| AllReduce::new(d, Algorithm::OneShot).build(),
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "allreduce_twoshot",
+        operation: "allreduce",
+        distributed: true,
+        build: |d| AllReduce::new(d, Algorithm::TwoShot).build(),
+    }
+}

@@ -411,3 +411,17 @@ impl Gemm {
         l.launch(&kernel, spec.grid(m, n), &args)
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "gemm", operation: "gemm", distributed: false, build: |d| Gemm::new(d).build() }
+}
+
+// The divisible GEMM through tensor descriptors, C included (TMA copies and store on sm_90a).
+inventory::submit! {
+    crate::Catalogued {
+        name: "gemm_desc",
+        operation: "gemm",
+        distributed: false,
+        build: |d| Gemm { divisible: true, descriptors: true, tma_store: true, ..Gemm::new(d) }.build(),
+    }
+}

@@ -252,3 +252,11 @@ impl GemmRs {
         ctx.barrier()
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "gemm_rs_gemm", operation: "gemm_rs", distributed: true, build: |d| GemmRs::new(d).build_gemm(64) }
+}
+
+inventory::submit! {
+    crate::Catalogued { name: "gemm_rs_reduce", operation: "gemm_rs", distributed: true, build: |d| GemmRs::new(d).build_reduce(64) }
+}

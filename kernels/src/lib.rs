@@ -5,16 +5,8 @@
 //! orchestration that checks shapes, sizes the grid and launches it on any backend's device.
 //! Kernels know nothing about backends beyond the `Backend`/`Device` traits.
 
-pub mod ag_gemm;
-pub mod allgather;
-pub mod allreduce;
-pub mod gemm;
-pub mod gemm_rs;
-pub mod ring_shift;
-pub mod softmax;
-pub mod splitk_gemm;
-pub mod tuning;
-pub mod vector_add;
+// Every file of `src/` is a public module: adding a kernel adds its file and edits none.
+automod::dir!(pub "src");
 
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::world::KernelCache;
@@ -78,27 +70,30 @@ impl<'a> Launcher<'a> {
     }
 }
 
+/// A specialization of the catalogue at its default meta-parameters: what `emit --kernel NAME`
+/// compiles, the snapshot tests print and `ptx-check` assembles. Each kernel's module registers
+/// its own with `inventory::submit!`, so adding a kernel touches no list here.
+pub struct Catalogued {
+    /// The specialization's name (`allreduce_oneshot`).
+    pub name: &'static str,
+    /// The operation it belongs to, as the conformance suite names its cases (`allreduce`).
+    pub operation: &'static str,
+    /// Whether it runs in a world of ranks (it communicates).
+    pub distributed: bool,
+    pub build: fn(trident_core::ir::DType) -> Result<Function, VerifyError>,
+}
+
+inventory::collect!(Catalogued);
+
+/// Every registered specialization, by name.
+pub fn catalogued() -> Vec<&'static Catalogued> {
+    let mut all: Vec<&'static Catalogued> = inventory::iter::<Catalogued>.into_iter().collect();
+    all.sort_by_key(|c| c.name);
+    all
+}
+
 /// Every kernel of the library at its default meta-parameters for `dtype`, by name (what
 /// `cargo xtask emit --kernel NAME` compiles).
 pub fn catalogue(dtype: trident_core::ir::DType) -> Vec<(&'static str, Result<Function, VerifyError>)> {
-    use allreduce::{Algorithm, AllReduce};
-    vec![
-        ("vector_add", vector_add::VectorAdd { dtype, block: 1024 }.build()),
-        ("softmax", softmax::Softmax::for_cols(dtype, 1024).build()),
-        ("gemm", gemm::Gemm::new(dtype).build()),
-        // The divisible GEMM through tensor descriptors, C included (TMA copies and store on sm_90a).
-        (
-            "gemm_desc",
-            gemm::Gemm { divisible: true, descriptors: true, tma_store: true, ..gemm::Gemm::new(dtype) }.build(),
-        ),
-        ("splitk_gemm", splitk_gemm::SplitKGemm::new(dtype, 4).build()),
-        ("allgather", allgather::AllGather::new(dtype).build()),
-        ("allreduce_oneshot", AllReduce::new(dtype, Algorithm::OneShot).build()),
-        ("allreduce_twoshot", AllReduce::new(dtype, Algorithm::TwoShot).build()),
-        ("ag_gemm", ag_gemm::AgGemm::new(dtype, ag_gemm::GatherMode::CopyEngine).build()),
-        ("gemm_rs_gemm", gemm_rs::GemmRs::new(dtype).build_gemm(64)),
-        ("gemm_rs_reduce", gemm_rs::GemmRs::new(dtype).build_reduce(64)),
-        ("ring_shift_put", ring_shift::RingShift::new(dtype, ring_shift::ShiftMode::Put).build()),
-        ("ring_shift_get", ring_shift::RingShift::new(dtype, ring_shift::ShiftMode::Get).build()),
-    ]
+    catalogued().into_iter().map(|c| (c.name, (c.build)(dtype))).collect()
 }

@@ -110,3 +110,21 @@ impl RingShift {
         ctx.barrier()
     }
 }
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "ring_shift_put",
+        operation: "ring_shift",
+        distributed: true,
+        build: |d| RingShift::new(d, ShiftMode::Put).build(),
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "ring_shift_get",
+        operation: "ring_shift",
+        distributed: true,
+        build: |d| RingShift::new(d, ShiftMode::Get).build(),
+    }
+}

@@ -60,3 +60,7 @@ impl Softmax {
         l.launch(&k, [r as u32, 1, 1], &[x.arg(), out.arg(), KernelArg::i32(c), KernelArg::i32(c)])
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "softmax", operation: "softmax", distributed: false, build: |d| Softmax::for_cols(d, 1024).build() }
+}

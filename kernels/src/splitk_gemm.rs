@@ -131,3 +131,7 @@ impl SplitKGemm {
         l.launch(&kernel, [self.tiles(m, n) as u32, self.splits, 1], &args)
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "splitk_gemm", operation: "splitk_gemm", distributed: false, build: |d| SplitKGemm::new(d, 4).build() }
+}

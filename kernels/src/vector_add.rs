@@ -37,3 +37,7 @@ impl VectorAdd {
         l.launch(&k, grid, &[x.arg(), y.arg(), out.arg(), KernelArg::i32(n32)])
     }
 }
+
+inventory::submit! {
+    crate::Catalogued { name: "vector_add", operation: "vector_add", distributed: false, build: |d| VectorAdd { dtype: d, block: 1024 }.build() }
+}

@@ -17,12 +17,7 @@ pub fn all_kernels() -> Vec<Function> {
     }
     // The distributed kernels (their communication ops print and parse too).
     v.extend(
-        trident_kernels::catalogue(DType::F32)
-            .into_iter()
-            .filter(|(name, _)| {
-                ["allgather", "allreduce", "ag_gemm", "gemm_rs", "ring_shift"].iter().any(|p| name.starts_with(p))
-            })
-            .map(|(_, f)| f.unwrap()),
+        trident_kernels::catalogued().into_iter().filter(|c| c.distributed).map(|c| (c.build)(DType::F32).unwrap()),
     );
     v
 }

@@ -1,0 +1,198 @@
+//! AG-GEMM: the rows of A are sharded over the ranks and gathered chunk by chunk while each
+//! rank's GEMM `C_r = A B_r` waits per tile for its chunk. Variants: the copy engine gathering
+//! (`ce`) and the in-kernel gather (`kernel`).
+
+use crate::dist_bench::{sampled, shard_error, upload, upload_with, value, DistCase, Timer};
+use crate::distributed::download;
+use crate::host::{poison, random};
+use crate::reference;
+use crate::registry::{faster, Benchmark, Operation, Registered, WorldData};
+use crate::suite::Case;
+use rand::SeedableRng;
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::world::RankCtx;
+use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+use trident_kernels::allgather::{AllGatherCe, GatherBuffers};
+use trident_kernels::gemm::Gemm;
+
+struct AgGemmCase;
+
+impl Operation for AgGemmCase {
+    fn name(&self) -> &'static str {
+        "ag_gemm"
+    }
+
+    fn variants(&self, _dtype: trident_core::ir::DType) -> &'static [&'static str] {
+        &["ce", "kernel"]
+    }
+
+    fn distributed(&self) -> bool {
+        true
+    }
+
+    /// M (over all ranks, a multiple of the world), N (per rank), K. The third has more rows of
+    /// tiles than a group of the grouped raster order holds, at 64- and 128-row tiles, the last
+    /// group partial.
+    fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
+        vec![
+            vec![128usize.next_multiple_of(world), 96, 64],
+            vec![64usize.next_multiple_of(world), 40, 72],
+            vec![1152usize.next_multiple_of(world), 48, 32],
+        ]
+    }
+
+    fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
+        let (w, d, s) = (case.world, case.dtype, &case.shape);
+        let (m, n, k) = (s[0], s[1], s[2]);
+        let a = random(m * k, d, rng);
+        let rows = m / w.max(1);
+        let mut inputs = Vec::new();
+        let mut expected = Vec::new();
+        for r in 0..w {
+            let b = random(k * n, d, rng);
+            expected.push(reference::gemm(&a, &b, m, n, k));
+            inputs.push(vec![a[r * rows * k..(r + 1) * rows * k].to_vec(), b]);
+        }
+        WorldData { inputs, expected, reduction_len: k }
+    }
+
+    fn run_rank(
+        &self,
+        case: &Case,
+        ctx: &dyn RankCtx,
+        _inputs: &[Vec<f64>],
+        ins: &[Buffer],
+        out_len: usize,
+    ) -> Result<Vec<f64>, BackendError> {
+        let d = case.dtype;
+        let mode = if case.variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
+        let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
+        let op = AgGemm::for_world(ctx, d, mode);
+        let mut bufs = op.buffers(ctx, m, k)?;
+        let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
+        ctx.fill(&c, &poison(d))?;
+        ctx.barrier()?;
+        op.run(ctx, &mut bufs, &ins[0], &ins[1], &c, n)?;
+        download(ctx, &c, out_len, d)
+    }
+
+    fn benchmark(&self) -> Option<&dyn Benchmark> {
+        Some(self)
+    }
+}
+
+/// AG-GEMM: rank r holds rows `r M/W ..` of A (`M x K`) and B_r (`K x N/W`), and computes
+/// `C_r = A B_r`. Variants: the fused operation with the copy engine gathering (one program
+/// per tile, and persistent where the target has TMA) and with the in-kernel gather, the gather
+/// to completion and then the GEMM, and the two parts alone.
+impl Benchmark for AgGemmCase {
+    /// M, N (all ranks), K: the per-rank shapes of LLaMA-3.1-70B and 8B (M = 8192 tokens; N the
+    /// MLP's intermediate size, split over the ranks).
+    fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
+        vec![vec![8192, 28672, 8192], vec![8192, 14336, 4096]]
+    }
+
+    fn small_shape(&self, world: usize) -> Vec<usize> {
+        vec![64 * world, 48 * world, 64]
+    }
+
+    /// A gathered per gather mode.
+    fn heap_bytes(&self, case: &DistCase) -> usize {
+        2 * case.dims[0] * case.dims[2] * case.dtype.size_bytes() as usize
+    }
+
+    fn bus_bytes(&self, case: &DistCase) -> f64 {
+        let w = case.world as f64;
+        case.dims[0] as f64 * case.dims[2] as f64 * case.dtype.size_bytes() as f64 * (w - 1.0) / w
+    }
+
+    fn rank_flops(&self, case: &DistCase) -> f64 {
+        2.0 * case.dims[0] as f64 * case.dims[1] as f64 * case.dims[2] as f64 / case.world as f64
+    }
+
+    fn is_fused(&self, variant: &str) -> bool {
+        variant.starts_with("ag_gemm/")
+    }
+
+    /// The GEMM (trident's or cuBLAS's) and the gather (trident's or NCCL's).
+    fn parts(
+        &self,
+        time_of: &dyn Fn(&str) -> Option<f64>,
+        cublas: Option<f64>,
+        nccl: Option<f64>,
+        _link_floor: f64,
+    ) -> (Option<f64>, Option<f64>) {
+        (faster(time_of("gemm"), cublas), faster(time_of("gather"), nccl))
+    }
+
+    fn run(&self, t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
+        let ctx = t.ctx;
+        let (d, w, r) = (case.dtype, case.world, ctx.rank());
+        let (m, n_all, k) = (case.dims[0], case.dims[1], case.dims[2]);
+        if !m.is_multiple_of(w) || !n_all.is_multiple_of(w) {
+            return Err(shard_error(case, "M or N"));
+        }
+        let (n, rows) = (n_all / w, m / w);
+        let es = d.size_bytes() as usize;
+        // A's rows are tag 1 over the whole matrix: rank r's shard is rows r*rows.. of it.
+        let a_at = |i: usize, p: usize| value(seed, 1, i * k + p, d);
+        let b_tag = 100 + r as u64;
+        let shard = upload_with(ctx, rows * k, d, "a_shard", &|i| a_at(r * rows + i / k, i % k))?;
+        let b = upload(ctx, seed, b_tag, k * n, d, "b")?;
+        let c = ctx.alloc(m * n * es, "c")?;
+        let want = |i: usize, j: usize| {
+            (0..k).fold((0.0, 0.0), |(s, a), p| {
+                let x = a_at(i, p) * value(seed, b_tag, p * n + j, d);
+                (s + x, a + x.abs())
+            })
+        };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xA6 ^ r as u64);
+        let target = ctx.gpu_target();
+        let kernel = AgGemm::for_world(ctx, d, GatherMode::Kernel);
+        let gemm = Gemm::for_target(d, target);
+        // The copy engine gathering, one program per tile (the library's choice where every rank
+        // has its own GPU), and persistent (its choice where ranks share one).
+        let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
+        let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
+        let mut ce_bufs = ce.buffers(ctx, m, k)?;
+        let mut kernel_bufs = kernel.buffers(ctx, m, k)?;
+        let gather = AllGatherCe { dtype: d };
+        let check = |t: &mut Timer, rng: &mut rand::rngs::StdRng| -> Result<(), BackendError> {
+            let e = sampled(ctx, &c, (m, n), d, 128, rng, &want)?;
+            t.error(e);
+            Ok(())
+        };
+        // Each variant: a checked run on poisoned C, then the timed runs.
+        let mut fused = vec![("ag_gemm/ce", ce_tiles, GatherMode::CopyEngine)];
+        if ce != ce_tiles {
+            fused.push(("ag_gemm/ce-persistent", ce, GatherMode::CopyEngine));
+        }
+        fused.push(("ag_gemm/kernel", kernel, GatherMode::Kernel));
+        for (name, op, mode) in fused {
+            let bufs = if mode == GatherMode::CopyEngine { &mut ce_bufs } else { &mut kernel_bufs };
+            ctx.fill(&c, &poison(d))?;
+            op.run(ctx, bufs, &shard, &b, &c, n)?;
+            check(t, &mut rng)?;
+            t.time(name, &mut || op.run(ctx, bufs, &shard, &b, &c, n))?;
+        }
+        let sequential = |bufs: &mut GatherBuffers| -> Result<(), BackendError> {
+            gather.run(ctx, bufs, &shard)?;
+            gemm.enqueue(ctx, 0, (&bufs.out, &b, &c), (m, n, k))?;
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        ctx.fill(&c, &poison(d))?;
+        sequential(&mut ce_bufs.gather)?;
+        check(t, &mut rng)?;
+        t.time("gather+gemm", &mut || sequential(&mut ce_bufs.gather))?;
+        // The parts: the GEMM on the gathered A (in place from the last run), the gather alone.
+        t.time("gemm", &mut || {
+            gemm.enqueue(ctx, 0, (&ce_bufs.gather.out, &b, &c), (m, n, k))?;
+            ctx.synchronize()
+        })?;
+        t.time("gather", &mut || gather.run(ctx, &mut ce_bufs.gather, &shard))?;
+        Ok(())
+    }
+}
+
+inventory::submit! { Registered(&AgGemmCase) }
