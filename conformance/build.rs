@@ -1,0 +1,6 @@
+// `src/cases/mod.rs` declares a module for every file of `src/cases/` (`automod`): a new case
+// file must rebuild the crate, which cargo does not do on its own for a file nothing declared
+// yet.
+fn main() {
+    println!("cargo:rerun-if-changed=src/cases");
+}
