@@ -14,6 +14,7 @@ through `torch.matmul`:
 * `gemm_rs M N K`: A_r (M x K/W) @ B_r (K/W x N), then reduce_scatter of the M x N partial
   products (each rank keeps M/W rows); also the matmul and the reduce_scatter alone;
 * `allreduce N`: all_reduce (sum) of N elements;
+* `reduce_scatter C`: reduce_scatter_tensor (sum) of W x C elements per rank, C kept;
 * `allgather C`: all_gather_into_tensor of C elements per rank.
 
 Timing protocol, the one `trident_conformance::dist_bench` uses for trident: every repetition
@@ -104,6 +105,10 @@ def main(cases_path, out_path):
         elif name == "allreduce":
             x = rand(dims[0])
             parts, pipeline = {}, lambda: dist.all_reduce(x)
+        elif name == "reduce_scatter":
+            x = rand(dims[0] * w)
+            out = torch.empty(dims[0], device=device, dtype=dt)
+            parts, pipeline = {}, lambda: dist.reduce_scatter_tensor(out, x)
         elif name == "allgather":
             x = rand(dims[0])
             out = torch.empty(dims[0] * w, device=device, dtype=dt)
