@@ -1,6 +1,6 @@
-"""Baseline timings for `trident-bench`, measured in the same run on the same GPU.
+"""Baseline timings for `trident bench`, measured in the same run on the same GPU.
 
-Reads the cases (`trident-bench --cases`, one per line: name dtype dims...) and times the vendor
+Reads the cases (`trident bench --cases`, one per line: name dtype dims...) and times the vendor
 path for each with `triton.testing.do_bench` (median ms): cuBLAS through `torch.matmul` for
 GEMM (rocBLAS/hipBLASLt under PyTorch for ROCm), PyTorch's kernels for softmax and elementwise
 add, and for GEMM also a Triton kernel (below; autotuned over a few Hopper-sized

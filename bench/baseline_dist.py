@@ -1,11 +1,11 @@
-"""The vendor pipeline for `trident-bench --world W`, measured in the same run on the same GPUs.
+"""The vendor pipeline for `trident bench --world W`, measured in the same run on the same GPUs.
 
 Run under torchrun, one process per GPU:
 
     torchrun --nproc-per-node W bench/baseline_dist.py CASES_FILE OUT_JSON
 
-(`trident-bench --world W --baseline-cmd "torchrun --nproc-per-node W bench/baseline_dist.py"`
-appends the two paths). Each case line is `name dtype dims... wW` as `trident-bench --world W
+(`trident bench --world W --baseline-cmd "torchrun --nproc-per-node W bench/baseline_dist.py"`
+appends the two paths). Each case line is `name dtype dims... wW` as `trident bench --world W
 --cases` prints it. For every case it times, with NCCL through `torch.distributed` and cuBLAS
 through `torch.matmul`:
 

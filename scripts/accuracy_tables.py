@@ -4,8 +4,8 @@
     python3 scripts/accuracy_tables.py results/math/host-exhaustive.json \
         results/h200/math-nvidia.json results/h200/ops-nvidia.json [results/ops-cpu*.json ..]
 
-The first file is `trident-math --stride 1 --fast` on the host (every f32 input), the second
-`trident-math --backend nvidia --fast` on the GPU, the rest `trident-ops --json` records of
+The first file is `trident math --stride 1 --fast` on the host (every f32 input), the second
+`trident math --backend nvidia --fast` on the GPU, the rest `trident ops --json` records of
 backends (largest ulp per op and element type in the differential test).
 """
 import json

@@ -19,13 +19,13 @@ cfg=()
 for c in ${CONFIGS:-128x256x64/8w/4s/tma-store 128x256x64/8w/4s/tma-ws-store}; do cfg+=(--config "$c"); done
 shapes=()
 for s in ${SHAPES:-4096x4096x64 4096x4096x256 4096x4096x1024 4096x4096x4096 8192x8192x64 8192x8192x4096}; do shapes+=(--gemm "bf16:$s"); done
-timeout 300 $B/trident-bench --baseline-cmd "$PY bench/baseline.py" "${shapes[@]}" "${cfg[@]}" \
+timeout 300 $B/trident bench --baseline-cmd "$PY bench/baseline.py" "${shapes[@]}" "${cfg[@]}" \
   --json "$O/ksweep.json" > "$O/ksweep.log" 2>&1
 tail -12 "$O/ksweep.log" >> "$O/run.log"
 NS=${NCU_SHAPE:-4096x4096x4096}; IFS=x read -r NM NN NK <<< "$NS"
 SECTIONS="--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats --section Occupancy --section LaunchStats"
 timeout 120 "$NCU" --clock-control none -k regex:gemm_bf16 -c 1 $SECTIONS \
-  $B/trident-bench --gemm bf16:$NS --config "${NCU_CONFIG:-128x256x64/8w/4s/tma-store}" --reps 1 \
+  $B/trident bench --gemm bf16:$NS --config "${NCU_CONFIG:-128x256x64/8w/4s/tma-store}" --reps 1 \
   > "$O/ncu-trident.txt" 2>&1
 cat > /tmp/cublas.py <<'PY'
 import torch
@@ -40,7 +40,7 @@ PY
 timeout 120 "$NCU" --clock-control none --launch-skip 3 -c 1 $SECTIONS "$PY" /tmp/cublas.py $NM $NN $NK > "$O/ncu-cublas.txt" 2>&1
 grep -E "^  [a-zA-Z_].*\(|Duration|SM Frequency|Compute \(SM\) Throughput|Memory Throughput|Registers Per|Shared Memory Config|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" \
   "$O/ncu-trident.txt" "$O/ncu-cublas.txt" >> "$O/run.log"
-$B/trident-emit --backend nvidia --target sm_90a --kernel gemm --dtype bf16 --config 128x256x64/8w/4s \
+$B/trident emit --backend nvidia --target sm_90a --kernel gemm --dtype bf16 --config 128x256x64/8w/4s \
   --descriptors --tma-store > /tmp/g.ptx
 /usr/local/cuda/bin/ptxas -arch sm_90a -v /tmp/g.ptx -o /tmp/g.cubin >> "$O/run.log" 2>&1
 /usr/local/cuda/bin/cuobjdump -sass /tmp/g.cubin | gzip > "$O/sass.txt.gz"

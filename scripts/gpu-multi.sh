@@ -5,7 +5,7 @@
 #      size from 2 up to the GPU count (powers of two),
 #   2. the NVSHMEM world (one process per GPU) at the same sizes, intra-node and inter-node
 #      scope, and a planted dead rank (scripts/gpu-nvshmem.sh),
-#   3. `trident-bench --world W` at the largest size (BENCH_WORLDS to choose others): AG-GEMM,
+#   3. `trident bench --world W` at the largest size (BENCH_WORLDS to choose others): AG-GEMM,
 #      GEMM-RS, AllReduce and AllGather against NCCL + cuBLAS under torchrun, timed before and
 #      after trident in the same run (bench/baseline_dist.py).
 # NVLink multicast stays off. On a machine with one GPU everything runs at world 1 (a check of
@@ -25,7 +25,7 @@ LARGEST=${WORLDS##* }
 for W in $WORLDS; do
   L="$O/logs/conformance-peer-world$W.log"; mkdir -p "$O/logs"
   start=$(date +%s%N)
-  timeout ${LIMIT:-240} $B/trident-conformance --backend nvidia --peer --world $W \
+  timeout ${LIMIT:-240} $B/trident test --backend nvidia --peer --world $W \
     --json "$O/logs/conformance-peer-world$W.json" > "$L" 2>&1
   rc=$?
   echo "== peer world of $W: rc=$rc, $(( ($(date +%s%N) - start) / 1000000 )) ms" >> "$O/multi.log"
@@ -48,10 +48,10 @@ for W in ${BENCH_WORLDS:-$LARGEST}; do
   C="$O/logs/clocks-world$W.csv"
   nvidia-smi --query-gpu=timestamp,index,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv,noheader -lms 100 > "$C" 2>/dev/null & SMI=$!
-  timeout ${BENCH_LIMIT:-500} $B/trident-bench --world $W "${ONLYARG[@]}" --reps ${REPS:-20} \
+  timeout ${BENCH_LIMIT:-500} $B/trident bench --world $W "${ONLYARG[@]}" --reps ${REPS:-20} \
     --baseline-cmd "$PY/torchrun --nproc-per-node $W --master-port 29531 bench/baseline_dist.py" \
     --json "$O/bench-world$W.json" > "$O/logs/bench-world$W.log" 2>&1
-  echo "== trident-bench --world $W: rc=$?" >> "$O/multi.log"
+  echo "== trident bench --world $W: rc=$?" >> "$O/multi.log"
   kill $SMI 2>/dev/null
   # Busy samples (SM clock above idle): how many ran power-capped (reason bit 0x4), the lowest
   # clock.

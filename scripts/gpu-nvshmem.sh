@@ -22,7 +22,7 @@ for SCOPE in intra inter; do
   for W in ${WORLDS:-1 2 4}; do
     L="$O/logs/nvshmem-$SCOPE-world$W.log"; mkdir -p "$O/logs"
     start=$(date +%s%N)
-    timeout ${LIMIT:-80} $B/trident launch -n $W -- $B/trident-conformance --backend nvidia --processes $FLAG \
+    timeout ${LIMIT:-80} $B/trident launch -n $W -- $B/trident test --backend nvidia --processes $FLAG \
       --json "$O/logs/conformance-nvshmem-$SCOPE-world$W.json" > "$L" 2>&1
     rc=$?
     echo "== $SCOPE-node scope, world of $W processes: rc=$rc, $(( ($(date +%s%N) - start) / 1000000 )) ms" >> "$O/nvshmem.log"
@@ -32,7 +32,7 @@ done
 for W in ${DEAD_WORLDS:-2 4}; do
   R=$((W - 1))
   start=$(date +%s%N)
-  timeout 60 $B/trident launch -n $W --grace-ms 20000 -- $B/trident-conformance --backend nvidia --processes \
+  timeout 60 $B/trident launch -n $W --grace-ms 20000 -- $B/trident test --backend nvidia --processes \
     --kernel allgather --plant-dead-rank $R > "$O/logs/nvshmem-dead-world$W.log" 2>&1
   rc=$?
   echo "== planted dead rank $R of $W: rc=$rc (non-zero expected), $(( ($(date +%s%N) - start) / 1000000 )) ms" >> "$O/nvshmem.log"

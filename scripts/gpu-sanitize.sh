@@ -21,7 +21,7 @@ for tool in ${TOOLS:-memcheck racecheck synccheck initcheck}; do
     log="$OUT/sanitize-$tool-world$w.log"
     start=$(date +%s)
     timeout "$LIMIT" "$SAN" --tool "$tool" --error-exitcode 86 --print-limit 20 \
-      $B/trident-conformance --backend nvidia --world "$w" "${filter[@]}" > "$log" 2>&1
+      $B/trident test --backend nvidia --world "$w" "${filter[@]}" > "$log" 2>&1
     rc=$?
     took=$(( $(date +%s) - start ))
     cases=$(grep -E '^conformance:' "$log" | tail -1)
@@ -40,7 +40,7 @@ done
 if [ "${LINEINFO:-1}" = 1 ]; then
   log="$OUT/sanitize-lineinfo.log"
   line=$(grep -n ' = load ' examples/gelu.tile | head -1 | cut -d: -f1)
-  timeout 60 "$SAN" --tool memcheck --print-limit 3 $B/trident-run examples/gelu.tile --backend nvidia \
+  timeout 60 "$SAN" --tool memcheck --print-limit 3 $B/trident run examples/gelu.tile --backend nvidia \
     --grid 4 --arg 'x=f32[900]' --arg 'out=f32[1000]:zeros' --arg n=1000 --out /tmp/gelu-out > "$log" 2>&1
   if grep -q "gelu.tile:$line" "$log"; then
     echo "lineinfo: memcheck names gelu.tile:$line (the load)" | tee -a "$OUT/sanitize.txt"

@@ -7,8 +7,8 @@ LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib | hea
 export TRIDENT_NVSHMEM_LIB=$LIB/libnvshmem_host.so.3 LD_LIBRARY_PATH=$LIB TRIDENT_CACHE_DIR=$PWD/bundle/cache
 export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
 for F in "" --inter-node; do
-  echo "== torchrun --no-python --nproc-per-node 2 trident-conformance --backend nvidia --processes $F" | tee -a $O/torchrun.log
-  timeout 120 /opt/torch/.venv/bin/torchrun --no-python --nproc-per-node 2 --master-port 29517 bundle/trident-conformance \
+  echo "== torchrun --no-python --nproc-per-node 2 trident test --backend nvidia --processes $F" | tee -a $O/torchrun.log
+  timeout 120 /opt/torch/.venv/bin/torchrun --no-python --nproc-per-node 2 --master-port 29517 bundle/trident test \
     --backend nvidia --processes $F > $O/torchrun-run.log 2>&1; echo "rc=$?" | tee -a $O/torchrun.log
   grep -E "conformance:|rank [0-9] of|FAIL|rror" $O/torchrun-run.log | head -12 | tee -a $O/torchrun.log
 done

@@ -22,16 +22,16 @@ step() { # name, limit, command...
   cat "$O/step.log" >> "$O/steps-full.log"
   grep -E "conformance:|refused|FAIL|PASS|ended after|named|unusable|stuck|timed out|died|rank [0-9]+ of" "$O/step.log" | head -${LINES_KEPT:-12} >> "$L"
 }
-step "self-test" 120 $B/trident-gpu-selftest
+step "self-test" 120 $B/trident selftest
 for W in ${WORLDS:-2 4 8 9 12 16 32}; do
-  step "loopback world $W" ${LIMIT:-150} $B/trident-conformance --backend nvidia --world "$W" --json "$O/conformance-world$W.json"
+  step "loopback world $W" ${LIMIT:-150} $B/trident test --backend nvidia --world "$W" --json "$O/conformance-world$W.json"
 done
 if [ "${DEAD:-1}" = 1 ]; then
   LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
   export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3} LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
   export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
   LINES_KEPT=30 step "NVSHMEM world of 4, rank 3 dead, gemm_rs" 90 $B/trident launch -n 4 --grace-ms 20000 -- \
-    $B/trident-conformance --backend nvidia --processes --kernel gemm_rs --plant-dead-rank 3
+    $B/trident test --backend nvidia --processes --kernel gemm_rs --plant-dead-rank 3
 fi
 rm -f "$O/step.log"
 gzip -f "$O/steps-full.log"

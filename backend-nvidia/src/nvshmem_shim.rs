@@ -121,7 +121,7 @@ pub fn build(bc: &Path, arch: &str) -> Result<Shim, ShimError> {
         })
     };
     let (link, opt, llc, dis) = (tool("llvm-link")?, tool("opt")?, tool("llc")?, tool("llvm-dis")?);
-    let dir = std::env::temp_dir().join(format!("trident-nvshmem-shim-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("trident nvshmem-shim-{}", std::process::id()));
     let io =
         |path: &Path, e: std::io::Error| ShimError::Io { path: path.display().to_string(), message: e.to_string() };
     std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;

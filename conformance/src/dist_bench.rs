@@ -1,4 +1,4 @@
-//! The distributed benchmark of a world (`trident-bench --world W`): every registered
+//! The distributed benchmark of a world (`trident bench --world W`): every registered
 //! operation's benchmark (`crate::registry::Benchmark`) on every rank, each variant checked
 //! against an f64 reference and timed with the protocol `bench/baseline_dist.py` uses for NCCL
 //! and cuBLAS, so the two compare.
@@ -68,7 +68,7 @@ impl DistCase {
     }
 }
 
-/// The cases of `trident-bench --world W`: every registered operation's benchmark shapes
+/// The cases of `trident bench --world W`: every registered operation's benchmark shapes
 /// (`Benchmark::shapes`), bf16.
 pub fn cases(world: usize) -> Vec<DistCase> {
     let mut v = Vec::new();

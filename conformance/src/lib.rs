@@ -1,4 +1,4 @@
-//! trident-conformance: the cross-backend suite.
+//! trident test: the cross-backend suite.
 //!
 //! Every kernel x dtype x shape runs through its host orchestration on a backend's device and is
 //! checked against an f64 host reference computed from the same (rounded) random inputs, with
@@ -6,13 +6,12 @@
 
 mod cases;
 pub mod cli;
+pub mod commands;
 pub mod dist_bench;
-pub mod dist_report;
 pub mod distributed;
 pub mod host;
 pub mod npy;
 pub mod ops;
-pub mod overlap;
 pub mod reference;
 pub mod registry;
 pub mod suite;

@@ -1,4 +1,4 @@
-//! NumPy `.npy` files (format 1.0, one dimension, little-endian) for `trident-run`'s buffers.
+//! NumPy `.npy` files (format 1.0, one dimension, little-endian) for `trident run`'s buffers.
 //!
 //! Element types map to NumPy's: `i1` is `|b1`, `i8` `|i1`, `u8` `|u1`, `f16` `<f2`, .. NumPy
 //! has no bf16: bf16 buffers are written as `<f4` (exactly) and read from `<f4` (rounded).

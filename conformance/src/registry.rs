@@ -8,7 +8,7 @@ use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 /// Every rank's inputs and the output each must end with (one rank for a single-device case).
 pub struct WorldData {
@@ -48,7 +48,7 @@ pub trait Operation: Sync {
     }
     /// A single-device operation on `l`'s device: `ins` hold the inputs, `out` (poisoned) the
     /// output of `out_len` elements.
-    fn run_device(&self, case: &Case, l: &Launcher, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let _ = (l, ins, out);
         Err(BackendError::Host(format!("`{}` is not a single-device operation", case.kernel)))
     }
@@ -66,7 +66,7 @@ pub trait Operation: Sync {
         let _ = (ctx, inputs, ins, out_len);
         Err(BackendError::Host(format!("`{}` is not a distributed operation", case.kernel)))
     }
-    /// Its part of the distributed benchmark (`trident-bench --world W`), if any.
+    /// Its part of the distributed benchmark (`trident bench --world W`), if any.
     fn benchmark(&self) -> Option<&dyn Benchmark> {
         None
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 use std::time::Instant;
 use trident_core::backend::{Backend, BackendError, Buffer, Device, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 /// Element types every kernel is checked in.
 pub const DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
@@ -124,7 +124,7 @@ fn execute(
     opts: &LaunchOptions,
     target: Option<String>,
 ) -> Result<Buffer, BackendError> {
-    let mut l = Launcher::new(backend, device, *opts);
+    let mut l = DeviceCtx::new(backend, device, *opts);
     l.target = target;
     let d = case.dtype;
     let ins: Vec<Buffer> = p.inputs[0]

@@ -8,7 +8,7 @@ use trident_conformance::host::{decode, encode, poison, random};
 use trident_conformance::reference;
 use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::{gemm::Gemm, Launcher};
+use trident_kernels::{gemm::Gemm, DeviceCtx};
 
 #[test]
 fn swept_gemm_configurations_match_f64() {
@@ -22,7 +22,7 @@ fn swept_gemm_configurations_match_f64() {
         {
             let backend = SimtBackend;
             let dev = backend.open_device(0).unwrap();
-            let mut l = Launcher::new(&backend, dev.as_ref(), LaunchOptions::default());
+            let mut l = DeviceCtx::new(&backend, dev.as_ref(), LaunchOptions::default());
             l.target = Some("sm_90a".into());
             let es = d.size_bytes() as usize;
             let ab = dev.alloc(m * k * es, "a").unwrap();

@@ -1,6 +1,6 @@
 //! One regression test per class of wrong answers found by running kernels outside the
 //! catalogue (issue 8). Each failed on the commit before the fix; the differential test
-//! (`trident-ops`) covers every op x type, these pin the specific findings.
+//! (`trident ops`) covers every op x type, these pin the specific findings.
 
 use trident_core::backend::{self, Backend, KernelArg, LaunchOptions};
 use trident_core::ir::{AtomicOp, BinaryOp, DType, LaunchAttrs, Literal, MemSemantic, Scope, UnaryOp};

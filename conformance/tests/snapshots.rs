@@ -2,7 +2,7 @@
 //! program for each GPU target of the shared lowering (what a writer translates: lowered,
 //! protocol expanded), the PTX for sm_80 and sm_90a, and the LLVM IR for gfx942 and gfx90a. A change to the lowering shows up here
 //! as a reviewable diff; after an intended change, re-bless them all with
-//! `INSTA_UPDATE=always cargo test -p trident-conformance --test snapshots`.
+//! `INSTA_UPDATE=always cargo test -p trident test --test snapshots`.
 
 use trident_core::ir::DType;
 

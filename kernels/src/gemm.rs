@@ -3,7 +3,7 @@
 //!
 //! A is `[M, K]`, B is `[K, N]`, C is `[M, N]`, all row-major with the given row strides.
 
-use crate::{cdiv, require_bytes, require_i32, Launcher};
+use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs, Literal};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
@@ -162,10 +162,10 @@ impl Gemm {
         }
     }
 
-    /// The configuration for this problem on `l`'s device: the one `trident-bench` measured
+    /// The configuration for this problem on `l`'s device: the one `trident bench` measured
     /// fastest there (the tuning cache, `crate::tuning`), else [`Gemm::for_problem`]'s. Says
     /// on stderr, once per shape, which it took and why.
-    pub fn tuned(l: &Launcher, dtype: DType, mnk: (usize, usize, usize)) -> Gemm {
+    pub fn tuned(l: &DeviceCtx, dtype: DType, mnk: (usize, usize, usize)) -> Gemm {
         use std::sync::{Mutex, OnceLock};
         static CACHE: OnceLock<crate::tuning::TuningCache> = OnceLock::new();
         static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
@@ -400,7 +400,7 @@ impl Gemm {
     /// `c[m, n] = a[m, k] @ b[k, n]`, contiguous row-major.
     pub fn run(
         &self,
-        l: &Launcher,
+        l: &DeviceCtx,
         a: &Buffer,
         b: &Buffer,
         c: &Buffer,

@@ -35,7 +35,7 @@ pub fn require_i32(value: usize, what: &str) -> Result<i32, BackendError> {
 
 /// Where host orchestration runs kernels: a backend, one of its devices, launch options, and
 /// the artifacts compiled so far (one per specialization: kernels are built and compiled once).
-pub struct Launcher<'a> {
+pub struct DeviceCtx<'a> {
     pub backend: &'a dyn Backend,
     pub device: &'a dyn Device,
     pub opts: LaunchOptions,
@@ -44,9 +44,9 @@ pub struct Launcher<'a> {
     cache: KernelCache,
 }
 
-impl<'a> Launcher<'a> {
-    pub fn new(backend: &'a dyn Backend, device: &'a dyn Device, opts: LaunchOptions) -> Launcher<'a> {
-        Launcher { backend, device, opts, target: None, cache: KernelCache::default() }
+impl<'a> DeviceCtx<'a> {
+    pub fn new(backend: &'a dyn Backend, device: &'a dyn Device, opts: LaunchOptions) -> DeviceCtx<'a> {
+        DeviceCtx { backend, device, opts, target: None, cache: KernelCache::default() }
     }
 
     /// The artifact of the specialization `key` (its meta-parameters), building it on first use.

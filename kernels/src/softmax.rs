@@ -4,7 +4,7 @@
 //! whatever the storage type, with masked-off columns loaded as `-inf` so they vanish in `exp`.
 //! The quotient is `e * (1 / sum)`: one reciprocal per row.
 
-use crate::{require_bytes, require_i32, Launcher};
+use crate::{require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, VerifyError};
@@ -45,7 +45,7 @@ impl Softmax {
     }
 
     /// Softmax of each of `rows` rows of `cols` elements (row-major, contiguous).
-    pub fn run(&self, l: &Launcher, x: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<(), BackendError> {
+    pub fn run(&self, l: &DeviceCtx, x: &Buffer, out: &Buffer, rows: usize, cols: usize) -> Result<(), BackendError> {
         if cols > self.block as usize {
             return Err(BackendError::Host(format!("rows of {cols} columns exceed the block of {}", self.block)));
         }

@@ -7,7 +7,7 @@
 //! resets the workspace tile and the counter to zero, so the workspace stays ready for the next
 //! call without a memset. Summation order across splits is not deterministic.
 
-use crate::{cdiv, require_bytes, require_i32, Launcher};
+use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
 use trident_core::ir::{AtomicOp, DType, InputPrecision, LaunchAttrs, MemSemantic, Scope};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
@@ -95,7 +95,7 @@ impl SplitKGemm {
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
-        l: &Launcher,
+        l: &DeviceCtx,
         a: &Buffer,
         b: &Buffer,
         c: &Buffer,

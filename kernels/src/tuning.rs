@@ -1,6 +1,6 @@
 //! The GEMM's tuning cache: the configuration that measured fastest for a device, an element
 //! type and a problem shape, kept as JSON in the user's cache directory
-//! (`$TRIDENT_CACHE_DIR`, else `~/.cache/trident`, file `gemm-tuning.json`). `trident-bench`
+//! (`$TRIDENT_CACHE_DIR`, else `~/.cache/trident`, file `gemm-tuning.json`). `trident bench`
 //! fills it: its sweep times every configuration on the GPU and records the winner.
 //! [`Gemm::tuned`](crate::gemm::Gemm::tuned) reads it, falls back on the per-target heuristic
 //! (`Gemm::for_problem`) for shapes never tuned, and says once per shape which it took.

@@ -1,6 +1,6 @@
 //! `out = x + y` over `n` elements: the smallest complete kernel (masked loads and stores).
 
-use crate::{cdiv, require_bytes, require_i32, Launcher};
+use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, VerifyError};
@@ -26,7 +26,7 @@ impl VectorAdd {
     }
 
     /// `out[..n] = x[..n] + y[..n]` on `device`.
-    pub fn run(&self, l: &Launcher, x: &Buffer, y: &Buffer, out: &Buffer, n: usize) -> Result<(), BackendError> {
+    pub fn run(&self, l: &DeviceCtx, x: &Buffer, y: &Buffer, out: &Buffer, n: usize) -> Result<(), BackendError> {
         let bytes = n * self.dtype.size_bytes() as usize;
         for (buf, role) in [(x, "x"), (y, "y"), (out, "out")] {
             require_bytes(buf, bytes, role)?;

@@ -12,13 +12,13 @@ use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
 use trident_kernels::gemm::Gemm;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 #[test]
 fn wgmma_pipelines_of_four_and_five_stages() {
     trident_backend_nvidia::link();
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = Launcher::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     for (bm, bn, warps, stages) in [(64, 128, 4, 4), (128, 128, 8, 5)] {
@@ -37,7 +37,7 @@ fn wgmma_pipelines_of_four_and_five_stages() {
 fn tma_pipelines_through_descriptors() {
     trident_backend_nvidia::link();
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = Launcher::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     for (bm, bn, bk, warps, stages) in

@@ -1,7 +1,7 @@
 //! Communication at inter-node scope: the catalogue's communicating kernels, compiled with
 //! `LaunchAttrs::inter_node`, call the vendor library's device functions instead of reaching
 //! peers by load and store, and the switch survives the text format. (cpu-simt runs them:
-//! `trident-conformance --backend cpu-simt --inter-node`, in `cargo xtask ci`.)
+//! `trident test --backend cpu-simt --inter-node`, in `cargo xtask ci`.)
 
 use trident_core::ir::{DType, DeviceCall, SignalOp};
 use trident_core::simt::{count, lower, Inst};

@@ -1,4 +1,4 @@
-//! `Gemm::tuned` takes the tuning cache's choice for the device and shape (as `trident-bench`
+//! `Gemm::tuned` takes the tuning cache's choice for the device and shape (as `trident bench`
 //! records it) and the heuristic elsewhere; the tuned kernel computes the product (cpu-simt for
 //! sm_90a against an f64 reference, output poisoned).
 
@@ -11,7 +11,7 @@ use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
 use trident_kernels::gemm::Gemm;
 use trident_kernels::tuning::{key, GemmChoice, TuningCache};
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 #[test]
 fn tuned_gemms_come_from_the_cache_or_the_heuristic() {
@@ -21,7 +21,7 @@ fn tuned_gemms_come_from_the_cache_or_the_heuristic() {
     // Before any `Gemm::tuned` in this process (the cache is read once).
     std::env::set_var("TRIDENT_CACHE_DIR", &dir);
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = Launcher::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
     l.target = Some("sm_90a".into());
     let (m, n, k) = (96, 80, 144);
     let chosen = Gemm {

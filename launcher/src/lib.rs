@@ -5,6 +5,8 @@
 //! the rendezvous within their bound; whoever is still running `grace` later is stopped. The
 //! launch then fails naming the rank that failed first and how.
 
+pub mod command;
+
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 use trident_gpu_runtime::rendezvous::Server;

@@ -1,8 +1,11 @@
-//! `cargo xtask`: the project's entry points.
+//! `cargo xtask`: the project's entry points. The commands users run are subcommands of the one
+//! `trident` binary (the `cli` crate): `cargo xtask test` runs `trident test` (release build)
+//! with the unit tests and the differential test around it, and `emit`, `run`, `ops`, `math`,
+//! `bench`, `launch`, `demo` and `nvshmem-shim` forward to `trident` of the same name.
 //!
 //! * `cargo xtask test [--backend cpu] [--kernel K] [--dtype D] [--seed S] [--json FILE]`:
 //!   checks the options, then unit tests of the workspace, the conformance suite (release
-//!   build) and the differential test of every op x element type (`trident-ops`, which also
+//!   build) and the differential test of every op x element type (`trident ops`, which also
 //!   checks the support matrix `docs/SUPPORT.md`) on the backend.
 //!   With `--backend nvidia` the distributed cases also run in the NVSHMEM world of processes
 //!   (`trident launch -n 2`, or `-n W` with `--world W`); `--peer` runs them in the peer world
@@ -17,7 +20,7 @@
 //! * `cargo xtask emit --backend nvidia --target sm_90 (--kernel NAME | --file K.tile) [--time]`:
 //!   a kernel's code.
 //! * `cargo xtask run K.tile --grid X[,Y,Z] --arg NAME=VALUE ..`: runs a `.tile` kernel and
-//!   writes the buffers it wrote as `.npy` (`trident-run --help`).
+//!   writes the buffers it wrote as `.npy` (`trident run --help`).
 //! * `cargo xtask ops [--backend B] [--op NAME] [--bless]`: the differential test alone.
 //! * `cargo xtask math [--stride N] [--backend B]`: accuracy of the elementary functions.
 //! * `cargo xtask bundle`: release binaries for the GPU machine in `bundle/`.
@@ -186,28 +189,27 @@ fn run(mut cmd: Command) -> Result<(), Failure> {
     }
 }
 
-/// `cargo run --release` of a conformance binary in the caller's directory, so that the
-/// paths a user gives (`.tile` files, `.npy` inputs, `--out`) mean what they say.
-fn tool_here(bin: &str, args: &[String]) -> Command {
+/// `cargo run --release` of `trident SUBCOMMAND` in the caller's directory, so that the paths a
+/// user gives (`.tile` files, `.npy` inputs, `--out`) mean what they say.
+fn tool_here(subcommand: &str, args: &[String]) -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     let manifest = workspace_root().join("Cargo.toml");
     c.args(["run", "--quiet", "--release", "--manifest-path"]).arg(manifest);
-    c.args(["-p", "trident-conformance", "--bin", bin, "--"]);
+    c.args(["-p", "trident-cli", "--bin", "trident", "--", subcommand]);
     c.args(args);
     c
 }
 
-/// `cargo run --release` of one of the conformance crate's binaries with `args`.
-fn tool(bin: &str, args: &[String]) -> Command {
+/// `cargo run --release` of `trident SUBCOMMAND` with `args`.
+fn tool(subcommand: &str, args: &[String]) -> Command {
     let mut c = cargo();
-    c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", bin, "--"]);
+    c.args(["run", "--quiet", "--release", "-p", "trident-cli", "--bin", "trident", "--", subcommand]);
     c.args(args);
     c
 }
 
 fn conformance(args: &TestArgs) -> Command {
-    let mut c = cargo();
-    c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-conformance", "--"]);
+    let mut c = tool("test", &[]);
     c.args(["--backend", &args.backend]);
     if args.race {
         c.arg("--race");
@@ -254,7 +256,7 @@ fn ops(args: &TestArgs) -> Option<Command> {
         "--json".into(),
         workspace_root().join(format!("target/ops-{}{target}.json", args.backend)).display().to_string(),
     ]);
-    Some(tool("trident-ops", &a))
+    Some(tool("ops", &a))
 }
 
 fn test(args: &TestArgs) -> Result<(), Failure> {
@@ -293,13 +295,13 @@ fn test(args: &TestArgs) -> Result<(), Failure> {
 /// rank per process; a visible skip on every rank without CUDA, a GPU or NVSHMEM.
 fn processes(args: &TestArgs, ranks: &str) -> Command {
     let mut build = cargo();
-    build.args(["build", "--quiet", "--release", "-p", "trident-launcher", "-p", "trident-conformance"]);
+    build.args(["build", "--quiet", "--release", "-p", "trident-cli"]);
     // The build's failure shows in the launch that follows (no binaries).
     let _ = build.status();
     let bin = workspace_root().join("target/release");
     let mut c = Command::new(bin.join("trident"));
-    c.args(["launch", "-n", ranks, "--"]).arg(bin.join("trident-conformance"));
-    c.args(["--backend", "nvidia", "--processes"]);
+    c.args(["launch", "-n", ranks, "--"]).arg(bin.join("trident"));
+    c.args(["test", "--backend", "nvidia", "--processes"]);
     if args.inter_node {
         c.arg("--inter-node");
     }
@@ -339,11 +341,11 @@ fn ptx_check() -> Result<(), Failure> {
         let base = ["--backend", "nvidia", "--target", target].map(String::from);
         let mut a = base.to_vec();
         a.extend(["--all-to".to_string(), dir.display().to_string()]);
-        run(tool("trident-emit", &a))?;
+        run(tool("emit", &a))?;
         if target != "sm_90" {
             let mut a = base.to_vec();
             a.extend(["--emit".to_string(), dir.join("ops").display().to_string()]);
-            run(tool("trident-ops", &a))?;
+            run(tool("ops", &a))?;
         }
         for d in [dir.clone(), dir.join("ops")] {
             let Ok(entries) = std::fs::read_dir(&d) else { continue };
@@ -428,9 +430,9 @@ fn gemm_forms_check(ptxas: &Path, root: &Path) -> Result<(), Failure> {
                 ["--backend", "nvidia", "--target", "sm_90a", "--kernel", kernel].map(String::from).to_vec();
             a.extend(["--dtype", dtype, "--config", config].map(String::from));
             a.extend(form.iter().map(|f| f.to_string()));
-            let out = tool("trident-emit", &a).output().map_err(|e| format!("trident-emit: {e}"))?;
+            let out = tool("emit", &a).output().map_err(|e| format!("trident emit: {e}"))?;
             if !out.status.success() {
-                return Err(format!("trident-emit {}: {}", a.join(" "), String::from_utf8_lossy(&out.stderr)).into());
+                return Err(format!("trident emit {}: {}", a.join(" "), String::from_utf8_lossy(&out.stderr)).into());
             }
             let name = format!("{kernel}_{dtype}_{}{}", config.replace('/', "_"), form.join("").replace("--", "_"));
             let f = dir.join(format!("{name}.ptx"));
@@ -465,26 +467,15 @@ fn trident_cache_dir() -> PathBuf {
 
 fn bundle() -> Result<(), Failure> {
     let mut c = cargo();
-    c.args(["build", "--release", "-p", "trident-conformance", "-p", "trident-launcher"]);
+    c.args(["build", "--release", "-p", "trident-cli"]);
     run(c)?;
     let root = workspace_root();
     let dir = root.join("bundle");
+    // A bundle holds the one binary (and the cache below); binaries of older bundles go.
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    for bin in [
-        "trident-conformance",
-        "trident-demo",
-        "trident-emit",
-        "trident-gpu-selftest",
-        "trident-bench",
-        "trident-ops",
-        "trident-math",
-        "trident-run",
-        "trident",
-        "trident-rendezvous-probe",
-    ] {
-        let from = root.join("target/release").join(bin);
-        std::fs::copy(&from, dir.join(bin)).map_err(|e| format!("copying {}: {e}", from.display()))?;
-    }
+    let from = root.join("target/release/trident");
+    std::fs::copy(&from, dir.join("trident")).map_err(|e| format!("copying {}: {e}", from.display()))?;
     // NVSHMEM device shims made here (`cargo xtask nvshmem-shim`): the GPU machine has no LLVM.
     let shims = trident_cache_dir().join("nvshmem-shim");
     if shims.is_dir() {
@@ -520,25 +511,16 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.cmd {
         Cmd::Test(a) => test(a),
-        Cmd::Demo => {
-            let mut c = cargo();
-            c.args(["run", "--quiet", "--release", "-p", "trident-conformance", "--bin", "trident-demo"]);
-            run(c)
-        }
+        Cmd::Demo => run(tool("demo", &[])),
         Cmd::Bundle => bundle(),
         Cmd::PtxCheck => ptx_check(),
-        Cmd::Bench { args } => run(tool("trident-bench", args)),
-        Cmd::Launch { args } => {
-            let mut c = cargo();
-            c.args(["run", "--quiet", "--release", "-p", "trident-launcher", "--bin", "trident", "--", "launch"]);
-            c.args(args);
-            run(c)
-        }
-        Cmd::Emit { args } => run(tool_here("trident-emit", args)),
-        Cmd::Run { args } => run(tool_here("trident-run", args)),
-        Cmd::Ops { args } => run(tool("trident-ops", args)),
-        Cmd::NvshmemShim { args } => run(tool_here("trident-nvshmem-shim", args)),
-        Cmd::Math { args } => run(tool("trident-math", args)),
+        Cmd::Bench { args } => run(tool("bench", args)),
+        Cmd::Launch { args } => run(tool("launch", args)),
+        Cmd::Emit { args } => run(tool_here("emit", args)),
+        Cmd::Run { args } => run(tool_here("run", args)),
+        Cmd::Ops { args } => run(tool("ops", args)),
+        Cmd::NvshmemShim { args } => run(tool_here("nvshmem-shim", args)),
+        Cmd::Math { args } => run(tool("math", args)),
         Cmd::Ci(a) => {
             let mut fmt = cargo();
             fmt.args(["fmt", "--all", "--check"]);
@@ -623,12 +605,12 @@ fn main() -> ExitCode {
                     let a = ["--backend", "amd", "--target", "gfx942", "--emit"].map(String::from);
                     let mut a = a.to_vec();
                     a.push(dir.display().to_string());
-                    run(tool("trident-ops", &a))
+                    run(tool("ops", &a))
                 })
                 // The elementary functions of the lowering bit-identical to the host's.
                 .and_then(|_| {
                     let a = ["--stride", "65537", "--backend", "cpu-simt"].map(String::from);
-                    run(tool("trident-math", &a))
+                    run(tool("math", &a))
                 })
                 .and_then(|_| ptx())
         }

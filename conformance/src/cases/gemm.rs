@@ -8,7 +8,7 @@ use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::{DType, InputPrecision};
 use trident_kernels::gemm::Gemm;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 struct GemmCase;
 
@@ -62,7 +62,7 @@ impl Operation for GemmCase {
         WorldData::single(vec![a, b], expected, k)
     }
 
-    fn run_device(&self, case: &Case, l: &Launcher, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let precision = InputPrecision::parse(case.variant).unwrap_or(InputPrecision::Ieee);
         let mnk = (case.shape[0], case.shape[1], case.shape[2]);
         let g = Gemm::for_problem(case.dtype, l.gpu_target(), mnk.0).with_precision(precision);

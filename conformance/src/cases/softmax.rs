@@ -6,7 +6,7 @@ use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_kernels::softmax::Softmax;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 struct SoftmaxCase;
 
@@ -31,7 +31,7 @@ impl Operation for SoftmaxCase {
         WorldData::single(vec![x], expected, c)
     }
 
-    fn run_device(&self, case: &Case, l: &Launcher, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let (r, c) = (case.shape[0], case.shape[1]);
         Softmax::for_cols(case.dtype, c).run(l, &ins[0], out, r, c)
     }

@@ -6,7 +6,7 @@ use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_kernels::splitk_gemm::SplitKGemm;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 struct SplitKGemmCase;
 
@@ -31,7 +31,7 @@ impl Operation for SplitKGemmCase {
         WorldData::single(vec![a, b], expected, k)
     }
 
-    fn run_device(&self, case: &Case, l: &Launcher, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);
         let g = SplitKGemm::new(case.dtype, splits as u32);
         let ws = g.workspace(l.device, m, n)?;

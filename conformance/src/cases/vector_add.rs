@@ -6,7 +6,7 @@ use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_kernels::vector_add::VectorAdd;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 struct VectorAddCase;
 
@@ -29,7 +29,7 @@ impl Operation for VectorAddCase {
         WorldData::single(vec![x.clone(), y.clone()], reference::vector_add(&x, &y), 1)
     }
 
-    fn run_device(&self, case: &Case, l: &Launcher, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         VectorAdd { dtype: case.dtype, block: 256 }.run(l, &ins[0], &ins[1], out, case.shape[0])
     }
 }

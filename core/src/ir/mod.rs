@@ -262,7 +262,7 @@ pub struct LaunchAttrs {
     /// Every communication op of the kernel at inter-node scope: puts, gets, signals, fences and
     /// `barrier_all` become calls of the vendor library's device functions (NVSHMEM), as a
     /// `notify` at `inter_node` scope always does. Worlds set it to force that path where
-    /// every rank shares a node (`trident-conformance --processes --inter-node`).
+    /// every rank shares a node (`trident test --processes --inter-node`).
     pub inter_node: bool,
 }
 

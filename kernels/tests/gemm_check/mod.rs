@@ -4,10 +4,10 @@
 
 use rand::Rng;
 use trident_kernels::gemm::Gemm;
-use trident_kernels::Launcher;
+use trident_kernels::DeviceCtx;
 
 /// Runs `g` on `l` for each shape and checks every element of C.
-pub fn check(l: &Launcher, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
+pub fn check(l: &DeviceCtx, g: Gemm, shapes: &[(usize, usize, usize)], rng: &mut rand::rngs::StdRng) {
     let dev = l.device;
     let what = format!(
         "{}x{}/{}w/{}s desc {} ws {} persistent {} tma store {}",

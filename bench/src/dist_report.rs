@@ -2,8 +2,8 @@
 //! of the same run (NCCL and cuBLAS through PyTorch, `bench/baseline_dist.py`), and the bound
 //! max(compute, communication) beside them.
 
-use crate::dist_bench::DistCase;
 use serde_json::{json, Map, Value};
+use trident_conformance::dist_bench::DistCase;
 
 /// Unidirectional NVLink bandwidth of one H200 (18 links of NVLink 4: 900 GB/s both ways), the
 /// floor of a link-bound collective.

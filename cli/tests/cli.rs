@@ -1,17 +1,13 @@
-//! The command line as a user meets it: usage errors exit 2 before any work, every tool's
-//! `--help` lists its options, `.tile` files compile and run.
+//! The command line as a user meets it: usage errors exit 2 before any work, `trident --help`
+//! lists every subcommand and each subcommand's `--help` its options, `.tile` files compile and
+//! run.
 
 use std::process::{Command, Output};
 
-fn tool(bin: &str, args: &[&str]) -> Output {
-    let exe = match bin {
-        "trident-conformance" => env!("CARGO_BIN_EXE_trident-conformance"),
-        "trident-emit" => env!("CARGO_BIN_EXE_trident-emit"),
-        "trident-run" => env!("CARGO_BIN_EXE_trident-run"),
-        "trident-ops" => env!("CARGO_BIN_EXE_trident-ops"),
-        _ => env!("CARGO_BIN_EXE_trident-math"),
-    };
-    Command::new(exe)
+/// `trident SUBCOMMAND ARGS..` from the repository's root.
+fn tool(subcommand: &str, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_trident"))
+        .arg(subcommand)
         .args(args)
         .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
         .output()
@@ -25,21 +21,21 @@ fn text(o: &Output) -> String {
 #[test]
 fn usage_errors_exit_2_before_any_work() {
     for (bin, args) in [
-        ("trident-conformance", vec!["--backend", "rocm"]),
-        ("trident-conformance", vec!["--chaos", "0"]),
-        ("trident-conformance", vec!["--world", "65"]),
-        ("trident-conformance", vec!["--json", "/nonexistent/dir/report.json"]),
-        ("trident-conformance", vec!["--backend", "nvidia", "--race"]),
-        ("trident-conformance", vec!["--backend", "cpu", "--peer"]),
-        ("trident-conformance", vec!["--backend", "nvidia", "--peer", "--processes"]),
-        ("trident-emit", vec!["--kernel", "no_such_kernel"]),
-        ("trident-emit", vec!["--backend", "nvidia", "--target", "sm_42"]),
-        ("trident-emit", vec!["--file", "no/such.tile"]),
-        ("trident-ops", vec!["--backend", "rocm"]),
-        ("trident-ops", vec!["--op", "no_such_op"]),
-        ("trident-run", vec!["examples/gelu.tile", "--arg", "x=f32[8]"]),
-        ("trident-run", vec!["examples/gelu.tile", "--grid", "0"]),
-        ("trident-math", vec!["--stride", "0"]),
+        ("test", vec!["--backend", "rocm"]),
+        ("test", vec!["--chaos", "0"]),
+        ("test", vec!["--world", "65"]),
+        ("test", vec!["--json", "/nonexistent/dir/report.json"]),
+        ("test", vec!["--backend", "nvidia", "--race"]),
+        ("test", vec!["--backend", "cpu", "--peer"]),
+        ("test", vec!["--backend", "nvidia", "--peer", "--processes"]),
+        ("emit", vec!["--kernel", "no_such_kernel"]),
+        ("emit", vec!["--backend", "nvidia", "--target", "sm_42"]),
+        ("emit", vec!["--file", "no/such.tile"]),
+        ("ops", vec!["--backend", "rocm"]),
+        ("ops", vec!["--op", "no_such_op"]),
+        ("run", vec!["examples/gelu.tile", "--arg", "x=f32[8]"]),
+        ("run", vec!["examples/gelu.tile", "--grid", "0"]),
+        ("math", vec!["--stride", "0"]),
     ] {
         let o = tool(bin, &args);
         assert_eq!(o.status.code(), Some(2), "{bin} {args:?}: {}", text(&o));
@@ -48,13 +44,27 @@ fn usage_errors_exit_2_before_any_work() {
 }
 
 #[test]
+fn trident_lists_its_subcommands() {
+    let o = Command::new(env!("CARGO_BIN_EXE_trident")).arg("--help").output().expect("trident starts");
+    let t = text(&o);
+    for sub in ["run", "emit", "test", "bench", "ops", "math", "launch", "selftest", "demo", "nvshmem-shim"] {
+        assert!(o.status.success() && t.contains(&format!("  {sub} ")), "trident --help lacks {sub}: {t}");
+    }
+    let o = Command::new(env!("CARGO_BIN_EXE_trident")).arg("no-such-command").output().expect("trident starts");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
+
+#[test]
 fn every_tool_lists_its_options() {
     for (bin, option) in [
-        ("trident-conformance", "--world"),
-        ("trident-emit", "--file"),
-        ("trident-run", "--arg"),
-        ("trident-ops", "--bless"),
-        ("trident-math", "--stride"),
+        ("test", "--world"),
+        ("emit", "--file"),
+        ("run", "--arg"),
+        ("ops", "--bless"),
+        ("math", "--stride"),
+        ("bench", "--world"),
+        ("launch", "--bound-ms"),
+        ("nvshmem-shim", "--bc"),
     ] {
         let o = tool(bin, &["--help"]);
         assert!(o.status.success() && text(&o).contains(option), "{bin} --help: {}", text(&o));
@@ -64,7 +74,7 @@ fn every_tool_lists_its_options() {
 #[test]
 fn any_world_size_selects_the_distributed_cases() {
     for w in ["3", "6"] {
-        let o = tool("trident-conformance", &["--world", w, "--list"]);
+        let o = tool("test", &["--world", w, "--list"]);
         let t = text(&o);
         assert!(o.status.success() && t.lines().count() >= 27, "--world {w}: {t}");
         assert!(t.lines().all(|l| l.ends_with(&format!("world {w}"))), "{t}");
@@ -73,7 +83,7 @@ fn any_world_size_selects_the_distributed_cases() {
 
 #[test]
 fn tile_files_compile_and_run() {
-    let o = tool("trident-emit", &["--backend", "nvidia", "--target", "sm_90a", "--file", "examples/gelu.tile"]);
+    let o = tool("emit", &["--backend", "nvidia", "--target", "sm_90a", "--file", "examples/gelu.tile"]);
     assert!(o.status.success() && text(&o).contains(".entry gelu"), "{}", text(&o));
     let dir = std::env::temp_dir().join(format!("trident-run-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a temp dir");
@@ -83,7 +93,7 @@ fn tile_files_compile_and_run() {
     std::fs::write(&x_path, trident_conformance::npy::write(trident_core::ir::DType::F32, &xb)).expect("write");
     let (d, xa) = (dir.display().to_string(), format!("x={}", x_path.display()));
     let o = tool(
-        "trident-run",
+        "run",
         &[
             "examples/gelu.tile",
             "--backend",

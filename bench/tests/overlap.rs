@@ -2,7 +2,7 @@
 //! cpu-simt's sm_90a lowering: both pipelines give checked results on every rank and are timed.
 
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
-use trident_conformance::overlap::ag_gemm_vs_sequential;
+use trident_bench::overlap::ag_gemm_vs_sequential;
 use trident_core::ir::DType;
 
 #[test]

@@ -1,13 +1,13 @@
 //! AG-GEMM against "gather, then GEMM" in a world: the overlap benchmark of the Hopper GEMM
-//! issue, run by `trident-bench` in the loopback world (ranks sharing one GPU) and by the tests
+//! issue, run by `trident bench` in the loopback world (ranks sharing one GPU) and by the tests
 //! in the CPU world. Every rank times both pipelines with the host clock between barriers (the
 //! same way for both, so launch costs count alike) and checks both outputs against an f64
 //! reference of sampled entries.
 
-use crate::host::{decode, encode, poison, random};
-use crate::reference::sampled_gemm_error;
 use rand::SeedableRng;
 use std::time::Instant;
+use trident_conformance::host::{decode, encode, poison, random};
+use trident_conformance::reference::sampled_gemm_error;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;

@@ -1,4 +1,4 @@
-//! `trident-run` (`cargo xtask run`): runs a kernel written as a `.tile` file on one device.
+//! `trident run` (`cargo xtask run`): runs a kernel written as a `.tile` file on one device.
 //!
 //! ```text
 //! cargo xtask run kernel.tile --grid 4 --arg x=f32[1024] --arg y=f32[1024]:zeros \
@@ -11,7 +11,6 @@
 //! compiled and launched (once, after the inputs are written; `--repeat N` runs it N more
 //! times and reports the median); every buffer whose bytes changed is written to `DIR/NAME.npy`.
 
-use clap::Parser;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,12 +21,8 @@ use trident_conformance::ops::values::{encode, V};
 use trident_core::backend::{Buffer, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Elem, Literal};
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "trident-run",
-    about = "Runs a .tile kernel on a backend's device and writes the buffers it wrote as .npy"
-)]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// The kernel, in the text format.
     file: PathBuf,
     /// Programs along x[,y[,z]].
@@ -122,9 +117,8 @@ fn buffer(name: &str, d: DType, text: &str, rng: &mut rand::rngs::StdRng) -> Res
     Ok(trident_conformance::ops::values::to_bytes(&bits, d))
 }
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
-    let a = Args::parse();
+/// `trident run`: a `.tile` kernel launched as `a` says.
+pub fn main(a: Args) -> ExitCode {
     // Everything is checked before anything runs.
     let desc = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,

@@ -1,25 +1,20 @@
-//! `trident-ops`: the differential test of every op x element type on one backend, and the
+//! `trident ops`: the differential test of every op x element type on one backend, and the
 //! check of the support matrix (`docs/SUPPORT.md`) against what the backends compile.
 
-use clap::Parser;
+use crate::cli::{self, usage};
+use crate::ops::matrix::{cell, Cell, Matrix, COLUMNS};
+use crate::ops::run::{Outcome, Runner, Status};
+use crate::ops::{cases, OpCase};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use trident_conformance::cli::{self, usage};
-use trident_conformance::ops::matrix::{cell, Cell, Matrix, COLUMNS};
-use trident_conformance::ops::run::{Outcome, Runner, Status};
-use trident_conformance::ops::{cases, OpCase};
 use trident_core::backend::{self, BackendError};
 use trident_core::ir::DType;
 
-#[derive(Parser, Debug)]
-#[command(
-    name = "trident-ops",
-    about = "Runs every op x element type alone on a backend against the host reference, and checks the support matrix"
-)]
-struct Args {
-    /// Backend to run on (`--list-backends` in trident-conformance lists them).
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Backend to run on (`--list-backends` in trident test lists them).
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Backend target (default: its first).
@@ -104,9 +99,8 @@ fn column_runners<'a>(
         .collect()
 }
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
-    let a = Args::parse();
+/// `trident ops`: the differential test of every op, as `a` says.
+pub fn main(a: Args) -> ExitCode {
     let desc = match cli::backend(&a.backend, a.target.as_deref()) {
         Ok(d) => d,
         Err(e) => return usage(e),
@@ -243,7 +237,7 @@ fn main() -> ExitCode {
     let device = match b.open_device(0) {
         Ok(d) => d,
         Err(e @ BackendError::NoDevice { .. }) => {
-            println!("trident-ops: backend {}: skipped: {e}", desc.name);
+            println!("trident ops: backend {}: skipped: {e}", desc.name);
             println!("ops: 0 passed, 0 failed, {} skipped", selected.len());
             return if disagreements.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
         }
@@ -252,7 +246,7 @@ fn main() -> ExitCode {
     let target = a.target.as_deref();
     let runner = Runner { backend: b.as_ref(), target, device: Some(device), seed };
     println!(
-        "trident-ops: backend {} target {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})",
+        "trident ops: backend {} target {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
         target.unwrap_or(desc.targets[0]),
         selected.len()
@@ -321,8 +315,8 @@ fn emit(
     let b = (desc.create)();
     let (mut n, mut failed) = (0, 0);
     for (_, c) in selected {
-        for lay in trident_conformance::ops::kernel::layouts(c.family) {
-            let f = match trident_conformance::ops::kernel::build(c, &lay) {
+        for lay in crate::ops::kernel::layouts(c.family) {
+            let f = match crate::ops::kernel::build(c, &lay) {
                 Ok(f) => f,
                 Err(e) => return usage(format!("{} {}: {e}", c.op_name(), c.dtype)),
             };

@@ -1,14 +1,12 @@
 //! `cargo xtask emit`: prints a kernel's code for a backend and target, optionally timed.
 
-use clap::Parser;
 use std::process::ExitCode;
 use std::time::Instant;
 use trident_conformance::cli::{self, usage};
 use trident_core::ir::DType;
 
-#[derive(Parser)]
-#[command(name = "trident-emit", about = "Compiles a library kernel or a .tile file and prints the backend's code")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     #[arg(long, default_value = "nvidia")]
     backend: String,
     /// Target of the backend (default: its first).
@@ -32,7 +30,7 @@ struct Args {
     /// Print the time from tile IR to code (median of 20 compiles) instead of the code.
     #[arg(long)]
     time: bool,
-    /// With `--kernel gemm` or `ag_gemm`: the configuration `BMxBNxBK/Ww/Ss` (as `trident-bench` prints it),
+    /// With `--kernel gemm` or `ag_gemm`: the configuration `BMxBNxBK/Ww/Ss` (as `trident bench` prints it),
     /// specialized for arguments divisible by 16.
     #[arg(long)]
     config: Option<String>,
@@ -81,9 +79,8 @@ fn gemm_config(text: &str, dtype: DType) -> Result<trident_kernels::gemm::Gemm, 
     })
 }
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
-    let a = Args::parse();
+/// `trident emit`: a kernel's code, as `a` says.
+pub fn main(a: Args) -> ExitCode {
     let Some(dtype) = DType::parse(&a.dtype) else {
         return usage(format!("--dtype {}: not an element type", a.dtype));
     };

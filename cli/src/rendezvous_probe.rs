@@ -7,7 +7,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use trident_gpu_runtime::world_env::WorldEnv;
 
-fn main() -> ExitCode {
+/// `trident rendezvous-probe`.
+pub fn main() -> ExitCode {
     let env = match WorldEnv::from_env() {
         Ok(e) => e,
         Err(e) => {

@@ -1,13 +1,12 @@
-//! `trident-bench`: times the library's kernels on the GPU with the vendor's events (through the
+//! `trident bench`: times the library's kernels on the GPU with the vendor's events (through the
 //! shared runtime's `Driver`: CUDA or HIP) and compares them with a baseline measured in the same
 //! run (cuBLAS or rocBLAS/hipBLASLt under PyTorch, through `bench/baseline.py`), next to the
 //! roofline. Every timed kernel is first checked against an f64 host reference on
 //! fresh random inputs with poisoned outputs.
 //!
-//! `trident-bench --cases` prints the cases (one per line) for the baseline script;
-//! `trident-bench --baseline FILE --json OUT` runs them.
+//! `trident bench --cases` prints the cases (one per line) for the baseline script;
+//! `trident bench --baseline FILE --json OUT` runs them.
 
-use clap::Parser;
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use trident_core::ir::DType;
 use trident_gpu_runtime::hidden::HiddenBuffers;
 use trident_gpu_runtime::Driver;
 use trident_kernels::tuning::{self, GemmChoice, TuningCache};
-use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, Launcher};
+use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, DeviceCtx};
 
 /// Dense bf16 matrix FLOP/s and HBM bandwidth of the device, from the vendors' datasheets:
 /// H200 SXM (989 TF/s, 4.8 TB/s), MI300X (1307 TF/s, 5.3 TB/s); unknown devices use the H200's.
@@ -29,9 +28,11 @@ fn peaks(device: &str) -> (f64, f64) {
     }
 }
 
-#[derive(Parser)]
-#[command(about = "trident kernels vs a baseline measured in the same run, with the roofline")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Two JSON reports (two vendors, two commits) side by side, instead of running anything.
+    #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
+    compare: Option<Vec<String>>,
     /// Print the cases, one per line (`name dtype dims...`), and exit.
     #[arg(long)]
     cases: bool,
@@ -316,7 +317,7 @@ fn run_case(
     let dev = Enqueuing::new(drv)?;
     let cuda = &dev;
     let target = drv.target();
-    let mut l = Launcher::new(drv.compiler(), &dev, LaunchOptions::default());
+    let mut l = DeviceCtx::new(drv.compiler(), &dev, LaunchOptions::default());
     l.target = target;
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let d = case.dtype;
@@ -540,7 +541,7 @@ fn gemm_error(
 /// time and what the machinery costs.
 fn overlap_cost(
     cuda: &Enqueuing,
-    l: &Launcher,
+    l: &DeviceCtx,
     case: &Case,
     reps: usize,
     rng: &mut rand::rngs::StdRng,
@@ -612,9 +613,8 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
     // The gathered A lives in every rank's symmetric heap (`m x k`), beside its signals.
     let mut opts = GpuWorldOptions::new(w);
     opts.heap_bytes = opts.heap_bytes.max(mnk.0 * mnk.2 * d.size_bytes() as usize + (8 << 20));
-    let out =
-        GpuWorld::run(opts, move |ctx| trident_conformance::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed))?;
-    let worst = |f: &dyn Fn(&trident_conformance::overlap::OverlapTimes) -> f64| out.iter().map(f).fold(0.0, f64::max);
+    let out = GpuWorld::run(opts, move |ctx| crate::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed))?;
+    let worst = |f: &dyn Fn(&crate::overlap::OverlapTimes) -> f64| out.iter().map(f).fold(0.0, f64::max);
     let (overlapped, sequential, error) =
         (worst(&|t| t.overlapped_ms), worst(&|t| t.sequential_ms), worst(&|t| t.error));
     if error > case.bound() {
@@ -630,7 +630,7 @@ fn rng_row(n: usize) -> usize {
     rand::thread_rng().gen_range(0..n)
 }
 
-/// `trident-bench compare A.json B.json`: two reports (two vendors, two commits) side by side
+/// `trident bench --compare A.json B.json`: two reports (two vendors, two commits) side by side
 /// per case: each one's time, its ratio to its own baseline, and the roofline floor.
 fn compare(a: &str, b: &str) -> ExitCode {
     let read = |p: &str| -> Result<serde_json::Value, String> {
@@ -687,7 +687,7 @@ fn compare(a: &str, b: &str) -> ExitCode {
 fn baseline(cmd: Option<&str>, keys: &[String], when: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
     let cmd = cmd?;
     let dir = std::env::temp_dir();
-    let (list, out) = (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
+    let (list, out) = (dir.join("trident bench-cases.txt"), dir.join(format!("trident bench-baseline-{when}.json")));
     let text: String = keys.iter().map(|k| k.clone() + "\n").collect();
     std::fs::write(&list, text).ok()?;
     eprintln!("bench: baseline ({when} trident): {cmd}");
@@ -704,11 +704,12 @@ fn read_json(path: Option<&str>) -> Option<serde_json::Map<String, serde_json::V
     std::fs::read_to_string(path?).ok().and_then(|t| serde_json::from_str(&t).ok())
 }
 
-/// `trident-bench --world W`: the distributed cases in the peer world, checked and timed, with
+/// `trident bench --world W`: the distributed cases in the peer world, checked and timed, with
 /// the vendor pipeline timed before and after them (the faster compared).
 fn world_main(args: &Args, w: usize) -> ExitCode {
+    use crate::dist_report;
     use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
-    use trident_conformance::{dist_bench, dist_report};
+    use trident_conformance::dist_bench;
     if !(1..=64).contains(&w) {
         eprintln!("error: --world {w}: a world has 1..=64 ranks");
         return ExitCode::from(2);
@@ -796,25 +797,12 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     }
 }
 
-fn main() -> ExitCode {
-    // The loopback case's ranks spin in kernels while others launch: modules load eagerly, as
-    // the loopback world sets up when it opens the device first (`backend-nvidia/src/world.rs`).
-    if std::env::var_os("CUDA_MODULE_LOADING").is_none() {
-        // SAFETY: before any thread starts and before the driver is initialised.
-        unsafe { std::env::set_var("CUDA_MODULE_LOADING", "EAGER") };
+/// `trident bench`: the benchmark `args` select. (Modules load eagerly, so that the loopback
+/// case's kernels can spin while others launch: `CudaDevice::open` sees to it.)
+pub fn main(args: Args) -> ExitCode {
+    if let Some([a, b]) = args.compare.as_deref() {
+        return compare(a, b);
     }
-    trident_conformance::link_backends();
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("compare") {
-        return match (argv.get(2), argv.get(3)) {
-            (Some(a), Some(b)) => compare(a, b),
-            _ => {
-                eprintln!("error: usage: trident-bench compare A.json B.json");
-                ExitCode::from(2)
-            }
-        };
-    }
-    let args = Args::parse();
     if let Some(w) = args.world {
         return world_main(&args, w);
     }

@@ -12,8 +12,8 @@ use trident_core::ir::{DType, InputPrecision};
 use trident_core::{text, verify};
 use trident_kernels::gemm::Gemm;
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
+/// `trident demo`.
+pub fn main() -> ExitCode {
     match demo().and_then(|_| ag_gemm_demo()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -49,7 +49,7 @@ fn demo() -> Result<(), Box<dyn std::error::Error>> {
     device.write(&db, 0, &encode(&b, DType::F32))?;
     device.fill(&dc, &poison(DType::F32))?;
     let start = Instant::now();
-    let launcher = trident_kernels::Launcher::new(
+    let launcher = trident_kernels::DeviceCtx::new(
         backend.as_ref(),
         device.as_ref(),
         LaunchOptions { seed, ..LaunchOptions::default() },

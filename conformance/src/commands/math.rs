@@ -1,4 +1,4 @@
-//! `trident-math`: the accuracy of core's elementary functions.
+//! `trident math`: the accuracy of core's elementary functions.
 //!
 //! * Host mode (default): every f32 input (or every `--stride`-th bit pattern) through the
 //!   host evaluation of each definition, against f64; prints the largest distance from the
@@ -8,17 +8,15 @@
 //!   be bit-identical to the host evaluation (the definitions use correctly rounded primitives
 //!   only, so they are), which carries the host's accuracy over to the device.
 
-use clap::Parser;
+use crate::reference::{ulps, unary_f64};
 use std::process::ExitCode;
-use trident_conformance::reference::{ulps, unary_f64};
 use trident_core::backend::{self, LaunchOptions};
 use trident_core::ir::{DType, LaunchAttrs, UnaryOp};
 use trident_core::math::{self, native::Native};
 use trident_core::KernelBuilder;
 
-#[derive(Parser, Debug)]
-#[command(name = "trident-math", about = "Accuracy of the elementary functions over the f32 inputs")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// Take every N-th bit pattern (1: all 2^32).
     #[arg(long, default_value_t = 1)]
     stride: u64,
@@ -87,7 +85,7 @@ impl Tally {
         }
         // On fast math's domain: absolute error, and relative where |f(x)| >= 2^-64; results
         // that round to infinity are judged by ulps only.
-        if trident_conformance::ops::fast_domain(op, x as f64) && !(r as f32).is_infinite() && !r.is_nan() {
+        if crate::ops::fast_domain(op, x as f64) && !(r as f32).is_infinite() && !r.is_nan() {
             let e = (y as f64 - r).abs();
             let e = if e.is_nan() { f64::INFINITY } else { e };
             self.dabs = self.dabs.max(e);
@@ -216,9 +214,8 @@ fn device(a: &Args, name: &str, op: UnaryOp, fast: bool, threads: usize) -> Resu
     Ok(all.row(op, fast, count))
 }
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
-    let a = Args::parse();
+/// `trident math`: the accuracy of the elementary functions, as `a` says.
+pub fn main(a: Args) -> ExitCode {
     if a.stride == 0 {
         eprintln!("error: --stride must be at least 1");
         return ExitCode::from(2);
@@ -232,7 +229,7 @@ fn main() -> ExitCode {
     let mut rows = Vec::new();
     let where_ = a.backend.as_deref().map(|b| format!("backend {b}")).unwrap_or_else(|| "host".into());
     println!(
-        "trident-math: {where_}, every {}-th f32 bit pattern ({} inputs per function)",
+        "trident math: {where_}, every {}-th f32 bit pattern ({} inputs per function)",
         a.stride,
         (1u64 << 32).div_ceil(a.stride)
     );

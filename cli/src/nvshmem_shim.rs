@@ -1,16 +1,14 @@
-//! `trident-nvshmem-shim` (`cargo xtask nvshmem-shim`): makes the NVSHMEM device shim from
+//! `trident nvshmem-shim` (`cargo xtask nvshmem-shim`): makes the NVSHMEM device shim from
 //! NVSHMEM's device bitcode with the LLVM tools found here, and stores it where the runtime looks
 //! (`<cache>/nvshmem-shim/<version>/<arch>.ptx`, or `--out`), to carry to a GPU machine
 //! without LLVM (`trident_backend_nvidia::nvshmem_shim`).
 
-use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use trident_backend_nvidia::nvshmem_shim;
 
-#[derive(Parser)]
-#[command(about = "Makes the NVSHMEM device shim (LLVM 18+ and NVSHMEM's libnvshmem_device.bc needed)")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// NVSHMEM's device bitcode (default: $TRIDENT_NVSHMEM_BC, else beside the host library
     /// trident finds).
     #[arg(long)]
@@ -23,8 +21,8 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn main() -> ExitCode {
-    let a = Args::parse();
+/// `trident nvshmem-shim`: the NVSHMEM device shim, as `a` says.
+pub fn main(a: Args) -> ExitCode {
     let bc = a.bc.clone().or_else(|| {
         let host =
             trident_backend_nvidia::nvshmem::candidates(&|k| std::env::var(k).ok()).into_iter().find(|p| p.exists())?;

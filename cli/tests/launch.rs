@@ -5,12 +5,16 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const PROBE: &str = env!("CARGO_BIN_EXE_trident-rendezvous-probe");
 const TRIDENT: &str = env!("CARGO_BIN_EXE_trident");
+/// What each rank runs: `trident rendezvous-probe`.
+const PROBE: [&str; 2] = [TRIDENT, "rendezvous-probe"];
 
 #[test]
 fn every_rank_meets_the_others() {
-    let out = Command::new(TRIDENT).args(["launch", "-n", "4", "--bound-ms", "10000", "--", PROBE]).output().unwrap();
+    let out = Command::new(TRIDENT)
+        .args(["launch", "-n", "4", "--bound-ms", "10000", "--", PROBE[0], PROBE[1]])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{}{}", stdout, String::from_utf8_lossy(&out.stderr));
     for r in 0..4 {
@@ -22,7 +26,7 @@ fn every_rank_meets_the_others() {
 fn a_failing_rank_is_named_and_the_others_end_within_the_bound() {
     let start = Instant::now();
     let out = Command::new(TRIDENT)
-        .args(["launch", "-n", "3", "--bound-ms", "20000", "--grace-ms", "20000", "--", PROBE])
+        .args(["launch", "-n", "3", "--bound-ms", "20000", "--grace-ms", "20000", "--", PROBE[0], PROBE[1]])
         .env("PROBE_FAIL_RANK", "1")
         .output()
         .unwrap();

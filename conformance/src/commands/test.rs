@@ -1,16 +1,14 @@
-//! `trident-conformance`: runs the conformance suite and prints a table; `--json` writes records.
+//! `trident test`: runs the conformance suite and prints a table; `--json` writes records.
 
-use clap::Parser;
+use crate::cli::{self, usage};
+use crate::suite::{all_cases, run_case, Record, RunConfig};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use trident_conformance::cli::{self, usage};
-use trident_conformance::suite::{all_cases, run_case, Record, RunConfig};
 use trident_core::backend;
 
-#[derive(Parser, Debug)]
-#[command(about = "Runs every kernel x dtype x shape against an f64 host reference")]
-struct Args {
+#[derive(clap::Args, Debug)]
+pub struct Args {
     /// Backend to run on.
     #[arg(long, default_value = "cpu")]
     backend: String,
@@ -76,9 +74,8 @@ const MAX_WORLD: usize = 64;
 /// Code objects compiled and checked, and those that failed, in `--backend amd`.
 type AmdCounts = Arc<Mutex<(usize, usize)>>;
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
-    let args = Args::parse();
+/// `trident test`: runs the suite as `args` say.
+pub fn main(args: Args) -> ExitCode {
     if args.list_backends {
         println!("devices: {}", trident_core::discovery::summary());
         for d in backend::registered() {
@@ -91,7 +88,7 @@ fn main() -> ExitCode {
         Err(e) => return usage(e),
     };
     if let Some(d) = &args.dtype {
-        if !trident_conformance::suite::DTYPES.iter().any(|x| x.as_str() == d) {
+        if !crate::suite::DTYPES.iter().any(|x| x.as_str() == d) {
             return usage(format!("--dtype {d}: the suite runs f32, bf16 and f16"));
         }
     }
@@ -141,7 +138,7 @@ fn main() -> ExitCode {
             }
             Err(e) => {
                 return usage(format!(
-                    "--processes: {e}: start it with `trident launch -n N -- trident-conformance --processes ...`"
+                    "--processes: {e}: start it with `trident launch -n N -- trident test --processes ...`"
                 ))
             }
         }
@@ -258,10 +255,9 @@ fn main() -> ExitCode {
         println!("conformance: 0 passed, 0 failed, {} skipped", selected.len());
         return ExitCode::SUCCESS;
     }
-    let mut world = processes.clone().map(|world| trident_conformance::distributed::WorldKind::Processes {
-        world,
-        plant_dead: args.plant_dead_rank,
-    });
+    let mut world = processes
+        .clone()
+        .map(|world| crate::distributed::WorldKind::Processes { world, plant_dead: args.plant_dead_rank });
     if args.peer {
         let sizes: std::collections::BTreeSet<usize> =
             selected.iter().filter(|(_, c)| c.distributed).map(|(_, c)| c.world).collect();
@@ -274,7 +270,7 @@ fn main() -> ExitCode {
                 Err(e) => println!("trident conformance: peer world of {w} ranks: {e}"),
             }
         }
-        world = Some(trident_conformance::distributed::WorldKind::Gpu { peer: true });
+        world = Some(crate::distributed::WorldKind::Gpu { peer: true });
     }
     if desc.name == "nvidia" && processes.is_none() {
         // A world this GPU cannot hold (more streams than hardware queues) is refused once, at

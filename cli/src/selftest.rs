@@ -1,4 +1,4 @@
-//! `trident-gpu-selftest`: runtime checks that need a GPU (run by scripts/gpu-check.sh).
+//! `trident selftest`: runtime checks that need a GPU (run by scripts/gpu-check.sh).
 //!
 //! 1. A planted wait that nothing satisfies ends within its bound with a diagnostic naming rank,
 //!    program, signal, expected and seen, and every program of the launch stops (no trap).
@@ -26,8 +26,8 @@ use trident_core::backend::{self, LaunchOptions};
 use trident_core::ir::{CmpOp, DType, LaunchAttrs, MemSemantic, Scope};
 use trident_core::KernelBuilder;
 
-fn main() -> ExitCode {
-    trident_conformance::link_backends();
+/// `trident selftest`.
+pub fn main() -> ExitCode {
     let code = match run() {
         Ok(()) => {
             println!("gpu selftest: PASS");
