@@ -6,6 +6,7 @@ mod emit;
 mod nvshmem_shim;
 mod rendezvous_probe;
 mod run;
+mod run_world;
 mod selftest;
 
 use clap::{Parser, Subcommand};

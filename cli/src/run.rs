@@ -1,4 +1,5 @@
-//! `trident run` (`cargo xtask run`): runs a kernel written as a `.tile` file on one device.
+//! `trident run` (`cargo xtask run`): runs a kernel written as a `.tile` file on one device, or
+//! SPMD on the ranks of a world (`--world N`, `--processes`: `crate::run_world`).
 //!
 //! ```text
 //! cargo xtask run kernel.tile --grid 4 --arg x=f32[1024] --arg y=f32[1024]:zeros \
@@ -24,34 +25,117 @@ use trident_core::ir::{DType, Elem, Literal};
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// The kernel, in the text format.
-    file: PathBuf,
+    pub(crate) file: PathBuf,
     /// Programs along x[,y[,z]].
     #[arg(long, default_value = "1")]
-    grid: String,
-    /// `NAME=VALUE` for each parameter (scalar: a number; pointer: `dtype[len]`,
-    /// `dtype[len]:zeros` or `file.npy`).
+    pub(crate) grid: String,
+    /// `NAME=VALUE` for each parameter. A scalar: a number, or `rank`, `world` or `call` (the
+    /// call's number from 1: an epoch). A pointer: `dtype[len]` (random, different on every
+    /// rank), `dtype[len]:zeros`, or a .npy file (`{rank}` in its name is the rank); `:symm`
+    /// after either allocates it in the symmetric heap (`--world`).
     #[arg(long = "arg", value_name = "NAME=VALUE")]
-    args: Vec<String>,
+    pub(crate) args: Vec<String>,
     #[arg(long, default_value = "cpu")]
-    backend: String,
+    pub(crate) backend: String,
     /// Backend target (default: its first).
     #[arg(long)]
-    target: Option<String>,
-    /// Where the written buffers go.
+    pub(crate) target: Option<String>,
+    /// Where the written buffers go (`OUT/rank<r>/` in a world).
     #[arg(long, default_value = "run-out")]
-    out: PathBuf,
-    /// Seed of the random buffers.
+    pub(crate) out: PathBuf,
+    /// Seed of the random buffers (and of the CPU world's schedules).
     #[arg(long, default_value_t = 0)]
-    seed: u64,
-    /// Extra timed runs (median reported); inputs are rewritten before each.
+    pub(crate) seed: u64,
+    /// One device: extra timed runs (median reported), inputs rewritten before each. A world:
+    /// calls after the first, back to back on the same buffers (`call` counts them), each
+    /// ended on every rank before the next starts.
     #[arg(long, default_value_t = 0)]
-    repeat: usize,
+    pub(crate) repeat: usize,
+    /// Runs the kernel SPMD on N ranks: the CPU world (`cpu`, `cpu-simt`), the loopback world
+    /// (`nvidia`: every rank on GPU 0), or with `--peer` a rank per GPU.
+    #[arg(long)]
+    pub(crate) world: Option<usize>,
+    /// The CPU world: runs under N schedules (seeded from `--seed`), each of which must
+    /// succeed and leave the same bytes.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) chaos: usize,
+    /// The CPU world: the happens-before race detector.
+    #[arg(long)]
+    pub(crate) race: bool,
+    /// `nvidia`: the peer world (a rank per GPU) instead of the loopback world.
+    #[arg(long)]
+    pub(crate) peer: bool,
+    /// This process is one rank of a world of processes (`trident launch -n N -- trident run
+    /// ... --processes`): NVSHMEM's symmetric heap on `nvidia`.
+    #[arg(long)]
+    pub(crate) processes: bool,
+}
+
+/// A scalar argument: a number, or one the rank or the call gives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum ScalarArg {
+    Fixed(KernelArg),
+    Rank,
+    World,
+    Call,
+}
+
+/// What a buffer starts with.
+#[derive(Clone, Debug)]
+pub(crate) enum Init {
+    Random,
+    Zeros,
+    /// A .npy file; `{rank}` in the path is the rank.
+    File(String),
 }
 
 /// A parameter's argument, resolved before anything runs.
-enum ArgValue {
-    Scalar(KernelArg),
-    Buffer { name: String, dtype: DType, bytes: Vec<u8> },
+#[derive(Clone, Debug)]
+pub(crate) enum ArgValue {
+    Scalar { name: String, dtype: DType, value: ScalarArg },
+    Buffer { name: String, dtype: DType, len: usize, init: Init, symmetric: bool },
+}
+
+impl ArgValue {
+    /// The kernel argument of a scalar at `rank` of `world`, in call `call`.
+    pub(crate) fn scalar(&self, rank: usize, world: usize, call: usize) -> Result<KernelArg, String> {
+        let ArgValue::Scalar { name, dtype, value } = self else { unreachable!("only scalars") };
+        let n = match value {
+            ScalarArg::Fixed(k) => return Ok(*k),
+            ScalarArg::Rank => rank,
+            ScalarArg::World => world,
+            ScalarArg::Call => call,
+        };
+        scalar(name, *dtype, &n.to_string())
+    }
+
+    /// A buffer's first bytes at `rank`: random values differ per rank (seeded by `seed` and
+    /// the rank).
+    pub(crate) fn bytes(&self, rank: usize, seed: u64) -> Result<Vec<u8>, String> {
+        let ArgValue::Buffer { name, dtype, len, init, .. } = self else { unreachable!("only buffers") };
+        let d = *dtype;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let bits: Vec<u64> = match init {
+            Init::File(path) => {
+                let path = path.replace("{rank}", &rank.to_string());
+                let file = std::fs::read(&path).map_err(|e| format!("--arg {name}={path}: {e}"))?;
+                return npy::read(d, &file).map_err(|e| format!("--arg {name}={path}: {e}"));
+            }
+            Init::Zeros => vec![0; *len],
+            Init::Random => (0..*len)
+                .map(|_| {
+                    if d.is_float() {
+                        encode(V::F(rng.gen_range(-1.0..1.0)), d)
+                    } else if d == DType::I1 {
+                        rng.gen_range(0..2)
+                    } else {
+                        encode(V::I(rng.gen::<i64>() as i128), d)
+                    }
+                })
+                .collect(),
+        };
+        Ok(trident_conformance::ops::values::to_bytes(&bits, d))
+    }
 }
 
 fn parse_grid(s: &str) -> Result<[u32; 3], String> {
@@ -86,35 +170,60 @@ fn scalar(name: &str, d: DType, text: &str) -> Result<KernelArg, String> {
     Ok(KernelArg::Scalar(lit, d))
 }
 
-fn buffer(name: &str, d: DType, text: &str, rng: &mut rand::rngs::StdRng) -> Result<Vec<u8>, String> {
-    if text.ends_with(".npy") {
-        let file = std::fs::read(text).map_err(|e| format!("--arg {name}={text}: {e}"))?;
-        return npy::read(d, &file).map_err(|e| format!("--arg {name}={text}: {e}"));
-    }
-    let (spec, init) = text.split_once(':').unwrap_or((text, "random"));
-    let bad = || format!("--arg {name}={text}: expected `{d}[len]`, `{d}[len]:zeros` or a .npy file");
-    let (ty, len) = spec.strip_suffix(']').and_then(|s| s.split_once('[')).ok_or_else(bad)?;
-    let ty = DType::parse(ty).ok_or_else(bad)?;
-    if ty != d {
-        return Err(format!("--arg {name}={text}: the parameter points to `{d}`, not `{ty}`"));
-    }
-    let len: usize = len.parse().map_err(|_| bad())?;
-    let bits: Vec<u64> = match init {
-        "zeros" => vec![0; len],
-        "random" => (0..len)
-            .map(|_| {
-                if d.is_float() {
-                    encode(V::F(rng.gen_range(-1.0..1.0)), d)
-                } else if d == DType::I1 {
-                    rng.gen_range(0..2)
-                } else {
-                    encode(V::I(rng.gen::<i64>() as i128), d)
-                }
-            })
-            .collect(),
-        _ => return Err(bad()),
+fn scalar_arg(name: &str, d: DType, text: &str) -> Result<ArgValue, String> {
+    let value = match text {
+        "rank" => ScalarArg::Rank,
+        "world" => ScalarArg::World,
+        "call" => ScalarArg::Call,
+        _ => ScalarArg::Fixed(scalar(name, d, text)?),
     };
-    Ok(trident_conformance::ops::values::to_bytes(&bits, d))
+    Ok(ArgValue::Scalar { name: name.to_string(), dtype: d, value })
+}
+
+fn buffer(name: &str, d: DType, text: &str) -> Result<ArgValue, String> {
+    let mut parts = text.split(':');
+    let spec = parts.next().unwrap_or_default();
+    let bad =
+        || format!("--arg {name}={text}: expected `{d}[len]` or a .npy file, then `:zeros` and `:symm` if wanted");
+    let (mut init, mut symmetric) = (Init::Random, false);
+    for m in parts {
+        match m {
+            "zeros" => init = Init::Zeros,
+            "random" => init = Init::Random,
+            "symm" => symmetric = true,
+            _ => return Err(bad()),
+        }
+    }
+    let len = if spec.ends_with(".npy") {
+        // Its length from the file (rank 0's, where the name has `{rank}`).
+        let path = spec.replace("{rank}", "0");
+        let file = std::fs::read(&path).map_err(|e| format!("--arg {name}={path}: {e}"))?;
+        let bytes = npy::read(d, &file).map_err(|e| format!("--arg {name}={path}: {e}"))?;
+        init = Init::File(spec.to_string());
+        bytes.len() / d.size_bytes() as usize
+    } else {
+        let (ty, len) = spec.strip_suffix(']').and_then(|s| s.split_once('[')).ok_or_else(bad)?;
+        let ty = DType::parse(ty).ok_or_else(bad)?;
+        if ty != d {
+            return Err(format!("--arg {name}={text}: the parameter points to `{d}`, not `{ty}`"));
+        }
+        len.parse().map_err(|_| bad())?
+    };
+    Ok(ArgValue::Buffer { name: name.to_string(), dtype: d, len, init, symmetric })
+}
+
+/// Writes `bytes` as `DIR/NAME.npy` and says so.
+pub(crate) fn write_npy(dir: &std::path::Path, name: &str, dtype: DType, bytes: &[u8]) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let path = dir.join(format!("{name}.npy"));
+    std::fs::write(&path, npy::write(dtype, bytes)).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    println!(
+        "wrote {} ({} x {dtype}: {}, ..)",
+        path.display(),
+        bytes.len() / dtype.size_bytes() as usize,
+        npy::preview(dtype, bytes, 4)
+    );
+    Ok(())
 }
 
 /// `trident run`: a `.tile` kernel launched as `a` says.
@@ -154,17 +263,14 @@ pub fn main(a: Args) -> ExitCode {
             None => return usage(format!("--arg {s}: expected NAME=VALUE")),
         }
     }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     let mut values = Vec::new();
     for p in &func.params {
         let Some((_, v)) = given.iter().find(|(n, _)| *n == p.name) else {
             return usage(format!("parameter `{}: {}` has no --arg", p.name, func.ty(p.value)));
         };
         let r = match func.ty(p.value).elem {
-            Elem::Num(d) => scalar(&p.name, d, v).map(ArgValue::Scalar),
-            Elem::Ptr(d) => {
-                buffer(&p.name, d, v, &mut rng).map(|bytes| ArgValue::Buffer { name: p.name.clone(), dtype: d, bytes })
-            }
+            Elem::Num(d) => scalar_arg(&p.name, d, v),
+            Elem::Ptr(d) => buffer(&p.name, d, v),
             Elem::Token => Err(format!("parameter `{}` is a token", p.name)),
             Elem::Desc { .. } => Err(format!("parameter `{}` is a descriptor (make it with make_desc)", p.name)),
         };
@@ -176,6 +282,23 @@ pub fn main(a: Args) -> ExitCode {
     if let Err(e) = std::fs::create_dir_all(&a.out) {
         return usage(format!("--out {}: {e}", a.out.display()));
     }
+    if a.world.is_some() || a.processes {
+        return crate::run_world::main(&a, desc, func, grid, values);
+    }
+    if let Some(v) = values.iter().find(|v| matches!(v, ArgValue::Buffer { symmetric: true, .. })) {
+        return usage(format!("{v:?}: `:symm` needs a world (--world N, or --processes)"));
+    }
+    let initial: Vec<Option<Vec<u8>>> = match values
+        .iter()
+        .map(|v| match v {
+            ArgValue::Buffer { .. } => v.bytes(0, a.seed).map(Some),
+            ArgValue::Scalar { .. } => Ok(None),
+        })
+        .collect::<Result<_, _>>()
+    {
+        Ok(b) => b,
+        Err(e) => return usage(e),
+    };
 
     let b = (desc.create)();
     let t = Instant::now();
@@ -196,47 +319,35 @@ pub fn main(a: Args) -> ExitCode {
     };
     let result = (|| -> Result<Vec<f64>, trident_core::backend::BackendError> {
         let mut bufs: Vec<Option<Buffer>> = Vec::new();
-        let mut kargs = Vec::new();
-        for v in &values {
-            match v {
-                ArgValue::Scalar(k) => {
-                    kargs.push(*k);
-                    bufs.push(None);
-                }
-                ArgValue::Buffer { name, bytes, .. } => {
-                    let buf = dev.alloc(bytes.len().max(1), name)?;
-                    kargs.push(buf.arg());
-                    bufs.push(Some(buf));
-                }
-            }
+        for (v, bytes) in values.iter().zip(&initial) {
+            bufs.push(match (v, bytes) {
+                (ArgValue::Buffer { name, .. }, Some(bytes)) => Some(dev.alloc(bytes.len().max(1), name)?),
+                _ => None,
+            });
         }
         let opts = LaunchOptions { seed: a.seed, ..LaunchOptions::default() };
         let mut times = Vec::new();
-        for _ in 0..=a.repeat {
-            for (v, buf) in values.iter().zip(&bufs) {
-                if let (ArgValue::Buffer { bytes, .. }, Some(buf)) = (v, buf) {
-                    dev.write(buf, 0, bytes)?;
+        for call in 1..=a.repeat + 1 {
+            let mut kargs = Vec::new();
+            for ((v, bytes), buf) in values.iter().zip(&initial).zip(&bufs) {
+                match (bytes, buf) {
+                    (Some(bytes), Some(buf)) => {
+                        dev.write(buf, 0, bytes)?;
+                        kargs.push(buf.arg());
+                    }
+                    _ => kargs.push(v.scalar(0, 1, call).map_err(trident_core::backend::BackendError::Host)?),
                 }
             }
             let t = Instant::now();
             dev.launch(&art, grid, &kargs, &opts)?;
             times.push(t.elapsed().as_secs_f64() * 1e3);
         }
-        for (v, buf) in values.iter().zip(&bufs) {
-            if let (ArgValue::Buffer { name, dtype, bytes }, Some(buf)) = (v, buf) {
+        for ((v, bytes), buf) in values.iter().zip(&initial).zip(&bufs) {
+            if let (ArgValue::Buffer { name, dtype, .. }, Some(bytes), Some(buf)) = (v, bytes, buf) {
                 let mut after = vec![0u8; bytes.len()];
                 dev.read(buf, 0, &mut after)?;
                 if after != *bytes {
-                    let path = a.out.join(format!("{name}.npy"));
-                    std::fs::write(&path, npy::write(*dtype, &after)).map_err(|e| {
-                        trident_core::backend::BackendError::Host(format!("writing {}: {e}", path.display()))
-                    })?;
-                    println!(
-                        "wrote {} ({} x {dtype}: {}, ..)",
-                        path.display(),
-                        after.len() / dtype.size_bytes() as usize,
-                        npy::preview(*dtype, &after, 4)
-                    );
+                    write_npy(&a.out, name, *dtype, &after).map_err(trident_core::backend::BackendError::Host)?;
                 }
                 dev.free(buf)?;
             }
