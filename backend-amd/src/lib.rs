@@ -1,7 +1,7 @@
 //! trident-backend-amd: tile IR -> SIMT IR -> LLVM IR for `amdgcn-amd-amdhsa` -> code objects.
 //!
-//! Owns: the targets ([`target`]: gfx942 and gfx90a, registered for the shared lowering and
-//! `cpu-simt`), the LLVM IR writer ([`emit`]), code objects through LLVM 19's `llc` and
+//! Owns: the AMD targets' backend (gfx942, gfx90a: `trident_core::target` describes and
+//! registers them), the LLVM IR writer ([`emit`]), code objects through LLVM 19's `llc` and
 //! `ld.lld` found at run time ([`codeobj`]), and the checks of a code object without an AMD GPU
 //! ([`metadata`]). Lowering decisions live in `trident_core::simt`, shared with the NVIDIA
 //! backend. The HIP runtime ([`hip`]) is loaded at run time; without it `open_device` is a typed
@@ -11,7 +11,6 @@ pub mod codeobj;
 pub mod emit;
 pub mod hip;
 pub mod metadata;
-pub mod target;
 
 use std::sync::Arc;
 use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};
@@ -25,7 +24,7 @@ inventory::submit! {
     BackendDescriptor {
         name: NAME,
         description: "AMDGCN code objects (gfx942, gfx90a) from LLVM IR through LLVM 19's llc and ld.lld, checked without a GPU",
-        targets: target::NAMES,
+        targets: trident_core::backend::Targets::Gpu { vendor: Some(trident_core::target::Vendor::Amd), default: "gfx942" },
         create: || Box::new(AmdBackend),
     }
 }
@@ -104,8 +103,8 @@ impl Backend for AmdBackend {
     }
 }
 
-/// Keeps this crate's registrations in a binary that reaches them only through the registries.
+/// Keeps this crate's registration in a binary that reaches it only through the registry.
 #[inline(never)]
 pub fn link() {
-    std::hint::black_box((target::NAMES, NAME));
+    std::hint::black_box(NAME);
 }

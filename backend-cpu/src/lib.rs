@@ -29,14 +29,12 @@ pub use device::CpuDevice;
 
 /// The backend's registered name.
 pub const NAME: &str = "cpu";
-/// The one target: the interpreter.
-pub const TARGETS: &[&str] = &["interp"];
 
 inventory::submit! {
     BackendDescriptor {
         name: NAME,
         description: "reference interpreter of the tile IR on the host (no GPU needed)",
-        targets: TARGETS,
+        targets: trident_core::backend::Targets::Host(&["interp"]),
         create: || Box::new(CpuBackend),
     }
 }

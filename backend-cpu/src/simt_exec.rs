@@ -20,15 +20,13 @@ use trident_core::simt::{diag, lower, protocol, Inst, Kernel, Reg, SType, Specia
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "cpu-simt";
-/// Every GPU target of the shared lowering (found in `trident_core::target`'s registry, which
-/// the vendor crates fill: a binary links them to run their targets here).
-pub const TARGETS: &[&str] = &["sm_90a", "sm_90", "sm_80", "gfx942", "gfx90a"];
 
 inventory::submit! {
     BackendDescriptor {
         name: NAME,
         description: "the SIMT lowering shared by the GPU backends, executed on the host for a GPU target",
-        targets: TARGETS,
+        // Every GPU target of the shared lowering (`trident_core::target::registered`).
+        targets: trident_core::backend::Targets::Gpu { vendor: None, default: "sm_90a" },
         create: || Box::new(SimtBackend),
     }
 }

@@ -338,8 +338,7 @@ fn faults_and_line_information_point_at_the_tile_ir() {
             other => panic!("{target}: {other}"),
         }
     }
-    let ptx =
-        trident_backend_nvidia::NvidiaBackend::ptx(&f, trident_backend_nvidia::target::Target::Sm90a).unwrap().ptx;
+    let ptx = trident_backend_nvidia::NvidiaBackend::ptx(&f, &trident_core::target::SM_90A).unwrap().ptx;
     assert!(ptx.contains(".file 1 \"oob.tile\"") && ptx.contains(".loc 1 5 "), "{ptx}");
 }
 

@@ -1,6 +1,6 @@
 //! trident-backend-nvidia: tile IR -> SIMT IR -> PTX, and a CUDA runtime loaded at run time.
 //!
-//! Owns: target lookup ([`target`]), the PTX writer ([`emit`]) and the device runtime
+//! Owns: the PTX writer ([`emit`]) and the device runtime
 //! ([`runtime`], [`event`], the loopback [`world`]). The layout decisions live in
 //! `trident_core::simt`, shared with the AMD backend; ops the lowering does not handle yet give a
 //! typed `Compile` error naming the op.
@@ -11,14 +11,13 @@ pub mod nvshmem;
 pub mod nvshmem_shim;
 pub mod nvshmem_world;
 pub mod runtime;
-pub mod target;
 pub mod tensor_map;
 pub mod world;
 
 use std::sync::Arc;
-use target::Target;
 use trident_core::backend::{Artifact, Backend, BackendDescriptor, BackendError, Device};
 use trident_core::simt::lower;
+use trident_core::target::TargetDesc;
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "nvidia";
@@ -27,7 +26,7 @@ inventory::submit! {
     BackendDescriptor {
         name: NAME,
         description: "PTX for sm_90a/sm_90/sm_80, run through the CUDA driver (loaded at run time)",
-        targets: Target::NAMES,
+        targets: trident_core::backend::Targets::Gpu { vendor: Some(trident_core::target::Vendor::Nvidia), default: "sm_90a" },
         create: || Box::new(NvidiaBackend),
     }
 }
@@ -58,10 +57,10 @@ pub struct NvidiaBackend;
 
 impl NvidiaBackend {
     /// PTX for `func` on `target` (no driver needed).
-    pub fn ptx(func: &Function, target: Target) -> Result<PtxModule, BackendError> {
+    pub fn ptx(func: &Function, target: &'static TargetDesc) -> Result<PtxModule, BackendError> {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
-        let mut k = lower(func, target.desc()).map_err(|e| compile_err(e.to_string()))?;
+        let mut k = lower(func, target).map_err(|e| compile_err(e.to_string()))?;
         let waits = k.waits();
         let device_calls = k.device_calls();
         trident_core::simt::protocol::expand(&mut k);
@@ -87,7 +86,11 @@ impl Backend for NvidiaBackend {
 
     fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
         let name = self.descriptor().resolve_target(target)?;
-        let t = Target::lookup(name).unwrap_or(Target::Sm90a);
+        let t = trident_core::target::lookup(name).map_err(|e| BackendError::UnsupportedTarget {
+            backend: NAME,
+            target: name.to_string(),
+            supported: e.known,
+        })?;
         let m = Self::ptx(func, t)?;
         let text = m.ptx.clone();
         Ok(Artifact::new(func, NAME, name, text, Arc::new(m)))

@@ -1,10 +1,10 @@
 //! PTX snapshots, the "no CUDA driver" path, and a GPU run when a GPU is present.
 
 use trident_backend_nvidia::runtime::CudaDevice;
-use trident_backend_nvidia::target::Target;
 use trident_backend_nvidia::NvidiaBackend;
 use trident_core::backend::{Backend, BackendError, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{DType, LaunchAttrs};
+use trident_core::target::SM_90A;
 use trident_core::{Function, KernelBuilder};
 
 fn vector_add(d: DType) -> Function {
@@ -20,7 +20,7 @@ fn vector_add(d: DType) -> Function {
 #[test]
 fn vector_add_ptx_snapshots() {
     for d in [DType::F32, DType::BF16] {
-        let m = NvidiaBackend::ptx(&vector_add(d), Target::Sm90a).unwrap();
+        let m = NvidiaBackend::ptx(&vector_add(d), &SM_90A).unwrap();
         insta::assert_snapshot!(format!("vadd_{d}_sm_90a"), m.ptx);
     }
 }

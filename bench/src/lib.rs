@@ -1,4 +1,4 @@
-//! trident bench: the benchmarks of `trident bench`. Single-device kernels against cuBLAS and
+//! trident-bench: the benchmarks of `trident bench`. Single-device kernels against cuBLAS and
 //! PyTorch (`bench/baseline.py`), the distributed operations of the registry against NCCL and
 //! cuBLAS under torchrun (`bench/baseline_dist.py`, their report in [`dist_report`]), and the
 //! loopback overlap benchmark ([`overlap`]). How each distributed operation is checked and

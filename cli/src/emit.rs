@@ -137,7 +137,7 @@ pub fn main(a: Args) -> ExitCode {
         let b = (d.create)();
         (|| -> Result<String, String> {
             if a.backend == "amd" && (a.time || a.asm) {
-                let name = a.target.as_deref().unwrap_or(d.targets[0]);
+                let name = a.target.as_deref().unwrap_or(d.target_names()[0]);
                 let t = trident_core::target::lookup(name).map_err(|e| e.to_string())?;
                 let tools = trident_backend_amd::codeobj::tools().map_err(|e| e.to_string())?;
                 if a.asm {
@@ -202,13 +202,13 @@ pub fn main(a: Args) -> ExitCode {
                     "{}: tile IR -> {} {} in {:.3} ms (median of 20){jit}",
                     func.name,
                     d.name,
-                    a.target.as_deref().unwrap_or(d.targets[0]),
+                    a.target.as_deref().unwrap_or(d.target_names()[0]),
                     times[10]
                 ))
             } else if a.stage == "tile" {
                 Ok(trident_core::text::print(&func))
             } else if a.stage == "simt" {
-                let name = a.target.as_deref().unwrap_or(d.targets[0]);
+                let name = a.target.as_deref().unwrap_or(d.target_names()[0]);
                 let t = trident_core::target::lookup(name).map_err(|e| {
                     format!("--stage simt needs a GPU target; backend `{}` target `{name}`: {e}", d.name)
                 })?;

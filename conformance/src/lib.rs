@@ -1,4 +1,4 @@
-//! trident test: the cross-backend suite.
+//! trident-conformance: the cross-backend suite (`trident test`, `trident ops`, `trident math`).
 //!
 //! Every kernel x dtype x shape runs through its host orchestration on a backend's device and is
 //! checked against an f64 host reference computed from the same (rounded) random inputs, with

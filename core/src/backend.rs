@@ -16,8 +16,8 @@ pub struct BackendDescriptor {
     /// The name `--backend` takes (`cpu`, `nvidia`, `amd`).
     pub name: &'static str,
     pub description: &'static str,
-    /// Targets `compile` accepts; the first is the default.
-    pub targets: &'static [&'static str],
+    /// Targets `compile` accepts.
+    pub targets: Targets,
     pub create: fn() -> Box<dyn Backend>,
 }
 
@@ -38,19 +38,42 @@ pub fn lookup(name: &str) -> Result<&'static BackendDescriptor, BackendError> {
     })
 }
 
+/// The targets a backend compiles for.
+#[derive(Clone, Copy, Debug)]
+pub enum Targets {
+    /// The registered GPU targets (`crate::target::registered`) of `vendor`, or of every vendor
+    /// (`None`), `default` first.
+    Gpu { vendor: Option<crate::target::Vendor>, default: &'static str },
+    /// Targets that are not GPUs (`interp`), the first the default.
+    Host(&'static [&'static str]),
+}
+
 impl BackendDescriptor {
+    /// Its targets, the default first.
+    pub fn target_names(&self) -> Vec<&'static str> {
+        match self.targets {
+            Targets::Host(names) => names.to_vec(),
+            Targets::Gpu { vendor, default } => {
+                let all = crate::target::registered();
+                let mine = all.iter().filter(|t| vendor.is_none_or(|v| t.vendor == v)).map(|t| t.name);
+                std::iter::once(default).chain(mine.filter(|n| *n != default)).collect()
+            }
+        }
+    }
+
     /// Resolves a requested target (`None` = the default) against this backend's targets.
     pub fn resolve_target(&self, target: Option<&str>) -> Result<&'static str, BackendError> {
+        let names = self.target_names();
         match target {
-            None => self.targets.first().copied().ok_or_else(|| BackendError::UnsupportedTarget {
+            None => names.first().copied().ok_or_else(|| BackendError::UnsupportedTarget {
                 backend: self.name,
                 target: "(default)".into(),
                 supported: String::new(),
             }),
-            Some(t) => self.targets.iter().copied().find(|x| *x == t).ok_or_else(|| BackendError::UnsupportedTarget {
+            Some(t) => names.iter().copied().find(|x| *x == t).ok_or_else(|| BackendError::UnsupportedTarget {
                 backend: self.name,
                 target: t.to_string(),
-                supported: self.targets.join(", "),
+                supported: names.join(", "),
             }),
         }
     }

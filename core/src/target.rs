@@ -11,7 +11,7 @@
 use crate::ir::DType;
 
 /// Who makes the chip.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Vendor {
     Nvidia,
     Amd,
@@ -172,6 +172,14 @@ pub struct TargetDesc {
     /// The target's names of the CTA, GPU and system scopes (`cta`/`gpu`/`sys`;
     /// `workgroup`/`agent`/system).
     pub scope_names: [&'static str; 3],
+    /// The vendor ISA version the code declares (PTX `.version`), where the writer declares one.
+    pub isa_version: Option<&'static str>,
+    /// Architecture-specific features beyond the compute capability's (sm_90a: `wgmma`,
+    /// `setmaxnreg`): code using them runs on that architecture only.
+    pub arch_specific: bool,
+    /// In the reference set: the support matrix's columns and the snapshot tests cover it
+    /// (sm_90 is left out: its code is sm_90a's without `wgmma`, which `ptx-check` assembles).
+    pub reference: bool,
 }
 
 inventory::collect!(TargetDesc);
@@ -195,11 +203,16 @@ pub struct UnknownTarget {
     pub known: String,
 }
 
-/// Every registered target, sorted by name.
+/// Every registered target (the one list of targets), by vendor and then name.
 pub fn registered() -> Vec<&'static TargetDesc> {
     let mut v: Vec<_> = inventory::iter::<TargetDesc>.into_iter().collect();
-    v.sort_by_key(|t| t.name);
+    v.sort_by_key(|t| (t.vendor, t.name));
     v
+}
+
+/// The reference set (`TargetDesc::reference`) of `vendor`, or of every vendor.
+pub fn reference_set(vendor: Option<Vendor>) -> Vec<&'static TargetDesc> {
+    registered().into_iter().filter(|t| t.reference && vendor.is_none_or(|v| t.vendor == v)).collect()
 }
 
 /// The registered target called `name`.
@@ -372,6 +385,9 @@ pub const SM_80: TargetDesc = TargetDesc {
     clock: Clock::GlobalTimerNs,
     barrier_reduce: true,
     scope_names: NVIDIA_SCOPES,
+    isa_version: Some(PTX_ISA),
+    arch_specific: false,
+    reference: true,
 };
 
 /// NVIDIA H100/H200 (Hopper) without the architecture-specific features: 227 KiB of shared
@@ -381,11 +397,18 @@ pub const SM_90: TargetDesc = TargetDesc {
     arch: "Hopper",
     shared_bytes: 227 << 10,
     async_copies: &[AsyncCopy::CpAsyncGroups, AsyncCopy::Tma],
+    reference: false,
     ..SM_80
 };
 
 /// Hopper with `wgmma` and `setmaxnreg` (`sm_90a`).
-pub const SM_90A: TargetDesc = TargetDesc { name: "sm_90a", atoms: &[MMA_SYNC_M16N8K16, WGMMA_M64N8K16], ..SM_90 };
+pub const SM_90A: TargetDesc = TargetDesc {
+    name: "sm_90a",
+    atoms: &[MMA_SYNC_M16N8K16, WGMMA_M64N8K16],
+    arch_specific: true,
+    reference: true,
+    ..SM_90
+};
 
 /// AMD MI250X (CDNA2): wave 64, 64 KiB of LDS, MFMA 32x32x8 and 16x16x16 (bf16 in the `_1k`
 /// forms); no asynchronous global-to-LDS copy the lowering uses.
@@ -406,10 +429,24 @@ pub const GFX90A: TargetDesc = TargetDesc {
     clock: Clock::RealTime100Mhz,
     barrier_reduce: false,
     scope_names: AMD_SCOPES,
+    isa_version: None,
+    arch_specific: false,
+    reference: true,
 };
 
 /// AMD MI300X/MI325X (CDNA3): as CDNA2 for what the lowering asks.
 pub const GFX942: TargetDesc = TargetDesc { name: "gfx942", arch: "CDNA3", ..GFX90A };
+
+/// PTX ISA version the NVIDIA targets declare: 8.0 is the first with `sm_90a` and is accepted
+/// by CUDA 12.0+ drivers (the test machine's CUDA 13.0 driver JIT accepts up to 9.0).
+const PTX_ISA: &str = "8.0";
+
+// The registry: adding a target is its description above and its line here.
+inventory::submit! { SM_80 }
+inventory::submit! { SM_90 }
+inventory::submit! { SM_90A }
+inventory::submit! { GFX90A }
+inventory::submit! { GFX942 }
 
 #[cfg(test)]
 mod tests {

@@ -31,6 +31,7 @@
 use clap::{Parser, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
+use trident_core::target::{reference_set, registered, Vendor};
 
 #[derive(Parser)]
 #[command(name = "cargo xtask", about = "trident's build, test and demo entry points")]
@@ -333,16 +334,18 @@ fn ptx_check() -> Result<(), Failure> {
     };
     let root = workspace_root();
     let mut jobs: Vec<(String, PathBuf)> = Vec::new();
-    for target in ["sm_80", "sm_90", "sm_90a"] {
-        // The catalogue's kernels, and (for sm_80 and sm_90a) every case of the differential
+    let nvidia = registered().into_iter().filter(|t| t.vendor == Vendor::Nvidia);
+    for t in nvidia {
+        // The catalogue's kernels, and (for the reference set) every case of the differential
         // test in every layout.
+        let target = t.name;
         let dir = root.join("target/ptx").join(target);
         let _ = std::fs::remove_dir_all(&dir);
         let base = ["--backend", "nvidia", "--target", target].map(String::from);
         let mut a = base.to_vec();
         a.extend(["--all-to".to_string(), dir.display().to_string()]);
         run(tool("emit", &a))?;
-        if target != "sm_90" {
+        if t.reference {
             let mut a = base.to_vec();
             a.extend(["--emit".to_string(), dir.join("ops").display().to_string()]);
             run(tool("ops", &a))?;
@@ -557,6 +560,12 @@ fn main() -> ExitCode {
                 json: Some(workspace_root().join("target/conformance-cpu-race.json")),
                 ..a.clone()
             };
+            // The inter-node and race passes of the SIMT lowering run on the NVIDIA target with
+            // the architecture-specific features (`wgmma`, TMA: the widest lowering).
+            let hopper = registered()
+                .into_iter()
+                .find(|t| t.vendor == Vendor::Nvidia && t.arch_specific && t.reference)
+                .map_or("sm_90a", |t| t.name);
             let ptx = || {
                 if ptxas().is_some() {
                     ptx_check()
@@ -572,15 +581,15 @@ fn main() -> ExitCode {
                 .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
                 .and_then(|_| test(&chaos))
                 .and_then(|_| test(&race))
-                .and_then(|_| test(&simt("sm_80")))
-                .and_then(|_| test(&simt("sm_90a")))
+                // The SIMT lowering for every target of the reference set.
+                .and_then(|_| reference_set(None).iter().try_for_each(|t| test(&simt(t.name))))
                 // Every distributed kernel with its communication at inter-node scope: the
                 // NVSHMEM device calls executed as the library defines them.
                 .and_then(|_| {
                     test(&TestArgs {
                         inter_node: true,
                         json: Some(workspace_root().join("target/conformance-cpu-simt-inter-node.json")),
-                        ..simt("sm_90a")
+                        ..simt(hopper)
                     })
                 })
                 // The race detector over the lowered kernels (fenced signals, acquiring waits).
@@ -589,20 +598,19 @@ fn main() -> ExitCode {
                         world: Some("2".into()),
                         race: true,
                         json: Some(workspace_root().join("target/conformance-cpu-simt-race.json")),
-                        ..simt("sm_90a")
+                        ..simt(hopper)
                     })
                 })
-                .and_then(|_| test(&simt("gfx90a")))
-                .and_then(|_| test(&simt("gfx942")))
                 // Every kernel's AMD code object compiled (LLVM 19) and checked, its SIMT
                 // program run on cpu-simt for the same target.
-                .and_then(|_| test(&amd("gfx942")))
-                .and_then(|_| test(&amd("gfx90a")))
-                // Every op x type x layout of the differential test as a gfx942 code object,
-                // checked (the writer meets every instruction the lowering emits).
+                .and_then(|_| reference_set(Some(Vendor::Amd)).iter().try_for_each(|t| test(&amd(t.name))))
+                // Every op x type x layout of the differential test as a code object of the
+                // newest AMD target, checked (the writer meets every instruction the lowering
+                // emits).
                 .and_then(|_| {
-                    let dir = workspace_root().join("target/ll/gfx942/ops");
-                    let a = ["--backend", "amd", "--target", "gfx942", "--emit"].map(String::from);
+                    let newest = reference_set(Some(Vendor::Amd)).last().map_or("gfx942", |t| t.name);
+                    let dir = workspace_root().join("target/ll").join(newest).join("ops");
+                    let a = ["--backend", "amd", "--target", newest, "--emit"].map(String::from);
                     let mut a = a.to_vec();
                     a.push(dir.display().to_string());
                     run(tool("ops", &a))

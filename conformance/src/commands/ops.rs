@@ -2,7 +2,7 @@
 //! check of the support matrix (`docs/SUPPORT.md`) against what the backends compile.
 
 use crate::cli::{self, usage};
-use crate::ops::matrix::{cell, Cell, Matrix, COLUMNS};
+use crate::ops::matrix::{cell, columns, Cell, Matrix};
 use crate::ops::run::{Outcome, Runner, Status};
 use crate::ops::{cases, OpCase};
 use std::collections::BTreeMap;
@@ -84,14 +84,14 @@ fn column_runners<'a>(
     backends: &'a [(String, Box<dyn trident_core::backend::Backend>)],
     column: &str,
 ) -> Vec<Runner<'a>> {
-    let targets = COLUMNS.iter().find(|c| c.0 == column).map(|c| c.1).unwrap_or(&[]);
+    let targets = columns().into_iter().find(|c| c.0 == column).map(|c| c.1).unwrap_or_default();
     backends
         .iter()
         .filter(|(n, _)| n == column)
         .flat_map(|(_, b)| {
-            targets.iter().map(move |t| Runner {
+            targets.clone().into_iter().map(move |t| Runner {
                 backend: b.as_ref(),
-                target: (b.descriptor().targets.contains(t)).then_some(*t),
+                target: Some(t),
                 device: None,
                 seed: 0,
             })
@@ -152,7 +152,7 @@ pub fn main(a: Args) -> ExitCode {
     }
 
     // The support matrix: every column's backend compiles every case (no device needed).
-    let backends: Vec<(String, Box<dyn trident_core::backend::Backend>)> = COLUMNS
+    let backends: Vec<(String, Box<dyn trident_core::backend::Backend>)> = columns()
         .iter()
         .filter_map(|(name, _)| backend::lookup(name).ok().map(|d| (name.to_string(), (d.create)())))
         .collect();
@@ -165,7 +165,7 @@ pub fn main(a: Args) -> ExitCode {
             return usage(format!("--bless writes the amd column from checked code objects: {why}"));
         }
         let mut m = Matrix::default();
-        for (col, _) in COLUMNS {
+        for (col, _) in columns() {
             let cells = cells_in_parallel(&column_runners(&backends, col), &base_cases);
             for ((_, c), x) in base_cases.iter().zip(cells) {
                 match x {
@@ -185,7 +185,7 @@ pub fn main(a: Args) -> ExitCode {
         Ok(m) => m,
         Err(e) => return usage(format!("reading the support matrix {}: {e}", matrix_path.display())),
     };
-    let column = COLUMNS.iter().find(|c| c.0 == desc.name).map(|c| c.0);
+    let column = columns().into_iter().find(|c| c.0 == desc.name).map(|c| c.0);
     let mut disagreements = Vec::new();
     let checkable = match column.map(column_tools) {
         Some(Err(why)) => {
@@ -222,7 +222,7 @@ pub fn main(a: Args) -> ExitCode {
             matrix_path.display(),
             base_cases.len(),
             if a.op.is_some() || dtype.is_some() { "selected" } else { "" },
-            COLUMNS.iter().find(|x| x.0 == col).map(|x| x.1.join(", ")).unwrap_or_default(),
+            columns().into_iter().find(|x| x.0 == col).map(|x| x.1.join(", ")).unwrap_or_default(),
             disagreements.len()
         );
         for d in &disagreements {
@@ -248,7 +248,7 @@ pub fn main(a: Args) -> ExitCode {
     println!(
         "trident ops: backend {} target {}, {} cases, seed {seed:#x} (replay with --seed {seed:#x})",
         desc.name,
-        target.unwrap_or(desc.targets[0]),
+        target.unwrap_or(desc.target_names()[0]),
         selected.len()
     );
     let mut outcomes: Vec<Outcome> = Vec::new();

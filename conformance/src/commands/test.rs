@@ -79,7 +79,7 @@ pub fn main(args: Args) -> ExitCode {
     if args.list_backends {
         println!("devices: {}", trident_core::discovery::summary());
         for d in backend::registered() {
-            println!("{:<8} targets: {:<24} {}", d.name, d.targets.join(", "), d.description);
+            println!("{:<8} targets: {:<24} {}", d.name, d.target_names().join(", "), d.description);
         }
         return ExitCode::SUCCESS;
     }

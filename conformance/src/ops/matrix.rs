@@ -7,13 +7,19 @@ use super::run::Runner;
 use super::OpCase;
 use std::collections::BTreeMap;
 
-/// The matrix's columns: a backend and the targets that must agree on it.
-pub const COLUMNS: [(&str, &[&str]); 4] = [
-    ("cpu", &["cpu"]),
-    ("cpu-simt", &["sm_80", "sm_90a", "gfx90a", "gfx942"]),
-    ("nvidia", &["sm_80", "sm_90a"]),
-    ("amd", &["gfx90a", "gfx942"]),
-];
+/// The matrix's columns, in order: a backend and the targets that must agree on it (the
+/// interpreter's own, and for the GPU backends the reference set of the registered targets,
+/// `trident_core::target::reference_set`).
+pub fn columns() -> Vec<(&'static str, Vec<&'static str>)> {
+    use trident_core::target::{reference_set, Vendor};
+    let names = |v: Option<Vendor>| reference_set(v).into_iter().map(|t| t.name).collect::<Vec<_>>();
+    vec![
+        ("cpu", vec!["interp"]),
+        ("cpu-simt", names(None)),
+        ("nvidia", names(Some(Vendor::Nvidia))),
+        ("amd", names(Some(Vendor::Amd))),
+    ]
+}
 
 /// One cell: `None` = supported, `Some(reason)` = refused.
 pub type Cell = Option<String>;
@@ -81,7 +87,7 @@ impl Matrix {
 
     pub fn render(&self) -> String {
         let mut s = String::from(HEADER);
-        let cols: Vec<&str> = COLUMNS.iter().map(|c| c.0).collect();
+        let cols: Vec<&str> = columns().iter().map(|c| c.0).collect();
         s += &format!("| op | dtype | {} |\n|---|---|{}\n", cols.join(" | "), "---|".repeat(cols.len()));
         for ((op, d), row) in &self.rows {
             let cells: Vec<String> =

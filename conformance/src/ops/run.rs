@@ -65,7 +65,7 @@ impl Runner<'_> {
             op: c.op_name(),
             dtype: c.dtype.to_string(),
             backend: desc.name.to_string(),
-            target: self.target.unwrap_or(desc.targets[0]).to_string(),
+            target: self.target.unwrap_or(desc.target_names()[0]).to_string(),
             status: Status::Pass,
             max_ulp: 0,
             checked: 0,
