@@ -10,11 +10,12 @@ use crate::AmdModule;
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::{Arc, Mutex};
+use trident_core::abi::HiddenArgs;
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{CmpOp, DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, persistent_grid, watchdog, DeviceHealth, Driver, HardwareQueues, RawStream};
+use trident_gpu_runtime::{launch_grid, watchdog, DeviceHealth, Driver, HardwareQueues, RawStream};
 
 type Err = c_int;
 const MEMCPY_HOST_TO_DEVICE: c_int = 1;
@@ -269,7 +270,7 @@ impl HipDevice {
             hip: Arc::new(hip),
             index,
             cus: cus.max(1) as u32,
-            target: trident_core::discovery::amd_targets().get(index).cloned(),
+            target: trident_gpu_runtime::discovery::amd_targets().get(index).cloned(),
             functions: Mutex::new(HashMap::new()),
             names: Allocations::default(),
             hidden: HiddenBuffers::default(),
@@ -463,7 +464,7 @@ impl Device for HipDevice {
     ) -> Result<(), BackendError> {
         check_launch(kernel, grid, args, u32::MAX as u64)?;
         let hidden = self.hidden.args(self, opts.wait_bound)?;
-        self.launch_on(0, kernel, grid, args, hidden, 1)?;
+        self.launch_on(0, kernel, grid, args, &hidden, 1)?;
         let bound = watchdog::FINISH_BOUND.max(opts.wait_bound * 5);
         watchdog::finish(self, 0, bound, &format!("kernel `{}`", kernel.kernel))
             .map_err(|e| self.launch_err(&kernel.kernel, e.to_string()))?;
@@ -511,7 +512,7 @@ impl Driver for HipDevice {
         kernel: &Artifact,
         grid: [u32; 3],
         args: &[KernelArg],
-        hidden: [KernelArg; 6],
+        hidden: &HiddenArgs,
         sharing: u32,
     ) -> Result<(), BackendError> {
         let m = kernel.payload_for::<AmdModule>(crate::NAME)?;
@@ -525,16 +526,9 @@ impl Driver for HipDevice {
             })?;
             Ok(per_cu.max(0) as u64)
         };
-        let grid = if kernel.attrs.persistent {
-            persistent_grid(grid, sharing, occupancy()?, self.cus, m.kernel.waits())
-        } else {
-            grid
-        };
-        if kernel.attrs.cooperative || (m.kernel.waits() && sharing > 1) {
-            check_resident(kernel, grid, sharing, occupancy()?, self.cus)?;
-        }
+        let grid = launch_grid(kernel, grid, m.kernel.waits(), sharing, self.cus, &occupancy)?;
         let mut all = args.to_vec();
-        all.extend(hidden);
+        all.extend(hidden.args());
         let mut buf = pack_args(&m.meta, &all).map_err(|e| self.launch_err(&kernel.kernel, e))?;
         let mut size = buf.len();
         let mut extra = [

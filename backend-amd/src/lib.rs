@@ -90,7 +90,7 @@ impl Backend for AmdBackend {
         match hip::HipDevice::open(_index) {
             Ok(d) => Ok(Arc::new(d)),
             Err(BackendError::NoDevice { reason, .. }) => {
-                let targets = trident_core::discovery::amd_targets();
+                let targets = trident_gpu_runtime::discovery::amd_targets();
                 let seen = if targets.is_empty() {
                     "no AMD GPU on this machine (PCI, KFD topology)".to_string()
                 } else {

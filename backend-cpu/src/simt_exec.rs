@@ -11,12 +11,13 @@ use crate::memory::Writer;
 use crate::value::*;
 use crate::view::ProgramView;
 use std::sync::Arc;
+use trident_core::abi::diag;
 use trident_core::backend::{
     check_launch, Artifact, Backend, BackendDescriptor, BackendError, Buffer, Device, KernelArg, LaunchOptions,
 };
 use trident_core::ir::*;
 use trident_core::simt::tma::MapValues;
-use trident_core::simt::{diag, lower, protocol, Inst, Kernel, Reg, SType, Special};
+use trident_core::simt::{lower, protocol, Inst, Kernel, Reg, SType, Special};
 use trident_core::{verify, Function};
 
 pub const NAME: &str = "cpu-simt";
@@ -111,14 +112,15 @@ impl Device for SimtDevice {
             self.inner.write(&record, 0, &[0; 8 * diag::WORDS])?;
             self.inner.write(&barrier, 0, &[0; 16])?;
             let mut all = args.to_vec();
-            all.extend(trident_core::simt::hidden_args(
-                0,
-                1,
-                table.address,
-                record.address,
-                opts.wait_bound,
-                barrier.address,
-            ));
+            let hidden = trident_core::abi::HiddenArgs {
+                rank: 0,
+                ranks: 1,
+                heap_bases: table.address,
+                diag: record.address,
+                wait_bound: opts.wait_bound,
+                barrier: barrier.address,
+            };
+            all.extend(hidden.args());
             let grid = crate::device::launch_grid(kernel, grid);
             let order = crate::device::program_order(grid, opts.seed);
             let hooks = DirectHooks { mem: self.inner.memory() };

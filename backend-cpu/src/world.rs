@@ -207,14 +207,14 @@ impl CpuWorld {
         // `barrier_all`'s words: symmetric (the intra-node lowering reaches rank 0's with
         // `symm_at`, the inter-node one signals every rank's), made before any rank's own.
         let barrier_words: Vec<u64> = (0..opts.ranks)
-            .map(|r| mem.alloc(&format!("__barrier@rank{r}"), 8 * trident_core::simt::BARRIER_WORDS))
+            .map(|r| mem.alloc(&format!("__barrier@rank{r}"), 8 * trident_core::abi::BARRIER_WORDS))
             .collect::<Result<_, _>>()
             .map_err(|e| BackendError::Host(e.0))?;
         let symm = Symm {
             by_slot: barrier_words.iter().enumerate().map(|(r, a)| (Memory::slot_of(*a), (0, r))).collect(),
             allocs: vec![SymAlloc {
                 name: "__barrier".into(),
-                bytes: 8 * trident_core::simt::BARRIER_WORDS,
+                bytes: 8 * trident_core::abi::BARRIER_WORDS,
                 addrs: barrier_words.clone(),
             }],
             // The first allocation of every rank is the world's (`__barrier`).
@@ -892,14 +892,15 @@ fn worker(inner: Arc<Inner>, launch: Arc<LaunchState>, task: TaskId) {
                         // Hidden parameters: rank and world size; the CPU resolves `symm_at`
                         // through its own symmetric-heap map, and waits never time out here.
                         let mut args = launch.args.clone();
-                        args.extend(trident_core::simt::hidden_args(
-                            ctx.rank as usize,
-                            ctx.num_ranks as usize,
-                            0,
-                            0,
-                            std::time::Duration::ZERO,
-                            inner.barrier_words[ctx.rank as usize],
-                        ));
+                        let hidden = trident_core::abi::HiddenArgs {
+                            rank: ctx.rank as usize,
+                            ranks: ctx.num_ranks as usize,
+                            heap_bases: 0,
+                            diag: 0,
+                            wait_bound: std::time::Duration::ZERO,
+                            barrier: inner.barrier_words[ctx.rank as usize],
+                        };
+                        args.extend(hidden.args());
                         crate::simt_exec::run_program(k, &inner.mem, pid, launch.grid, &args, view, &hooks)
                             .map_err(|f| f.into_error(format!("{} on rank {}", k.name, ctx.rank), pid))
                     }

@@ -10,12 +10,13 @@ use cudarc::driver::{result, sys};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::{Arc, Mutex};
+use trident_core::abi::HiddenArgs;
 use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::CmpOp;
 use trident_core::ir::{DType, Literal};
 use trident_gpu_runtime::diagnostics::Allocations;
 use trident_gpu_runtime::hidden::HiddenBuffers;
-use trident_gpu_runtime::{check_resident, persistent_grid, DeviceHealth, Driver, HardwareQueues, RawStream};
+use trident_gpu_runtime::{launch_grid, DeviceHealth, Driver, HardwareQueues, RawStream};
 
 /// The driver entry points trident calls (as cudarc's `cuda-13000` bindings name them), checked
 /// when a device opens: cudarc panics on a missing one at its first call, so a driver older than
@@ -75,7 +76,7 @@ pub fn driver_available() -> Result<(), String> {
             Err(e) => reasons.push(format!("{name}: {e}")),
         }
     }
-    let present = trident_core::discovery::pci_gpus().iter().filter(|g| g.vendor == 0x10de).count();
+    let present = trident_gpu_runtime::discovery::pci_gpus().iter().filter(|g| g.vendor == 0x10de).count();
     let seen = if present > 0 {
         format!("{present} NVIDIA GPU(s) present on PCI, but ")
     } else {
@@ -454,7 +455,7 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         check_launch(kernel, grid, args, u64::MAX)?;
         let hidden = self.hidden.args(self, opts.wait_bound)?;
-        self.launch_on(0, kernel, grid, args, hidden, 1)
+        self.launch_on(0, kernel, grid, args, &hidden, 1)
     }
 
     /// Waits for everything enqueued (at most `watchdog::FINISH_BOUND`, or five wait bounds if longer)
@@ -482,13 +483,13 @@ pub(crate) fn launch_raw(
     grid: [u32; 3],
     stream: sys::CUstream,
     args: &[KernelArg],
-    hidden: [KernelArg; 6],
+    hidden: &HiddenArgs,
     sms: u32,
     sharing: u32,
 ) -> Result<(), BackendError> {
     let mut slots: Vec<u64> = args
         .iter()
-        .chain(hidden.iter())
+        .chain(hidden.args().iter())
         .map(|a| match *a {
             KernelArg::Ptr(p) => p,
             KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
@@ -502,7 +503,6 @@ pub(crate) fn launch_raw(
         kernel: kernel.kernel.clone(),
         message: format!("{what}: {e:?}"),
     };
-    let resident = kernel.attrs.cooperative || (module.waits && sharing > 1);
     let occupancy = || {
         // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
         unsafe {
@@ -515,11 +515,7 @@ pub(crate) fn launch_raw(
         .map(|n| n.max(0) as u64)
         .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
     };
-    let grid =
-        if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, sms, module.waits) } else { grid };
-    if resident {
-        check_resident(kernel, grid, sharing, occupancy()?, sms)?;
-    }
+    let grid = launch_grid(kernel, grid, module.waits, sharing, sms, &occupancy)?;
     let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
     if kernel.attrs.cooperative {
         // SAFETY: as below; cooperative launches take the same parameter array.
@@ -660,7 +656,7 @@ impl Driver for CudaDevice {
         kernel: &Artifact,
         grid: [u32; 3],
         args: &[KernelArg],
-        hidden: [KernelArg; 6],
+        hidden: &HiddenArgs,
         sharing: u32,
     ) -> Result<(), BackendError> {
         let module = kernel.payload_for::<PtxModule>(crate::NAME)?;

@@ -15,7 +15,8 @@ use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device
 use trident_core::ir::DType;
 use trident_gpu_runtime::hidden::HiddenBuffers;
 use trident_gpu_runtime::Driver;
-use trident_kernels::tuning::{self, GemmChoice, TuningCache};
+use trident_kernels::gemm::GemmConfig;
+use trident_kernels::tuning::{Tuned, TuningCache};
 use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, DeviceCtx};
 
 /// Dense bf16 matrix FLOP/s and HBM bandwidth of the device, from the vendors' datasheets:
@@ -246,7 +247,7 @@ impl Device for Enqueuing {
     fn launch(&self, k: &Artifact, grid: [u32; 3], args: &[KernelArg], o: &LaunchOptions) -> Result<(), BackendError> {
         check_launch(k, grid, args, u32::MAX as u64)?;
         let hidden = self.hidden.args(self.drv.as_ref(), o.wait_bound)?;
-        self.drv.launch_on(0, k, grid, args, hidden, 1)
+        self.drv.launch_on(0, k, grid, args, &hidden, 1)
     }
 }
 
@@ -503,10 +504,12 @@ fn run_case(
                 return Ok(Measured { ms, error: err, config: cfg });
             }
             let mut cache = TuningCache::load(TuningCache::default_path());
-            let key = tuning::key(&cuda.name(), d, (m, n, k));
-            match cache.record(key.clone(), GemmChoice::of(&g, ms.median)) {
-                Ok(()) => eprintln!("bench: {key}: {cfg} recorded in {}", cache.path.display()),
-                Err(e) => eprintln!("bench: {key}: the tuning cache {} cannot be written: {e}", cache.path.display()),
+            let key = Gemm::tuning_key(&cuda.name(), d, (m, n, k));
+            match cache.record(&key, &Tuned { config: GemmConfig::of(&g), ms: ms.median }) {
+                Ok(()) => eprintln!("bench: {}: {cfg} recorded in {}", key.text(), cache.path.display()),
+                Err(e) => {
+                    eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display())
+                }
             }
             return Ok(Measured { ms, error: err, config: cfg });
         }
@@ -731,7 +734,10 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     let gpus = match GpuWorld::peer_devices(w) {
         Ok(g) => g,
         Err(e) => {
-            println!("bench: skipped: the peer world of {w} ranks: {e} ({})", trident_core::discovery::summary());
+            println!(
+                "bench: skipped: the peer world of {w} ranks: {e} ({})",
+                trident_gpu_runtime::discovery::summary()
+            );
             return ExitCode::SUCCESS;
         }
     };
@@ -834,7 +840,7 @@ pub fn main(args: Args) -> ExitCode {
     let drv = match opened {
         Ok(d) => d,
         Err(e) => {
-            let present = trident_core::discovery::summary();
+            let present = trident_gpu_runtime::discovery::summary();
             println!("bench: skipped: backend {}: {e} ({present})", args.backend);
             return ExitCode::SUCCESS;
         }

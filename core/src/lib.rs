@@ -7,9 +7,9 @@
 //! Does not own: execution (the backends), communication semantics (`trident-shmem-abi` holds
 //! that vocabulary), or any kernel (`trident-kernels`).
 
+pub mod abi;
 pub mod backend;
 pub mod builder;
-pub mod discovery;
 pub mod ir;
 pub mod math;
 pub mod simt;

@@ -1,14 +1,14 @@
 //! Names for device addresses, and the error a timed-out wait leaves behind.
 //!
 //! A wait that times out inside a kernel records (rank, program, signal address, expected, seen)
-//! in its rank's diagnostics buffer (`trident_core::simt::diag`); the host reads the record after
+//! in its rank's diagnostics buffer (`trident_core::abi::diag`); the host reads the record after
 //! the kernel and turns it into an error that names the signal buffer and index, using the names
 //! of the live allocations a device keeps here.
 
 use std::sync::Mutex;
 use std::time::Duration;
+use trident_core::abi::diag;
 use trident_core::backend::{BackendError, Buffer};
-use trident_core::simt::diag;
 
 /// The live allocations of one device: (address, bytes, name).
 #[derive(Default)]

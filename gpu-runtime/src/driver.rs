@@ -5,6 +5,7 @@
 //! world) is written once in this crate. Memory comes from the [`Device`] half (alloc, free,
 //! synchronous write and read); the rest is streams and what is enqueued on them.
 
+use trident_core::abi::HiddenArgs;
 use trident_core::backend::{Artifact, Backend, BackendError, Device, KernelArg};
 use trident_core::ir::CmpOp;
 
@@ -40,17 +41,16 @@ pub trait Driver: Device + Send + Sync + 'static {
     /// Loads `kernel`'s module now. A world loads every kernel on every rank before any rank
     /// launches it: a module loaded lazily cannot load while another rank's kernel spins.
     fn load(&self, kernel: &Artifact) -> Result<(), BackendError>;
-    /// Enqueues `kernel` on `stream` with `args` followed by the `hidden` parameters. `sharing`
-    /// ranks launch this grid on the device at the same time: a launch whose programs wait (or a
-    /// cooperative one) must fit together with theirs, and is refused with a typed error
-    /// otherwise, never started to deadlock.
+    /// Enqueues `kernel` on `stream` with `args` followed by the `hidden` parameters, over the
+    /// grid the launch policy gives ([`launch_grid`]: `sharing` ranks launch this grid on the
+    /// device at the same time).
     fn launch_on(
         &self,
         stream: RawStream,
         kernel: &Artifact,
         grid: [u32; 3],
         args: &[KernelArg],
-        hidden: [KernelArg; 6],
+        hidden: &HiddenArgs,
         sharing: u32,
     ) -> Result<(), BackendError>;
     /// The device's name for reports ("NVIDIA H200", "AMD gfx942").
@@ -89,6 +89,27 @@ pub trait Driver: Device + Send + Sync + 'static {
     /// Enqueues a wait until the 64-bit word at `address` satisfies `word <cmp> value`
     /// (`ge` and `eq`; other comparisons are a typed error).
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError>;
+}
+
+/// The launch policy every driver applies, in one place: the grid `kernel` runs on a device of
+/// `mps` multiprocessors where `sharing` ranks launch the same grid at once. A persistent
+/// kernel's grid shrinks to what is resident ([`persistent_grid`]); a cooperative launch, or one
+/// whose programs `wait` beside other ranks', must be resident whole ([`check_resident`]), and
+/// is refused with a typed error otherwise, never started to deadlock. `occupancy` (programs of
+/// this kernel per multiprocessor, the vendor's query) is asked only when needed.
+pub fn launch_grid(
+    kernel: &Artifact,
+    grid: [u32; 3],
+    waits: bool,
+    sharing: u32,
+    mps: u32,
+    occupancy: &dyn Fn() -> Result<u64, BackendError>,
+) -> Result<[u32; 3], BackendError> {
+    let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, mps, waits) } else { grid };
+    if kernel.attrs.cooperative || (waits && sharing > 1) {
+        check_resident(kernel, grid, sharing, occupancy()?, mps)?;
+    }
+    Ok(grid)
 }
 
 /// The grid a launch of a persistent kernel (`LaunchAttrs::persistent`) runs: along x, at

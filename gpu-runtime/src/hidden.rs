@@ -6,8 +6,8 @@
 use crate::diagnostics::{wait_error, Allocations};
 use std::sync::Mutex;
 use std::time::Duration;
-use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
-use trident_core::simt::{diag, hidden_args};
+use trident_core::abi::{diag, HiddenArgs, BARRIER_WORDS};
+use trident_core::backend::{BackendError, Buffer, Device};
 
 #[derive(Default)]
 pub struct HiddenBuffers {
@@ -24,7 +24,7 @@ impl HiddenBuffers {
         let b = [
             dev.alloc(8, "__heap_bases")?,
             dev.alloc(8 * diag::WORDS, "__wait_diagnostics")?,
-            dev.alloc(8 * trident_core::simt::BARRIER_WORDS, "__barrier_all")?,
+            dev.alloc(8 * BARRIER_WORDS, "__barrier_all")?,
         ];
         // Fresh allocations may hold old bytes: a stale flag would abort every wait.
         for x in &b {
@@ -35,9 +35,16 @@ impl HiddenBuffers {
     }
 
     /// The hidden parameters of a launch of one rank alone on `dev`.
-    pub fn args(&self, dev: &dyn Device, wait_bound: Duration) -> Result<[KernelArg; 6], BackendError> {
+    pub fn args(&self, dev: &dyn Device, wait_bound: Duration) -> Result<HiddenArgs, BackendError> {
         let [table, d, barrier] = self.buffers(dev)?;
-        Ok(hidden_args(0, 1, table.address, d.address, wait_bound, barrier.address))
+        Ok(HiddenArgs {
+            rank: 0,
+            ranks: 1,
+            heap_bases: table.address,
+            diag: d.address,
+            wait_bound,
+            barrier: barrier.address,
+        })
     }
 
     /// After the launches completed: the error of a timed-out wait, if one was recorded (and the

@@ -12,11 +12,15 @@
 //! buffers of single-device launches ([`hidden`]), and the rendezvous of a world of processes
 //! ([`rendezvous`]: bounded barriers and all-gathers that know who is missing or dead), and the
 //! world of processes built on it ([`process_world::ProcessWorld`]: one rank per process, the
-//! symmetric heap from a vendor library). It does not own code generation (the
-//! backends) nor the host API of a rank (`trident_core::world::RankCtx`).
+//! symmetric heap from a vendor library). Also the launch policy every driver applies
+//! ([`launch_grid`]: persistent grids sized to what is resident, waiting and cooperative grids
+//! refused unless resident whole) and the discovery of the machine's GPUs without a vendor
+//! runtime ([`discovery`]). It does not own code generation (the backends), the launch ABI
+//! (`trident_core::abi`) nor the host API of a rank (`trident_core::world::RankCtx`).
 
 pub mod barrier;
 pub mod diagnostics;
+pub mod discovery;
 pub mod driver;
 pub mod health;
 pub mod hidden;
@@ -28,7 +32,7 @@ pub mod watchdog;
 pub mod world;
 pub mod world_env;
 
-pub use driver::{check_resident, persistent_grid, Driver, RawStream};
+pub use driver::{check_resident, launch_grid, persistent_grid, Driver, RawStream};
 pub use health::DeviceHealth;
 pub use process_world::{ProcessWorld, SymmetricHeap};
 pub use queues::HardwareQueues;

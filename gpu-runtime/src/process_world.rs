@@ -16,8 +16,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use trident_core::abi::diag;
 use trident_core::backend::{BackendError, Buffer};
-use trident_core::simt::diag;
 use trident_core::world::RankCtx;
 
 /// A symmetric heap made by a vendor library: the same size on every rank, each rank's heap

@@ -29,9 +29,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use trident_core::abi::{diag, HiddenArgs};
 use trident_core::backend::{check_launch, Artifact, Backend, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
-use trident_core::simt::{diag, hidden_args};
 use trident_core::world::{RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
 
@@ -76,7 +76,7 @@ impl GpuWorldOptions {
 pub(crate) const HEAP_GRAIN: usize = 256;
 
 /// Bytes at the start of every rank's heap kept from symmetric allocations: `barrier_all`'s
-/// words (`trident_core::simt::BARRIER_WORDS`), at the same offset on every rank.
+/// words (`trident_core::abi::BARRIER_WORDS`), at the same offset on every rank.
 pub(crate) const RESERVED: usize = HEAP_GRAIN;
 
 /// How often the thread that runs a world of threads looks for a driver call that overran.
@@ -670,12 +670,18 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let here = sh.local(r);
         // `barrier_all`'s words: the reserved start of this rank's heap.
         let words = sh.heaps[r].address;
-        let hidden =
-            hidden_args(r, self.world_size(), table.address, sh.diags[here].address, sh.opts.wait_bound, words);
+        let hidden = HiddenArgs {
+            rank: r,
+            ranks: self.world_size(),
+            heap_bases: table.address,
+            diag: sh.diags[here].address,
+            wait_bound: sh.opts.wait_bound,
+            barrier: words,
+        };
         let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
         self.call(
             || format!("launch of {what} on stream {stream}"),
-            || self.device().launch_on(s, kernel, grid, args, hidden, sh.sharing[here]),
+            || self.device().launch_on(s, kernel, grid, args, &hidden, sh.sharing[here]),
         )?;
         self.enqueued(stream, what);
         Ok(())

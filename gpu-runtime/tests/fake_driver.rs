@@ -9,9 +9,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use trident_backend_cpu::CpuBackend;
+use trident_core::abi::{diag, HiddenArgs};
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, Device, KernelArg, LaunchOptions};
 use trident_core::ir::{CmpOp, DType, LaunchAttrs};
-use trident_core::simt::diag;
 use trident_core::world::RankCtx;
 use trident_core::KernelBuilder;
 use trident_gpu_runtime::diagnostics::Allocations;
@@ -24,7 +24,7 @@ enum Op {
     Copy(u64, u64, usize),
     Write(u64, u64),
     Wait(u64, CmpOp, u64),
-    Kernel(String, Vec<KernelArg>, [KernelArg; 6]),
+    Kernel(String, Vec<KernelArg>, HiddenArgs),
 }
 
 /// The key of the queue of the legacy default stream (stream 0): a queue of its own, as on the
@@ -116,9 +116,8 @@ impl Node {
     /// The scripted kernels: `store_rank` writes its rank at `args[0]`; `times_out` leaves the
     /// record of a wait on the word at `args[0]` that timed out, as the lowered wait does;
     /// `spin_forever` never ends.
-    fn run_kernel(&self, name: &str, args: &[KernelArg], hidden: &[KernelArg; 6]) {
-        let (KernelArg::Scalar(rank, _), KernelArg::Ptr(diag_addr)) = (&hidden[0], &hidden[3]) else { panic!() };
-        let rank = rank.as_f64() as u64;
+    fn run_kernel(&self, name: &str, args: &[KernelArg], hidden: &HiddenArgs) {
+        let (rank, diag_addr) = (hidden.rank as u64, hidden.diag);
         let KernelArg::Ptr(target) = args[0] else { panic!() };
         match name {
             "store_rank" => self.set_word(target, rank),
@@ -236,14 +235,14 @@ impl Driver for FakeDevice {
         kernel: &Artifact,
         grid: [u32; 3],
         args: &[KernelArg],
-        hidden: [KernelArg; 6],
+        hidden: &HiddenArgs,
         sharing: u32,
     ) -> Result<(), BackendError> {
         self.log(format!(
             "launch {} grid {grid:?} on device {} sharing {sharing} hidden {hidden:?}",
             kernel.kernel, self.id
         ));
-        self.node.enqueue(stream, Op::Kernel(kernel.kernel.clone(), args.to_vec(), hidden));
+        self.node.enqueue(stream, Op::Kernel(kernel.kernel.clone(), args.to_vec(), *hidden));
         Ok(())
     }
     fn device_name(&self) -> String {
@@ -375,8 +374,7 @@ fn heaps_table_hidden_arguments_and_load_before_launch() {
     assert_eq!(loads.len(), 3);
     assert!(loads.iter().all(|i| *i < first_launch), "every rank loads before any rank launches: {log:?}");
     for r in 0..3 {
-        let l =
-            log.iter().find(|l| l.contains(&format!("hidden [Scalar(Int({r}), I32), Scalar(Int(3), I32)"))).unwrap();
+        let l = log.iter().find(|l| l.contains(&format!("hidden HiddenArgs {{ rank: {r}, ranks: 3,"))).unwrap();
         assert!(l.contains("sharing 3"), "{l}");
     }
     // Everything the world allocated was freed.

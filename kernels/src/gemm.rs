@@ -162,24 +162,31 @@ impl Gemm {
         }
     }
 
+    /// The tuning cache's key of a GEMM of `m x n x k` in `dtype` on `device`.
+    pub fn tuning_key(device: &str, dtype: DType, (m, n, k): (usize, usize, usize)) -> crate::tuning::TuningKey {
+        crate::tuning::TuningKey { op: "gemm", device: device.to_string(), world: 1, dtype, shape: vec![m, n, k] }
+    }
+
     /// The configuration for this problem on `l`'s device: the one `trident bench` measured
     /// fastest there (the tuning cache, `crate::tuning`), else [`Gemm::for_problem`]'s. Says
     /// on stderr, once per shape, which it took and why.
     pub fn tuned(l: &DeviceCtx, dtype: DType, mnk: (usize, usize, usize)) -> Gemm {
+        use crate::tuning::TuningCache;
         use std::sync::{Mutex, OnceLock};
-        static CACHE: OnceLock<crate::tuning::TuningCache> = OnceLock::new();
+        static CACHE: OnceLock<TuningCache> = OnceLock::new();
         static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
-        let cache = CACHE.get_or_init(|| crate::tuning::TuningCache::load(crate::tuning::TuningCache::default_path()));
+        let cache = CACHE.get_or_init(|| TuningCache::load(TuningCache::default_path()));
         let base = Gemm::for_problem(dtype, l.gpu_target(), mnk.0);
-        let key = crate::tuning::key(&l.device.name(), dtype, mnk);
-        let (g, why) = match cache.get(&key) {
-            Some(c) => (c.apply(base), format!("tuned ({:.3} ms when measured, {})", c.ms, cache.path.display())),
+        let key = Gemm::tuning_key(&l.device.name(), dtype, mnk);
+        let (g, why) = match cache.get::<GemmConfig>(&key) {
+            Some(t) => (t.config.apply(base), format!("tuned ({:.3} ms when measured, {})", t.ms, cache.path.display())),
             None => (base, "the heuristic (not tuned on this device: `cargo xtask bench` tunes)".to_string()),
         };
         let mut said = SAID.lock().unwrap_or_else(|e| e.into_inner());
-        if !said.contains(&key) {
+        let text = key.text();
+        if !said.contains(&text) {
             eprintln!(
-                "trident: gemm {key}: {}x{}x{}/{}w/{}s{}{}{} from {why}",
+                "trident: {text}: {}x{}x{}/{}w/{}s{}{}{} from {why}",
                 g.block_m,
                 g.block_n,
                 g.block_k,
@@ -189,7 +196,7 @@ impl Gemm {
                 if g.warp_specialize { " warp-specialized" } else { "" },
                 if g.persistent { " persistent" } else { "" }
             );
-            said.push(key);
+            said.push(text);
         }
         g
     }
@@ -409,6 +416,53 @@ impl Gemm {
         let Some((spec, args)) = self.launch_args((a, b, c), (m, n, k))? else { return Ok(()) };
         let kernel = l.compile(format!("{spec:?}"), || spec.build())?;
         l.launch(&kernel, spec.grid(m, n), &args)
+    }
+}
+
+/// The GEMM's tunable configuration, as the tuning cache keeps it (`crate::tuning`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GemmConfig {
+    pub block_m: u32,
+    pub block_n: u32,
+    pub block_k: u32,
+    pub warps: u32,
+    pub stages: u32,
+    pub descriptors: bool,
+    pub warp_specialize: bool,
+    pub persistent: bool,
+    #[serde(default)]
+    pub tma_store: bool,
+}
+
+impl GemmConfig {
+    pub fn of(g: &Gemm) -> GemmConfig {
+        GemmConfig {
+            block_m: g.block_m,
+            block_n: g.block_n,
+            block_k: g.block_k,
+            warps: g.warps,
+            stages: g.stages,
+            descriptors: g.descriptors,
+            warp_specialize: g.warp_specialize,
+            persistent: g.persistent,
+            tma_store: g.tma_store,
+        }
+    }
+
+    /// `base` with this configuration.
+    pub fn apply(&self, base: Gemm) -> Gemm {
+        Gemm {
+            block_m: self.block_m,
+            block_n: self.block_n,
+            block_k: self.block_k,
+            warps: self.warps,
+            stages: self.stages,
+            descriptors: self.descriptors,
+            warp_specialize: self.warp_specialize,
+            persistent: self.persistent,
+            tma_store: self.tma_store,
+            ..base
+        }
     }
 }
 

@@ -1,88 +1,62 @@
-//! The GEMM's tuning cache: the configuration that measured fastest for a device, an element
-//! type and a problem shape, kept as JSON in the user's cache directory
-//! (`$TRIDENT_CACHE_DIR`, else `~/.cache/trident`, file `gemm-tuning.json`). `trident bench`
-//! fills it: its sweep times every configuration on the GPU and records the winner.
-//! [`Gemm::tuned`](crate::gemm::Gemm::tuned) reads it, falls back on the per-target heuristic
-//! (`Gemm::for_problem`) for shapes never tuned, and says once per shape which it took.
+//! The tuning cache: for any operation, the configuration that measured fastest for a device, a
+//! world size, an element type and a problem shape ([`TuningKey`]), kept as JSON in the user's
+//! cache directory (`$TRIDENT_CACHE_DIR`, else `~/.cache/trident`, file `tuning.json`).
+//! `trident bench` fills it (its GEMM sweep records each shape's winner); operations read it
+//! for their configuration (`Gemm::tuned`) and fall back on their heuristic for problems never
+//! tuned. An operation's configuration is its own serde type ([`Tuned`] adds the time
+//! measured); the cache stores it as JSON under the key's text.
 //!
 //! The file is read whole and written whole (through a temporary file renamed over it), so a
 //! reader never sees half an update; two writers at once keep one of their updates. An entry
-//! that does not parse, or a file that is not JSON, is ignored with a message, never an error:
-//! the cache only ever makes a faster choice.
+//! that does not parse as the configuration asked for, or a file that is not JSON, is ignored
+//! with a message, never an error: the cache only ever makes a faster choice.
 
-use crate::gemm::Gemm;
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use trident_core::ir::DType;
 
-/// A tuned configuration and what it measured.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct GemmChoice {
-    pub block_m: u32,
-    pub block_n: u32,
-    pub block_k: u32,
-    pub warps: u32,
-    pub stages: u32,
-    pub descriptors: bool,
-    pub warp_specialize: bool,
-    pub persistent: bool,
-    #[serde(default)]
-    pub tma_store: bool,
-    /// The median time measured (ms).
+/// What a tuned configuration is for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TuningKey {
+    /// The operation (`gemm`, `ag_gemm`, ...).
+    pub op: &'static str,
+    /// The device's name as its driver gives it (`NVIDIA H200`).
+    pub device: String,
+    /// Ranks of the world the operation runs in (1 for single-device operations).
+    pub world: usize,
+    pub dtype: DType,
+    /// The problem's dimensions, as the operation defines them (`M, N, K`).
+    pub shape: Vec<usize>,
+}
+
+impl TuningKey {
+    /// The key's text in the file: `op | device | wW | dtype | 8192x8192x8192`.
+    pub fn text(&self) -> String {
+        let shape: Vec<String> = self.shape.iter().map(|d| d.to_string()).collect();
+        format!("{} | {} | w{} | {} | {}", self.op, self.device, self.world, self.dtype, shape.join("x"))
+    }
+}
+
+/// A tuned configuration and the median time it measured (ms).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tuned<C> {
+    pub config: C,
     pub ms: f64,
 }
 
-impl GemmChoice {
-    pub fn of(g: &Gemm, ms: f64) -> GemmChoice {
-        GemmChoice {
-            block_m: g.block_m,
-            block_n: g.block_n,
-            block_k: g.block_k,
-            warps: g.warps,
-            stages: g.stages,
-            descriptors: g.descriptors,
-            warp_specialize: g.warp_specialize,
-            persistent: g.persistent,
-            tma_store: g.tma_store,
-            ms,
-        }
-    }
-
-    /// `base` with this configuration.
-    pub fn apply(&self, base: Gemm) -> Gemm {
-        Gemm {
-            block_m: self.block_m,
-            block_n: self.block_n,
-            block_k: self.block_k,
-            warps: self.warps,
-            stages: self.stages,
-            descriptors: self.descriptors,
-            warp_specialize: self.warp_specialize,
-            persistent: self.persistent,
-            tma_store: self.tma_store,
-            ..base
-        }
-    }
-}
-
-/// The cache key of a GEMM of `m x n x k` in `dtype` on `device`.
-pub fn key(device: &str, dtype: DType, (m, n, k): (usize, usize, usize)) -> String {
-    format!("{device} | {dtype} | {m}x{n}x{k}")
-}
-
-/// The tuning cache file (its entries by [`key`]).
+/// The tuning cache file (its entries by [`TuningKey::text`]).
 #[derive(Debug, Default)]
 pub struct TuningCache {
     pub path: PathBuf,
-    pub entries: BTreeMap<String, GemmChoice>,
+    pub entries: BTreeMap<String, serde_json::Value>,
 }
 
 impl TuningCache {
-    /// Where the cache lives: `$TRIDENT_CACHE_DIR/gemm-tuning.json`, else under
-    /// `~/.cache/trident`.
+    /// Where the cache lives: `$TRIDENT_CACHE_DIR/tuning.json`, else under `~/.cache/trident`.
     pub fn default_path() -> PathBuf {
-        trident_core::backend::cache_dir().join("gemm-tuning.json")
+        trident_core::backend::cache_dir().join("tuning.json")
     }
 
     /// The cache at `path`: empty when the file is missing or unreadable (said on stderr when
@@ -90,7 +64,7 @@ impl TuningCache {
     pub fn load(path: PathBuf) -> TuningCache {
         let entries = match std::fs::read_to_string(&path) {
             Ok(text) => serde_json::from_str(&text).unwrap_or_else(|e| {
-                eprintln!("trident: ignoring the GEMM tuning cache {}: {e}", path.display());
+                eprintln!("trident: ignoring the tuning cache {}: {e}", path.display());
                 BTreeMap::new()
             }),
             Err(_) => BTreeMap::new(),
@@ -98,13 +72,18 @@ impl TuningCache {
         TuningCache { path, entries }
     }
 
-    pub fn get(&self, key: &str) -> Option<GemmChoice> {
-        self.entries.get(key).copied()
+    /// The configuration tuned for `key`, if one was recorded and parses as a `C`.
+    pub fn get<C: DeserializeOwned>(&self, key: &TuningKey) -> Option<Tuned<C>> {
+        let v = self.entries.get(&key.text())?;
+        serde_json::from_value(v.clone())
+            .map_err(|e| eprintln!("trident: ignoring the tuning cache's entry for {}: {e}", key.text()))
+            .ok()
     }
 
-    /// Records `choice` for `key` and writes the file (a temporary file renamed over it).
-    pub fn record(&mut self, key: String, choice: GemmChoice) -> std::io::Result<()> {
-        self.entries.insert(key, choice);
+    /// Records `tuned` for `key` and writes the file (a temporary file renamed over it).
+    pub fn record<C: Serialize>(&mut self, key: &TuningKey, tuned: &Tuned<C>) -> std::io::Result<()> {
+        let value = serde_json::to_value(tuned).map_err(std::io::Error::other)?;
+        self.entries.insert(key.text(), value);
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -118,11 +97,12 @@ impl TuningCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm::{Gemm, GemmConfig};
 
     #[test]
-    fn choices_round_trip_through_the_file_and_bad_files_are_ignored() {
+    fn choices_round_trip_through_the_file_and_bad_entries_are_ignored() {
         let dir = std::env::temp_dir().join(format!("trident-tuning-{}", std::process::id()));
-        let path = dir.join("gemm-tuning.json");
+        let path = dir.join("tuning.json");
         let _ = std::fs::remove_dir_all(&dir);
         let g = Gemm {
             block_m: 64,
@@ -132,15 +112,24 @@ mod tests {
             warp_specialize: true,
             ..Gemm::new(DType::BF16)
         };
-        let k = key("NVIDIA H200", DType::BF16, (128, 8192, 8192));
+        let key = |dtype, shape: &[usize]| TuningKey {
+            op: "gemm",
+            device: "NVIDIA H200".into(),
+            world: 1,
+            dtype,
+            shape: shape.to_vec(),
+        };
+        let k = key(DType::BF16, &[128, 8192, 8192]);
         let mut c = TuningCache::load(path.clone());
-        assert!(c.get(&k).is_none());
-        c.record(k.clone(), GemmChoice::of(&g, 0.058)).unwrap();
+        assert!(c.get::<GemmConfig>(&k).is_none());
+        c.record(&k, &Tuned { config: GemmConfig::of(&g), ms: 0.058 }).unwrap();
         let back = TuningCache::load(path.clone());
-        let got = back.get(&k).expect("recorded");
-        assert_eq!(got.apply(Gemm::new(DType::BF16)), g);
+        let got = back.get::<GemmConfig>(&k).expect("recorded");
+        assert_eq!(got.config.apply(Gemm::new(DType::BF16)), g);
         assert_eq!(got.ms, 0.058);
-        assert!(back.get(&key("NVIDIA H200", DType::F16, (128, 8192, 8192))).is_none());
+        assert!(back.get::<GemmConfig>(&key(DType::F16, &[128, 8192, 8192])).is_none());
+        // Another operation's configuration under the key: ignored, not an error.
+        assert!(back.get::<Vec<String>>(&k).is_none());
         std::fs::write(&path, "not json").unwrap();
         assert!(TuningCache::load(path).entries.is_empty());
         let _ = std::fs::remove_dir_all(&dir);

@@ -9,8 +9,8 @@ use rand::SeedableRng;
 use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::gemm::Gemm;
-use trident_kernels::tuning::{key, GemmChoice, TuningCache};
+use trident_kernels::gemm::{Gemm, GemmConfig};
+use trident_kernels::tuning::{Tuned, TuningCache};
 use trident_kernels::DeviceCtx;
 
 #[test]
@@ -35,7 +35,8 @@ fn tuned_gemms_come_from_the_cache_or_the_heuristic() {
         ..Gemm::new(DType::BF16)
     };
     let mut cache = TuningCache::load(TuningCache::default_path());
-    cache.record(key(&dev.name(), DType::BF16, (m, n, k)), GemmChoice::of(&chosen, 1.0)).unwrap();
+    let key = Gemm::tuning_key(&dev.name(), DType::BF16, (m, n, k));
+    cache.record(&key, &Tuned { config: GemmConfig::of(&chosen), ms: 1.0 }).unwrap();
     let g = Gemm::tuned(&l, DType::BF16, (m, n, k));
     assert_eq!(g, chosen);
     let other = Gemm::tuned(&l, DType::BF16, (m, n, 2 * k));

@@ -77,7 +77,7 @@ type AmdCounts = Arc<Mutex<(usize, usize)>>;
 /// `trident test`: runs the suite as `args` say.
 pub fn main(args: Args) -> ExitCode {
     if args.list_backends {
-        println!("devices: {}", trident_core::discovery::summary());
+        println!("devices: {}", trident_gpu_runtime::discovery::summary());
         for d in backend::registered() {
             println!("{:<8} targets: {:<24} {}", d.name, d.target_names().join(", "), d.description);
         }
@@ -216,7 +216,7 @@ pub fn main(args: Args) -> ExitCode {
     // (target, device verdict, code objects (checked, failed) so far)
     let mut amd: Option<(String, String, AmdCounts)> = None;
     if desc.name == "amd" {
-        let present = trident_core::discovery::amd_targets();
+        let present = trident_gpu_runtime::discovery::amd_targets();
         let device = match backend.open_device(0) {
             Ok(_) => "device: not run (HIP device runs are not wired into the suite yet)".to_string(),
             Err(e) => {

@@ -96,7 +96,7 @@ fn barrier_any_in_shared(k: &mut Kernel) {
 }
 
 fn expand_protocol(k: &mut Kernel) {
-    let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_in(k))).collect();
+    let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_among(k.params.len()))).collect();
     let body = std::mem::take(&mut k.body);
     let mut x = Expander { k, hidden, params: Vec::new() };
     let mut out = x.block(body);
