@@ -136,7 +136,14 @@ impl<'a> Program<'a> {
             };
             p.env[param.value.index()] = Some(Val { ty, data });
         }
-        p.block(func.body)?;
+        if let Err(f) = p.block(func.body) {
+            // A program that stopped (a wait that timed out, as a GPU's ends its program) has
+            // still finished when its launch has: what it stored is visible, and ordered before
+            // whoever synchronizes with the launch. Only its fault is reported.
+            let _ = p.view.finish(mem);
+            p.hooks.program_done(&mut p.view);
+            return Err(f);
+        }
         // The program's threads may retire at different times: others may run before its last
         // buffered stores and transfers become visible.
         p.hooks.yield_point(&mut p.view)?;

@@ -10,6 +10,12 @@
 //! every hand-over. When no task can run but some are parked, nothing can ever make progress:
 //! that is a deadlock, detected exactly, and reported with every parked task's own description
 //! (rank, launch, program, signal, expected, seen). Every task then unwinds with that error.
+//!
+//! A world may instead let device waits time out (`Sched::new_timing_out`), as a GPU's bounded
+//! waits do after their bound: at such a point every parked task whose wait is bounded (kernel
+//! waits, stream waits) resumes with a "timed out" error naming what it waited for, and the
+//! others (host barriers, `synchronize`) go on waiting for what those tasks do next. The bound
+//! is reached when nothing else can happen, which is when a GPU's bound would end the wait too.
 
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -26,6 +32,9 @@ pub struct Blocker {
     /// The diagnostic line if the wait can never complete (empty: not worth reporting, e.g. an
     /// idle stream).
     pub describe: Box<dyn Fn() -> String + Send>,
+    /// The wait is a device's (kernel or stream wait), bounded on a GPU: in a timing-out world
+    /// it ends with an error instead of a deadlock.
+    pub bounded: bool,
 }
 
 enum Status {
@@ -37,6 +46,8 @@ enum Status {
 struct Slot {
     status: Status,
     cv: Arc<Condvar>,
+    /// Set when the slot's bounded wait timed out: what it waited for.
+    timed_out: Option<String>,
 }
 
 struct State {
@@ -45,6 +56,8 @@ struct State {
     rng: rand::rngs::StdRng,
     abort: Option<String>,
     switches: u64,
+    /// Bounded waits time out instead of deadlocking the world.
+    timeouts: bool,
 }
 
 /// The scheduler of one world run.
@@ -55,6 +68,15 @@ pub struct Sched {
 
 impl Sched {
     pub fn new(seed: u64) -> Arc<Sched> {
+        Self::with(seed, false)
+    }
+
+    /// A scheduler whose bounded waits time out where the world would deadlock.
+    pub fn new_timing_out(seed: u64) -> Arc<Sched> {
+        Self::with(seed, true)
+    }
+
+    fn with(seed: u64, timeouts: bool) -> Arc<Sched> {
         Arc::new(Sched {
             state: Mutex::new(State {
                 slots: Vec::new(),
@@ -62,6 +84,7 @@ impl Sched {
                 rng: rand::rngs::StdRng::seed_from_u64(seed),
                 abort: None,
                 switches: 0,
+                timeouts,
             }),
             all_done: Condvar::new(),
         })
@@ -75,7 +98,7 @@ impl Sched {
     pub fn spawn(self: &Arc<Self>, name: String, f: impl FnOnce(TaskId) + Send + 'static) -> Result<TaskId, String> {
         let id = {
             let mut st = self.lock();
-            st.slots.push(Slot { status: Status::Runnable, cv: Arc::new(Condvar::new()) });
+            st.slots.push(Slot { status: Status::Runnable, cv: Arc::new(Condvar::new()), timed_out: None });
             st.slots.len() - 1
         };
         let me = self.clone();
@@ -131,13 +154,27 @@ impl Sched {
                 self.all_done.notify_all();
                 return;
             }
-            // Deadlock: nothing runnable, and nothing can ever change a parked condition.
-            let report =
-                format!("deadlock: no rank, program or copy can make progress; waiting:\n  {}", parked.join("\n  "));
-            st.abort.get_or_insert(report);
-            for s in st.slots.iter_mut() {
-                if matches!(s.status, Status::Parked(_)) {
-                    s.status = Status::Runnable;
+            // Nothing runnable, and nothing can ever change a parked condition: the bounded waits
+            // time out if the world lets them, else it is a deadlock.
+            if st.timeouts && st.slots.iter().any(|s| matches!(&s.status, Status::Parked(b) if b.bounded)) {
+                for s in st.slots.iter_mut() {
+                    if let Status::Parked(b) = &s.status {
+                        if b.bounded {
+                            s.timed_out = Some((b.describe)());
+                            s.status = Status::Runnable;
+                        }
+                    }
+                }
+            } else {
+                let report = format!(
+                    "deadlock: no rank, program or copy can make progress; waiting:\n  {}",
+                    parked.join("\n  ")
+                );
+                st.abort.get_or_insert(report);
+                for s in st.slots.iter_mut() {
+                    if matches!(s.status, Status::Parked(_)) {
+                        s.status = Status::Runnable;
+                    }
                 }
             }
             runnable = st
@@ -167,7 +204,8 @@ impl Sched {
         }
     }
 
-    /// Parks the caller until `blocker` is ready; `Err(report)` when the world deadlocked.
+    /// Parks the caller until `blocker` is ready; `Err(report)` when the world deadlocked, or
+    /// when the bounded wait timed out (`Err` starting "timed out: ").
     pub fn park(&self, id: TaskId, blocker: Blocker) -> Result<(), String> {
         let mut st = self.lock();
         if let Some(a) = &st.abort {
@@ -175,9 +213,12 @@ impl Sched {
         }
         st.slots[id].status = Status::Parked(blocker);
         self.pass(&mut st);
-        let st = self.wait_turn(st, id);
-        match &st.abort {
-            Some(a) => Err(a.clone()),
+        let mut st = self.wait_turn(st, id);
+        if let Some(a) = &st.abort {
+            return Err(a.clone());
+        }
+        match st.slots[id].timed_out.take() {
+            Some(what) => Err(format!("timed out: {what} (the world could make no other progress)")),
             None => Ok(()),
         }
     }
@@ -249,6 +290,7 @@ mod tests {
                 Blocker {
                     ready: Box::new(move || f.load(Ordering::SeqCst) == 1),
                     describe: Box::new(|| "flag".into()),
+                    bounded: false,
                 },
             )
             .unwrap();
@@ -260,6 +302,7 @@ mod tests {
                     Blocker {
                         ready: Box::new(move || f.load(Ordering::SeqCst) == 2),
                         describe: Box::new(|| "flag == 2".into()),
+                        bounded: false,
                     },
                 )
                 .unwrap_err();

@@ -345,7 +345,12 @@ pub fn run_program(
         bulk_groups: Default::default(),
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
-        e.body(&k.body)?;
+        if let Err(f) = e.body(&k.body) {
+            // As the interpreter: a stopped program's effects are ordered before its launch's end.
+            let _ = e.view.finish(mem);
+            e.hooks.program_done(&mut e.view);
+            return Err(f);
+        }
         // Bulk stores not waited for still complete before the program ends.
         let mut left: Vec<PendingTmaStore> = e.bulk_groups.drain(..).flatten().collect();
         left.append(&mut e.bulk_open);

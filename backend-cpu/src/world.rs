@@ -44,6 +44,11 @@ pub struct WorldOptions {
     pub simt_target: Option<&'static str>,
     /// Run on every kernel the world compiles (a second backend's compiler and checks).
     pub compile_check: Option<trident_core::backend::CompileCheck>,
+    /// Device waits (kernel waits, `barrier_all`, stream waits) time out where the world would
+    /// otherwise deadlock, as a GPU's bounded waits do: each fails its launch or stream with a
+    /// diagnostic ("timed out: ...") and host code goes on (to re-arm the world, say). Off by
+    /// default: a deadlock ends the world with the report of every waiter.
+    pub timeouts: bool,
 }
 
 impl WorldOptions {
@@ -57,6 +62,7 @@ impl WorldOptions {
             race: false,
             simt_target: None,
             compile_check: None,
+            timeouts: false,
         }
     }
 }
@@ -201,7 +207,7 @@ impl CpuWorld {
         if opts.ranks == 0 || opts.ranks > MAX_RANKS {
             return Err(BackendError::Host(format!("a CPU world has 1..={MAX_RANKS} ranks, not {}", opts.ranks)));
         }
-        let sched = Sched::new(opts.seed);
+        let sched = if opts.timeouts { Sched::new_timing_out(opts.seed) } else { Sched::new(opts.seed) };
         let races = opts.race.then(Races::default);
         let mem = Arc::new(Memory::default());
         // `barrier_all`'s words: symmetric (the intra-node lowering reaches rank 0's with
@@ -494,7 +500,18 @@ impl RankCtx for CpuRank {
             message: "not a symmetric buffer (use symm_alloc)".into(),
         })?;
         let alloc = &s.allocs[a];
-        Ok(Buffer { name: format!("{}@rank{rank}", alloc.name), address: alloc.addrs[rank], bytes: alloc.bytes })
+        // A view of part of a symmetric buffer (a half of a double buffer) keeps its offset.
+        let off = buffer
+            .address
+            .checked_sub(alloc.addrs[self.rank()])
+            .filter(|o| o + buffer.bytes as u64 <= alloc.bytes as u64);
+        let Some(off) = off else {
+            return Err(BackendError::Buffer {
+                buffer: buffer.name.clone(),
+                message: format!("not inside this rank's copy of symmetric buffer `{}`", alloc.name),
+            });
+        };
+        Ok(Buffer { name: format!("{}@rank{rank}", alloc.name), address: alloc.addrs[rank] + off, bytes: buffer.bytes })
     }
 
     fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
@@ -587,6 +604,7 @@ impl RankCtx for CpuRank {
                 .park(
                     self.task,
                     Blocker {
+                        bounded: false,
                         ready: Box::new(move || {
                             ready_streams.iter().all(|s| s.outstanding.load(Ordering::Acquire) == 0)
                         }),
@@ -607,12 +625,15 @@ impl RankCtx for CpuRank {
         for s in &streams {
             lock(&self.clock).join(&lock(&s.clock));
         }
+        // Every stream's error is taken (the first returned): one left behind would surface at
+        // the next synchronize, as if the work after it had failed.
+        let mut first = None;
         for s in &streams {
             if let Some(e) = s.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                return Err(e);
+                first.get_or_insert(e);
             }
         }
-        Ok(())
+        first.map_or(Ok(()), Err)
     }
 
     fn barrier(&self) -> Result<(), BackendError> {
@@ -621,6 +642,18 @@ impl RankCtx for CpuRank {
         let r = self.barrier_wait(n);
         lock(&self.clock).join(&lock(&self.inner.barrier_clock));
         r
+    }
+
+    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
+        // The interpreter's meeting counters (shared: clearing them twice is harmless, no kernel
+        // runs between the host barriers around this) and the SIMT lowering's words.
+        self.inner.kernel_barriers.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let words = Buffer {
+            name: "__barrier".into(),
+            address: self.inner.barrier_words[self.rank],
+            bytes: 8 * trident_core::abi::BARRIER_WORDS,
+        };
+        self.write(&words, 0, &[0u8; 8 * trident_core::abi::BARRIER_WORDS])
     }
 }
 
@@ -639,6 +672,7 @@ impl CpuRank {
             .park(
                 self.task,
                 Blocker {
+                    bounded: false,
                     ready: Box::new(move || g1.load(Ordering::Acquire) != generation),
                     describe: Box::new(move || {
                         format!("rank {rank} host: barrier (generation {})", g2.load(Ordering::Acquire))
@@ -657,6 +691,7 @@ fn stream_task(inner: Arc<Inner>, s: Arc<Stream>, task: TaskId) {
             let parked = inner.sched.park(
                 task,
                 Blocker {
+                    bounded: false,
                     ready: Box::new(move || {
                         s1.outstanding.load(Ordering::Acquire) > 0 || s1.closed.load(Ordering::Acquire)
                     }),
@@ -731,6 +766,7 @@ fn run_stream_op(inner: &Arc<Inner>, s: &Arc<Stream>, task: TaskId, op: StreamOp
                 .park(
                     task,
                     Blocker {
+                        bounded: true,
                         ready: Box::new(move || Inner::signals_ready(&m1, &[addr], cmp, value)),
                         describe: Box::new(move || {
                             let seen = m2.view().locate(addr, 8).map(|(r, o)| r.load(o, 8)).unwrap_or(0);
@@ -818,6 +854,7 @@ fn run_launch(
             .park(
                 task,
                 Blocker {
+                    bounded: false,
                     ready: Box::new(move || f1.load(Ordering::Acquire) == total),
                     describe: Box::new(move || {
                         format!(
@@ -956,6 +993,7 @@ impl Hooks for WorldHooks<'_> {
             let (rank, kernel, launch, pid) =
                 (self.launch.rank, self.launch.kernel.kernel.clone(), self.launch.id, view.writer.program);
             self.park(Blocker {
+                bounded: true,
                 ready: Box::new(move || Inner::signals_ready(&m1, &a1, cmp, value)),
                 describe: Box::new(move || {
                     let v = m2.view();
@@ -1043,6 +1081,7 @@ impl Hooks for WorldHooks<'_> {
         let (c1, c2) = (counter.clone(), counter.clone());
         let (rank, pid) = (self.launch.rank, view.writer.program);
         self.park(Blocker {
+            bounded: true,
             ready: Box::new(move || c1.load(Ordering::Acquire) >= target),
             describe: Box::new(move || {
                 format!(

@@ -712,6 +712,15 @@ impl Driver for CudaDevice {
         }
     }
 
+    fn stream_capturing(&self, stream: RawStream) -> Result<bool, BackendError> {
+        let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+        // SAFETY: a stream this device created; `status` is a valid out-pointer.
+        unsafe { sys::cuStreamIsCapturing(stream as sys::CUstream, &mut status) }
+            .result()
+            .map_err(|e| stream_err("cuStreamIsCapturing", e))?;
+        Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+    }
+
     fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
         self.current()?;
         // SAFETY: the world checked both ranges against their buffers.

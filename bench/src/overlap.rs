@@ -12,7 +12,7 @@ use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 use trident_kernels::ag_gemm::{AgGemm, GatherMode};
-use trident_kernels::allgather::AllGatherCe;
+use trident_kernels::allgather::{AllGatherCe, GatherBuffers};
 use trident_kernels::gemm::Gemm;
 
 /// One rank's medians (ms) and the worst normwise error of the two outputs.
@@ -81,40 +81,43 @@ pub fn ag_gemm_vs_sequential(
     // pipeline's GEMM is the library's default for the target.
     let op = AgGemm::for_world(ctx, d, GatherMode::CopyEngine);
     let gemm = Gemm::for_target(d, ctx.gpu_target());
-    let mut bufs = op.buffers(ctx, m, k)?;
+    let mut bufs = op.buffers(ctx, m, n, k)?;
+    // The sequential pipeline gathers into buffers of its own: a buffer set counts the calls of
+    // one operation (`trident_kernels::epoch`).
+    let mut seq = GatherBuffers::new(ctx, d, (m / w) * k)?;
     let gather = AllGatherCe { dtype: d };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xC0FF_EE00 ^ r as u64);
     let fresh = |c: &Buffer| ctx.fill(c, &poison(d));
 
-    let overlapped = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| op.run(ctx, bufs, &a_buf, &b_buf, &c, n);
+    let mut overlapped = || op.run(ctx, &mut bufs, &a_buf, &b_buf, &c);
     // The sequential pipeline: the gather to completion on every rank, then the GEMM reading
     // the gathered A (no waits in it).
-    let sequential = |bufs: &mut trident_kernels::ag_gemm::AgGemmBuffers| -> Result<(), BackendError> {
-        gather.run(ctx, &mut bufs.gather, &a_buf)?;
-        gemm.enqueue(ctx, 0, (&bufs.gather.out, &b_buf, &c), (m, n, k))?;
+    let mut sequential = || -> Result<(), BackendError> {
+        gather.run(ctx, &mut seq, &a_buf)?;
+        gemm.enqueue(ctx, 0, (&seq.result(seq.calls), &b_buf, &c), (m, n, k))?;
         ctx.synchronize()?;
         ctx.barrier()
     };
 
     let mut error = 0.0f64;
     fresh(&c)?;
-    overlapped(&mut bufs)?;
+    overlapped()?;
     error = error.max(worst_error(ctx, &c, (&a_full, &b), (m, n, k), d, &mut rng)?);
     fresh(&c)?;
-    sequential(&mut bufs)?;
+    sequential()?;
     error = error.max(worst_error(ctx, &c, (&a_full, &b), (m, n, k), d, &mut rng)?);
 
-    let mut time = |f: &dyn Fn(&mut trident_kernels::ag_gemm::AgGemmBuffers) -> Result<(), BackendError>| {
+    let time = |f: &mut dyn FnMut() -> Result<(), BackendError>| {
         let mut ms = Vec::with_capacity(reps.max(1));
         for _ in 0..reps.max(1) {
             ctx.barrier()?;
             let t = Instant::now();
-            f(&mut bufs)?;
+            f()?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
         Ok::<f64, BackendError>(median(ms))
     };
-    let overlapped_ms = time(&overlapped)?;
-    let sequential_ms = time(&sequential)?;
+    let overlapped_ms = time(&mut overlapped)?;
+    let sequential_ms = time(&mut sequential)?;
     Ok(OverlapTimes { overlapped_ms, sequential_ms, error })
 }

@@ -102,9 +102,9 @@ fn ag_gemm_demo() -> Result<(), Box<dyn std::error::Error>> {
         let c = ctx.alloc(m * n * 2, "c")?;
         ctx.fill(&c, &poison(d))?;
         let op = AgGemm::new(d, GatherMode::CopyEngine);
-        let mut bufs = op.buffers(ctx, m, k)?;
+        let mut bufs = op.buffers(ctx, m, n, k)?;
         ctx.barrier()?;
-        op.run(ctx, &mut bufs, &shard, &b, &c, n)?;
+        op.run(ctx, &mut bufs, &shard, &b, &c)?;
         let mut bytes = vec![0u8; m * n * 2];
         ctx.read(&c, 0, &mut bytes)?;
         Ok(decode(&bytes, d))

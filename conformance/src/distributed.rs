@@ -41,15 +41,85 @@ pub fn download(ctx: &dyn RankCtx, b: &Buffer, len: usize, d: DType) -> Result<V
     Ok(decode(&bytes, d))
 }
 
-/// Runs one rank's part of a case (its inputs uploaded first); returns its output.
-fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx) -> Result<Vec<f64>, BackendError> {
+/// How a distributed case makes its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Calls {
+    /// `n` calls on the same buffers, each enqueued from the host.
+    Direct(usize),
+    /// One call recorded (`trident_core::capture`), replayed `n` times.
+    Replayed(usize),
+    /// A planted timeout, then `n` calls: every rank makes one call, the last rank skips the
+    /// second (the waits of the ranks that need its part time out, with their diagnostics),
+    /// every rank re-arms the operation ([`RankOp::rearm`]), and `n` calls follow from epoch 0.
+    /// Each rank's outputs end with one more entry, `[1.0]` if a wait of its timed out, else
+    /// `[0.0]` (the suite requires one rank's). In the CPU world device waits then time out
+    /// where the world would deadlock (`WorldOptions::timeouts`).
+    Rearmed(usize),
+}
+
+impl Calls {
+    /// How many calls are checked.
+    pub fn count(self) -> usize {
+        match self {
+            Calls::Direct(n) | Calls::Replayed(n) | Calls::Rearmed(n) => n,
+        }
+    }
+}
+
+/// The planted timeout of [`Calls::Rearmed`]: one good call, one the last rank skips, the
+/// re-arm. Returns whether a wait of this rank timed out.
+fn plant_timeout(op: &mut dyn crate::registry::RankOp, ctx: &dyn RankCtx) -> Result<bool, BackendError> {
+    ctx.barrier()?;
+    op.enqueue(ctx)?;
+    ctx.synchronize()?;
+    ctx.barrier()?;
+    if ctx.rank() + 1 < ctx.world_size() {
+        op.enqueue(ctx)?;
+    }
+    let timed_out = match ctx.synchronize() {
+        Ok(()) => false,
+        Err(e) if e.to_string().contains("timed out") => true,
+        Err(e) => return Err(e),
+    };
+    op.rearm(ctx)?;
+    Ok(timed_out)
+}
+
+/// Runs one rank's part of a case (its inputs uploaded first, the operation set up once); returns
+/// its output of every call. Each call's output is poisoned before it, and every rank meets the
+/// others before and after it.
+fn rank_main(case: &Case, data: &WorldData, ctx: &dyn RankCtx, calls: Calls) -> Result<Vec<Vec<f64>>, BackendError> {
     let (d, r) = (case.dtype, ctx.rank());
     let ins: Vec<Buffer> = data.inputs[r]
         .iter()
         .enumerate()
         .map(|(i, v)| upload(ctx, &format!("in{i}"), v, d))
         .collect::<Result<_, _>>()?;
-    case.op.run_rank(case, ctx, &data.inputs[r], &ins, data.expected[r].len())
+    let mut op = case.op.setup_rank(case, ctx, &data.inputs[r], &ins, data.expected[r].len())?;
+    let timed_out = match calls {
+        Calls::Rearmed(_) => Some(plant_timeout(op.as_mut(), ctx)?),
+        _ => None,
+    };
+    let recording = match calls {
+        Calls::Replayed(_) => Some(trident_core::capture::capture(ctx, |c| op.enqueue(c))?),
+        Calls::Direct(_) | Calls::Rearmed(_) => None,
+    };
+    let mut outputs = Vec::new();
+    for call in 1..=calls.count() as u64 {
+        op.poison(ctx, call)?;
+        ctx.barrier()?;
+        match &recording {
+            Some(rec) => rec.replay(ctx)?,
+            None => op.enqueue(ctx)?,
+        }
+        ctx.synchronize()?;
+        ctx.barrier()?;
+        outputs.push(op.result(ctx, call)?);
+    }
+    if let Some(t) = timed_out {
+        outputs.push(vec![if t { 1.0 } else { 0.0 }]);
+    }
+    Ok(outputs)
 }
 
 /// Runs a case in a world with the given schedule seed; returns every rank's output. With
@@ -60,19 +130,26 @@ pub fn execute(
     schedule_seed: u64,
     kind: WorldKind,
     inter_node: bool,
-) -> Result<Vec<Vec<f64>>, BackendError> {
+    calls: Calls,
+) -> Result<Vec<Vec<Vec<f64>>>, BackendError> {
     let case2 = case.clone();
     let steer = move |ctx: &dyn RankCtx, die: bool| {
         if die || inter_node {
-            rank_main(&case2, &data, &Steered { inner: ctx, die, inter_node })
+            rank_main(&case2, &data, &Steered { inner: ctx, die, inter_node }, calls)
         } else {
-            rank_main(&case2, &data, ctx)
+            rank_main(&case2, &data, ctx, calls)
         }
     };
     match kind {
         WorldKind::Cpu { race, simt_target, compile_check } => {
-            let opts =
-                WorldOptions { race, simt_target, compile_check, ..WorldOptions::new(case.world, schedule_seed) };
+            let timeouts = matches!(calls, Calls::Rearmed(_));
+            let opts = WorldOptions {
+                race,
+                simt_target,
+                compile_check,
+                timeouts,
+                ..WorldOptions::new(case.world, schedule_seed)
+            };
             CpuWorld::run(opts, move |ctx| steer(ctx, false)).map(|run| run.results)
         }
         WorldKind::Gpu { peer: false } => GpuWorld::run(GpuWorldOptions::new(case.world), move |ctx| steer(ctx, false)),
@@ -81,9 +158,14 @@ pub fn execute(
         }
         WorldKind::Processes { world, plant_dead } => {
             let mine = world.run(&|ctx| steer(ctx, plant_dead == Some(ctx.rank())));
-            // Every rank's outcome: 0 and its output's f64s, or 1 and its error.
+            // Every rank's outcome: 0 and each call's output (its length, then its f64s), or 1
+            // and its error.
             let payload = match &mine {
-                Ok(v) => std::iter::once(0u8).chain(v.iter().flat_map(|x| x.to_le_bytes())).collect(),
+                Ok(calls) => std::iter::once(0u8)
+                    .chain(calls.iter().flat_map(|v| {
+                        (v.len() as u64).to_le_bytes().into_iter().chain(v.iter().flat_map(|x| x.to_le_bytes()))
+                    }))
+                    .collect(),
                 Err(e) => std::iter::once(1u8).chain(e.to_string().into_bytes()).collect::<Vec<u8>>(),
             };
             let all = match (world.all_gather("outputs", &payload), mine) {
@@ -95,7 +177,16 @@ pub fn execute(
                 .enumerate()
                 .map(|(rank, b)| match b.split_first() {
                     Some((0, v)) => {
-                        Ok(v.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or_default())).collect())
+                        let words: Vec<u64> =
+                            v.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+                        let mut calls = Vec::new();
+                        let mut rest = words.as_slice();
+                        while let Some((&len, tail)) = rest.split_first() {
+                            let (out, next) = tail.split_at((len as usize).min(tail.len()));
+                            calls.push(out.iter().map(|x| f64::from_bits(*x)).collect());
+                            rest = next;
+                        }
+                        Ok(calls)
                     }
                     Some((_, m)) => Err(BackendError::Rank {
                         rank,
@@ -218,5 +309,8 @@ impl RankCtx for Steered<'_> {
     }
     fn barrier(&self) -> Result<(), BackendError> {
         self.inner.barrier()
+    }
+    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
+        self.inner.rearm_barrier_all()
     }
 }

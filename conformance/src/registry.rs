@@ -52,17 +52,17 @@ pub trait Operation: Sync {
         let _ = (l, ins, out);
         Err(BackendError::Host(format!("`{}` is not a single-device operation", case.kernel)))
     }
-    /// A distributed operation's part on rank `ctx.rank()`: `inputs` its input values, `ins`
-    /// them uploaded to its buffers; returns its output (`out_len` elements, read from buffers
-    /// poisoned before the run).
-    fn run_rank(
+    /// A distributed operation on rank `ctx.rank()`, set up once (buffers, inputs: `inputs` its
+    /// input values, `ins` them uploaded): then called, recorded and replayed by the suite
+    /// (`crate::distributed`), its output `out_len` elements.
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
+    ) -> Result<Box<dyn RankOp>, BackendError> {
         let _ = (ctx, inputs, ins, out_len);
         Err(BackendError::Host(format!("`{}` is not a distributed operation", case.kernel)))
     }
@@ -70,6 +70,21 @@ pub trait Operation: Sync {
     fn benchmark(&self) -> Option<&dyn Benchmark> {
         None
     }
+}
+
+/// A distributed operation's state on one rank ([`Operation::setup_rank`]): called any number
+/// of times, each call's output read back after it completed.
+pub trait RankOp {
+    /// Poisons the output call `call` (numbered from 1) will write.
+    fn poison(&self, ctx: &dyn RankCtx, call: u64) -> Result<(), BackendError>;
+    /// Enqueues the next call: kernel launches (recordable), or for the copy-engine forms
+    /// copies and stream signals, which recording refuses.
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError>;
+    /// The output of call `call`, once it completed.
+    fn result(&self, ctx: &dyn RankCtx, call: u64) -> Result<Vec<f64>, BackendError>;
+    /// Collective: after a timed-out wait, signals and epochs back to zero on every rank, so
+    /// that the next call is call 1 again (`trident_kernels::epoch::rearm`).
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError>;
 }
 
 /// An operation in the distributed benchmark: its shapes, what it moves and computes, and how

@@ -152,6 +152,9 @@ pub struct RunConfig<'a> {
     pub world: Option<crate::distributed::WorldKind>,
     /// Every distributed kernel compiled with all its communication at inter-node scope.
     pub inter_node: bool,
+    /// How each distributed case makes its calls: two on the same buffers (both halves of every
+    /// double buffer), or one recorded and replayed (`--replay N`).
+    pub calls: crate::distributed::Calls,
 }
 
 pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record {
@@ -200,9 +203,38 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         let mut worst = 0.0f64;
         for s in 0..record.schedules {
             let schedule_seed = seed ^ (index as u64).rotate_left(17) ^ (s as u64).wrapping_mul(0xA076_1D64_78BD_642F);
-            let outcome = crate::distributed::execute(case, data.clone(), schedule_seed, kind.clone(), cfg.inter_node)
-                .map(|outs| outs.concat());
-            match judge(outcome, &expected, record.bound) {
+            let outcome =
+                crate::distributed::execute(case, data.clone(), schedule_seed, kind.clone(), cfg.inter_node, cfg.calls);
+            // Every call's outputs over the ranks, judged in turn: the first failure, or the
+            // worst error.
+            let judged = match outcome {
+                Err(e) if e.to_string().contains("not capturable") => {
+                    (record.skipped, record.pass, record.message) = (true, false, e.to_string());
+                    break;
+                }
+                Err(e) => judge(Err(e), &expected, record.bound),
+                Ok(ranks) => (0..cfg.calls.count())
+                    .try_fold(0.0f64, |worst, c| {
+                        let out: Vec<f64> = ranks.iter().flat_map(|r| r.get(c).cloned().unwrap_or_default()).collect();
+                        let prefix = match cfg.calls {
+                            crate::distributed::Calls::Rearmed(_) => "after the re-arm, ",
+                            _ => "",
+                        };
+                        judge(Ok(out), &expected, record.bound)
+                            .map(|e| worst.max(e))
+                            .map_err(|(e, m)| (e, format!("{prefix}call {} of {}: {m}", c + 1, cfg.calls.count())))
+                    })
+                    .and_then(|worst| match cfg.calls {
+                        // The planted timeout must have happened: some rank's wait timed out.
+                        crate::distributed::Calls::Rearmed(_)
+                            if case.world > 1 && !ranks.iter().any(|r| r.last().is_some_and(|t| t == &[1.0])) =>
+                        {
+                            Err((None, "no rank's wait timed out when the last rank skipped a call".to_string()))
+                        }
+                        _ => Ok(worst),
+                    }),
+            };
+            match judged {
                 Ok(err) => worst = worst.max(err),
                 Err((err, message)) => {
                     record.failed_schedules += 1;

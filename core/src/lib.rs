@@ -10,6 +10,7 @@
 pub mod abi;
 pub mod backend;
 pub mod builder;
+pub mod capture;
 pub mod ir;
 pub mod math;
 pub mod simt;

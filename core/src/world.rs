@@ -94,6 +94,11 @@ pub trait RankCtx {
     fn synchronize(&self) -> Result<(), BackendError>;
     /// Collective: returns once every rank's host reached it.
     fn barrier(&self) -> Result<(), BackendError>;
+    /// Collective, after a timed-out wait: clears what the world keeps for kernels'
+    /// `barrier_all` (a launch that timed out leaves arrivals counted, and every later
+    /// `barrier_all` would be off by them). Call it on every rank with its streams idle, between
+    /// two host barriers (`trident_kernels::epoch::rearm` does).
+    fn rearm_barrier_all(&self) -> Result<(), BackendError>;
 }
 
 /// What a [`KernelCache`] entry is for: the backend's name, the target and the key.

@@ -82,6 +82,11 @@ pub trait Driver: Device + Send + Sync + 'static {
     fn stream_destroy(&self, stream: RawStream);
     /// Whether everything enqueued on `stream` has completed (never blocks).
     fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError>;
+    /// Whether `stream` is being captured into a graph (`cuStreamIsCapturing`): the watchdog
+    /// must not query such a stream (a query invalidates the capture). No capture by default.
+    fn stream_capturing(&self, _stream: RawStream) -> Result<bool, BackendError> {
+        Ok(false)
+    }
     /// Enqueues a copy-engine copy between device addresses (any rank's heap on this node).
     fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError>;
     /// Enqueues a 64-bit store of `value` at `address`, after the stream's earlier work.

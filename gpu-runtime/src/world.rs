@@ -506,6 +506,16 @@ impl<D: Driver> GpuRank<D> {
         // instead of waiting the bounds again.
         dev.health().check(&dev.device_name())?;
         let streams = self.streams();
+        // A stream being captured into a graph (by the application, e.g. torch.cuda.graph) has
+        // run nothing yet, and querying it would invalidate the capture: refuse, query nothing.
+        for (id, s) in streams.iter().enumerate() {
+            if dev.stream_capturing(*s)? {
+                return Err(BackendError::Host(format!(
+                    "rank {}: synchronize while stream {id} is being captured into a graph: not capturable (the watchdog does not query a capturing stream; end the capture, then synchronize)",
+                    self.rank
+                )));
+            }
+        }
         let bound = self.shared.opts.stream_wait_bound;
         let deadline = Instant::now() + bound;
         for (id, s) in streams.iter().enumerate() {
@@ -744,5 +754,11 @@ impl<D: Driver> RankCtx for GpuRank<D> {
 
     fn barrier(&self) -> Result<(), BackendError> {
         self.shared.sync.wait(self.rank, "barrier")
+    }
+
+    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
+        // The words live at the reserved start of every rank's heap; intra-node the ranks count
+        // on rank 0's, inter-node each rank's third word: every rank clears its own.
+        self.write(&self.shared.heaps[self.rank], 0, &[0u8; 8 * trident_core::abi::BARRIER_WORDS])
     }
 }

@@ -41,6 +41,10 @@ struct Node {
     /// While set, synchronous reads of a buffer whose name starts with `stuck` never return
     /// (a driver call stuck behind work the device never finishes).
     block_reads: std::sync::atomic::AtomicBool,
+    /// While set, every stream reports itself captured into a graph (`cuStreamIsCapturing`).
+    capturing: std::sync::atomic::AtomicBool,
+    /// How many times a stream was queried (`stream_idle`).
+    queries: std::sync::atomic::AtomicUsize,
 }
 
 /// Streams spread over hardware queues, each read in order: an operation runs only at the head
@@ -275,7 +279,11 @@ impl Driver for FakeDevice {
         self.node.queues.lock().unwrap().of.remove(&stream);
     }
     fn stream_idle(&self, stream: RawStream) -> Result<bool, BackendError> {
+        self.node.queries.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(self.node.idle(Some(stream)))
+    }
+    fn stream_capturing(&self, _stream: RawStream) -> Result<bool, BackendError> {
+        Ok(self.node.capturing.load(std::sync::atomic::Ordering::SeqCst))
     }
     fn copy_async(&self, stream: RawStream, dst: u64, src: u64, bytes: usize) -> Result<(), BackendError> {
         self.node.enqueue(stream, Op::Copy(dst, src, bytes));
@@ -451,6 +459,34 @@ fn stream_signals_across_ranks_and_the_watchdog() {
         .unwrap_err()
         .to_string()
         .contains("stream waits support ge and eq, not lt"));
+}
+
+/// The watchdog never queries a stream that is being captured into a graph (a query would
+/// invalidate the capture): `synchronize` then fails at once with a typed error, and works again
+/// when the capture ends.
+#[test]
+fn the_watchdog_does_not_query_a_capturing_stream() {
+    use std::sync::atomic::Ordering;
+    let _serial = serial();
+    trident_backend_cpu::link();
+    let (node, devs) = node_devices(1, false);
+    let n = node.clone();
+    let out = GpuWorld::run(devs, opts(1), move |ctx| {
+        let flag = ctx.symm_alloc(8, "flag")?;
+        ctx.synchronize()?;
+        n.capturing.store(true, Ordering::SeqCst);
+        let before = n.queries.load(Ordering::SeqCst);
+        let e = ctx.synchronize().unwrap_err().to_string();
+        let queried = n.queries.load(Ordering::SeqCst) - before;
+        n.capturing.store(false, Ordering::SeqCst);
+        ctx.write_signal(0, &flag, 0, 1)?;
+        ctx.synchronize()?;
+        Ok((e, queried))
+    })
+    .unwrap();
+    let (e, queried) = &out[0];
+    assert!(e.contains("rank 0: synchronize while stream 0 is being captured into a graph: not capturable"), "{e}");
+    assert_eq!(*queried, 0, "the watchdog queried a capturing stream");
 }
 
 /// `synchronize` sees a stream's end promptly: a host timer around an operation (the

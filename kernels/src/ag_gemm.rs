@@ -5,7 +5,14 @@
 //! and marks each rank's rows with `ready[c]`; the GEMM (stream 0) maps program ids to output
 //! tiles with a rank swizzle (tile rows of chunk r first, then r+1, ...), and before its K loop a
 //! program waits for the signals of every chunk its rows touch and feeds the token to its loads.
-//! The GEMM never waits on itself, so an independent launch is enough.
+//! The GEMM never waits on itself, so an independent launch is enough. Its programs keep their
+//! own epoch words (`crate::epoch`): a chunk is there for call e once its signal reached e times
+//! what each call adds to it. `A_full` is one buffer, not two halves: the GEMM reads it through
+//! TMA descriptors, which the host encodes from the kernel argument, so the device cannot move
+//! them to another half. Calls are therefore separated as `run` separates them (every rank's
+//! streams synchronized and a host barrier; a replay likewise): the next call's gather must
+//! not start before every rank's GEMM finished reading. Consumption credits (each GEMM telling
+//! the gatherers it is done) would lift this; not done yet.
 
 use crate::allgather::{AllGather, AllGatherCe, GatherBuffers};
 use crate::gemm::Gemm;
@@ -28,11 +35,22 @@ pub struct AgGemm {
     pub mode: GatherMode,
 }
 
-/// Symmetric state for `[m, k]` gathered A.
+/// Symmetric state for `[m, k]` gathered A and an `[m, n]` product.
 pub struct AgGemmBuffers {
     pub gather: GatherBuffers,
+    /// The GEMM's epoch words (`crate::epoch`, symmetric).
+    pub epochs: Buffer,
     pub m: usize,
+    pub n: usize,
     pub k: usize,
+}
+
+impl AgGemmBuffers {
+    /// Collective: signals and epochs back to zero on every rank (after a timed-out wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.gather.rearm(ctx)?;
+        crate::epoch::rearm(ctx, &[&self.epochs])
+    }
 }
 
 impl AgGemm {
@@ -76,13 +94,21 @@ impl AgGemm {
         BackendError::Problem { kernel: "ag_gemm".into(), message }
     }
 
-    /// Collective: buffers for an `m x k` A; `m` must split evenly over the ranks.
-    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, k: usize) -> Result<AgGemmBuffers, BackendError> {
+    /// Collective: buffers for an `m x k` A and an `m x n` product; `m` must split evenly over
+    /// the ranks.
+    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize, k: usize) -> Result<AgGemmBuffers, BackendError> {
         let w = ctx.world_size();
         if !m.is_multiple_of(w) {
             return Err(self.problem(format!("M = {m} rows cannot be sharded evenly over {w} ranks")));
         }
-        Ok(AgGemmBuffers { gather: GatherBuffers::new(ctx, self.gemm.dtype, (m / w) * k)?, m, k })
+        let gather = GatherBuffers::single(ctx, self.gemm.dtype, (m / w) * k)?;
+        let epochs = crate::epoch::words(ctx, 1, "ag_gemm_epochs")?;
+        Ok(AgGemmBuffers { gather, epochs, m, n, k })
+    }
+
+    /// Output tiles (one program each, or fewer persistent programs).
+    fn tiles(&self, m: usize, n: usize) -> usize {
+        cdiv(m, self.gemm.block_m as usize) * cdiv(n, self.gemm.block_n as usize)
     }
 
     /// This operation with its GEMM specialized for its arguments (`Gemm::specialized`).
@@ -107,9 +133,11 @@ impl AgGemm {
         let int =
             |name: &str| if g.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
         let (a_full, bp, c) = (ptr("a_full"), ptr("b"), ptr("c"));
-        let ready = b.arg_ptr("ready", DType::U64);
+        let (ready, epochs) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("epochs", DType::U64));
         let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
-        let (rows_per_rank, target) = (b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
+        let (rows_per_rank, per_call) = (b.arg("rows_per_rank", DType::I32), b.arg("per_call", DType::U64));
+        let epoch = crate::epoch::Epoch::begin(&b, epochs);
+        let target = epoch.times(per_call);
 
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
@@ -158,10 +186,12 @@ impl AgGemm {
         } else {
             tile(pid);
         }
+        epoch.end(&b);
         b.finish()
     }
 
-    /// `c = A_full @ b` where this rank holds `a_shard` (`m/W x k`), `b` is `k x n`, `c` is `m x n`.
+    /// `c = A_full @ b` where this rank holds `a_shard` (`m/W x k`), `b` is `k x n`, `c` is
+    /// `m x n`; returns when every rank finished.
     pub fn run(
         &self,
         ctx: &dyn RankCtx,
@@ -169,9 +199,23 @@ impl AgGemm {
         a_shard: &Buffer,
         b: &Buffer,
         c: &Buffer,
-        n: usize,
     ) -> Result<(), BackendError> {
-        let (m, k, w) = (bufs.m, bufs.k, ctx.world_size());
+        self.enqueue(ctx, bufs, a_shard, b, c)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+
+    /// Enqueues the next call: the gather on stream 1, the GEMM on stream 0 (with the in-kernel
+    /// gather, kernel launches only: it can be recorded).
+    pub fn enqueue(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut AgGemmBuffers,
+        a_shard: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+    ) -> Result<(), BackendError> {
+        let (m, n, k, w) = (bufs.m, bufs.n, bufs.k, ctx.world_size());
         let es = self.gemm.dtype.size_bytes() as usize;
         require_bytes(a_shard, (m / w) * k * es, "a_shard")?;
         require_bytes(b, k * n * es, "b")?;
@@ -180,31 +224,29 @@ impl AgGemm {
         // Compile (and, on GPUs, load) the GEMM before any gather kernel starts spinning.
         let spec = self.specialized([&bufs.gather.out, b, c], n, k);
         let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
-        bufs.gather.epoch += 1;
-        let epoch = bufs.gather.epoch;
-        let target = match self.mode {
+        let per_call = match self.mode {
             GatherMode::CopyEngine => {
-                AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?
+                AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &mut bufs.gather, a_shard)?
             }
-            GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &bufs.gather, a_shard, epoch)?,
+            GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &mut bufs.gather, a_shard)?,
         };
         if m > 0 && n > 0 {
-            let grid = [(cdiv(m, self.gemm.block_m as usize) * cdiv(n, self.gemm.block_n as usize)) as u32, 1, 1];
+            let grid = [self.tiles(m, n) as u32, 1, 1];
             let args = [
                 bufs.gather.out.arg(),
                 b.arg(),
                 c.arg(),
                 bufs.gather.ready.arg(),
+                bufs.epochs.arg(),
                 KernelArg::i32(m32),
                 KernelArg::i32(n32),
                 KernelArg::i32(k32),
                 KernelArg::i32(require_i32(m / w, "rows_per_rank")?),
-                KernelArg::u64(target),
+                KernelArg::u64(per_call),
             ];
             ctx.launch(0, &kernel, grid, &args)?;
         }
-        ctx.synchronize()?;
-        ctx.barrier()
+        Ok(())
     }
 }
 

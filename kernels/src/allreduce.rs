@@ -15,6 +15,9 @@
 //! would rest on the order in which the hardware starts programs).
 //!
 //! The sum runs over ranks 0..W in order on every rank, so all ranks get identical bits.
+//!
+//! Each program keeps its epoch on the device and call e uses half e mod 2 of `stage` and `out`
+//! (`crate::epoch`): recorded once, a call replays.
 
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -40,13 +43,30 @@ pub struct AllReduce {
 
 /// Symmetric state of an AllReduce of `n` elements.
 pub struct AllReduceBuffers {
+    /// Two halves of `n` staged elements.
     pub stage: Buffer,
-    /// The result (symmetric: two-shot owners write into it).
+    /// Two halves of `n` results (symmetric: two-shot owners write into them).
     pub out: Buffer,
     pub ready: Buffer,
     pub done: Buffer,
+    /// The kernel's epoch words (`crate::epoch`).
+    pub epochs: Buffer,
     pub n: usize,
-    pub epoch: u64,
+    /// Calls enqueued from this host (the number of the last call).
+    pub calls: u64,
+}
+
+impl AllReduceBuffers {
+    /// The sums of call `call` (numbered from 1): valid until call `call + 2` is enqueued.
+    pub fn result(&self, call: u64) -> Buffer {
+        crate::epoch::half_of(&self.out, call)
+    }
+
+    /// Collective: signals and epochs back to zero on every rank (after a timed-out wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.calls = 0;
+        crate::epoch::rearm(ctx, &[&self.ready, &self.done, &self.epochs])
+    }
 }
 
 impl AllReduce {
@@ -73,12 +93,13 @@ impl AllReduce {
         let es = self.dtype.size_bytes() as usize;
         let signals = self.programs(n, ctx.world_size()) as usize * ctx.world_size() * 8;
         Ok(AllReduceBuffers {
-            stage: ctx.symm_alloc(n * es, "allreduce_stage")?,
-            out: ctx.symm_alloc(n * es, "allreduce_out")?,
+            stage: ctx.symm_alloc(2 * n * es, "allreduce_stage")?,
+            out: ctx.symm_alloc(2 * n * es, "allreduce_out")?,
             ready: ctx.symm_alloc(signals, "allreduce_ready")?,
             done: ctx.symm_alloc(signals, "allreduce_done")?,
+            epochs: crate::epoch::words(ctx, 1, "allreduce_epochs")?,
             n,
-            epoch: 0,
+            calls: 0,
         })
     }
 
@@ -93,11 +114,14 @@ impl AllReduce {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let name = format!("allreduce_{:?}_{}_{}", self.algorithm, self.dtype, self.block).to_lowercase();
         let b = KernelBuilder::new(&name, LaunchAttrs::default());
-        let (input, stage, out) =
+        let (input, stages, outs) =
             (b.arg_ptr("input", self.dtype), b.arg_ptr("stage", self.dtype), b.arg_ptr("out", self.dtype));
         let (ready, done) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("done", DType::U64));
-        let (n, chunk, epoch) = (b.arg("n", DType::I32), b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
+        let epochs = b.arg_ptr("epochs", DType::U64);
+        let (n, chunk) = (b.arg("n", DType::I32), b.arg("chunk", DType::I32));
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
+        let call = crate::epoch::Epoch::begin(&b, epochs);
+        let (stage, out, epoch) = (call.half(stages, n), call.half(outs, n), call.value);
         let (bs, programs) = (self.block as i32, b.num_programs(Axis::X));
         let lanes = b.arange(0, self.block as i64);
         let my_signals = ready + pid * world;
@@ -160,13 +184,21 @@ impl AllReduce {
                 b.wait(done + pid * world, world, CmpOp::Ge, epoch, Scope::Sys, MemSemantic::Acquire);
             }
         }
+        call.end(&b);
         b.finish()
     }
 
-    /// Sums `input` (n elements) over all ranks into `bufs.out`.
+    /// Sums `input` (n elements) over all ranks into `bufs.result(bufs.calls)`; returns when
+    /// every rank finished.
     pub fn run(&self, ctx: &dyn RankCtx, bufs: &mut AllReduceBuffers, input: &Buffer) -> Result<(), BackendError> {
+        self.enqueue(ctx, bufs, input)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+
+    /// Enqueues the next call (one kernel launch: it can be recorded).
+    pub fn enqueue(&self, ctx: &dyn RankCtx, bufs: &mut AllReduceBuffers, input: &Buffer) -> Result<(), BackendError> {
         require_bytes(input, bufs.n * self.dtype.size_bytes() as usize, "input")?;
-        bufs.epoch += 1;
         let w = ctx.world_size();
         let (n, chunk) = (require_i32(bufs.n, "n")?, require_i32(self.chunk(bufs.n, w), "chunk")?);
         let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
@@ -176,13 +208,13 @@ impl AllReduce {
             bufs.out.arg(),
             bufs.ready.arg(),
             bufs.done.arg(),
+            bufs.epochs.arg(),
             KernelArg::i32(n),
             KernelArg::i32(chunk),
-            KernelArg::u64(bufs.epoch),
         ];
         ctx.launch(0, &kernel, [self.programs(bufs.n, w), 1, 1], &args)?;
-        ctx.synchronize()?;
-        ctx.barrier()
+        bufs.calls += 1;
+        Ok(())
     }
 }
 

@@ -6,7 +6,8 @@
 //! carries the program barrier). Tiles for rank r+1 are computed first and rank r's own last. A
 //! reduction kernel on rank t runs over smaller tiles ([`ReduceTiles`], 32 x 256 by default);
 //! each waits until all W partials of its row block arrived (`epoch x column tiles` each) and
-//! sums them in f32.
+//! sums them in f32. Both kernels keep their epochs on the device and call e uses half e mod 2
+//! of `partial` (`crate::epoch`): recorded once, a call replays.
 
 use crate::gemm::Gemm;
 use crate::{cdiv, require_bytes, require_i32};
@@ -46,15 +47,27 @@ pub struct GemmRs {
 
 /// Symmetric state for an `m x n` result.
 pub struct GemmRsBuffers {
-    /// `[world][m / world][n]` partial tiles, written by every rank (symmetric).
+    /// Two halves of `[world][m / world][n]` partial tiles, written by every rank (symmetric).
     pub partial: Buffer,
     /// `[row blocks per rank][world]` u64 arrival counters (symmetric).
     pub arrived: Buffer,
+    /// The GEMM's and the reduction's epoch words (`crate::epoch`).
+    pub epochs: Buffer,
     pub m: usize,
     pub n: usize,
-    pub epoch: u64,
+    /// Calls enqueued from this host.
+    pub calls: u64,
     /// The GEMM's tile height: a power of two dividing `m / world`, so no tile spans two owners.
     pub block_m: u32,
+}
+
+impl GemmRsBuffers {
+    /// Collective: arrival counters and epochs back to zero on every rank (after a timed-out
+    /// wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.calls = 0;
+        crate::epoch::rearm(ctx, &[&self.arrived, &self.epochs])
+    }
 }
 
 impl GemmRs {
@@ -93,11 +106,12 @@ impl GemmRs {
         let block_m = (1u32 << rows.trailing_zeros().min(31)).min(self.gemm.block_m);
         let es = self.gemm.dtype.size_bytes() as usize;
         Ok(GemmRsBuffers {
-            partial: ctx.symm_alloc(m * n * es, "gemm_rs_partial")?,
+            partial: ctx.symm_alloc(2 * m * n * es, "gemm_rs_partial")?,
             arrived: ctx.symm_alloc((rows / block_m as usize) * w * 8, "gemm_rs_arrived")?,
+            epochs: crate::epoch::words(ctx, 2, "gemm_rs_epochs")?,
             m,
             n,
-            epoch: 0,
+            calls: 0,
             block_m,
         })
     }
@@ -124,10 +138,12 @@ impl GemmRs {
             |name: &str| if g.divisible { b.arg_ptr_aligned(name, g.dtype, 16) } else { b.arg_ptr(name, g.dtype) };
         let int =
             |name: &str| if g.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
-        let (a, bp, partial) = (ptr("a"), ptr("b"), ptr("partial"));
-        let arrived = b.arg_ptr("arrived", DType::U64);
+        let (a, bp, partials) = (ptr("a"), ptr("b"), ptr("partial"));
+        let (arrived, epochs) = (b.arg_ptr("arrived", DType::U64), b.arg_ptr("epochs", DType::U64));
         let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         let rows_per_rank = b.arg("rows_per_rank", DType::I32);
+        let call = crate::epoch::Epoch::begin(&b, epochs);
+        let partial = call.half(partials, m * n);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let blocks_per_rank = rows_per_rank / bm as i32;
@@ -153,6 +169,7 @@ impl GemmRs {
         let dst = b.symm_at(partial, owner) + ((me * rows_per_rank + local_rows) * n + cols);
         b.store(dst, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
         b.notify(arrived + (local_block * world + me), owner, 1u64, SignalOp::Add, CommScope::IntraNode);
+        call.end(&b);
         b.finish()
     }
 
@@ -167,10 +184,13 @@ impl GemmRs {
             &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}{}", if r.persistent { "_persistent" } else { "" }),
             LaunchAttrs { warps: r.warps, persistent: r.persistent, ..LaunchAttrs::default() },
         );
-        let (partial, arrived, out) =
+        let (partials, arrived, out) =
             (b.arg_ptr("partial", dt), b.arg_ptr("arrived", DType::U64), b.arg_ptr("out", dt));
-        let (n, rows_per_rank, target) =
-            (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("target", DType::U64));
+        let epochs = b.arg_ptr("epochs", DType::U64);
+        let (n, rows_per_rank, per_call) =
+            (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("per_call", DType::U64));
+        let call = crate::epoch::Epoch::begin(&b, epochs);
+        let (partial, target) = (call.half(partials, rows_per_rank * b.num_ranks() * n), call.times(per_call));
         let (world, pid, programs) = (b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
         let tiles_n = (n + (rn as i32 - 1)) / rn as i32;
         // `rows_per_rank` is a multiple of the GEMM's row block, which `rb` divides.
@@ -191,6 +211,7 @@ impl GemmRs {
             b.store(out + rows * n + cols, sum.cast(dt), Some(mask));
             Vec::new()
         });
+        call.end(&b);
         b.finish()
     }
 
@@ -201,8 +222,24 @@ impl GemmRs {
         ((rows / rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32
     }
 
-    /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b` `k_r x n`.
+    /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b`
+    /// `k_r x n`. Returns when every rank finished.
     pub fn run(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut GemmRsBuffers,
+        a: &Buffer,
+        b: &Buffer,
+        out: &Buffer,
+        k: usize,
+    ) -> Result<(), BackendError> {
+        self.enqueue(ctx, bufs, a, b, out, k)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+
+    /// Enqueues the next call (two kernel launches: it can be recorded).
+    pub fn enqueue(
         &self,
         ctx: &dyn RankCtx,
         bufs: &mut GemmRsBuffers,
@@ -220,7 +257,6 @@ impl GemmRs {
         if n == 0 {
             return Ok(());
         }
-        bufs.epoch += 1;
         let bm = bufs.block_m;
         let tiles_n = cdiv(n, self.gemm.block_n as usize);
         let rows = require_i32(m / w, "rows_per_rank")?;
@@ -232,24 +268,26 @@ impl GemmRs {
             b.arg(),
             bufs.partial.arg(),
             bufs.arrived.arg(),
+            crate::epoch::state_arg(&bufs.epochs, 0),
             KernelArg::i32(m32),
             KernelArg::i32(n32),
             KernelArg::i32(k32),
             KernelArg::i32(rows),
         ];
         ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
-        let target = bufs.epoch * tiles_n as u64;
+        // Each call adds one to a row block's counter per column tile of its GEMM.
         let reduce_args = [
             bufs.partial.arg(),
             bufs.arrived.arg(),
             out.arg(),
+            crate::epoch::state_arg(&bufs.epochs, 1),
             KernelArg::i32(n32),
             KernelArg::i32(rows),
-            KernelArg::u64(target),
+            KernelArg::u64(tiles_n as u64),
         ];
         ctx.launch(0, &reduce, [self.reduce_grid(m / w, n, bm), 1, 1], &reduce_args)?;
-        ctx.synchronize()?;
-        ctx.barrier()
+        bufs.calls += 1;
+        Ok(())
     }
 }
 

@@ -15,8 +15,10 @@
 //! Program i's slices are blocks i, i + P, i + 2P, .. of `block` elements of a chunk, with at
 //! most `max_programs` programs P (each then loops over its blocks), so that every waiting
 //! program can be resident. Signals carry the call's epoch, compared with `>=`: nothing is
-//! reset. A call ends with every rank's streams synchronized and a host barrier, so the next
-//! call cannot overwrite a slot or stage a peer still reads.
+//! reset. Each program keeps its epoch on the device and call e uses half e mod 2 of the slots
+//! or stage (`crate::epoch`: a rank writes a half for call e+2 only after every rank finished
+//! call e; in the ring, rank r's call e+1 ends with the partial its successor started, so the
+//! successor began call e+1): recorded once, a call replays.
 
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -42,15 +44,26 @@ pub struct ReduceScatter {
 
 /// Symmetric state of a ReduceScatter of `chunk` elements per rank.
 pub struct ScatterBuffers {
-    /// Ring: the W-1 receive slots (`[W-1][chunk]`); one-shot: the stage (`[W][chunk]`).
+    /// Two halves of: ring, the W-1 receive slots (`[W-1][chunk]`); one-shot, the stage
+    /// (`[W][chunk]`).
     pub data: Buffer,
-    /// This rank's result (`chunk` elements).
+    /// This rank's result (`chunk` elements; only its own kernel writes it).
     pub out: Buffer,
     /// Ring: `[W-1][P]` step signals; one-shot: `[P][W]` staged signals.
     pub ready: Buffer,
+    /// The kernel's epoch words (`crate::epoch`).
+    pub epochs: Buffer,
     pub chunk: usize,
-    /// The last call's epoch.
-    pub epoch: u64,
+    /// Calls enqueued from this host.
+    pub calls: u64,
+}
+
+impl ScatterBuffers {
+    /// Collective: signals and epochs back to zero on every rank (after a timed-out wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.calls = 0;
+        crate::epoch::rearm(ctx, &[&self.ready, &self.epochs])
+    }
 }
 
 impl ReduceScatter {
@@ -72,11 +85,12 @@ impl ReduceScatter {
             ScatterAlgorithm::OneShot => (w, p * w),
         };
         Ok(ScatterBuffers {
-            data: ctx.symm_alloc(slots * chunk * es, "reduce_scatter_data")?,
+            data: ctx.symm_alloc(2 * slots * chunk * es, "reduce_scatter_data")?,
             out: ctx.alloc(chunk * es, "reduce_scatter_out")?,
             ready: ctx.symm_alloc(signals * 8, "reduce_scatter_ready")?,
+            epochs: crate::epoch::words(ctx, 1, "reduce_scatter_epochs")?,
             chunk,
-            epoch: 0,
+            calls: 0,
         })
     }
 
@@ -89,11 +103,17 @@ impl ReduceScatter {
 
     /// The kernel's body into `b` (a function of its own so that the tiles' lifetime has a name).
     fn emit<'b>(&self, b: &'b KernelBuilder) {
-        let (input, data, out) =
+        let (input, halves, out) =
             (b.arg_ptr("input", self.dtype), b.arg_ptr("data", self.dtype), b.arg_ptr("out", self.dtype));
-        let ready = b.arg_ptr("ready", DType::U64);
-        let (chunk, epoch) = (b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
+        let (ready, epochs) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("epochs", DType::U64));
+        let chunk = b.arg("chunk", DType::I32);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
+        let call = crate::epoch::Epoch::begin(b, epochs);
+        let slots = match self.algorithm {
+            ScatterAlgorithm::Ring => (world - 1).max(1),
+            ScatterAlgorithm::OneShot => world,
+        };
+        let (data, epoch) = (call.half(halves, slots * chunk), call.value);
         let programs = b.num_programs(Axis::X);
         let bs = self.block as i32;
         let lanes = b.arange(0, self.block as i64);
@@ -168,28 +188,29 @@ impl ReduceScatter {
                 });
             }
         }
+        call.end(b);
     }
 
     /// Sums `input` (W chunks of `bufs.chunk` elements) over all ranks; rank r's chunk r of the
-    /// sum lands in `bufs.out`.
+    /// sum lands in `bufs.out`. Returns when every rank finished.
     pub fn run(&self, ctx: &dyn RankCtx, bufs: &mut ScatterBuffers, input: &Buffer) -> Result<(), BackendError> {
+        self.enqueue(ctx, bufs, input)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+
+    /// Enqueues the next call (one kernel launch: it can be recorded).
+    pub fn enqueue(&self, ctx: &dyn RankCtx, bufs: &mut ScatterBuffers, input: &Buffer) -> Result<(), BackendError> {
         let w = ctx.world_size();
         require_bytes(input, w * bufs.chunk * self.dtype.size_bytes() as usize, "input")?;
         let chunk = require_i32(bufs.chunk, "chunk")?;
-        require_i32(w * bufs.chunk, "the input's elements")?;
-        bufs.epoch += 1;
+        require_i32(2 * w * bufs.chunk, "the buffers' elements")?;
         let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
-        let args = [
-            input.arg(),
-            bufs.data.arg(),
-            bufs.out.arg(),
-            bufs.ready.arg(),
-            KernelArg::i32(chunk),
-            KernelArg::u64(bufs.epoch),
-        ];
+        let args =
+            [input.arg(), bufs.data.arg(), bufs.out.arg(), bufs.ready.arg(), bufs.epochs.arg(), KernelArg::i32(chunk)];
         ctx.launch(0, &kernel, [self.programs(bufs.chunk), 1, 1], &args)?;
-        ctx.synchronize()?;
-        ctx.barrier()
+        bufs.calls += 1;
+        Ok(())
     }
 }
 

@@ -11,7 +11,9 @@
 //!   `src` into its own `out`, then meets them again (so no rank overwrites `src` while a peer
 //!   still reads it).
 //!
-//! Signals carry an epoch (the host's call count), so nothing is ever reset.
+//! Signals carry the call's epoch, so nothing is ever reset. Each program keeps its epoch on the
+//! device and call e writes half e mod 2 of `out` (`crate::epoch`): recorded once, a call
+//! replays.
 
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -37,12 +39,29 @@ pub struct RingShift {
 pub struct ShiftBuffers {
     /// This rank's chunk (symmetric: a `get` reads it from a peer).
     pub src: Buffer,
-    /// The previous rank's chunk, after the call (symmetric).
+    /// Two halves of the previous rank's chunk: call e fills half e mod 2 (symmetric).
     pub out: Buffer,
     /// One u64 arrival signal per program (symmetric).
     pub arrived: Buffer,
+    /// The kernel's epoch words (`crate::epoch`).
+    pub epochs: Buffer,
     pub chunk: usize,
-    pub epoch: u64,
+    /// Calls enqueued from this host.
+    pub calls: u64,
+}
+
+impl ShiftBuffers {
+    /// The previous rank's chunk as call `call` (numbered from 1) left it: valid until call
+    /// `call + 2` is enqueued.
+    pub fn result(&self, call: u64) -> Buffer {
+        crate::epoch::half_of(&self.out, call)
+    }
+
+    /// Collective: signals and epochs back to zero on every rank (after a timed-out wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.calls = 0;
+        crate::epoch::rearm(ctx, &[&self.arrived, &self.epochs])
+    }
 }
 
 impl RingShift {
@@ -53,12 +72,14 @@ impl RingShift {
     /// Collective: allocates the symmetric buffers on every rank.
     pub fn buffers(&self, ctx: &dyn RankCtx, chunk: usize) -> Result<ShiftBuffers, BackendError> {
         let bytes = chunk * self.dtype.size_bytes() as usize;
+        let programs = self.programs(chunk) as usize;
         Ok(ShiftBuffers {
             src: ctx.symm_alloc(bytes, "shift_src")?,
-            out: ctx.symm_alloc(bytes, "shift_out")?,
-            arrived: ctx.symm_alloc(8 * self.programs(chunk) as usize, "shift_arrived")?,
+            out: ctx.symm_alloc(2 * bytes, "shift_out")?,
+            arrived: ctx.symm_alloc(8 * programs, "shift_arrived")?,
+            epochs: crate::epoch::words(ctx, 1, "shift_epochs")?,
             chunk,
-            epoch: 0,
+            calls: 0,
         })
     }
 
@@ -70,10 +91,12 @@ impl RingShift {
         let cooperative = self.mode == ShiftMode::Get;
         let name = format!("ring_shift_{:?}_{}_{}", self.mode, self.dtype, self.block).to_lowercase();
         let b = KernelBuilder::new(&name, LaunchAttrs { cooperative, ..LaunchAttrs::default() });
-        let (src, out) = (b.arg_ptr("src", self.dtype), b.arg_ptr("out", self.dtype));
-        let arrived = b.arg_ptr("arrived", DType::U64);
-        let (chunk, epoch) = (b.arg("chunk", DType::I32), b.arg("epoch", DType::U64));
+        let (src, halves) = (b.arg_ptr("src", self.dtype), b.arg_ptr("out", self.dtype));
+        let (arrived, epochs) = (b.arg_ptr("arrived", DType::U64), b.arg_ptr("epochs", DType::U64));
+        let chunk = b.arg("chunk", DType::I32);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
+        let call = crate::epoch::Epoch::begin(&b, epochs);
+        let (out, epoch) = (call.half(halves, chunk), call.value);
         let start = pid * self.block as i32;
         // Elements of this program's slice: min(block, chunk - start).
         let count = (chunk - start).min(self.block as i32);
@@ -92,22 +115,30 @@ impl RingShift {
                 b.barrier_all(Group::Block);
             }
         }
+        call.end(&b);
         b.finish()
     }
 
-    /// Shifts every rank's `bufs.src` into the next rank's `bufs.out`; returns when this rank's
-    /// `out` holds the previous rank's chunk.
+    /// Shifts every rank's `bufs.src` into the next rank's `bufs.result(bufs.calls)`; returns
+    /// when every rank finished.
     pub fn run(&self, ctx: &dyn RankCtx, bufs: &mut ShiftBuffers) -> Result<(), BackendError> {
+        self.enqueue(ctx, bufs)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    }
+
+    /// Enqueues the next call (one kernel launch: it can be recorded).
+    pub fn enqueue(&self, ctx: &dyn RankCtx, bufs: &mut ShiftBuffers) -> Result<(), BackendError> {
         require_bytes(&bufs.src, bufs.chunk * self.dtype.size_bytes() as usize, "src")?;
         let chunk = require_i32(bufs.chunk, "chunk")?;
-        bufs.epoch += 1;
+        require_i32(2 * bufs.chunk, "the buffers' elements")?;
         let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
         let programs = self.programs(bufs.chunk);
         let args =
-            [bufs.src.arg(), bufs.out.arg(), bufs.arrived.arg(), KernelArg::i32(chunk), KernelArg::u64(bufs.epoch)];
+            [bufs.src.arg(), bufs.out.arg(), bufs.arrived.arg(), bufs.epochs.arg(), KernelArg::i32(chunk)];
         ctx.launch(0, &kernel, [programs, 1, 1], &args)?;
-        ctx.synchronize()?;
-        ctx.barrier()
+        bufs.calls += 1;
+        Ok(())
     }
 }
 

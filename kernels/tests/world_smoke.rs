@@ -17,11 +17,11 @@ fn allgather(op: AllGather) {
         let data: Vec<u8> = (0..chunk).flat_map(|i| ((ctx.rank() * 1000 + i) as f32).to_le_bytes()).collect();
         ctx.write(&src, 0, &data)?;
         let mut bufs = GatherBuffers::new(ctx, DType::F32, chunk)?;
-        ctx.write(&bufs.out, 0, &f32::NAN.to_le_bytes().repeat(4 * chunk))?;
+        ctx.write(&bufs.result(1), 0, &f32::NAN.to_le_bytes().repeat(4 * chunk))?;
         ctx.barrier()?;
         op.run(ctx, &mut bufs, &src)?;
         let mut out = vec![0u8; 4 * chunk * 4];
-        ctx.read(&bufs.out, 0, &mut out)?;
+        ctx.read(&bufs.result(bufs.calls), 0, &mut out)?;
         Ok(out.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>())
     })
     .unwrap();

@@ -13,7 +13,9 @@
 //! * `cargo xtask test --list-backends`: the backends the conformance runner links.
 //! * `cargo xtask demo`: a GEMM through the whole path (build, verify, print, run, check).
 //! * `cargo xtask ci`: format check, clippy with warnings as errors, `test`, then the
-//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector
+//!   distributed cases at world 4 under 8 schedules each and at world 2 under the race detector,
+//!   every collective recorded once and replayed 10 times (world 4, 2 schedules) and re-armed
+//!   after a planted timeout (every world)
 //!   (on the tile interpreter and on cpu-simt's sm_90a lowering),
 //!   the SIMT lowering on `cpu-simt` at warp 32 and 64 (suite and differential test), its
 //!   elementary functions against the host's bit for bit, and `ptx-check` when ptxas is present.
@@ -63,6 +65,13 @@ struct TestArgs {
     /// Run distributed cases under the race detector.
     #[arg(long)]
     race: bool,
+    /// Record one call of every distributed case and replay it N times (`trident test --replay`).
+    #[arg(long)]
+    replay: Option<String>,
+    /// Plant a timeout in every distributed case, re-arm, check two more calls
+    /// (`trident test --rearm`).
+    #[arg(long)]
+    rearm: bool,
     /// Replay the inputs of an earlier run.
     #[arg(long)]
     seed: Option<String>,
@@ -215,6 +224,9 @@ fn conformance(args: &TestArgs) -> Command {
     if args.race {
         c.arg("--race");
     }
+    if args.rearm {
+        c.arg("--rearm");
+    }
     if args.peer {
         c.arg("--peer");
     }
@@ -229,6 +241,7 @@ fn conformance(args: &TestArgs) -> Command {
         ("--world", &args.world),
         ("--target", &args.target),
         ("--chaos", &args.chaos),
+        ("--replay", &args.replay),
     ] {
         if let Some(v) = v {
             c.args([flag, v.as_str()]);
@@ -242,7 +255,14 @@ fn conformance(args: &TestArgs) -> Command {
 
 /// The differential test of every op on the test's backend (not for the distributed modes).
 fn ops(args: &TestArgs) -> Option<Command> {
-    if args.no_ops || args.world.is_some() || args.chaos.is_some() || args.race || args.inter_node {
+    if args.no_ops
+        || args.world.is_some()
+        || args.chaos.is_some()
+        || args.race
+        || args.inter_node
+        || args.replay.is_some()
+        || args.rearm
+    {
         return None;
     }
     let mut a = vec!["--backend".to_string(), args.backend.clone()];
@@ -283,7 +303,7 @@ fn test(args: &TestArgs) -> Result<(), Failure> {
     if !(args.backend == "nvidia" && args.inter_node) {
         run(conformance(args))?;
     }
-    if args.backend == "nvidia" && !args.race && args.chaos.is_none() {
+    if args.backend == "nvidia" && !args.race && args.chaos.is_none() && args.replay.is_none() && !args.rearm {
         run(processes(args, args.world.as_deref().unwrap_or("2")))?;
     }
     match ops(args) {
@@ -560,6 +580,22 @@ fn main() -> ExitCode {
                 json: Some(workspace_root().join("target/conformance-cpu-race.json")),
                 ..a.clone()
             };
+            // Every collective recorded once and replayed 10 times at world 4 under several
+            // schedules, and re-armed after a planted timeout at every world.
+            let replay = TestArgs {
+                world: Some("4".into()),
+                chaos: Some("2".into()),
+                replay: Some("10".into()),
+                no_unit: true,
+                json: Some(workspace_root().join("target/conformance-cpu-replay.json")),
+                ..a.clone()
+            };
+            let rearm = TestArgs {
+                rearm: true,
+                no_unit: true,
+                json: Some(workspace_root().join("target/conformance-cpu-rearm.json")),
+                ..a.clone()
+            };
             // The inter-node and race passes of the SIMT lowering run on the NVIDIA target with
             // the architecture-specific features (`wgmma`, TMA: the widest lowering).
             let hopper = registered()
@@ -581,6 +617,8 @@ fn main() -> ExitCode {
                 .and_then(|_| test(&TestArgs { backend: "nvidia".into(), no_unit: true, ..a.clone() }))
                 .and_then(|_| test(&chaos))
                 .and_then(|_| test(&race))
+                .and_then(|_| test(&replay))
+                .and_then(|_| test(&rearm))
                 // The SIMT lowering for every target of the reference set.
                 .and_then(|_| reference_set(None).iter().try_for_each(|t| test(&simt(t.name))))
                 // Every distributed kernel with its communication at inter-node scope: the

@@ -6,12 +6,12 @@ use crate::dist_bench::{sampled, shard_error, upload, upload_with, value, DistCa
 use crate::distributed::download;
 use crate::host::{poison, random};
 use crate::reference;
-use crate::registry::{faster, Benchmark, Operation, Registered, WorldData};
+use crate::registry::{faster, Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::world::RankCtx;
-use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+use trident_kernels::ag_gemm::{AgGemm, AgGemmBuffers, GatherMode};
 use trident_kernels::allgather::{AllGatherCe, GatherBuffers};
 use trident_kernels::gemm::Gemm;
 
@@ -56,24 +56,20 @@ impl Operation for AgGemmCase {
         WorldData { inputs, expected, reduction_len: k }
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         _inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
+    ) -> Result<Box<dyn RankOp>, BackendError> {
         let mode = if case.variant == "ce" { GatherMode::CopyEngine } else { GatherMode::Kernel };
         let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
-        let op = AgGemm::for_world(ctx, d, mode);
-        let mut bufs = op.buffers(ctx, m, k)?;
-        let c = ctx.alloc(m * n * d.size_bytes() as usize, "c")?;
-        ctx.fill(&c, &poison(d))?;
-        ctx.barrier()?;
-        op.run(ctx, &mut bufs, &ins[0], &ins[1], &c, n)?;
-        download(ctx, &c, out_len, d)
+        let op = AgGemm::for_world(ctx, case.dtype, mode);
+        let bufs = op.buffers(ctx, m, n, k)?;
+        let c = ctx.alloc(m * n * case.dtype.size_bytes() as usize, "c")?;
+        Ok(Box::new(AgGemmRank { op, bufs, a: ins[0].clone(), b: ins[1].clone(), c, out_len }))
     }
 
     fn benchmark(&self) -> Option<&dyn Benchmark> {
@@ -96,9 +92,9 @@ impl Benchmark for AgGemmCase {
         vec![64 * world, 48 * world, 64]
     }
 
-    /// A gathered per gather mode.
+    /// Two halves of A gathered per gather mode and for the gather-then-GEMM pipeline.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        2 * case.dims[0] * case.dims[2] * case.dtype.size_bytes() as usize
+        6 * case.dims[0] * case.dims[2] * case.dtype.size_bytes() as usize
     }
 
     fn bus_bytes(&self, case: &DistCase) -> f64 {
@@ -154,8 +150,11 @@ impl Benchmark for AgGemmCase {
         // has its own GPU), and persistent (its choice where ranks share one).
         let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
         let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
-        let mut ce_bufs = ce.buffers(ctx, m, k)?;
-        let mut kernel_bufs = kernel.buffers(ctx, m, k)?;
+        let mut ce_bufs = ce.buffers(ctx, m, n, k)?;
+        let mut kernel_bufs = kernel.buffers(ctx, m, n, k)?;
+        // The gather-then-GEMM pipeline on buffers of its own: a buffer set counts the calls
+        // of one operation (`trident_kernels::epoch`).
+        let mut seq_bufs = GatherBuffers::new(ctx, d, rows * k)?;
         let gather = AllGatherCe { dtype: d };
         let check = |t: &mut Timer, rng: &mut rand::rngs::StdRng| -> Result<(), BackendError> {
             let e = sampled(ctx, &c, (m, n), d, 128, rng, &want)?;
@@ -171,27 +170,56 @@ impl Benchmark for AgGemmCase {
         for (name, op, mode) in fused {
             let bufs = if mode == GatherMode::CopyEngine { &mut ce_bufs } else { &mut kernel_bufs };
             ctx.fill(&c, &poison(d))?;
-            op.run(ctx, bufs, &shard, &b, &c, n)?;
+            op.run(ctx, bufs, &shard, &b, &c)?;
             check(t, &mut rng)?;
-            t.time(name, &mut || op.run(ctx, bufs, &shard, &b, &c, n))?;
+            t.time(name, &mut || op.run(ctx, bufs, &shard, &b, &c))?;
         }
         let sequential = |bufs: &mut GatherBuffers| -> Result<(), BackendError> {
             gather.run(ctx, bufs, &shard)?;
-            gemm.enqueue(ctx, 0, (&bufs.out, &b, &c), (m, n, k))?;
+            gemm.enqueue(ctx, 0, (&bufs.result(bufs.calls), &b, &c), (m, n, k))?;
             ctx.synchronize()?;
             ctx.barrier()
         };
         ctx.fill(&c, &poison(d))?;
-        sequential(&mut ce_bufs.gather)?;
+        sequential(&mut seq_bufs)?;
         check(t, &mut rng)?;
-        t.time("gather+gemm", &mut || sequential(&mut ce_bufs.gather))?;
+        t.time("gather+gemm", &mut || sequential(&mut seq_bufs))?;
         // The parts: the GEMM on the gathered A (in place from the last run), the gather alone.
+        let gathered = seq_bufs.result(seq_bufs.calls);
         t.time("gemm", &mut || {
-            gemm.enqueue(ctx, 0, (&ce_bufs.gather.out, &b, &c), (m, n, k))?;
+            gemm.enqueue(ctx, 0, (&gathered, &b, &c), (m, n, k))?;
             ctx.synchronize()
         })?;
-        t.time("gather", &mut || gather.run(ctx, &mut ce_bufs.gather, &shard))?;
+        t.time("gather", &mut || gather.run(ctx, &mut seq_bufs, &shard))?;
         Ok(())
+    }
+}
+
+/// A rank's AG-GEMM: the operation, its buffers, operands and output.
+struct AgGemmRank {
+    op: AgGemm,
+    bufs: AgGemmBuffers,
+    a: Buffer,
+    b: Buffer,
+    c: Buffer,
+    out_len: usize,
+}
+
+impl RankOp for AgGemmRank {
+    fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.c, &poison(self.op.gemm.dtype))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.enqueue(ctx, &mut self.bufs, &self.a, &self.b, &self.c)
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.c, self.out_len, self.op.gemm.dtype)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
     }
 }
 

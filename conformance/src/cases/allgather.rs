@@ -4,9 +4,10 @@
 use crate::dist_bench::{upload, value, DistCase, Timer};
 use crate::distributed::download;
 use crate::host::{poison, random};
-use crate::registry::{Benchmark, Operation, Registered, WorldData};
+use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::CmpOp;
 use trident_core::world::RankCtx;
 use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
 
@@ -41,24 +42,16 @@ impl Operation for AllGatherCase {
         crate::suite::bound(case.dtype, "exact", reduction_len)
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         _inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
-        let mut bufs = GatherBuffers::new(ctx, d, case.shape[0])?;
-        ctx.fill(&bufs.out, &poison(d))?;
-        ctx.barrier()?;
-        if case.variant == "push" {
-            AllGather::new(d).run(ctx, &mut bufs, &ins[0])?;
-        } else {
-            AllGatherCe { dtype: d }.run(ctx, &mut bufs, &ins[0])?;
-        }
-        download(ctx, &bufs.out, out_len, d)
+    ) -> Result<Box<dyn RankOp>, BackendError> {
+        let bufs = GatherBuffers::new(ctx, case.dtype, case.shape[0])?;
+        Ok(Box::new(GatherRank { push: case.variant == "push", bufs, src: ins[0].clone(), out_len }))
     }
 
     fn benchmark(&self) -> Option<&dyn Benchmark> {
@@ -112,19 +105,60 @@ impl Benchmark for AllGatherCase {
         };
         let ce = AllGatherCe { dtype: d };
         let mut ce_bufs = GatherBuffers::new(ctx, d, chunk)?;
-        ctx.fill(&ce_bufs.out, &poison(d))?;
+        ctx.fill(&ce_bufs.result(1), &poison(d))?;
         ctx.barrier()?;
         ce.run(ctx, &mut ce_bufs, &src)?;
-        check(t, &ce_bufs.out)?;
+        check(t, &ce_bufs.result(ce_bufs.calls))?;
         t.time("allgather/ce", &mut || ce.run(ctx, &mut ce_bufs, &src))?;
         let push = AllGather::new(d);
         let mut push_bufs = GatherBuffers::new(ctx, d, chunk)?;
-        ctx.fill(&push_bufs.out, &poison(d))?;
+        ctx.fill(&push_bufs.result(1), &poison(d))?;
         ctx.barrier()?;
         push.run(ctx, &mut push_bufs, &src)?;
-        check(t, &push_bufs.out)?;
+        check(t, &push_bufs.result(push_bufs.calls))?;
         t.time("allgather/kernel", &mut || push.run(ctx, &mut push_bufs, &src))?;
         Ok(())
+    }
+}
+
+/// A rank's AllGather: its buffers and chunk.
+struct GatherRank {
+    push: bool,
+    bufs: GatherBuffers,
+    src: Buffer,
+    out_len: usize,
+}
+
+impl RankOp for GatherRank {
+    fn poison(&self, ctx: &dyn RankCtx, call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.bufs.result(call), &poison(self.src_dtype()))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        let d = self.src_dtype();
+        if self.push {
+            AllGather::new(d).enqueue(ctx, 0, &mut self.bufs, &self.src)?;
+        } else {
+            AllGatherCe { dtype: d }.enqueue(ctx, 1, &mut self.bufs, &self.src)?;
+            for c in 0..ctx.world_size() {
+                ctx.wait_signal(0, &self.bufs.ready, c * 8, CmpOp::Ge, self.bufs.calls)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.bufs.result(call), self.out_len, self.src_dtype())
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
+    }
+}
+
+impl GatherRank {
+    fn src_dtype(&self) -> trident_core::ir::DType {
+        self.bufs.dtype
     }
 }
 

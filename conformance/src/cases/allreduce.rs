@@ -5,12 +5,12 @@
 use crate::dist_bench::{sampled, upload, value, DistCase, Timer};
 use crate::distributed::download;
 use crate::host::{poison, random};
-use crate::registry::{Benchmark, Operation, Registered, WorldData};
+use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::world::RankCtx;
-use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::allreduce::{Algorithm, AllReduce, AllReduceBuffers};
 
 struct AllReduceCase;
 
@@ -39,24 +39,20 @@ impl Operation for AllReduceCase {
         WorldData { expected: vec![sum; w], inputs, reduction_len: w }
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         _inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
+    ) -> Result<Box<dyn RankOp>, BackendError> {
         let algo = if case.variant == "oneshot" { Algorithm::OneShot } else { Algorithm::TwoShot };
         // At most 4 programs: the larger shape's programs loop over several blocks, as every
         // program does at the benchmark's sizes (at most 128 programs by default).
-        let ar = AllReduce { max_programs: 4, ..AllReduce::new(d, algo) };
-        let mut bufs = ar.buffers(ctx, case.shape[0])?;
-        ctx.fill(&bufs.out, &poison(d))?;
-        ctx.barrier()?;
-        ar.run(ctx, &mut bufs, &ins[0])?;
-        download(ctx, &bufs.out, out_len, d)
+        let op = AllReduce { max_programs: 4, ..AllReduce::new(case.dtype, algo) };
+        let bufs = op.buffers(ctx, case.shape[0])?;
+        Ok(Box::new(AllReduceRank { op, bufs, input: ins[0].clone(), out_len }))
     }
 
     fn benchmark(&self) -> Option<&dyn Benchmark> {
@@ -100,14 +96,40 @@ impl Benchmark for AllReduceCase {
         for (algorithm, name) in [(Algorithm::OneShot, "allreduce/one_shot"), (Algorithm::TwoShot, "allreduce/two_shot")] {
             let op = AllReduce::new(d, algorithm);
             let mut bufs = op.buffers(ctx, n)?;
-            ctx.fill(&bufs.out, &poison(d))?;
+            ctx.fill(&bufs.result(1), &poison(d))?;
             ctx.barrier()?;
             op.run(ctx, &mut bufs, &input)?;
-            let e = sampled(ctx, &bufs.out, (1, n), d, 4096.min(n * 4), &mut rng, &want)?;
+            let e = sampled(ctx, &bufs.result(bufs.calls), (1, n), d, 4096.min(n * 4), &mut rng, &want)?;
             t.error(e);
             t.time(name, &mut || op.run(ctx, &mut bufs, &input))?;
         }
         Ok(())
+    }
+}
+
+/// A rank's AllReduce: the operation, its buffers and input.
+struct AllReduceRank {
+    op: AllReduce,
+    bufs: AllReduceBuffers,
+    input: Buffer,
+    out_len: usize,
+}
+
+impl RankOp for AllReduceRank {
+    fn poison(&self, ctx: &dyn RankCtx, call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.bufs.result(call), &poison(self.op.dtype))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.enqueue(ctx, &mut self.bufs, &self.input)
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.bufs.result(call), self.out_len, self.op.dtype)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
     }
 }
 

@@ -7,13 +7,13 @@ use crate::dist_bench::{sampled, shard_error, upload, value, DistCase, Timer};
 use crate::distributed::download;
 use crate::host::{poison, random};
 use crate::reference;
-use crate::registry::{faster, Benchmark, Operation, Registered, WorldData};
+use crate::registry::{faster, Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::world::RankCtx;
 use trident_kernels::gemm::Gemm;
-use trident_kernels::gemm_rs::{GemmRs, ReduceTiles};
+use trident_kernels::gemm_rs::{GemmRs, GemmRsBuffers, ReduceTiles};
 
 struct GemmRsCase;
 
@@ -59,26 +59,22 @@ impl Operation for GemmRsCase {
         WorldData { inputs, expected, reduction_len: k * w }
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         _inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
+    ) -> Result<Box<dyn RankOp>, BackendError> {
         let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
         // The library's choice for this world: the reduction persistent where ranks share a
         // device (the CPU world above one rank, loopback), a program per tile elsewhere.
-        let mut op = GemmRs::for_world(ctx, d);
+        let mut op = GemmRs::for_world(ctx, case.dtype);
         op.gemm.descriptors = case.variant == "tma";
-        let mut bufs = op.buffers(ctx, m, n)?;
-        let out = ctx.alloc(out_len * d.size_bytes() as usize, "out")?;
-        ctx.fill(&out, &poison(d))?;
-        ctx.barrier()?;
-        op.run(ctx, &mut bufs, &ins[0], &ins[1], &out, k)?;
-        download(ctx, &out, out_len, d)
+        let bufs = op.buffers(ctx, m, n)?;
+        let out = ctx.alloc(out_len * case.dtype.size_bytes() as usize, "out")?;
+        Ok(Box::new(GemmRsRank { op, bufs, a: ins[0].clone(), b: ins[1].clone(), out, k, out_len }))
     }
 
     fn benchmark(&self) -> Option<&dyn Benchmark> {
@@ -187,6 +183,35 @@ impl Benchmark for GemmRsCase {
             ctx.synchronize()
         })?;
         Ok(())
+    }
+}
+
+/// A rank's GEMM-RS: the operation, its buffers, operands and output.
+struct GemmRsRank {
+    op: GemmRs,
+    bufs: GemmRsBuffers,
+    a: Buffer,
+    b: Buffer,
+    out: Buffer,
+    k: usize,
+    out_len: usize,
+}
+
+impl RankOp for GemmRsRank {
+    fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.out, &poison(self.op.gemm.dtype))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.enqueue(ctx, &mut self.bufs, &self.a, &self.b, &self.out, self.k)
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.out, self.out_len, self.op.gemm.dtype)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
     }
 }
 

@@ -4,12 +4,12 @@
 use crate::dist_bench::{sampled, upload, value, DistCase, Timer};
 use crate::distributed::download;
 use crate::host::{poison, random};
-use crate::registry::{Benchmark, Operation, Registered, WorldData};
+use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::world::RankCtx;
-use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
+use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm, ScatterBuffers};
 
 struct ReduceScatterCase;
 
@@ -49,25 +49,17 @@ impl Operation for ReduceScatterCase {
         WorldData { inputs, expected, reduction_len: w }
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         _inputs: &[Vec<f64>],
         ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
-        let op = ReduceScatter::new(d, algorithm(case.variant));
-        let mut bufs = op.buffers(ctx, case.shape[0])?;
-        // Twice, the output poisoned before each: the second call reuses the buffers at the next
-        // epoch.
-        for _ in 0..2 {
-            ctx.fill(&bufs.out, &poison(d))?;
-            ctx.barrier()?;
-            op.run(ctx, &mut bufs, &ins[0])?;
-        }
-        download(ctx, &bufs.out, out_len, d)
+    ) -> Result<Box<dyn RankOp>, BackendError> {
+        let op = ReduceScatter::new(case.dtype, algorithm(case.variant));
+        let bufs = op.buffers(ctx, case.shape[0])?;
+        Ok(Box::new(ScatterRank { op, bufs, input: ins[0].clone(), out_len }))
     }
 
     fn benchmark(&self) -> Option<&dyn Benchmark> {
@@ -120,6 +112,32 @@ impl Benchmark for ReduceScatterCase {
             t.time(name, &mut || op.run(ctx, &mut bufs, &input))?;
         }
         Ok(())
+    }
+}
+
+/// A rank's ReduceScatter: the operation, its buffers and input.
+struct ScatterRank {
+    op: ReduceScatter,
+    bufs: ScatterBuffers,
+    input: Buffer,
+    out_len: usize,
+}
+
+impl RankOp for ScatterRank {
+    fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.bufs.out, &poison(self.op.dtype))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.enqueue(ctx, &mut self.bufs, &self.input)
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.bufs.out, self.out_len, self.op.dtype)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
     }
 }
 

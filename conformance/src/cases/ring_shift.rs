@@ -3,11 +3,11 @@
 
 use crate::distributed::download;
 use crate::host::{encode, poison, random};
-use crate::registry::{Operation, Registered, WorldData};
+use crate::registry::{Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::world::RankCtx;
-use trident_kernels::ring_shift::{RingShift, ShiftMode};
+use trident_kernels::ring_shift::{RingShift, ShiftBuffers, ShiftMode};
 
 struct RingShiftCase;
 
@@ -41,23 +41,44 @@ impl Operation for RingShiftCase {
         crate::suite::bound(case.dtype, "exact", reduction_len)
     }
 
-    fn run_rank(
+    fn setup_rank(
         &self,
         case: &Case,
         ctx: &dyn RankCtx,
         inputs: &[Vec<f64>],
         _ins: &[Buffer],
         out_len: usize,
-    ) -> Result<Vec<f64>, BackendError> {
-        let d = case.dtype;
+    ) -> Result<Box<dyn RankOp>, BackendError> {
         let mode = if case.variant == "put" { ShiftMode::Put } else { ShiftMode::Get };
-        let op = RingShift::new(d, mode);
-        let mut bufs = op.buffers(ctx, case.shape[0])?;
-        ctx.write(&bufs.src, 0, &encode(&inputs[0], d))?;
-        ctx.fill(&bufs.out, &poison(d))?;
-        ctx.barrier()?;
-        op.run(ctx, &mut bufs)?;
-        download(ctx, &bufs.out, out_len, d)
+        let op = RingShift::new(case.dtype, mode);
+        let bufs = op.buffers(ctx, case.shape[0])?;
+        ctx.write(&bufs.src, 0, &encode(&inputs[0], case.dtype))?;
+        Ok(Box::new(ShiftRank { op, bufs, out_len }))
+    }
+}
+
+/// A rank's ring shift: the operation and its buffers (its chunk in `src`).
+struct ShiftRank {
+    op: RingShift,
+    bufs: ShiftBuffers,
+    out_len: usize,
+}
+
+impl RankOp for ShiftRank {
+    fn poison(&self, ctx: &dyn RankCtx, call: u64) -> Result<(), BackendError> {
+        ctx.fill(&self.bufs.result(call), &poison(self.op.dtype))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.enqueue(ctx, &mut self.bufs)
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, call: u64) -> Result<Vec<f64>, BackendError> {
+        download(ctx, &self.bufs.result(call), self.out_len, self.op.dtype)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
     }
 }
 

@@ -27,6 +27,18 @@ pub struct Args {
     /// Run every distributed case under N different schedules and visibility delays.
     #[arg(long, default_value_t = 1)]
     chaos: usize,
+    /// Every distributed case records one call (`trident_core::capture`) and replays it N
+    /// times, each output checked, instead of making two calls from the host; copy-engine
+    /// variants are skipped (not capturable).
+    #[arg(long, conflicts_with = "rearm")]
+    replay: Option<usize>,
+    /// Plant a timeout in every distributed case: after one call, the last rank skips the
+    /// second, so the others' waits time out with their diagnostics; every rank then re-arms
+    /// the operation (signals and epochs to zero) and two more calls are checked. In the CPU
+    /// world device waits time out where the world would deadlock; on a GPU after their bound
+    /// (TRIDENT_WAIT_BOUND_MS, 2 s by default).
+    #[arg(long)]
+    rearm: bool,
     /// Run distributed cases under the happens-before race detector.
     #[arg(long)]
     race: bool,
@@ -96,6 +108,9 @@ pub fn main(args: Args) -> ExitCode {
         if w == 0 || w > MAX_WORLD {
             return usage(format!("--world {w}: a world has 1..={MAX_WORLD} ranks"));
         }
+    }
+    if args.replay == Some(0) {
+        return usage("--replay 0: give the number of replays, at least 1");
     }
     if args.chaos == 0 {
         return usage("--chaos 0: give the number of schedules per distributed case, at least 1");
@@ -294,6 +309,11 @@ pub fn main(args: Args) -> ExitCode {
         compile_check,
         world,
         inter_node: args.inter_node,
+        calls: match (args.replay, args.rearm) {
+            (Some(n), _) => crate::distributed::Calls::Replayed(n),
+            (None, true) => crate::distributed::Calls::Rearmed(2),
+            (None, false) => crate::distributed::Calls::Direct(2),
+        },
     };
     // In a world of processes every rank judges every case; rank 0 prints the table, the others
     // their failures and their summary.
