@@ -1,15 +1,15 @@
 //! trident-backend-amd: tile IR -> SIMT IR -> LLVM IR for `amdgcn-amd-amdhsa` -> code objects.
 //!
 //! Owns: the AMD targets' backend (gfx942, gfx90a: `trident_core::target` describes and
-//! registers them), the LLVM IR writer ([`emit`]), code objects through LLVM 19's `llc` and
+//! registers them), the LLVM IR writer ([`llvm`]), code objects through LLVM 19's `llc` and
 //! `ld.lld` found at run time ([`codeobj`]), and the checks of a code object without an AMD GPU
 //! ([`metadata`]). Lowering decisions live in `trident_core::simt`, shared with the NVIDIA
 //! backend. The HIP runtime ([`hip`]) is loaded at run time; without it `open_device` is a typed
 //! `NoDevice` error saying what is present and what is missing.
 
 pub mod codeobj;
-pub mod emit;
 pub mod hip;
+pub mod llvm;
 pub mod metadata;
 
 use std::sync::Arc;
@@ -51,7 +51,7 @@ impl AmdBackend {
     /// LLVM IR for `func` on `target` (no LLVM tools needed).
     pub fn llvm_ir(func: &Function, target: &'static TargetDesc) -> Result<(Kernel, String), BackendError> {
         let k = Self::simt(func, target)?;
-        let ir = emit::write_llvm(&k, target.name).map_err(|e| compile_err(func, e.to_string()))?;
+        let ir = llvm::write_llvm(&k, target.name).map_err(|e| compile_err(func, e.to_string()))?;
         Ok((k, ir))
     }
 

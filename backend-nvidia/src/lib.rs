@@ -1,15 +1,15 @@
 //! trident-backend-nvidia: tile IR -> SIMT IR -> PTX, and a CUDA runtime loaded at run time.
 //!
-//! Owns: the PTX writer ([`emit`]) and the device runtime
+//! Owns: the PTX writer ([`ptx`]) and the device runtime
 //! ([`runtime`], [`event`], the loopback [`world`]). The layout decisions live in
 //! `trident_core::simt`, shared with the AMD backend; ops the lowering does not handle yet give a
 //! typed `Compile` error naming the op.
 
-pub mod emit;
 pub mod event;
 pub mod nvshmem;
 pub mod nvshmem_shim;
 pub mod nvshmem_world;
+pub mod ptx;
 pub mod runtime;
 pub mod tensor_map;
 pub mod world;
@@ -64,7 +64,7 @@ impl NvidiaBackend {
         let waits = k.waits();
         let device_calls = k.device_calls();
         trident_core::simt::protocol::expand(&mut k);
-        let ptx = emit::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
+        let ptx = ptx::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(PtxModule {
             id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
