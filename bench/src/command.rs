@@ -76,9 +76,41 @@ pub struct Args {
     world: Option<usize>,
 }
 
+/// What a single-device case times: a typed list, so that a misspelt case is a compile error
+/// (its name is only for reports and the baseline's key).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Workload {
+    VectorAdd,
+    Softmax,
+    /// Softmax with `fast_math` (`exp` by ex2.approx).
+    SoftmaxFast,
+    Gemm,
+    /// AG-GEMM's GEMM at world 1, every signal set, against the plain GEMM of the same tiles.
+    AgGemmW1,
+    /// GEMM-RS's GEMM at world 1, against the plain GEMM of the same tiles.
+    GemmRsW1,
+    /// AG-GEMM against the gather then the GEMM, in a loopback world sharing the GPU.
+    AgGemmLoopback,
+}
+
+impl Workload {
+    /// The name in reports and in the baseline script's case lines.
+    fn name(self) -> &'static str {
+        match self {
+            Workload::VectorAdd => "vector_add",
+            Workload::Softmax => "softmax",
+            Workload::SoftmaxFast => "softmax_fast",
+            Workload::Gemm => "gemm",
+            Workload::AgGemmW1 => "ag_gemm_w1",
+            Workload::GemmRsW1 => "gemm_rs_w1",
+            Workload::AgGemmLoopback => "ag_gemm_loopback",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Case {
-    name: &'static str,
+    workload: Workload,
     dtype: DType,
     dims: Vec<usize>,
 }
@@ -86,22 +118,24 @@ struct Case {
 impl Case {
     fn key(&self) -> String {
         let dims: Vec<String> = self.dims.iter().map(|d| d.to_string()).collect();
-        format!("{} {} {}", self.name, self.dtype, dims.join(" "))
+        format!("{} {} {}", self.workload.name(), self.dtype, dims.join(" "))
     }
 
     /// Work done: (FLOPs, bytes moved at least once).
     fn work(&self) -> (f64, f64) {
         let s = self.dtype.size_bytes() as f64;
         let d: Vec<f64> = self.dims.iter().map(|&x| x as f64).collect();
-        match self.name {
-            "vector_add" => (d[0], 3.0 * d[0] * s),
-            "softmax" | "softmax_fast" => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
+        match self.workload {
+            Workload::VectorAdd => (d[0], 3.0 * d[0] * s),
+            Workload::Softmax | Workload::SoftmaxFast => (5.0 * d[0] * d[1], 2.0 * d[0] * d[1] * s),
             // Every rank's GEMM on the one GPU (a loopback world of d[3] ranks).
-            "ag_gemm_loopback" => {
+            Workload::AgGemmLoopback => {
                 (2.0 * d[0] * d[1] * d[2] * d[3], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s * d[3])
             }
             // The GEMM's: the gather (or the reduction) is not part of what is timed.
-            _ => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s),
+            Workload::Gemm | Workload::AgGemmW1 | Workload::GemmRsW1 => {
+                (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s)
+            }
         }
     }
 
@@ -117,7 +151,7 @@ impl Case {
 
     /// Whether the case is a GEMM (rated in FLOP/s, bounded by compute).
     fn is_gemm(&self) -> bool {
-        matches!(self.name, "gemm" | "ag_gemm_w1" | "gemm_rs_w1" | "ag_gemm_loopback")
+        !matches!(self.workload, Workload::VectorAdd | Workload::Softmax | Workload::SoftmaxFast)
     }
 
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
@@ -130,34 +164,35 @@ impl Case {
 }
 
 fn cases() -> Vec<Case> {
-    let c = |name, dtype, dims: &[usize]| Case { name, dtype, dims: dims.to_vec() };
+    use Workload::*;
+    let c = |workload, dtype, dims: &[usize]| Case { workload, dtype, dims: dims.to_vec() };
     vec![
-        c("vector_add", DType::F32, &[1 << 26]),
-        c("softmax", DType::BF16, &[16384, 4096]),
+        c(VectorAdd, DType::F32, &[1 << 26]),
+        c(Softmax, DType::BF16, &[16384, 4096]),
         // The same with `fast_math` (`exp` by ex2.approx), to show what accuracy costs.
-        c("softmax_fast", DType::BF16, &[16384, 4096]),
-        c("gemm", DType::BF16, &[4096, 4096, 4096]),
-        c("gemm", DType::BF16, &[8192, 3584, 8192]),
-        c("gemm", DType::BF16, &[8192, 8192, 8192]),
+        c(SoftmaxFast, DType::BF16, &[16384, 4096]),
+        c(Gemm, DType::BF16, &[4096, 4096, 4096]),
+        c(Gemm, DType::BF16, &[8192, 3584, 8192]),
+        c(Gemm, DType::BF16, &[8192, 8192, 8192]),
         // Small M at N = K = 8192 (decode-like shapes), then f16.
-        c("gemm", DType::BF16, &[128, 8192, 8192]),
-        c("gemm", DType::BF16, &[256, 8192, 8192]),
-        c("gemm", DType::BF16, &[512, 8192, 8192]),
-        c("gemm", DType::BF16, &[1024, 8192, 8192]),
-        c("gemm", DType::BF16, &[4096, 8192, 8192]),
-        c("gemm", DType::F16, &[4096, 4096, 4096]),
-        c("gemm", DType::F16, &[8192, 3584, 8192]),
-        c("gemm", DType::F16, &[8192, 8192, 8192]),
+        c(Gemm, DType::BF16, &[128, 8192, 8192]),
+        c(Gemm, DType::BF16, &[256, 8192, 8192]),
+        c(Gemm, DType::BF16, &[512, 8192, 8192]),
+        c(Gemm, DType::BF16, &[1024, 8192, 8192]),
+        c(Gemm, DType::BF16, &[4096, 8192, 8192]),
+        c(Gemm, DType::F16, &[4096, 4096, 4096]),
+        c(Gemm, DType::F16, &[8192, 3584, 8192]),
+        c(Gemm, DType::F16, &[8192, 8192, 8192]),
         // What the overlap machinery costs: AG-GEMM's GEMM (per-chunk waits, rank swizzle) and
         // GEMM-RS's GEMM (epilogue into the owner's buffer, notify) at world 1 with every signal
         // already set, against the plain GEMM of the same tiles in the same run (LLaMA-3.1-70B's
         // per-rank shape at 8 ranks: N = 28672 / 8).
-        c("ag_gemm_w1", DType::BF16, &[8192, 3584, 8192]),
-        c("gemm_rs_w1", DType::BF16, &[8192, 3584, 8192]),
+        c(AgGemmW1, DType::BF16, &[8192, 3584, 8192]),
+        c(GemmRsW1, DType::BF16, &[8192, 3584, 8192]),
         // AG-GEMM against the gather and then the GEMM, in a loopback world of 4 ranks sharing
         // the GPU (M over all ranks, N and K per rank, ranks): protocol and scheduling costs
         // on real hardware, not communication speed (`trident_conformance::overlap`).
-        c("ag_gemm_loopback", DType::BF16, &[8192, 3584, 8192, 4]),
+        c(AgGemmLoopback, DType::BF16, &[8192, 3584, 8192, 4]),
     ]
 }
 
@@ -306,7 +341,7 @@ fn gemm_case(text: &str) -> Result<Case, String> {
     if dims.len() != 3 || dims.contains(&0) {
         return Err(bad());
     }
-    Ok(Case { name: "gemm", dtype, dims })
+    Ok(Case { workload: Workload::Gemm, dtype, dims })
 }
 
 fn run_case(
@@ -323,8 +358,8 @@ fn run_case(
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let d = case.dtype;
     let es = d.size_bytes() as usize;
-    let (ms, error) = match case.name {
-        "vector_add" => {
+    let (ms, error) = match case.workload {
+        Workload::VectorAdd => {
             let n = case.dims[0];
             let (x, y) = (random(n, d, &mut rng), random(n, d, &mut rng));
             let (xb, yb) = (upload(cuda, "x", &x, d)?, upload(cuda, "y", &y, d)?);
@@ -343,13 +378,13 @@ fn run_case(
                 },
             )?
         }
-        "softmax" | "softmax_fast" => {
+        Workload::Softmax | Workload::SoftmaxFast => {
             let (rows, cols) = (case.dims[0], case.dims[1]);
             let x = random(rows * cols, d, &mut rng);
             let xb = upload(cuda, "x", &x, d)?;
             let out = cuda.alloc(rows * cols * es, "out")?;
             cuda.fill(&out, &poison(d))?;
-            let k = Softmax { fast_math: case.name == "softmax_fast", ..Softmax::for_cols(d, cols) };
+            let k = Softmax { fast_math: case.workload == Workload::SoftmaxFast, ..Softmax::for_cols(d, cols) };
             time(
                 cuda,
                 reps,
@@ -372,9 +407,9 @@ fn run_case(
                 },
             )?
         }
-        "ag_gemm_w1" | "gemm_rs_w1" => return overlap_cost(cuda, &l, case, reps, &mut rng),
-        "ag_gemm_loopback" => return loopback_overlap(drv, case, reps),
-        _ => {
+        Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
+        Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
+        Workload::Gemm => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
             let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
             let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
@@ -559,30 +594,53 @@ fn overlap_cost(
     let c = cuda.alloc(m * n * es, "c")?;
     // AG-GEMM reads A through pointers (its rows arrive while it runs), GEMM-RS through
     // descriptors where the target has TMA: the plain GEMM compared reads the same way.
-    let gemm = match case.name {
-        "ag_gemm_w1" => AgGemm::for_target(d, GatherMode::Kernel, l.gpu_target()).gemm,
-        _ => GemmRs::for_target(d, l.gpu_target()).gemm,
+    let ag = case.workload == Workload::AgGemmW1;
+    let gemm = if ag {
+        AgGemm::for_target(d, GatherMode::Kernel, l.gpu_target()).gemm
+    } else {
+        GemmRs::for_target(d, l.gpu_target()).gemm
     }
     .specialized([&ab, &bb, &c], n, k);
     let i32 = |x: usize| KernelArg::i32(x as i32);
     let tiles = (m.div_ceil(gemm.block_m as usize) * n.div_ceil(gemm.block_n as usize)) as u32;
-    // Signals: AG-GEMM waits for `ready[0] >= 1` (set); GEMM-RS's epilogue adds to its tiles'
-    // arrival counters (one per block of rows).
+    // Signals: AG-GEMM waits for `ready[0] >= epoch` (set far ahead of every call's epoch);
+    // GEMM-RS's epilogue adds to its tiles' arrival counters (one per block of rows). Both keep
+    // their epoch words on the device (`trident_kernels::epoch`); GEMM-RS writes half `epoch mod
+    // 2` of its partial buffer, so the check after the first call reads the second half.
     let signals = cuda.alloc(8 * (m / gemm.block_m as usize).max(1), "signals")?;
-    let (kernel, args) = if case.name == "ag_gemm_w1" {
-        cuda.write(&signals, 0, &1u64.to_le_bytes())?;
+    let epochs = cuda.alloc(16, "epochs")?;
+    cuda.fill(&epochs, &[0])?;
+    let partial = if ag { c.clone() } else { cuda.alloc(2 * m * n * es, "partial")? };
+    let written = if ag { c.clone() } else { trident_kernels::epoch::half_of(&partial, 1) };
+    let (kernel, args) = if ag {
+        cuda.write(&signals, 0, &(1u64 << 40).to_le_bytes())?;
         let op = AgGemm { gemm, mode: GatherMode::Kernel };
         let kernel = l.compile(format!("{op:?}"), || op.build())?;
-        let args = vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m), KernelArg::u64(1)];
+        let args = vec![
+            ab.arg(),
+            bb.arg(),
+            c.arg(),
+            signals.arg(),
+            epochs.arg(),
+            i32(m),
+            i32(n),
+            i32(k),
+            i32(m),
+            KernelArg::u64(1),
+        ];
         (kernel, args)
     } else {
         let op = GemmRs { gemm, reduce: Default::default() };
         let kernel = l.compile(format!("{op:?}/gemm"), || op.build_gemm(gemm.block_m))?;
-        (kernel, vec![ab.arg(), bb.arg(), c.arg(), signals.arg(), i32(m), i32(n), i32(k), i32(m)])
+        (kernel, vec![ab.arg(), bb.arg(), partial.arg(), signals.arg(), epochs.arg(), i32(m), i32(n), i32(k), i32(m)])
     };
-    cuda.fill(&c, &poison(d))?;
-    let overlap =
-        time(cuda, reps, || l.launch(&kernel, [tiles, 1, 1], &args), || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;
+    cuda.fill(&partial, &poison(d))?;
+    let overlap = time(
+        cuda,
+        reps,
+        || l.launch(&kernel, [tiles, 1, 1], &args),
+        || gemm_error(cuda, &written, (&a, &b), (m, n, k), d),
+    )?;
     cuda.fill(&c, &poison(d))?;
     let plain =
         time(cuda, reps, || gemm.run(l, &ab, &bb, &c, (m, n, k)), || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;

@@ -105,22 +105,24 @@ pub fn main(a: Args) -> ExitCode {
             Err(e) => return usage(format!("{}: {e}", path.display())),
         },
         None if a.config.is_some() => match gemm_config(a.config.as_deref().unwrap_or(""), dtype) {
-            Ok(g) if a.kernel == "gemm" || a.kernel == "ag_gemm" => {
-                let g = trident_kernels::gemm::Gemm {
+            Ok(g) => match trident_kernels::gemm_based().into_iter().find(|c| c.name == a.kernel) {
+                Some(based) => (based.build)(trident_kernels::gemm::Gemm {
                     descriptors: a.descriptors,
                     warp_specialize: a.warp_specialize,
                     persistent: a.persistent,
                     tma_store: a.tma_store,
                     ..g
-                };
-                if a.kernel == "gemm" {
-                    g.build().map_err(|e| e.to_string())
-                } else {
-                    let mode = trident_kernels::ag_gemm::GatherMode::CopyEngine;
-                    trident_kernels::ag_gemm::AgGemm { gemm: g, mode }.build().map_err(|e| e.to_string())
+                })
+                .map_err(|e| e.to_string()),
+                None => {
+                    let names: Vec<&str> = trident_kernels::gemm_based().iter().map(|c| c.name).collect();
+                    return usage(format!(
+                        "--config applies to the kernels built around a GEMM ({}), not `{}`",
+                        names.join(", "),
+                        a.kernel
+                    ));
                 }
-            }
-            Ok(_) => return usage("--config applies to --kernel gemm and ag_gemm"),
+            },
             Err(e) => return usage(e),
         },
         None => match cat.into_iter().find(|(n, _)| *n == a.kernel) {

@@ -253,3 +253,7 @@ impl AgGemm {
 inventory::submit! {
     crate::Catalogued { name: "ag_gemm", operation: "ag_gemm", distributed: true, build: |d| AgGemm::new(d, GatherMode::CopyEngine).build() }
 }
+
+inventory::submit! {
+    crate::GemmBased { name: "ag_gemm", build: |gemm| AgGemm { gemm, mode: GatherMode::CopyEngine }.build() }
+}

@@ -470,6 +470,10 @@ inventory::submit! {
     crate::Catalogued { name: "gemm", operation: "gemm", distributed: false, build: |d| Gemm::new(d).build() }
 }
 
+inventory::submit! {
+    crate::GemmBased { name: "gemm", build: |g| g.build() }
+}
+
 // The divisible GEMM through tensor descriptors, C included (TMA copies and store on sm_90a).
 inventory::submit! {
     crate::Catalogued {

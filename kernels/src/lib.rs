@@ -85,6 +85,23 @@ pub struct Catalogued {
 
 inventory::collect!(Catalogued);
 
+/// A catalogue kernel built around a GEMM whose configuration the caller chooses (tile shape,
+/// warps, stages, TMA: `trident emit --kernel NAME --config ..`), registered beside the kernel.
+pub struct GemmBased {
+    /// The catalogue name ([`Catalogued::name`]).
+    pub name: &'static str,
+    pub build: fn(gemm::Gemm) -> Result<Function, VerifyError>,
+}
+
+inventory::collect!(GemmBased);
+
+/// The kernels built around a chosen GEMM, by name.
+pub fn gemm_based() -> Vec<&'static GemmBased> {
+    let mut all: Vec<&'static GemmBased> = inventory::iter::<GemmBased>.into_iter().collect();
+    all.sort_by_key(|c| c.name);
+    all
+}
+
 /// Every registered specialization, by name.
 pub fn catalogued() -> Vec<&'static Catalogued> {
     let mut all: Vec<&'static Catalogued> = inventory::iter::<Catalogued>.into_iter().collect();
