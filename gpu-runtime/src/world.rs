@@ -59,8 +59,13 @@ pub struct GpuWorldOptions {
 impl GpuWorldOptions {
     pub fn new(ranks: usize) -> GpuWorldOptions {
         let bound = trident_core::backend::default_wait_bound();
-        // Stream waits outlast the kernels they wait for (at least 5 kernel wait bounds).
-        let stream_wait_bound = Duration::from_secs(10).max(bound * 5);
+        // Stream waits outlast the kernels they wait for (at least 5 kernel wait bounds), unless
+        // `TRIDENT_STREAM_WAIT_BOUND_MS` says otherwise (tests that plant stuck stream waits).
+        let stream_wait_bound = std::env::var("TRIDENT_STREAM_WAIT_BOUND_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|ms| *ms > 0)
+            .map_or(Duration::from_secs(10).max(bound * 5), Duration::from_millis);
         GpuWorldOptions {
             ranks,
             wait_bound: bound,
