@@ -20,14 +20,14 @@ step() {
   echo "== $name: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$S"
   grep -E "conformance:|ops:|PASS|FAIL|rank [0-9]+:|identical|differ|skipped" "$O/logs/$name.log" | grep -v "^exp\|^log\|^sin\|^cos" | head -24 >> "$S"
 }
-step gpu-check 300 env BENCH=0 MATH_STRIDE=4096 OUT="$O/check" bash scripts/gpu-check.sh
-step replay-world2 90 $B/trident test --backend nvidia --world 2 --replay 10 --json "$O/logs/replay.json"
-step rearm-world2 150 env TRIDENT_WAIT_BOUND_MS=300 TRIDENT_STREAM_WAIT_BOUND_MS=1000 \
+step gpu-check 200 env BENCH=0 MATH_STRIDE=4096 OUT="$O/check" bash scripts/gpu-check.sh
+step replay-world2 60 $B/trident test --backend nvidia --world 2 --replay 10 --json "$O/logs/replay.json"
+step rearm-world2 120 env TRIDENT_WAIT_BOUND_MS=300 TRIDENT_STREAM_WAIT_BOUND_MS=1000 \
   $B/trident test --backend nvidia --world 2 --rearm --json "$O/logs/rearm.json"
 RING="--seed 7 --arg src=f32[3000] --arg chunk=3000 --arg epoch=call --repeat 2"
-step ring-cpu-w4 60 $B/trident run examples/allgather_ring.tile --backend cpu --world 4 --chaos 5 $RING \
+step ring-cpu-w4 30 $B/trident run examples/allgather_ring.tile --backend cpu --world 4 --chaos 5 $RING \
   --arg out=f32[12000]:zeros:symm --arg ready=u64[4]:zeros:symm --out "$O/ring/cpu-w4"
-step ring-nvidia-w4 60 $B/trident run examples/allgather_ring.tile --backend nvidia --world 4 $RING \
+step ring-nvidia-w4 30 $B/trident run examples/allgather_ring.tile --backend nvidia --world 4 $RING \
   --arg out=f32[12000]:zeros:symm --arg ready=u64[4]:zeros:symm --out "$O/ring/nvidia-w4"
 for r in 0 1 2 3; do
   cmp "$O/ring/cpu-w4/rank$r/out.npy" "$O/ring/nvidia-w4/rank$r/out.npy" && echo "ring w4 rank $r: identical to the CPU world's" >> "$S" \
@@ -39,16 +39,16 @@ export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
 export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
 export TRIDENT_CACHE_DIR=$PWD/$B/cache
 export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
-step ring-cpu-w2 60 $B/trident run examples/allgather_ring.tile --backend cpu --world 2 $RING \
+step ring-cpu-w2 30 $B/trident run examples/allgather_ring.tile --backend cpu --world 2 $RING \
   --arg out=f32[6000]:zeros:symm --arg ready=u64[2]:zeros:symm --out "$O/ring/cpu-w2"
-step ring-nvshmem-w2 90 $B/trident launch -n 2 -- $B/trident run examples/allgather_ring.tile --backend nvidia --processes $RING \
+step ring-nvshmem-w2 30 $B/trident launch -n 2 -- $B/trident run examples/allgather_ring.tile --backend nvidia --processes $RING \
   --arg out=f32[6000]:zeros:symm --arg ready=u64[2]:zeros:symm --out "$O/ring/nvshmem-w2"
 for r in 0 1; do
   cmp "$O/ring/cpu-w2/rank$r/out.npy" "$O/ring/nvshmem-w2/rank$r/out.npy" && echo "ring nvshmem w2 rank $r: identical to the CPU world's" >> "$S" \
     || echo "ring nvshmem w2 rank $r: FAIL (differs from the CPU world's)" >> "$S"
 done
-step nvshmem-w2-collectives 120 $B/trident launch -n 2 -- $B/trident test --backend nvidia --processes \
-  --json "$O/logs/nvshmem-w2.json"
+step nvshmem-w2-reduce-scatter 45 $B/trident launch -n 2 -- $B/trident test --backend nvidia --processes \
+  --kernel reduce_scatter --json "$O/logs/nvshmem-w2.json"
 tar czf "$O/all.tgz" -C "$O" logs check ring 2>/dev/null
 rm -rf "$O/logs" "$O/check" "$O/ring"
 cat "$S"
