@@ -201,3 +201,41 @@ fn a_distributed_tile_kernel_runs_in_a_world_and_a_planted_race_is_named() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `docs/CLI.md`, the command reference, is every subcommand's `--help` as the binary prints it:
+/// this test fails when they differ, and `TRIDENT_BLESS=1` rewrites it.
+#[test]
+fn the_command_reference_is_the_binarys_help() {
+    let top = tool("--help", &[]);
+    let top_text = String::from_utf8_lossy(&top.stdout).into_owned();
+    let subcommands: Vec<String> = top_text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|s| s != "help")
+        .collect();
+    assert!(subcommands.len() >= 10, "{top_text}");
+    let mut doc = String::from(
+        "# trident command reference\n\n\
+         Every subcommand of `trident` with its options, as `trident SUBCOMMAND --help` prints them\n\
+         (`cargo xtask SUBCOMMAND` forwards to it). Generated: `TRIDENT_BLESS=1 cargo test -p\n\
+         trident-cli --test cli` rewrites this file, and that test fails when it is out of date.\n\n\
+         ## trident\n\n```text\n",
+    );
+    doc += top_text.trim_end();
+    doc += "\n```\n";
+    for s in &subcommands {
+        let o = tool(s, &["--help"]);
+        assert!(o.status.success(), "trident {s} --help: {}", text(&o));
+        doc += &format!("\n## trident {s}\n\n```text\n{}\n```\n", String::from_utf8_lossy(&o.stdout).trim_end());
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/CLI.md");
+    if std::env::var_os("TRIDENT_BLESS").is_some() {
+        std::fs::write(path, &doc).expect("docs/CLI.md is writable");
+        return;
+    }
+    let current = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(current == doc, "docs/CLI.md is not what the binary prints: rewrite it with TRIDENT_BLESS=1 cargo test -p trident-cli --test cli");
+}
