@@ -671,9 +671,10 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
     }
     let (d, dims) = (case.dtype, case.dims.clone());
     let (mnk, w, seed) = ((dims[0], dims[1], dims[2]), dims[3], rand::random());
-    // The gathered A lives in every rank's symmetric heap (`m x k`), beside its signals.
+    // The gathered A lives in every rank's symmetric heap (`m x k`) twice, AG-GEMM's and the
+    // sequential pipeline's (each counts its own calls), beside their signals.
     let mut opts = GpuWorldOptions::new(w);
-    opts.heap_bytes = opts.heap_bytes.max(mnk.0 * mnk.2 * d.size_bytes() as usize + (8 << 20));
+    opts.heap_bytes = opts.heap_bytes.max(2 * mnk.0 * mnk.2 * d.size_bytes() as usize + (8 << 20));
     let out = GpuWorld::run(opts, move |ctx| crate::overlap::ag_gemm_vs_sequential(ctx, d, mnk, reps, seed))?;
     let worst = |f: &dyn Fn(&crate::overlap::OverlapTimes) -> f64| out.iter().map(f).fold(0.0, f64::max);
     let (overlapped, sequential, error) =

@@ -83,8 +83,9 @@ pub fn ag_gemm_vs_sequential(
     let gemm = Gemm::for_target(d, ctx.gpu_target());
     let mut bufs = op.buffers(ctx, m, n, k)?;
     // The sequential pipeline gathers into buffers of its own: a buffer set counts the calls of
-    // one operation (`trident_kernels::epoch`).
-    let mut seq = GatherBuffers::new(ctx, d, (m / w) * k)?;
+    // one operation (`trident_kernels::epoch`). One half: its calls end on every rank (a
+    // synchronize and a barrier) before the next starts.
+    let mut seq = GatherBuffers::single(ctx, d, (m / w) * k)?;
     let gather = AllGatherCe { dtype: d };
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xC0FF_EE00 ^ r as u64);
     let fresh = |c: &Buffer| ctx.fill(c, &poison(d));

@@ -18,7 +18,8 @@ fn the_readme_kernels_build_and_verify() -> Result<(), VerifyError> {
 
     // The distributed fragment, in a kernel around it.
     let b = KernelBuilder::new("shift", LaunchAttrs::default());
-    let (src, out, ready) = (b.arg_ptr("src", DType::F32), b.arg_ptr("out", DType::F32), b.arg_ptr("ready", DType::U64));
+    let (src, out, ready) =
+        (b.arg_ptr("src", DType::F32), b.arg_ptr("out", DType::F32), b.arg_ptr("ready", DType::U64));
     let (n, epoch) = (b.arg("n", DType::I32), b.arg("epoch", DType::U64));
     let offs = b.arange(0, 256);
     let mask = offs.lt(n);
