@@ -610,7 +610,7 @@ fn overlap_cost(
     let signals = cuda.alloc(8 * (m / gemm.block_m as usize).max(1), "signals")?;
     let epochs = cuda.alloc(16, "epochs")?;
     cuda.fill(&epochs, &[0])?;
-    let partial = if ag { c.clone() } else { cuda.alloc(2 * m * n * es, "partial")? };
+    let partial = if ag { c.clone() } else { cuda.alloc(trident_kernels::epoch::halves_bytes(m * n, es), "partial")? };
     let written = if ag { c.clone() } else { trident_kernels::epoch::half_of(&partial, 1) };
     let (kernel, args) = if ag {
         cuda.write(&signals, 0, &(1u64 << 40).to_le_bytes())?;

@@ -55,7 +55,9 @@ impl GatherBuffers {
     fn with_halves(ctx: &dyn RankCtx, dtype: DType, chunk: usize, halves: usize) -> Result<GatherBuffers, BackendError> {
         let w = ctx.world_size();
         require_i32(halves * w * chunk, "the gathered elements")?;
-        let out = ctx.symm_alloc(halves * w * chunk * dtype.size_bytes() as usize, "allgather_out")?;
+        let es = dtype.size_bytes() as usize;
+        let bytes = if halves == 2 { crate::epoch::halves_bytes(w * chunk, es) } else { w * chunk * es };
+        let out = ctx.symm_alloc(bytes, "allgather_out")?;
         let ready = ctx.symm_alloc(w * 8, "allgather_ready")?;
         let epochs = crate::epoch::words(ctx, 1, "allgather_epochs")?;
         Ok(GatherBuffers { out, ready, epochs, chunk, dtype, calls: 0, halves })

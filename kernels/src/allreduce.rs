@@ -93,8 +93,8 @@ impl AllReduce {
         let es = self.dtype.size_bytes() as usize;
         let signals = self.programs(n, ctx.world_size()) as usize * ctx.world_size() * 8;
         Ok(AllReduceBuffers {
-            stage: ctx.symm_alloc(2 * n * es, "allreduce_stage")?,
-            out: ctx.symm_alloc(2 * n * es, "allreduce_out")?,
+            stage: ctx.symm_alloc(crate::epoch::halves_bytes(n, es), "allreduce_stage")?,
+            out: ctx.symm_alloc(crate::epoch::halves_bytes(n, es), "allreduce_out")?,
             ready: ctx.symm_alloc(signals, "allreduce_ready")?,
             done: ctx.symm_alloc(signals, "allreduce_done")?,
             epochs: crate::epoch::words(ctx, 1, "allreduce_epochs")?,

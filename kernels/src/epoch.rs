@@ -48,11 +48,13 @@ impl<'b> Epoch<'b> {
         (self.value % 2u64).cast(DType::I32)
     }
 
-    /// `base` offset to this call's half of a double buffer whose halves hold `half` elements
-    /// (i32 arithmetic, as every index of the kernels, so that divisibility facts carry over to
-    /// the half: TMA descriptors of it stay aligned; host code checks `2 half` fits i32).
+    /// `base` offset to this call's half of a double buffer of `half` elements per half, each
+    /// half [`half_elems`] long (i32 arithmetic, as every index of the kernels, so that
+    /// divisibility facts carry over to the half: TMA descriptors of it stay aligned; host code
+    /// checks `2 half` fits i32).
     pub fn half(&self, base: Tile<'b>, half: Tile<'b>) -> Tile<'b> {
-        base + self.parity() * half
+        let align = HALF_ALIGN as i32;
+        base + self.parity() * (((half + (align - 1)) / align) * align)
     }
 
     /// `value * per_call`: the count a signal reaches by this call when each call adds
@@ -76,8 +78,23 @@ impl<'b> Epoch<'b> {
     }
 }
 
-/// The half of a double buffer (`buffer` holds both, one after the other) that call `call`
-/// (numbered from 1) uses.
+/// Elements a half of a double buffer is padded to a multiple of, so that the second half
+/// starts as aligned as the first: 64 elements are at least 128 bytes, more than any vector
+/// access or the vendor library's puts and gets (8 bytes) need.
+pub const HALF_ALIGN: usize = 64;
+
+/// The elements of one half of a double buffer holding `elems` elements per call.
+pub fn half_elems(elems: usize) -> usize {
+    elems.div_ceil(HALF_ALIGN) * HALF_ALIGN
+}
+
+/// Bytes of a double buffer of `elems` elements per call, of `elem_bytes` each.
+pub fn halves_bytes(elems: usize, elem_bytes: usize) -> usize {
+    2 * half_elems(elems) * elem_bytes
+}
+
+/// The half of a double buffer (`buffer` holds both, one after the other, as
+/// [`halves_bytes`] sizes it) that call `call` (numbered from 1) uses.
 pub fn half_of(buffer: &Buffer, call: u64) -> Buffer {
     let half = buffer.bytes / 2;
     Buffer { name: buffer.name.clone(), address: buffer.address + (call % 2) * half as u64, bytes: half }

@@ -106,7 +106,7 @@ impl GemmRs {
         let block_m = (1u32 << rows.trailing_zeros().min(31)).min(self.gemm.block_m);
         let es = self.gemm.dtype.size_bytes() as usize;
         Ok(GemmRsBuffers {
-            partial: ctx.symm_alloc(2 * m * n * es, "gemm_rs_partial")?,
+            partial: ctx.symm_alloc(crate::epoch::halves_bytes(m * n, es), "gemm_rs_partial")?,
             arrived: ctx.symm_alloc((rows / block_m as usize) * w * 8, "gemm_rs_arrived")?,
             epochs: crate::epoch::words(ctx, 2, "gemm_rs_epochs")?,
             m,

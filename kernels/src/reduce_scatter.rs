@@ -85,7 +85,7 @@ impl ReduceScatter {
             ScatterAlgorithm::OneShot => (w, p * w),
         };
         Ok(ScatterBuffers {
-            data: ctx.symm_alloc(2 * slots * chunk * es, "reduce_scatter_data")?,
+            data: ctx.symm_alloc(crate::epoch::halves_bytes(slots * chunk, es), "reduce_scatter_data")?,
             out: ctx.alloc(chunk * es, "reduce_scatter_out")?,
             ready: ctx.symm_alloc(signals * 8, "reduce_scatter_ready")?,
             epochs: crate::epoch::words(ctx, 1, "reduce_scatter_epochs")?,

@@ -75,7 +75,7 @@ impl RingShift {
         let programs = self.programs(chunk) as usize;
         Ok(ShiftBuffers {
             src: ctx.symm_alloc(bytes, "shift_src")?,
-            out: ctx.symm_alloc(2 * bytes, "shift_out")?,
+            out: ctx.symm_alloc(crate::epoch::halves_bytes(chunk, self.dtype.size_bytes() as usize), "shift_out")?,
             arrived: ctx.symm_alloc(8 * programs, "shift_arrived")?,
             epochs: crate::epoch::words(ctx, 1, "shift_epochs")?,
             chunk,

@@ -70,8 +70,9 @@ impl Benchmark for AllGatherCase {
         vec![100]
     }
 
+    /// The copy engine's and the push kernel's double buffers.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        2 * case.world * case.dims[0] * case.dtype.size_bytes() as usize
+        2 * trident_kernels::epoch::halves_bytes(case.world * case.dims[0], case.dtype.size_bytes() as usize)
     }
 
     fn bus_bytes(&self, case: &DistCase) -> f64 {

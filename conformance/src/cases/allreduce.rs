@@ -72,9 +72,9 @@ impl Benchmark for AllReduceCase {
         vec![1000]
     }
 
-    /// Stage and result per algorithm.
+    /// Stage and result per algorithm, each a double buffer.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        4 * case.dims[0] * case.dtype.size_bytes() as usize
+        4 * trident_kernels::epoch::halves_bytes(case.dims[0], case.dtype.size_bytes() as usize)
     }
 
     fn bus_bytes(&self, case: &DistCase) -> f64 {

@@ -96,9 +96,9 @@ impl Benchmark for GemmRsCase {
         vec![64 * world, 48, 32 * world]
     }
 
-    /// The partial tiles of every rank.
+    /// The partial tiles of every rank, a double buffer.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        case.dims[0] * case.dims[1] * case.dtype.size_bytes() as usize
+        trident_kernels::epoch::halves_bytes(case.dims[0] * case.dims[1], case.dtype.size_bytes() as usize)
     }
 
     fn bus_bytes(&self, case: &DistCase) -> f64 {

@@ -81,7 +81,7 @@ impl Benchmark for ReduceScatterCase {
 
     /// The receive slots or stage, per variant.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        2 * case.world * case.dims[0] * case.dtype.size_bytes() as usize
+        2 * trident_kernels::epoch::halves_bytes(case.world * case.dims[0], case.dtype.size_bytes() as usize)
     }
 
     /// nccl-tests' count: the input's bytes times (W-1)/W.
