@@ -1,0 +1,27 @@
+//! `trident._trident`, the extension module behind the Python package `trident`: kernels from
+//! `.tile` text compiled for a backend and launched on host buffers ([`kernel`]), and the
+//! library's collectives on a world of ranks ([`world`]). The Python layer (`trident/`) checks
+//! and converts arguments (NumPy dtypes, contiguity, read-only flags) and re-raises these
+//! exceptions under the package's names.
+
+use pyo3::prelude::*;
+
+mod errors;
+mod kernel;
+mod world;
+
+#[pymodule]
+fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    trident_backend_cpu::link();
+    trident_backend_nvidia::link();
+    trident_backend_amd::link();
+    errors::register(m)?;
+    m.add_function(wrap_pyfunction!(kernel::compile, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel::backends, m)?)?;
+    m.add_class::<kernel::Kernel>()?;
+    m.add_function(wrap_pyfunction!(world::all_gather, m)?)?;
+    m.add_function(wrap_pyfunction!(world::all_reduce, m)?)?;
+    m.add_function(wrap_pyfunction!(world::reduce_scatter, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

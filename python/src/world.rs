@@ -1,0 +1,146 @@
+//! The library's collectives on a world of ranks, driven from Python: every rank's input in,
+//! every rank's output out. Today the CPU world (threads under its seeded scheduler, with
+//! `race` the happens-before race detector): what a porter runs on a laptop; the GPU worlds
+//! from `torch.distributed` are the next step of the package.
+
+use crate::errors;
+use pyo3::prelude::*;
+use std::sync::Arc;
+use trident_backend_cpu::world::{CpuWorld, WorldOptions};
+use trident_core::backend::BackendError;
+use trident_core::ir::DType;
+use trident_core::world::RankCtx;
+use trident_kernels::allgather::{AllGather, GatherBuffers};
+use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
+
+fn dtype(name: &str) -> PyResult<DType> {
+    DType::parse(name).ok_or_else(|| errors::argument(format!("`{name}` is not an element type")))
+}
+
+/// Every rank's input, checked: as many as ranks, the same length, whole elements.
+fn elements(inputs: &[Vec<u8>], d: DType, what: &str) -> PyResult<usize> {
+    let es = d.size_bytes() as usize;
+    let n = inputs.first().map_or(0, Vec::len);
+    if inputs.is_empty() || inputs.len() > trident_backend_cpu::world::MAX_RANKS {
+        return Err(errors::argument(format!(
+            "{what}: one input per rank, 1..={} ranks, not {}",
+            trident_backend_cpu::world::MAX_RANKS,
+            inputs.len()
+        )));
+    }
+    if let Some((r, b)) = inputs.iter().enumerate().find(|(_, b)| b.len() != n) {
+        return Err(errors::argument(format!("{what}: rank {r}'s input has {} bytes, rank 0's {n}", b.len())));
+    }
+    if n == 0 || !n.is_multiple_of(es) {
+        return Err(errors::argument(format!("{what}: {n} bytes is not a positive number of {d} elements")));
+    }
+    Ok(n / es)
+}
+
+/// Runs `host` on a CPU world of `inputs.len()` ranks; returns every rank's result.
+fn cpu_world<T: Send + 'static>(
+    py: Python<'_>,
+    ranks: usize,
+    seed: u64,
+    race: bool,
+    host: impl Fn(&dyn RankCtx) -> Result<T, BackendError> + Send + Sync + 'static,
+) -> PyResult<Vec<T>> {
+    let opts = WorldOptions { race, ..WorldOptions::new(ranks, seed) };
+    py.detach(|| CpuWorld::run(opts, host)).map(|r| r.results).map_err(errors::backend)
+}
+
+/// A rank's input as a buffer of its own.
+fn upload(ctx: &dyn RankCtx, bytes: &[u8], name: &str) -> Result<trident_core::backend::Buffer, BackendError> {
+    let b = ctx.alloc(bytes.len(), name)?;
+    ctx.write(&b, 0, bytes)?;
+    Ok(b)
+}
+
+fn download(ctx: &dyn RankCtx, b: &trident_core::backend::Buffer, bytes: usize) -> Result<Vec<u8>, BackendError> {
+    let mut out = vec![0u8; bytes];
+    ctx.read(b, 0, &mut out)?;
+    Ok(out)
+}
+
+/// AllGather: rank r's output is every rank's input, in rank order (the in-kernel push).
+#[pyfunction]
+#[pyo3(signature = (inputs, dtype_name, seed = 0, race = false))]
+pub fn all_gather(
+    py: Python<'_>,
+    inputs: Vec<Vec<u8>>,
+    dtype_name: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<Vec<u8>>> {
+    let d = dtype(dtype_name)?;
+    let chunk = elements(&inputs, d, "all_gather")?;
+    let (w, inputs) = (inputs.len(), Arc::new(inputs));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let src = upload(ctx, &inputs[ctx.rank()], "src")?;
+        let mut bufs = GatherBuffers::new(ctx, d, chunk)?;
+        AllGather::new(d).run(ctx, &mut bufs, &src)?;
+        download(ctx, &bufs.result(bufs.calls), w * chunk * d.size_bytes() as usize)
+    })
+}
+
+/// AllReduce (sum): every rank's output is the sum of the inputs (`one_shot` or `two_shot`).
+#[pyfunction]
+#[pyo3(signature = (inputs, dtype_name, algorithm = "one_shot", seed = 0, race = false))]
+pub fn all_reduce(
+    py: Python<'_>,
+    inputs: Vec<Vec<u8>>,
+    dtype_name: &str,
+    algorithm: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<Vec<u8>>> {
+    let d = dtype(dtype_name)?;
+    let algorithm = match algorithm {
+        "one_shot" => Algorithm::OneShot,
+        "two_shot" => Algorithm::TwoShot,
+        a => return Err(errors::argument(format!("all_reduce: algorithm `{a}`: one_shot or two_shot"))),
+    };
+    let n = elements(&inputs, d, "all_reduce")?;
+    let (w, inputs) = (inputs.len(), Arc::new(inputs));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let input = upload(ctx, &inputs[ctx.rank()], "input")?;
+        let op = AllReduce::new(d, algorithm);
+        let mut bufs = op.buffers(ctx, n)?;
+        op.run(ctx, &mut bufs, &input)?;
+        download(ctx, &bufs.result(bufs.calls), n * d.size_bytes() as usize)
+    })
+}
+
+/// ReduceScatter (sum): each rank's input holds `world` chunks; rank r's output is the sum of
+/// every rank's chunk r (`ring` or `one_shot`).
+#[pyfunction]
+#[pyo3(signature = (inputs, dtype_name, algorithm = "ring", seed = 0, race = false))]
+pub fn reduce_scatter(
+    py: Python<'_>,
+    inputs: Vec<Vec<u8>>,
+    dtype_name: &str,
+    algorithm: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<Vec<u8>>> {
+    let d = dtype(dtype_name)?;
+    let algorithm = match algorithm {
+        "ring" => ScatterAlgorithm::Ring,
+        "one_shot" => ScatterAlgorithm::OneShot,
+        a => return Err(errors::argument(format!("reduce_scatter: algorithm `{a}`: ring or one_shot"))),
+    };
+    let n = elements(&inputs, d, "reduce_scatter")?;
+    let w = inputs.len();
+    if !n.is_multiple_of(w) {
+        return Err(errors::argument(format!("reduce_scatter: {n} elements per rank do not split into {w} chunks")));
+    }
+    let (chunk, inputs) = (n / w, Arc::new(inputs));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let input = upload(ctx, &inputs[ctx.rank()], "input")?;
+        let op = ReduceScatter::new(d, algorithm);
+        let mut bufs = op.buffers(ctx, chunk)?;
+        op.run(ctx, &mut bufs, &input)?;
+        download(ctx, &bufs.out, chunk * d.size_bytes() as usize)
+    })
+}

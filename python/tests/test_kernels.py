@@ -1,0 +1,138 @@
+"""Kernels from text and from files on the CPU backends, against float64 references on fresh
+random inputs, outputs poisoned before each launch; and every error path."""
+
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+import trident
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BACKENDS = ["cpu", "cpu-simt"]
+
+SCALE = """
+kernel @scale(%x: !ptr<f32>, %out: !ptr<f32>, %a: f32, %n: i32) attributes {warps = 4, stages = 2, cooperative = false} {
+  %pid = program_id x : i32
+  %bs = const 128 : i32
+  %base = mul %pid, %bs : i32
+  %lanes = arange 0, 128 : tile<128xi32>
+  %b = splat %base : tile<128xi32>
+  %i = add %b, %lanes : tile<128xi32>
+  %nn = splat %n : tile<128xi32>
+  %m = cmp lt %i, %nn : tile<128xi1>
+  %xs = splat %x : tile<128x!ptr<f32>>
+  %xp = addptr %xs, %i : tile<128x!ptr<f32>>
+  %v = load %xp, mask %m : tile<128xf32>
+  %as = splat %a : tile<128xf32>
+  %y = mul %v, %as : tile<128xf32>
+  %os = splat %out : tile<128x!ptr<f32>>
+  %op = addptr %os, %i : tile<128x!ptr<f32>>
+  store %op, %y, mask %m
+  return
+}
+"""
+
+
+def rng():
+    return np.random.default_rng()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kernel_from_text_scales_a_vector(backend):
+    k = trident.compile(SCALE, backend=backend)
+    assert k.name == "scale" and k.backend == backend
+    assert [p[:2] for p in k.params] == [("x", "ptr"), ("out", "ptr"), ("a", "scalar"), ("n", "scalar")]
+    n = 1000
+    x = rng().uniform(-1, 1, n).astype(np.float32)
+    out = np.full(n, np.nan, np.float32)
+    a = float(rng().uniform(0.5, 2.0))
+    k[(math.ceil(n / 128),)](x, out, a, n)
+    want = x.astype(np.float64) * np.float64(np.float32(a))
+    assert np.all(np.isfinite(out))
+    assert np.max(np.abs(out - want)) <= 1e-6 * np.max(np.abs(want))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_kernel_from_a_file_computes_gelu(backend):
+    k = trident.compile(ROOT / "examples" / "gelu.tile", backend=backend)
+    n = 1000
+    x = rng().uniform(-4, 4, n).astype(np.float32)
+    out = np.full(n, np.nan, np.float32)
+    k[4](x, out, n)
+    want = np.array([v * (1 + math.erf(v / math.sqrt(2))) / 2 for v in x.astype(np.float64)])
+    assert np.max(np.abs(out - want)) <= 1e-5
+
+
+def test_masked_lanes_are_left_alone():
+    k = trident.compile(SCALE)
+    x = np.ones(300, np.float32)
+    out = np.full(300, -7.0, np.float32)
+    k[3](x, out, 2.0, 200)  # only the first 200 elements
+    assert np.all(out[:200] == 2.0) and np.all(out[200:] == -7.0)
+
+
+def test_the_backends_of_the_build():
+    names = [b[0] for b in trident.backends()]
+    assert {"cpu", "cpu-simt", "nvidia", "amd"} <= set(names)
+
+
+# ---- errors: typed, with what and where ----
+
+
+def test_malformed_text_names_the_line():
+    with pytest.raises(trident.ParseError, match=r"<string>.*2"):
+        trident.compile("kernel @k() {\n  %x = frobnicate 1 : i32\n}\n")
+
+
+def test_a_missing_file():
+    with pytest.raises(trident.TridentError, match="no_such.tile"):
+        trident.compile("no_such.tile")
+
+
+def test_an_unknown_backend_and_target():
+    with pytest.raises(trident.BackendUnavailable, match="rocm"):
+        trident.compile(SCALE, backend="rocm")
+    with pytest.raises(trident.BackendUnavailable, match="sm_42"):
+        trident.compile(SCALE, backend="cpu-simt", target="sm_42")
+
+
+def test_wrong_arguments():
+    k = trident.compile(SCALE)
+    x, out = np.zeros(10, np.float32), np.zeros(10, np.float32)
+    with pytest.raises(trident.ArgumentError, match="takes 4 arguments"):
+        k[1](x, out, 1.0)
+    with pytest.raises(trident.ArgumentError, match="float16"):
+        k[1](x.astype(np.float16), out, 1.0, 10)
+    with pytest.raises(trident.ArgumentError, match="NumPy array"):
+        k[1]([0.0] * 10, out, 1.0, 10)
+    with pytest.raises(trident.ArgumentError, match="C-contiguous"):
+        k[1](np.zeros(20, np.float32)[::2], out, 1.0, 10)
+    with pytest.raises(trident.ArgumentError, match="takes an int"):
+        k[1](x, out, 1.0, "ten")
+    with pytest.raises(trident.ArgumentError, match=r"-2147483648..=2147483647"):
+        k[1](x, out, 1.0, 2**40)
+    with pytest.raises(trident.ArgumentError, match="grid"):
+        k[0](x, out, 1.0, 10)
+
+
+def test_a_read_only_array_is_honoured():
+    k = trident.compile(SCALE)
+    x = np.ones(10, np.float32)
+    x.flags.writeable = False
+    out = np.zeros(10, np.float32)
+    k[1](x, out, 3.0, 10)  # reading a read-only array is fine
+    assert np.all(out == 3.0)
+    ro = np.zeros(10, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(trident.ArgumentError, match="read-only array passed as `out`"):
+        k[1](x, ro, 3.0, 10)
+    assert np.all(ro == 0.0)
+
+
+def test_a_fault_is_a_kernel_error_naming_the_op():
+    k = trident.compile(SCALE)
+    x, out = np.zeros(10, np.float32), np.zeros(10, np.float32)
+    with pytest.raises(trident.KernelError, match="scale"):
+        k[1](x, out, 1.0, 100)  # reads past the 10 elements it was given
