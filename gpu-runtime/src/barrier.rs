@@ -39,6 +39,11 @@ impl HostBarrier {
         Ok(())
     }
 
+    /// Why the barrier was abandoned (the first rank's failure), if it was.
+    pub fn why(&self) -> Option<String> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).2.clone()
+    }
+
     /// Breaks the barrier for good: every waiting and later `wait` fails with `why`.
     pub fn abandon(&self, why: String) {
         let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());

@@ -147,6 +147,14 @@ impl HostSync {
             b.abandon(why);
         }
     }
+
+    /// The first failure of a world of threads, if a rank failed.
+    fn why(&self) -> Option<String> {
+        match self {
+            HostSync::Threads(b) => b.why(),
+            HostSync::Processes(_) => None,
+        }
+    }
 }
 
 impl<D: Driver> Shared<D> {
@@ -362,8 +370,15 @@ impl GpuWorld {
                         // The stuck thread keeps its share of the world; nothing is freed.
                         let rank = shared.first + o.local;
                         shared.device(rank).health().wedge(format!("rank {rank}: {}", o.message));
+                        // A call stuck behind work that never finishes is often the consequence
+                        // of an earlier failure (a rank that left with its peers' waits
+                        // unsatisfied): name that first failure too.
+                        let message = match shared.sync.why() {
+                            Some(why) => format!("{} (before it, the world had failed: {why})", o.message),
+                            None => o.message,
+                        };
                         shared.sync.abandon(format!("rank {rank} is stuck in the driver"));
-                        return Err(BackendError::Rank { rank, error: Box::new(BackendError::Host(o.message)) });
+                        return Err(BackendError::Rank { rank, error: Box::new(BackendError::Host(message)) });
                     }
                 }
                 Err(RecvTimeoutError::Disconnected) => break,
@@ -457,7 +472,15 @@ impl<D: Driver> GpuRank<D> {
     /// frees its own buffers.
     pub(crate) fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
         let r = self.device().bind().and_then(|()| host(self));
+        // The others learn of a failure at once (their barriers break), before this rank waits
+        // for its streams and frees its buffers, which may block behind their work.
+        if let Err(e) = &r {
+            self.shared.sync.abandon(format!("rank {} failed: {e}", self.rank));
+        }
         let done = self.synchronize();
+        if let Err(e) = &done {
+            self.shared.sync.abandon(format!("rank {} failed: {e}", self.rank));
+        }
         let dev = self.device();
         if !dev.health().is_wedged() {
             for b in self.private.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {

@@ -710,6 +710,36 @@ fn a_driver_call_that_never_returns_ends_the_world_with_its_name() {
     assert!(took < Duration::from_secs(2), "{took:?}");
 }
 
+/// A driver call stuck behind work that never finishes is often the consequence of an earlier
+/// failure: the world's error names that first failure too (at c1bf810 a stuck `cuMemFree` on
+/// rank 0 hid why the world had failed).
+#[test]
+fn a_stuck_driver_call_names_the_failure_before_it() {
+    let _serial = serial();
+    trident_backend_cpu::link();
+    let (node, devs) = node_with_queues(1, false, None);
+    node.block_reads.store(true, std::sync::atomic::Ordering::Relaxed);
+    let e = within(Duration::from_secs(10), "the world with a failure, then a stuck read", move || {
+        GpuWorld::run(devs, opts(2), |ctx| {
+            if ctx.rank() == 1 {
+                return Err(BackendError::Host("the planted first failure".into()));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            let b = ctx.alloc(8, "stuck")?;
+            let mut raw = [0u8; 8];
+            ctx.read(&b, 0, &mut raw)
+        })
+        .unwrap_err()
+        .to_string()
+    });
+    node.block_reads.store(false, std::sync::atomic::Ordering::Relaxed);
+    assert!(e.contains("rank 0: read of 8 bytes from `stuck@rank0` has not returned"), "{e}");
+    assert!(
+        e.contains("before it, the world had failed: rank 1 failed: host orchestration: the planted first failure"),
+        "{e}"
+    );
+}
+
 /// Issue 24: a timed-out wait names its kernel and the buffer now at the signal's offset, even
 /// where an earlier buffer of another name lived at that offset: in a world of processes, whose
 /// allocator starts over at each run, and across worlds of threads on the same device.
