@@ -10,6 +10,7 @@ pub mod nvshmem;
 pub mod nvshmem_shim;
 pub mod nvshmem_world;
 pub mod ptx;
+pub mod ptx_cache;
 pub mod runtime;
 pub mod tensor_map;
 pub mod world;
@@ -65,9 +66,8 @@ impl NvidiaBackend {
         let device_calls = k.device_calls();
         trident_core::simt::protocol::expand(&mut k);
         let ptx = ptx::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Ok(PtxModule {
-            id: NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: next_module_id(),
             ptx,
             entry: k.name.clone(),
             threads: k.threads(),
@@ -79,18 +79,40 @@ impl NvidiaBackend {
     }
 }
 
-impl Backend for NvidiaBackend {
-    fn descriptor(&self) -> &'static BackendDescriptor {
-        trident_core::backend::lookup(NAME).expect("the nvidia backend registers itself in this crate")
+/// A number no other module of this process has (`PtxModule::id`).
+pub(crate) fn next_module_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl NvidiaBackend {
+    /// [`Backend::compile`] through the disk cache ([`ptx_cache`]): a kernel compiled by an
+    /// earlier process is read instead of lowered. Returns whether it was.
+    pub fn compile_cached(&self, func: &Function, target: Option<&str>) -> Result<(Artifact, bool), BackendError> {
+        let (name, t) = self.target_desc(target)?;
+        let (m, hit) = ptx_cache::lookup_or_lower(ptx_cache::dir().as_deref(), func, t)?;
+        let text = m.ptx.clone();
+        Ok((Artifact::new(func, NAME, name, text, Arc::new(m)), hit))
     }
 
-    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+    fn target_desc(&self, target: Option<&str>) -> Result<(&'static str, &'static TargetDesc), BackendError> {
         let name = self.descriptor().resolve_target(target)?;
         let t = trident_core::target::lookup(name).map_err(|e| BackendError::UnsupportedTarget {
             backend: NAME,
             target: name.to_string(),
             supported: e.known,
         })?;
+        Ok((name, t))
+    }
+}
+
+impl Backend for NvidiaBackend {
+    fn descriptor(&self) -> &'static BackendDescriptor {
+        trident_core::backend::lookup(NAME).expect("the nvidia backend registers itself in this crate")
+    }
+
+    fn compile(&self, func: &Function, target: Option<&str>) -> Result<Artifact, BackendError> {
+        let (name, t) = self.target_desc(target)?;
         let m = Self::ptx(func, t)?;
         let text = m.ptx.clone();
         Ok(Artifact::new(func, NAME, name, text, Arc::new(m)))

@@ -458,13 +458,42 @@ impl CudaDevice {
         self.launch_on(0, kernel, grid, args, &hidden, 1)
     }
 
+    /// Enqueues a launch on `stream`, an application's stream (torch's current stream, a CUDA
+    /// graph being captured), and returns at once. A wait that times out is recorded on the
+    /// device; [`CudaDevice::check_waits`] reports it once the application has synchronized.
+    pub fn enqueue_on(
+        &self,
+        stream: u64,
+        kernel: &Artifact,
+        grid: [u32; 3],
+        args: &[KernelArg],
+        opts: &LaunchOptions,
+    ) -> Result<(), BackendError> {
+        check_launch(kernel, grid, args, u64::MAX)?;
+        let hidden = self.hidden.args(self, opts.wait_bound)?;
+        self.launch_on(stream, kernel, grid, args, &hidden, 1)
+    }
+
+    /// After the application synchronized the device: the error of a wait of a launch by
+    /// [`CudaDevice::enqueue_on`] that timed out since the last check (named `kernel` when the
+    /// record has no tag), and the record reset.
+    pub fn check_waits(&self, kernel: &str, opts: &LaunchOptions) -> Result<(), BackendError> {
+        self.current()?;
+        self.hidden.check(self, kernel, &self.names, opts.wait_bound)
+    }
+
     /// Waits for everything enqueued (at most `watchdog::FINISH_BOUND`, or five wait bounds if longer)
     /// and reports a timed-out wait of `kernel`'s launches. Work still running then leaves the
     /// device unusable (its later work would queue behind it) and is an error.
     pub fn finish(&self, kernel: &str, opts: &LaunchOptions) -> Result<(), BackendError> {
+        self.finish_on(0, kernel, opts)
+    }
+
+    /// [`CudaDevice::finish`] for the work enqueued on `stream` (an application's stream).
+    pub fn finish_on(&self, stream: u64, kernel: &str, opts: &LaunchOptions) -> Result<(), BackendError> {
         self.current()?;
         let bound = trident_gpu_runtime::watchdog::FINISH_BOUND.max(opts.wait_bound * 5);
-        trident_gpu_runtime::watchdog::finish(self, 0, bound, &format!("kernel `{kernel}`")).map_err(|e| {
+        trident_gpu_runtime::watchdog::finish(self, stream, bound, &format!("kernel `{kernel}`")).map_err(|e| {
             BackendError::Launch { kernel: kernel.to_string(), message: format!("kernel execution: {e}") }
         })?;
         self.hidden.check(self, kernel, &self.names, opts.wait_bound)

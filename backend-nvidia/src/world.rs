@@ -17,8 +17,9 @@ use trident_core::backend::BackendError;
 use trident_core::world::RankCtx;
 pub use trident_gpu_runtime::GpuWorldOptions;
 
-/// The process's device `index`, opened once.
-fn device_at(index: usize) -> Result<Arc<CudaDevice>, BackendError> {
+/// The process's device `index`, opened once (worlds, the Python package and the command line
+/// share it: a module is loaded once per process).
+pub fn device_at(index: usize) -> Result<Arc<CudaDevice>, BackendError> {
     static DEVICES: Mutex<Vec<(usize, Arc<CudaDevice>)>> = Mutex::new(Vec::new());
     let mut d = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, dev)) = d.iter().find(|(i, _)| *i == index) {

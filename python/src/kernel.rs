@@ -43,26 +43,47 @@ fn device(backend: &'static str, target: &str) -> PyResult<Arc<dyn Device>> {
     Ok(d)
 }
 
+/// Kernels compiled in this process, by (text, backend, target): compiling the same text again
+/// (a module imported twice, a decode step that rebuilds its callables) costs a lookup.
+type Compiled = Mutex<HashMap<(String, &'static str, String), Py<Kernel>>>;
+
 /// Parses and verifies `text` (`origin` names it in messages: a path or `<string>`) and compiles
-/// it for `backend` and `target` (the backend's default when `None`).
+/// it for `backend` and `target` (the backend's default when `None`), once per process.
+/// Shapes are kernel arguments, so a kernel is compiled once whatever sizes it runs on.
 #[pyfunction]
 #[pyo3(signature = (text, backend = "cpu", target = None, origin = "<string>"))]
-pub fn compile(text: &str, backend: &str, target: Option<&str>, origin: &str) -> PyResult<Kernel> {
+pub fn compile(py: Python<'_>, text: &str, backend: &str, target: Option<&str>, origin: &str) -> PyResult<Py<Kernel>> {
+    static COMPILED: OnceLock<Compiled> = OnceLock::new();
+    let desc = trident_core::backend::lookup(backend).map_err(errors::backend)?;
+    let target = desc.resolve_target(target).map_err(errors::backend)?;
+    let key = (text.to_string(), desc.name, target.to_string());
+    if let Some(k) = COMPILED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(k.clone_ref(py));
+    }
     let func =
         trident_core::text::parse(text).map_err(|e| crate::errors::ParseError::new_err(format!("{origin}: {e}")))?;
     trident_core::verify(&func).map_err(|e| crate::errors::ParseError::new_err(format!("{origin}: {e}")))?;
-    let desc = trident_core::backend::lookup(backend).map_err(errors::backend)?;
-    let target = desc.resolve_target(target).map_err(errors::backend)?;
-    let art = (desc.create)().compile(&func, Some(target)).map_err(errors::backend)?;
-    Ok(Kernel { func, art, backend: desc.name })
+    // On nvidia through the disk cache (`trident_backend_nvidia::ptx_cache`): a new process
+    // reads what an earlier one lowered.
+    let (art, from_disk) = py
+        .detach(|| match desc.name {
+            trident_backend_nvidia::NAME => trident_backend_nvidia::NvidiaBackend.compile_cached(&func, Some(target)),
+            _ => (desc.create)().compile(&func, Some(target)).map(|a| (a, false)),
+        })
+        .map_err(errors::backend)?;
+    let k = Py::new(py, Kernel { func, art, backend: desc.name, from_disk })?;
+    COMPILED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(key, k.clone_ref(py));
+    Ok(k)
 }
 
 /// A compiled kernel (`trident.compile`); `kernel[grid](*args)` launches it.
 #[pyclass(frozen, module = "trident._trident")]
 pub struct Kernel {
-    func: Function,
-    art: Artifact,
+    pub(crate) func: Function,
+    pub(crate) art: Artifact,
     backend: &'static str,
+    /// Read from the disk cache rather than compiled by this process.
+    from_disk: bool,
 }
 
 /// A pointer argument as the Python layer hands it over.
@@ -75,14 +96,18 @@ enum PtrArg {
 }
 
 impl Kernel {
-    fn signature(&self) -> String {
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend
+    }
+
+    pub(crate) fn signature(&self) -> String {
         let ps: Vec<String> =
             self.func.params.iter().map(|p| format!("{}: {}", p.name, self.func.ty(p.value))).collect();
         format!("@{}({})", self.func.name, ps.join(", "))
     }
 
     /// A scalar of type `d` from a Python int, float or bool, range-checked.
-    fn scalar(&self, name: &str, d: DType, v: &Bound<'_, PyAny>) -> PyResult<KernelArg> {
+    pub(crate) fn scalar(&self, name: &str, d: DType, v: &Bound<'_, PyAny>) -> PyResult<KernelArg> {
         let bad = |what: &str| errors::argument(format!("kernel {}: `{name}: {d}` {what}", self.signature()));
         if d.is_float() {
             let x: f64 = v.extract().map_err(|_| bad("takes a number"))?;
@@ -139,6 +164,12 @@ impl Kernel {
         self.backend
     }
 
+    /// Whether this process read the kernel from the disk cache instead of compiling it.
+    #[getter(from_disk)]
+    fn read_from_disk(&self) -> bool {
+        self.from_disk
+    }
+
     #[getter]
     fn target(&self) -> String {
         self.art.target.clone()
@@ -159,6 +190,28 @@ impl Kernel {
                 }
             })
             .collect()
+    }
+
+    /// `kernel[grid]` on a GPU backend: a launcher that enqueues on the caller's current stream.
+    fn at(slf: &Bound<'_, Self>, grid: (u32, u32, u32)) -> PyResult<crate::launch::Launcher> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Err(errors::argument(format!("grid {grid:?}: every dimension must be at least 1")));
+        }
+        if slf.get().backend != trident_backend_nvidia::NAME {
+            return Err(errors::argument(format!(
+                "the {} backend launches through Kernel.launch (arrays are copied in and out)",
+                slf.get().backend
+            )));
+        }
+        Ok(crate::launch::Launcher { kernel: slf.clone().unbind(), grid: [grid.0, grid.1, grid.2] })
+    }
+
+    /// A hash of the compiled code (PTX, LLVM IR): equal for the same code.
+    fn ptx_hash(&self) -> String {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.art.text.hash(&mut h);
+        format!("{:016x}", h.finish())
     }
 
     /// The kernel's tile IR as text.

@@ -8,6 +8,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod kernel;
+mod launch;
 mod world;
 
 #[pymodule]
@@ -19,6 +20,8 @@ fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel::compile, m)?)?;
     m.add_function(wrap_pyfunction!(kernel::backends, m)?)?;
     m.add_class::<kernel::Kernel>()?;
+    m.add_class::<launch::Launcher>()?;
+    m.add_function(wrap_pyfunction!(launch::check_waits, m)?)?;
     m.add_function(wrap_pyfunction!(world::all_gather, m)?)?;
     m.add_function(wrap_pyfunction!(world::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(world::reduce_scatter, m)?)?;

@@ -136,3 +136,52 @@ def test_a_fault_is_a_kernel_error_naming_the_op():
     x, out = np.zeros(10, np.float32), np.zeros(10, np.float32)
     with pytest.raises(trident.KernelError, match="scale"):
         k[1](x, out, 1.0, 100)  # reads past the 10 elements it was given
+
+
+# ---- compiling once: in the process, and on disk for the next process ----
+
+
+def test_the_same_text_is_compiled_once_per_process():
+    a, b = trident.compile(SCALE), trident.compile(SCALE)
+    assert a._raw is b._raw
+    assert trident.compile(SCALE, backend="cpu-simt")._raw is not a._raw
+
+
+def test_a_new_process_reads_nvidia_kernels_from_the_disk_cache(tmp_path):
+    """Compiling for nvidia needs no GPU (the lowering to PTX); a second process reads the
+    first one's PTX from the cache instead of lowering again, and gets the same PTX."""
+    import subprocess
+    import sys
+
+    # A kernel no other test compiles, so that the first process really lowers it.
+    text = SCALE.replace("@scale", f"@scale_{tmp_path.name.replace('-', '_')}")
+    src = tmp_path / "k.tile"
+    src.write_text(text)
+    probe = (
+        "import sys, trident\n"
+        f"k = trident.compile({str(src)!r}, backend='nvidia', target='sm_90a')\n"
+        "print(k.from_disk, len(k.text()))\n"
+        "print(trident.compile(open(" + repr(str(src)) + ").read(), backend='nvidia', target='sm_90a')._raw.ptx_hash())\n"
+    )
+    env = dict(__import__("os").environ, TRIDENT_CACHE_DIR=str(tmp_path / "cache"))
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True).stdout.split()
+        for _ in range(2)
+    ]
+    assert runs[0][0] == "False" and runs[1][0] == "True", runs
+    assert runs[0][2] == runs[1][2], "the cached PTX is the PTX"
+    assert list((tmp_path / "cache" / "ptx").iterdir())
+    env["TRIDENT_PTX_CACHE"] = "0"
+    off = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    assert off.stdout.split()[0] == "False"
+
+
+def test_an_nvidia_kernel_refuses_numpy_arrays():
+    k = trident.compile(SCALE, backend="nvidia", target="sm_90a")
+    x = np.zeros(10, np.float32)
+    with pytest.raises(trident.ArgumentError, match="CUDA tensor"):
+        k[1](x, x, 1.0, 10)
+    with pytest.raises(trident.ArgumentError, match="takes 4 arguments"):
+        k[1](x, x)
+    with pytest.raises(trident.ArgumentError, match="grid"):
+        k[0](x, x, 1.0, 10)

@@ -32,3 +32,142 @@ def test_a_cuda_tensor_of_the_wrong_dtype():
     x = torch.zeros(10, device="cuda", dtype=torch.float16)
     with pytest.raises(trident.ArgumentError, match="torch.float16"):
         k[1](x, x, 10)
+
+
+COPY_BYTES = """
+kernel @copy_bytes(%x: !ptr<u8>, %out: !ptr<u8>, %n: i32) attributes {warps = 4, stages = 2, cooperative = false} {
+  %pid = program_id x : i32
+  %bs = const 256 : i32
+  %base = mul %pid, %bs : i32
+  %lanes = arange 0, 256 : tile<256xi32>
+  %b = splat %base : tile<256xi32>
+  %i = add %b, %lanes : tile<256xi32>
+  %nn = splat %n : tile<256xi32>
+  %m = cmp lt %i, %nn : tile<256xi1>
+  %xs = splat %x : tile<256x!ptr<u8>>
+  %xp = addptr %xs, %i : tile<256x!ptr<u8>>
+  %v = load %xp, mask %m : tile<256xu8>
+  %os = splat %out : tile<256x!ptr<u8>>
+  %op = addptr %os, %i : tile<256x!ptr<u8>>
+  store %op, %v, mask %m
+  return
+}
+"""
+
+WAIT_FLAG = """
+kernel @wait_flag(%flag: !ptr<u64>, %value: u64) attributes {warps = 4, stages = 2, cooperative = false} {
+  %one = const 1 : i32
+  %t = wait %flag, %one, cmp ge, %value, scope sys, sem acquire : !token
+  return
+}
+"""
+
+
+def gelu_ref(x):
+    return x.double() * (1 + torch.erf(x.double() / math.sqrt(2))) / 2
+
+
+def gelu():
+    return trident.compile(ROOT / "examples" / "gelu.tile", backend="nvidia")
+
+
+def test_the_launch_is_on_the_callers_stream():
+    """On a side stream, behind a long torch op that writes the input: a launch on any other
+    stream would read the input before it was written."""
+    k, n = gelu(), 1 << 20
+    side = torch.cuda.Stream()
+    big = torch.randn(4096, 4096, device="cuda")
+    src = torch.empty(n, device="cuda").uniform_(-4, 4)
+    x = torch.zeros(n, device="cuda")
+    out = torch.full((n,), float("nan"), device="cuda")
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        for _ in range(20):
+            big = big @ big / 4096
+        x.copy_(src + 0 * big[0, 0])
+        k[(n + 255) // 256](x, out, n)
+    side.synchronize()
+    assert torch.max(torch.abs(out.double() - gelu_ref(src))).item() <= 1e-5
+
+
+def test_a_cuda_graph_replays_the_launch_100_times():
+    k, n = gelu(), 50_000
+    x = torch.empty(n, device="cuda")
+    out = torch.empty(n, device="cuda")
+    x.uniform_(-4, 4)
+    k[(n + 255) // 256](x, out, n)  # warm: the module loads outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        k[(n + 255) // 256](x, out, n)
+    for i in range(100):
+        x.uniform_(-4, 4)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        err = torch.max(torch.abs(out.double() - gelu_ref(x))).item()
+        assert err <= 1e-5, f"replay {i}: {err}"
+
+
+def test_fp8_tensors_travel_as_bytes():
+    k = trident.compile(COPY_BYTES, backend="nvidia")
+    n = 10_000
+    for dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        x = torch.randn(n, device="cuda").to(dtype)
+        out = torch.zeros(n, device="cuda", dtype=torch.uint8).view(dtype)
+        k[(n + 255) // 256](x, out, n)
+        torch.cuda.synchronize()
+        assert torch.equal(out.view(torch.uint8), x.view(torch.uint8))
+    with pytest.raises(trident.ArgumentError, match="float16"):
+        k[1](torch.zeros(4, device="cuda", dtype=torch.float16), out, 4)
+
+
+class Exporter:
+    """Something that is not a torch tensor but exports DLPack (as CuPy or JAX arrays do)."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def __dlpack__(self, stream=None):
+        return self.t.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.t.__dlpack_device__()
+
+
+def test_dlpack_objects_are_taken_by_address():
+    k, n = gelu(), 3000
+    x = torch.empty(n, device="cuda").uniform_(-4, 4)
+    out = torch.full((n,), float("nan"), device="cuda")
+    k[(n + 255) // 256](Exporter(x), Exporter(out), n)
+    torch.cuda.synchronize()
+    assert torch.max(torch.abs(out.double() - gelu_ref(x))).item() <= 1e-5
+    with pytest.raises(trident.ArgumentError, match="DLPack tensor of f16"):
+        k[1](Exporter(x.half()), out, 10)
+    with pytest.raises(trident.ArgumentError, match="not contiguous"):
+        k[1](Exporter(torch.zeros(20, device="cuda")[::2]), out, 10)
+
+
+def test_wrong_tensors_are_typed_errors():
+    k = gelu()
+    x = torch.zeros(10, device="cuda")
+    with pytest.raises(trident.ArgumentError, match="on cpu"):
+        k[1](torch.zeros(10), x, 10)
+    with pytest.raises(trident.ArgumentError, match="not contiguous"):
+        k[1](torch.zeros(20, device="cuda")[::2], x, 10)
+    with pytest.raises(trident.ArgumentError, match="takes an int"):
+        k[1](x, x, 1.5)
+
+
+def test_a_wait_that_times_out_is_reported_by_synchronize():
+    k = trident.compile(WAIT_FLAG, backend="nvidia")
+    words = torch.zeros(1, device="cuda", dtype=torch.int64)
+    flag = words.view(torch.uint64)
+    k[1](flag, 1)  # returns at once; nobody sets the flag
+    with pytest.raises(trident.KernelError, match="wait_flag") as e:
+        trident.synchronize()
+    print(e.value)
+    trident.synchronize()  # the record was reset
+    words.fill_(1)
+    k[1](flag, 1)
+    trident.synchronize()

@@ -8,9 +8,12 @@
 Arrays are NumPy arrays (C-contiguous; bf16 as ``uint16`` views) on the CPU backends, whose
 memory is the interpreter's own: they are copied in before the launch and what the kernel
 changed is copied back (a read-only array the kernel writes into raises ``ArgumentError``).
-On ``nvidia``, a CUDA tensor (anything with ``data_ptr()`` and ``dtype``) is passed by its
-address, without a copy. ``trident.distributed`` runs the library's collectives on a world of
-ranks.
+On ``nvidia``, torch CUDA tensors (and anything exporting DLPack) are passed by address,
+without a copy, and the launch is enqueued on torch's current stream in torch's primary
+context: it returns at once, it is ordered with the torch work around it and a CUDA graph
+captures it. FP8 tensors go to ``!ptr<u8>`` parameters as bytes. ``trident.synchronize()``
+reports a wait that timed out. ``trident.distributed`` runs the library's collectives on a
+world of ranks.
 """
 
 import os
@@ -29,6 +32,7 @@ from ._trident import (
 
 __all__ = [
     "compile",
+    "synchronize",
     "backends",
     "Kernel",
     "TridentError",
@@ -120,10 +124,12 @@ class Kernel:
     def __init__(self, raw):
         self._raw = raw
         self.params = raw.params
+        self._launchers = {}
 
     name = property(lambda self: self._raw.name)
     backend = property(lambda self: self._raw.backend)
     target = property(lambda self: self._raw.target)
+    from_disk = property(lambda self: self._raw.from_disk)
 
     def text(self):
         """The kernel's tile IR as text."""
@@ -133,8 +139,23 @@ class Kernel:
         return repr(self._raw)
 
     def __getitem__(self, grid):
+        launcher = self._launchers.get(grid)
+        if launcher is None:
+            launcher = self._launcher(grid)
+        return launcher
+
+    def _launcher(self, grid):
+        key = grid
         grid = _grid(grid)
-        return lambda *args: self._launch(grid, args)
+        if self.backend in ("cpu", "cpu-simt"):
+            launcher = lambda *args: self._launch(grid, args)  # noqa: E731
+        else:
+            # GPU backends: a launcher of the extension, which enqueues on torch's current
+            # stream and returns at once.
+            launcher = self._raw.at(grid)
+        if len(self._launchers) < 1024:
+            self._launchers[key] = launcher
+        return launcher
 
     def _launch(self, grid, args):
         if len(args) != len(self.params):
@@ -151,13 +172,6 @@ class Kernel:
             else:
                 converted.append(a)
                 arrays.append(None)
-        if any(c[0] == "device" for c in converted if isinstance(c, tuple)):
-            # The kernel runs on trident's stream of the device (torch's primary context): the
-            # work torch enqueued on its current stream is finished first. (Launching on the
-            # caller's stream instead is the next step of the package.)
-            import torch
-
-            torch.cuda.current_stream().synchronize()
         changed = self._raw.launch(grid, converted)
         for array, new in zip(arrays, changed):
             if array is not None and new is not None:
@@ -192,30 +206,41 @@ class Kernel:
         return ("host", a.reshape(-1).view(np.uint8).tobytes(), etype, readonly), (None if readonly else a)
 
     def _tensor(self, name, etype, t):
-        if self.backend in ("cpu", "cpu-simt"):
-            if getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
-                raise ArgumentError(
-                    f"kernel @{self.name}: `{name}` is on {t.device}; the {self.backend} backend runs on the host"
-                )
-            return self._pointer(name, etype, t.numpy())[0]
-        torch_names = {
-            "torch.float32": "f32",
-            "torch.float16": "f16",
-            "torch.bfloat16": "bf16",
-            "torch.float64": "f64",
-            "torch.int32": "i32",
-            "torch.int64": "i64",
-            "torch.int16": "i16",
-            "torch.int8": "i8",
-            "torch.uint8": "u8",
-            "torch.bool": "i1",
-        }
-        given = torch_names.get(str(t.dtype), str(t.dtype))
-        if given != etype:
-            raise ArgumentError(f"kernel @{self.name}: `{name}: !ptr<{etype}>` was given a tensor of {t.dtype}")
-        if not t.is_contiguous():
-            raise ArgumentError(f"kernel @{self.name}: `{name}` is not contiguous (.contiguous() makes a copy that is)")
-        return ("device", int(t.data_ptr()), etype)
+        # The CPU backends: a torch CPU tensor as the NumPy array sharing its memory.
+        if getattr(getattr(t, "device", None), "type", "cpu") != "cpu":
+            raise ArgumentError(
+                f"kernel @{self.name}: `{name}` is on {t.device}; the {self.backend} backend runs on the host"
+            )
+        if "float8" in str(t.dtype) and etype in ("u8", "i8"):
+            # FP8 as bytes (NumPy has no FP8; the IR has none yet).
+            import torch
+
+            t = t.view(torch.uint8 if etype == "u8" else torch.int8)
+        elif str(t.dtype) == "torch.bfloat16":
+            import torch
+
+            t = t.view(torch.uint16) if hasattr(torch, "uint16") else t.view(torch.int16)
+            a = t.numpy().view(np.uint16)
+            return self._pointer(name, etype, a)[0]
+        return self._pointer(name, etype, t.numpy())[0]
+
+
+def synchronize(device=None):
+    """Waits for the work on a CUDA device (torch's ``torch.cuda.synchronize``) and raises
+    ``KernelError`` for a wait of a kernel launched from Python that timed out since the last
+    call, naming the kernel and the signal. Launches return at once; their bounded waits still
+    end on the device, and this is where what they recorded is reported (``TRIDENT_SYNC_LAUNCH=1``
+    checks after every launch instead)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and torch.cuda.is_available():
+        index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+        torch.cuda.synchronize(index)
+        _trident.check_waits(index, True)
+    else:
+        _trident.check_waits(0 if device is None else int(device), False)
 
 
 from . import distributed  # noqa: E402  (after the names it uses)

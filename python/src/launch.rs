@@ -1,0 +1,344 @@
+//! Launching a GPU kernel from Python: `kernel[grid](*args)` on torch CUDA tensors (or any
+//! object exporting DLPack), enqueued on torch's current stream of the tensors' device, in
+//! torch's primary context, without a copy and without waiting.
+//!
+//! What a launch costs is what this file does: per tensor, its type compared with
+//! `torch.Tensor`, its dtype compared by identity with torch's dtype objects, `is_cuda`,
+//! `is_contiguous()`, `data_ptr()` and `get_device()`; then torch's raw current stream and one
+//! `cuLaunchKernel`. Everything else (the kernel's signature, the torch objects) is looked up
+//! once.
+//!
+//! Waits: a kernel's bounded waits still time out on the device; what they record is reported
+//! by `trident.synchronize()` (or after every launch with `TRIDENT_SYNC_LAUNCH=1`, which also
+//! waits for each launch, as `CUDA_LAUNCH_BLOCKING` does).
+
+use crate::errors;
+use crate::kernel::Kernel;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyTuple, PyType};
+use std::sync::{Arc, OnceLock};
+use trident_backend_nvidia::runtime::CudaDevice;
+use trident_core::backend::{KernelArg, LaunchOptions};
+use trident_core::ir::{DType, Elem};
+
+/// What the launch path looks up once in torch (absent without torch: DLPack only).
+struct Torch {
+    tensor: Py<PyType>,
+    /// `torch._C._cuda_getCurrentRawStream(device)`: the current stream as an integer, what
+    /// Triton's launcher calls too (`torch.cuda.current_stream()` builds a Python object).
+    raw_stream: Py<PyAny>,
+    /// torch's dtype objects and the element type each is (`fp8` for the 8-bit floats, which
+    /// kernels take as bytes until the IR has FP8).
+    dtypes: Vec<(Py<PyAny>, &'static str)>,
+}
+
+fn torch(py: Python<'_>) -> Option<&'static Torch> {
+    static TORCH: PyOnceLock<Option<Torch>> = PyOnceLock::new();
+    TORCH
+        .get_or_init(py, || {
+            let t = py.import("torch").ok()?;
+            let raw_stream = t.getattr("_C").ok()?.getattr("_cuda_getCurrentRawStream").ok()?.unbind();
+            let tensor = t.getattr("Tensor").ok()?.cast_into::<PyType>().ok()?.unbind();
+            let mut dtypes = Vec::new();
+            for (name, elem) in [
+                ("float32", "f32"),
+                ("float16", "f16"),
+                ("bfloat16", "bf16"),
+                ("float64", "f64"),
+                ("int32", "i32"),
+                ("int64", "i64"),
+                ("int16", "i16"),
+                ("int8", "i8"),
+                ("uint8", "u8"),
+                ("uint16", "u16"),
+                ("uint32", "u32"),
+                ("uint64", "u64"),
+                ("bool", "i1"),
+                ("float8_e4m3fn", "fp8"),
+                ("float8_e5m2", "fp8"),
+                ("float8_e4m3fnuz", "fp8"),
+                ("float8_e5m2fnuz", "fp8"),
+            ] {
+                if let Ok(d) = t.getattr(name) {
+                    dtypes.push((d.unbind(), elem));
+                }
+            }
+            Some(Torch { tensor, raw_stream, dtypes })
+        })
+        .as_ref()
+}
+
+/// Whether every launch waits and reports its timed-out waits (`TRIDENT_SYNC_LAUNCH=1`).
+fn sync_launches() -> bool {
+    static SYNC: OnceLock<bool> = OnceLock::new();
+    *SYNC.get_or_init(|| std::env::var("TRIDENT_SYNC_LAUNCH").is_ok_and(|v| !v.is_empty() && v != "0"))
+}
+
+/// Whether a tensor of element type `given` fits a `!ptr<want>` parameter: the same type, or
+/// an FP8 tensor as bytes (`!ptr<u8>`/`!ptr<i8>`: torch does not export FP8 through DLPack,
+/// and the IR has no FP8 yet).
+fn fits(given: &str, want: DType) -> bool {
+    given == want.to_string() || (given == "fp8" && matches!(want, DType::U8 | DType::I8))
+}
+
+/// One pointer argument: its address and the CUDA device it lives on.
+struct DevicePtr {
+    address: u64,
+    device: i64,
+}
+
+/// The DLPack structures (`dlpack.h`, v0.8 and 1.x agree on these).
+#[repr(C)]
+struct DlDevice {
+    device_type: i32,
+    device_id: i32,
+}
+
+#[repr(C)]
+struct DlDataType {
+    code: u8,
+    bits: u8,
+    lanes: u16,
+}
+
+#[repr(C)]
+struct DlTensor {
+    data: *mut std::ffi::c_void,
+    device: DlDevice,
+    ndim: i32,
+    dtype: DlDataType,
+    shape: *const i64,
+    strides: *const i64,
+    byte_offset: u64,
+}
+
+const DL_CUDA: i32 = 2;
+const DL_CUDA_MANAGED: i32 = 13;
+
+/// The element type of a DLPack dtype (single lane).
+fn dlpack_element(t: &DlDataType) -> String {
+    let kind = match t.code {
+        0 => "i",
+        1 => "u",
+        2 => "f",
+        4 => "bf",
+        6 => return "i1".into(),
+        7..=13 if t.bits == 8 => return "fp8".into(),
+        _ => return format!("DLPack type code {} of {} bits", t.code, t.bits),
+    };
+    if t.lanes != 1 {
+        return format!("{} lanes of {kind}{}", t.lanes, t.bits);
+    }
+    format!("{kind}{}", t.bits)
+}
+
+impl Kernel {
+    fn bad(&self, name: &str, d: DType, what: String) -> PyErr {
+        errors::argument(format!("kernel {}: `{name}: !ptr<{d}>` {what}", self.signature()))
+    }
+
+    /// A torch tensor's address, checked: dtype, CUDA, contiguous.
+    fn tensor_ptr(&self, t: &Torch, name: &str, d: DType, a: &Bound<'_, PyAny>) -> PyResult<DevicePtr> {
+        let py = a.py();
+        let dtype = a.getattr(intern!(py, "dtype"))?;
+        let given = t.dtypes.iter().find(|(o, _)| o.is(&dtype)).map(|(_, e)| *e);
+        if !given.is_some_and(|g| fits(g, d)) {
+            return Err(self.bad(name, d, format!("was given a tensor of {dtype}")));
+        }
+        if !a.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+            let device = a.getattr(intern!(py, "device"))?;
+            return Err(self.bad(
+                name,
+                d,
+                format!("was given a tensor on {device}; the {} backend takes CUDA tensors", self.backend_name()),
+            ));
+        }
+        if !a.call_method0(intern!(py, "is_contiguous"))?.is_truthy()? {
+            return Err(self.bad(
+                name,
+                d,
+                "was given a tensor that is not contiguous (.contiguous() copies it)".into(),
+            ));
+        }
+        let address: u64 = a.call_method0(intern!(py, "data_ptr"))?.extract()?;
+        let device: i64 = a.call_method0(intern!(py, "get_device"))?.extract()?;
+        Ok(DevicePtr { address, device })
+    }
+
+    /// The address of an object exporting DLPack (CuPy, JAX, Numba, ...), checked as a tensor.
+    fn dlpack_ptr(&self, name: &str, d: DType, a: &Bound<'_, PyAny>) -> PyResult<DevicePtr> {
+        let py = a.py();
+        let capsule = a.call_method0(intern!(py, "__dlpack__"))?;
+        // SAFETY: a DLPack capsule named "dltensor" holds a `DLManagedTensor*`, whose first
+        // member is the `DLTensor`; the capsule (and so the tensor) lives until this returns.
+        let t = unsafe {
+            let p = pyo3::ffi::PyCapsule_GetPointer(capsule.as_ptr(), c"dltensor".as_ptr());
+            if p.is_null() {
+                return Err(PyErr::take(py).unwrap_or_else(|| {
+                    self.bad(name, d, "was given an object whose __dlpack__ is not a DLPack capsule".into())
+                }));
+            }
+            &*(p as *const DlTensor)
+        };
+        let given = dlpack_element(&t.dtype);
+        if !fits(&given, d) {
+            return Err(self.bad(name, d, format!("was given a DLPack tensor of {given}")));
+        }
+        if !matches!(t.device.device_type, DL_CUDA | DL_CUDA_MANAGED) {
+            return Err(self.bad(
+                name,
+                d,
+                match t.device.device_type {
+                    1 => format!(
+                        "was given a host array (DLPack CPU); the {} backend takes CUDA tensors",
+                        self.backend_name()
+                    ),
+                    other => format!(
+                        "was given a DLPack tensor on device type {other}; the {} backend takes CUDA tensors (type 2)",
+                        self.backend_name()
+                    ),
+                },
+            ));
+        }
+        // SAFETY: `shape` and `strides` (when not null) hold `ndim` entries each.
+        let compact = t.strides.is_null()
+            || unsafe {
+                let n = t.ndim.max(0) as usize;
+                let (shape, strides) =
+                    (std::slice::from_raw_parts(t.shape, n), std::slice::from_raw_parts(t.strides, n));
+                let mut want = 1i64;
+                let mut ok = true;
+                for i in (0..n).rev() {
+                    if shape[i] != 1 && strides[i] != want {
+                        ok = false;
+                    }
+                    want *= shape[i];
+                }
+                ok
+            };
+        if !compact {
+            return Err(self.bad(name, d, "was given a DLPack tensor that is not contiguous".into()));
+        }
+        Ok(DevicePtr { address: t.data as u64 + t.byte_offset, device: t.device.device_id as i64 })
+    }
+
+    fn device_ptr(&self, torch: Option<&Torch>, name: &str, d: DType, a: &Bound<'_, PyAny>) -> PyResult<DevicePtr> {
+        if let Some(t) = torch {
+            if a.get_type().is(t.tensor.bind(a.py())) || a.is_instance(t.tensor.bind(a.py()))? {
+                return self.tensor_ptr(t, name, d, a);
+            }
+        }
+        if a.hasattr(intern!(a.py(), "__dlpack__"))? {
+            return self.dlpack_ptr(name, d, a);
+        }
+        Err(self.bad(
+            name,
+            d,
+            format!("takes a CUDA tensor (torch, or anything exporting DLPack), not {}", a.get_type().name()?),
+        ))
+    }
+
+    /// Launches on the caller's current stream and returns at once (see the file's comment).
+    pub(crate) fn launch_gpu(&self, py: Python<'_>, grid: [u32; 3], args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let params = &self.func.params;
+        if args.len() != params.len() {
+            return Err(errors::argument(format!(
+                "kernel {} takes {} arguments, got {}",
+                self.signature(),
+                params.len(),
+                args.len()
+            )));
+        }
+        let t = torch(py);
+        let mut kargs = Vec::with_capacity(params.len());
+        let mut device: Option<i64> = None;
+        for (p, a) in params.iter().zip(args.iter()) {
+            match self.func.ty(p.value).elem {
+                Elem::Num(d) => kargs.push(self.scalar(&p.name, d, &a)?),
+                Elem::Ptr(d) => {
+                    let ptr = self.device_ptr(t, &p.name, d, &a)?;
+                    match device {
+                        Some(other) if other != ptr.device => {
+                            return Err(self.bad(
+                                &p.name,
+                                d,
+                                format!("is on cuda:{}, an earlier argument on cuda:{other}", ptr.device),
+                            ))
+                        }
+                        _ => device = Some(ptr.device),
+                    }
+                    kargs.push(KernelArg::Ptr(ptr.address));
+                }
+                _ => {
+                    return Err(errors::argument(format!(
+                        "kernel {}: parameter `{}` cannot be passed from Python",
+                        self.signature(),
+                        p.name
+                    )))
+                }
+            }
+        }
+        let index = match (device, t) {
+            (Some(i), _) => i,
+            (None, Some(_)) => py
+                .import(intern!(py, "torch"))?
+                .getattr(intern!(py, "cuda"))?
+                .call_method0("current_device")?
+                .extract()?,
+            (None, None) => 0,
+        };
+        let dev = gpu(index)?;
+        let stream: u64 = match t {
+            Some(t) => t.raw_stream.bind(py).call1((index,))?.extract()?,
+            None => 0,
+        };
+        let opts = LaunchOptions::default();
+        dev.enqueue_on(stream, &self.art, grid, &kargs, &opts).map_err(errors::backend)?;
+        if sync_launches() {
+            py.detach(|| dev.finish_on(stream, &self.art.kernel, &opts)).map_err(errors::backend)?;
+        }
+        Ok(())
+    }
+}
+
+/// The process's CUDA device `index` (torch's primary context: the same one).
+pub(crate) fn gpu(index: i64) -> PyResult<Arc<CudaDevice>> {
+    let i = usize::try_from(index).map_err(|_| errors::argument(format!("CUDA device {index}")))?;
+    trident_backend_nvidia::world::device_at(i).map_err(errors::backend)
+}
+
+/// `kernel[grid]`: calling it launches.
+#[pyclass(frozen, module = "trident._trident")]
+pub struct Launcher {
+    pub(crate) kernel: Py<Kernel>,
+    pub(crate) grid: [u32; 3],
+}
+
+#[pymethods]
+impl Launcher {
+    #[pyo3(signature = (*args))]
+    fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        self.kernel.get().launch_gpu(py, self.grid, args)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        let k = self.kernel.bind(py).repr()?;
+        Ok(format!("{k}[{:?}]", self.grid))
+    }
+}
+
+/// Reports a wait of a kernel launched from Python on CUDA device `index` that timed out since
+/// the last check (and resets the record). The caller synchronized the device first
+/// (`torch.cuda.synchronize()`); without torch, this waits for the legacy stream (bounded).
+#[pyfunction]
+#[pyo3(signature = (index, synchronized))]
+pub fn check_waits(py: Python<'_>, index: i64, synchronized: bool) -> PyResult<()> {
+    let dev = gpu(index)?;
+    let opts = LaunchOptions::default();
+    if !synchronized {
+        py.detach(|| dev.finish_on(0, "a kernel launched from Python", &opts)).map_err(errors::backend)?;
+    }
+    dev.check_waits("a kernel launched from Python", &opts).map_err(errors::backend)
+}
