@@ -26,6 +26,20 @@ impl Event {
         Ok(Event { ev })
     }
 
+    /// An event only for ordering streams (no timing: cheaper to record and wait on).
+    pub fn ordering(dev: &CudaDevice) -> Result<Event, BackendError> {
+        dev.current()?;
+        let ev =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(|e| err("cuEventCreate", e))?;
+        Ok(Event { ev })
+    }
+
+    /// Makes `stream` wait for the work this event captured (`cuStreamWaitEvent`).
+    pub(crate) fn wait_on(&self, stream: sys::CUstream) -> Result<(), BackendError> {
+        // SAFETY: a live event and a stream of the same context.
+        unsafe { sys::cuStreamWaitEvent(stream, self.ev, 0) }.result().map_err(|e| err("cuStreamWaitEvent", e))
+    }
+
     /// Captures the work enqueued so far on the legacy default stream (where `Device::launch`
     /// runs).
     pub fn record_default(&self) -> Result<(), BackendError> {

@@ -32,6 +32,7 @@ pub struct NvshmemWorld {
     world: ProcessWorld<CudaDevice>,
     nvshmem: Arc<Nvshmem>,
     heap: u64,
+    device_ordinal: usize,
 }
 
 impl std::fmt::Debug for NvshmemWorld {
@@ -63,6 +64,13 @@ impl NvshmemWorld {
         let env = WorldEnv::from_env().map_err(|e| {
             host(format!("{e}: start one process per rank, e.g. `trident launch -n 2 -- PROGRAM ARGS`"))
         })?;
+        Self::join_at(env, opts)
+    }
+
+    /// Joins the world `env` describes (the Python package makes it from a `torch.distributed`
+    /// process group: its rank, size and device, and a rendezvous whose address travelled
+    /// over the group).
+    pub fn join_at(env: WorldEnv, opts: GpuWorldOptions) -> Result<NvshmemWorld, BackendError> {
         let mut client = env.connect(VERSION, env.bound).map_err(host)?;
         let found = local_setup(env.local_rank);
         // Everyone's verdict, so that all ranks go on or all stop with the first reason.
@@ -138,8 +146,9 @@ impl NvshmemWorld {
             })
             .collect::<Result<Vec<u64>, _>>()?;
         let heap_desc = SymmetricHeap { bases, bytes, provider: format!("NVSHMEM {}", nvshmem.version) };
+        let device_ordinal = device.ordinal();
         let world = ProcessWorld::new(device, env.rank, sharing, heap_desc, client, opts)?;
-        Ok(NvshmemWorld { world, nvshmem, heap })
+        Ok(NvshmemWorld { world, nvshmem, heap, device_ordinal })
     }
 
     pub fn rank(&self) -> usize {
@@ -160,6 +169,17 @@ impl NvshmemWorld {
         self.world.run(host)
     }
 
+    /// Opens a session of this rank (`ProcessWorld::session`): library ops called one by one
+    /// from the host (the Python package), each on the session's context.
+    pub fn session(&self) -> Result<trident_gpu_runtime::RankSession<CudaDevice>, BackendError> {
+        self.world.session()
+    }
+
+    /// The process's device.
+    pub fn device_ordinal(&self) -> usize {
+        self.device_ordinal
+    }
+
     /// Every rank's `data`, by rank.
     pub fn all_gather(&self, name: &str, data: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
         self.world.all_gather(name, data)
@@ -169,7 +189,7 @@ impl NvshmemWorld {
     /// NVSHMEM's own collective teardown, which cannot time out and so never starts while a
     /// rank may be dead. Dropping without `finish` leaves NVSHMEM to the process's exit.
     pub fn finish(self) -> Result<(), BackendError> {
-        let NvshmemWorld { world, nvshmem, heap } = self;
+        let NvshmemWorld { world, nvshmem, heap, .. } = self;
         world.all_gather("finish", &[])?;
         // Trident's own buffers go before NVSHMEM does.
         drop(world);

@@ -144,6 +144,9 @@ pub struct CudaDevice {
     queues: HardwareQueues,
     /// Usable, or the stuck work that made it unusable.
     health: DeviceHealth,
+    /// The event that orders one stream after another (`Driver::stream_wait_stream`): recorded
+    /// and waited for under the lock, so one event serves every pair.
+    ordering: Mutex<Option<crate::event::Event>>,
 }
 
 /// The most hardware queues (connections) CUDA gives a context, and what trident asks for.
@@ -252,6 +255,7 @@ impl CudaDevice {
             library: Mutex::new(None),
             queues: connections(!existed || PREPARED.load(std::sync::atomic::Ordering::Relaxed)),
             health: DeviceHealth::default(),
+            ordering: Mutex::new(None),
         };
         d.current()?;
         Ok(d)
@@ -764,6 +768,19 @@ impl Driver for CudaDevice {
         unsafe { sys::cuStreamWriteValue64_v2(stream as sys::CUstream, address, value, 0) }
             .result()
             .map_err(|e| stream_err("cuStreamWriteValue64", e))
+    }
+
+    fn stream_wait_stream(&self, waiter: RawStream, on: RawStream) -> Result<(), BackendError> {
+        self.current()?;
+        // A wait takes the event's state when it is enqueued: re-recording it later does not
+        // change what an earlier wait waits for (also inside a graph capture).
+        let mut ev = self.ordering.lock().unwrap_or_else(|e| e.into_inner());
+        if ev.is_none() {
+            *ev = Some(crate::event::Event::ordering(self)?);
+        }
+        let ev = ev.as_ref().expect("made above");
+        ev.record(on as sys::CUstream)?;
+        ev.wait_on(waiter as sys::CUstream)
     }
 
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError> {

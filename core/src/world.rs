@@ -99,6 +99,21 @@ pub trait RankCtx {
     /// `barrier_all` would be off by them). Call it on every rank with its streams idle, between
     /// two host barriers (`trident_kernels::epoch::rearm` does).
     fn rearm_barrier_all(&self) -> Result<(), BackendError>;
+    /// Orders what is enqueued from now on on every stream of this rank after what is enqueued
+    /// so far on `external`, an application's stream of the rank's device (torch's current
+    /// stream): a library op called from PyTorch does this first, and [`RankCtx::join_stream`]
+    /// last, so that it runs in the application's stream order and a graph captured on that
+    /// stream captures it. Worlds without device streams refuse it.
+    fn follow_stream(&self, external: u64) -> Result<(), BackendError> {
+        let _ = external;
+        Err(BackendError::Host("this world has no device streams to order after an application's stream".into()))
+    }
+    /// Orders what is enqueued from now on on `external` after everything enqueued so far on
+    /// this rank's streams.
+    fn join_stream(&self, external: u64) -> Result<(), BackendError> {
+        let _ = external;
+        Err(BackendError::Host("this world has no device streams to order an application's stream after".into()))
+    }
 }
 
 /// What a [`KernelCache`] entry is for: the backend's name, the target and the key.

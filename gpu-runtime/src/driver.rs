@@ -94,6 +94,13 @@ pub trait Driver: Device + Send + Sync + 'static {
     /// Enqueues a wait until the 64-bit word at `address` satisfies `word <cmp> value`
     /// (`ge` and `eq`; other comparisons are a typed error).
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError>;
+    /// Orders what is enqueued on `waiter` from now on after what is enqueued on `on` so far (an
+    /// event recorded on `on`, waited for on `waiter`: graph captures follow it). Drivers
+    /// without events refuse it.
+    fn stream_wait_stream(&self, waiter: RawStream, on: RawStream) -> Result<(), BackendError> {
+        let _ = (waiter, on);
+        Err(BackendError::Host(format!("{}: no events to order streams with", self.device_name())))
+    }
 }
 
 /// The launch policy every driver applies, in one place: the grid `kernel` runs on a device of

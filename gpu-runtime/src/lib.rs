@@ -34,6 +34,6 @@ pub mod world_env;
 
 pub use driver::{check_resident, launch_grid, persistent_grid, Driver, RawStream};
 pub use health::DeviceHealth;
-pub use process_world::{ProcessWorld, SymmetricHeap};
+pub use process_world::{ProcessWorld, RankSession, SymmetricHeap};
 pub use queues::HardwareQueues;
 pub use world::{GpuWorld, GpuWorldOptions};

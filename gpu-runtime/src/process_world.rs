@@ -158,6 +158,36 @@ impl<D: Driver> ProcessWorld<D> {
         Ok(r)
     }
 
+    /// Starts a session: what [`ProcessWorld::run`] does around its host code, with the host
+    /// code being whatever the caller does with [`RankSession::ctx`] until
+    /// [`RankSession::end`] (the Python package: each library op called from PyTorch is a
+    /// call on the session's context, from the calling thread). Collective, as `run`.
+    pub fn session(&self) -> Result<RankSession<D>, BackendError> {
+        let sh = &self.shared;
+        sh.devices[0].health().check(&sh.devices[0].device_name())?;
+        sh.devices[0].bind()?;
+        let words = Buffer { name: "__barrier_all".into(), address: sh.heaps[self.rank].address, bytes: RESERVED };
+        sh.devices[0].write(&words, 0, &[0u8; RESERVED])?;
+        sh.reset_symmetric();
+        sh.sync.wait(self.rank, "session_start")?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch = {
+            let (sh, stop) = (sh.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(o) = sh.calls.overdue() {
+                        let rank = sh.first + o.local;
+                        sh.devices[0].health().wedge(format!("rank {rank}: {}", o.message));
+                        eprintln!("trident: rank {rank}: {}", o.message);
+                        crate::health::exit(1);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        Ok(RankSession { rank: GpuRank::new(sh.clone(), self.rank), stop, watch: Some(watch) })
+    }
+
     /// Every rank's `data`, by rank (bounded, through the rendezvous).
     pub fn all_gather(&self, name: &str, data: &[u8]) -> Result<Vec<Vec<u8>>, BackendError> {
         match &self.shared.sync {
@@ -168,6 +198,42 @@ impl<D: Driver> ProcessWorld<D> {
                 .map_err(|e| BackendError::Host(e.to_string())),
             HostSync::Threads(_) => Err(BackendError::Host("not a world of processes".into())),
         }
+    }
+}
+
+/// A rank's open session of a world of processes ([`ProcessWorld::session`]).
+pub struct RankSession<D: Driver> {
+    rank: GpuRank<D>,
+    stop: Arc<AtomicBool>,
+    watch: Option<std::thread::JoinHandle<()>>,
+}
+
+impl<D: Driver> RankSession<D> {
+    /// The rank's context: SPMD host code, called from any thread of the process.
+    pub fn ctx(&self) -> &dyn RankCtx {
+        &self.rank
+    }
+
+    /// Ends the session: waits for the rank's streams, frees its own buffers, then meets the
+    /// other ranks (bounded).
+    pub fn end(mut self) -> Result<(), BackendError> {
+        let r = self.rank.run(&|_| Ok(()));
+        self.stop_watch();
+        r?;
+        self.rank.shared.sync.wait(trident_core::world::RankCtx::rank(&self.rank), "session_end")
+    }
+
+    fn stop_watch(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(w) = self.watch.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+impl<D: Driver> Drop for RankSession<D> {
+    fn drop(&mut self) {
+        self.stop_watch();
     }
 }
 

@@ -784,6 +784,22 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         self.shared.sync.wait(self.rank, "barrier")
     }
 
+    fn follow_stream(&self, external: u64) -> Result<(), BackendError> {
+        for (id, &s) in self.streams().iter().enumerate() {
+            let what = || format!("stream {id} after the application's stream {external:#x}");
+            self.call(what, || self.device().stream_wait_stream(s, external as RawStream))?;
+        }
+        Ok(())
+    }
+
+    fn join_stream(&self, external: u64) -> Result<(), BackendError> {
+        for (id, &s) in self.streams().iter().enumerate() {
+            let what = || format!("the application's stream {external:#x} after stream {id}");
+            self.call(what, || self.device().stream_wait_stream(external as RawStream, s))?;
+        }
+        Ok(())
+    }
+
     fn rearm_barrier_all(&self) -> Result<(), BackendError> {
         // The words live at the reserved start of every rank's heap; intra-node the ranks count
         // on rank 0's, inter-node each rank's third word: every rank clears its own.

@@ -257,3 +257,32 @@ inventory::submit! {
 inventory::submit! {
     crate::GemmBased { name: "ag_gemm", build: |gemm| AgGemm { gemm, mode: GatherMode::CopyEngine }.build() }
 }
+
+/// A grid of one program that passes `barrier_all`: once it ends on a rank's stream, every
+/// rank's stream reached it. What separates two AG-GEMM calls without the host
+/// ([`AgGemm::enqueue_separated`]).
+pub fn device_barrier() -> Result<Function, VerifyError> {
+    let b = KernelBuilder::new("device_barrier", LaunchAttrs::default());
+    b.barrier_all(trident_core::ir::Group::Block);
+    b.finish()
+}
+
+impl AgGemm {
+    /// [`AgGemm::enqueue`] for calls back to back without the host between them (a replayed
+    /// graph, ops called from PyTorch): a device barrier on the gather's stream first, so that
+    /// no rank's gather overwrites `A_full` before every rank is past its previous call. The
+    /// caller orders stream 1 after the previous call's GEMM on stream 0 (the Python package's
+    /// ops order both streams after the application's stream, and it after both).
+    pub fn enqueue_separated(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut AgGemmBuffers,
+        a_shard: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+    ) -> Result<(), BackendError> {
+        let barrier = ctx.compile("device_barrier", &device_barrier)?;
+        ctx.launch(1, &barrier, [1, 1, 1], &[])?;
+        self.enqueue(ctx, bufs, a_shard, b, c)
+    }
+}

@@ -125,3 +125,70 @@ pub fn rearm(ctx: &dyn RankCtx, buffers: &[&Buffer]) -> Result<(), BackendError>
     ctx.rearm_barrier_all()?;
     ctx.barrier()
 }
+
+/// Copies the latest call's half of a double buffer into `dst`: the half of the call whose
+/// epoch the kernel's epoch words hold (the last call completed on the stream), read on the
+/// device, so that a recorded copy follows the halves on replay as the collective does. What
+/// a caller that owns its output (a torch tensor) enqueues on the same stream right after the
+/// collective; `half` is the elements per call (0 for a buffer of one half).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CopyLatest {
+    pub dtype: DType,
+    /// Elements per program.
+    pub block: u32,
+}
+
+impl CopyLatest {
+    pub fn new(dtype: DType) -> CopyLatest {
+        CopyLatest { dtype, block: 1024 }
+    }
+
+    pub fn build(&self) -> Result<trident_core::Function, trident_core::VerifyError> {
+        let b = KernelBuilder::new(
+            &format!("copy_latest_{}_{}", self.dtype, self.block),
+            trident_core::ir::LaunchAttrs::default(),
+        );
+        let (halves, state) = (b.arg_ptr("halves", self.dtype), b.arg_ptr("state", DType::U64));
+        let dst = b.arg_ptr("dst", self.dtype);
+        let (n, half) = (b.arg("n", DType::I32), b.arg("half", DType::I32));
+        let last = b.load(state, None, None);
+        let align = HALF_ALIGN as i32;
+        let src = halves + (last % 2u64).cast(DType::I32) * (((half + (align - 1)) / align) * align);
+        let offs = b.program_id_x() * self.block as i32 + b.arange(0, self.block as i64);
+        let mask = offs.lt(n);
+        let x = b.load(src + offs, Some(mask), None);
+        b.store(dst + offs, x, Some(mask));
+        b.finish()
+    }
+
+    /// Enqueues the copy of `n` elements from `halves` (of `half` elements per call, or 0) as the
+    /// epoch words `state` say, into `dst`, on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue(
+        &self,
+        ctx: &dyn RankCtx,
+        stream: trident_core::world::StreamId,
+        halves: &Buffer,
+        state: trident_core::backend::KernelArg,
+        dst: &Buffer,
+        n: usize,
+        half: usize,
+    ) -> Result<(), BackendError> {
+        let es = self.dtype.size_bytes() as usize;
+        crate::require_bytes(dst, n * es, "dst")?;
+        let need = if half == 0 { n * es } else { halves_bytes(half, es) };
+        crate::require_bytes(halves, need, "halves")?;
+        if n == 0 {
+            return Ok(());
+        }
+        let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
+        let args = [
+            halves.arg(),
+            state,
+            dst.arg(),
+            trident_core::backend::KernelArg::i32(crate::require_i32(n, "n")?),
+            trident_core::backend::KernelArg::i32(crate::require_i32(half, "half")?),
+        ];
+        ctx.launch(stream, &kernel, [crate::cdiv(n, self.block as usize) as u32, 1, 1], &args)
+    }
+}

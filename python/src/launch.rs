@@ -12,6 +12,7 @@
 //! by `trident.synchronize()` (or after every launch with `TRIDENT_SYNC_LAUNCH=1`, which also
 //! waits for each launch, as `CUDA_LAUNCH_BLOCKING` does).
 
+use crate::dlpack::{DlDataType, DlTensor, DL_CPU, DL_CUDA, DL_CUDA_MANAGED};
 use crate::errors;
 use crate::kernel::Kernel;
 use pyo3::intern;
@@ -89,34 +90,6 @@ struct DevicePtr {
     device: i64,
 }
 
-/// The DLPack structures (`dlpack.h`, v0.8 and 1.x agree on these).
-#[repr(C)]
-struct DlDevice {
-    device_type: i32,
-    device_id: i32,
-}
-
-#[repr(C)]
-struct DlDataType {
-    code: u8,
-    bits: u8,
-    lanes: u16,
-}
-
-#[repr(C)]
-struct DlTensor {
-    data: *mut std::ffi::c_void,
-    device: DlDevice,
-    ndim: i32,
-    dtype: DlDataType,
-    shape: *const i64,
-    strides: *const i64,
-    byte_offset: u64,
-}
-
-const DL_CUDA: i32 = 2;
-const DL_CUDA_MANAGED: i32 = 13;
-
 /// The element type of a DLPack dtype (single lane).
 fn dlpack_element(t: &DlDataType) -> String {
     let kind = match t.code {
@@ -191,7 +164,7 @@ impl Kernel {
                 name,
                 d,
                 match t.device.device_type {
-                    1 => format!(
+                    DL_CPU => format!(
                         "was given a host array (DLPack CPU); the {} backend takes CUDA tensors",
                         self.backend_name()
                     ),

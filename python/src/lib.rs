@@ -6,7 +6,9 @@
 
 use pyo3::prelude::*;
 
+mod dlpack;
 mod errors;
+mod gpu_world;
 mod kernel;
 mod launch;
 mod world;
@@ -22,6 +24,8 @@ fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<kernel::Kernel>()?;
     m.add_class::<launch::Launcher>()?;
     m.add_function(wrap_pyfunction!(launch::check_waits, m)?)?;
+    m.add_class::<gpu_world::GpuWorld>()?;
+    m.add_function(wrap_pyfunction!(gpu_world::serve_rendezvous, m)?)?;
     m.add_function(wrap_pyfunction!(world::all_gather, m)?)?;
     m.add_function(wrap_pyfunction!(world::all_reduce, m)?)?;
     m.add_function(wrap_pyfunction!(world::reduce_scatter, m)?)?;

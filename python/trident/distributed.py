@@ -7,8 +7,24 @@ detector). Each call takes one NumPy array per rank and returns one per rank:
     world = trident.distributed.CpuWorld(4)
     outs = world.all_gather([np.full(100, r, np.float32) for r in range(4)])
 
-Worlds on GPUs from ``torch.distributed`` process groups come next (``docs/USER-GUIDE.md``).
+On GPUs, ``init()`` makes this process's rank of an NVSHMEM world from an initialised
+``torch.distributed`` process group (one process per GPU as torchrun starts them, or several
+sharing a GPU with a gloo group); the ops then take and return torch tensors on the rank's
+device, in torch's stream order and capturable in CUDA graphs, and ``empty()`` makes tensors
+on the symmetric heap:
+
+    torch.distributed.init_process_group("gloo")        # or "nccl"
+    trident.distributed.init()
+    y = trident.distributed.all_reduce(x)                # also torch.ops.trident.all_reduce
+    c = trident.distributed.ag_gemm(a_shard, b)          # A gathered by rows while multiplied
+    trident.distributed.destroy()
+
+Every rank must call the same ops with the same shapes in the same order (as for any
+collective); each op's symmetric state is made on its first call with a shape, so run a step
+once before capturing it in a graph.
 """
+
+import os
 
 import numpy as np
 
@@ -60,4 +76,221 @@ class CpuWorld:
         return self._outputs(_trident.reduce_scatter(data, etype, algorithm, self.seed, self.race), dtype)
 
 
-__all__ = ["CpuWorld", "numpy_dtype"]
+_TORCH_ELEMENT = {
+    "torch.float32": "f32",
+    "torch.float16": "f16",
+    "torch.bfloat16": "bf16",
+    "torch.float64": "f64",
+    "torch.int32": "i32",
+    "torch.int64": "i64",
+}
+
+_world = None
+
+
+class GpuWorld:
+    """This process's rank of a GPU world (``init()``): ``rank``, ``size``, ``device``,
+    ``provider`` (the symmetric heap's maker, e.g. "NVSHMEM 3.4.5")."""
+
+    def __init__(self, raw, group):
+        self._raw, self.group, self.pending = raw, group, set()
+
+    def __getattr__(self, name):
+        return getattr(self._raw, name)
+
+    def __repr__(self):
+        return f"<trident GpuWorld rank {self.rank} of {self.size} on cuda:{self.device}, {self.provider}>"
+
+
+def _need_world():
+    if _world is None:
+        raise ArgumentError("trident.distributed.init() has not been called in this process")
+    return _world
+
+
+def init(group=None, heap_bytes=None, bound_ms=60_000):
+    """Makes this process's rank of a GPU world from the initialised ``torch.distributed``
+    process `group` (the default group when None): rank and size are the group's, the device
+    is torch's current CUDA device. Rank 0 serves a rendezvous whose address travels over the
+    group (NCCL or gloo); NVSHMEM's unique id then travels over the rendezvous, which also
+    bounds every start-up step (`bound_ms`).
+
+    The symmetric heap is NVSHMEM's, outside torch's caching allocator: `heap_bytes` per rank
+    (``TRIDENT_HEAP_BYTES``, else 1 GiB), reserved when the world starts; ops' state and
+    ``empty()`` tensors come from it, and a full heap is an error naming what asked. NVSHMEM
+    itself may need ``NVSHMEM_SYMMETRIC_SIZE`` above that (1 GiB by default)."""
+    global _world
+    import torch
+    import torch.distributed as dist
+
+    if _world is not None:
+        return _world
+    if not dist.is_initialized():
+        raise ArgumentError("torch.distributed is not initialised: call torch.distributed.init_process_group first")
+    group = group or dist.group.WORLD
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    if heap_bytes is None:
+        heap_bytes = int(os.environ.get("TRIDENT_HEAP_BYTES", 1 << 30))
+    addr = [None]
+    if rank == 0:
+        port = _trident.serve_rendezvous(size)
+        host = os.environ.get("TRIDENT_RENDEZVOUS_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        addr = [f"{host}:{port}"]
+    dist.broadcast_object_list(addr, src=dist.get_global_rank(group, 0), group=group)
+    device = torch.cuda.current_device()
+    _world = GpuWorld(_trident.GpuWorld.join(rank, size, device, addr[0], int(heap_bytes), int(bound_ms)), group)
+    from . import torch_ops
+
+    torch_ops.register()
+    return _world
+
+
+def destroy():
+    """Ends the world (collective): every rank's streams drained, then NVSHMEM finalised.
+    Symmetric tensors must not be used after it."""
+    global _world
+    if _world is not None:
+        w, _world = _world, None
+        w.finish()
+
+
+def get_world():
+    """This process's GPU world (``init()``), or None."""
+    return _world
+
+
+def _stream():
+    import torch
+
+    return torch.cuda.current_stream().cuda_stream
+
+
+def _check(what, t, ndim=None):
+    w = _need_world()
+    if not t.is_cuda or t.get_device() != w.device:
+        raise ArgumentError(f"{what}: a tensor on {t.device}; this rank's world is on cuda:{w.device}")
+    if not t.is_contiguous():
+        raise ArgumentError(f"{what}: the tensor is not contiguous (.contiguous() copies it)")
+    etype = _TORCH_ELEMENT.get(str(t.dtype))
+    if etype is None:
+        raise ArgumentError(f"{what}: tensors of {t.dtype} are not supported")
+    if ndim is not None and t.dim() != ndim:
+        raise ArgumentError(f"{what}: a tensor of {t.dim()} dimensions, {ndim} expected")
+    return w, etype
+
+
+def all_gather(x):
+    """Every rank's `x` stacked in rank order: a new tensor of ``[size, *x.shape]``."""
+    import torch
+
+    w, etype = _check("all_gather", x)
+    out = torch.empty((w.size, *x.shape), dtype=x.dtype, device=x.device)
+    w.all_gather(x.data_ptr(), out.data_ptr(), x.numel(), etype, _stream())
+    return out
+
+
+def all_reduce(x):
+    """The sum over ranks of `x`: a new tensor."""
+    import torch
+
+    w, etype = _check("all_reduce", x)
+    out = torch.empty_like(x)
+    w.all_reduce(x.data_ptr(), out.data_ptr(), x.numel(), etype, _stream())
+    return out
+
+
+def reduce_scatter(x):
+    """This rank's rows of the sum over ranks of `x` (its first dimension split evenly over the
+    ranks): a new tensor of ``[x.shape[0] // size, *x.shape[1:]]``."""
+    import torch
+
+    w, etype = _check("reduce_scatter", x)
+    if x.dim() == 0 or x.shape[0] % w.size:
+        raise ArgumentError(f"reduce_scatter: {tuple(x.shape)} does not split over {w.size} ranks by rows")
+    out = torch.empty((x.shape[0] // w.size, *x.shape[1:]), dtype=x.dtype, device=x.device)
+    w.reduce_scatter(x.data_ptr(), out.data_ptr(), x.numel(), etype, _stream())
+    return out
+
+
+def ag_gemm(a_shard, b):
+    """``all_gather(a_shard) @ b`` with the gather overlapped: `a_shard` is ``[m / size, k]``
+    (this rank's rows of A), `b` is ``[k, n]``; returns ``[m, n]``."""
+    import torch
+
+    w, etype = _check("ag_gemm", a_shard, 2)
+    _check("ag_gemm", b, 2)
+    if b.dtype != a_shard.dtype or b.shape[0] != a_shard.shape[1]:
+        raise ArgumentError(f"ag_gemm: A shard {tuple(a_shard.shape)} {a_shard.dtype} and B {tuple(b.shape)} {b.dtype}")
+    m, k, n = a_shard.shape[0] * w.size, a_shard.shape[1], b.shape[1]
+    c = torch.empty((m, n), dtype=a_shard.dtype, device=a_shard.device)
+    w.ag_gemm(a_shard.data_ptr(), b.data_ptr(), c.data_ptr(), m, n, k, etype, _stream())
+    return c
+
+
+def gemm_rs(a, b):
+    """This rank's rows of ``sum over ranks of a @ b`` with the reduction overlapped: `a` is
+    ``[m, k_r]``, `b` is ``[k_r, n]`` (K split over ranks); returns ``[m / size, n]``."""
+    import torch
+
+    w, etype = _check("gemm_rs", a, 2)
+    _check("gemm_rs", b, 2)
+    if b.dtype != a.dtype or b.shape[0] != a.shape[1]:
+        raise ArgumentError(f"gemm_rs: A {tuple(a.shape)} {a.dtype} and B {tuple(b.shape)} {b.dtype}")
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if m % w.size:
+        raise ArgumentError(f"gemm_rs: M = {m} rows do not split over {w.size} ranks")
+    out = torch.empty((m // w.size, n), dtype=a.dtype, device=a.device)
+    w.gemm_rs(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, etype, _stream())
+    return out
+
+
+def empty(shape, dtype=None):
+    """A torch tensor on the symmetric heap (collective: every rank asks for the same shapes
+    in the same order). Its memory returns to trident's pool when the tensor dies on every
+    rank (agreed at the next ``empty``), so a block is never reused while a peer may still
+    read or write it."""
+    import torch
+    import torch.distributed as dist
+
+    w = _need_world()
+    dtype = dtype or torch.get_default_dtype()
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    numel = 1
+    for s in shape:
+        numel *= s
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    # Blocks whose tensors died here and are not yet agreed on; a block is free once its
+    # tensor died on every rank (the same intersection on every rank: the same choice).
+    w.pending |= set(w.take_released())
+    pending = [None] * w.size
+    dist.all_gather_object(pending, sorted(w.pending), group=w.group)
+    everywhere = set(pending[0]).intersection(*map(set, pending[1:]))
+    w.pending -= everywhere
+    capsule = w.symmetric_empty(nbytes, sorted(everywhere))
+    raw = torch.utils.dlpack.from_dlpack(capsule)
+    return raw.view(dtype).view(shape) if numel else raw[:0].view(dtype).view(shape)
+
+
+def synchronize():
+    """Waits for this rank's trident work and raises ``KernelError`` naming a wait that timed
+    out (rank, kernel, signal); the world is unusable after one: ``destroy()`` and ``init()``."""
+    import torch
+
+    torch.cuda.synchronize()
+    _need_world().synchronize()
+
+
+__all__ = [
+    "CpuWorld",
+    "numpy_dtype",
+    "init",
+    "destroy",
+    "get_world",
+    "all_gather",
+    "all_reduce",
+    "reduce_scatter",
+    "ag_gemm",
+    "gemm_rs",
+    "empty",
+    "synchronize",
+]

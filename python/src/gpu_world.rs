@@ -1,0 +1,402 @@
+//! `trident.distributed` on NVIDIA GPUs: this process's rank of an NVSHMEM world made from a
+//! `torch.distributed` process group, the library's ops called one by one on torch tensors,
+//! and tensors on the symmetric heap.
+//!
+//! Joining: rank 0 of the group serves a rendezvous (`serve_rendezvous`) whose address the
+//! Python layer broadcasts over the group (NCCL or gloo); the world then joins as under
+//! `trident launch` (`NvshmemWorld::join_at`: everyone's verdict on CUDA and NVSHMEM, NVSHMEM's
+//! unique id from rank 0, the heap). The rank keeps one session open (`ProcessWorld::session`)
+//! until `finish`: each op is host code on the session's context, run on the calling thread.
+//!
+//! Streams: an op orders the rank's streams after torch's current stream, enqueues its kernels
+//! on them, and orders torch's stream after them (`RankCtx::follow_stream`, `join_stream`),
+//! so it runs in torch's stream order without the host waiting, and a CUDA graph captured on
+//! torch's stream captures it. Ops never synchronize: a wait that timed out is reported by
+//! `synchronize` (and the world is then unusable: init again).
+//!
+//! Buffers: each op's symmetric state (signals, epochs, double buffers) is made on the first
+//! call with a shape and kept: every rank must call the same ops with the same shapes in the
+//! same order, as for any collective. Inputs and outputs are torch tensors by address where
+//! only the rank itself touches them (AG-GEMM's A shard, B and C; GEMM-RS's A, B and output;
+//! the reduce-scatter's output); a result in a symmetric double buffer is copied into the
+//! caller's tensor by `CopyLatest`, which picks the half on the device so that a replayed graph
+//! follows the halves.
+
+use crate::errors;
+use pyo3::prelude::*;
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use trident_backend_nvidia::nvshmem_world::NvshmemWorld;
+use trident_backend_nvidia::runtime::CudaDevice;
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_core::world::RankCtx;
+use trident_gpu_runtime::world_env::WorldEnv;
+use trident_gpu_runtime::{GpuWorldOptions, RankSession};
+use trident_kernels::ag_gemm::{AgGemm, GatherMode};
+use trident_kernels::allgather::{AllGather, GatherBuffers};
+use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::epoch::{state_arg, CopyLatest};
+use trident_kernels::gemm_rs::GemmRs;
+use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
+
+/// Starts the rendezvous of a world of `size` ranks on a free port of every interface;
+/// returns the port (rank 0 of the group calls it).
+#[pyfunction]
+pub fn serve_rendezvous(size: usize) -> PyResult<u16> {
+    let server = trident_gpu_runtime::rendezvous::Server::start(
+        "0.0.0.0:0",
+        size,
+        trident_backend_nvidia::nvshmem_world::VERSION,
+    )
+    .map_err(|e| errors::backend(BackendError::Host(format!("serving the rendezvous: {e}"))))?;
+    Ok(server.addr.port())
+}
+
+/// A block of the symmetric heap handed to torch as a tensor.
+struct Block {
+    buffer: Buffer,
+    live: bool,
+}
+
+/// The symmetric blocks of `empty`: made in the same order on every rank, so a block has the
+/// same number everywhere; a block is reused only after every rank's tensor of it died.
+#[derive(Default)]
+struct Pool {
+    blocks: Vec<Block>,
+}
+
+/// Ids of blocks whose tensor died on this rank, not yet agreed on (DLPack deleters push here,
+/// from whatever thread frees the tensor).
+type Released = Arc<Mutex<Vec<u64>>>;
+
+/// This process's rank of a world of GPUs, driven from Python.
+#[pyclass(frozen, module = "trident._trident")]
+pub struct GpuWorld {
+    session: Mutex<Option<RankSession<CudaDevice>>>,
+    world: Mutex<Option<NvshmemWorld>>,
+    rank: usize,
+    size: usize,
+    device: usize,
+    provider: String,
+    /// Each op's state by op and shape.
+    ops: Mutex<HashMap<String, Box<dyn Any + Send>>>,
+    pool: Mutex<Pool>,
+    released: Released,
+    /// The failure that made the world unusable (a wait that timed out).
+    failed: Mutex<Option<String>>,
+}
+
+fn dtype(name: &str) -> PyResult<DType> {
+    DType::parse(name).ok_or_else(|| errors::argument(format!("`{name}` is not an element type")))
+}
+
+/// A caller's tensor as a buffer (by address; `name` for diagnostics).
+fn tensor(name: &str, address: u64, bytes: usize) -> Buffer {
+    Buffer { name: name.to_string(), address, bytes }
+}
+
+impl GpuWorld {
+    /// Runs `f` on the session's context, between ordering after `stream` and ordering it
+    /// after (see the file's comment).
+    fn op<T: Send>(
+        &self,
+        py: Python<'_>,
+        stream: u64,
+        f: impl FnOnce(&dyn RankCtx, &mut HashMap<String, Box<dyn Any + Send>>) -> Result<T, BackendError> + Send,
+    ) -> PyResult<T> {
+        if let Some(why) = self.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(errors::KernelError::new_err(format!(
+                "this world failed earlier ({why}): destroy it and init again"
+            )));
+        }
+        py.detach(|| {
+            let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+            let s = session.as_ref().ok_or_else(|| BackendError::Host("the world was destroyed".into()))?;
+            let ctx = s.ctx();
+            let mut ops = self.ops.lock().unwrap_or_else(|e| e.into_inner());
+            ctx.follow_stream(stream)?;
+            let r = f(ctx, &mut ops);
+            // Torch's stream follows whatever was enqueued, also after an error.
+            let joined = ctx.join_stream(stream);
+            r.and_then(|v| joined.map(|()| v))
+        })
+        .map_err(errors::backend)
+    }
+}
+
+/// The state of op `key`, made by `make` on first use.
+fn state<T: Any + Send>(
+    ops: &mut HashMap<String, Box<dyn Any + Send>>,
+    key: String,
+    make: impl FnOnce() -> Result<T, BackendError>,
+) -> Result<&mut T, BackendError> {
+    if !ops.contains_key(&key) {
+        let v = make()?;
+        ops.insert(key.clone(), Box::new(v));
+    }
+    Ok(ops.get_mut(&key).and_then(|b| b.downcast_mut::<T>()).expect("an op's state has one type per key"))
+}
+
+#[pymethods]
+impl GpuWorld {
+    /// Joins the world: this process is rank `rank` of `size` on CUDA device `device`, the
+    /// rendezvous at `rendezvous` (`host:port`), `heap_bytes` of symmetric heap per rank.
+    #[staticmethod]
+    #[pyo3(signature = (rank, size, device, rendezvous, heap_bytes, bound_ms = 60_000))]
+    fn join(
+        py: Python<'_>,
+        rank: usize,
+        size: usize,
+        device: usize,
+        rendezvous: String,
+        heap_bytes: usize,
+        bound_ms: u64,
+    ) -> PyResult<GpuWorld> {
+        let env = WorldEnv {
+            rank,
+            size,
+            local_rank: device,
+            rendezvous: Some(rendezvous),
+            hosts_rendezvous: false,
+            source: "torch.distributed",
+            bound: Duration::from_millis(bound_ms.max(1)),
+        };
+        let opts = GpuWorldOptions { heap_bytes, ..GpuWorldOptions::new(size) };
+        let (world, session) = py
+            .detach(|| {
+                let world = NvshmemWorld::join_at(env, opts)?;
+                let session = world.session()?;
+                Ok::<_, BackendError>((world, session))
+            })
+            .map_err(errors::backend)?;
+        Ok(GpuWorld {
+            rank,
+            size,
+            device: world.device_ordinal(),
+            provider: world.provider().to_string(),
+            session: Mutex::new(Some(session)),
+            world: Mutex::new(Some(world)),
+            ops: Mutex::new(HashMap::new()),
+            pool: Mutex::new(Pool::default()),
+            released: Arc::new(Mutex::new(Vec::new())),
+            failed: Mutex::new(None),
+        })
+    }
+
+    #[getter]
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    #[getter]
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    #[getter]
+    fn device(&self) -> usize {
+        self.device
+    }
+
+    #[getter]
+    fn provider(&self) -> String {
+        self.provider.clone()
+    }
+
+    /// AllGather (the in-kernel push): `out` (`size x n` elements) = every rank's `x` (`n`
+    /// elements of `dtype`), in rank order.
+    fn all_gather(&self, py: Python<'_>, x: u64, out: u64, n: usize, dtype_name: &str, stream: u64) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (w, es) = (self.size, d.size_bytes() as usize);
+        self.op(py, stream, move |ctx, ops| {
+            let bufs = state(ops, format!("allgather/{d}/{n}"), || GatherBuffers::new(ctx, d, n))?;
+            AllGather::new(d).enqueue(ctx, 0, bufs, &tensor("x", x, n * es))?;
+            let dst = tensor("out", out, w * n * es);
+            CopyLatest::new(d).enqueue(ctx, 0, &bufs.out, state_arg(&bufs.epochs, 0), &dst, w * n, w * n)
+        })
+    }
+
+    /// AllReduce (sum; one-shot up to 256 KiB per rank, two-shot above): `out` = the sum over
+    /// ranks of `x` (`n` elements of `dtype`).
+    fn all_reduce(&self, py: Python<'_>, x: u64, out: u64, n: usize, dtype_name: &str, stream: u64) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let es = d.size_bytes() as usize;
+        let algorithm = if n * es <= 256 << 10 { Algorithm::OneShot } else { Algorithm::TwoShot };
+        self.op(py, stream, move |ctx, ops| {
+            let op = AllReduce::new(d, algorithm);
+            let bufs = state(ops, format!("allreduce/{d}/{n}/{algorithm:?}"), || op.buffers(ctx, n))?;
+            op.enqueue(ctx, bufs, &tensor("x", x, n * es))?;
+            let dst = tensor("out", out, n * es);
+            CopyLatest::new(d).enqueue(ctx, 0, &bufs.out, state_arg(&bufs.epochs, 0), &dst, n, n)
+        })
+    }
+
+    /// ReduceScatter (sum, ring): `out` (`n / size` elements) = this rank's chunk of the sum
+    /// over ranks of `x` (`n` elements).
+    fn reduce_scatter(
+        &self,
+        py: Python<'_>,
+        x: u64,
+        out: u64,
+        n: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (w, es) = (self.size, d.size_bytes() as usize);
+        if n == 0 || !n.is_multiple_of(w) {
+            return Err(errors::argument(format!("reduce_scatter: {n} elements do not split evenly over {w} ranks")));
+        }
+        let chunk = n / w;
+        self.op(py, stream, move |ctx, ops| {
+            let op = ReduceScatter::new(d, ScatterAlgorithm::Ring);
+            let bufs = state(ops, format!("reduce_scatter/{d}/{chunk}"), || op.buffers(ctx, chunk))?;
+            // The result is this rank's own (only its kernel writes it): the caller's tensor.
+            let own = std::mem::replace(&mut bufs.out, tensor("out", out, chunk * es));
+            let r = op.enqueue(ctx, bufs, &tensor("x", x, n * es));
+            bufs.out = own;
+            r
+        })
+    }
+
+    /// AG-GEMM: `c` (`m x n`) = the row shards `a` (`m/size x k` on each rank) gathered, times
+    /// `b` (`k x n`), the gather overlapped with the GEMM (the in-kernel gather: replayable).
+    #[allow(clippy::too_many_arguments)]
+    fn ag_gemm(
+        &self,
+        py: Python<'_>,
+        a: u64,
+        b: u64,
+        c: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (w, es) = (self.size, d.size_bytes() as usize);
+        self.op(py, stream, move |ctx, ops| {
+            let op = AgGemm::for_world(ctx, d, GatherMode::Kernel);
+            let bufs = state(ops, format!("ag_gemm/{d}/{m}x{n}x{k}"), || op.buffers(ctx, m, n, k))?;
+            let (a, b, c) = (tensor("a", a, (m / w) * k * es), tensor("b", b, k * n * es), tensor("c", c, m * n * es));
+            op.enqueue_separated(ctx, bufs, &a, &b, &c)
+        })
+    }
+
+    /// GEMM-RS: `out` (`m/size x n`) = this rank's rows of the sum over ranks of `a @ b` (`a`
+    /// `m x k`, `b` `k x n` on each rank: K split over ranks), reduced as the tiles arrive.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_rs(
+        &self,
+        py: Python<'_>,
+        a: u64,
+        b: u64,
+        out: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (w, es) = (self.size, d.size_bytes() as usize);
+        self.op(py, stream, move |ctx, ops| {
+            let op = GemmRs::for_world(ctx, d);
+            let bufs = state(ops, format!("gemm_rs/{d}/{m}x{n}"), || op.buffers(ctx, m, n))?;
+            let (a, b, o) =
+                (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, (m / w) * n * es));
+            op.enqueue(ctx, bufs, &a, &b, &o, k)
+        })
+    }
+
+    /// Ids of this rank's symmetric blocks whose tensors died since the last call (the Python
+    /// layer gathers them from every rank before allocating).
+    fn take_released(&self) -> Vec<u64> {
+        std::mem::take(&mut *self.released.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Marks blocks free whose tensors died on every rank (`ids`: agreed by all), then returns a
+    /// DLPack capsule of a `u8` tensor of `bytes` on the symmetric heap: a free block of
+    /// exactly that size (the first, so every rank picks the same) or a new one. Collective.
+    fn symmetric_empty<'py>(&self, py: Python<'py>, bytes: usize, ids: Vec<u64>) -> PyResult<Bound<'py, PyAny>> {
+        let mut pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            if let Some(b) = pool.blocks.get_mut(id as usize) {
+                b.live = false;
+            }
+        }
+        let size = bytes.max(1).div_ceil(256) * 256;
+        let reuse = pool.blocks.iter().position(|b| !b.live && b.buffer.bytes == size);
+        let id = match reuse {
+            Some(i) => {
+                pool.blocks[i].live = true;
+                i
+            }
+            None => {
+                let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+                let s = session
+                    .as_ref()
+                    .ok_or_else(|| errors::backend(BackendError::Host("the world was destroyed".into())))?;
+                let buffer = py
+                    .detach(|| s.ctx().symm_alloc(size, &format!("symmetric_tensor{}", pool.blocks.len())))
+                    .map_err(errors::backend)?;
+                pool.blocks.push(Block { buffer, live: true });
+                pool.blocks.len() - 1
+            }
+        };
+        let b = &pool.blocks[id].buffer;
+        crate::dlpack::export_bytes(py, b.address, bytes, self.device, id as u64, self.released.clone())
+    }
+
+    /// The address `address` has on rank `peer` (a symmetric tensor's peer copy, reachable by
+    /// load and store on this node).
+    fn peer_address(&self, address: u64, peer: usize) -> PyResult<u64> {
+        let pool = self.pool.lock().unwrap_or_else(|e| e.into_inner());
+        let b = pool
+            .blocks
+            .iter()
+            .find(|b| address >= b.buffer.address && address < b.buffer.address + b.buffer.bytes as u64)
+            .ok_or_else(|| errors::argument("not a tensor of the symmetric heap (trident.distributed.empty)"))?;
+        let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+        let s = session.as_ref().ok_or_else(|| errors::argument("the world was destroyed"))?;
+        let p = s.ctx().peer(&b.buffer, peer).map_err(errors::backend)?;
+        Ok(p.address + (address - b.buffer.address))
+    }
+
+    /// Waits for this rank's streams and reports a wait of an op that timed out; the world is
+    /// unusable after one (init again).
+    fn synchronize(&self, py: Python<'_>) -> PyResult<()> {
+        let r = py.detach(|| {
+            let session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+            match session.as_ref() {
+                Some(s) => s.ctx().synchronize(),
+                None => Ok(()),
+            }
+        });
+        if let Err(e) = &r {
+            *self.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(e.to_string());
+        }
+        r.map_err(errors::backend)
+    }
+
+    /// Ends the world (collective): the session, then NVSHMEM. Symmetric tensors still alive
+    /// must not be used after it.
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let session = self.session.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let world = self.world.lock().unwrap_or_else(|e| e.into_inner()).take();
+        py.detach(|| {
+            if let Some(s) = session {
+                s.end()?;
+            }
+            match world {
+                Some(w) => w.finish(),
+                None => Ok(()),
+            }
+        })
+        .map_err(errors::backend)
+    }
+}

@@ -1,0 +1,138 @@
+"""Run by torchrun (``test_distributed_gpu.py`` starts it): trident's distributed ops on torch
+tensors against float64 references computed from every rank's inputs (gathered through gloo,
+independently of trident), fresh random inputs each call, output memory poisoned first; the
+torch ops; 100 replays of a CUDA graph of the ops; symmetric tensors; then the example
+blocks (the MLP through torch.compile). Prints one line per check and exits non-zero on a
+failure."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+import trident
+import trident.distributed as td
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+import tp_blocks  # noqa: E402
+
+dist.init_process_group("gloo")
+torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(1000 + rank)
+failures = []
+
+
+def report(name, err, tol):
+    ok = err <= tol
+    print(f"rank {rank}: {'PASS' if ok else 'FAIL'} {name}: error {err:.3e} (tolerance {tol:.1e})", flush=True)
+    if not ok:
+        failures.append(name)
+
+
+def everyone(x):
+    """Every rank's `x`, in rank order, as float64 on the host (through gloo)."""
+    parts = [torch.empty(x.shape, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(parts, x.double().cpu())
+    return parts
+
+
+def poison(shape, dtype):
+    """Leaves a NaN-filled block of this size in torch's cache: the op's output reuses it."""
+    torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def rel(got, want):
+    return (got.double().cpu() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+
+
+w = td.init()
+print(f"rank {rank}: {w!r}", flush=True)
+
+for dtype, tol in [(torch.float32, 1e-6), (torch.bfloat16, 1e-2)]:
+    for n in (1000, 300_000):
+        x = torch.randn(n, device="cuda").to(dtype)
+        xs = everyone(x)
+        poison((world, n), dtype)
+        report(f"all_gather {dtype} {n}", rel(td.all_gather(x), torch.stack(xs)), 0.0)
+        poison((n,), dtype)
+        report(f"all_reduce {dtype} {n}", rel(td.all_reduce(x), sum(xs)), tol)
+        y = torch.randn(world * 64, n // 100, device="cuda").to(dtype)
+        ys = everyone(y)
+        poison((64, n // 100), dtype)
+        report(f"reduce_scatter {dtype} {tuple(y.shape)}", rel(td.reduce_scatter(y), sum(ys).chunk(world)[rank]), tol)
+
+m, n, k = 1024, 768, 512
+for op in ("ag_gemm", "gemm_rs"):
+    for call in range(3):
+        a = torch.randn(m // world if op == "ag_gemm" else m, k, device="cuda").to(torch.bfloat16)
+        b = (torch.randn(k, n, device="cuda") / k**0.5).to(torch.bfloat16)
+        if op == "ag_gemm":
+            want = torch.cat(everyone(a)) @ b.double().cpu()
+            got = torch.ops.trident.ag_gemm(a, b)
+        else:
+            want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b))).chunk(world)[rank]
+            got = torch.ops.trident.gemm_rs(a, b)
+        report(f"torch.ops.trident.{op} {m}x{n}x{k} call {call}", rel(got, want), 1e-2)
+
+# A CUDA graph of the ops, replayed 100 times on new inputs copied into its static inputs.
+x = torch.randn(4096, device="cuda")
+a = torch.randn(m // world, k, device="cuda").to(torch.bfloat16)
+b = (torch.randn(k, n, device="cuda") / k**0.5).to(torch.bfloat16)
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    for _ in range(2):  # each op's state made before the capture
+        torch.ops.trident.all_reduce(x)
+        torch.ops.trident.ag_gemm(a, b)
+        torch.ops.trident.all_gather(x)
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+dist.barrier()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y_sum = torch.ops.trident.all_reduce(x)
+    y_ag = torch.ops.trident.ag_gemm(a, b)
+    y_all = torch.ops.trident.all_gather(x)
+worst = [0.0, 0.0, 0.0]
+for i in range(100):
+    x.copy_(torch.randn(4096, device="cuda"))
+    a.copy_(torch.randn(m // world, k, device="cuda").to(torch.bfloat16))
+    y_sum.fill_(float("nan")), y_ag.fill_(float("nan")), y_all.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    xs = everyone(x)
+    worst[0] = max(worst[0], rel(y_sum, sum(xs)))
+    worst[1] = max(worst[1], rel(y_ag, torch.cat(everyone(a)) @ b.double().cpu()))
+    worst[2] = max(worst[2], rel(y_all, torch.stack(xs)))
+report("CUDA graph x100: all_reduce", worst[0], 1e-6)
+report("CUDA graph x100: ag_gemm", worst[1], 1e-2)
+report("CUDA graph x100: all_gather", worst[2], 0.0)
+
+# Symmetric tensors: on the heap, reachable by peers; a dead one's block is reused.
+t = td.empty((4, 256), torch.float32)
+t.fill_(rank + 1)
+first = t.data_ptr()
+del t
+u = td.empty((4, 256), torch.float32)  # agreed free on every rank: the same block
+report("symmetric tensor reused after it died everywhere", float(u.data_ptr() != first), 0.0)
+v = td.empty(1000, torch.bfloat16)
+report("a second symmetric tensor is another block", float(v.data_ptr() == u.data_ptr()), 0.0)
+
+td.synchronize()
+errs = tp_blocks.check()
+report("tensor-parallel MLP block (torch.compile) vs PyTorch", errs["mlp"], 2e-2)
+report("tensor-parallel attention block vs PyTorch", errs["attention"], 2e-2)
+
+# Errors are typed.
+try:
+    td.all_reduce(torch.zeros(10))
+    failures.append("a CPU tensor was accepted")
+except trident.ArgumentError as e:
+    print(f"rank {rank}: PASS a host tensor is refused: {e}", flush=True)
+
+td.destroy()
+dist.destroy_process_group()
+print(f"rank {rank}: {'ALL PASS' if not failures else 'FAILED: ' + ', '.join(failures)}", flush=True)
+sys.exit(1 if failures else 0)
