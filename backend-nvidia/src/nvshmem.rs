@@ -52,6 +52,9 @@ type Pe = unsafe extern "C" fn() -> c_int;
 type VersionInfo = unsafe extern "C" fn(*mut c_int, *mut c_int, *mut c_int);
 type CumoduleInit = unsafe extern "C" fn(*mut c_void) -> c_int;
 
+/// `dlopen`'s flag that only looks for a library already loaded.
+const RTLD_NOLOAD: std::ffi::c_int = 0x4;
+
 /// The loaded host library.
 pub struct Nvshmem {
     _lib: libloading::Library,
@@ -68,6 +71,8 @@ pub struct Nvshmem {
     my_pe: Pe,
     n_pes: Pe,
     cumodule_init: CumoduleInit,
+    /// `nvshmemx_init_status`, where the library has it.
+    init_status: Option<Pe>,
 }
 
 /// Where the host library may be, in search order (existing files and bare names to hand to
@@ -109,9 +114,40 @@ pub fn candidates(var: &dyn Fn(&str) -> Option<String>) -> Vec<PathBuf> {
 }
 
 impl Nvshmem {
-    /// Loads the host library from the first of [`candidates`] that loads.
+    /// The host library this process has loaded already (torch loads it for its symmetric
+    /// memory), else the first of [`candidates`] that loads: one process never holds two
+    /// NVSHMEMs.
     pub fn open() -> Result<Nvshmem, NvshmemError> {
+        // SAFETY: RTLD_NOLOAD loads nothing: it returns the library if the process has it.
+        let loaded = unsafe {
+            libloading::os::unix::Library::open(
+                Some(HOST_LIBRARY),
+                libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL | RTLD_NOLOAD,
+            )
+        };
+        if let Ok(lib) = loaded {
+            return Self::bind(
+                libloading::Library::from(lib),
+                PathBuf::from(format!("{HOST_LIBRARY} (already loaded)")),
+            );
+        }
         Self::open_from(&candidates(&|k| std::env::var(k).ok()))
+    }
+
+    /// Whether NVSHMEM is initialised in this process already (by torch, or another library):
+    /// then it is used as it is, not initialised again.
+    pub fn initialized(&self) -> bool {
+        // SAFETY: a plain query, valid before and after init.
+        let status = self.init_status.map_or(0, |f| unsafe { f() });
+        // NVSHMEM_STATUS_IS_INITIALIZED (2), LIMITED_MPG, FULL_MPG; INVALID is INT_MAX.
+        (2..=4).contains(&status)
+    }
+
+    /// This PE and the number of PEs (after init).
+    pub fn pe(&self) -> (usize, usize) {
+        // SAFETY: plain queries after init.
+        let (me, n) = unsafe { ((self.my_pe)(), (self.n_pes)()) };
+        (me.max(0) as usize, n.max(0) as usize)
     }
 
     /// Loads the first of `list` that loads: a path that exists and does not load as an
@@ -175,6 +211,8 @@ impl Nvshmem {
             my_pe: sym!("nvshmem_my_pe"),
             n_pes: sym!("nvshmem_n_pes"),
             cumodule_init: sym!("nvshmemx_cumodule_init"),
+            // SAFETY: the symbol's type is the one NVSHMEM 3's headers declare for it.
+            init_status: unsafe { lib.get::<Pe>(b"nvshmemx_init_status\0") }.ok().map(|f| *f),
             _lib: lib,
             path,
             version,

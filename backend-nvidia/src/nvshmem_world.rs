@@ -33,6 +33,8 @@ pub struct NvshmemWorld {
     nvshmem: Arc<Nvshmem>,
     heap: u64,
     device_ordinal: usize,
+    /// NVSHMEM was initialised by someone else in this process (not finalised here).
+    borrowed: bool,
 }
 
 impl std::fmt::Debug for NvshmemWorld {
@@ -103,12 +105,27 @@ impl NvshmemWorld {
         let here = format!("{} {}", host_name(), device.ordinal());
         let places = client.all_gather("placement", here.as_bytes()).map_err(host)?;
         let sharing = places.iter().filter(|p| p.as_slice() == here.as_bytes()).count() as u32;
-        let id = if env.rank == 0 { nvshmem.unique_id().map_err(host)?.to_vec() } else { Vec::new() };
+        // NVSHMEM initialised in this process already (torch's symmetric memory): used as it
+        // is, if its PEs are this world's ranks; every rank must find the same.
+        let borrowed = nvshmem.initialized();
+        let flags = client.all_gather("nvshmem_borrowed", &[borrowed as u8]).map_err(host)?;
+        if let Some(r) = flags.iter().position(|f| f.as_slice() != [borrowed as u8]) {
+            return Err(host(format!(
+                "rank {r} {} NVSHMEM initialised already and rank {} {}: initialise it in every process or in none",
+                if borrowed { "has not" } else { "has" },
+                env.rank,
+                if borrowed { "has" } else { "has not" }
+            )));
+        }
+        if borrowed && nvshmem.pe() != (env.rank, env.size) {
+            let (pe, n) = nvshmem.pe();
+            return Err(host(format!(
+                "NVSHMEM was initialised in this process as PE {pe} of {n}, but this is rank {} of {}",
+                env.rank, env.size
+            )));
+        }
+        let id = if env.rank == 0 && !borrowed { nvshmem.unique_id().map_err(host)?.to_vec() } else { Vec::new() };
         let ids = client.all_gather("nvshmem_unique_id", &id).map_err(host)?;
-        let id: [u8; UNIQUE_ID_BYTES] = ids[0]
-            .as_slice()
-            .try_into()
-            .map_err(|_| host(format!("rank 0 sent a unique id of {} bytes", ids[0].len())))?;
         device.current()?;
         // NVLink multicast stays off (the project's rule, `DESIGN.md`): NVSHMEM reads this at
         // init; a value the user set is kept.
@@ -117,7 +134,13 @@ impl NvshmemWorld {
             // the environment while a world is joined.
             unsafe { std::env::set_var("NVSHMEM_DISABLE_NVLS", "1") };
         }
-        nvshmem.init(env.rank, env.size, &id).map_err(host)?;
+        if !borrowed {
+            let id: [u8; UNIQUE_ID_BYTES] = ids[0]
+                .as_slice()
+                .try_into()
+                .map_err(|_| host(format!("rank 0 sent a unique id of {} bytes", ids[0].len())))?;
+            nvshmem.init(env.rank, env.size, &id).map_err(host)?;
+        }
         let nvshmem = Arc::new(nvshmem);
         // Modules whose communication is at inter-node scope call NVSHMEM's device functions:
         // linked with the shim, registered with NVSHMEM once loaded.
@@ -148,7 +171,7 @@ impl NvshmemWorld {
         let heap_desc = SymmetricHeap { bases, bytes, provider: format!("NVSHMEM {}", nvshmem.version) };
         let device_ordinal = device.ordinal();
         let world = ProcessWorld::new(device, env.rank, sharing, heap_desc, client, opts)?;
-        Ok(NvshmemWorld { world, nvshmem, heap, device_ordinal })
+        Ok(NvshmemWorld { world, nvshmem, heap, device_ordinal, borrowed })
     }
 
     pub fn rank(&self) -> usize {
@@ -189,12 +212,14 @@ impl NvshmemWorld {
     /// NVSHMEM's own collective teardown, which cannot time out and so never starts while a
     /// rank may be dead. Dropping without `finish` leaves NVSHMEM to the process's exit.
     pub fn finish(self) -> Result<(), BackendError> {
-        let NvshmemWorld { world, nvshmem, heap, .. } = self;
+        let NvshmemWorld { world, nvshmem, heap, borrowed, .. } = self;
         world.all_gather("finish", &[])?;
         // Trident's own buffers go before NVSHMEM does.
         drop(world);
         nvshmem.free(heap);
-        nvshmem.finalize();
+        if !borrowed {
+            nvshmem.finalize();
+        }
         Ok(())
     }
 }
