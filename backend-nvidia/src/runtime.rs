@@ -475,6 +475,7 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         check_launch(kernel, grid, args, u64::MAX)?;
         let hidden = self.hidden.args(self, opts.wait_bound)?;
+        self.hidden.note_kernel(&kernel.kernel);
         self.launch_on(stream, kernel, grid, args, &hidden, 1)
     }
 

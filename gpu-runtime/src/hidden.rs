@@ -13,6 +13,10 @@ use trident_core::backend::{BackendError, Buffer, Device};
 pub struct HiddenBuffers {
     /// Heap-base table, diagnostics record, `barrier_all` words.
     made: Mutex<Option<[Buffer; 3]>>,
+    /// The kernels launched with these buffers, by `diag::kernel_tag`: a record checked long
+    /// after the launch (launches from Python are checked when the application synchronizes)
+    /// names the kernel that recorded it.
+    kernels: Mutex<std::collections::HashMap<u64, String>>,
 }
 
 impl HiddenBuffers {
@@ -47,6 +51,15 @@ impl HiddenBuffers {
         })
     }
 
+    /// Notes that `kernel` is launched with these buffers (see `kernels`).
+    pub fn note_kernel(&self, kernel: &str) {
+        let tag = diag::kernel_tag(kernel);
+        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+        if !k.contains_key(&tag) {
+            k.insert(tag, kernel.to_string());
+        }
+    }
+
     /// After the launches completed: the error of a timed-out wait, if one was recorded (and the
     /// record and the barrier words are reset for the next launch).
     pub fn check(
@@ -59,7 +72,11 @@ impl HiddenBuffers {
         let Some([_, d, barrier]) = self.made.lock().unwrap_or_else(|e| e.into_inner()).clone() else { return Ok(()) };
         let mut raw = vec![0u8; d.bytes];
         dev.read(&d, 0, &mut raw)?;
-        let r = wait_error(&raw, bound, &|_| kernel.to_string(), &|a| names.describe_word(a));
+        let named = |tag| {
+            let k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
+            k.get(&tag).cloned().unwrap_or_else(|| kernel.to_string())
+        };
+        let r = wait_error(&raw, bound, &named, &|a| names.describe_word(a));
         if r.is_err() {
             dev.write(&d, 0, &vec![0u8; d.bytes])?;
             dev.write(&barrier, 0, &[0u8; 16])?;
