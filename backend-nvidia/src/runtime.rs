@@ -43,6 +43,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "cuModuleLoadData",
     "cuModuleLoadDataEx",
     "cuModuleGetFunction",
+    "cuFuncLoad",
     "cuModuleUnload",
     "cuFuncSetAttribute",
     "cuLaunchKernel",
@@ -51,6 +52,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "cuStreamCreate",
     "cuStreamDestroy_v2",
     "cuStreamQuery",
+    "cuStreamWaitEvent",
     "cuStreamWaitValue64_v2",
     "cuStreamWriteValue64_v2",
     "cuEventCreate",
@@ -431,6 +433,12 @@ impl CudaDevice {
         let entry = CString::new(module.entry.clone()).unwrap_or_default();
         // SAFETY: `m` was just loaded and `entry` names a `.visible .entry` of it.
         let f = unsafe { result::module::get_function(m, entry) }.map_err(|e| fail("cuModuleGetFunction", e))?;
+        // Loaded now even where the context loads lazily (a context torch created: trident
+        // asks for eager loading only when it creates the context itself): a lazy load
+        // cannot happen while another kernel spins (`probes/loopback-signals`), and the first
+        // launch of a kernel may come while one of trident's waits spins.
+        // SAFETY: `f` is a function of the module just loaded.
+        unsafe { sys::cuFuncLoad(f) }.result().map_err(|e| fail("cuFuncLoad", e))?;
         if module.shared_bytes > 48 << 10 {
             // SAFETY: `f` is a function of the module just loaded.
             unsafe {

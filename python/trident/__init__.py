@@ -17,8 +17,17 @@ world of ranks.
 """
 
 import os
+import sys
 
 import numpy as np
+
+# Every hardware queue CUDA allows, asked for before the process's CUDA context exists (torch
+# creates it later, at its first CUDA call): a world's streams each need a queue of their own,
+# or a stream that waits can block one that signals behind it. A value the user set is kept.
+if "CUDA_DEVICE_MAX_CONNECTIONS" not in os.environ:
+    _torch = sys.modules.get("torch")
+    if _torch is None or not _torch.cuda.is_initialized():
+        os.environ["CUDA_DEVICE_MAX_CONNECTIONS"] = "32"
 
 from . import _trident
 from ._trident import (
