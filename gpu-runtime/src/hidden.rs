@@ -54,10 +54,7 @@ impl HiddenBuffers {
     /// Notes that `kernel` is launched with these buffers (see `kernels`).
     pub fn note_kernel(&self, kernel: &str) {
         let tag = diag::kernel_tag(kernel);
-        let mut k = self.kernels.lock().unwrap_or_else(|e| e.into_inner());
-        if !k.contains_key(&tag) {
-            k.insert(tag, kernel.to_string());
-        }
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner()).entry(tag).or_insert_with(|| kernel.to_string());
     }
 
     /// After the launches completed: the error of a timed-out wait, if one was recorded (and the
