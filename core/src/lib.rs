@@ -11,6 +11,7 @@ pub mod abi;
 pub mod backend;
 pub mod builder;
 pub mod capture;
+pub mod fp8;
 pub mod ir;
 pub mod math;
 pub mod simt;
