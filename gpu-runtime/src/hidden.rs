@@ -40,15 +40,16 @@ impl HiddenBuffers {
 
     /// The hidden parameters of a launch of one rank alone on `dev`.
     pub fn args(&self, dev: &dyn Device, wait_bound: Duration) -> Result<HiddenArgs, BackendError> {
-        let [table, d, barrier] = self.buffers(dev)?;
-        Ok(HiddenArgs {
-            rank: 0,
-            ranks: 1,
-            heap_bases: table.address,
-            diag: d.address,
-            wait_bound,
-            barrier: barrier.address,
-        })
+        // Made once; then only their addresses are read (a launch from Python pays for this).
+        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        let [table, d, barrier] = match made.as_ref() {
+            Some([t, d, b]) => [t.address, d.address, b.address],
+            None => {
+                drop(made);
+                self.buffers(dev)?.map(|b| b.address)
+            }
+        };
+        Ok(HiddenArgs { rank: 0, ranks: 1, heap_bases: table, diag: d, wait_bound, barrier })
     }
 
     /// Notes that `kernel` is launched with these buffers (see `kernels`).

@@ -69,16 +69,33 @@ def main():
     errs = [torch.max(torch.abs(o.double() - want)).item() for o in (out_t, out_r)]
     assert max(errs) <= 1e-5, errs
 
+    raw_stream = torch._C._cuda_getCurrentRawStream
+
+    def torch_reads():
+        # What the launcher reads of the arguments, as Python code.
+        for t in (x, out_t):
+            t.dtype, t.get_device(), t.is_contiguous(), t.data_ptr()
+        raw_stream(0)
+
     cases = {
         "trident k[grid](x, out, n)": lambda: k[1](x, out_t, n),
         "trident launcher(x, out, n) (k[grid] kept)": lambda: launch_trident(x, out_t, n),
         "triton kernel[grid](x, out, n, BLOCK=256)": lambda: gelu_triton[(1,)](x, out_r, n, BLOCK=256),
+        # Where trident's time goes:
+        "  of which: reading the arguments (no launch)": lambda: launch_trident._prepare(x, out_t, n),
+        "  the same reads as Python code": torch_reads,
     }
     results = {}
     for name, launch in cases.items():
         med, best = per_launch_us(launch)
         results[name] = {"median_us": round(med, 3), "min_us": round(best, 3)}
         print(f"{name:48s} {med:8.2f} us per launch (min {best:.2f})")
+    # Launches enqueued from Rust with the arguments read once: trident's Rust and the driver.
+    batch = 200
+    med, best = per_launch_us(lambda: launch_trident._repeat(batch, x, out_t, n), batches=50, batch=1)
+    name = "  of which: trident's Rust + cuLaunchKernel"
+    results[name] = {"median_us": round(med / batch, 3), "min_us": round(best / batch, 3)}
+    print(f"{name:48s} {med / batch:8.2f} us per launch (min {best / batch:.2f})")
     t, r = results["trident k[grid](x, out, n)"]["median_us"], results["triton kernel[grid](x, out, n, BLOCK=256)"]["median_us"]
     print(f"trident / triton: {t / r:.3f} (goal: at most 1/3)")
     report = {

@@ -3,9 +3,9 @@
 //! torch's primary context, without a copy and without waiting.
 //!
 //! What a launch costs is what this file does: per tensor, its type compared with
-//! `torch.Tensor`, its dtype compared by identity with torch's dtype objects, `is_cuda`,
-//! `is_contiguous()`, `data_ptr()` and `get_device()`; then torch's raw current stream and one
-//! `cuLaunchKernel`. Everything else (the kernel's signature, the torch objects) is looked up
+//! `torch.Tensor`, its dtype compared by identity with torch's dtype objects, `get_device()`
+//! (-1 on the host), `is_contiguous()` and `data_ptr()`; then torch's raw current stream and
+//! one `cuLaunchKernel`. Everything else (the kernel's signature, the torch objects) is looked up
 //! once.
 //!
 //! Waits: a kernel's bounded waits still time out on the device; what they record is reported
@@ -120,7 +120,9 @@ impl Kernel {
         if !given.is_some_and(|g| fits(g, d)) {
             return Err(self.bad(name, d, format!("was given a tensor of {dtype}")));
         }
-        if !a.getattr(intern!(py, "is_cuda"))?.is_truthy()? {
+        // `get_device()` is -1 for a host tensor: no separate `is_cuda` read.
+        let device: i64 = a.call_method0(intern!(py, "get_device"))?.extract()?;
+        if device < 0 {
             let device = a.getattr(intern!(py, "device"))?;
             return Err(self.bad(
                 name,
@@ -136,7 +138,6 @@ impl Kernel {
             ));
         }
         let address: u64 = a.call_method0(intern!(py, "data_ptr"))?.extract()?;
-        let device: i64 = a.call_method0(intern!(py, "get_device"))?.extract()?;
         Ok(DevicePtr { address, device })
     }
 
@@ -215,6 +216,17 @@ impl Kernel {
 
     /// Launches on the caller's current stream and returns at once (see the file's comment).
     pub(crate) fn launch_gpu(&self, py: Python<'_>, grid: [u32; 3], args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let (dev, stream, kargs) = self.prepare(py, args)?;
+        let opts = launch_options();
+        dev.enqueue_on(stream, &self.art, grid, &kargs, opts).map_err(errors::backend)?;
+        if sync_launches() {
+            py.detach(|| dev.finish_on(stream, &self.art.kernel, opts)).map_err(errors::backend)?;
+        }
+        Ok(())
+    }
+
+    /// The device, torch's current stream and the kernel arguments of a launch with `args`.
+    fn prepare(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<(Arc<CudaDevice>, u64, Vec<KernelArg>)> {
         let params = &self.func.params;
         if args.len() != params.len() {
             return Err(errors::argument(format!(
@@ -267,13 +279,14 @@ impl Kernel {
             Some(t) => t.raw_stream.bind(py).call1((index,))?.extract()?,
             None => 0,
         };
-        let opts = LaunchOptions::default();
-        dev.enqueue_on(stream, &self.art, grid, &kargs, &opts).map_err(errors::backend)?;
-        if sync_launches() {
-            py.detach(|| dev.finish_on(stream, &self.art.kernel, &opts)).map_err(errors::backend)?;
-        }
-        Ok(())
+        Ok((dev, stream, kargs))
     }
+}
+
+/// The options of launches from Python, read once (the wait bound comes from the environment).
+fn launch_options() -> &'static LaunchOptions {
+    static OPTS: OnceLock<LaunchOptions> = OnceLock::new();
+    OPTS.get_or_init(LaunchOptions::default)
 }
 
 /// The process's CUDA device `index` (torch's primary context: the same one).
@@ -294,6 +307,24 @@ impl Launcher {
     #[pyo3(signature = (*args))]
     fn __call__(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<()> {
         self.kernel.get().launch_gpu(py, self.grid, args)
+    }
+
+    /// Profiling: the arguments read once, then `n` launches enqueued from Rust; what a launch
+    /// costs without Python's part (`python/bench/launch_overhead.py` subtracts).
+    #[pyo3(signature = (n, *args))]
+    fn _repeat(&self, py: Python<'_>, n: usize, args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        let k = self.kernel.get();
+        let (dev, stream, kargs) = k.prepare(py, args)?;
+        for _ in 0..n {
+            dev.enqueue_on(stream, &k.art, self.grid, &kargs, launch_options()).map_err(errors::backend)?;
+        }
+        Ok(())
+    }
+
+    /// Profiling: reads the arguments as a launch does, without launching.
+    #[pyo3(signature = (*args))]
+    fn _prepare(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<()> {
+        self.kernel.get().prepare(py, args).map(|_| ())
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
