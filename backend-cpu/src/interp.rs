@@ -983,6 +983,7 @@ pub(crate) fn cast(x: &Val, to: DType) -> Data {
     };
     match to {
         DType::F64 => Data::D(as_f64),
+        t if t.is_fp8() => Data::F(as_f64.iter().map(|&a| round_f64(t, a) as f32).collect()),
         t if t.is_float() => Data::F(as_f64.iter().map(|&a| round_f(t, a as f32)).collect()),
         t => Data::I(as_f64.iter().map(|&a| f64_to_int(t, a)).collect()),
     }

@@ -80,13 +80,25 @@ pub fn round_f(d: DType, x: f32) -> f32 {
     match d {
         DType::F16 => f16::from_f32(x).to_f32(),
         DType::BF16 => bf16::from_f32(x).to_f32(),
+        DType::F8E4M3FN | DType::F8E5M2 => round_f64(d, x as f64) as f32,
         _ => x,
+    }
+}
+
+/// Rounds an f64 to an 8-bit float's value (`trident_core::fp8`: nearest even, saturating), in
+/// one step: an f64 is not rounded to f32 first, which could land on a tie of the 8-bit
+/// format and round twice.
+#[inline]
+pub fn round_f64(d: DType, x: f64) -> f64 {
+    match d.fp8() {
+        Some(f) => f.decode(f.encode(x)),
+        None => x,
     }
 }
 
 /// Rounds every element in place to `d`'s precision (no-op for f32).
 pub fn round_all(d: DType, v: &mut [f32]) {
-    if matches!(d, DType::F16 | DType::BF16) {
+    if matches!(d, DType::F16 | DType::BF16) || d.is_fp8() {
         for x in v {
             *x = round_f(d, *x);
         }
@@ -145,6 +157,7 @@ pub fn from_bits(d: DType, b: u64) -> Elt {
     match d {
         DType::F16 => Elt::F(f16::from_bits(b as u16).to_f32()),
         DType::BF16 => Elt::F(bf16::from_bits(b as u16).to_f32()),
+        DType::F8E4M3FN | DType::F8E5M2 => Elt::F(d.fp8().map_or(0.0, |f| f.decode(b as u8)) as f32),
         DType::F32 => Elt::F(f32::from_bits(b as u32)),
         DType::F64 => Elt::D(f64::from_bits(b)),
         DType::I1 => Elt::I((b != 0) as i64),
@@ -157,6 +170,7 @@ pub fn f32_bits(d: DType, x: f32) -> u64 {
     match d {
         DType::F16 => f16::from_f32(x).to_bits() as u64,
         DType::BF16 => bf16::from_f32(x).to_bits() as u64,
+        DType::F8E4M3FN | DType::F8E5M2 => d.fp8().map_or(0, |f| f.encode(x as f64)) as u64,
         _ => x.to_bits() as u64,
     }
 }
@@ -186,6 +200,7 @@ pub fn empty_for(elem: Elem, n: usize) -> Data {
 pub fn literal(lit: Literal, d: DType) -> Data {
     match d {
         DType::F64 => Data::D(vec![lit.as_f64()]),
+        d if d.is_fp8() => Data::F(vec![round_f64(d, lit.as_f64()) as f32]),
         d if d.is_float() => Data::F(vec![round_f(d, lit.as_f64() as f32)]),
         d => Data::I(vec![norm_i(
             d,

@@ -210,3 +210,47 @@ fn while_loop_and_compare_and_swap() {
     assert_eq!(i64::from_le_bytes(bytes) as usize, host_steps);
     assert_eq!(read_i32(dev.as_ref(), &w), vec![9, 7, 9]);
 }
+
+/// `dot` of FP8 tiles (every code but NaN, in random order) with an f32 accumulator, against
+/// float64 on the host: FP8 products are exact in f32, so only the f32 summation rounds.
+#[test]
+fn fp8_dot_accumulates_in_f32() {
+    for d in [DType::F8E4M3FN, DType::F8E5M2] {
+        let f = d.fp8().unwrap();
+        let (m, k, n) = (16u32, 64u32, 16u32);
+        let b = KernelBuilder::new("fp8_dot", LaunchAttrs::default());
+        let (pa, pb, pc) = (b.arg_ptr("a", d), b.arg_ptr("b", d), b.arg_ptr("c", DType::F32));
+        let idx = |rows: u32, cols: u32| {
+            b.arange(0, rows as i64).expand_dims(1) * cols as i32 + b.arange(0, cols as i64).expand_dims(0)
+        };
+        let ta = b.load(pa + idx(m, k), None, None);
+        let tb = b.load(pb + idx(k, n), None, None);
+        let acc = b.dot(ta, tb, b.zeros(&[m, n], DType::F32), InputPrecision::Ieee);
+        b.store(pc + idx(m, n), acc, None);
+        let func = b.finish().unwrap();
+        let backend = CpuBackend;
+        let art = backend.compile(&func, None).unwrap();
+        let dev = backend.open_device(0).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+        let finite: Vec<u8> = (0..=255u8).filter(|&c| f.decode(c).is_finite()).collect();
+        let mut codes = |len: usize| -> Vec<u8> { (0..len).map(|_| finite[rng.gen_range(0..finite.len())]).collect() };
+        let (a, bb) = (codes((m * k) as usize), codes((k * n) as usize));
+        let (ba, bbuf) = (dev.alloc(a.len(), "a").unwrap(), dev.alloc(bb.len(), "b").unwrap());
+        dev.write(&ba, 0, &a).unwrap();
+        dev.write(&bbuf, 0, &bb).unwrap();
+        let c = upload(dev.as_ref(), "c", &vec![f32::NAN; (m * n) as usize]);
+        dev.launch(&art, [1, 1, 1], &[ba.arg(), bbuf.arg(), c.arg()], &LaunchOptions::default()).unwrap();
+        let got = read_f32(dev.as_ref(), &c);
+        for i in 0..m as usize {
+            for j in 0..n as usize {
+                let terms: Vec<f64> = (0..k as usize)
+                    .map(|kk| f.decode(a[i * k as usize + kk]) * f.decode(bb[kk * n as usize + j]))
+                    .collect();
+                let want: f64 = terms.iter().sum();
+                let scale: f64 = terms.iter().map(|t| t.abs()).sum();
+                let g = got[i * n as usize + j] as f64;
+                assert!((g - want).abs() <= k as f64 * f32::EPSILON as f64 * scale, "{d} [{i},{j}]: {g} vs {want}");
+            }
+        }
+    }
+}

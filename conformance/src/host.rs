@@ -13,6 +13,9 @@ pub fn encode(values: &[f64], d: DType) -> Vec<u8> {
             DType::BF16 => out.extend(bf16::from_f64(v).to_le_bytes()),
             DType::F32 => out.extend((v as f32).to_le_bytes()),
             DType::F64 => out.extend(v.to_le_bytes()),
+            DType::F8E4M3FN | DType::F8E5M2 => {
+                out.push(crate::ops::values::encode(crate::ops::values::V::F(v), d) as u8)
+            }
             DType::I1 | DType::I8 | DType::U8 => out.push(v as i64 as u8),
             DType::I16 | DType::U16 => out.extend((v as i64 as u16).to_le_bytes()),
             DType::I32 | DType::U32 => out.extend((v as i64 as u32).to_le_bytes()),
@@ -32,6 +35,7 @@ pub fn decode(bytes: &[u8], d: DType) -> Vec<f64> {
             DType::BF16 => bf16::from_le_bytes([c[0], c[1]]).to_f64(),
             DType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64,
             DType::F64 => f64::from_le_bytes(c.try_into().unwrap_or([0; 8])),
+            DType::F8E4M3FN | DType::F8E5M2 => crate::ops::values::decode(c[0] as u64, d).f(),
             DType::I8 => c[0] as i8 as f64,
             DType::I1 | DType::U8 => c[0] as f64,
             DType::I16 => i16::from_le_bytes([c[0], c[1]]) as f64,

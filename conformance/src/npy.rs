@@ -1,7 +1,8 @@
 //! NumPy `.npy` files (format 1.0, one dimension, little-endian) for `trident run`'s buffers.
 //!
 //! Element types map to NumPy's: `i1` is `|b1`, `i8` `|i1`, `u8` `|u1`, `f16` `<f2`, .. NumPy
-//! has no bf16: bf16 buffers are written as `<f4` (exactly) and read from `<f4` (rounded).
+//! has no bf16 or FP8: their buffers are written as `<f4` (exactly) and read from `<f4`
+//! (rounded as a cast does).
 
 use crate::ops::values::{decode, encode, V};
 use trident_core::ir::DType;
@@ -19,7 +20,7 @@ pub fn descr(d: DType) -> &'static str {
         DType::I64 => "<i8",
         DType::U64 => "<u8",
         DType::F16 => "<f2",
-        DType::BF16 | DType::F32 => "<f4",
+        DType::BF16 | DType::F32 | DType::F8E4M3FN | DType::F8E5M2 => "<f4",
         DType::F64 => "<f8",
     }
 }
@@ -32,6 +33,8 @@ pub fn write(d: DType, device_bytes: &[u8]) -> Vec<u8> {
             .chunks_exact(2)
             .flat_map(|c| (half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).to_le_bytes())
             .collect()
+    } else if d.is_fp8() {
+        device_bytes.iter().flat_map(|&b| (decode(b as u64, d).f() as f32).to_le_bytes()).collect()
     } else {
         device_bytes.to_vec()
     };
@@ -84,13 +87,15 @@ pub fn read(d: DType, file: &[u8]) -> Result<Vec<u8>, String> {
     if norm(descr_val) != norm(want) {
         return Err(format!("holds `{descr_val}`, the parameter needs `{want}` ({d})"));
     }
-    let size = if d == DType::BF16 { 4 } else { d.size_bytes() as usize };
+    let widened = d == DType::BF16 || d.is_fp8();
+    let size = if widened { 4 } else { d.size_bytes() as usize };
     let data = file.get(start + hlen..start + hlen + n * size).ok_or("fewer elements than the shape says")?;
-    Ok(if d == DType::BF16 {
+    Ok(if widened {
         data.chunks_exact(4)
             .flat_map(|c| {
                 let f = f32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f64;
-                (encode(V::F(f), DType::BF16) as u16).to_le_bytes()
+                let bits = encode(V::F(f), d);
+                bits.to_le_bytes()[..d.size_bytes() as usize].to_vec()
             })
             .collect()
     } else {

@@ -177,9 +177,13 @@ pub fn ulps(y: f64, r: f64, d: DType) -> u64 {
             DType::F16 => half::f16::from_f64(crate::ops::values::round_to(x, d)).to_bits() as i16 as i128,
             DType::BF16 => half::bf16::from_f64(crate::ops::values::round_to(x, d)).to_bits() as i16 as i128,
             DType::F32 => (x as f32).to_bits() as i32 as i128,
+            DType::F8E4M3FN | DType::F8E5M2 => {
+                crate::ops::values::encode(crate::ops::values::V::F(x), d) as u8 as i8 as i128
+            }
             _ => x.to_bits() as i64 as i128,
         };
         let width: u32 = match d {
+            DType::F8E4M3FN | DType::F8E5M2 => 8,
             DType::F16 | DType::BF16 => 16,
             DType::F32 => 32,
             _ => 64,

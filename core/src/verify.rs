@@ -315,6 +315,18 @@ impl<'a> Verifier<'a> {
         Ok(())
     }
 
+    /// FP8 values are stored, loaded, converted and multiplied by `dot`, never computed on:
+    /// no GPU has FP8 arithmetic outside its tensor cores.
+    fn no_fp8_arithmetic(&self, op: &str, role: &'static str, d: DType, t: &Type) -> VResult {
+        if d.is_fp8() {
+            return self.fail(
+                role,
+                format!("`{op}` on `{t}`: FP8 values have no arithmetic; cast them to f16, bf16 or f32 first"),
+            );
+        }
+        Ok(())
+    }
+
     fn check_op(&mut self, kind: &OpKind, results: &[Value]) -> VResult {
         match kind {
             OpKind::Const(lit) => {
@@ -382,6 +394,7 @@ impl<'a> Verifier<'a> {
             }
             OpKind::Unary { op, x } => {
                 let (d, xt) = self.num("x", *x)?;
+                self.no_fp8_arithmetic(&op.to_string(), "x", d, xt)?;
                 if op.float_only() && !d.is_float() {
                     return self.fail("x", format!("`{op}` needs a float operand, found `{xt}`"));
                 }
@@ -392,6 +405,7 @@ impl<'a> Verifier<'a> {
             }
             OpKind::Binary { op, lhs, rhs } => {
                 let (d, lt) = self.num("lhs", *lhs)?;
+                self.no_fp8_arithmetic(&op.to_string(), "lhs", d, lt)?;
                 let rt = self.ty(*rhs)?;
                 if lt != rt {
                     return self.fail("rhs", format!("type `{rt}` differs from lhs `{lt}`"));
@@ -406,6 +420,9 @@ impl<'a> Verifier<'a> {
             }
             OpKind::Cmp { lhs, rhs, .. } => {
                 let (lt, rt) = (self.ty(*lhs)?, self.ty(*rhs)?);
+                if let Some(d) = lt.dtype() {
+                    self.no_fp8_arithmetic("cmp", "lhs", d, lt)?;
+                }
                 if lt != rt || lt.elem == Elem::Token {
                     return self.fail("rhs", format!("cannot compare `{lt}` with `{rt}`"));
                 }
@@ -441,7 +458,8 @@ impl<'a> Verifier<'a> {
                 self.results_are(results, std::slice::from_ref(pt))?;
             }
             OpKind::Reduce { op, axis, x } => {
-                let (_, xt) = self.num("x", *x)?;
+                let (d, xt) = self.num("x", *x)?;
+                self.no_fp8_arithmetic(&format!("reduce {op}"), "x", d, xt)?;
                 if *axis as usize >= xt.shape.len() {
                     return self.fail("axis", format!("axis {axis} is out of range for `{xt}`"));
                 }
@@ -472,6 +490,7 @@ impl<'a> Verifier<'a> {
                     DType::F32 => dc == DType::F32,
                     DType::F64 => dc == DType::F64,
                     DType::I8 | DType::U8 => dc == DType::I32,
+                    DType::F8E4M3FN | DType::F8E5M2 => dc == DType::F32,
                     _ => false,
                 };
                 if !acc_ok {

@@ -162,3 +162,45 @@ fn dot_shapes_and_precision_are_checked() {
         verify_error(&src.replace("tile<16x32xf16>", "tile<16x16xf16>").replace("precision ieee", "precision tf32"));
     assert!(e.to_string().contains("f32 inputs only"), "{e}");
 }
+
+/// A kernel that quantizes f32 to FP8 and multiplies FP8 tiles with `dot` (f32 accumulator).
+const FP8: &str = "kernel @quant(%x: !ptr<f32>, %q: !ptr<f8e4m3fn>, %b: !ptr<f8e5m2>) attributes {warps = 4, stages = 2, cooperative = false} {
+  %0 = arange 0, 16 : tile<16xi32>
+  %1 = splat %x : tile<16x!ptr<f32>>
+  %2 = addptr %1, %0 : tile<16x!ptr<f32>>
+  %3 = load %2 : tile<16xf32>
+  %4 = cast %3 : tile<16xf8e4m3fn>
+  %5 = splat %q : tile<16x!ptr<f8e4m3fn>>
+  %6 = addptr %5, %0 : tile<16x!ptr<f8e4m3fn>>
+  store %6, %4
+  %7 = reshape %4 : tile<4x4xf8e4m3fn>
+  %8 = const 0.0 : f32
+  %9 = splat %8 : tile<4x4xf32>
+  %10 = dot %7, %7, %9, precision ieee : tile<4x4xf32>
+  %11 = const 448.0 : f8e4m3fn
+  return
+}
+";
+
+#[test]
+fn fp8_types_parse_verify_and_round_trip() {
+    let f = text::parse(FP8).unwrap();
+    verify(&f).unwrap();
+    let printed = text::print(&f);
+    assert!(printed.contains("!ptr<f8e4m3fn>") && printed.contains("!ptr<f8e5m2>"), "{printed}");
+    assert_eq!(text::print(&text::parse(&printed).unwrap()), printed);
+}
+
+#[test]
+fn fp8_values_have_no_arithmetic() {
+    let add = FP8.replace("  return\n", "  %12 = add %4, %4 : tile<16xf8e4m3fn>\n  return\n");
+    let e = verify_error(&add);
+    assert_eq!(e.op, "add");
+    assert!(e.to_string().contains("FP8 values have no arithmetic"), "{e}");
+    let acc = FP8.replace(
+        "%8 = const 0.0 : f32\n  %9 = splat %8 : tile<4x4xf32>\n  %10 = dot %7, %7, %9, precision ieee : tile<4x4xf32>",
+        "%8 = const 0.0 : f16\n  %9 = splat %8 : tile<4x4xf16>\n  %10 = dot %7, %7, %9, precision ieee : tile<4x4xf16>",
+    );
+    let e = verify_error(&acc);
+    assert!(e.to_string().contains("accumulator is not valid for `f8e4m3fn`"), "{e}");
+}

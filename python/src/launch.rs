@@ -57,8 +57,8 @@ fn torch(py: Python<'_>) -> Option<&'static Torch> {
                 ("uint32", "u32"),
                 ("uint64", "u64"),
                 ("bool", "i1"),
-                ("float8_e4m3fn", "fp8"),
-                ("float8_e5m2", "fp8"),
+                ("float8_e4m3fn", "f8e4m3fn"),
+                ("float8_e5m2", "f8e5m2"),
                 ("float8_e4m3fnuz", "fp8"),
                 ("float8_e5m2fnuz", "fp8"),
             ] {
@@ -77,11 +77,12 @@ fn sync_launches() -> bool {
     *SYNC.get_or_init(|| std::env::var("TRIDENT_SYNC_LAUNCH").is_ok_and(|v| !v.is_empty() && v != "0"))
 }
 
-/// Whether a tensor of element type `given` fits a `!ptr<want>` parameter: the same type, or
-/// an FP8 tensor as bytes (`!ptr<u8>`/`!ptr<i8>`: torch does not export FP8 through DLPack,
-/// and the IR has no FP8 yet).
+/// Whether a tensor of element type `given` fits a `!ptr<want>` parameter: the same type
+/// (`f8e4m3fn`, `f8e5m2` included), or any 8-bit float as bytes (`!ptr<u8>`/`!ptr<i8>`: the
+/// FNUZ formats, which the IR does not have).
 fn fits(given: &str, want: DType) -> bool {
-    given == want.to_string() || (given == "fp8" && matches!(want, DType::U8 | DType::I8))
+    let fp8 = given == "fp8" || given.starts_with("f8");
+    given == want.to_string() || (fp8 && matches!(want, DType::U8 | DType::I8))
 }
 
 /// One pointer argument: its address and the CUDA device it lives on.
@@ -98,7 +99,11 @@ fn dlpack_element(t: &DlDataType) -> String {
         2 => "f",
         4 => "bf",
         6 => return "i1".into(),
-        7..=13 if t.bits == 8 => return "fp8".into(),
+        // DLPack 1.1's 8-bit floats: 10 is E4M3FN and 12 is E5M2; the others (FNUZ, E3M4,
+        // E8M0) only as bytes.
+        10 if t.bits == 8 => return "f8e4m3fn".into(),
+        12 if t.bits == 8 => return "f8e5m2".into(),
+        7..=14 if t.bits == 8 => return "fp8".into(),
         _ => return format!("DLPack type code {} of {} bits", t.code, t.bits),
     };
     if t.lanes != 1 {

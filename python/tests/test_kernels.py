@@ -185,3 +185,57 @@ def test_an_nvidia_kernel_refuses_numpy_arrays():
         k[1](x, x)
     with pytest.raises(trident.ArgumentError, match="grid"):
         k[0](x, x, 1.0, 10)
+
+
+QUANT = """
+kernel @quant(%x: !ptr<f32>, %q: !ptr<f8e4m3fn>, %n: i32) attributes {warps = 4, stages = 2, cooperative = false} {
+  %pid = program_id x : i32
+  %bs = const 128 : i32
+  %base = mul %pid, %bs : i32
+  %lanes = arange 0, 128 : tile<128xi32>
+  %b = splat %base : tile<128xi32>
+  %i = add %b, %lanes : tile<128xi32>
+  %nn = splat %n : tile<128xi32>
+  %m = cmp lt %i, %nn : tile<128xi1>
+  %xs = splat %x : tile<128x!ptr<f32>>
+  %xp = addptr %xs, %i : tile<128x!ptr<f32>>
+  %v = load %xp, mask %m : tile<128xf32>
+  %c = cast %v : tile<128xf8e4m3fn>
+  %qs = splat %q : tile<128x!ptr<f8e4m3fn>>
+  %qp = addptr %qs, %i : tile<128x!ptr<f8e4m3fn>>
+  store %qp, %c, mask %m
+  return
+}
+"""
+
+
+def e4m3fn_value(code):
+    """The value of an E4M3FN code, from the OCP definition."""
+    sign = -1.0 if code & 0x80 else 1.0
+    e, m = (code >> 3) & 0xF, code & 0x7
+    if code & 0x7F == 0x7F:
+        return math.nan
+    return sign * (m * 2.0**-9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+
+
+def e4m3fn_code(x):
+    """Round to nearest even, saturating to 448, NaN to 0x7F: the slow way, by search."""
+    if math.isnan(x):
+        return 0x7F
+    sign = 0x80 if math.copysign(1, x) < 0 else 0
+    a = min(abs(x), 448.0)
+    best = min(range(0x7F), key=lambda c: (abs(e4m3fn_value(c) - a), c & 1))
+    return sign | best
+
+
+@pytest.mark.parametrize("backend", ["cpu"])
+def test_fp8_quantization_on_the_cpu(backend):
+    k = trident.compile(QUANT, backend=backend)
+    assert k.params[1] == ("q", "ptr", "f8e4m3fn")
+    edges = [0.0, -0.0, 448.0, 464.0, 465.0, -1e9, 1.0625, 1.1875, 2.0**-10, 3 * 2.0**-10, 7.5 * 2.0**-9, math.nan]
+    x = np.concatenate([np.array(edges), rng().uniform(-500, 500, 1000), rng().normal(0, 0.05, 1000)]).astype(np.float32)
+    q = np.full(x.size, 0xAA, np.uint8)
+    k[(x.size + 127) // 128](x, q, x.size)
+    want = np.array([e4m3fn_code(float(v)) for v in x], np.uint8)
+    bad = np.nonzero(q != want)[0]
+    assert bad.size == 0, [(float(x[i]), hex(q[i]), hex(want[i])) for i in bad[:5]]

@@ -75,6 +75,8 @@ def _element_type(dtype):
     dtype = np.dtype(dtype)
     if dtype.name == "bfloat16":
         return "bf16"
+    if dtype.name in ("float8_e4m3fn", "float8_e5m2"):  # ml_dtypes
+        return "f8" + dtype.name[len("float8_"):]
     for name, d in _NUMPY.items():
         if d == dtype:
             return name
@@ -85,6 +87,8 @@ def numpy_dtype(element_type):
     """The NumPy dtype an array for `element_type` has (bf16: uint16 bits)."""
     if element_type == "bf16":
         return np.dtype(np.uint16)
+    if element_type in ("f8e4m3fn", "f8e5m2"):
+        return np.dtype(np.uint8)
     try:
         return _NUMPY[element_type]
     except KeyError:
@@ -202,6 +206,8 @@ class Kernel:
         given = _element_type(a.dtype)
         if etype == "bf16" and given == "u16":
             given = "bf16"
+        if etype.startswith("f8") and given == "u8":
+            given = etype  # FP8 travels as uint8 bits
         if given != etype:
             raise ArgumentError(
                 f"kernel @{self.name}: `{name}: !ptr<{etype}>` was given an array of {a.dtype}"
@@ -220,11 +226,11 @@ class Kernel:
             raise ArgumentError(
                 f"kernel @{self.name}: `{name}` is on {t.device}; the {self.backend} backend runs on the host"
             )
-        if "float8" in str(t.dtype) and etype in ("u8", "i8"):
-            # FP8 as bytes (NumPy has no FP8; the IR has none yet).
+        if "float8" in str(t.dtype):
+            # FP8 as bytes (NumPy has no FP8): for an FP8 parameter, or u8/i8 as bytes.
             import torch
 
-            t = t.view(torch.uint8 if etype == "u8" else torch.int8)
+            t = t.view(torch.int8 if etype == "i8" else torch.uint8)
         elif str(t.dtype) == "torch.bfloat16":
             import torch
 

@@ -299,6 +299,8 @@ fn precision(d: DType) -> i32 {
         DType::F16 => 11,
         DType::BF16 => 8,
         DType::F32 => 24,
+        DType::F8E4M3FN => 4,
+        DType::F8E5M2 => 3,
         _ => 53,
     }
 }

@@ -36,6 +36,7 @@ pub fn decode(bits: u64, d: DType) -> V {
         DType::BF16 => V::F(bf16::from_bits(bits as u16).to_f64()),
         DType::F32 => V::F(f32::from_bits(bits as u32) as f64),
         DType::F64 => V::F(f64::from_bits(bits)),
+        DType::F8E4M3FN | DType::F8E5M2 => V::F(fp8_value(bits as u8, d)),
         DType::I1 => V::I((bits & 1) as i128),
         DType::I8 => V::I(bits as u8 as i8 as i128),
         DType::U8 => V::I(bits as u8 as i128),
@@ -46,6 +47,47 @@ pub fn decode(bits: u64, d: DType) -> V {
         DType::I64 => V::I(bits as i64 as i128),
         DType::U64 => V::I(bits as i128),
     }
+}
+
+/// The OCP 8-bit formats as (significand bits with the hidden one, smallest normal exponent,
+/// largest exponent, largest finite value), written from the OCP specification independently of
+/// `trident_core::fp8`, which the backends use.
+fn fp8_format(d: DType) -> (i32, i32, i32, f64) {
+    match d {
+        DType::F8E4M3FN => (4, -6, 8, 448.0),
+        _ => (3, -14, 15, 57344.0),
+    }
+}
+
+/// The value of an 8-bit float's bits (E4M3FN: S.1111.111 is NaN, no infinities; E5M2:
+/// IEEE-like).
+fn fp8_value(b: u8, d: DType) -> f64 {
+    let (p, emin, _, _) = fp8_format(d);
+    let man_bits = p - 1;
+    let exp_bits = 7 - man_bits;
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b & 0x7F) >> man_bits) as i32;
+    let m = (b & ((1 << man_bits) - 1)) as f64;
+    let top = (1 << exp_bits) - 1;
+    match d {
+        DType::F8E4M3FN if b & 0x7F == 0x7F => f64::NAN,
+        DType::F8E5M2 if e == top && m == 0.0 => sign * f64::INFINITY,
+        DType::F8E5M2 if e == top => f64::NAN,
+        _ if e == 0 => sign * m * 2f64.powi(emin - man_bits),
+        _ => sign * (1.0 + m / 2f64.powi(man_bits)) * 2f64.powi(e - 1 + emin),
+    }
+}
+
+/// The bits of `x` as an 8-bit float: rounded to nearest even, saturated to the largest finite
+/// value (infinities included), NaN to 0x7F.
+fn fp8_bits(x: f64, d: DType) -> u64 {
+    if x.is_nan() {
+        return 0x7F;
+    }
+    let y = round_to(x, d);
+    // The codes are ordered like the magnitudes: search the one of |y| (exact by now).
+    let code = (0u8..=0x7F).find(|&c| fp8_value(c, d) == y.abs()).unwrap_or(0x7F);
+    (code | if y.is_sign_negative() { 0x80 } else { 0 }) as u64
 }
 
 /// `x` rounded to nearest even in a binary format of `p` significand bits whose normal
@@ -82,6 +124,15 @@ pub fn round_to(x: f64, d: DType) -> f64 {
         DType::F16 => round_format(x, 11, -14, 15),
         DType::BF16 => round_format(x, 8, -126, 127),
         DType::F32 => x as f32 as f64,
+        DType::F8E4M3FN | DType::F8E5M2 => {
+            let (p, emin, emax, max) = fp8_format(d);
+            let y = round_format(x, p, emin, emax);
+            if y.is_nan() {
+                y
+            } else {
+                y.clamp(-max, max)
+            }
+        }
         _ => x,
     }
 }
@@ -93,6 +144,8 @@ pub fn encode(v: V, d: DType) -> u64 {
         (V::F(x), DType::BF16) => bf16::from_f64(round_to(x, d)).to_bits() as u64,
         (V::F(x), DType::F32) => (x as f32).to_bits() as u64,
         (V::F(x), DType::F64) => x.to_bits(),
+        (V::F(x), d) if d.is_fp8() => fp8_bits(x, d),
+        (V::I(i), d) if d.is_fp8() => fp8_bits(i as f64, d),
         (V::I(i), d) => wrap(i, d) as u64 & size_mask(d),
         (V::F(x), d) => wrap(x as i128, d) as u64 & size_mask(d),
     }
@@ -156,6 +209,8 @@ pub fn float_edges(d: DType) -> Vec<f64> {
         DType::F16 => (f16::from_bits(1).to_f64(), f16::MIN_POSITIVE.to_f64(), f16::MAX.to_f64()),
         DType::BF16 => (bf16::from_bits(1).to_f64(), bf16::MIN_POSITIVE.to_f64(), bf16::MAX.to_f64()),
         DType::F32 => (f32::from_bits(1) as f64, f32::MIN_POSITIVE as f64, f32::MAX as f64),
+        DType::F8E4M3FN => (2f64.powi(-9), 2f64.powi(-6), 448.0),
+        DType::F8E5M2 => (2f64.powi(-16), 2f64.powi(-14), 57344.0),
         _ => (f64::from_bits(1), f64::MIN_POSITIVE, f64::MAX),
     };
     let mut v = vec![
@@ -206,6 +261,12 @@ pub fn float_edges(d: DType) -> Vec<f64> {
         12582912.0,
     ];
     v.extend((-8..8).map(|e| 2f64.powi(e * 4)));
+    // Casts to the 8-bit floats: their largest values and the saturation ties (448, 464, 465,
+    // 480; 57344, 61440, 65536), ties between neighbours (1.0625, 1.1875), subnormals and the
+    // rounding around them.
+    let p = |e: i32| 2f64.powi(e);
+    v.extend([448.0, 464.0, 465.0, 480.0, -464.0, 57344.0, 61440.0, 61441.0, 65536.0, 1.0625, 1.1875, -1.0625]);
+    v.extend([p(-9), p(-10), 3.0 * p(-10), 7.5 * p(-9), p(-6), p(-16), p(-17), 3.0 * p(-17), p(-14), -p(-10)]);
     v
 }
 
@@ -228,7 +289,10 @@ pub fn int_edges(d: DType) -> Vec<i128> {
 /// random bit patterns, which cover every binade, NaNs and infinities, half uniform in
 /// [-8, 8)). NaNs are the type's canonical quiet NaN: payloads are unspecified in the IR.
 pub fn inputs(d: DType, n: usize, rng: &mut impl Rng) -> Vec<u64> {
-    let mut out: Vec<u64> = if d.is_float() {
+    let mut out: Vec<u64> = if d.is_fp8() {
+        // Every pattern, so that a case of 256 elements or more converts each one.
+        (0..=255u64).collect()
+    } else if d.is_float() {
         float_edges(d).into_iter().map(|x| encode(V::F(x), d)).collect()
     } else {
         int_edges(d).into_iter().map(|i| encode(V::I(i), d)).collect()

@@ -17,6 +17,8 @@ trident_shmem_abi::keyword_enum! {
         U64 = "u64",
         F16 = "f16",
         BF16 = "bf16",
+        F8E4M3FN = "f8e4m3fn",
+        F8E5M2 = "f8e5m2",
         F32 = "f32",
         F64 = "f64",
     }
@@ -27,7 +29,7 @@ impl DType {
     pub fn bits(self) -> u32 {
         match self {
             DType::I1 => 1,
-            DType::I8 | DType::U8 => 8,
+            DType::I8 | DType::U8 | DType::F8E4M3FN | DType::F8E5M2 => 8,
             DType::I16 | DType::U16 | DType::F16 | DType::BF16 => 16,
             DType::I32 | DType::U32 | DType::F32 => 32,
             DType::I64 | DType::U64 | DType::F64 => 64,
@@ -40,7 +42,22 @@ impl DType {
     }
 
     pub fn is_float(self) -> bool {
-        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64)
+        matches!(self, DType::F16 | DType::BF16 | DType::F32 | DType::F64 | DType::F8E4M3FN | DType::F8E5M2)
+    }
+
+    /// The 8-bit floats (`crate::fp8`): values to load, store, convert and multiply in `dot`,
+    /// with no arithmetic of their own (the verifier refuses it).
+    pub fn is_fp8(self) -> bool {
+        matches!(self, DType::F8E4M3FN | DType::F8E5M2)
+    }
+
+    /// The format of an 8-bit float type.
+    pub fn fp8(self) -> Option<crate::fp8::Fp8> {
+        match self {
+            DType::F8E4M3FN => Some(crate::fp8::E4M3FN),
+            DType::F8E5M2 => Some(crate::fp8::E5M2),
+            _ => None,
+        }
     }
 
     /// Integer types, `i1` included.

@@ -84,6 +84,9 @@ impl SType {
             DType::BF16 => SType::BF16,
             DType::F32 => SType::F32,
             DType::F64 => SType::F64,
+            // Storage only: the lowering refuses FP8 values before it types any
+            // (`lower::support`), so no SIMT instruction ever sees this.
+            DType::F8E4M3FN | DType::F8E5M2 => SType::Int { bits: 8, signed: false },
         }
     }
 
