@@ -967,6 +967,10 @@ pub(crate) fn compare(op: CmpOp, l: &Val, r: &Val) -> Data {
 
 pub(crate) fn cast(x: &Val, to: DType) -> Data {
     let from = x.ty.dtype().unwrap_or(DType::F32);
+    if from == to {
+        // The identity (an E5M2 infinity stays one).
+        return x.data.clone();
+    }
     let as_f64: Vec<f64> = match &x.data {
         Data::F(v) => v.iter().map(|&a| a as f64).collect(),
         Data::D(v) => v.clone(),

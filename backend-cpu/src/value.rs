@@ -170,6 +170,15 @@ pub fn f32_bits(d: DType, x: f32) -> u64 {
     match d {
         DType::F16 => f16::from_f32(x).to_bits() as u64,
         DType::BF16 => bf16::from_f32(x).to_bits() as u64,
+        // The bits of a value of the type (an E5M2 infinity stays one: conversions saturate
+        // before a value reaches memory).
+        DType::F8E5M2 if x.is_infinite() => {
+            if x < 0.0 {
+                0xFC
+            } else {
+                0x7C
+            }
+        }
         DType::F8E4M3FN | DType::F8E5M2 => d.fp8().map_or(0, |f| f.encode(x as f64)) as u64,
         _ => x.to_bits() as u64,
     }

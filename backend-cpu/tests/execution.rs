@@ -211,11 +211,15 @@ fn while_loop_and_compare_and_swap() {
     assert_eq!(read_i32(dev.as_ref(), &w), vec![9, 7, 9]);
 }
 
-/// `dot` of FP8 tiles (every code but NaN, in random order) with an f32 accumulator, against
-/// float64 on the host: FP8 products are exact in f32, so only the f32 summation rounds.
+/// `dot` of FP8 tiles (every finite code, in random order) with an f32 accumulator, against
+/// float64 on the host, on the interpreter and on the SIMT lowering for three targets: FP8
+/// products are exact in f32, so only the f32 summation rounds.
 #[test]
 fn fp8_dot_accumulates_in_f32() {
-    for d in [DType::F8E4M3FN, DType::F8E5M2] {
+    let simt = trident_backend_cpu::simt_exec::SimtBackend;
+    let runs: [(&dyn Backend, Option<&str>); 4] =
+        [(&CpuBackend, None), (&simt, Some("sm_80")), (&simt, Some("sm_90a")), (&simt, Some("gfx942"))];
+    for ((backend, target), d) in runs.iter().flat_map(|r| [(*r, DType::F8E4M3FN), (*r, DType::F8E5M2)]) {
         let f = d.fp8().unwrap();
         let (m, k, n) = (16u32, 64u32, 16u32);
         let b = KernelBuilder::new("fp8_dot", LaunchAttrs::default());
@@ -228,8 +232,7 @@ fn fp8_dot_accumulates_in_f32() {
         let acc = b.dot(ta, tb, b.zeros(&[m, n], DType::F32), InputPrecision::Ieee);
         b.store(pc + idx(m, n), acc, None);
         let func = b.finish().unwrap();
-        let backend = CpuBackend;
-        let art = backend.compile(&func, None).unwrap();
+        let art = backend.compile(&func, target).unwrap();
         let dev = backend.open_device(0).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(27);
         let finite: Vec<u8> = (0..=255u8).filter(|&c| f.decode(c).is_finite()).collect();
@@ -249,7 +252,10 @@ fn fp8_dot_accumulates_in_f32() {
                 let want: f64 = terms.iter().sum();
                 let scale: f64 = terms.iter().map(|t| t.abs()).sum();
                 let g = got[i * n as usize + j] as f64;
-                assert!((g - want).abs() <= k as f64 * f32::EPSILON as f64 * scale, "{d} [{i},{j}]: {g} vs {want}");
+                assert!(
+                    (g - want).abs() <= k as f64 * f32::EPSILON as f64 * scale,
+                    "{d} on {target:?} [{i},{j}]: {g} vs {want}"
+                );
             }
         }
     }

@@ -102,6 +102,18 @@ pub fn compare(op: CmpOp, d: DType, x: V, y: V) -> bool {
 /// Conversion of `x` (a `from`) to `to`: floats are returned exact (the check rounds them),
 /// float to integer truncates toward zero and saturates (NaN gives 0), to `i1` is `!= 0`.
 pub fn cast(from: DType, to: DType, x: V) -> V {
+    if from == to {
+        return x;
+    }
+    if to.is_fp8() {
+        // Rounded by the check; saturated here, infinities included (`docs/SEMANTICS.md`).
+        let max = if to == DType::F8E4M3FN { 448.0 } else { 57344.0 };
+        let f = match x {
+            V::F(f) => f,
+            V::I(i) => i as f64,
+        };
+        return V::F(if f.is_nan() { f } else { f.clamp(-max, max) });
+    }
     if to == DType::I1 {
         return V::I(match x {
             V::F(f) => (f != 0.0) as i128,

@@ -84,6 +84,10 @@ fn fp8_bits(x: f64, d: DType) -> u64 {
     if x.is_nan() {
         return 0x7F;
     }
+    if x.is_infinite() && d == DType::F8E5M2 {
+        // A value of the type: E5M2 has infinities (conversions saturate before, in `cast`).
+        return if x < 0.0 { 0xFC } else { 0x7C };
+    }
     let y = round_to(x, d);
     // The codes are ordered like the magnitudes: search the one of |y| (exact by now).
     let code = (0u8..=0x7F).find(|&c| fp8_value(c, d) == y.abs()).unwrap_or(0x7F);

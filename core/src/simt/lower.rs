@@ -35,6 +35,7 @@ mod atomic;
 mod comm;
 mod dot;
 mod elementwise;
+mod fp8;
 mod index;
 mod memory;
 mod persistent;
@@ -434,13 +435,14 @@ impl Lowering<'_> {
             | OpKind::Cast(_)
             | OpKind::AddPtr { .. }) => {
                 let k = k.clone();
+                let result = data.results[0];
                 let held: Vec<Vec<Reg>> = k.operands().into_iter().map(|(_, v)| self.held(v)).collect();
                 let slots = held.iter().map(|h| h.len()).max().unwrap_or(1);
                 (0..slots)
                     .map(|s| {
                         // Scalar operands broadcast.
                         let srcs: Vec<Reg> = held.iter().map(|h| h[s.min(h.len() - 1)]).collect();
-                        self.elementwise(&k, st, &srcs)
+                        self.elementwise(&k, result, &srcs)
                     })
                     .collect()
             }

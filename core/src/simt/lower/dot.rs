@@ -11,6 +11,9 @@ impl Lowering<'_> {
         let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
         let (m, kk, n) = (at.shape[0], at.shape[1], bt.shape[1]);
         let (ea, eb) = (stype(&at), stype(&bt));
+        // FP8 operands are staged as their bits and decoded to f32 where they are read (the
+        // tensor-core FP8 forms are not lowered yet).
+        let fp8 = at.elem.dtype().and_then(|d| d.fp8());
         let (ar, br, cr) = (self.held(a), self.held(b), self.held(acc));
         let a_bytes = (m * kk * shared_size(ea)).next_multiple_of(16);
         let o = self.shared_alloc("dot.operands", a_bytes + kk * n * shared_size(eb), 16);
@@ -53,7 +56,10 @@ impl Lowering<'_> {
                 None => {
                     let fa = self.bin(BinaryOp::Add, row_base[row], iv);
                     let va = self.shared_load(ea, fa, o);
-                    let v = self.cast(va, ft);
+                    let v = match fp8 {
+                        Some(f) => self.fp8_decode(va, f),
+                        None => self.cast(va, ft),
+                    };
                     a_vals.insert(*row, v);
                     v
                 }
@@ -63,7 +69,10 @@ impl Lowering<'_> {
                 None => {
                     let fb = self.bin(BinaryOp::Add, kb, *col);
                     let vb = self.shared_load(eb, fb, a_bytes);
-                    let v = self.cast(vb, ft);
+                    let v = match fp8 {
+                        Some(f) => self.fp8_decode(vb, f),
+                        None => self.cast(vb, ft),
+                    };
                     b_vals.insert(*col, v);
                     v
                 }
@@ -108,7 +117,6 @@ impl Lowering<'_> {
         let data = &self.func.ops[op];
         let kind = data.kind.clone();
         let result = data.results[0];
-        let rt = stype(self.func.ty(result));
         let operands: Vec<Value> = kind.operands().into_iter().map(|(_, v)| v).collect();
         let mut out = Vec::with_capacity(l.slots() as usize);
         for slot in 0..l.slots() {
@@ -120,7 +128,7 @@ impl Lowering<'_> {
                     None => self.eval(*v, &c),
                 })
                 .collect();
-            let dst = self.elementwise(&kind, rt, &srcs);
+            let dst = self.elementwise(&kind, result, &srcs);
             out.push(dst);
         }
         self.mma_held.insert(result, (l, out));

@@ -9,15 +9,23 @@ use crate::math;
 
 impl Lowering<'_> {
     /// One element of an elementwise op (unary, binary, compare, select, cast, pointer offset):
-    /// `srcs` are its operands' registers in `OpKind::operands` order, `rt` its result type
-    /// (compares give predicates, pointer offsets addresses); returns the result register.
-    pub(super) fn elementwise(&mut self, kind: &OpKind, rt: SType, srcs: &[Reg]) -> Reg {
+    /// `srcs` are its operands' registers in `OpKind::operands` order, `result` the value it
+    /// defines (compares give predicates, pointer offsets addresses); returns the result
+    /// register.
+    pub(super) fn elementwise(&mut self, kind: &OpKind, result: Value, srcs: &[Reg]) -> Reg {
+        let rt = stype(self.func.ty(result));
         match *kind {
             OpKind::Unary { op, .. } => self.unary_value(op, srcs[0]),
             OpKind::Binary { op, .. } => self.binary_value(op, srcs[0], srcs[1]),
             OpKind::Cmp { op, .. } => self.compare(op, srcs[0], srcs[1]),
             OpKind::Select { .. } => self.select_raw(srcs[0], srcs[1], srcs[2]),
-            OpKind::Cast(_) => self.convert(srcs[0], rt),
+            OpKind::Cast(x) => {
+                let (from, to) = (self.func.ty(x).elem.dtype(), self.func.ty(result).elem.dtype());
+                match (from, to) {
+                    (Some(f), Some(t)) if f.is_fp8() || t.is_fp8() => self.fp8_convert(srcs[0], f, t),
+                    _ => self.convert(srcs[0], rt),
+                }
+            }
             OpKind::AddPtr { ptr, .. } => {
                 let dst = self.reg(SType::Ptr);
                 let scale = self.func.ty(ptr).elem.pointee().map_or(1, |d| d.size_bytes());
@@ -83,7 +91,7 @@ impl Lowering<'_> {
         self.cast(r, to)
     }
 
-    fn unary_value(&mut self, op: UnaryOp, x: Reg) -> Reg {
+    pub(super) fn unary_value(&mut self, op: UnaryOp, x: Reg) -> Reg {
         let t = self.k.ty(x);
         if matches!(t, SType::F16 | SType::BF16) {
             let xf = self.cast(x, SType::F32);

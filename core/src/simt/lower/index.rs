@@ -175,7 +175,6 @@ impl Lowering<'_> {
             return *r;
         }
         let ValueDef::Result { op, .. } = self.func.values[v].def else { unreachable!("checked by rematerializable") };
-        let st = stype(&t);
         let r = match self.func.ops[op].kind.clone() {
             OpKind::Arange { start, .. } => {
                 if start == 0 {
@@ -192,7 +191,7 @@ impl Lowering<'_> {
             | OpKind::Cast(_)
             | OpKind::AddPtr { .. }) => {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.eval(x, coords)).collect();
-                self.elementwise(&k, st, &srcs)
+                self.elementwise(&k, v, &srcs)
             }
             OpKind::Broadcast(x) => {
                 let src = self.func.ty(x).shape.clone();
@@ -244,7 +243,7 @@ impl Lowering<'_> {
             | OpKind::Select { .. }
             | OpKind::Cast(_)) => {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.scalar_value(x)).collect();
-                self.elementwise(&k, st, &srcs)
+                self.elementwise(&k, v, &srcs)
             }
             // Kernel parameters the runtime adds (an AG-GEMM's rank swizzle).
             OpKind::Rank => return self.hidden[super::Hidden::Rank.position()],

@@ -12,21 +12,6 @@ pub(super) fn check(func: &Function) -> Result<(), LowerError> {
         if err.is_some() {
             return;
         }
-        // FP8 values (and loads and stores of FP8 memory).
-        let memory = matches!(data.kind, OpKind::Load { .. } | OpKind::Store { .. });
-        let operands = data.kind.operands();
-        let fp8 = data.results.iter().copied().chain(operands.iter().map(|(_, v)| *v)).find_map(|v| {
-            let e = func.ty(v).elem;
-            e.dtype().or(if memory { e.pointee() } else { None }).filter(|d| d.is_fp8())
-        });
-        if let Some(d) = fp8 {
-            err = Some(LowerError::Unsupported {
-                op: data.kind.mnemonic().into(),
-                loc: data.loc,
-                reason: format!("`{d}` values are not lowered for GPU targets yet (the cpu backend runs them)"),
-            });
-            return;
-        }
         if let Some(reason) = refusal(func, &data.kind) {
             err = Some(LowerError::Unsupported { op: data.kind.mnemonic().into(), loc: data.loc, reason });
         }
