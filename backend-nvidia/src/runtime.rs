@@ -465,9 +465,7 @@ impl CudaDevice {
         args: &[KernelArg],
         opts: &LaunchOptions,
     ) -> Result<(), BackendError> {
-        check_launch(kernel, grid, args, u64::MAX)?;
-        let hidden = self.hidden.args(self, opts.wait_bound)?;
-        self.launch_on(0, kernel, grid, args, &hidden, 1)
+        self.enqueue_on(0, kernel, grid, args, opts)
     }
 
     /// Enqueues a launch on `stream`, an application's stream (torch's current stream, a CUDA

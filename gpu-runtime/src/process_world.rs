@@ -129,27 +129,7 @@ impl<D: Driver> ProcessWorld<D> {
     /// with its diagnostic on stderr (`crate::health::exit`): the launcher names the rank.
     pub fn run<T>(&self, host: &dyn Fn(&dyn RankCtx) -> Result<T, BackendError>) -> Result<T, BackendError> {
         let sh = &self.shared;
-        sh.devices[0].health().check(&sh.devices[0].device_name())?;
-        sh.devices[0].bind()?;
-        let words = Buffer { name: "__barrier_all".into(), address: sh.heaps[self.rank].address, bytes: RESERVED };
-        sh.devices[0].write(&words, 0, &[0u8; RESERVED])?;
-        sh.reset_symmetric();
-        sh.sync.wait(self.rank, "run_start")?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let watch = {
-            let (sh, stop) = (sh.clone(), stop.clone());
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    if let Some(o) = sh.calls.overdue() {
-                        let rank = sh.first + o.local;
-                        sh.devices[0].health().wedge(format!("rank {rank}: {}", o.message));
-                        eprintln!("trident: rank {rank}: {}", o.message);
-                        crate::health::exit(1);
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            })
-        };
+        let (stop, watch) = self.start("run_start")?;
         let r = GpuRank::new(sh.clone(), self.rank).run(host);
         stop.store(true, Ordering::Relaxed);
         let _ = watch.join();
@@ -163,13 +143,21 @@ impl<D: Driver> ProcessWorld<D> {
     /// [`RankSession::end`] (the Python package: each library op called from PyTorch is a
     /// call on the session's context, from the calling thread). Collective, as `run`.
     pub fn session(&self) -> Result<RankSession<D>, BackendError> {
+        let (stop, watch) = self.start("session_start")?;
+        Ok(RankSession { rank: GpuRank::new(self.shared.clone(), self.rank), stop, watch: Some(watch) })
+    }
+
+    /// What starts a run or a session: the device usable and bound, `barrier_all`'s words
+    /// cleared, a fresh symmetric allocator, every rank met (at `what`), and the watchdog of
+    /// driver calls started (stopped through the flag it returns).
+    fn start(&self, what: &str) -> Result<(Arc<AtomicBool>, std::thread::JoinHandle<()>), BackendError> {
         let sh = &self.shared;
         sh.devices[0].health().check(&sh.devices[0].device_name())?;
         sh.devices[0].bind()?;
         let words = Buffer { name: "__barrier_all".into(), address: sh.heaps[self.rank].address, bytes: RESERVED };
         sh.devices[0].write(&words, 0, &[0u8; RESERVED])?;
         sh.reset_symmetric();
-        sh.sync.wait(self.rank, "session_start")?;
+        sh.sync.wait(self.rank, what)?;
         let stop = Arc::new(AtomicBool::new(false));
         let watch = {
             let (sh, stop) = (sh.clone(), stop.clone());
@@ -185,7 +173,7 @@ impl<D: Driver> ProcessWorld<D> {
                 }
             })
         };
-        Ok(RankSession { rank: GpuRank::new(sh.clone(), self.rank), stop, watch: Some(watch) })
+        Ok((stop, watch))
     }
 
     /// Every rank's `data`, by rank (bounded, through the rendezvous).
