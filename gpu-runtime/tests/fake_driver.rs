@@ -526,11 +526,7 @@ fn synchronize_sees_an_ended_stream_promptly() {
     let median = late[0][late[0].len() / 2];
     let strict = std::env::var("TRIDENT_TIMING_TESTS").is_ok_and(|v| v == "1");
     let bound = if strict { Duration::from_micros(200) } else { Duration::from_millis(20) };
-    assert!(
-        median < bound,
-        "synchronize returned this late after the stream's end: {:?}",
-        late[0]
-    );
+    assert!(median < bound, "synchronize returned this late after the stream's end: {:?}", late[0]);
 }
 
 #[test]
