@@ -1,0 +1,120 @@
+//! The FP8 GEMMs with tensor, row and block scales against a float64 reference on fresh random
+//! inputs (every finite FP8 value can occur), output poisoned first, on edge shapes (M = 1, K
+//! not a multiple of 128, N not a multiple of the tile), on the interpreter and on the SIMT
+//! lowering for sm_90a and gfx942.
+
+use rand::{Rng, SeedableRng};
+use trident_backend_cpu::simt_exec::SimtBackend;
+use trident_backend_cpu::CpuBackend;
+use trident_core::backend::{Backend, Device, LaunchOptions};
+use trident_core::ir::DType;
+use trident_kernels::scaled_gemm::{ScaledGemm, Scaling, SCALE_BLOCK};
+use trident_kernels::DeviceCtx;
+
+fn upload(dev: &dyn Device, name: &str, bytes: &[u8]) -> trident_core::backend::Buffer {
+    let b = dev.alloc(bytes.len().max(4), name).unwrap();
+    dev.write(&b, 0, bytes).unwrap();
+    b
+}
+
+/// The reference: per 128 of K, the f64 sum of the decoded products times the scales.
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    op: &ScaledGemm,
+    a: &[u8],
+    b: &[u8],
+    sa: &[f32],
+    sb: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Vec<(f64, f64)> {
+    let f = op.dtype.fp8().unwrap();
+    let (kb, blk) = (k.div_ceil(SCALE_BLOCK as usize), SCALE_BLOCK as usize);
+    let mut out = Vec::with_capacity(m * n);
+    for i in 0..m {
+        for j in 0..n {
+            let (mut sum, mut mag) = (0.0, 0.0);
+            for q in 0..kb {
+                let (mut part, mut part_mag) = (0.0, 0.0);
+                for kk in q * blk..((q + 1) * blk).min(k) {
+                    let t = f.decode(a[i * k + kk]) * f.decode(b[j * k + kk]);
+                    part += t;
+                    part_mag += t.abs();
+                }
+                let s = match op.scaling {
+                    Scaling::Tensor => sa[0] as f64 * sb[0] as f64,
+                    Scaling::Row => sa[i] as f64 * sb[j] as f64,
+                    Scaling::Block => sa[i * kb + q] as f64 * sb[(j / blk) * kb + q] as f64,
+                };
+                sum += part * s;
+                mag += part_mag * s.abs();
+            }
+            out.push((sum, mag));
+        }
+    }
+    out
+}
+
+#[test]
+fn scaled_fp8_gemms_match_float64() {
+    trident_backend_cpu::link();
+    let simt = SimtBackend;
+    let runs: [(&dyn Backend, Option<&str>); 3] =
+        [(&CpuBackend, None), (&simt, Some("sm_90a")), (&simt, Some("gfx942"))];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    for (backend, target) in runs {
+        let dev = backend.open_device(0).unwrap();
+        let mut l = DeviceCtx::new(backend, dev.as_ref(), LaunchOptions::default());
+        l.target = target.map(str::to_string);
+        for (dtype, scaling, (m, n, k)) in [
+            (DType::F8E4M3FN, Scaling::Block, (1, 200, 300)),
+            (DType::F8E4M3FN, Scaling::Row, (33, 64, 129)),
+            (DType::F8E5M2, Scaling::Tensor, (40, 70, 256)),
+            (DType::F8E5M2, Scaling::Block, (64, 130, 128)),
+        ] {
+            let op = ScaledGemm::new(dtype, scaling);
+            let f = dtype.fp8().unwrap();
+            let finite: Vec<u8> = (0..=255u8).filter(|&c| f.decode(c).is_finite()).collect();
+            let mut codes =
+                |len: usize| -> Vec<u8> { (0..len).map(|_| finite[rng.gen_range(0..finite.len())]).collect() };
+            let (a, b) = (codes(m * k), codes(n * k));
+            let (la, lb) = op.scale_lens(m, n, k);
+            let sa: Vec<f32> = (0..la).map(|_| rng.gen_range(0.25..4.0)).collect();
+            let sb: Vec<f32> = (0..lb).map(|_| rng.gen_range(0.25..4.0)).collect();
+            let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+            let (ba, bb) = (upload(dev.as_ref(), "a", &a), upload(dev.as_ref(), "b", &b));
+            let (bsa, bsb) = (upload(dev.as_ref(), "scale_a", &f32s(&sa)), upload(dev.as_ref(), "scale_b", &f32s(&sb)));
+            let c = upload(dev.as_ref(), "c", &vec![0xFF; m * n * 2]); // bf16 NaN
+            op.run(&l, &ba, &bb, &c, &bsa, &bsb, (m, n, k)).unwrap();
+            let mut raw = vec![0u8; m * n * 2];
+            dev.read(&c, 0, &mut raw).unwrap();
+            let want = reference(&op, &a, &b, &sa, &sb, m, n, k);
+            for (idx, (ch, &(r, mag))) in raw.chunks_exact(2).zip(&want).enumerate() {
+                let got = half::bf16::from_le_bytes([ch[0], ch[1]]).to_f64();
+                // bf16's rounding of the result, and f32 sums over K.
+                let tol = r.abs() * 2f64.powi(-8) + mag * k as f64 * f32::EPSILON as f64;
+                assert!(
+                    (got - r).abs() <= tol,
+                    "{dtype} {scaling:?} {m}x{n}x{k} on {target:?}: element {idx}: got {got}, want {r} (tolerance {tol})"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_scaled_gemm_refuses_bad_problems() {
+    trident_backend_cpu::link();
+    let dev = CpuBackend.open_device(0).unwrap();
+    let l = DeviceCtx::new(&CpuBackend, dev.as_ref(), LaunchOptions::default());
+    let buf = dev.alloc(64, "small").unwrap();
+    let e = ScaledGemm::new(DType::BF16, Scaling::Row).run(&l, &buf, &buf, &buf, &buf, &buf, (2, 2, 2)).unwrap_err();
+    assert!(e.to_string().contains("an FP8 type is needed"), "{e}");
+    let e =
+        ScaledGemm::new(DType::F8E4M3FN, Scaling::Row).run(&l, &buf, &buf, &buf, &buf, &buf, (8, 8, 8)).unwrap_err();
+    assert!(e.to_string().contains("scale_a") || e.to_string().contains("has 64 bytes"), "{e}");
+    let op = ScaledGemm { block_n: 48, ..ScaledGemm::new(DType::F8E4M3FN, Scaling::Block) };
+    let e = op.run(&l, &buf, &buf, &buf, &buf, &buf, (1, 1, 1)).unwrap_err();
+    assert!(e.to_string().contains("does not divide 128"), "{e}");
+}
