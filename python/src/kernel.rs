@@ -100,6 +100,15 @@ impl Kernel {
         self.backend
     }
 
+    /// A typed error unless `given` arguments fit the kernel's parameters.
+    pub(crate) fn check_arity(&self, given: usize) -> PyResult<()> {
+        let want = self.func.params.len();
+        if given != want {
+            return Err(errors::argument(format!("kernel {} takes {want} arguments, got {given}", self.signature())));
+        }
+        Ok(())
+    }
+
     pub(crate) fn signature(&self) -> String {
         let ps: Vec<String> =
             self.func.params.iter().map(|p| format!("{}: {}", p.name, self.func.ty(p.value))).collect();
@@ -233,14 +242,7 @@ impl Kernel {
         args: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Vec<Option<Bound<'py, PyBytes>>>> {
         let params = &self.func.params;
-        if args.len() != params.len() {
-            return Err(errors::argument(format!(
-                "kernel {} takes {} arguments, got {}",
-                self.signature(),
-                params.len(),
-                args.len()
-            )));
-        }
+        self.check_arity(args.len())?;
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Err(errors::argument(format!("grid {grid:?}: every dimension must be at least 1")));
         }

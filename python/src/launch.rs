@@ -233,14 +233,7 @@ impl Kernel {
     /// The device, torch's current stream and the kernel arguments of a launch with `args`.
     fn prepare(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<(Arc<CudaDevice>, u64, Vec<KernelArg>)> {
         let params = &self.func.params;
-        if args.len() != params.len() {
-            return Err(errors::argument(format!(
-                "kernel {} takes {} arguments, got {}",
-                self.signature(),
-                params.len(),
-                args.len()
-            )));
-        }
+        self.check_arity(args.len())?;
         let t = torch(py);
         let mut kargs = Vec::with_capacity(params.len());
         let mut device: Option<i64> = None;
