@@ -35,6 +35,11 @@ pub trait Operation: Sync {
         let _ = dtype;
         &["-"]
     }
+    /// The element types of a single-device case's `inputs` inputs, in order: the case's own
+    /// by default (an FP8 GEMM's are FP8 and f32 scales; its output is the case's type).
+    fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
+        vec![case.dtype; inputs]
+    }
     /// Whether it runs in a world of ranks (then at every world size the suite runs).
     fn distributed(&self) -> bool;
     /// The conformance shapes at `world` ranks (1 for single-device operations).

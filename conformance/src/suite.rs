@@ -127,10 +127,12 @@ fn execute(
     let mut l = DeviceCtx::new(backend, device, *opts);
     l.target = target;
     let d = case.dtype;
+    let types = case.op.input_types(case, p.inputs[0].len());
     let ins: Vec<Buffer> = p.inputs[0]
         .iter()
+        .zip(&types)
         .enumerate()
-        .map(|(i, v)| upload(device, &format!("in{i}"), v, d))
+        .map(|(i, (v, t))| upload(device, &format!("in{i}"), v, *t))
         .collect::<Result<_, _>>()?;
     let out = device.alloc((p.expected[0].len() * d.size_bytes() as usize).max(1), "out")?;
     device.fill(&out, &poison(d))?;

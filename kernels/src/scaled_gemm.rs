@@ -148,3 +148,13 @@ impl ScaledGemm {
         l.launch(&kernel, [tiles as u32, 1, 1], &args)
     }
 }
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "scaled_gemm",
+        operation: "scaled_gemm",
+        distributed: false,
+        // FP8 whatever the catalogue's type (its output is bf16): the block-scaled form.
+        build: |_| ScaledGemm::new(DType::F8E4M3FN, Scaling::Block).build(),
+    }
+}

@@ -1,0 +1,94 @@
+//! FP8 GEMMs with scales (`trident_kernels::scaled_gemm`): C bf16 = (A * sa) @ (B * sb)^T, A and
+//! B FP8 and K-major, the scales f32. Its cases are the bf16 ones (the output type); the
+//! variant names the FP8 format and the scaling. The reference sums each 128 of K in f64 and
+//! applies that block's scales, as the kernel's definition says.
+
+use crate::host::{random, round_to};
+use crate::registry::{Operation, Registered, WorldData};
+use crate::suite::Case;
+use rand::Rng;
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_kernels::scaled_gemm::{ScaledGemm, Scaling, SCALE_BLOCK};
+use trident_kernels::DeviceCtx;
+
+struct ScaledGemmCase;
+
+/// The format and scaling of a variant.
+fn of(variant: &str) -> (DType, Scaling) {
+    let dtype = if variant.starts_with("e5m2") { DType::F8E5M2 } else { DType::F8E4M3FN };
+    let scaling = match variant.rsplit('-').next() {
+        Some("block") => Scaling::Block,
+        Some("row") => Scaling::Row,
+        _ => Scaling::Tensor,
+    };
+    (dtype, scaling)
+}
+
+impl Operation for ScaledGemmCase {
+    fn name(&self) -> &'static str {
+        "scaled_gemm"
+    }
+
+    /// Only at bf16, its output type.
+    fn variants(&self, dtype: DType) -> &'static [&'static str] {
+        if dtype == DType::BF16 {
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block"]
+        } else {
+            &[]
+        }
+    }
+
+    fn input_types(&self, case: &Case, _inputs: usize) -> Vec<DType> {
+        let (d, _) = of(case.variant);
+        vec![d, d, DType::F32, DType::F32]
+    }
+
+    fn distributed(&self) -> bool {
+        false
+    }
+
+    /// M, N, K: M = 1, K not a multiple of 128, N not a multiple of the tile nor of B's scale
+    /// blocks.
+    fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
+        [[1, 200, 300], [33, 64, 129], [64, 130, 128]].map(|s| s.to_vec()).to_vec()
+    }
+
+    fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
+        let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
+        let (d, scaling) = of(case.variant);
+        // FP8 values over their whole range (both formats reach 448), and scales near 1.
+        let spread = |v: Vec<f64>| round_to(&v.iter().map(|x| x * 400.0).collect::<Vec<_>>(), d);
+        let (a, b) = (spread(random(m * k, DType::F32, rng)), spread(random(n * k, DType::F32, rng)));
+        let op = ScaledGemm::new(d, scaling);
+        let (la, lb) = op.scale_lens(m, n, k);
+        let mut scales = |len: usize| round_to(&(0..len).map(|_| rng.gen_range(0.25..4.0) / 400.0).collect::<Vec<_>>(), DType::F32);
+        let (sa, sb) = (scales(la), scales(lb));
+        let (blk, kb) = (SCALE_BLOCK as usize, k.div_ceil(SCALE_BLOCK as usize));
+        let mut expected = Vec::with_capacity(m * n);
+        for i in 0..m {
+            for j in 0..n {
+                let mut sum = 0.0;
+                for q in 0..kb {
+                    let part: f64 = (q * blk..((q + 1) * blk).min(k)).map(|kk| a[i * k + kk] * b[j * k + kk]).sum();
+                    sum += part
+                        * match scaling {
+                            Scaling::Tensor => sa[0] * sb[0],
+                            Scaling::Row => sa[i] * sb[j],
+                            Scaling::Block => sa[i * kb + q] * sb[(j / blk) * kb + q],
+                        };
+                }
+                expected.push(sum);
+            }
+        }
+        WorldData::single(vec![a, b, sa, sb], expected, k)
+    }
+
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+        let (d, scaling) = of(case.variant);
+        let mnk = (case.shape[0], case.shape[1], case.shape[2]);
+        ScaledGemm::new(d, scaling).run(l, &ins[0], &ins[1], out, &ins[2], &ins[3], mnk)
+    }
+}
+
+inventory::submit! { Registered(&ScaledGemmCase) }
