@@ -2,7 +2,8 @@
 # Issue 27's checks on the GPU machine, over `bundle/` (cargo xtask bundle): every FP8 case of
 # the differential test on the H200 (casts from every FP8 pattern, casts to FP8 on the boundary
 # sets, select), with the PTX of sm_90a and of sm_80 (software conversions on both today), and
-# the whole op matrix once more so that nothing else moved. Writes $OUT/summary.txt and logs.
+# the whole op matrix once more so that nothing else moved, and the scaled FP8 GEMM's
+# conformance cases. Writes $OUT/summary.txt and logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-gpu-out}; mkdir -p "$O/logs"
@@ -15,7 +16,7 @@ step() {
   timeout "$limit" "$@" > "$O/logs/$name.log" 2>&1
   local rc=$?
   echo "== $name: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$S"
-  grep -E "^ops:|FAIL|skipped" "$O/logs/$name.log" | head -12 >> "$S"
+  grep -E "^ops:|^conformance:|FAIL|skipped" "$O/logs/$name.log" | head -12 >> "$S"
 }
 for t in sm_90a sm_80; do
   for d in f8e4m3fn f8e5m2; do
@@ -24,4 +25,6 @@ for t in sm_90a sm_80; do
   step "ops-$t-to-f8" 120 $B/trident ops --backend nvidia --target $t --op cast.f8 --json "$O/logs/ops-$t-to-f8.json"
 done
 step ops-all-sm_90a 300 $B/trident ops --backend nvidia --json "$O/logs/ops-all.json"
+# The scaled FP8 GEMM's conformance cases (the portable form) on the GPU.
+step conformance-scaled-gemm 120 $B/trident test --backend nvidia --kernel scaled_gemm --json "$O/logs/scaled-gemm.json"
 cat "$S"
