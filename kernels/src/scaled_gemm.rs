@@ -104,19 +104,20 @@ impl ScaledGemm {
         b.finish()
     }
 
-    /// `c[m, n]` (bf16) = the scaled product of `a[m, k]` and `b[n, k]` (FP8, row-major), with
-    /// `scale_a` and `scale_b` as [`ScaledGemm::scale_lens`] sizes them.
+    /// The grid and arguments of `c[m, n]` (bf16) = the scaled product of `a[m, k]` and
+    /// `b[n, k]` (FP8, row-major), with `scale_a` and `scale_b` as [`ScaledGemm::scale_lens`]
+    /// sizes them, checked (`None`: nothing to do); for callers that launch on a stream of
+    /// their own (the Python package).
     #[allow(clippy::too_many_arguments)]
-    pub fn run(
+    pub fn plan(
         &self,
-        l: &DeviceCtx,
         a: &Buffer,
         b: &Buffer,
         c: &Buffer,
         scale_a: &Buffer,
         scale_b: &Buffer,
         (m, n, k): (usize, usize, usize),
-    ) -> Result<(), BackendError> {
+    ) -> Result<Option<([u32; 3], Vec<KernelArg>)>, BackendError> {
         if !self.dtype.is_fp8() {
             return Err(self.problem(format!("operands of `{}`: an FP8 type is needed", self.dtype)));
         }
@@ -131,10 +132,9 @@ impl ScaledGemm {
         require_bytes(scale_b, lb * 4, "scale_b")?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         if m == 0 || n == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let kernel = l.compile(format!("{self:?}"), || self.build())?;
-        let args = [
+        let args = vec![
             a.arg(),
             b.arg(),
             c.arg(),
@@ -145,7 +145,24 @@ impl ScaledGemm {
             KernelArg::i32(k32),
         ];
         let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
-        l.launch(&kernel, [tiles as u32, 1, 1], &args)
+        Ok(Some(([tiles as u32, 1, 1], args)))
+    }
+
+    /// [`ScaledGemm::plan`], launched on `l`'s device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        l: &DeviceCtx,
+        a: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+        scale_a: &Buffer,
+        scale_b: &Buffer,
+        mnk: (usize, usize, usize),
+    ) -> Result<(), BackendError> {
+        let Some((grid, args)) = self.plan(a, b, c, scale_a, scale_b, mnk)? else { return Ok(()) };
+        let kernel = l.compile(format!("{self:?}"), || self.build())?;
+        l.launch(&kernel, grid, &args)
     }
 }
 

@@ -282,7 +282,7 @@ impl Kernel {
 }
 
 /// The options of launches from Python, read once (the wait bound comes from the environment).
-fn launch_options() -> &'static LaunchOptions {
+pub(crate) fn launch_options() -> &'static LaunchOptions {
     static OPTS: OnceLock<LaunchOptions> = OnceLock::new();
     OPTS.get_or_init(LaunchOptions::default)
 }

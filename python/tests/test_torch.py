@@ -171,3 +171,34 @@ def test_a_wait_that_times_out_is_reported_by_synchronize():
     words.fill_(1)
     k[1](flag, 1)
     trident.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
+def test_scaled_fp8_gemm_against_float64(dtype, scaling):
+    import trident.ops
+
+    m, n, k = 65, 200, 300
+    # Clamped before the cast: torch's FP8 overflow behaviour changed across versions.
+    a = (torch.randn(m, k, device="cuda") * 64).clamp(-448, 448).to(dtype)
+    b = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(dtype)
+    kb = -(-k // 128)
+    shapes = {"tensor": ((1,), (1,)), "row": ((m,), (n,)), "block": ((m, kb), (-(-n // 128), kb))}[scaling]
+    sa = torch.rand(shapes[0], device="cuda") + 0.5
+    sb = torch.rand(shapes[1], device="cuda") + 0.5
+    c = torch.ops.trident.scaled_mm(a, b, sa, sb, scaling)
+    torch.cuda.synchronize()
+    a64, b64 = a.double(), b.double()
+    if scaling == "block":
+        want = torch.zeros(m, n, dtype=torch.float64, device="cuda")
+        for q in range(kb):
+            s = slice(q * 128, min((q + 1) * 128, k))
+            part = a64[:, s] @ b64[:, s].T
+            want += part * sa[:, q].double()[:, None] * sb[:, q].double().repeat_interleave(128)[:n][None, :]
+    else:
+        want = (a64 @ b64.T) * sa.double().reshape(-1, 1 if scaling == "row" else 1)
+        want = want * (sb.double()[None, :] if scaling == "row" else sb.double())
+    err = (c.double() - want).abs().max().item() / want.abs().max().item()
+    assert err <= 1e-2, err
+    with pytest.raises(trident.ArgumentError, match="float8"):
+        trident.ops.scaled_mm(a.half(), b, sa, sb, scaling)

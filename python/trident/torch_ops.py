@@ -50,14 +50,26 @@ def _fake_gemm_rs(a, b):
     return a.new_empty((a.shape[0] // _size(), b.shape[1]))
 
 
-def register():
-    """Defines the ops once per process (later calls do nothing)."""
+_REGISTERED = False
+
+
+def library():
+    """The process's ``torch.library.Library("trident", "DEF")``: every trident op is defined
+    in it (``trident.ops`` defines the single-GPU ones)."""
     global _LIB
-    if _LIB is not None:
+    if _LIB is None:
+        _LIB = torch.library.Library("trident", "DEF")
+    return _LIB
+
+
+def register():
+    """Defines the distributed ops once per process (later calls do nothing)."""
+    global _REGISTERED
+    if _REGISTERED:
         return
-    lib = torch.library.Library("trident", "DEF")
+    lib = library()
     for name, schema in SCHEMAS.items():
         lib.define(schema)
         lib.impl(name, getattr(distributed, name), "CUDA")
         torch.library.register_fake(f"trident::{name}", lib=lib)(globals()[f"_fake_{name}"])
-    _LIB = lib
+    _REGISTERED = True

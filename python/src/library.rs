@@ -1,0 +1,89 @@
+//! The library's single-device kernels as Python ops on torch CUDA tensors: compiled once per
+//! specialization and target, launched on the caller's stream without waiting (as
+//! `kernel[grid]` is, `crate::launch`). Today: the scaled FP8 GEMM.
+
+use crate::errors;
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use trident_core::backend::{Artifact, BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
+
+/// Artifacts by specialization and target.
+type Compiled = Mutex<HashMap<String, Artifact>>;
+
+/// The artifact of `key` for `target`, built by `build` on first use.
+fn compiled(
+    key: &str,
+    target: &str,
+    build: impl FnOnce() -> Result<trident_core::Function, trident_core::VerifyError>,
+) -> Result<Artifact, BackendError> {
+    static COMPILED: OnceLock<Compiled> = OnceLock::new();
+    let full = format!("{target}/{key}");
+    let mut c = COMPILED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(a) = c.get(&full) {
+        return Ok(a.clone());
+    }
+    let func = build()?;
+    let art = trident_backend_nvidia::NvidiaBackend.compile_cached(&func, Some(target))?.0;
+    c.insert(full, art.clone());
+    Ok(art)
+}
+
+/// The nvidia target of a device: `sm_90a` on Hopper (its own features), else its arch.
+fn target_of(arch: &str) -> String {
+    if arch == "sm_90" {
+        "sm_90a".into()
+    } else {
+        arch.to_string()
+    }
+}
+
+/// `c` (bf16 `[m, n]`) = (a * scale_a) @ (b * scale_b)^T with `a` `[m, k]` and `b` `[n, k]` in
+/// `dtype` (`f8e4m3fn`, `f8e5m2`), the scales f32 as `scaling` (`tensor`, `row`, `block`)
+/// wants them; all by address on CUDA device `device`, enqueued on `stream`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn scaled_gemm(
+    py: Python<'_>,
+    a: u64,
+    b: u64,
+    c: u64,
+    scale_a: u64,
+    scale_b: u64,
+    mnk: (usize, usize, usize),
+    dtype_name: &str,
+    scaling: &str,
+    device: i64,
+    stream: u64,
+) -> PyResult<()> {
+    let dtype = DType::parse(dtype_name).filter(|d| d.is_fp8()).ok_or_else(|| {
+        errors::argument(format!("scaled_gemm: operands of `{dtype_name}`: f8e4m3fn or f8e5m2 are needed"))
+    })?;
+    let scaling = match scaling {
+        "tensor" => Scaling::Tensor,
+        "row" => Scaling::Row,
+        "block" => Scaling::Block,
+        other => return Err(errors::argument(format!("scaled_gemm: scaling `{other}`: tensor, row or block"))),
+    };
+    let op = ScaledGemm::new(dtype, scaling);
+    let (m, n, k) = mnk;
+    let (la, lb) = op.scale_lens(m, n, k);
+    let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
+    let plan = op
+        .plan(
+            &buf("a", a, m * k),
+            &buf("b", b, n * k),
+            &buf("c", c, m * n * 2),
+            &buf("scale_a", scale_a, la * 4),
+            &buf("scale_b", scale_b, lb * 4),
+            mnk,
+        )
+        .map_err(errors::backend)?;
+    let Some((grid, args)) = plan else { return Ok(()) };
+    let dev = crate::launch::gpu(device)?;
+    let target = target_of(dev.arch());
+    let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
+    dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
+}
