@@ -22,6 +22,9 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 /// The elements of K (and of N, for B's block scales) one scale covers in [`Scaling::Block`].
 pub const SCALE_BLOCK: u32 = 128;
 
+/// A launch's grid and arguments.
+pub type Launch = ([u32; 3], Vec<KernelArg>);
+
 /// How the scales apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Scaling {
@@ -117,7 +120,7 @@ impl ScaledGemm {
         scale_a: &Buffer,
         scale_b: &Buffer,
         (m, n, k): (usize, usize, usize),
-    ) -> Result<Option<([u32; 3], Vec<KernelArg>)>, BackendError> {
+    ) -> Result<Option<Launch>, BackendError> {
         if !self.dtype.is_fp8() {
             return Err(self.problem(format!("operands of `{}`: an FP8 type is needed", self.dtype)));
         }
