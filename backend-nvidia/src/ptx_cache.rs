@@ -1,8 +1,9 @@
 //! Compiled kernels on disk: the PTX and what the runtime needs beside it (entry, threads,
-//! shared memory, waits, tensor maps), keyed by the kernel's IR, the target and trident's
-//! version, so that a new process skips the lowering. The second half of a cold start, the
-//! driver's JIT of PTX into the GPU's code, is cached by the driver itself (its compute cache,
-//! `CUDA_CACHE_PATH`, on by default), keyed by the PTX: the same PTX from this cache hits it.
+//! shared memory, waits, tensor maps), keyed by the kernel's IR, the target, trident's version
+//! and a hash of the lowering's sources, so that a new process skips the lowering. The second
+//! half of a cold start, the driver's JIT of PTX into the GPU's code, is cached by the driver
+//! itself (its compute cache, `CUDA_CACHE_PATH`, on by default), keyed by the PTX: the same PTX
+//! from this cache hits it.
 //!
 //! Where: `ptx/` in trident's cache directory (`trident_core::backend::cache_dir`:
 //! `$TRIDENT_CACHE_DIR`, else `~/.cache/trident`); `TRIDENT_PTX_CACHE=0` turns it off. An entry
@@ -26,9 +27,17 @@ pub fn dir() -> Option<PathBuf> {
     }
 }
 
-/// The whole key of `func` on `target`: trident's version, the target, the IR as text.
+/// The whole key of `func` on `target`: trident's version and the hash of the lowering's
+/// sources this build was made from (`build.rs`: a changed lowering with an unchanged version
+/// number must not read PTX an earlier build wrote), the target, the IR as text.
 fn key(func: &Function, target: &TargetDesc) -> String {
-    format!("trident {} ptx\ntarget {}\n{}", env!("CARGO_PKG_VERSION"), target.name, trident_core::text::print(func))
+    format!(
+        "trident {} lowering {} ptx\ntarget {}\n{}",
+        env!("CARGO_PKG_VERSION"),
+        env!("TRIDENT_LOWERING_ID"),
+        target.name,
+        trident_core::text::print(func)
+    )
 }
 
 fn path(dir: &std::path::Path, key: &str) -> PathBuf {
