@@ -135,11 +135,23 @@ impl KernelCache {
         key: &str,
         build: &dyn Fn() -> Result<Function, VerifyError>,
     ) -> Result<Artifact, BackendError> {
-        let id = (backend.descriptor().name, target.map(str::to_string), key.to_string());
+        self.get_or_make(backend.descriptor().name, target, key, &|| backend.compile(&build()?, target))
+    }
+
+    /// The artifact of `key` for `backend` (a name) and `target`, made by `make` the first
+    /// time: for callers that compile otherwise than `Backend::compile` (through a disk cache).
+    pub fn get_or_make(
+        &self,
+        backend: &'static str,
+        target: Option<&str>,
+        key: &str,
+        make: &dyn Fn() -> Result<Artifact, BackendError>,
+    ) -> Result<Artifact, BackendError> {
+        let id = (backend, target.map(str::to_string), key.to_string());
         if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(&id) {
             return Ok(a.clone());
         }
-        let artifact = backend.compile(&build()?, target)?;
+        let artifact = make()?;
         self.compiled.lock().unwrap_or_else(|e| e.into_inner()).insert(id, artifact.clone());
         Ok(artifact)
     }

@@ -4,31 +4,24 @@
 
 use crate::errors;
 use pyo3::prelude::*;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
+use trident_core::world::KernelCache;
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
-/// Artifacts by specialization and target.
-type Compiled = Mutex<HashMap<String, Artifact>>;
-
-/// The artifact of `key` for `target`, built by `build` on first use.
+/// The artifact of `key` for `target`, built by `build` and compiled through the disk cache on
+/// first use.
 fn compiled(
     key: &str,
     target: &str,
-    build: impl FnOnce() -> Result<trident_core::Function, trident_core::VerifyError>,
+    build: impl Fn() -> Result<trident_core::Function, trident_core::VerifyError>,
 ) -> Result<Artifact, BackendError> {
-    static COMPILED: OnceLock<Compiled> = OnceLock::new();
-    let full = format!("{target}/{key}");
-    let mut c = COMPILED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(a) = c.get(&full) {
-        return Ok(a.clone());
-    }
-    let func = build()?;
-    let art = trident_backend_nvidia::NvidiaBackend.compile_cached(&func, Some(target))?.0;
-    c.insert(full, art.clone());
-    Ok(art)
+    static COMPILED: OnceLock<KernelCache> = OnceLock::new();
+    let nvidia = trident_backend_nvidia::NvidiaBackend;
+    COMPILED.get_or_init(Default::default).get_or_make(trident_backend_nvidia::NAME, Some(target), key, &|| {
+        Ok(nvidia.compile_cached(&build()?, Some(target))?.0)
+    })
 }
 
 /// The nvidia target of a device: `sm_90a` on Hopper (its own features), else its arch.
