@@ -12,14 +12,9 @@ O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 B=bundle
 S="$O/summary.txt"
 { date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
-step() {
-  local name=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s%N)
-  timeout "$limit" "$@" > "$O/logs/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$S"
-  grep -E "conformance:|ops:|PASS|FAIL|rank [0-9]+:|identical|differ|skipped" "$O/logs/$name.log" | grep -v "^exp\|^log\|^sin\|^cos" | head -24 >> "$S"
-}
+source scripts/step.sh
+KEEP='conformance:|ops:|PASS|FAIL|rank [0-9]+:|identical|differ|skipped'
+DROP='^exp|^log|^sin|^cos'
 step gpu-check 200 env BENCH=0 MATH_STRIDE=4096 OUT="$O/check" bash scripts/gpu-check.sh
 step replay-world2 60 $B/trident test --backend nvidia --world 2 --replay 10 --json "$O/logs/replay.json"
 step rearm-world2 120 env TRIDENT_WAIT_BOUND_MS=300 TRIDENT_STREAM_WAIT_BOUND_MS=1000 \

@@ -10,14 +10,9 @@ O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 S="$O/summary.txt"
 PYTHON=${PYTHON:-/opt/torch/.venv/bin/python}
 { date -u +%FT%TZ; echo "commit: $(cat bundle/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
-step() {
-  local name=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s%N)
-  timeout "$limit" "$@" > "$O/logs/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$S"
-  grep -E "passed|failed|error|per launch|trident / triton|start|Error|FAIL|ALL PASS" "$O/logs/$name.log" | head -30 >> "$S"
-}
+source scripts/step.sh
+KEEP='passed|failed|error|per launch|trident / triton|start|Error|FAIL|ALL PASS'
+KEEP_LINES=30
 TP=/tmp/trident-py; rm -rf $TP
 step install 120 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
 export PYTHONPATH=$TP

@@ -10,14 +10,9 @@ O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 B=bundle
 S="$O/summary.txt"
 { date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
-step() {
-  local name=$1 limit=$2; shift 2
-  local t0; t0=$(date +%s%N)
-  timeout "$limit" "$@" > "$O/logs/$name.log" 2>&1
-  local rc=$?
-  echo "== $name: rc=$rc, $(( ($(date +%s%N) - t0) / 1000000 )) ms" >> "$S"
-  grep -E "^ops:|^conformance:|FAIL|skipped" "$O/logs/$name.log" | head -12 >> "$S"
-}
+source scripts/step.sh
+KEEP='^ops:|^conformance:|FAIL|skipped'
+KEEP_LINES=12
 for t in sm_90a sm_80; do
   for d in f8e4m3fn f8e5m2; do
     step "ops-$t-from-$d" 120 $B/trident ops --backend nvidia --target $t --dtype $d --json "$O/logs/ops-$t-$d.json"
