@@ -451,6 +451,8 @@ impl CudaDevice {
             .map_err(|e| fail("cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)", e))?;
         }
         modules.insert(module.id, Loaded { _module: m, function: f });
+        // Once per module, not per launch: a wait record of a single-device launch names it.
+        self.hidden.note_kernel(&kernel.kernel);
         Ok(f)
     }
 }
@@ -481,7 +483,6 @@ impl CudaDevice {
     ) -> Result<(), BackendError> {
         check_launch(kernel, grid, args, u64::MAX)?;
         let hidden = self.hidden.args(self, opts.wait_bound)?;
-        self.hidden.note_kernel(&kernel.kernel);
         self.launch_on(stream, kernel, grid, args, &hidden, 1)
     }
 

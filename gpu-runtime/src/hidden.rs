@@ -52,7 +52,8 @@ impl HiddenBuffers {
         Ok(HiddenArgs { rank: 0, ranks: 1, heap_bases: table, diag: d, wait_bound, barrier })
     }
 
-    /// Notes that `kernel` is launched with these buffers (see `kernels`).
+    /// Notes that `kernel` may be launched with these buffers (see `kernels`): its driver does
+    /// it when it loads the kernel, once, not at every launch.
     pub fn note_kernel(&self, kernel: &str) {
         let tag = diag::kernel_tag(kernel);
         self.kernels.lock().unwrap_or_else(|e| e.into_inner()).entry(tag).or_insert_with(|| kernel.to_string());
