@@ -20,10 +20,11 @@ pub struct HiddenBuffers {
 }
 
 impl HiddenBuffers {
-    fn buffers(&self, dev: &dyn Device) -> Result<[Buffer; 3], BackendError> {
+    /// The buffers' addresses, made (and zeroed) on first use.
+    fn addresses(&self, dev: &dyn Device) -> Result<[u64; 3], BackendError> {
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(b) = made.as_ref() {
-            return Ok(b.clone());
+            return Ok(b.each_ref().map(|x| x.address));
         }
         let b = [
             dev.alloc(8, "__heap_bases")?,
@@ -34,21 +35,14 @@ impl HiddenBuffers {
         for x in &b {
             dev.write(x, 0, &vec![0u8; x.bytes])?;
         }
-        *made = Some(b.clone());
-        Ok(b)
+        let addresses = b.each_ref().map(|x| x.address);
+        *made = Some(b);
+        Ok(addresses)
     }
 
     /// The hidden parameters of a launch of one rank alone on `dev`.
     pub fn args(&self, dev: &dyn Device, wait_bound: Duration) -> Result<HiddenArgs, BackendError> {
-        // Made once; then only their addresses are read (a launch from Python pays for this).
-        let made = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        let [table, d, barrier] = match made.as_ref() {
-            Some([t, d, b]) => [t.address, d.address, b.address],
-            None => {
-                drop(made);
-                self.buffers(dev)?.map(|b| b.address)
-            }
-        };
+        let [table, d, barrier] = self.addresses(dev)?;
         Ok(HiddenArgs { rank: 0, ranks: 1, heap_bases: table, diag: d, wait_bound, barrier })
     }
 
