@@ -212,16 +212,25 @@ fn while_loop_and_compare_and_swap() {
 }
 
 /// `dot` of FP8 tiles (every finite code, in random order) with an f32 accumulator, against
-/// float64 on the host, on the interpreter and on the SIMT lowering for three targets: FP8
-/// products are exact in f32, so only the f32 summation rounds.
+/// float64 on the host, on the interpreter and on the SIMT lowering for four targets: FP8
+/// products are exact in f32, so only the f32 summation rounds. The 16 x 16 tile takes the
+/// FMA loop, the 64 x 64 one the targets' matrix atoms (operands converted up to f16).
 #[test]
 fn fp8_dot_accumulates_in_f32() {
     let simt = trident_backend_cpu::simt_exec::SimtBackend;
-    let runs: [(&dyn Backend, Option<&str>); 4] =
-        [(&CpuBackend, None), (&simt, Some("sm_80")), (&simt, Some("sm_90a")), (&simt, Some("gfx942"))];
-    for ((backend, target), d) in runs.iter().flat_map(|r| [(*r, DType::F8E4M3FN), (*r, DType::F8E5M2)]) {
+    let runs: [(&dyn Backend, Option<&str>); 5] = [
+        (&CpuBackend, None),
+        (&simt, Some("sm_80")),
+        (&simt, Some("sm_90a")),
+        (&simt, Some("gfx942")),
+        (&simt, Some("gfx90a")),
+    ];
+    let cases = runs
+        .iter()
+        .flat_map(|r| [(*r, DType::F8E4M3FN), (*r, DType::F8E5M2)])
+        .flat_map(|c| [(c, (16u32, 64u32, 16u32)), (c, (64, 32, 64))]);
+    for (((backend, target), d), (m, k, n)) in cases {
         let f = d.fp8().unwrap();
-        let (m, k, n) = (16u32, 64u32, 16u32);
         let b = KernelBuilder::new("fp8_dot", LaunchAttrs::default());
         let (pa, pb, pc) = (b.arg_ptr("a", d), b.arg_ptr("b", d), b.arg_ptr("c", DType::F32));
         let idx = |rows: u32, cols: u32| {
@@ -232,6 +241,11 @@ fn fp8_dot_accumulates_in_f32() {
         let acc = b.dot(ta, tb, b.zeros(&[m, n], DType::F32), InputPrecision::Ieee);
         b.store(pc + idx(m, n), acc, None);
         let func = b.finish().unwrap();
+        if let Some(t) = target {
+            let simt = trident_core::simt::lower(&func, trident_core::target::lookup(t).unwrap()).unwrap();
+            let atoms = simt.to_string().contains("matmul");
+            assert_eq!(atoms, m == 64, "{d} {m}x{k}x{n} on {t}: matrix atoms used: {atoms}");
+        }
         let art = backend.compile(&func, target).unwrap();
         let dev = backend.open_device(0).unwrap();
         let mut rng = rand::rngs::StdRng::seed_from_u64(27);

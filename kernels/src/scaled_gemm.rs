@@ -11,8 +11,9 @@
 //!   a fresh f32 partial and added to the accumulator with its two scales (the promotion the
 //!   tensor cores' limited FP8 accumulation needs).
 //!
-//! This form is the portable one: its `dot` runs on every backend (on GPUs FP8 operands are
-//! decoded to f32 today); the tensor cores' FP8 forms come with their lowering.
+//! This form is the portable one: its `dot` runs on every backend (on GPUs on the f16 matrix
+//! atoms, FP8 operands converted up in registers); the tensor cores' native FP8 forms (sm_90a's
+//! `wgmma ... .e4m3`, read by TMA) come with their lowering.
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};

@@ -11,8 +11,8 @@ impl Lowering<'_> {
         let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
         let (m, kk, n) = (at.shape[0], at.shape[1], bt.shape[1]);
         let (ea, eb) = (stype(&at), stype(&bt));
-        // FP8 operands are staged as their bits and decoded to f32 where they are read (the
-        // tensor-core FP8 forms are not lowered yet).
+        // FP8 operands (on a target without a matrix atom for this tile) are staged as their
+        // bits and decoded to f32 where they are read.
         let fp8 = at.elem.dtype().and_then(|d| d.fp8());
         let (ar, br, cr) = (self.held(a), self.held(b), self.held(acc));
         let a_bytes = (m * kk * shared_size(ea)).next_multiple_of(16);
@@ -387,12 +387,13 @@ impl Lowering<'_> {
         let OpKind::Dot { a, b, acc, .. } = &self.func.ops[op].kind else { return None };
         let (at, bt, ct) = (self.func.ty(*a), self.func.ty(*b), self.func.ty(*acc));
         let (ea, eb, ec) = (at.elem.dtype()?, bt.elem.dtype()?, ct.elem.dtype()?);
-        if ea != eb || !matches!(ea, DType::F16 | DType::BF16) || ec != DType::F32 {
+        let input = mma_input(ea, eb)?;
+        if ec != DType::F32 {
             return None;
         }
         let atom = self.target.atoms.iter().find(|x| {
             x.lowered
-                && x.takes(ea)
+                && x.takes(input)
                 && x.acc == DType::F32
                 && x.lanes == self.k.warp_size
                 && x.operands == crate::target::OperandSource::Registers
@@ -525,9 +526,21 @@ impl Lowering<'_> {
     /// shared memory (rows padded), then `mma_steps` runs the K tile.
     pub(super) fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: AccLayout) -> Vec<Reg> {
         let (at, bt) = (self.func.ty(a).clone(), self.func.ty(b).clone());
-        let ab = stype(&at);
+        let (ea, eb) = (at.elem.dtype().expect("a scalar tile"), bt.elem.dtype().expect("a scalar tile"));
+        let input = mma_input(ea, eb).expect("checked by `dot_mma_layout`");
+        let ab = SType::of(input);
         let kk = at.shape[1];
-        let (ar, br) = (self.held(a), self.held(b));
+        let (mut ar, mut br) = (self.held(a), self.held(b));
+        // FP8 operands go to the atom as f16: every FP8 value is exact in f16, and so is the
+        // product of two in the atom's f32 accumulator.
+        for (regs, e) in [(&mut ar, ea), (&mut br, eb)] {
+            if let Some(f) = e.fp8() {
+                for r in regs.iter_mut() {
+                    let x = self.fp8_decode(*r, f);
+                    *r = self.convert(x, SType::F16);
+                }
+            }
+        }
         let c = self.held_mma(acc, l);
         // Rows padded by 16 bytes (see `stage_padded`).
         let (a_stride, b_stride) = (kk + 8, bt.shape[1] + 8);
@@ -542,5 +555,16 @@ impl Lowering<'_> {
         let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c);
         self.shared_free(o);
         out
+    }
+}
+
+/// The element type a matrix atom multiplies for `dot` operands of types `a` and `b`: f16 or
+/// bf16 as they are, and 8-bit floats converted up to f16, which holds every FP8 value exactly
+/// (`docs/DECISIONS.md`, "FP8 on the f16 atoms"). The verifier makes A and B of one type.
+pub(super) fn mma_input(a: DType, b: DType) -> Option<DType> {
+    match (a, b) {
+        (DType::F16, DType::F16) | (DType::BF16, DType::BF16) => Some(a),
+        _ if a == b && a.is_fp8() => Some(DType::F16),
+        _ => None,
     }
 }

@@ -154,6 +154,11 @@ impl Lowering<'_> {
         let next = self.func.blocks[body].yields[0];
         let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
         let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
+        // FP8 stages would hold bytes that the atoms' fragments (16-bit) cannot read; such a
+        // `dot` converts its operands in registers (`dot_mma`), outside the pipeline.
+        if self.func.ty(a).elem.dtype().is_some_and(|d| d.is_fp8()) {
+            return None;
+        }
         let mut loads = Vec::new();
         for v in [a, b] {
             let ValueDef::Result { op: ld, .. } = self.func.values[v].def else { return None };
