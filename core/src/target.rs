@@ -166,6 +166,10 @@ pub struct TargetDesc {
     pub matrix_load: bool,
     pub async_copies: &'static [AsyncCopy],
     pub clock: Clock,
+    /// Conversions between 8-bit floats and f16/f32 in hardware ([`crate::simt::Inst::Fp8Convert`]:
+    /// sm_89+'s `cvt.rn.f16x2.e4m3x2` and `cvt.rn.satfinite.e4m3x2.f32`, and their E5M2 forms);
+    /// without them the lowering converts with integer and f32 instructions.
+    pub fp8_convert: bool,
     /// A barrier that also ORs a predicate over the program (`bar.red.or.pred`); without it
     /// `protocol::expand` builds the OR from shared memory and three barriers.
     pub barrier_reduce: bool,
@@ -383,6 +387,7 @@ pub const SM_80: TargetDesc = TargetDesc {
     matrix_load: true,
     async_copies: &[AsyncCopy::CpAsyncGroups],
     clock: Clock::GlobalTimerNs,
+    fp8_convert: false,
     barrier_reduce: true,
     scope_names: NVIDIA_SCOPES,
     isa_version: Some(PTX_ISA),
@@ -397,6 +402,7 @@ pub const SM_90: TargetDesc = TargetDesc {
     arch: "Hopper",
     shared_bytes: 227 << 10,
     async_copies: &[AsyncCopy::CpAsyncGroups, AsyncCopy::Tma],
+    fp8_convert: true,
     reference: false,
     ..SM_80
 };
@@ -427,6 +433,8 @@ pub const GFX90A: TargetDesc = TargetDesc {
     matrix_load: false,
     async_copies: &[],
     clock: Clock::RealTime100Mhz,
+    // gfx942's `v_cvt_pk_f32_fp8` and kin convert the FNUZ formats, not OCP's.
+    fp8_convert: false,
     barrier_reduce: false,
     scope_names: AMD_SCOPES,
     isa_version: None,

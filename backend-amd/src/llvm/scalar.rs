@@ -151,6 +151,11 @@ impl Writer<'_> {
                 let b = self.n(*base);
                 self.def(*dst, format!("getelementptr i8, ptr addrspace(1) {b}, i64 {m}"));
             }
+            Inst::Fp8Convert { format, .. } => {
+                return Err(EmitError(format!(
+                    "no OCP `{format}` conversion instruction on AMD targets (the lowering converts with integer and f32 instructions)"
+                )))
+            }
             Inst::Fma { dst, a, b, c } => {
                 let t = ty(self.t(*dst));
                 self.declare(&format!("declare {t} @llvm.fma.{}({t}, {t}, {t})", llvm_suffix(self.t(*dst))));

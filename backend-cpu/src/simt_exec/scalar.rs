@@ -107,6 +107,19 @@ impl Exec<'_> {
                 self.set(*dst, d);
             }
             Inst::Mov { dst, src } => self.copy_all(&[*dst], &[*src])?,
+            Inst::Fp8Convert { dst, src, format } => {
+                let Some(f) = format.fp8() else { return contract(format!("FP8 conversion of `{format}`")) };
+                let d = match (&self.get(*src)?.data, k.ty(*dst)) {
+                    (Data::I(codes), SType::F16) => Data::F(codes.iter().map(|&c| f.decode(c as u8) as f32).collect()),
+                    // The hardware's NaN code may be any NaN: 0xFF here, so that a missing
+                    // canonicalisation shows.
+                    (Data::F(x), SType::Int { bits: 8, .. }) => {
+                        Data::I(x.iter().map(|&a| if a.is_nan() { 0xFF } else { f.encode(a as f64) as i64 }).collect())
+                    }
+                    _ => return contract(format!("FP8 conversion from {:?} to {:?}", k.ty(*src), k.ty(*dst))),
+                };
+                self.set(*dst, d);
+            }
             Inst::Fma { dst, a, b, c } => {
                 let d = match (&self.get(*a)?.data, &self.get(*b)?.data, &self.get(*c)?.data) {
                     (Data::F(x), Data::F(y), Data::F(z)) => {

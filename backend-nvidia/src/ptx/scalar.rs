@@ -160,6 +160,34 @@ impl Writer<'_> {
                 let (l, h) = (half(self, *lo, l), half(self, *hi, h));
                 line!(self, "mov.b32 {d}, {{{l}, {h}}}");
             }
+            Inst::Fp8Convert { dst, src, format } => {
+                let pair = match format {
+                    trident_core::ir::DType::F8E4M3FN => "e4m3x2",
+                    trident_core::ir::DType::F8E5M2 => "e5m2x2",
+                    _ => return Err(EmitError(format!("FP8 conversion of `{format}`"))),
+                };
+                if !self.target.fp8_convert {
+                    return Err(EmitError(format!("`cvt ... {pair}` needs sm_89 or later, not {}", self.target.name)));
+                }
+                let (d, x) = (self.n(*dst).to_string(), self.n(*src).to_string());
+                let h = self.temp(Class::H);
+                match (self.k.ty(*src), self.k.ty(*dst)) {
+                    // The byte is the low element of a pair; the high one is converted and dropped.
+                    (SType::Int { bits: 8, .. }, SType::F16) => {
+                        let r = self.temp(Class::R);
+                        line!(self, "cvt.u16.u32 {h}, {x}");
+                        line!(self, "cvt.rn.f16x2.{pair} {r}, {h}");
+                        line!(self, "cvt.u16.u32 {d}, {r}");
+                    }
+                    // `a` (the pair's high element) and `b` (its low one) both `x`.
+                    (SType::F32, SType::Int { bits: 8, .. }) => {
+                        line!(self, "cvt.rn.satfinite.{pair}.f32 {h}, {x}, {x}");
+                        line!(self, "cvt.u32.u16 {d}, {h}");
+                        line!(self, "and.b32 {d}, {d}, 255");
+                    }
+                    (s, t) => return Err(EmitError(format!("FP8 conversion from {s:?} to {t:?}"))),
+                }
+            }
             Inst::Fma { dst, a, b, c } => {
                 let sfx = if self.k.ty(*dst) == SType::F64 { "f64" } else { "f32" };
                 let (d, x, y, z) =

@@ -4,7 +4,7 @@
 //! a new instruction must be placed in a family (the match of [`Inst::family`] is exhaustive).
 
 use super::{Reg, SType, Special};
-use crate::ir::{AtomicOp, BinaryOp, CmpOp, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
+use crate::ir::{AtomicOp, BinaryOp, CmpOp, DType, Literal, MemSemantic, Scope, SignalOp, UnaryOp};
 use crate::math::ApproxFn;
 use crate::target::MatrixAtom;
 
@@ -64,6 +64,16 @@ pub enum Inst {
         dst: Reg,
         func: ApproxFn,
         src: Reg,
+    },
+    /// An 8-bit float conversion in hardware (targets with `TargetDesc::fp8_convert`, sm_89+):
+    /// from `src`, the bits (`u8`) of a `format` value, to `dst` f16 (exact); or from `src` f32
+    /// to `dst`, the `u8` bits of `format`'s value rounded to nearest even and saturated to the
+    /// largest finite one, infinities included. A NaN gives a NaN code of the hardware's
+    /// choosing (the lowering makes it 0x7F).
+    Fp8Convert {
+        dst: Reg,
+        src: Reg,
+        format: DType,
     },
     /// `dst = base + offset * scale` on addresses (`offset` is an integer register).
     AddrOffset {
@@ -511,6 +521,7 @@ impl Inst {
             | Inst::Cast { .. }
             | Inst::Bitcast { .. }
             | Inst::Approx { .. }
+            | Inst::Fp8Convert { .. }
             | Inst::AddrOffset { .. }
             | Inst::Pack { .. }
             | Inst::Fma { .. }
@@ -596,9 +607,11 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::Exit
         | Inst::Origin { .. }
         | Inst::Fence { .. } => {}
-        Inst::Unary { src, .. } | Inst::Cast { src, .. } | Inst::Bitcast { src, .. } | Inst::Approx { src, .. } => {
-            f(src)
-        }
+        Inst::Unary { src, .. }
+        | Inst::Cast { src, .. }
+        | Inst::Bitcast { src, .. }
+        | Inst::Approx { src, .. }
+        | Inst::Fp8Convert { src, .. } => f(src),
         Inst::Mov { src, .. } | Inst::Shuffle { src, .. } => f(src),
         Inst::Binary { a, b, .. } | Inst::Cmp { a, b, .. } => {
             f(a);

@@ -76,6 +76,7 @@ fn pure_def(i: &Inst) -> Option<Reg> {
         | Inst::Cast { dst, .. }
         | Inst::Bitcast { dst, .. }
         | Inst::Approx { dst, .. }
+        | Inst::Fp8Convert { dst, .. }
         | Inst::AddrOffset { dst, .. }
         | Inst::IsAligned { dst, .. }
         | Inst::Fma { dst, .. }
@@ -101,6 +102,7 @@ enum Key {
     Cast(Reg),
     Bitcast(Reg),
     Approx(ApproxFn, Reg),
+    Fp8(crate::ir::DType, Reg),
     Addr(Reg, Reg, u32),
     Aligned(Reg, u32),
     Fma(Reg, Reg, Reg),
@@ -122,6 +124,7 @@ fn key(k: &Kernel, i: &Inst) -> Option<(SType, Key)> {
         Inst::Cast { src, .. } => Key::Cast(src),
         Inst::Bitcast { src, .. } => Key::Bitcast(src),
         Inst::Approx { func, src, .. } => Key::Approx(func, src),
+        Inst::Fp8Convert { src, format, .. } => Key::Fp8(format, src),
         Inst::AddrOffset { base, offset, scale, .. } => Key::Addr(base, offset, scale),
         Inst::IsAligned { addr, bytes, .. } => Key::Aligned(addr, bytes),
         Inst::Fma { a, b, c, .. } => Key::Fma(a, b, c),

@@ -127,6 +127,7 @@ impl Printer<'_> {
             Inst::Cast { dst, src } => format!("{} = cast {}", self.def(*dst), r(src)),
             Inst::Bitcast { dst, src } => format!("{} = bitcast {}", self.def(*dst), r(src)),
             Inst::Approx { dst, func, src } => format!("{} = approx.{func:?} {}", self.def(*dst), r(src)),
+            Inst::Fp8Convert { dst, src, format } => format!("{} = fp8.convert.{format} {}", self.def(*dst), r(src)),
             Inst::AddrOffset { dst, base, offset, scale } => {
                 format!("{} = addr {} + {} * {scale}", self.def(*dst), r(base), r(offset))
             }

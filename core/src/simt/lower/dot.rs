@@ -536,8 +536,7 @@ impl Lowering<'_> {
         for (regs, e) in [(&mut ar, ea), (&mut br, eb)] {
             if let Some(f) = e.fp8() {
                 for r in regs.iter_mut() {
-                    let x = self.fp8_decode(*r, f);
-                    *r = self.convert(x, SType::F16);
+                    *r = self.fp8_to_half(*r, f);
                 }
             }
         }

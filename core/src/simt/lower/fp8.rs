@@ -2,8 +2,9 @@
 //! has: an FP8 value lives in a `u8` register (its bits), and no SIMT instruction computes on
 //! one (the verifier refuses FP8 arithmetic), so converting is all a target needs. The meaning
 //! is `crate::fp8`'s (`docs/SEMANTICS.md`): round to nearest even once, saturating, NaN to
-//! 0x7F; decoding exact. Targets with conversion instructions (sm_89's `cvt ... e4m3x2`) may
-//! use them later; this form runs everywhere, sm_80 and AMD included.
+//! 0x7F; decoding exact. Targets with conversion instructions (`TargetDesc::fp8_convert`:
+//! sm_89+'s `cvt ... e4m3x2`) use them ([`Inst::Fp8Convert`]); the integer form runs
+//! everywhere else, sm_80 and AMD included.
 
 use super::*;
 use crate::fp8::Fp8;
@@ -38,8 +39,23 @@ impl Lowering<'_> {
         self.fp8_encode(x, g)
     }
 
+    /// The f16 value of FP8 bits `r` (exact: f16 holds every FP8 value).
+    pub(super) fn fp8_to_half(&mut self, r: Reg, f: Fp8) -> Reg {
+        if self.target.fp8_convert {
+            let dst = self.reg(SType::F16);
+            self.emit(Inst::Fp8Convert { dst, src: r, format: format_of(f) });
+            return dst;
+        }
+        let x = self.fp8_decode(r, f);
+        self.convert(x, SType::F16)
+    }
+
     /// The f32 value of FP8 bits `r` (exact).
     pub(super) fn fp8_decode(&mut self, r: Reg, f: Fp8) -> Reg {
+        if self.target.fp8_convert {
+            let h = self.fp8_to_half(r, f);
+            return self.cast(h, SType::F32);
+        }
         let (man, bias) = (f.man, f.bias);
         let b = self.cast(r, U32);
         let sign = self.u32op(BinaryOp::And, b, 0x80);
@@ -82,6 +98,13 @@ impl Lowering<'_> {
 
     /// The FP8 bits of f32 `x`: round to nearest even, saturate, NaN to 0x7F.
     fn fp8_encode(&mut self, x: Reg, f: Fp8) -> Reg {
+        if self.target.fp8_convert {
+            let code = self.reg(U8);
+            self.emit(Inst::Fp8Convert { dst: code, src: x, format: format_of(f) });
+            let is_nan = self.cmp_raw(CmpOp::Ne, x, x);
+            let nan = self.konst(U8, Literal::Int(crate::fp8::NAN_CODE as i64));
+            return self.select_raw(is_nan, nan, code);
+        }
         let (man, bias) = (f.man, f.bias);
         let u = self.bitcast(x, U32);
         let sign = self.u32op(BinaryOp::Shr, u, 24);
@@ -135,5 +158,14 @@ impl Lowering<'_> {
         let odd = self.u32op(BinaryOp::Or, t, 1);
         let t = self.select_raw(inexact, odd, t);
         self.bitcast(t, SType::F32)
+    }
+}
+
+/// The element type of FP8 format `f`.
+fn format_of(f: Fp8) -> DType {
+    if f == crate::fp8::E4M3FN {
+        DType::F8E4M3FN
+    } else {
+        DType::F8E5M2
     }
 }
