@@ -55,7 +55,7 @@ fn encode(dtype: DType, v: &MapValues) -> Result<sys::CUtensorMap, String> {
         DType::F32 => CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         DType::F64 => CU_TENSOR_MAP_DATA_TYPE_FLOAT64,
         DType::I32 => CU_TENSOR_MAP_DATA_TYPE_INT32,
-        DType::U8 | DType::I8 => CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        DType::U8 | DType::I8 | DType::F8E4M3FN | DType::F8E5M2 => CU_TENSOR_MAP_DATA_TYPE_UINT8,
         DType::U16 | DType::I16 => CU_TENSOR_MAP_DATA_TYPE_UINT16,
         other => return Err(format!("no tensor-map element type for {other}")),
     };

@@ -11,9 +11,14 @@
 //!   a fresh f32 partial and added to the accumulator with its two scales (the promotion the
 //!   tensor cores' limited FP8 accumulation needs).
 //!
-//! This form is the portable one: its `dot` runs on every backend (on GPUs on the f16 matrix
-//! atoms, FP8 operands converted up in registers); the tensor cores' native FP8 forms (sm_90a's
-//! `wgmma ... .e4m3`, read by TMA) come with their lowering.
+//! Two forms:
+//! * the portable one: pointer loads with edge masks; its `dot` runs on every backend (on GPUs
+//!   on the f16 matrix atoms, FP8 operands converted up in registers);
+//! * with [`ScaledGemm::descriptors`] (tensor and row scaling, where the target has TMA and
+//!   `wgmma`: [`ScaledGemm::for_target`]): A and B read as `[M, K]` and `[N, K]` blocks through
+//!   tensor descriptors, B transposed into the `dot`, which the lowering pipelines as TMA copies
+//!   into K-major stages read by `wgmma ... .e4m3` (`.e5m2`) with no conversion. Used when
+//!   [`ScaledGemm::specialized`] finds the operands 16-byte aligned and K a multiple of 16.
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -42,12 +47,67 @@ pub struct ScaledGemm {
     pub block_m: u32,
     /// Divides [`SCALE_BLOCK`] (a tile never straddles two of B's scale blocks).
     pub block_n: u32,
+    /// The K step; [`SCALE_BLOCK`] in the block-scaled form (one scale per step).
+    pub block_k: u32,
     pub warps: u32,
+    /// Pipeline stages of the descriptor form.
+    pub stages: u32,
+    /// The descriptor form where [`ScaledGemm::specialized`] allows it (tensor and row scaling).
+    pub descriptors: bool,
+    /// Set by [`ScaledGemm::specialized`]: the operands are 16-byte aligned and K a multiple of
+    /// 16 (a tensor map's row stride is whole 16-byte chunks).
+    pub divisible: bool,
 }
 
 impl ScaledGemm {
     pub fn new(dtype: DType, scaling: Scaling) -> ScaledGemm {
-        ScaledGemm { dtype, scaling, block_m: 32, block_n: 64, warps: 4 }
+        ScaledGemm {
+            dtype,
+            scaling,
+            block_m: 32,
+            block_n: 64,
+            block_k: SCALE_BLOCK,
+            warps: 4,
+            stages: 1,
+            descriptors: false,
+            divisible: false,
+        }
+    }
+
+    /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a), tensor and
+    /// row scaling take the descriptor form, two warpgroups on 128 x 128 tiles with K steps of
+    /// 128 (one 128-byte swizzle row of FP8) over 4 stages; everything else the portable form.
+    pub fn for_target(
+        dtype: DType,
+        scaling: Scaling,
+        target: Option<&trident_core::target::TargetDesc>,
+    ) -> ScaledGemm {
+        let base = ScaledGemm::new(dtype, scaling);
+        let fast = target.is_some_and(|t| {
+            t.has_async_copy(trident_core::target::AsyncCopy::Tma)
+                && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
+        });
+        if fast && scaling != Scaling::Block {
+            ScaledGemm { block_m: 128, block_n: 128, block_k: 128, warps: 8, stages: 4, descriptors: true, ..base }
+        } else {
+            base
+        }
+    }
+
+    /// This GEMM specialized for its operands: the descriptor form (where chosen) only when A
+    /// and B are 16-byte aligned and K is a positive multiple of 16, else the portable form at
+    /// its own meta-parameters.
+    pub fn specialized(self, a: &Buffer, b: &Buffer, k: usize) -> ScaledGemm {
+        let aligned = a.address.is_multiple_of(16) && b.address.is_multiple_of(16);
+        match self.descriptors && aligned && k.is_multiple_of(16) && k > 0 {
+            true => ScaledGemm { divisible: true, ..self },
+            false if self.descriptors => ScaledGemm::new(self.dtype, self.scaling),
+            false => self,
+        }
+    }
+
+    fn uses_descriptors(&self) -> bool {
+        self.descriptors && self.divisible && self.scaling != Scaling::Block
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -65,6 +125,9 @@ impl ScaledGemm {
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
+        if self.uses_descriptors() {
+            return self.build_descriptors();
+        }
         let (bm, bn, bk) = (self.block_m, self.block_n, SCALE_BLOCK);
         let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}", self.dtype, self.scaling).to_lowercase();
         let b = KernelBuilder::new(&name, LaunchAttrs { warps: self.warps, ..LaunchAttrs::default() });
@@ -103,6 +166,45 @@ impl ScaledGemm {
                 done[0] * s_a * s_b
             }
             Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
+        };
+        b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
+        b.finish()
+    }
+
+    /// The descriptor form (tensor and row scaling): the K loop is a `dot` of A's `[bm, bk]`
+    /// block and the transpose of B's `[bn, bk]` block, both read through tensor descriptors
+    /// (zeros outside the tensors, so no masks); the scales are applied in the epilogue.
+    fn build_descriptors(&self) -> Result<Function, VerifyError> {
+        let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
+        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc", self.dtype, self.scaling).to_lowercase();
+        let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&name, attrs);
+        let (a, bp) = (b.arg_ptr_aligned("a", self.dtype, 16), b.arg_ptr_aligned("b", self.dtype, 16));
+        let c = b.arg_ptr("c", DType::BF16);
+        let (sa, sb) = (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32));
+        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg_multiple_of("k", DType::I32, 16));
+        let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+        let da = b.make_desc(a, [m, k], [k, one], [bm, bk]);
+        let db = b.make_desc(bp, [n, k], [k, one], [bn, bk]);
+
+        let tile = b.program_id_x();
+        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
+        let (row0, col0) = ((tile / tiles_n) * bm as i32, (tile % tiles_n) * bn as i32);
+        let rm = row0 + b.arange(0, bm as i64);
+        let rn = col0 + b.arange(0, bn as i64);
+        let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
+        let acc = b.zeros(&[bm, bn], DType::F32);
+        let done = b.for_range(0, k, bk as i32, &[acc], |k0, carried| {
+            let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [col0, k0]));
+            vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
+        });
+        let out = match self.scaling {
+            Scaling::Row => {
+                let s_a = b.load_or(sa + rm, rm.lt(m), 0.0).expand_dims(1);
+                let s_b = b.load_or(sb + rn, rn.lt(n), 0.0).expand_dims(0);
+                done[0] * s_a * s_b
+            }
+            _ => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
         };
         b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
         b.finish()
@@ -164,8 +266,9 @@ impl ScaledGemm {
         scale_b: &Buffer,
         mnk: (usize, usize, usize),
     ) -> Result<(), BackendError> {
-        let Some((grid, args)) = self.plan(a, b, c, scale_a, scale_b, mnk)? else { return Ok(()) };
-        let kernel = l.compile(format!("{self:?}"), || self.build())?;
+        let op = self.specialized(a, b, mnk.2);
+        let Some((grid, args)) = op.plan(a, b, c, scale_a, scale_b, mnk)? else { return Ok(()) };
+        let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)
     }
 }
@@ -177,5 +280,19 @@ inventory::submit! {
         distributed: false,
         // FP8 whatever the catalogue's type (its output is bf16): the block-scaled form.
         build: |_| ScaledGemm::new(DType::F8E4M3FN, Scaling::Block).build(),
+    }
+}
+
+// The descriptor form (row scaling, e4m3) on one warpgroup's 64 x 64 tiles, which every
+// target's shared memory holds: FP8 `wgmma` on TMA stages on sm_90a.
+inventory::submit! {
+    crate::Catalogued {
+        name: "scaled_gemm_desc",
+        operation: "scaled_gemm",
+        distributed: false,
+        build: |_| {
+            let base = ScaledGemm::new(DType::F8E4M3FN, Scaling::Row);
+            ScaledGemm { block_m: 64, block_n: 64, stages: 2, descriptors: true, divisible: true, ..base }.build()
+        },
     }
 }

@@ -56,6 +56,37 @@ fn reference(
     out
 }
 
+/// Runs `op` on `m x n x k` with fresh FP8 operands (every finite code can occur) and scales,
+/// the output poisoned first, and checks it against [`reference`].
+fn check(op: &ScaledGemm, l: &DeviceCtx, (m, n, k): (usize, usize, usize), rng: &mut rand::rngs::StdRng) {
+    let dev = l.device;
+    let (dtype, scaling, target) = (op.dtype, op.scaling, &l.target);
+    let f = dtype.fp8().unwrap();
+    let finite: Vec<u8> = (0..=255u8).filter(|&c| f.decode(c).is_finite()).collect();
+    let mut codes = |len: usize| -> Vec<u8> { (0..len).map(|_| finite[rng.gen_range(0..finite.len())]).collect() };
+    let (a, b) = (codes(m * k), codes(n * k));
+    let (la, lb) = op.scale_lens(m, n, k);
+    let sa: Vec<f32> = (0..la).map(|_| rng.gen_range(0.25..4.0)).collect();
+    let sb: Vec<f32> = (0..lb).map(|_| rng.gen_range(0.25..4.0)).collect();
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (ba, bb) = (upload(dev, "a", &a), upload(dev, "b", &b));
+    let (bsa, bsb) = (upload(dev, "scale_a", &f32s(&sa)), upload(dev, "scale_b", &f32s(&sb)));
+    let c = upload(dev, "c", &vec![0xFF; m * n * 2]); // bf16 NaN
+    op.run(l, &ba, &bb, &c, &bsa, &bsb, (m, n, k)).unwrap();
+    let mut raw = vec![0u8; m * n * 2];
+    dev.read(&c, 0, &mut raw).unwrap();
+    let want = reference(op, &a, &b, &sa, &sb, m, n, k);
+    for (idx, (ch, &(r, mag))) in raw.chunks_exact(2).zip(&want).enumerate() {
+        let got = half::bf16::from_le_bytes([ch[0], ch[1]]).to_f64();
+        // bf16's rounding of the result, and f32 sums over K.
+        let tol = r.abs() * 2f64.powi(-8) + mag * k as f64 * f32::EPSILON as f64;
+        assert!(
+            (got - r).abs() <= tol,
+            "{dtype} {scaling:?} {m}x{n}x{k} on {target:?}: element {idx}: got {got}, want {r} (tolerance {tol})"
+        );
+    }
+}
+
 #[test]
 fn scaled_fp8_gemms_match_float64() {
     trident_backend_cpu::link();
@@ -67,40 +98,51 @@ fn scaled_fp8_gemms_match_float64() {
         let dev = backend.open_device(0).unwrap();
         let mut l = DeviceCtx::new(backend, dev.as_ref(), LaunchOptions::default());
         l.target = target.map(str::to_string);
-        for (dtype, scaling, (m, n, k)) in [
+        for (dtype, scaling, mnk) in [
             (DType::F8E4M3FN, Scaling::Block, (1, 200, 300)),
             (DType::F8E4M3FN, Scaling::Row, (33, 64, 129)),
             (DType::F8E5M2, Scaling::Tensor, (40, 70, 256)),
             (DType::F8E5M2, Scaling::Block, (64, 130, 128)),
         ] {
-            let op = ScaledGemm::new(dtype, scaling);
-            let f = dtype.fp8().unwrap();
-            let finite: Vec<u8> = (0..=255u8).filter(|&c| f.decode(c).is_finite()).collect();
-            let mut codes =
-                |len: usize| -> Vec<u8> { (0..len).map(|_| finite[rng.gen_range(0..finite.len())]).collect() };
-            let (a, b) = (codes(m * k), codes(n * k));
-            let (la, lb) = op.scale_lens(m, n, k);
-            let sa: Vec<f32> = (0..la).map(|_| rng.gen_range(0.25..4.0)).collect();
-            let sb: Vec<f32> = (0..lb).map(|_| rng.gen_range(0.25..4.0)).collect();
-            let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-            let (ba, bb) = (upload(dev.as_ref(), "a", &a), upload(dev.as_ref(), "b", &b));
-            let (bsa, bsb) = (upload(dev.as_ref(), "scale_a", &f32s(&sa)), upload(dev.as_ref(), "scale_b", &f32s(&sb)));
-            let c = upload(dev.as_ref(), "c", &vec![0xFF; m * n * 2]); // bf16 NaN
-            op.run(&l, &ba, &bb, &c, &bsa, &bsb, (m, n, k)).unwrap();
-            let mut raw = vec![0u8; m * n * 2];
-            dev.read(&c, 0, &mut raw).unwrap();
-            let want = reference(&op, &a, &b, &sa, &sb, m, n, k);
-            for (idx, (ch, &(r, mag))) in raw.chunks_exact(2).zip(&want).enumerate() {
-                let got = half::bf16::from_le_bytes([ch[0], ch[1]]).to_f64();
-                // bf16's rounding of the result, and f32 sums over K.
-                let tol = r.abs() * 2f64.powi(-8) + mag * k as f64 * f32::EPSILON as f64;
-                assert!(
-                    (got - r).abs() <= tol,
-                    "{dtype} {scaling:?} {m}x{n}x{k} on {target:?}: element {idx}: got {got}, want {r} (tolerance {tol})"
-                );
-            }
+            check(&ScaledGemm::new(dtype, scaling), &l, mnk, &mut rng);
         }
     }
+}
+
+/// The descriptor form on sm_90a (cpu-simt): TMA copies into K-major stages and `wgmma` on the
+/// FP8 bytes (`k32`, B K-major), checked to be what the lowering made, then run against float64
+/// on edge shapes (M = 1, M and N beyond a tile, K not a multiple of the K step).
+#[test]
+fn the_descriptor_form_runs_wgmma_on_fp8() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    for (dtype, scaling, mnk) in [
+        (DType::F8E4M3FN, Scaling::Row, (1, 200, 256)),
+        (DType::F8E5M2, Scaling::Tensor, (130, 136, 144)),
+        (DType::F8E4M3FN, Scaling::Tensor, (64, 128, 384)),
+    ] {
+        let op = ScaledGemm::for_target(dtype, scaling, Some(sm90a));
+        assert!(op.descriptors, "{dtype} {scaling:?}");
+        let f = ScaledGemm { divisible: true, ..op }.build().unwrap();
+        let k = trident_core::simt::lower(&f, sm90a).unwrap();
+        let text = k.to_string();
+        let fmt = if dtype == DType::F8E4M3FN { "f8e4m3fn" } else { "f8e5m2" };
+        assert!(text.contains(&format!("k32.{fmt} a")), "{dtype}: no FP8 wgmma in\n{text}");
+        assert!(!text.contains(".trans_b") && !text.contains("fp8.convert"), "{dtype}: B transposed or converted");
+        assert!(text.contains("tma.load"), "{dtype}: no TMA copies");
+        check(&op, &l, mnk, &mut rng);
+    }
+    // K steps of 256 bytes: two swizzle atoms along K in each stage.
+    let wide =
+        ScaledGemm { block_k: 256, stages: 3, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };
+    check(&wide, &l, (72, 130, 512), &mut rng);
+    // Block scaling, and operands TMA cannot read (K not a multiple of 16), keep the portable form.
+    assert!(!ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Block, Some(sm90a)).descriptors);
+    check(&ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)), &l, (16, 32, 40), &mut rng);
 }
 
 #[test]

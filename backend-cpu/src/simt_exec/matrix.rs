@@ -104,10 +104,18 @@ impl Exec<'_> {
             // Executed at issue (the asynchrony is the waits' business, checked on the GPU).
             Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => {
                 use trident_core::simt::smem::{element_address, Descriptor};
-                let half = |bits: u64| match ab {
-                    SType::BF16 => half::bf16::from_bits(bits as u16).to_f32() as f64,
-                    _ => half::f16::from_bits(bits as u16).to_f32() as f64,
+                // K is 32 bytes of the operands' type.
+                let size = ab.size_bytes();
+                let ks = 32 / size;
+                let value = |bits: u64| match ab {
+                    DType::BF16 => half::bf16::from_bits(bits as u16).to_f32() as f64,
+                    DType::F16 => half::f16::from_bits(bits as u16).to_f32() as f64,
+                    d => d.fp8().map_or(f64::NAN, |f| f.decode(bits as u8)),
                 };
+                if !matches!(ab, DType::BF16 | DType::F16 | DType::F8E4M3FN | DType::F8E5M2) || (size == 1 && *trans_b)
+                {
+                    return contract(format!("wgmma on `{ab}`{}", if *trans_b { " with B N-major" } else { "" }));
+                }
                 let n = *n as usize;
                 let (av, bv) = (self.get(*a)?, self.get(*b)?);
                 let cv: Vec<Val> = c.iter().map(|r| self.get(*r)).collect::<Result<_, _>>()?;
@@ -124,7 +132,7 @@ impl Exec<'_> {
                     || n > 256
                 {
                     return contract(format!(
-                        "wgmma m64n{n}k16 on {lanes} threads with {} accumulator registers",
+                        "wgmma m64n{n}k{ks} on {lanes} threads with {} accumulator registers",
                         cv.len()
                     ));
                 }
@@ -136,22 +144,25 @@ impl Exec<'_> {
                         return contract("wgmma descriptors differ across the warpgroup");
                     }
                     let (da, db) = (Descriptor::decode(da), Descriptor::decode(db));
-                    let mut ma = vec![0f64; 64 * 16];
-                    let mut mb = vec![0f64; 16 * n];
+                    let kn = ks as usize;
+                    let mut ma = vec![0f64; 64 * kn];
+                    let mut mb = vec![0f64; kn * n];
                     for row in 0..64u32 {
-                        for kk in 0..16u32 {
-                            let Some(at) = element_address(&da, false, row, kk) else {
+                        for kk in 0..ks {
+                            let Some(at) = element_address(&da, false, row, kk, size) else {
                                 return contract("wgmma operand A without a swizzled layout");
                             };
-                            ma[(row * 16 + kk) as usize] = half(self.shared_get(first, at as usize, 2)?);
+                            ma[row as usize * kn + kk as usize] =
+                                value(self.shared_get(first, at as usize, size as usize)?);
                         }
                     }
-                    for kk in 0..16u32 {
+                    for kk in 0..ks {
                         for col in 0..n as u32 {
-                            let Some(at) = element_address(&db, *trans_b, col, kk) else {
+                            let Some(at) = element_address(&db, *trans_b, col, kk, size) else {
                                 return contract("wgmma operand B without a swizzled layout");
                             };
-                            mb[kk as usize * n + col as usize] = half(self.shared_get(first, at as usize, 2)?);
+                            mb[kk as usize * n + col as usize] =
+                                value(self.shared_get(first, at as usize, size as usize)?);
                         }
                     }
                     for t in first..first + 128 {
@@ -164,7 +175,7 @@ impl Exec<'_> {
                             let Data::F(x) = &cv[e].data else {
                                 return contract("a wgmma accumulator that is not f32");
                             };
-                            let dot: f64 = (0..16).map(|kk| ma[row * 16 + kk] * mb[kk * n + col]).sum();
+                            let dot: f64 = (0..kn).map(|kk| ma[row * kn + kk] * mb[kk * n + col]).sum();
                             out[t] = if accumulate { (dot + x[t] as f64) as f32 } else { dot as f32 };
                         }
                     }

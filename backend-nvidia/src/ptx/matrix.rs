@@ -2,6 +2,7 @@
 //! descriptors, mbarriers, TMA loads and stores, bulk groups, proxy fences.
 
 use super::*;
+use trident_core::ir::DType;
 
 impl Writer<'_> {
     pub(super) fn matrix(&mut self, i: &Inst) -> Result<(), EmitError> {
@@ -50,7 +51,18 @@ impl Writer<'_> {
                 if moved {
                     self.line("wgmma.fence.sync.aligned".into());
                 }
-                let t = if *ab == SType::BF16 { "bf16" } else { "f16" };
+                let (t, k) = match ab {
+                    DType::BF16 => ("bf16", 16),
+                    DType::F16 => ("f16", 16),
+                    DType::F8E4M3FN => ("e4m3", 32),
+                    DType::F8E5M2 => ("e5m2", 32),
+                    _ => return Err(EmitError(format!("wgmma on `{ab}`"))),
+                };
+                if k == 32 && *trans_b {
+                    return Err(EmitError(format!("wgmma on `{ab}` reads B K-major only")));
+                }
+                // The 8-bit forms take no transpose operands.
+                let trans = if k == 32 { String::new() } else { format!(", 0, {}", *trans_b as u32) };
                 let p = match scale_d {
                     Some(p) => self.n(*p).to_string(),
                     None => {
@@ -64,8 +76,7 @@ impl Writer<'_> {
                 let (da, db) = (self.n(*a).to_string(), self.n(*b).to_string());
                 line!(
                     self,
-                    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {{{dd}}}, {da}, {db}, {p}, 1, 1, 0, {}",
-                    *trans_b as u32
+                    "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{t}.{t} {{{dd}}}, {da}, {db}, {p}, 1, 1{trans}"
                 );
             }
             Inst::WgmmaFence => self.line("wgmma.fence.sync.aligned".into()),

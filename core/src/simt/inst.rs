@@ -231,8 +231,9 @@ pub enum Inst {
         sbo: u32,
         swizzle: u32,
     },
-    /// `d = a b + c` by a warpgroup (4 consecutive warps) on `wgmma.mma_async.m64nNk16`: A is
-    /// 64 x 16 K-major and B 16 x `n` (N-major with `trans_b`, else K-major), both read from
+    /// `d = a b + c` by a warpgroup (4 consecutive warps) on `wgmma.mma_async.m64nNkK`, where
+    /// K is 32 bytes of `ab` (16 for f16/bf16, 32 for the 8-bit floats): A is 64 x K K-major
+    /// and B K x `n` (N-major with `trans_b`, else K-major; FP8 is K-major only), both read from
     /// shared memory through the descriptors `a` and `b` ([`smem::element_address`]); `c` and
     /// `d` hold the lane's `n / 2` accumulator elements, warp `w` of the group rows `16 w ..` in
     /// the C layout of `mma.m16n8k16` for each 8 columns. Asynchronous: `d` may be read, and the
@@ -245,7 +246,7 @@ pub enum Inst {
         a: Reg,
         b: Reg,
         n: u32,
-        ab: SType,
+        ab: DType,
         trans_b: bool,
         scale_d: Option<Reg>,
     },

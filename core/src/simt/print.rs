@@ -197,8 +197,9 @@ impl Printer<'_> {
                 r(offset)
             ),
             Inst::Wgmma { d, c, a, b, n, ab, trans_b, scale_d } => format!(
-                "{} = wgmma.m64n{n}k16.{ab}{} a [{}] b [{}] c [{}]{}",
+                "{} = wgmma.m64n{n}k{}.{ab}{} a [{}] b [{}] c [{}]{}",
                 self.defs(d),
+                32 / ab.size_bytes(),
                 if *trans_b { ".trans_b" } else { "" },
                 r(a),
                 r(b),

@@ -73,21 +73,21 @@ impl Descriptor {
     }
 }
 
-/// The shared address of element (`mn`, `k`) of a 16-bit operand described by `d` (swizzled
-/// layouts only): K-major (`mn_major` false) rows of `width` bytes along M/N, 8-row groups
-/// `sbo` apart; MN-major rows of `width` bytes along K, atoms of `width / 2` elements along M/N
-/// `lbo` apart and 8-row groups along K `sbo` apart. `None` for the unswizzled layout (not
-/// used by trident).
-pub fn element_address(d: &Descriptor, mn_major: bool, mn: u32, k: u32) -> Option<u32> {
+/// The shared address of element (`mn`, `k`) of an operand of `size`-byte elements described
+/// by `d` (swizzled layouts only): K-major (`mn_major` false) rows of `width` bytes along M/N,
+/// 8-row groups `sbo` apart; MN-major rows of `width` bytes along K, atoms of `width / size`
+/// elements along M/N `lbo` apart and 8-row groups along K `sbo` apart. `None` for the
+/// unswizzled layout (not used by trident).
+pub fn element_address(d: &Descriptor, mn_major: bool, mn: u32, k: u32, size: u32) -> Option<u32> {
     let w = d.swizzle;
     if w == 0 {
         return None;
     }
     let logical = if mn_major {
-        let per_atom = w / 2;
-        d.start + (mn / per_atom) * d.lbo + (k / 8) * d.sbo + (k % 8) * w + (mn % per_atom) * 2
+        let per_atom = w / size;
+        d.start + (mn / per_atom) * d.lbo + (k / 8) * d.sbo + (k % 8) * w + (mn % per_atom) * size
     } else {
-        d.start + (mn / 8) * d.sbo + (mn % 8) * w + k * 2
+        d.start + (mn / 8) * d.sbo + (mn % 8) * w + k * size
     };
     Some(swizzle(logical, w))
 }

@@ -361,7 +361,6 @@ impl Lowering<'_> {
         let f = self.flat(op, &p);
         let plan = &p.plan;
         let (l, s) = (plan.layout, plan.stages);
-        let ab = stype(self.func.ty(plan.a.value));
         let zero = self.iconst(0);
         let one = self.iconst(1);
         let (sl, stage_bytes, align) = self.stage_layout(plan);
@@ -404,8 +403,7 @@ impl Lowering<'_> {
         self.emit(Inst::MbarrierWait { offset: bar, parity });
         let accumulate = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: kk_cur, b: zero });
-        let acc =
-            self.wgmma_steps(l, ab, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
+        let acc = self.wgmma_steps(l, sl, base, phis.clone(), if single { None } else { Some(1) }, Some(accumulate));
         // The copies `dist` steps ahead go after this step's group (as in `pipelined_for`).
         if !single {
             self.emit(Inst::Barrier);
@@ -448,7 +446,6 @@ impl Lowering<'_> {
         let f = self.flat(op, &p);
         let plan = &p.plan;
         let (l, s) = (plan.layout, plan.stages);
-        let ab = stype(self.func.ty(plan.a.value));
         let (zero, one) = (self.iconst(0), self.iconst(1));
         let (sl, stage_bytes, align) = self.stage_layout(plan);
         let stages_at = self.shared_alloc("pipeline.stages", s * stage_bytes, align);
@@ -506,7 +503,7 @@ impl Lowering<'_> {
         self.emit(Inst::MbarrierWait { offset: full, parity });
         let accumulate = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: accumulate, op: CmpOp::Ne, a: ckk, b: zero });
-        let acc = self.wgmma_steps(l, ab, sl, base, acc_phis.clone(), Some(1), Some(accumulate));
+        let acc = self.wgmma_steps(l, sl, base, acc_phis.clone(), Some(1), Some(accumulate));
         let before = self.bin_c(BinaryOp::Add, cg, s as i64 - 1);
         let released = self.ring_slot(before, s, empty_at, 8);
         let pred = self.bin(BinaryOp::And, accumulate, releaser);

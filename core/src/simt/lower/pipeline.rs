@@ -18,6 +18,9 @@ pub(super) struct Pipeline {
     /// TMA copies issued by a producer warp of their own (`LaunchAttrs::warp_specialize`).
     pub(super) specialized: bool,
     pub(super) a: Operand,
+    /// B's value is the transpose of `b.value` (`[N, K]`, K contiguous): staged K-major, as A
+    /// is, which is how `wgmma` reads FP8 operands (TMA with `wgmma` only).
+    b_kmajor: bool,
     b: Operand,
 }
 
@@ -60,11 +63,13 @@ pub(super) enum Strategy {
 
 /// Where an element of a stage lives: rows padded by 16 bytes (fragments read by `ldmatrix` or
 /// lane maps), or the swizzled layouts `wgmma` reads (A K-major in atoms of `m` rows x `sa`
-/// bytes along K, B N-major in atoms of `kk` rows x `sb` bytes along N; `crate::simt::smem`).
+/// bytes along K; B N-major in atoms of `kk` rows x `sb` bytes along N, or with `b_kmajor`
+/// K-major as A, in atoms of `n` rows x `sb` bytes along K; `crate::simt::smem`), of elements
+/// of type `elem`.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum StageLayout {
     Padded { strides: [u32; 2], b_off: u32 },
-    Swizzled { m: u32, kk: u32, sa: u32, sb: u32, b_off: u32 },
+    Swizzled { m: u32, n: u32, kk: u32, sa: u32, sb: u32, b_off: u32, b_kmajor: bool, elem: DType },
 }
 
 impl StageLayout {
@@ -83,8 +88,12 @@ impl StageLayout {
             StageLayout::Padded { strides, b_off } => {
                 (row * strides[which] + col) * size + if which == 0 { 0 } else { b_off }
             }
-            StageLayout::Swizzled { m, kk, sa, sb, b_off } => {
-                let (width, atom_bytes, base) = if which == 0 { (sa, m * sa, 0) } else { (sb, kk * sb, b_off) };
+            StageLayout::Swizzled { m, n, kk, sa, sb, b_off, b_kmajor, .. } => {
+                let (width, atom_bytes, base) = match (which, b_kmajor) {
+                    (0, _) => (sa, m * sa, 0),
+                    (_, true) => (sb, n * sb, b_off),
+                    _ => (sb, kk * sb, b_off),
+                };
                 let per = width / size;
                 let logical = (col / per) * atom_bytes + row * width + (col % per) * size;
                 let bits = ((logical >> 7) & (width / 16 - 1)) << 4;
@@ -113,11 +122,15 @@ impl Lowering<'_> {
                 let e = self.bin(BinaryOp::Add, r, col);
                 self.shared_offset(e, size, if which == 0 { 0 } else { b_off })
             }
-            StageLayout::Swizzled { m, kk, sa, sb, b_off } => {
-                // A: atom `k / (sa / 2)` of m x sa bytes, row `row`; B: atom `n / (sb / 2)` of
-                // kk x sb bytes, row `k`. Then the swizzle of the address within its atom.
-                let (major, minor, width, atom_bytes, base) =
-                    if which == 0 { (row, col, sa, m * sa, 0) } else { (row, col, sb, kk * sb, b_off) };
+            StageLayout::Swizzled { m, n, kk, sa, sb, b_off, b_kmajor, .. } => {
+                // A: atom `k / (sa / size)` of m x sa bytes, row `row`; B: atom `n / (sb / size)`
+                // of kk x sb bytes, row `k` (K-major B: as A, with n rows). Then the swizzle of
+                // the address within its atom.
+                let (major, minor, width, atom_bytes, base) = match (which, b_kmajor) {
+                    (0, _) => (row, col, sa, m * sa, 0),
+                    (_, true) => (row, col, sb, n * sb, b_off),
+                    _ => (row, col, sb, kk * sb, b_off),
+                };
                 let per = width / size;
                 let atom = self.bin_c(BinaryOp::Shr, minor, log2(per));
                 let inner = self.bin_c(BinaryOp::And, minor, per as i64 - 1);
@@ -154,15 +167,27 @@ impl Lowering<'_> {
         let next = self.func.blocks[body].yields[0];
         let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
         let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
-        // FP8 stages would hold bytes that the atoms' fragments (16-bit) cannot read; such a
-        // `dot` converts its operands in registers (`dot_mma`), outside the pipeline.
-        if self.func.ty(a).elem.dtype().is_some_and(|d| d.is_fp8()) {
-            return None;
+        let count_uses =
+            |v: Value| self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
+        // B as the transpose of a `[N, K]` block (used only there): staged K-major.
+        let mut transpose = None;
+        let mut b = b;
+        if let ValueDef::Result { op: t, .. } = self.func.values[b].def {
+            if let OpKind::Transpose { x, ref perm } = self.func.ops[t].kind {
+                let yielded = self.func.blocks.iter().any(|(_, bl)| bl.yields.contains(&b));
+                if perm[..] != [1, 0] || count_uses(b) != 1 || yielded || !self.func.blocks[body].ops.contains(&t) {
+                    return None;
+                }
+                transpose = Some(t);
+                b = x;
+            }
         }
+        let b_kmajor = transpose.is_some();
+        let fp8 = self.func.ty(a).elem.dtype().is_some_and(|d| d.is_fp8());
         let mut loads = Vec::new();
         for v in [a, b] {
             let ValueDef::Result { op: ld, .. } = self.func.values[v].def else { return None };
-            let uses = self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
+            let uses = count_uses(v);
             let yielded = self.func.blocks.iter().any(|(_, bl)| bl.yields.contains(&v));
             if uses != 1 || yielded || !self.func.blocks[body].ops.contains(&ld) {
                 return None;
@@ -195,6 +220,7 @@ impl Lowering<'_> {
         }
         let pure = self.func.blocks[body].ops.iter().all(|&o| {
             o == dot
+                || Some(o) == transpose
                 || loads.iter().any(|l| l.0 == o)
                 || is_index_math(&self.func.ops[o].kind)
                 || matches!(self.func.ops[o].kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
@@ -217,8 +243,15 @@ impl Lowering<'_> {
         };
         let stages = if strategy == Strategy::Registers { 2 } else { stages };
         let kk = self.func.ty(loads[0].2.value).shape[1];
-        let wgmma = strategy != Strategy::Registers && self.wgmma_fits(layout, kk);
+        let size = self.func.ty(loads[0].2.value).elem.dtype()?.size_bytes();
+        let wgmma = strategy != Strategy::Registers && self.wgmma_fits(layout, kk, size);
         if strategy == Strategy::Tma && !wgmma {
+            return None;
+        }
+        // A K-major B is staged only by TMA for `wgmma`, and FP8 operands are read only by
+        // `wgmma` (the atoms' register fragments are 16-bit: a `dot` outside this pipeline
+        // converts FP8 in registers, `dot_mma`).
+        if (b_kmajor || fp8) && strategy != Strategy::Tma {
             return None;
         }
         let layout = if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, ..layout } } else { layout };
@@ -226,17 +259,18 @@ impl Lowering<'_> {
         if strategy == Strategy::Tma {
             let before = self.k.tensor_maps.len();
             // A's boxes: all of its rows, one swizzle row of K each; B's: all of K, one swizzle
-            // row of N each (the stage layout of `pipelined_for`).
-            let (sa, sb) = ((kk * 2).min(128), (layout.n * 2).min(128));
-            for (operand, desc, rows, cols, width) in
-                [(&mut a, loads[0].1, layout.m, kk, sa), (&mut b, loads[1].1, kk, layout.n, sb)]
+            // row of N each, or K-major as A's (the stage layout of `pipelined_for`).
+            let (sa, sb) = swizzle_widths(layout, kk, size, b_kmajor);
+            let b_box = if b_kmajor { (layout.n, kk, sb) } else { (kk, layout.n, sb) };
+            for (operand, desc, (rows, cols, width)) in
+                [(&mut a, loads[0].1, (layout.m, kk, sa)), (&mut b, loads[1].1, b_box)]
             {
                 let Source::Tensor { offsets, .. } = operand.source else { return None };
-                let Some(map) = self.tensor_map(desc.expect("a tensor operand"), rows, width / 2, width) else {
+                let Some(map) = self.tensor_map(desc.expect("a tensor operand"), rows, width / size, width) else {
                     self.k.tensor_maps.truncate(before);
                     return None;
                 };
-                operand.source = Source::Tensor { map, atoms: cols / (width / 2), offsets };
+                operand.source = Source::Tensor { map, atoms: cols / (width / size), offsets };
             }
         }
         // Warp specialization: the loop must be in the kernel's top block with nothing before it
@@ -248,13 +282,13 @@ impl Lowering<'_> {
                 .iter()
                 .position(|&o| o == op)
                 .is_some_and(|i| top[..i].iter().all(|&o| effect_free(&self.func.ops[o].kind)));
-        Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b })
+        Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b_kmajor, b })
     }
 
     /// The tensor map of `desc`'s `make_desc` read in boxes of `rows x cols` swizzled at `swizzle`
     /// bytes (an index into the kernel's maps, shared by equal requests), when TMA can read it:
     /// the tensor a kernel parameter, its extents and row stride parameters or constants, its
-    /// columns contiguous (a constant stride of 1) and its elements 16-bit.
+    /// columns contiguous (a constant stride of 1) and its elements 16-bit or FP8.
     pub(super) fn tensor_map(&mut self, desc: Value, rows: u32, cols: u32, swizzle: u32) -> Option<u32> {
         use crate::simt::tma::{MapScalar, TensorMap};
         let ValueDef::Result { op, .. } = self.func.values[desc].def else { return None };
@@ -268,7 +302,7 @@ impl Lowering<'_> {
         }
         let ValueDef::Param(p) = self.func.values[ptr].def else { return None };
         let (dtype, _) = self.func.ty(desc).elem.desc()?;
-        if dtype.size_bytes() != 2 || rows > 256 {
+        if !(dtype.size_bytes() == 2 || dtype.is_fp8()) || rows > 256 {
             return None;
         }
         let scalar = |v: Value| match self.func.values[v].def {
@@ -302,20 +336,21 @@ impl Lowering<'_> {
         })
     }
 
-    /// Whether the K step of a pipelined `dot` with accumulator layout `l` and K tile `kk` runs
-    /// on the target's `wgmma`: one warpgroup per 64 rows (`m = 16 warps`), `n` a multiple of 8
-    /// up to 256, and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or
-    /// whole 128-byte atoms).
-    fn wgmma_fits(&self, l: AccLayout, kk: u32) -> bool {
+    /// Whether the K step of a pipelined `dot` with accumulator layout `l`, K tile `kk` and
+    /// elements of `size` bytes runs on the target's `wgmma`: one warpgroup per 64 rows
+    /// (`m = 16 warps`), `n` a multiple of 8 up to 256, K a multiple of the instruction's (32
+    /// bytes), and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or whole
+    /// 128-byte atoms).
+    fn wgmma_fits(&self, l: AccLayout, kk: u32, size: u32) -> bool {
         let has =
             self.target.atoms.iter().any(|x| x.lowered && x.operands == crate::target::OperandSource::SharedDescriptor);
-        let rows_fit = |elems: u32| matches!(elems, 16 | 32 | 64) || elems.is_multiple_of(64);
+        let rows_fit = |elems: u32| matches!(elems * size, 32 | 64 | 128) || (elems * size).is_multiple_of(128);
         has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
             && self.k.warps.is_multiple_of(4)
             && l.m == 16 * self.k.warps
             && l.n.is_multiple_of(8)
             && l.n <= 256
-            && kk.is_multiple_of(16)
+            && (kk * size).is_multiple_of(32)
             && rows_fit(kk)
             && rows_fit(l.n)
     }
@@ -587,14 +622,14 @@ impl Lowering<'_> {
                 // refills stage (j - 2) % s, which group j - 2 read: every warpgroup waited
                 // for it before the barrier above.
                 self.emit(Inst::MbarrierWait { offset: bar, parity });
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None);
+                let acc = self.wgmma_steps(l, sl, base, phis.clone(), None, None);
                 self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
                 acc
             } else {
                 // This step's group stays in flight while step j + s - 1 refills the stage the
                 // previous group read, once every warpgroup has waited for that group.
                 self.emit(Inst::MbarrierWait { offset: bar, parity });
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
+                let acc = self.wgmma_steps(l, sl, base, phis.clone(), Some(1), None);
                 self.emit(Inst::Barrier);
                 self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
                 acc
@@ -616,12 +651,12 @@ impl Lowering<'_> {
                 // warpgroup waited for it before the barrier above.
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
-                self.wgmma_steps(l, ab, sl, base, phis.clone(), None, None)
+                self.wgmma_steps(l, sl, base, phis.clone(), None, None)
             } else if plan.wgmma {
                 // This step's wgmmas are issued first and stay in flight (one group) while the
                 // program refills the stage the previous step's group read: once every
                 // warpgroup has waited for that group, the barrier lets the copies in.
-                let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
+                let acc = self.wgmma_steps(l, sl, base, phis.clone(), Some(1), None);
                 self.emit(Inst::Barrier);
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
@@ -757,9 +792,12 @@ impl Lowering<'_> {
         let l = plan.layout;
         let kk = self.func.ty(plan.a.value).shape[1];
         if plan.wgmma {
-            let (sa, sb) = ((kk * 2).min(128), (l.n * 2).min(128));
-            let (a_bytes, b_bytes) = (l.m * kk * 2, kk * l.n * 2);
-            let sl = StageLayout::Swizzled { m: l.m, kk, sa, sb, b_off: a_bytes };
+            let elem = self.func.ty(plan.a.value).elem.dtype().expect("a scalar tile");
+            let size = elem.size_bytes();
+            let (sa, sb) = swizzle_widths(l, kk, size, plan.b_kmajor);
+            let (a_bytes, b_bytes) = (l.m * kk * size, kk * l.n * size);
+            let sl =
+                StageLayout::Swizzled { m: l.m, n: l.n, kk, sa, sb, b_off: a_bytes, b_kmajor: plan.b_kmajor, elem };
             (sl, (a_bytes + b_bytes).next_multiple_of(1024), 1024)
         } else {
             let strides = [kk + 8, l.n + 8];
@@ -801,7 +839,6 @@ impl Lowering<'_> {
         let OpKind::For { lower, upper, step, init, body } = self.func.ops[op].kind.clone() else { unreachable!() };
         let (l, s) = (plan.layout, plan.stages);
         let (lo, hi, stp) = (self.held(lower)[0], self.held(upper)[0], self.held(step)[0]);
-        let ab = stype(self.func.ty(plan.a.value));
         let iv_arg = self.func.blocks[body].args[0];
         let acc_arg = self.func.blocks[body].args[1];
         let acc0 = self.held_mma(init[0], l);
@@ -842,7 +879,7 @@ impl Lowering<'_> {
         let parity = self.ring_parity(cj, s);
         let (full, base) = (slot(self, cj, full_at, 8), slot(self, cj, stages_at, stage_bytes));
         self.emit(Inst::MbarrierWait { offset: full, parity });
-        let acc = self.wgmma_steps(l, ab, sl, base, phis.clone(), Some(1), None);
+        let acc = self.wgmma_steps(l, sl, base, phis.clone(), Some(1), None);
         let before = self.bin_c(BinaryOp::Add, cj, s as i64 - 1);
         let released = slot(self, before, empty_at, 8);
         let not_first = self.reg(SType::Pred);
@@ -910,18 +947,22 @@ impl Lowering<'_> {
         bar: Reg,
         sl: StageLayout,
     ) {
-        let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("TMA fills swizzled stages") };
-        let bytes = (m * kk + kk * plan.layout.n) * 2;
+        let StageLayout::Swizzled { m, n, kk, sa, sb, b_off, b_kmajor, elem } = sl else {
+            unreachable!("TMA fills swizzled stages")
+        };
+        let size = elem.size_bytes();
+        let bytes = (m * kk + kk * n) * size;
         self.emit(Inst::MbarrierExpectTx { offset: bar, bytes, pred });
+        let b_atom = if b_kmajor { n * sb } else { kk * sb };
         self.with_bound(binds, |me| {
             for (i, (operand, atom_bytes, start, width)) in
-                [(plan.a, m * sa, 0, sa), (plan.b, kk * sb, b_off, sb)].into_iter().enumerate()
+                [(plan.a, m * sa, 0, sa), (plan.b, b_atom, b_off, sb)].into_iter().enumerate()
             {
                 let Source::Tensor { map, atoms, offsets } = operand.source else { unreachable!("TMA operands") };
                 let row = given[2 * i].unwrap_or_else(|| me.scalar_value(offsets[0]));
                 let col = given[2 * i + 1].unwrap_or_else(|| me.scalar_value(offsets[1]));
                 for atom in 0..atoms {
-                    let c = if atom == 0 { col } else { me.bin_c(BinaryOp::Add, col, (atom * width / 2) as i64) };
+                    let c = if atom == 0 { col } else { me.bin_c(BinaryOp::Add, col, (atom * width / size) as i64) };
                     let offset = me.bin_c(BinaryOp::Add, base, (start + atom * atom_bytes) as i64);
                     me.emit(Inst::TmaLoad { map, offset, coords: [row, c], barrier: bar, pred });
                 }
@@ -929,22 +970,24 @@ impl Lowering<'_> {
         })
     }
 
-    /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 16 of K,
-    /// each warpgroup's descriptors of its 64 rows of A and of B, one `m64nNk16`; then the group
-    /// is committed and (with `pending`) the warpgroup waits until at most that many groups are
-    /// in flight. The accumulators returned may be read only after a wait for every group.
-    #[allow(clippy::too_many_arguments)]
+    /// One K tile on `wgmma` from the swizzled stage at byte `base` (a register): per 32 bytes
+    /// of K (16 elements of 16 bits, 32 of FP8), each warpgroup's descriptors of its 64 rows of
+    /// A and of B, one `m64nNk16` (`k32` for FP8); then the group is committed and (with
+    /// `pending`) the warpgroup waits until at most that many groups are in flight. The
+    /// accumulators returned may be read only after a wait for every group.
     pub(super) fn wgmma_steps(
         &mut self,
         l: AccLayout,
-        ab: SType,
         sl: StageLayout,
         base: Reg,
         mut acc: Vec<Reg>,
         pending: Option<u32>,
         accumulate: Option<Reg>,
     ) -> Vec<Reg> {
-        let StageLayout::Swizzled { m, kk, sa, sb, b_off } = sl else { unreachable!("wgmma reads swizzled stages") };
+        let StageLayout::Swizzled { m, n, kk, sa, sb, b_off, b_kmajor, elem } = sl else {
+            unreachable!("wgmma reads swizzled stages")
+        };
+        let size = elem.size_bytes();
         let saved = std::mem::take(&mut self.cur);
         let group = self.bin_c(BinaryOp::Shr, self.warp, 2);
         let group_rows = self.bin_c(BinaryOp::Mul, group, (64 * sa) as i64);
@@ -953,16 +996,21 @@ impl Lowering<'_> {
         let a_base = self.bin(BinaryOp::Add, base, group_rows);
         self.emit(Inst::WgmmaFence);
         let u64t = SType::Int { bits: 64, signed: false };
-        for k0 in (0..kk).step_by(16) {
-            let per = sa / 2;
-            let a_at = self.bin_c(BinaryOp::Add, a_base, ((k0 / per) * m * sa + (k0 % per) * 2) as i64);
-            let b_at = self.bin_c(BinaryOp::Add, base, (b_off + k0 * sb) as i64);
+        for k0 in (0..kk).step_by((32 / size) as usize) {
+            // K-major: the instruction's 32 bytes of K lie in one swizzle row of the atom that
+            // holds them.
+            let kb = k0 * size;
+            let a_at = self.bin_c(BinaryOp::Add, a_base, ((kb / sa) * m * sa + kb % sa) as i64);
+            let (b_at, b_lbo) =
+                if b_kmajor { (b_off + (kb / sb) * n * sb + kb % sb, 16) } else { (b_off + k0 * sb, kk * sb) };
+            let b_at = self.bin_c(BinaryOp::Add, base, b_at as i64);
             let (da, db) = (self.reg(u64t), self.reg(u64t));
             self.emit(Inst::MatrixDescriptor { dst: da, offset: a_at, lbo: 16, sbo: 8 * sa, swizzle: sa });
-            self.emit(Inst::MatrixDescriptor { dst: db, offset: b_at, lbo: kk * sb, sbo: 8 * sb, swizzle: sb });
+            self.emit(Inst::MatrixDescriptor { dst: db, offset: b_at, lbo: b_lbo, sbo: 8 * sb, swizzle: sb });
             let d: Vec<Reg> = (0..l.n / 2).map(|_| self.reg(SType::F32)).collect();
             let scale_d = if k0 == 0 { accumulate } else { None };
-            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab, trans_b: true, scale_d });
+            let trans_b = !b_kmajor;
+            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab: elem, trans_b, scale_d });
             acc = d;
         }
         self.emit(Inst::WgmmaCommit);
@@ -994,4 +1042,11 @@ pub(super) struct ProducerRings {
     pub(super) leader: Reg,
     pub(super) producer_lane: Reg,
     pub(super) releaser: Reg,
+}
+
+/// The swizzle widths (bytes) of A's and B's stage rows: K-major A (and B with `b_kmajor`) rows
+/// hold `kk` elements of `size` bytes, N-major B rows `n` of them; 128 bytes at most.
+fn swizzle_widths(l: AccLayout, kk: u32, size: u32, b_kmajor: bool) -> (u32, u32) {
+    let sa = (kk * size).min(128);
+    (sa, if b_kmajor { sa } else { (l.n * size).min(128) })
 }

@@ -48,7 +48,16 @@ impl Lowering<'_> {
         // waited for by the next store (this one again, in a loop) or at the end, so the
         // epilogue does not wait for them and nothing else may take the bytes meanwhile.
         let at = self.shared_alloc("tma.store", buffers * buffer_bytes, 1024);
-        let sl = StageLayout::Swizzled { m: l.m, kk: 64, sa: 128, sb: 128, b_off: 0 };
+        let sl = StageLayout::Swizzled {
+            m: l.m,
+            n: l.n,
+            kk: 64,
+            sa: 128,
+            sb: 128,
+            b_off: 0,
+            b_kmajor: false,
+            elem: DType::BF16,
+        };
         let leader = self.first_thread();
         let slots = Self::store_slots(l, regs.len(), atoms, per, buffers, at, buffer_bytes);
         let deltas = self.class_deltas(l, sl, &slots);
