@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Issue 27's checks on the GPU machine, over `bundle/` (cargo xtask bundle): every FP8 case of
 # the differential test on the H200 (casts from every FP8 pattern, casts to FP8 on the boundary
-# sets, select), with the PTX of sm_90a and of sm_80 (software conversions on both today), and
-# the whole op matrix once more so that nothing else moved, and the scaled FP8 GEMM's
-# conformance cases. Writes $OUT/summary.txt and logs.
+# sets, select), with the PTX of sm_90a (hardware `cvt ... e4m3x2`) and of sm_80 (integer
+# conversions), and the whole op matrix once more so that nothing else moved; the scaled FP8
+# GEMM's conformance cases (the portable form, FP8 on the f16 atoms, and the descriptor form:
+# TMA and `wgmma ... .e4m3`); the SASS of the descriptor form (HGMMA on E4M3); then the
+# benchmark of the scaled GEMMs against `torch._scaled_mm` in the same run. Writes
+# $OUT/summary.txt, logs and bench.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 O=${OUT:-gpu-out}; mkdir -p "$O/logs"
@@ -20,6 +23,21 @@ for t in sm_90a sm_80; do
   step "ops-$t-to-f8" 120 $B/trident ops --backend nvidia --target $t --op cast.f8 --json "$O/logs/ops-$t-to-f8.json"
 done
 step ops-all-sm_90a 300 $B/trident ops --backend nvidia --json "$O/logs/ops-all.json"
-# The scaled FP8 GEMM's conformance cases (the portable form) on the GPU.
+# The scaled FP8 GEMM's conformance cases on the GPU (portable and descriptor forms).
 step conformance-scaled-gemm 120 $B/trident test --backend nvidia --kernel scaled_gemm --json "$O/logs/scaled-gemm.json"
+# The descriptor form's SASS: the tensor cores' FP8 instruction, and how many conversion instructions
+# there are (the epilogue's f32 -> bf16 included).
+sass() {
+  $B/trident emit --kernel scaled_gemm_desc --target sm_90a > "$O/logs/scaled_gemm_desc.ptx" &&
+    /usr/local/cuda/bin/ptxas -arch=sm_90a "$O/logs/scaled_gemm_desc.ptx" -o "$O/logs/scaled_gemm_desc.cubin" &&
+    /usr/local/cuda/bin/cuobjdump -sass "$O/logs/scaled_gemm_desc.cubin" > "$O/logs/scaled_gemm_desc.sass" &&
+    echo "HGMMA: $(grep -c HGMMA "$O/logs/scaled_gemm_desc.sass"), E4M3 HGMMA: $(grep HGMMA "$O/logs/scaled_gemm_desc.sass" | grep -c E4M3), F2FP/I2F conversions: $(grep -cE 'F2FP|I2F|HADD2.F32' "$O/logs/scaled_gemm_desc.sass")"
+}
+KEEP='HGMMA|rror' step sass 60 sass
+# The benchmark (a few minutes; BENCH=0 leaves it out).
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+if [ "${BENCH:-1}" = 1 ]; then
+  KEEP='scaled_gemm|rror|failed' KEEP_LINES=40 step bench-scaled-gemm 480 $B/trident bench \
+    --baseline-cmd "$PY bench/baseline.py" --only scaled_gemm --json "$O/bench.json"
+fi
 cat "$S"

@@ -16,6 +16,7 @@ use trident_core::ir::DType;
 use trident_gpu_runtime::hidden::HiddenBuffers;
 use trident_gpu_runtime::Driver;
 use trident_kernels::gemm::GemmConfig;
+use trident_kernels::scaled_gemm::Scaling;
 use trident_kernels::tuning::{Tuned, TuningCache};
 use trident_kernels::{gemm::Gemm, softmax::Softmax, vector_add::VectorAdd, DeviceCtx};
 
@@ -91,6 +92,9 @@ enum Workload {
     GemmRsW1,
     /// AG-GEMM against the gather then the GEMM, in a loopback world sharing the GPU.
     AgGemmLoopback,
+    /// The FP8 GEMM with scales (`trident_kernels::scaled_gemm`): C (bf16) = (A sa) (B sb)^T,
+    /// against `torch._scaled_mm` of the same scaling.
+    ScaledGemm(trident_kernels::scaled_gemm::Scaling),
 }
 
 impl Workload {
@@ -104,6 +108,9 @@ impl Workload {
             Workload::AgGemmW1 => "ag_gemm_w1",
             Workload::GemmRsW1 => "gemm_rs_w1",
             Workload::AgGemmLoopback => "ag_gemm_loopback",
+            Workload::ScaledGemm(Scaling::Tensor) => "scaled_gemm_tensor",
+            Workload::ScaledGemm(Scaling::Row) => "scaled_gemm_row",
+            Workload::ScaledGemm(Scaling::Block) => "scaled_gemm_block",
         }
     }
 }
@@ -136,6 +143,8 @@ impl Case {
             Workload::Gemm | Workload::AgGemmW1 | Workload::GemmRsW1 => {
                 (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s)
             }
+            // FP8 operands, bf16 output (the scales are a rounding error).
+            Workload::ScaledGemm(_) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
         }
     }
 
@@ -158,6 +167,8 @@ impl Case {
     fn floor_ms(&self, device: &str) -> f64 {
         let (flops, bytes) = self.work();
         let (peak_flops, peak_bytes) = peaks(device);
+        // The tensor cores run FP8 at twice the bf16 rate (H200: 1979 TF/s dense).
+        let peak_flops = if self.dtype.is_fp8() { 2.0 * peak_flops } else { peak_flops };
         let compute = if self.is_gemm() { flops / peak_flops } else { 0.0 };
         compute.max(bytes / peak_bytes) * 1e3
     }
@@ -193,6 +204,17 @@ fn cases() -> Vec<Case> {
         // the GPU (M over all ranks, N and K per rank, ranks): protocol and scheduling costs
         // on real hardware, not communication speed (`trident_conformance::overlap`).
         c(AgGemmLoopback, DType::BF16, &[8192, 3584, 8192, 4]),
+        // FP8 (e4m3) GEMMs with scales against `torch._scaled_mm`: per tensor and per row at
+        // 4096^3, 8192^3 and a decode-like 128 x 7168 x 7168; DeepSeek-V3's block scales at
+        // one of its shapes (M = 4096, N = 7168, K = 2048) and at 4096^3.
+        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[8192, 8192, 8192]),
+        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[128, 7168, 7168]),
+        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[8192, 8192, 8192]),
+        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[128, 7168, 7168]),
+        c(ScaledGemm(Scaling::Block), DType::F8E4M3FN, &[4096, 7168, 2048]),
+        c(ScaledGemm(Scaling::Block), DType::F8E4M3FN, &[4096, 4096, 4096]),
     ]
 }
 
@@ -409,6 +431,7 @@ fn run_case(
         }
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
+        Workload::ScaledGemm(scaling) => return scaled_gemm(cuda, &l, case, scaling, reps, &mut rng),
         Workload::Gemm => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
             let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
@@ -553,6 +576,74 @@ fn run_case(
         return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
     }
     Ok(Measured { ms, error, config: String::new() })
+}
+
+/// An FP8 GEMM with scales (`trident_kernels::scaled_gemm`) at the target's meta-parameters,
+/// on FP8 values over their whole range, checked on 256 random entries against f64 sums of the
+/// decoded products times the scales (relative to the sum of their magnitudes), then timed.
+fn scaled_gemm(
+    cuda: &Enqueuing,
+    l: &DeviceCtx,
+    case: &Case,
+    scaling: Scaling,
+    reps: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Measured, BackendError> {
+    use trident_conformance::host::round_to;
+    use trident_kernels::scaled_gemm::{ScaledGemm, SCALE_BLOCK};
+    let d = case.dtype;
+    let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
+    let op = ScaledGemm::for_target(d, scaling, l.gpu_target());
+    let spread = |v: Vec<f64>| round_to(&v.iter().map(|x| x * 400.0).collect::<Vec<_>>(), d);
+    let (a, b) = (spread(random(m * k, DType::F32, rng)), spread(random(n * k, DType::F32, rng)));
+    let (la, lb) = op.scale_lens(m, n, k);
+    let mut scales = |len: usize| -> Vec<f64> { (0..len).map(|_| rng.gen_range(0.25..4.0) / 400.0).collect() };
+    let (sa, sb) = (round_to(&scales(la), DType::F32), round_to(&scales(lb), DType::F32));
+    let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
+    let (sab, sbb) = (upload(cuda, "scale_a", &sa, DType::F32)?, upload(cuda, "scale_b", &sb, DType::F32)?);
+    let c = cuda.alloc(m * n * 2, "c")?;
+    cuda.fill(&c, &poison(DType::BF16))?;
+    let (blk, kb) = (SCALE_BLOCK as usize, k.div_ceil(SCALE_BLOCK as usize));
+    let check = || -> Result<f64, BackendError> {
+        let mut worst = 0.0f64;
+        let mut pick = rand::thread_rng();
+        for _ in 0..256 {
+            let (i, j) = (pick.gen_range(0..m), pick.gen_range(0..n));
+            let mut raw = [0u8; 2];
+            cuda.read(&c, (i * n + j) * 2, &mut raw)?;
+            let got = decode(&raw, DType::BF16)[0];
+            let (mut want, mut mag) = (0.0, 0.0);
+            for q in 0..kb {
+                let s = match scaling {
+                    Scaling::Tensor => sa[0] * sb[0],
+                    Scaling::Row => sa[i] * sb[j],
+                    Scaling::Block => sa[i * kb + q] * sb[(j / blk) * kb + q],
+                };
+                for p in q * blk..((q + 1) * blk).min(k) {
+                    let t = a[i * k + p] * b[j * k + p] * s;
+                    want += t;
+                    mag += t.abs();
+                }
+            }
+            worst = worst.max((got - want).abs() / mag.max(1e-30));
+        }
+        Ok(worst)
+    };
+    let (ms, error) = time(cuda, reps, || op.run(l, &ab, &bb, &c, &sab, &sbb, (m, n, k)), check)?;
+    if error > case.bound() {
+        return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
+    }
+    let config = op.specialized(&ab, &bb, k);
+    let config = format!(
+        "{}x{}x{}/{}w/{}s{}",
+        config.block_m,
+        config.block_n,
+        config.block_k,
+        config.warps,
+        config.stages,
+        if config.divisible { "/tma-wgmma" } else { "/portable" }
+    );
+    Ok(Measured { ms, error, config })
 }
 
 /// The worst of 256 random entries of `c = a b` against f64 dot products, relative to

@@ -60,23 +60,18 @@ pub fn scaled_gemm(
         "block" => Scaling::Block,
         other => return Err(errors::argument(format!("scaled_gemm: scaling `{other}`: tensor, row or block"))),
     };
-    let op = ScaledGemm::new(dtype, scaling);
-    let (m, n, k) = mnk;
-    let (la, lb) = op.scale_lens(m, n, k);
-    let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
-    let plan = op
-        .plan(
-            &buf("a", a, m * k),
-            &buf("b", b, n * k),
-            &buf("c", c, m * n * 2),
-            &buf("scale_a", scale_a, la * 4),
-            &buf("scale_b", scale_b, lb * 4),
-            mnk,
-        )
-        .map_err(errors::backend)?;
-    let Some((grid, args)) = plan else { return Ok(()) };
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
+    let (m, n, k) = mnk;
+    let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
+    let (a, b) = (buf("a", a, m * k), buf("b", b, n * k));
+    // The descriptor form (TMA and FP8 `wgmma`) on sm_90a where the operands allow it.
+    let op = ScaledGemm::for_target(dtype, scaling, trident_core::target::lookup(&target).ok()).specialized(&a, &b, k);
+    let (la, lb) = op.scale_lens(m, n, k);
+    let plan = op
+        .plan(&a, &b, &buf("c", c, m * n * 2), &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)
+        .map_err(errors::backend)?;
+    let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
 }
