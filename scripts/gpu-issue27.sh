@@ -28,10 +28,12 @@ step conformance-scaled-gemm 120 $B/trident test --backend nvidia --kernel scale
 # The descriptor form's SASS: the tensor cores' FP8 instruction, and how many conversion instructions
 # there are (the epilogue's f32 -> bf16 included).
 sass() {
-  $B/trident emit --kernel scaled_gemm_desc --target sm_90a > "$O/logs/scaled_gemm_desc.ptx" &&
-    /usr/local/cuda/bin/ptxas -arch=sm_90a "$O/logs/scaled_gemm_desc.ptx" -o "$O/logs/scaled_gemm_desc.cubin" &&
-    /usr/local/cuda/bin/cuobjdump -sass "$O/logs/scaled_gemm_desc.cubin" > "$O/logs/scaled_gemm_desc.sass" &&
-    echo "HGMMA: $(grep -c HGMMA "$O/logs/scaled_gemm_desc.sass"), E4M3 HGMMA: $(grep HGMMA "$O/logs/scaled_gemm_desc.sass" | grep -c E4M3), F2FP/I2F conversions: $(grep -cE 'F2FP|I2F|HADD2.F32' "$O/logs/scaled_gemm_desc.sass")"
+  for k in scaled_gemm_desc scaled_gemm_block_desc; do
+    $B/trident emit --kernel $k --target sm_90a > "$O/logs/$k.ptx" &&
+      /usr/local/cuda/bin/ptxas -arch=sm_90a "$O/logs/$k.ptx" -o "$O/logs/$k.cubin" &&
+      /usr/local/cuda/bin/cuobjdump -sass "$O/logs/$k.cubin" > "$O/logs/$k.sass" &&
+      echo "$k: HGMMA: $(grep -c HGMMA "$O/logs/$k.sass"), E4M3 HGMMA: $(grep HGMMA "$O/logs/$k.sass" | grep -c E4M3), F2FP/I2F conversions: $(grep -cE 'F2FP|I2F|HADD2.F32' "$O/logs/$k.sass")"
+  done
 }
 KEEP='HGMMA|rror' step sass 60 sass
 # The benchmark (a few minutes; BENCH=0 leaves it out).

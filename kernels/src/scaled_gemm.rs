@@ -14,10 +14,11 @@
 //! Two forms:
 //! * the portable one: pointer loads with edge masks; its `dot` runs on every backend (on GPUs
 //!   on the f16 matrix atoms, FP8 operands converted up in registers);
-//! * with [`ScaledGemm::descriptors`] (tensor and row scaling, where the target has TMA and
-//!   `wgmma`: [`ScaledGemm::for_target`]): A and B read as `[M, K]` and `[N, K]` blocks through
-//!   tensor descriptors, B transposed into the `dot`, which the lowering pipelines as TMA copies
-//!   into K-major stages read by `wgmma ... .e4m3` (`.e5m2`) with no conversion. Used when
+//! * with [`ScaledGemm::descriptors`] (where the target has TMA and `wgmma`:
+//!   [`ScaledGemm::for_target`]): A and B read as `[M, K]` and `[N, K]` blocks through tensor
+//!   descriptors, B transposed into the `dot`, which the lowering pipelines as TMA copies into
+//!   K-major stages read by `wgmma ... .e4m3` (`.e5m2`) with no conversion; block scales
+//!   promote each K block's fresh partial into the f32 accumulator as it is added. Used when
 //!   [`ScaledGemm::specialized`] finds the operands 16-byte aligned and K a multiple of 16.
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
@@ -47,7 +48,7 @@ pub struct ScaledGemm {
     pub block_m: u32,
     /// Divides [`SCALE_BLOCK`] (a tile never straddles two of B's scale blocks).
     pub block_n: u32,
-    /// The K step; [`SCALE_BLOCK`] in the block-scaled form (one scale per step).
+    /// The K step; always [`SCALE_BLOCK`] in the block-scaled form (one scale per step).
     pub block_k: u32,
     pub warps: u32,
     /// Pipeline stages of the descriptor form.
@@ -87,7 +88,7 @@ impl ScaledGemm {
             t.has_async_copy(trident_core::target::AsyncCopy::Tma)
                 && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
         });
-        if fast && scaling != Scaling::Block {
+        if fast {
             ScaledGemm { block_m: 128, block_n: 128, block_k: 128, warps: 8, stages: 4, descriptors: true, ..base }
         } else {
             base
@@ -107,7 +108,7 @@ impl ScaledGemm {
     }
 
     fn uses_descriptors(&self) -> bool {
-        self.descriptors && self.divisible && self.scaling != Scaling::Block
+        self.descriptors && self.divisible
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -171,11 +172,15 @@ impl ScaledGemm {
         b.finish()
     }
 
-    /// The descriptor form (tensor and row scaling): the K loop is a `dot` of A's `[bm, bk]`
-    /// block and the transpose of B's `[bn, bk]` block, both read through tensor descriptors
-    /// (zeros outside the tensors, so no masks); the scales are applied in the epilogue.
+    /// The descriptor form: the K loop is a `dot` of A's `[bm, bk]` block and the transpose of
+    /// B's `[bn, bk]` block, both read through tensor descriptors (zeros outside the tensors,
+    /// so no masks); tensor and row scales are applied in the epilogue, block scales to each
+    /// K block's fresh partial as it is added (which the lowering keeps on `wgmma`: a
+    /// promotion).
     fn build_descriptors(&self) -> Result<Function, VerifyError> {
-        let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
+        // One K step per scale block in the block-scaled form.
+        let bk = if self.scaling == Scaling::Block { SCALE_BLOCK } else { self.block_k };
+        let (bm, bn) = (self.block_m, self.block_n);
         let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc", self.dtype, self.scaling).to_lowercase();
         let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
@@ -194,9 +199,18 @@ impl ScaledGemm {
         let rn = col0 + b.arange(0, bn as i64);
         let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
         let acc = b.zeros(&[bm, bn], DType::F32);
-        let done = b.for_range(0, k, bk as i32, &[acc], |k0, carried| {
+        let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
+        let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
+            let k0 = kb * bk as i32;
             let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [col0, k0]));
-            vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
+            if self.scaling == Scaling::Block {
+                let part = b.dot(ta, tb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
+                let s_a = b.load_or(sa + rm * k_blocks + kb, rm.lt(m), 0.0).expand_dims(1);
+                let s_b = b.load(sb + (col0 / SCALE_BLOCK as i32) * k_blocks + kb, None, None);
+                vec![carried[0] + part * (s_a * s_b)]
+            } else {
+                vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
+            }
         });
         let out = match self.scaling {
             Scaling::Row => {
@@ -204,7 +218,8 @@ impl ScaledGemm {
                 let s_b = b.load_or(sb + rn, rn.lt(n), 0.0).expand_dims(0);
                 done[0] * s_a * s_b
             }
-            _ => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
+            Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
+            Scaling::Block => done[0],
         };
         b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
         b.finish()
@@ -292,6 +307,20 @@ inventory::submit! {
         distributed: false,
         build: |_| {
             let base = ScaledGemm::new(DType::F8E4M3FN, Scaling::Row);
+            ScaledGemm { block_m: 64, block_n: 64, stages: 2, descriptors: true, divisible: true, ..base }.build()
+        },
+    }
+}
+
+// The block-scaled descriptor form (e4m3) on the same tiles: each K block's partial promoted
+// with its scales as it is added (on sm_90a, a fresh `wgmma` group per block).
+inventory::submit! {
+    crate::Catalogued {
+        name: "scaled_gemm_block_desc",
+        operation: "scaled_gemm",
+        distributed: false,
+        build: |_| {
+            let base = ScaledGemm::new(DType::F8E4M3FN, Scaling::Block);
             ScaledGemm { block_m: 64, block_n: 64, stages: 2, descriptors: true, divisible: true, ..base }.build()
         },
     }

@@ -214,6 +214,74 @@ impl Lowering<'_> {
         r
     }
 
+    /// The element at `coords` of `v`, computed from loads and index math (a [`super::pipeline`]
+    /// promotion's scale, in a loop body whose ops are not lowered): each load is issued at the
+    /// coordinates' address (masked lanes read `other`, else 0), once per distinct address
+    /// expression; the rest as [`Lowering::eval`] does.
+    pub(super) fn eval_loaded(&mut self, v: Value, coords: &[Reg]) -> Reg {
+        let t = self.func.ty(v).clone();
+        let coords: Vec<Reg> = if t.is_scalar() { Vec::new() } else { coords.to_vec() };
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return self.eval(v, &coords) };
+        let kind = self.func.ops[op].kind.clone();
+        let has_load = |me: &Self, x: Value| me.reads_memory(x);
+        if !has_load(self, v) {
+            return self.eval(v, &coords);
+        }
+        let key = (v, coords.clone());
+        if let Some(r) = self.memo.get(&key) {
+            return *r;
+        }
+        let r = match kind {
+            OpKind::Load { ptr, mask, other } => {
+                let st = stype(&t);
+                let addr = self.eval_loaded(ptr, &coords);
+                let pred = mask.map(|m| self.eval_loaded(m, &coords));
+                let other = match (pred, other) {
+                    (None, _) => None,
+                    (Some(_), Some(o)) => Some(self.eval_loaded(o, &coords)),
+                    (Some(_), None) => Some(self.konst(st, Literal::Int(0))),
+                };
+                let dst = self.reg(st);
+                self.emit(Inst::Load { dst, addr, pred, other });
+                dst
+            }
+            OpKind::Broadcast(x) => {
+                let src = self.func.ty(x).shape.clone();
+                let c: Vec<Reg> =
+                    coords.iter().zip(&src).map(|(&c, &d)| if d == 1 { self.iconst(0) } else { c }).collect();
+                self.eval_loaded(x, &c)
+            }
+            OpKind::Reshape(x) => {
+                let src = self.func.ty(x).shape.clone();
+                let c = self.reshape_coords(&coords, &t.shape, &src);
+                self.eval_loaded(x, &c)
+            }
+            OpKind::Transpose { x, perm } => {
+                let c = permute_back(&coords, &perm);
+                self.eval_loaded(x, &c)
+            }
+            OpKind::Splat(x) => self.eval_loaded(x, &[]),
+            k @ (OpKind::Unary { .. }
+            | OpKind::Binary { .. }
+            | OpKind::Cmp { .. }
+            | OpKind::Select { .. }
+            | OpKind::Cast(_)) => {
+                let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.eval_loaded(x, &coords)).collect();
+                self.elementwise(&k, v, &srcs)
+            }
+            k => unreachable!("`{}` in a promotion's scale (checked by `promotion_of`)", k.mnemonic()),
+        };
+        self.memo.insert(key, r);
+        r
+    }
+
+    /// Whether computing `v` reads memory (a `load` among the ops that make it).
+    fn reads_memory(&self, v: Value) -> bool {
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return false };
+        let kind = &self.func.ops[op].kind;
+        matches!(kind, OpKind::Load { .. }) || kind.operands().into_iter().any(|(_, x)| self.reads_memory(x))
+    }
+
     /// A scalar's register: as lowered, or (for pure scalar ops not lowered at this point, as in
     /// a software-pipelined loop body) recomputed here.
     pub(super) fn scalar_value(&mut self, v: Value) -> Reg {
@@ -241,7 +309,8 @@ impl Lowering<'_> {
             | OpKind::Binary { .. }
             | OpKind::Cmp { .. }
             | OpKind::Select { .. }
-            | OpKind::Cast(_)) => {
+            | OpKind::Cast(_)
+            | OpKind::AddPtr { .. }) => {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.scalar_value(x)).collect();
                 self.elementwise(&k, v, &srcs)
             }

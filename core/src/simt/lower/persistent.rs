@@ -59,7 +59,7 @@ impl Lowering<'_> {
             return None;
         }
         let plan = self.pipeline_plan(inner)?;
-        if plan.strategy != Strategy::Tma || plan.specialized {
+        if plan.strategy != Strategy::Tma || plan.specialized || plan.promotion.is_some() {
             return None;
         }
         Some(Persistent { inner, plan })

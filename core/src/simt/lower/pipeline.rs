@@ -22,6 +22,17 @@ pub(super) struct Pipeline {
     /// is, which is how `wgmma` reads FP8 operands (TMA with `wgmma` only).
     b_kmajor: bool,
     b: Operand,
+    /// The step adds a fresh `dot` times a scale to the carried value (TMA and `wgmma` only).
+    pub(super) promotion: Option<Promotion>,
+}
+
+/// A K step of the form `acc + dot(a, b, 0) * scale` (DeepSeek-V3's block scaling: the tensor
+/// cores' product of one K block promoted into the f32 accumulator with its scales): `scale`
+/// is computed from loads in the body (the scales of the block), evaluated at each accumulator
+/// element's coordinates once the step's `wgmma`s are done.
+#[derive(Clone, Copy)]
+pub(super) struct Promotion {
+    scale: Value,
 }
 
 /// One operand of a pipelined `dot`: the load's source and the loaded value.
@@ -155,7 +166,9 @@ impl Lowering<'_> {
     /// The K loop of a GEMM, software-pipelined: a `for` whose only carried value is the
     /// accumulator of a tensor-core `dot` whose operands are loads used nowhere else (masked-off
     /// elements 0, pointers and masks rematerializable), with nothing else in the body that
-    /// touches memory, in a kernel of `stages >= 2`.
+    /// touches memory, in a kernel of `stages >= 2`. Or, with TMA and `wgmma`, a [`Promotion`]:
+    /// the carried value plus a fresh `dot` times a scale, whose loads are the only other
+    /// memory accesses of the body.
     pub(super) fn pipeline_plan(&mut self, op: Op) -> Option<Pipeline> {
         let stages = self.func.attrs.stages;
         let OpKind::For { init, body, .. } = &self.func.ops[op].kind else { return None };
@@ -163,12 +176,25 @@ impl Lowering<'_> {
         if stages < 2 || init.len() != 1 {
             return None;
         }
-        let layout = self.carried_mma(body, 0)?;
-        let next = self.func.blocks[body].yields[0];
-        let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
-        let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
         let count_uses =
             |v: Value| self.func.ops.iter().flat_map(|(_, d)| d.kind.operands()).filter(|(_, u)| *u == v).count();
+        let next = self.func.blocks[body].yields[0];
+        let (layout, dot, promotion, promotion_ops) = match self.promotion_of(body, next, &count_uses) {
+            Some((dot, scale, ops, outside)) => {
+                // What the scale reads from outside the body is recomputed at each element's
+                // coordinates (`eval_loaded`).
+                if !outside.into_iter().all(|v| self.rematerializable(v)) {
+                    return None;
+                }
+                (self.dot_mma_layout(dot)?, dot, Some(Promotion { scale }), ops)
+            }
+            None => {
+                let layout = self.carried_mma(body, 0)?;
+                let ValueDef::Result { op: dot, .. } = self.func.values[next].def else { return None };
+                (layout, dot, None, Vec::new())
+            }
+        };
+        let OpKind::Dot { a, b, .. } = self.func.ops[dot].kind else { return None };
         // B as the transpose of a `[N, K]` block (used only there): staged K-major.
         let mut transpose = None;
         let mut b = b;
@@ -221,6 +247,7 @@ impl Lowering<'_> {
         let pure = self.func.blocks[body].ops.iter().all(|&o| {
             o == dot
                 || Some(o) == transpose
+                || promotion_ops.contains(&o)
                 || loads.iter().any(|l| l.0 == o)
                 || is_index_math(&self.func.ops[o].kind)
                 || matches!(self.func.ops[o].kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
@@ -250,8 +277,8 @@ impl Lowering<'_> {
         }
         // A K-major B is staged only by TMA for `wgmma`, and FP8 operands are read only by
         // `wgmma` (the atoms' register fragments are 16-bit: a `dot` outside this pipeline
-        // converts FP8 in registers, `dot_mma`).
-        if (b_kmajor || fp8) && strategy != Strategy::Tma {
+        // converts FP8 in registers, `dot_mma`); a promotion is lowered on `wgmma` alone.
+        if (b_kmajor || fp8 || promotion.is_some()) && strategy != Strategy::Tma {
             return None;
         }
         let layout = if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, ..layout } } else { layout };
@@ -277,12 +304,75 @@ impl Lowering<'_> {
         // that touches memory (the producer warp runs all of that, and leaves after its loop).
         let top = &self.func.blocks[self.func.body].ops;
         let specialized = strategy == Strategy::Tma
+            && promotion.is_none()
             && self.func.attrs.warp_specialize
             && top
                 .iter()
                 .position(|&o| o == op)
                 .is_some_and(|i| top[..i].iter().all(|&o| effect_free(&self.func.ops[o].kind)));
-        Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b_kmajor, b })
+        Some(Pipeline { layout, stages, strategy, wgmma, specialized, a, b_kmajor, b, promotion })
+    }
+
+    /// When the body's next value `next` is `carried + dot(a, b, 0) * scale` (either order of
+    /// either operation): the `dot`, the scale and the ops that make the promotion (the add,
+    /// the multiply and the scale's ops in the body: index math and loads only).
+    fn promotion_of(
+        &self,
+        body: Block,
+        next: Value,
+        count_uses: &dyn Fn(Value) -> usize,
+    ) -> Option<(Op, Value, Vec<Op>, Vec<Value>)> {
+        let carried = self.func.blocks[body].args[1];
+        let def = |v: Value| match self.func.values[v].def {
+            ValueDef::Result { op, .. } => Some(op),
+            _ => None,
+        };
+        let add = def(next)?;
+        let OpKind::Binary { op: BinaryOp::Add, lhs: x, rhs: y } = self.func.ops[add].kind else { return None };
+        let product = if x == carried {
+            y
+        } else if y == carried {
+            x
+        } else {
+            return None;
+        };
+        let mul = def(product)?;
+        let OpKind::Binary { op: BinaryOp::Mul, lhs: p, rhs: q } = self.func.ops[mul].kind else { return None };
+        let is_fresh_dot = |v: Value| {
+            def(v).is_some_and(|o| matches!(self.func.ops[o].kind, OpKind::Dot { acc, .. } if self.is_zero(acc)))
+        };
+        let (part, scale) = if is_fresh_dot(p) {
+            (p, q)
+        } else if is_fresh_dot(q) {
+            (q, p)
+        } else {
+            return None;
+        };
+        if count_uses(part) != 1 || count_uses(product) != 1 || self.func.ty(scale).shape != self.func.ty(part).shape {
+            return None;
+        }
+        let mut ops = vec![add, mul];
+        let mut outside = Vec::new();
+        let mut stack = vec![scale];
+        while let Some(v) = stack.pop() {
+            if v == carried {
+                return None;
+            }
+            let Some(o) = def(v).filter(|o| self.func.blocks[body].ops.contains(o)) else {
+                outside.push(v);
+                continue;
+            };
+            if ops.contains(&o) {
+                continue;
+            }
+            let kind = &self.func.ops[o].kind;
+            if !(is_index_math(kind) || matches!(kind, OpKind::Load { .. } | OpKind::Const(_))) {
+                return None;
+            }
+            stack.extend(kind.operands().into_iter().map(|(_, v)| v));
+            ops.push(o);
+        }
+        Some((def(part)?, scale, ops, outside))
     }
 
     /// The tensor map of `desc`'s `make_desc` read in boxes of `rows x cols` swizzled at `swizzle`
@@ -573,6 +663,14 @@ impl Lowering<'_> {
         if registers {
             self.emit(Inst::Barrier);
         }
+        // A promotion's fresh partial: a false `scale_d`, and zeros as the ignored input.
+        let (zeros, fresh) = if plan.promotion.is_some() {
+            let zero_f = self.konst(SType::F32, Literal::Float(0.0));
+            let zero_i = self.iconst(0);
+            (vec![zero_f; (l.n / 2) as usize], self.cmp_raw(CmpOp::Ne, zero_i, zero_i))
+        } else {
+            (Vec::new(), Reg(0))
+        };
         // The loop: phis are the accumulator and the step counter j.
         let iv = self.reg(I32);
         let j = self.reg(I32);
@@ -616,7 +714,19 @@ impl Lowering<'_> {
             let pred = self.bin(BinaryOp::And, valid, leader);
             let (next_bar, bar) = (bar_of(self, jn), bar_of(self, j));
             let parity = self.ring_parity(j, s);
-            if single {
+            if let Some(p) = plan.promotion {
+                // A fresh partial of this K block (the first `wgmma` ignores its input), done
+                // before the copies are issued; then it is added into the accumulator with its
+                // scale, which the copies' flight covers. The refill's stage was read by a
+                // group every warpgroup has waited for (each waits for all of its groups).
+                self.emit(Inst::MbarrierWait { offset: bar, parity });
+                let part = self.wgmma_steps(l, sl, base, zeros.clone(), Some(0), Some(fresh));
+                if !single {
+                    self.emit(Inst::Barrier);
+                }
+                self.tma_issue(&plan, iv_arg, next_iv, pred, next_base, next_bar, sl);
+                self.promote(l, p, &part, &phis)
+            } else if single {
                 // This step's group is issued first, so the tensor cores go on from group
                 // j - 1 to it without waiting for the copies' issue; then step j + s - 2
                 // refills stage (j - 2) % s, which group j - 2 read: every warpgroup waited
@@ -709,6 +819,40 @@ impl Lowering<'_> {
         self.shared_free(stages_at);
         let r = self.func.ops[op].results[0];
         self.mma_held.insert(r, (l, results));
+    }
+
+    /// `acc + part * scale` slot by slot in the accumulator layout `l`, the scale evaluated at
+    /// each slot's coordinates from its loads ([`Lowering::eval_loaded`]), as one FMA each.
+    fn promote(&mut self, l: AccLayout, p: Promotion, part: &[Reg], acc: &[Reg]) -> Vec<Reg> {
+        // Coordinates in the prologue (what `eval` hoists out of the loop reads them), one
+        // register per distinct row and column, so that a scale read per row is loaded once
+        // per row (`eval_loaded` remembers by register).
+        let pos = self.mma_position(l);
+        let mut at: HashMap<(usize, u32), Reg> = HashMap::default();
+        (0..l.slots())
+            .map(|s| {
+                let o = l.offset(s);
+                let c: Vec<Reg> = (0..2)
+                    .map(|d| {
+                        *at.entry((d, o[d])).or_insert_with(|| {
+                            if o[d] == 0 {
+                                return pos[d];
+                            }
+                            let saved = std::mem::take(&mut self.cur);
+                            let r = self.bin_c(BinaryOp::Add, pos[d], o[d] as i64);
+                            let defs = std::mem::replace(&mut self.cur, saved);
+                            self.prologue.extend(defs);
+                            r
+                        })
+                    })
+                    .collect();
+                let sc = self.eval_loaded(p.scale, &c);
+                let sc = self.convert(sc, SType::F32);
+                let d = self.reg(SType::F32);
+                self.emit(Inst::Fma { dst: d, a: part[s as usize], b: sc, c: acc[s as usize] });
+                d
+            })
+            .collect()
     }
 
     /// `f` with the values of `binds` (loop variables) bound to registers and a fresh memo of
