@@ -24,7 +24,7 @@
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, InputPrecision, LaunchAttrs};
-use trident_core::{Function, KernelBuilder, VerifyError};
+use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 /// The elements of K (and of N, for B's block scales) one scale covers in [`Scaling::Block`].
 pub const SCALE_BLOCK: u32 = 128;
@@ -53,8 +53,14 @@ pub struct ScaledGemm {
     pub warps: u32,
     /// Pipeline stages of the descriptor form.
     pub stages: u32,
-    /// The descriptor form where [`ScaledGemm::specialized`] allows it (tensor and row scaling).
+    /// The descriptor form where [`ScaledGemm::specialized`] allows it.
     pub descriptors: bool,
+    /// With descriptors: a producer warp issues the TMA copies (`LaunchAttrs::warp_specialize`;
+    /// tensor and row scaling: the lowering keeps a promotion in the consumers' loop).
+    pub warp_specialize: bool,
+    /// With descriptors: one program per multiprocessor walking the tiles, the next tile's
+    /// copies during this one's epilogue (`LaunchAttrs::persistent`; tensor and row scaling).
+    pub persistent: bool,
     /// Set by [`ScaledGemm::specialized`]: the operands are 16-byte aligned and K a multiple of
     /// 16 (a tensor map's row stride is whole 16-byte chunks).
     pub divisible: bool,
@@ -71,13 +77,17 @@ impl ScaledGemm {
             warps: 4,
             stages: 1,
             descriptors: false,
+            warp_specialize: false,
+            persistent: false,
             divisible: false,
         }
     }
 
-    /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a), tensor and
-    /// row scaling take the descriptor form, two warpgroups on 128 x 128 tiles with K steps of
-    /// 128 (one 128-byte swizzle row of FP8) over 4 stages; everything else the portable form.
+    /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a) the
+    /// descriptor form, two warpgroups on 128 x 128 tiles with K steps of 128 (one 128-byte
+    /// swizzle row of FP8) over 4 stages, for tensor and row scaling with a producer warp and
+    /// persistent (as the bf16 GEMM's fastest form on the H200); everything else the portable
+    /// form.
     pub fn for_target(
         dtype: DType,
         scaling: Scaling,
@@ -89,7 +99,18 @@ impl ScaledGemm {
                 && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
         });
         if fast {
-            ScaledGemm { block_m: 128, block_n: 128, block_k: 128, warps: 8, stages: 4, descriptors: true, ..base }
+            let overlapped = scaling != Scaling::Block;
+            ScaledGemm {
+                block_m: 128,
+                block_n: 128,
+                block_k: 128,
+                warps: 8,
+                stages: 4,
+                descriptors: true,
+                warp_specialize: overlapped,
+                persistent: overlapped,
+                ..base
+            }
         } else {
             base
         }
@@ -181,8 +202,21 @@ impl ScaledGemm {
         // One K step per scale block in the block-scaled form.
         let bk = if self.scaling == Scaling::Block { SCALE_BLOCK } else { self.block_k };
         let (bm, bn) = (self.block_m, self.block_n);
-        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc", self.dtype, self.scaling).to_lowercase();
-        let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
+        let form = match (self.warp_specialize, self.persistent) {
+            (true, true) => "_ws_persistent",
+            (true, false) => "_ws",
+            (false, true) => "_persistent",
+            _ => "",
+        };
+        let name =
+            format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc{form}", self.dtype, self.scaling).to_lowercase();
+        let attrs = LaunchAttrs {
+            warps: self.warps,
+            stages: self.stages,
+            warp_specialize: self.warp_specialize,
+            persistent: self.persistent,
+            ..LaunchAttrs::default()
+        };
         let b = KernelBuilder::new(&name, attrs);
         let (a, bp) = (b.arg_ptr_aligned("a", self.dtype, 16), b.arg_ptr_aligned("b", self.dtype, 16));
         let c = b.arg_ptr("c", DType::BF16);
@@ -192,36 +226,47 @@ impl ScaledGemm {
         let da = b.make_desc(a, [m, k], [k, one], [bm, bk]);
         let db = b.make_desc(bp, [n, k], [k, one], [bn, bk]);
 
-        let tile = b.program_id_x();
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let (row0, col0) = ((tile / tiles_n) * bm as i32, (tile % tiles_n) * bn as i32);
-        let rm = row0 + b.arange(0, bm as i64);
-        let rn = col0 + b.arange(0, bn as i64);
-        let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
-        let acc = b.zeros(&[bm, bn], DType::F32);
+        let tiles = ((m + (bm as i32 - 1)) / bm as i32) * tiles_n;
         let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
-        let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
-            let k0 = kb * bk as i32;
-            let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [col0, k0]));
-            if self.scaling == Scaling::Block {
-                let part = b.dot(ta, tb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
-                let s_a = b.load_or(sa + rm * k_blocks + kb, rm.lt(m), 0.0).expand_dims(1);
-                let s_b = b.load(sb + (col0 / SCALE_BLOCK as i32) * k_blocks + kb, None, None);
-                vec![carried[0] + part * (s_a * s_b)]
-            } else {
-                vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
-            }
-        });
-        let out = match self.scaling {
-            Scaling::Row => {
-                let s_a = b.load_or(sa + rm, rm.lt(m), 0.0).expand_dims(1);
-                let s_b = b.load_or(sb + rn, rn.lt(n), 0.0).expand_dims(0);
-                done[0] * s_a * s_b
-            }
-            Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
-            Scaling::Block => done[0],
+        let one_tile = |tile: Tile| {
+            let (row0, col0) = ((tile / tiles_n) * bm as i32, (tile % tiles_n) * bn as i32);
+            let rm = row0 + b.arange(0, bm as i64);
+            let rn = col0 + b.arange(0, bn as i64);
+            let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
+            let acc = b.zeros(&[bm, bn], DType::F32);
+            let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
+                let k0 = kb * bk as i32;
+                let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [col0, k0]));
+                if self.scaling == Scaling::Block {
+                    let part = b.dot(ta, tb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
+                    let s_a = b.load_or(sa + rm * k_blocks + kb, rm.lt(m), 0.0).expand_dims(1);
+                    let s_b = b.load(sb + (col0 / SCALE_BLOCK as i32) * k_blocks + kb, None, None);
+                    vec![carried[0] + part * (s_a * s_b)]
+                } else {
+                    vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
+                }
+            });
+            let out = match self.scaling {
+                Scaling::Row => {
+                    let s_a = b.load_or(sa + rm, rm.lt(m), 0.0).expand_dims(1);
+                    let s_b = b.load_or(sb + rn, rn.lt(n), 0.0).expand_dims(0);
+                    done[0] * s_a * s_b
+                }
+                Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
+                Scaling::Block => done[0],
+            };
+            b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
         };
-        b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
+        let pid = b.program_id_x();
+        if self.persistent {
+            b.for_range(pid, tiles, b.num_programs(trident_core::ir::Axis::X), &[], |t, _| {
+                one_tile(t);
+                Vec::new()
+            });
+        } else {
+            one_tile(pid);
+        }
         b.finish()
     }
 

@@ -138,11 +138,24 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
         assert!(text.contains(&format!("k32.{fmt} a")), "{dtype}: no FP8 wgmma in\n{text}");
         assert!(!text.contains(".trans_b") && !text.contains("fp8.convert"), "{dtype}: B transposed or converted");
         assert!(text.contains("tma.load"), "{dtype}: no TMA copies");
+        // Tensor and row scaling with a producer warp (the lowering's specialized region).
+        assert_eq!(text.contains("specialized producer"), scaling != Scaling::Block, "{dtype} {scaling:?}");
         check(&op, &l, mnk, &mut rng);
+    }
+    // Without the producer warp and the persistent loop, and with either alone.
+    for (warp_specialize, persistent) in [(false, false), (true, false), (false, true)] {
+        let base = ScaledGemm::for_target(DType::F8E5M2, Scaling::Row, Some(sm90a));
+        check(&ScaledGemm { warp_specialize, persistent, ..base }, &l, (200, 264, 400), &mut rng);
+    }
+    // One warpgroup (64-row tiles), as the benchmark's small-M configuration.
+    for scaling in [Scaling::Row, Scaling::Block] {
+        let base = ScaledGemm::for_target(DType::F8E4M3FN, scaling, Some(sm90a));
+        let small = ScaledGemm { block_m: 64, warps: 4, warp_specialize: false, persistent: false, ..base };
+        check(&small, &l, (100, 136, 272), &mut rng);
     }
     // K steps of 256 bytes: two swizzle atoms along K in each stage.
     let wide =
-        ScaledGemm { block_k: 256, stages: 3, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };
+        ScaledGemm { block_k: 256, stages: 2, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };
     check(&wide, &l, (72, 130, 512), &mut rng);
     // Operands TMA cannot read (K not a multiple of 16) keep the portable form.
     check(&ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)), &l, (16, 32, 40), &mut rng);
