@@ -67,8 +67,12 @@ def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
     """`torch._scaled_mm` (cuBLASLt) on e4m3 A [m, k] and B [n, k] (passed as B^T, the
     column-major operand it wants), bf16 out, with one f32 scale per tensor, per row ([m, 1] and
     [1, n]), or DeepSeek-V3's blocks (1 x 128 for A, 128 x 128 for B, where this torch and
-    cuBLAS support them), checked against a float32 reference first."""
+    cuBLAS support them), checked against a float32 reference first. Tensor and row scaling
+    accumulate as trident's case does: the whole K in the tensor cores (`use_fast_accum`), or
+    for `<scaling>_promoted` with cuBLAS's default accumulation."""
     dev = "cuda"
+    fast = not scaling.endswith("_promoted")
+    scaling = scaling.removesuffix("_promoted")
     f8 = torch.float8_e4m3fn
     a = (torch.rand(m, k, device=dev) * 2 - 1).mul(400).to(f8)
     b = (torch.rand(n, k, device=dev) * 2 - 1).mul(400).to(f8)
@@ -86,7 +90,8 @@ def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
         sb = torch.rand((n + 127) // 128, kb, device=dev) / 400 + 1e-3
         ref_sa = sa.repeat_interleave(128, dim=1)[:, :k]
         ref_sb = sb.repeat_interleave(128, dim=0)[:n].repeat_interleave(128, dim=1)[:, :k]
-    run = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    fast = fast and scaling != "block"
+    run = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
     got = run().float()
     if scaling == "block":
         want = (a.float() * ref_sa) @ (b.float() * ref_sb).t()

@@ -93,8 +93,10 @@ enum Workload {
     /// AG-GEMM against the gather then the GEMM, in a loopback world sharing the GPU.
     AgGemmLoopback,
     /// The FP8 GEMM with scales (`trident_kernels::scaled_gemm`): C (bf16) = (A sa) (B sb)^T,
-    /// against `torch._scaled_mm` of the same scaling.
-    ScaledGemm(trident_kernels::scaled_gemm::Scaling),
+    /// against `torch._scaled_mm` of the same scaling and accumulation: tensor and row scaling
+    /// accumulating the whole K in the tensor cores (`use_fast_accum=True`), or, with `true`,
+    /// each K block's product added in f32 (`ScaledGemm::promote`; `use_fast_accum=False`).
+    ScaledGemm(Scaling, bool),
 }
 
 impl Workload {
@@ -108,9 +110,11 @@ impl Workload {
             Workload::AgGemmW1 => "ag_gemm_w1",
             Workload::GemmRsW1 => "gemm_rs_w1",
             Workload::AgGemmLoopback => "ag_gemm_loopback",
-            Workload::ScaledGemm(Scaling::Tensor) => "scaled_gemm_tensor",
-            Workload::ScaledGemm(Scaling::Row) => "scaled_gemm_row",
-            Workload::ScaledGemm(Scaling::Block) => "scaled_gemm_block",
+            Workload::ScaledGemm(Scaling::Tensor, false) => "scaled_gemm_tensor",
+            Workload::ScaledGemm(Scaling::Tensor, true) => "scaled_gemm_tensor_promoted",
+            Workload::ScaledGemm(Scaling::Row, false) => "scaled_gemm_row",
+            Workload::ScaledGemm(Scaling::Row, true) => "scaled_gemm_row_promoted",
+            Workload::ScaledGemm(Scaling::Block, _) => "scaled_gemm_block",
         }
     }
 }
@@ -144,7 +148,7 @@ impl Case {
                 (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s)
             }
             // FP8 operands, bf16 output (the scales are a rounding error).
-            Workload::ScaledGemm(_) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
+            Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
         }
     }
 
@@ -207,14 +211,17 @@ fn cases() -> Vec<Case> {
         // FP8 (e4m3) GEMMs with scales against `torch._scaled_mm`: per tensor and per row at
         // 4096^3, 8192^3 and a decode-like 128 x 7168 x 7168; DeepSeek-V3's block scales at
         // one of its shapes (M = 4096, N = 7168, K = 2048) and at 4096^3.
-        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[4096, 4096, 4096]),
-        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[8192, 8192, 8192]),
-        c(ScaledGemm(Scaling::Tensor), DType::F8E4M3FN, &[128, 7168, 7168]),
-        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[4096, 4096, 4096]),
-        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[8192, 8192, 8192]),
-        c(ScaledGemm(Scaling::Row), DType::F8E4M3FN, &[128, 7168, 7168]),
-        c(ScaledGemm(Scaling::Block), DType::F8E4M3FN, &[4096, 7168, 2048]),
-        c(ScaledGemm(Scaling::Block), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Tensor, false), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Tensor, false), DType::F8E4M3FN, &[8192, 8192, 8192]),
+        c(ScaledGemm(Scaling::Tensor, false), DType::F8E4M3FN, &[128, 7168, 7168]),
+        c(ScaledGemm(Scaling::Row, false), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Row, false), DType::F8E4M3FN, &[8192, 8192, 8192]),
+        c(ScaledGemm(Scaling::Row, false), DType::F8E4M3FN, &[128, 7168, 7168]),
+        // Row scaling with each K block added in f32, against cuBLAS's default accumulation.
+        c(ScaledGemm(Scaling::Row, true), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        c(ScaledGemm(Scaling::Row, true), DType::F8E4M3FN, &[8192, 8192, 8192]),
+        c(ScaledGemm(Scaling::Block, true), DType::F8E4M3FN, &[4096, 7168, 2048]),
+        c(ScaledGemm(Scaling::Block, true), DType::F8E4M3FN, &[4096, 4096, 4096]),
     ]
 }
 
@@ -431,7 +438,9 @@ fn run_case(
         }
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
-        Workload::ScaledGemm(scaling) => return scaled_gemm(cuda, &l, case, scaling, reps, &mut rng),
+        Workload::ScaledGemm(scaling, promote) => {
+            return scaled_gemm(cuda, &l, case, (scaling, promote), reps, &mut rng)
+        }
         Workload::Gemm => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
             let (a, b) = (random(m * k, d, &mut rng), random(k * n, d, &mut rng));
@@ -585,7 +594,7 @@ fn scaled_gemm(
     cuda: &Enqueuing,
     l: &DeviceCtx,
     case: &Case,
-    scaling: Scaling,
+    (scaling, promote): (Scaling, bool),
     reps: usize,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
@@ -593,7 +602,7 @@ fn scaled_gemm(
     use trident_kernels::scaled_gemm::{ScaledGemm, SCALE_BLOCK};
     let d = case.dtype;
     let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
-    let op = ScaledGemm::for_target(d, scaling, l.gpu_target());
+    let op = ScaledGemm { promote, ..ScaledGemm::for_target(d, scaling, l.gpu_target()) };
     let spread = |v: Vec<f64>| round_to(&v.iter().map(|x| x * 400.0).collect::<Vec<_>>(), d);
     let (a, b) = (spread(random(m * k, DType::F32, rng)), spread(random(n * k, DType::F32, rng)));
     let (la, lb) = op.scale_lens(m, n, k);
@@ -636,7 +645,7 @@ fn scaled_gemm(
     if op.descriptors {
         let plain = ScaledGemm { warp_specialize: false, persistent: false, ..op };
         variants.push(plain);
-        if scaling != Scaling::Block {
+        if scaling != Scaling::Block && !promote {
             variants.push(ScaledGemm { block_n: 256, stages: 3, ..op });
         }
         variants.push(ScaledGemm { block_m: 64, warps: 4, ..plain });

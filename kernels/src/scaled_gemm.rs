@@ -61,6 +61,12 @@ pub struct ScaledGemm {
     /// With descriptors: one program per multiprocessor walking the tiles, the next tile's
     /// copies during this one's epilogue (`LaunchAttrs::persistent`; tensor and row scaling).
     pub persistent: bool,
+    /// With descriptors, tensor and row scaling: each K step's product made in a fresh
+    /// accumulator and added in f32 (as the block-scaled form does, and as `torch._scaled_mm`
+    /// does without `use_fast_accum`), instead of accumulating the whole K in the tensor
+    /// cores, whose FP8 accumulation keeps about 14 bits. Neither producer warp nor persistent
+    /// loop then.
+    pub promote: bool,
     /// Set by [`ScaledGemm::specialized`]: the operands are 16-byte aligned and K a multiple of
     /// 16 (a tensor map's row stride is whole 16-byte chunks).
     pub divisible: bool,
@@ -79,6 +85,7 @@ impl ScaledGemm {
             descriptors: false,
             warp_specialize: false,
             persistent: false,
+            promote: false,
             divisible: false,
         }
     }
@@ -202,10 +209,11 @@ impl ScaledGemm {
         // One K step per scale block in the block-scaled form.
         let bk = if self.scaling == Scaling::Block { SCALE_BLOCK } else { self.block_k };
         let (bm, bn) = (self.block_m, self.block_n);
-        let form = match (self.warp_specialize, self.persistent) {
-            (true, true) => "_ws_persistent",
-            (true, false) => "_ws",
-            (false, true) => "_persistent",
+        let form = match (self.promote && self.scaling != Scaling::Block, self.warp_specialize, self.persistent) {
+            (true, _, _) => "_promoted",
+            (_, true, true) => "_ws_persistent",
+            (_, true, false) => "_ws",
+            (_, false, true) => "_persistent",
             _ => "",
         };
         let name =
@@ -243,6 +251,9 @@ impl ScaledGemm {
                     let s_a = b.load_or(sa + rm * k_blocks + kb, rm.lt(m), 0.0).expand_dims(1);
                     let s_b = b.load(sb + (col0 / SCALE_BLOCK as i32) * k_blocks + kb, None, None);
                     vec![carried[0] + part * (s_a * s_b)]
+                } else if self.promote {
+                    let part = b.dot(ta, tb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
+                    vec![carried[0] + part]
                 } else {
                     vec![b.dot(ta, tb.t(), carried[0], InputPrecision::Ieee)]
                 }

@@ -147,6 +147,13 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
         let base = ScaledGemm::for_target(DType::F8E5M2, Scaling::Row, Some(sm90a));
         check(&ScaledGemm { warp_specialize, persistent, ..base }, &l, (200, 264, 400), &mut rng);
     }
+    // Each K step's product added in f32 (a promotion without scales).
+    for scaling in [Scaling::Tensor, Scaling::Row] {
+        let promoted = ScaledGemm { promote: true, ..ScaledGemm::for_target(DType::F8E4M3FN, scaling, Some(sm90a)) };
+        let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..promoted }.build().unwrap(), sm90a).unwrap();
+        assert!(k.to_string().contains("k32.f8e4m3fn a") && !k.to_string().contains("specialized producer"));
+        check(&promoted, &l, (130, 200, 400), &mut rng);
+    }
     // One warpgroup (64-row tiles), as the benchmark's small-M configuration.
     for scaling in [Scaling::Row, Scaling::Block] {
         let base = ScaledGemm::for_target(DType::F8E4M3FN, scaling, Some(sm90a));

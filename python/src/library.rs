@@ -48,6 +48,7 @@ pub fn scaled_gemm(
     mnk: (usize, usize, usize),
     dtype_name: &str,
     scaling: &str,
+    fast_accum: bool,
     device: i64,
     stream: u64,
 ) -> PyResult<()> {
@@ -66,7 +67,9 @@ pub fn scaled_gemm(
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
     let (a, b) = (buf("a", a, m * k), buf("b", b, n * k));
     // The descriptor form (TMA and FP8 `wgmma`) on sm_90a where the operands allow it.
-    let op = ScaledGemm::for_target(dtype, scaling, trident_core::target::lookup(&target).ok()).specialized(&a, &b, k);
+    let op = ScaledGemm::for_target(dtype, scaling, trident_core::target::lookup(&target).ok());
+    // Each 128 of K added in f32 unless the caller asks for the tensor cores' accumulation.
+    let op = ScaledGemm { promote: !fast_accum, ..op }.specialized(&a, &b, k);
     let (la, lb) = op.scale_lens(m, n, k);
     let plan = op
         .plan(&a, &b, &buf("c", c, m * n * 2), &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)

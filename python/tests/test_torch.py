@@ -177,7 +177,8 @@ def test_a_wait_that_times_out_is_reported_by_synchronize():
 @pytest.mark.parametrize("scaling", ["tensor", "row", "block"])
 # K = 256 takes the descriptor form on sm_90a (TMA and FP8 wgmma) for tensor and row scaling.
 @pytest.mark.parametrize("mnk", [(65, 200, 300), (130, 200, 256)])
-def test_scaled_fp8_gemm_against_float64(dtype, scaling, mnk):
+@pytest.mark.parametrize("fast", [False, True])
+def test_scaled_fp8_gemm_against_float64(dtype, scaling, mnk, fast):
     import trident.ops
 
     m, n, k = mnk
@@ -188,7 +189,7 @@ def test_scaled_fp8_gemm_against_float64(dtype, scaling, mnk):
     shapes = {"tensor": ((1,), (1,)), "row": ((m,), (n,)), "block": ((m, kb), (-(-n // 128), kb))}[scaling]
     sa = torch.rand(shapes[0], device="cuda") + 0.5
     sb = torch.rand(shapes[1], device="cuda") + 0.5
-    c = torch.ops.trident.scaled_mm(a, b, sa, sb, scaling)
+    c = torch.ops.trident.scaled_mm(a, b, sa, sb, scaling, use_fast_accum=fast)
     torch.cuda.synchronize()
     a64, b64 = a.double(), b.double()
     if scaling == "block":

@@ -1,14 +1,17 @@
 """The library's single-GPU kernels on torch CUDA tensors, launched on torch's current stream
 (importing this module needs torch, and defines them as torch ops, ``torch.ops.trident.NAME``).
 
-    c = trident.ops.scaled_mm(a, b, scale_a, scale_b, scaling="row")
+    c = trident.ops.scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False)
 
 ``scaled_mm``: ``(a * scale_a) @ (b * scale_b).T`` in bf16, with `a` ``[M, K]`` and `b`
 ``[N, K]`` FP8 (``torch.float8_e4m3fn`` or ``float8_e5m2``, both row-major, i.e. K-major as FP8
 tensor cores read them; torch's ``_scaled_mm`` takes the same B as ``b.t()``), and f32 scales:
 ``tensor`` one each; ``row`` ``[M]`` and ``[N]``; ``block`` (DeepSeek-V3) ``[M, ceil(K/128)]``
-and ``[ceil(N/128), ceil(K/128)]``. The products are accumulated in f32 (the portable kernel
-today: FP8 decoded to f32, not yet the tensor cores' FP8 forms).
+and ``[ceil(N/128), ceil(K/128)]``. On the H200 (16-byte aligned tensors, K a multiple of 16)
+it runs on the FP8 tensor cores (TMA, ``wgmma``); each 128 of K is added into an f32
+accumulator, unless ``use_fast_accum`` (tensor and row scaling: the whole K accumulates in the
+tensor cores, whose FP8 accumulation keeps about 14 bits; as ``torch._scaled_mm``'s flag of the
+same name). Elsewhere the portable kernel (FP8 converted to f16 for the f16 tensor cores).
 """
 
 import torch
@@ -27,7 +30,7 @@ def _scale_shapes(scaling, m, n, k):
     }[scaling]
 
 
-def scaled_mm(a, b, scale_a, scale_b, scaling="row"):
+def scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes, devices or
     layouts."""
     if scaling not in ("tensor", "row", "block"):
@@ -57,13 +60,14 @@ def scaled_mm(a, b, scale_a, scale_b, scaling="row"):
         (m, n, k),
         _FP8[a.dtype],
         scaling,
+        bool(use_fast_accum),
         a.get_device(),
         torch.cuda.current_stream(a.device).cuda_stream,
     )
     return c
 
 
-def _fake_scaled_mm(a, b, scale_a, scale_b, scaling):
+def _fake_scaled_mm(a, b, scale_a, scale_b, scaling, use_fast_accum=False):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
 
@@ -71,7 +75,9 @@ def _define():
     from .torch_ops import library
 
     lib = library()
-    lib.define("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str scaling) -> Tensor")
+    lib.define(
+        "scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, str scaling, bool use_fast_accum=False) -> Tensor"
+    )
     lib.impl("scaled_mm", scaled_mm, "CUDA")
     torch.library.register_fake("trident::scaled_mm", lib=lib)(_fake_scaled_mm)
 

@@ -17,7 +17,7 @@ struct ScaledGemmCase;
 /// The format and scaling of a variant.
 fn of(variant: &str) -> (DType, Scaling) {
     let dtype = if variant.starts_with("e5m2") { DType::F8E5M2 } else { DType::F8E4M3FN };
-    let scaling = match variant.rsplit('-').next() {
+    let scaling = match variant.split('-').nth(1) {
         Some("block") => Scaling::Block,
         Some("row") => Scaling::Row,
         _ => Scaling::Tensor,
@@ -33,7 +33,7 @@ impl Operation for ScaledGemmCase {
     /// Only at bf16, its output type.
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         if dtype == DType::BF16 {
-            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block"]
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted"]
         } else {
             &[]
         }
@@ -88,7 +88,9 @@ impl Operation for ScaledGemmCase {
     fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let (d, scaling) = of(case.variant);
         let mnk = (case.shape[0], case.shape[1], case.shape[2]);
-        ScaledGemm::for_target(d, scaling, l.gpu_target()).run(l, &ins[0], &ins[1], out, &ins[2], &ins[3], mnk)
+        // `-promoted`: each K block's product added in f32 (`ScaledGemm::promote`).
+        let op = ScaledGemm { promote: case.variant.ends_with("-promoted"), ..ScaledGemm::for_target(d, scaling, l.gpu_target()) };
+        op.run(l, &ins[0], &ins[1], out, &ins[2], &ins[3], mnk)
     }
 }
 

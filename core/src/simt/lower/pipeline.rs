@@ -27,12 +27,14 @@ pub(super) struct Pipeline {
 }
 
 /// A K step of the form `acc + dot(a, b, 0) * scale` (DeepSeek-V3's block scaling: the tensor
-/// cores' product of one K block promoted into the f32 accumulator with its scales): `scale`
-/// is computed from loads in the body (the scales of the block), evaluated at each accumulator
-/// element's coordinates once the step's `wgmma`s are done.
+/// cores' product of one K block promoted into the f32 accumulator with its scales), or
+/// `acc + dot(a, b, 0)` (the promotion alone: FP8 `wgmma` accumulates with reduced precision,
+/// so a long K adds its blocks in f32): `scale` is computed from loads in the body (the scales
+/// of the block), evaluated at each accumulator element's coordinates once the step's `wgmma`s
+/// are done.
 #[derive(Clone, Copy)]
 pub(super) struct Promotion {
-    scale: Value,
+    scale: Option<Value>,
 }
 
 /// One operand of a pipelined `dot`: the load's source and the loaded value.
@@ -314,14 +316,16 @@ impl Lowering<'_> {
     }
 
     /// When the body's next value `next` is `carried + dot(a, b, 0) * scale` (either order of
-    /// either operation): the `dot`, the scale and the ops that make the promotion (the add,
-    /// the multiply and the scale's ops in the body: index math and loads only).
+    /// either operation) or `carried + dot(a, b, 0)`: the `dot`, the scale and the ops that make
+    /// the promotion (the add, the multiply and the scale's ops in the body: index math and
+    /// loads only), and the values the scale reads from outside the body.
+    #[allow(clippy::type_complexity)]
     fn promotion_of(
         &self,
         body: Block,
         next: Value,
         count_uses: &dyn Fn(Value) -> usize,
-    ) -> Option<(Op, Value, Vec<Op>, Vec<Value>)> {
+    ) -> Option<(Op, Option<Value>, Vec<Op>, Vec<Value>)> {
         let carried = self.func.blocks[body].args[1];
         let def = |v: Value| match self.func.values[v].def {
             ValueDef::Result { op, .. } => Some(op),
@@ -336,11 +340,14 @@ impl Lowering<'_> {
         } else {
             return None;
         };
-        let mul = def(product)?;
-        let OpKind::Binary { op: BinaryOp::Mul, lhs: p, rhs: q } = self.func.ops[mul].kind else { return None };
         let is_fresh_dot = |v: Value| {
             def(v).is_some_and(|o| matches!(self.func.ops[o].kind, OpKind::Dot { acc, .. } if self.is_zero(acc)))
         };
+        if is_fresh_dot(product) {
+            return (count_uses(product) == 1).then(|| (def(product).expect("a dot"), None, vec![add], Vec::new()));
+        }
+        let mul = def(product)?;
+        let OpKind::Binary { op: BinaryOp::Mul, lhs: p, rhs: q } = self.func.ops[mul].kind else { return None };
         let (part, scale) = if is_fresh_dot(p) {
             (p, q)
         } else if is_fresh_dot(q) {
@@ -372,7 +379,7 @@ impl Lowering<'_> {
             stack.extend(kind.operands().into_iter().map(|(_, v)| v));
             ops.push(o);
         }
-        Some((def(part)?, scale, ops, outside))
+        Some((def(part)?, Some(scale), ops, outside))
     }
 
     /// The tensor map of `desc`'s `make_desc` read in boxes of `rows x cols` swizzled at `swizzle`
@@ -822,8 +829,12 @@ impl Lowering<'_> {
     }
 
     /// `acc + part * scale` slot by slot in the accumulator layout `l`, the scale evaluated at
-    /// each slot's coordinates from its loads ([`Lowering::eval_loaded`]), as one FMA each.
+    /// each slot's coordinates from its loads ([`Lowering::eval_loaded`]), as one FMA each
+    /// (`acc + part` without a scale).
     fn promote(&mut self, l: AccLayout, p: Promotion, part: &[Reg], acc: &[Reg]) -> Vec<Reg> {
+        let Some(scale) = p.scale else {
+            return part.iter().zip(acc).map(|(&x, &a)| self.bin(BinaryOp::Add, a, x)).collect();
+        };
         // Coordinates in the prologue (what `eval` hoists out of the loop reads them), one
         // register per distinct row and column, so that a scale read per row is loaded once
         // per row (`eval_loaded` remembers by register).
@@ -846,7 +857,7 @@ impl Lowering<'_> {
                         })
                     })
                     .collect();
-                let sc = self.eval_loaded(p.scale, &c);
+                let sc = self.eval_loaded(scale, &c);
                 let sc = self.convert(sc, SType::F32);
                 let d = self.reg(SType::F32);
                 self.emit(Inst::Fma { dst: d, a: part[s as usize], b: sc, c: acc[s as usize] });
