@@ -25,6 +25,9 @@ use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
+/// A launch's grid and arguments.
+pub type Launch = ([u32; 3], Vec<KernelArg>);
+
 /// How A's (and C's) rows are grouped by expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Layout {
@@ -159,7 +162,7 @@ impl GroupedGemm {
         &self,
         (a, b, c, groups): (&Buffer, &Buffer, &Buffer, &Buffer),
         p: Groups,
-    ) -> Result<Option<([u32; 3], Vec<KernelArg>)>, BackendError> {
+    ) -> Result<Option<Launch>, BackendError> {
         if !matches!(self.dtype, DType::BF16 | DType::F16) {
             return Err(self.problem(format!("operands of `{}`: bf16 or f16", self.dtype)));
         }
