@@ -63,6 +63,44 @@ def triton_matmul(a, b):
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
+def grouped_rows(experts: int, tokens: int, routing: int) -> list:
+    """Each expert's rows, by the rule of trident's `grouped_rows` (bench/src/command.rs):
+    uniform, or skewed (one expert half the tokens, a quarter of the experts none)."""
+    total = experts * tokens
+    if routing == 0:
+        return [tokens] * experts
+    empty = experts // 4
+    rows = [0] * experts
+    rows[empty] = total // 2
+    rest = experts - empty - 1
+    left = total - total // 2
+    for i in range(empty + 1, experts):
+        rows[i] = left // rest + (1 if i - empty - 1 < left % rest else 0)
+    return rows
+
+
+def grouped_mm_ms(experts: int, n: int, k: int, tokens: int, routing: int) -> float:
+    """`torch._grouped_mm` on bf16 A [T, K] (rows grouped by expert, `offs` their int32 ends)
+    and B [E, N, K] passed as its [E, K, N] transpose, checked against float32 per expert."""
+    dev = "cuda"
+    rows = grouped_rows(experts, tokens, routing)
+    t = sum(rows)
+    a = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
+    offs = torch.tensor(rows, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    run = lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
+    got = run().float()
+    start, worst = 0, 0.0
+    for e, r in enumerate(rows):
+        if r:
+            want = a[start:start + r].float() @ b[e].float().t()
+            worst = max(worst, ((got[start:start + r] - want).abs().max() / want.abs().max()).item())
+        start += r
+    if not worst < 2e-2:
+        raise RuntimeError(f"relative error {worst:.2e}")
+    return do_bench(run, return_mode="median")
+
+
 def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
     """`torch._scaled_mm` (cuBLASLt) on e4m3 A [m, k] and B [n, k] (passed as B^T, the
     column-major operand it wants), bf16 out, with one f32 scale per tensor, per row ([m, 1] and
@@ -112,6 +150,15 @@ def main(cases_path: str, out_path: str) -> None:
         name, dtype, *dims = line.split()
         dims = [int(d) for d in dims]
         dev = "cuda"
+        if name == "grouped_gemm":
+            try:
+                ms = grouped_mm_ms(*dims)
+            except Exception as e:  # a torch without _grouped_mm leaves the column empty
+                print(f"baseline {line}: failed: {e}", flush=True)
+                continue
+            results[line] = ms
+            print(f"baseline {line}: {ms:.3f} ms", flush=True)
+            continue
         if name.startswith("scaled_gemm_"):
             try:
                 ms = scaled_mm_ms(name[len("scaled_gemm_"):], *dims)

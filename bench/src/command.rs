@@ -97,6 +97,11 @@ enum Workload {
     /// accumulating the whole K in the tensor cores (`use_fast_accum=True`), or, with `true`,
     /// each K block's product added in f32 (`ScaledGemm::promote`; `use_fast_accum=False`).
     ScaledGemm(Scaling, bool),
+    /// The grouped GEMM of a mixture-of-experts layer (`trident_kernels::grouped_gemm`,
+    /// contiguous A, B `[E, N, K]`), dims `[experts, n, k, tokens per expert, routing]` (routing
+    /// 0 uniform; 1 skewed: one expert takes half the tokens, a quarter of the experts none),
+    /// against `torch._grouped_mm`.
+    GroupedGemm,
 }
 
 impl Workload {
@@ -115,6 +120,7 @@ impl Workload {
             Workload::ScaledGemm(Scaling::Row, false) => "scaled_gemm_row",
             Workload::ScaledGemm(Scaling::Row, true) => "scaled_gemm_row_promoted",
             Workload::ScaledGemm(Scaling::Block, _) => "scaled_gemm_block",
+            Workload::GroupedGemm => "grouped_gemm",
         }
     }
 }
@@ -148,6 +154,11 @@ impl Case {
                 (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1] + d[0] * d[1]) * s)
             }
             // FP8 operands, bf16 output (the scales are a rounding error).
+            // Every expert's GEMM: T = experts x tokens rows in all; B once per expert.
+            Workload::GroupedGemm => {
+                let t = d[0] * d[3];
+                (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2] + t * d[1]) * s)
+            }
             Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
         }
     }
@@ -222,6 +233,18 @@ fn cases() -> Vec<Case> {
         c(ScaledGemm(Scaling::Row, true), DType::F8E4M3FN, &[8192, 8192, 8192]),
         c(ScaledGemm(Scaling::Block, true), DType::F8E4M3FN, &[4096, 7168, 2048]),
         c(ScaledGemm(Scaling::Block, true), DType::F8E4M3FN, &[4096, 4096, 4096]),
+        // Grouped GEMMs per rank at 8-way expert parallelism (issue 28's shapes): DeepSeek-V3's
+        // 32 local experts (gate/up, down), Qwen3-30B-A3B's 16 (gate/up, down), Mixtral's 8 (a
+        // tensor-parallel shard); decode (32 tokens per expert) and prefill (1024), uniform and
+        // skewed routing.
+        c(GroupedGemm, DType::BF16, &[32, 4096, 7168, 32, 0]),
+        c(GroupedGemm, DType::BF16, &[32, 4096, 7168, 1024, 0]),
+        c(GroupedGemm, DType::BF16, &[32, 4096, 7168, 1024, 1]),
+        c(GroupedGemm, DType::BF16, &[32, 7168, 2048, 1024, 0]),
+        c(GroupedGemm, DType::BF16, &[16, 1536, 2048, 32, 0]),
+        c(GroupedGemm, DType::BF16, &[16, 1536, 2048, 1024, 1]),
+        c(GroupedGemm, DType::BF16, &[16, 2048, 768, 1024, 0]),
+        c(GroupedGemm, DType::BF16, &[8, 3584, 4096, 1024, 0]),
     ]
 }
 
@@ -438,6 +461,7 @@ fn run_case(
         }
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
+        Workload::GroupedGemm => return grouped_gemm(cuda, &l, case, reps, &mut rng),
         Workload::ScaledGemm(scaling, promote) => {
             return scaled_gemm(cuda, &l, case, (scaling, promote), reps, &mut rng)
         }
@@ -685,6 +709,80 @@ fn scaled_gemm(
     let Some((ms, error, config)) = best else {
         return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
     };
+    Ok(Measured { ms, error, config })
+}
+
+/// Each expert's rows of a benchmark routing: `tokens` per expert on average, uniform (0) or
+/// skewed (1: one expert takes half of them, a quarter of the experts none, the rest shared
+/// evenly). The baseline script makes the same counts from the same rule.
+pub fn grouped_rows(experts: usize, tokens: usize, routing: usize) -> Vec<usize> {
+    let total = experts * tokens;
+    if routing == 0 {
+        return vec![tokens; experts];
+    }
+    let empty = experts / 4;
+    let mut rows = vec![0; experts];
+    rows[empty] = total / 2;
+    let rest = experts - empty - 1;
+    for (i, r) in rows.iter_mut().enumerate().skip(empty + 1) {
+        *r = (total - total / 2) / rest + usize::from(i - empty - 1 < (total - total / 2) % rest);
+    }
+    rows
+}
+
+/// The grouped GEMM (contiguous A `[T, K]`, B `[E, N, K]`) checked on 256 random entries
+/// against f64 sums, then timed.
+fn grouped_gemm(
+    cuda: &Enqueuing,
+    l: &DeviceCtx,
+    case: &Case,
+    reps: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<Measured, BackendError> {
+    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
+    let d = case.dtype;
+    let (experts, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
+    let rows = grouped_rows(experts, case.dims[3], case.dims[4]);
+    let t: usize = rows.iter().sum();
+    let ends: Vec<f64> = rows
+        .iter()
+        .scan(0usize, |s, &r| {
+            *s += r;
+            Some(*s as f64)
+        })
+        .collect();
+    let (a, b) = (random(t * k, d, rng), random(experts * n * k, d, rng));
+    let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
+    let gb = upload(cuda, "groups", &ends, DType::I32)?;
+    let c = cuda.alloc(t * n * d.size_bytes() as usize, "c")?;
+    cuda.fill(&c, &poison(d))?;
+    let op = GroupedGemm::new(d, Layout::Contiguous, BLayout::NK);
+    let expert_of = |i: usize| ends.iter().position(|&e| i < e as usize).expect("a row of some expert");
+    let check = || -> Result<f64, BackendError> {
+        let mut worst = 0.0f64;
+        let mut pick = rand::thread_rng();
+        for _ in 0..256 {
+            let (i, j) = (pick.gen_range(0..t), pick.gen_range(0..n));
+            let mut raw = vec![0u8; d.size_bytes() as usize];
+            cuda.read(&c, (i * n + j) * raw.len(), &mut raw)?;
+            let got = decode(&raw, d)[0];
+            let e = expert_of(i);
+            let (mut want, mut mag) = (0.0, 0.0);
+            for p in 0..k {
+                let x = a[i * k + p] * b[(e * n + j) * k + p];
+                want += x;
+                mag += x.abs();
+            }
+            worst = worst.max((got - want).abs() / mag.max(1e-30));
+        }
+        Ok(worst)
+    };
+    let p = Groups { experts, n, k, rows: t };
+    let (ms, error) = time(cuda, reps, || op.run(l, (&ab, &bb, &c, &gb), p), check)?;
+    if error > case.bound() {
+        return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
+    }
+    let config = format!("{}x{}x{}/{}w/{}s/portable", op.block_m, op.block_n, op.block_k, op.warps, op.stages);
     Ok(Measured { ms, error, config })
 }
 
@@ -1118,5 +1216,25 @@ pub fn main(args: Args) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::grouped_rows;
+
+    /// The benchmark's routings: every token routed once; skewed: one expert with half, a
+    /// quarter of the experts empty, the rest within one token of each other.
+    #[test]
+    fn grouped_routings_route_every_token() {
+        for (experts, tokens) in [(32, 32), (16, 1024), (8, 1024), (5, 3)] {
+            assert_eq!(grouped_rows(experts, tokens, 0), vec![tokens; experts]);
+            let skewed = grouped_rows(experts, tokens, 1);
+            assert_eq!(skewed.iter().sum::<usize>(), experts * tokens);
+            assert_eq!(skewed.iter().filter(|&&r| r == 0).count(), experts / 4);
+            assert_eq!(skewed[experts / 4], experts * tokens / 2);
+            let rest: Vec<usize> = skewed[experts / 4 + 1..].to_vec();
+            assert!(rest.iter().max().unwrap() - rest.iter().min().unwrap() <= 1, "{skewed:?}");
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! The library's single-device kernels as Python ops on torch CUDA tensors: compiled once per
 //! specialization and target, launched on the caller's stream without waiting (as
-//! `kernel[grid]` is, `crate::launch`). Today: the scaled FP8 GEMM.
+//! `kernel[grid]` is, `crate::launch`). Today: the scaled FP8 GEMM and the grouped GEMM.
 
 use crate::errors;
 use pyo3::prelude::*;
@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
 /// The artifact of `key` for `target`, built by `build` and compiled through the disk cache on
@@ -75,6 +76,50 @@ pub fn scaled_gemm(
         .plan(&a, &b, &buf("c", c, m * n * 2), &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)
         .map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
+    let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
+    dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
+}
+
+/// The grouped GEMM (`trident_kernels::grouped_gemm`): `c` = per expert `a_e @ b_e` with `a`
+/// `contiguous` (`[rows, k]`, `groups` the int32 ends of the experts' rows) or `masked` (`[e,
+/// rows, k]`, `groups` the counts), `b` `[e, n, k]` (`nk`) or `[e, k, n]` (`kn`), all of
+/// `dtype` (`bf16`, `f16`); by address on CUDA device `device`, enqueued on `stream`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn grouped_gemm(
+    py: Python<'_>,
+    pointers: (u64, u64, u64, u64),
+    extents: (usize, usize, usize, usize),
+    dtype_name: &str,
+    layout: &str,
+    b_layout: &str,
+    device: i64,
+    stream: u64,
+) -> PyResult<()> {
+    let ((a, b, c, groups), (experts, n, k, rows)) = (pointers, extents);
+    let dtype = DType::parse(dtype_name)
+        .filter(|d| matches!(d, DType::BF16 | DType::F16))
+        .ok_or_else(|| errors::argument(format!("grouped_gemm: operands of `{dtype_name}`: bf16 or f16")))?;
+    let layout = match layout {
+        "contiguous" => Layout::Contiguous,
+        "masked" => Layout::Masked,
+        other => return Err(errors::argument(format!("grouped_gemm: layout `{other}`: contiguous or masked"))),
+    };
+    let b_layout = match b_layout {
+        "nk" => BLayout::NK,
+        "kn" => BLayout::KN,
+        other => return Err(errors::argument(format!("grouped_gemm: B layout `{other}`: nk or kn"))),
+    };
+    let op = GroupedGemm::new(dtype, layout, b_layout);
+    let es = dtype.size_bytes() as usize;
+    let a_rows = if layout == Layout::Contiguous { rows } else { experts * rows };
+    let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
+    let (a, b) = (buf("a", a, a_rows * k * es), buf("b", b, experts * n * k * es));
+    let (c, groups) = (buf("c", c, a_rows * n * es), buf("groups", groups, experts * 4));
+    let plan = op.plan((&a, &b, &c, &groups), Groups { experts, n, k, rows }).map_err(errors::backend)?;
+    let Some((grid, args)) = plan else { return Ok(()) };
+    let dev = crate::launch::gpu(device)?;
+    let target = target_of(dev.arch());
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
 }

@@ -205,3 +205,36 @@ def test_scaled_fp8_gemm_against_float64(dtype, scaling, mnk, fast):
     assert err <= 1e-2, err
     with pytest.raises(trident.ArgumentError, match="float8"):
         trident.ops.scaled_mm(a.half(), b, sa, sb, scaling)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_grouped_gemm_against_float64(dtype, b_layout):
+    import trident.ops
+
+    # Experts with 0, 1 and many rows; K and N not multiples of the tiles.
+    rows = [0, 1, 70, 0, 130, 5]
+    e, n, k = len(rows), 72, 40
+    a = torch.randn(sum(rows), k, device="cuda").to(dtype)
+    b = torch.randn(e, n, k, device="cuda").to(dtype)
+    b_given = b if b_layout == "nk" else b.transpose(1, 2).contiguous()
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    c = torch.ops.trident.grouped_mm(a, b_given, offs, b_layout)
+    masked_a = torch.zeros(e, max(rows) + 2, k, device="cuda", dtype=dtype)
+    start = 0
+    for i, r in enumerate(rows):
+        masked_a[i, :r] = a[start:start + r]
+        start += r
+    counts = torch.tensor(rows, device="cuda", dtype=torch.int32)
+    cm = torch.ops.trident.grouped_mm_masked(masked_a, b_given, counts, b_layout)
+    torch.cuda.synchronize()
+    start = 0
+    for i, r in enumerate(rows):
+        want = a[start:start + r].double() @ b[i].double().T
+        for got in (c[start:start + r], cm[i, :r]):
+            err = (got.double() - want).abs().max().item() if r else 0.0
+            assert err <= 2e-2 * max(1.0, want.abs().max().item() if r else 1.0), (i, err)
+        assert cm[i, r:].abs().max().item() == 0 if r < cm.shape[1] else True
+        start += r
+    with pytest.raises(trident.ArgumentError, match="int32"):
+        trident.ops.grouped_mm(a, b_given, offs.long(), b_layout)

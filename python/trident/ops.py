@@ -2,6 +2,8 @@
 (importing this module needs torch, and defines them as torch ops, ``torch.ops.trident.NAME``).
 
     c = trident.ops.scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False)
+    c = trident.ops.grouped_mm(a, b, offs)                # a [T, K], b [E, N, K], offs int32 [E]
+    c = trident.ops.grouped_mm_masked(a, b, counts)       # a [E, T_max, K], counts int32 [E]
 
 ``scaled_mm``: ``(a * scale_a) @ (b * scale_b).T`` in bf16, with `a` ``[M, K]`` and `b`
 ``[N, K]`` FP8 (``torch.float8_e4m3fn`` or ``float8_e5m2``, both row-major, i.e. K-major as FP8
@@ -12,6 +14,14 @@ it runs on the FP8 tensor cores (TMA, ``wgmma``); each 128 of K is added into an
 accumulator, unless ``use_fast_accum`` (tensor and row scaling: the whole K accumulates in the
 tensor cores, whose FP8 accumulation keeps about 14 bits; as ``torch._scaled_mm``'s flag of the
 same name). Elsewhere the portable kernel (FP8 converted to f16 for the f16 tensor cores).
+
+``grouped_mm``: the grouped GEMM of a mixture-of-experts layer, one launch whatever the routing
+(no host synchronisation): ``c[rows of e] = a[rows of e] @ b[e].T`` with ``a`` ``[T, K]`` (rows
+grouped by expert, ``offs[e]`` the int32 end of expert ``e``'s rows, as ``torch._grouped_mm``
+takes them) and ``b`` ``[E, N, K]`` (``b_layout="nk"``, ``torch._grouped_mm``'s
+``b.transpose(-2, -1)``) or ``[E, K, N]`` (``"kn"``), bf16 or f16. ``grouped_mm_masked``: ``a``
+``[E, T_max, K]`` with ``counts[e]`` valid rows per expert; the rows of ``c`` past a count are
+zeros. The portable kernel for now (the tensor cores' f16 atoms, no TMA yet).
 """
 
 import torch
@@ -67,6 +77,64 @@ def scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False):
     return c
 
 
+def _grouped(a, b, groups, layout, b_layout):
+    if b_layout not in ("nk", "kn"):
+        raise ArgumentError(f"grouped_mm: b_layout {b_layout!r}: nk or kn")
+    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
+        raise ArgumentError(f"grouped_mm: A {a.dtype} and B {b.dtype}: both bfloat16 or both float16")
+    want_a = 2 if layout == "contiguous" else 3
+    if a.dim() != want_a or b.dim() != 3 or groups.dim() != 1 or groups.dtype != torch.int32:
+        raise ArgumentError(
+            f"grouped_mm: A {tuple(a.shape)}, B {tuple(b.shape)}, groups {groups.dtype} {tuple(groups.shape)}: "
+            + ("A [T, K]" if layout == "contiguous" else "A [E, T_max, K]")
+            + ", B [E, N, K] (nk) or [E, K, N] (kn), int32 [E]"
+        )
+    experts = b.shape[0]
+    n, k = (b.shape[1], b.shape[2]) if b_layout == "nk" else (b.shape[2], b.shape[1])
+    if a.shape[-1] != k or groups.shape[0] != experts or (layout == "masked" and a.shape[0] != experts):
+        raise ArgumentError(f"grouped_mm: A {tuple(a.shape)}, B {tuple(b.shape)} and {groups.shape[0]} groups disagree")
+    tensors = (a, b, groups)
+    if any(not t.is_cuda or t.get_device() != a.get_device() for t in tensors):
+        raise ArgumentError("grouped_mm: every tensor on the same CUDA device")
+    if any(not t.is_contiguous() for t in tensors):
+        raise ArgumentError("grouped_mm: every tensor contiguous")
+    rows = a.shape[0] if layout == "contiguous" else a.shape[1]
+    if layout == "contiguous":
+        c = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+    else:
+        c = torch.zeros((experts, rows, n), dtype=a.dtype, device=a.device)
+    _trident.grouped_gemm(
+        (a.data_ptr(), b.data_ptr(), c.data_ptr(), groups.data_ptr()),
+        (experts, n, k, rows),
+        "bf16" if a.dtype == torch.bfloat16 else "f16",
+        layout,
+        b_layout,
+        a.get_device(),
+        torch.cuda.current_stream(a.device).cuda_stream,
+    )
+    return c
+
+
+def grouped_mm(a, b, offs, b_layout="nk"):
+    """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
+    return _grouped(a, b, offs, "contiguous", b_layout)
+
+
+def grouped_mm_masked(a, b, counts, b_layout="nk"):
+    """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
+    return _grouped(a, b, counts, "masked", b_layout)
+
+
+def _fake_grouped_mm(a, b, offs, b_layout="nk"):
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    return a.new_empty((a.shape[0], n))
+
+
+def _fake_grouped_mm_masked(a, b, counts, b_layout="nk"):
+    n = b.shape[1] if b_layout == "nk" else b.shape[2]
+    return a.new_empty((a.shape[0], a.shape[1], n))
+
+
 def _fake_scaled_mm(a, b, scale_a, scale_b, scaling, use_fast_accum=False):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=torch.bfloat16)
 
@@ -80,6 +148,12 @@ def _define():
     )
     lib.impl("scaled_mm", scaled_mm, "CUDA")
     torch.library.register_fake("trident::scaled_mm", lib=lib)(_fake_scaled_mm)
+    lib.define("grouped_mm(Tensor a, Tensor b, Tensor offs, str b_layout='nk') -> Tensor")
+    lib.impl("grouped_mm", grouped_mm, "CUDA")
+    torch.library.register_fake("trident::grouped_mm", lib=lib)(_fake_grouped_mm)
+    lib.define("grouped_mm_masked(Tensor a, Tensor b, Tensor counts, str b_layout='nk') -> Tensor")
+    lib.impl("grouped_mm_masked", grouped_mm_masked, "CUDA")
+    torch.library.register_fake("trident::grouped_mm_masked", lib=lib)(_fake_grouped_mm_masked)
 
 
 _define()
