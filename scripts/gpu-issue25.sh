@@ -8,10 +8,6 @@
 # NVSHMEM world of 2. Writes $OUT/summary.txt and $OUT/all.tgz (logs, JSON, outputs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${OUT:-gpu-out}; mkdir -p "$O/logs"
-B=bundle
-S="$O/summary.txt"
-{ date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
 source scripts/step.sh
 KEEP='conformance:|ops:|PASS|FAIL|rank [0-9]+:|identical|differ|skipped'
 DROP='^exp|^log|^sin|^cos'

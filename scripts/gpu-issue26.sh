@@ -6,11 +6,8 @@
 # Triton, and a cold and a warm start of a new process. Writes $OUT/summary.txt and logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${OUT:-gpu-out}; mkdir -p "$O/logs"
-S="$O/summary.txt"
-PYTHON=${PYTHON:-/opt/torch/.venv/bin/python}
-{ date -u +%FT%TZ; echo "commit: $(cat bundle/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
 source scripts/step.sh
+PYTHON=${PYTHON:-/opt/torch/.venv/bin/python}
 KEEP='passed|failed|error|per launch|trident / triton|start|Error|FAIL|ALL PASS'
 KEEP_LINES=30
 TP=/tmp/trident-py; rm -rf $TP

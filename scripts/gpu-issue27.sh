@@ -9,10 +9,6 @@
 # $OUT/summary.txt, logs and bench.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-O=${OUT:-gpu-out}; mkdir -p "$O/logs"
-B=bundle
-S="$O/summary.txt"
-{ date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
 source scripts/step.sh
 KEEP='^ops:|^conformance:|FAIL|skipped'
 KEEP_LINES=12

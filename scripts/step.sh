@@ -1,7 +1,13 @@
-# Sourced by the GPU machine's one-call scripts (scripts/gpu-issue*.sh):
+# Sourced by the GPU machine's one-call scripts (scripts/gpu-issue*.sh), from the repository's
+# root: sets $O (the output folder: $OUT or gpu-out, with logs/ in it), $B (the bundle) and $S
+# (the summary, begun with the date, the bundle's commit and the GPU); then
 # `step NAME LIMIT COMMAND...` runs COMMAND under `timeout LIMIT` into $O/logs/NAME.log, then
 # appends to the summary $S its exit code, its time and the log's lines matching $KEEP (at
 # most $KEEP_LINES, 24 by default), less those matching $DROP when it is set.
+O=${OUT:-gpu-out}; mkdir -p "$O/logs"
+B=bundle
+S="$O/summary.txt"
+{ date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
 step() {
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s%N)

@@ -193,19 +193,8 @@ impl Lowering<'_> {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.eval(x, coords)).collect();
                 self.elementwise(&k, v, &srcs)
             }
-            OpKind::Broadcast(x) => {
-                let src = self.func.ty(x).shape.clone();
-                let c: Vec<Reg> =
-                    coords.iter().zip(&src).map(|(&c, &d)| if d == 1 { self.iconst(0) } else { c }).collect();
-                self.eval(x, &c)
-            }
-            OpKind::Reshape(x) => {
-                let src = self.func.ty(x).shape.clone();
-                let c = self.reshape_coords(coords, &t.shape, &src);
-                self.eval(x, &c)
-            }
-            OpKind::Transpose { x, perm } => {
-                let c = permute_back(coords, &perm);
+            k @ (OpKind::Broadcast(_) | OpKind::Reshape(_) | OpKind::Transpose { .. }) => {
+                let (x, c) = self.moved_from(&k, coords, &t.shape);
                 self.eval(x, &c)
             }
             _ => unreachable!("checked by rematerializable"),
@@ -245,19 +234,8 @@ impl Lowering<'_> {
                 self.emit(Inst::Load { dst, addr, pred, other });
                 dst
             }
-            OpKind::Broadcast(x) => {
-                let src = self.func.ty(x).shape.clone();
-                let c: Vec<Reg> =
-                    coords.iter().zip(&src).map(|(&c, &d)| if d == 1 { self.iconst(0) } else { c }).collect();
-                self.eval_loaded(x, &c)
-            }
-            OpKind::Reshape(x) => {
-                let src = self.func.ty(x).shape.clone();
-                let c = self.reshape_coords(&coords, &t.shape, &src);
-                self.eval_loaded(x, &c)
-            }
-            OpKind::Transpose { x, perm } => {
-                let c = permute_back(&coords, &perm);
+            k @ (OpKind::Broadcast(_) | OpKind::Reshape(_) | OpKind::Transpose { .. }) => {
+                let (x, c) = self.moved_from(&k, &coords, &t.shape);
                 self.eval_loaded(x, &c)
             }
             OpKind::Splat(x) => self.eval_loaded(x, &[]),
@@ -273,6 +251,24 @@ impl Lowering<'_> {
         };
         self.memo.insert(key, r);
         r
+    }
+
+    /// The operand of a data-movement op (`kind`: broadcast, reshape, transpose; result shape
+    /// `shape`) and its coordinates of the result's element at `coords`.
+    fn moved_from(&mut self, kind: &OpKind, coords: &[Reg], shape: &[u32]) -> (Value, Vec<Reg>) {
+        match kind {
+            OpKind::Broadcast(x) => {
+                let src = self.func.ty(*x).shape.clone();
+                let c = coords.iter().zip(&src).map(|(&c, &d)| if d == 1 { self.iconst(0) } else { c }).collect();
+                (*x, c)
+            }
+            OpKind::Reshape(x) => {
+                let src = self.func.ty(*x).shape.clone();
+                (*x, self.reshape_coords(coords, shape, &src))
+            }
+            OpKind::Transpose { x, perm } => (*x, permute_back(coords, perm)),
+            k => unreachable!("`{}` moves no data", k.mnemonic()),
+        }
     }
 
     /// Whether computing `v` reads memory (a `load` among the ops that make it).
