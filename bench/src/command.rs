@@ -756,7 +756,7 @@ fn grouped_gemm(
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
     let c = cuda.alloc(t * n * d.size_bytes() as usize, "c")?;
     cuda.fill(&c, &poison(d))?;
-    let op = GroupedGemm::new(d, Layout::Contiguous, BLayout::NK);
+    let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
     let expert_of = |i: usize| ends.iter().position(|&e| i < e as usize).expect("a row of some expert");
     let check = || -> Result<f64, BackendError> {
         let mut worst = 0.0f64;
@@ -782,7 +782,9 @@ fn grouped_gemm(
     if error > case.bound() {
         return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
     }
-    let config = format!("{}x{}x{}/{}w/{}s/portable", op.block_m, op.block_n, op.block_k, op.warps, op.stages);
+    let g = op.specialized(&ab, &bb, n, k);
+    let form = if g.divisible { "tma-wgmma" } else { "portable" };
+    let config = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
     Ok(Measured { ms, error, config })
 }
 

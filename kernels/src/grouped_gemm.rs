@@ -17,8 +17,12 @@
 //! expert costs each program one load; the grid needs no bound from the host's view of the
 //! counts (`LaunchAttrs::persistent`: the runtime runs as many programs as are resident).
 //!
-//! This is the portable form: pointer loads with edge masks, the K loop on the target's matrix
-//! atoms; the TMA and `wgmma` form with per-expert tensor maps comes next.
+//! Two forms: the portable one (pointer loads with edge masks, the K loop on the target's
+//! matrix atoms), and with [`GroupedGemm::descriptors`] (targets with TMA and `wgmma`) A and B
+//! read through tensor descriptors over all experts at once (A `[rows, K]`, B `[E N, K]` or
+//! `[E K, N]`): a tile's box may reach into the next expert's rows, which only make output rows
+//! or columns that the masked store drops (or, for B `[E K, N]` past K, meet A's zeros past K),
+//! so no per-expert tensor map is needed.
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -67,11 +71,65 @@ pub struct GroupedGemm {
     pub block_k: u32,
     pub warps: u32,
     pub stages: u32,
+    /// The descriptor form where [`GroupedGemm::specialized`] allows it.
+    pub descriptors: bool,
+    /// Set by [`GroupedGemm::specialized`]: A and B 16-byte aligned and their rows whole
+    /// 16-byte chunks (what a tensor map needs).
+    pub divisible: bool,
 }
 
 impl GroupedGemm {
     pub fn new(dtype: DType, layout: Layout, b_layout: BLayout) -> GroupedGemm {
-        GroupedGemm { dtype, layout, b_layout, block_m: 64, block_n: 64, block_k: 32, warps: 4, stages: 2 }
+        GroupedGemm {
+            dtype,
+            layout,
+            b_layout,
+            block_m: 64,
+            block_n: 64,
+            block_k: 32,
+            warps: 4,
+            stages: 2,
+            descriptors: false,
+            divisible: false,
+        }
+    }
+
+    /// The meta-parameters for `target`: the descriptor form on two warpgroups' 128 x 128
+    /// tiles, K steps of 64 over 4 stages where the target has TMA and `wgmma` (sm_90a); the
+    /// portable form elsewhere.
+    pub fn for_target(
+        dtype: DType,
+        layout: Layout,
+        b_layout: BLayout,
+        target: Option<&trident_core::target::TargetDesc>,
+    ) -> GroupedGemm {
+        let base = GroupedGemm::new(dtype, layout, b_layout);
+        let fast = target.is_some_and(|t| {
+            t.has_async_copy(trident_core::target::AsyncCopy::Tma)
+                && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
+        });
+        match fast {
+            true => GroupedGemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
+            false => base,
+        }
+    }
+
+    /// This GEMM specialized for its operands: the descriptor form (where chosen) when A and B
+    /// are 16-byte aligned and their rows (K, or N for B `[E, K, N]`) whole 16-byte chunks;
+    /// else the portable form at its own meta-parameters.
+    pub fn specialized(self, a: &Buffer, b: &Buffer, n: usize, k: usize) -> GroupedGemm {
+        let es = self.dtype.size_bytes() as usize;
+        let b_row = if self.b_layout == BLayout::NK { k } else { n };
+        let fits = a.address.is_multiple_of(16)
+            && b.address.is_multiple_of(16)
+            && (k * es).is_multiple_of(16)
+            && (b_row * es).is_multiple_of(16)
+            && k > 0;
+        match (self.descriptors, fits) {
+            (true, true) => GroupedGemm { divisible: true, ..self },
+            (true, false) => GroupedGemm::new(self.dtype, self.layout, self.b_layout),
+            (false, _) => self,
+        }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -80,8 +138,15 @@ impl GroupedGemm {
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
-        let name = format!("grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}", self.dtype, self.layout, self.b_layout)
-            .to_lowercase();
+        let desc = self.descriptors && self.divisible;
+        let name = format!(
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}{}",
+            self.dtype,
+            self.layout,
+            self.b_layout,
+            if desc { "_desc" } else { "" }
+        )
+        .to_lowercase();
         let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
         let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
@@ -89,6 +154,17 @@ impl GroupedGemm {
         let experts = b.arg("experts", DType::I32);
         let (n, k) = (b.arg("n", DType::I32), b.arg("k", DType::I32));
         let t_max = b.arg("t_max", DType::I32);
+        // A's rows and B's (`E N` or `E K`) in all: the descriptors' extents.
+        let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
+        let descs = desc.then(|| {
+            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [a_rows, k], [k, one], [bm, bk]);
+            let db = match self.b_layout {
+                BLayout::NK => b.make_desc(bp, [b_rows, k], [k, one], [bn, bk]),
+                BLayout::KN => b.make_desc(bp, [b_rows, n], [n, one], [bk, bn]),
+            };
+            (da, db)
+        });
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
@@ -109,7 +185,8 @@ impl GroupedGemm {
                 |s| s[0].lt(end),
                 |s| {
                     let local = s[0] - tile_base;
-                    self.tile(&b, (a, bp, c), e, (first, rows), (local / tiles_n, local % tiles_n), (n, k));
+                    let (tm, tn) = (local / tiles_n, local % tiles_n);
+                    self.tile(&b, (a, bp, c), descs, e, (first, rows), (tm, tn), (n, k));
                     vec![s[0] + programs]
                 },
             );
@@ -128,6 +205,7 @@ impl GroupedGemm {
         &self,
         b: &'b KernelBuilder,
         (a, bp, c): (Tile<'b>, Tile<'b>, Tile<'b>),
+        descs: Option<(Tile<'b>, Tile<'b>)>,
         e: Tile<'b>,
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
@@ -141,6 +219,16 @@ impl GroupedGemm {
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
         let done = b.for_range(0, k, bk as i32, &[acc], |k0, carried| {
+            if let Some((da, db)) = descs {
+                // Boxes over every expert's rows; what reaches past this expert's is dropped
+                // by the store's mask (or meets A's zeros past K).
+                let ta = b.desc_load(da, [first + tm * bm as i32, k0]);
+                let tb = match self.b_layout {
+                    BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
+                    BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
+                };
+                return vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)];
+            }
             let kk = k0 + b.arange(0, bk as i64);
             let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
             let ta = b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0);
@@ -196,14 +284,17 @@ impl GroupedGemm {
             KernelArg::i32(require_i32(n, "n")?),
             KernelArg::i32(require_i32(k, "k")?),
             KernelArg::i32(require_i32(rows, "t_max")?),
+            KernelArg::i32(require_i32(a_rows, "a_rows")?),
+            KernelArg::i32(require_i32(experts * if self.b_layout == BLayout::NK { n } else { k }, "b_rows")?),
         ];
         Ok(Some(([require_i32(tiles, "tiles")? as u32, 1, 1], args)))
     }
 
     /// [`GroupedGemm::plan`], launched on `l`'s device.
     pub fn run(&self, l: &DeviceCtx, bufs: (&Buffer, &Buffer, &Buffer, &Buffer), p: Groups) -> Result<(), BackendError> {
-        let Some((grid, args)) = self.plan(bufs, p)? else { return Ok(()) };
-        let kernel = l.compile(format!("{self:?}"), || self.build())?;
+        let op = self.specialized(bufs.0, bufs.1, p.n, p.k);
+        let Some((grid, args)) = op.plan(bufs, p)? else { return Ok(()) };
+        let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)
     }
 }
@@ -214,5 +305,19 @@ inventory::submit! {
         operation: "grouped_gemm",
         distributed: false,
         build: |d| GroupedGemm::new(d, Layout::Contiguous, BLayout::NK).build(),
+    }
+}
+
+// The descriptor form on one warpgroup's 64 x 64 tiles (every target's shared memory holds
+// them): TMA boxes over all experts and `wgmma` on sm_90a.
+inventory::submit! {
+    crate::Catalogued {
+        name: "grouped_gemm_desc",
+        operation: "grouped_gemm",
+        distributed: false,
+        build: |d| {
+            let base = GroupedGemm::new(d, Layout::Contiguous, BLayout::NK);
+            GroupedGemm { block_k: 64, descriptors: true, divisible: true, ..base }.build()
+        },
     }
 }

@@ -156,6 +156,35 @@ fn grouped_gemms_match_float64() {
     }
 }
 
+/// The descriptor form on sm_90a (cpu-simt): TMA boxes over every expert's rows and `wgmma`
+/// (B `[E, N, K]` transposed into the `dot`, so K-major), checked to be what the lowering
+/// made, then against float64 on the same routings; K not a multiple of 8 keeps the portable
+/// form.
+#[test]
+fn the_descriptor_form_runs_tma_and_wgmma() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    for (layout, b_layout) in
+        [(Layout::Contiguous, BLayout::NK), (Layout::Masked, BLayout::NK), (Layout::Contiguous, BLayout::KN)]
+    {
+        let op = GroupedGemm::for_target(DType::BF16, layout, b_layout, Some(sm90a));
+        let k = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap();
+        let text = k.to_string();
+        assert!(text.contains("tma.load") && text.contains("wgmma.m64n128k16.bf16"), "{layout:?} {b_layout:?}");
+        assert_eq!(text.contains(".trans_b"), b_layout == BLayout::KN, "{layout:?} {b_layout:?}");
+        for (experts, n, k, total, pattern) in [(5, 136, 72, 300, 0), (3, 64, 200, 130, 1)] {
+            let rows = counts(experts, total, pattern, &mut rng);
+            check(&op, &l, experts, n, k, &rows, &mut rng);
+        }
+    }
+    let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    check(&op, &l, 3, 16, 12, &counts(3, 20, 0, &mut rng), &mut rng);
+}
+
 #[test]
 fn a_grouped_gemm_refuses_bad_problems() {
     trident_backend_cpu::link();

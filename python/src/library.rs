@@ -110,16 +110,18 @@ pub fn grouped_gemm(
         "kn" => BLayout::KN,
         other => return Err(errors::argument(format!("grouped_gemm: B layout `{other}`: nk or kn"))),
     };
-    let op = GroupedGemm::new(dtype, layout, b_layout);
     let es = dtype.size_bytes() as usize;
     let a_rows = if layout == Layout::Contiguous { rows } else { experts * rows };
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
     let (a, b) = (buf("a", a, a_rows * k * es), buf("b", b, experts * n * k * es));
     let (c, groups) = (buf("c", c, a_rows * n * es), buf("groups", groups, experts * 4));
-    let plan = op.plan((&a, &b, &c, &groups), Groups { experts, n, k, rows }).map_err(errors::backend)?;
-    let Some((grid, args)) = plan else { return Ok(()) };
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
+    // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
+    let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok())
+        .specialized(&a, &b, n, k);
+    let plan = op.plan((&a, &b, &c, &groups), Groups { experts, n, k, rows }).map_err(errors::backend)?;
+    let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
 }

@@ -130,7 +130,7 @@ impl Operation for GroupedGemmCase {
                 s[3]
             }
         };
-        let op = GroupedGemm::new(case.dtype, layout, b_layout);
+        let op = GroupedGemm::for_target(case.dtype, layout, b_layout, l.gpu_target());
         op.run(l, (&ins[0], &ins[1], out, &ins[2]), Groups { experts, n, k, rows })
     }
 }
