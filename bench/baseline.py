@@ -79,21 +79,32 @@ def grouped_rows(experts: int, tokens: int, routing: int) -> list:
     return rows
 
 
-def grouped_mm_ms(experts: int, n: int, k: int, tokens: int, routing: int) -> float:
+def grouped_mm_ms(experts: int, n: int, k: int, tokens: int, routing: int, fp8: bool = False) -> float:
     """`torch._grouped_mm` on bf16 A [T, K] (rows grouped by expert, `offs` their int32 ends)
-    and B [E, N, K] passed as its [E, K, N] transpose, checked against float32 per expert."""
+    and B [E, N, K] passed as its [E, K, N] transpose, checked against float32 per expert; with
+    `fp8`, `torch._scaled_grouped_mm` on e4m3 with row-wise scales ([T] and [E, N]), bf16 out,
+    `use_fast_accum` (as trident's grouped FP8 GEMM accumulates)."""
     dev = "cuda"
     rows = grouped_rows(experts, tokens, routing)
     t = sum(rows)
     a = torch.randn(t, k, device=dev, dtype=torch.bfloat16)
     b = torch.randn(experts, n, k, device=dev, dtype=torch.bfloat16)
     offs = torch.tensor(rows, device=dev, dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    run = lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
+    sa = torch.ones(t, device=dev)
+    sb = torch.ones(experts, n, device=dev)
+    if fp8:
+        a, b = (a * 64).clamp(-448, 448).to(torch.float8_e4m3fn), (b * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        sa, sb = torch.rand(t, device=dev) / 64 + 1e-3, torch.rand(experts, n, device=dev) / 64 + 1e-3
+        run = lambda: torch._scaled_grouped_mm(
+            a, b.transpose(-2, -1), sa, sb, offs=offs, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+    else:
+        run = lambda: torch._grouped_mm(a, b.transpose(-2, -1), offs=offs)
     got = run().float()
     start, worst = 0, 0.0
     for e, r in enumerate(rows):
         if r:
-            want = a[start:start + r].float() @ b[e].float().t()
+            want = (a[start:start + r].float() @ b[e].float().t()) * sa[start:start + r, None] * sb[e][None, :]
             worst = max(worst, ((got[start:start + r] - want).abs().max() / want.abs().max()).item())
         start += r
     if not worst < 2e-2:
@@ -152,7 +163,7 @@ def main(cases_path: str, out_path: str) -> None:
         dev = "cuda"
         if name == "grouped_gemm":
             try:
-                ms = grouped_mm_ms(*dims)
+                ms = grouped_mm_ms(*dims, fp8=dtype.startswith("f8"))
             except Exception as e:  # a torch without _grouped_mm leaves the column empty
                 print(f"baseline {line}: failed: {e}", flush=True)
                 continue

@@ -100,7 +100,9 @@ enum Workload {
     /// The grouped GEMM of a mixture-of-experts layer (`trident_kernels::grouped_gemm`,
     /// contiguous A, B `[E, N, K]`), dims `[experts, n, k, tokens per expert, routing]` (routing
     /// 0 uniform; 1 skewed: one expert takes half the tokens, a quarter of the experts none),
-    /// against `torch._grouped_mm`.
+    /// against `torch._grouped_mm`; of FP8 (e4m3) operands with row-wise scales (bf16 out,
+    /// the whole K accumulated in the tensor cores), against `torch._scaled_grouped_mm` with
+    /// `use_fast_accum`.
     GroupedGemm,
 }
 
@@ -157,7 +159,8 @@ impl Case {
             // Every expert's GEMM: T = experts x tokens rows in all; B once per expert.
             Workload::GroupedGemm => {
                 let t = d[0] * d[3];
-                (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2] + t * d[1]) * s)
+                let out = if self.dtype.is_fp8() { 2.0 } else { s };
+                (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2]) * s + t * d[1] * out)
             }
             Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
         }
@@ -245,6 +248,11 @@ fn cases() -> Vec<Case> {
         c(GroupedGemm, DType::BF16, &[16, 1536, 2048, 1024, 1]),
         c(GroupedGemm, DType::BF16, &[16, 2048, 768, 1024, 0]),
         c(GroupedGemm, DType::BF16, &[8, 3584, 4096, 1024, 0]),
+        // FP8 with row-wise scales at DeepSeek-V3's and Qwen3's shapes.
+        c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 32, 0]),
+        c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0]),
+        c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0]),
+        c(GroupedGemm, DType::F8E4M3FN, &[16, 1536, 2048, 1024, 1]),
     ]
 }
 
@@ -730,8 +738,8 @@ pub fn grouped_rows(experts: usize, tokens: usize, routing: usize) -> Vec<usize>
     rows
 }
 
-/// The grouped GEMM (contiguous A `[T, K]`, B `[E, N, K]`) checked on 256 random entries
-/// against f64 sums, then timed.
+/// The grouped GEMM (contiguous A `[T, K]`, B `[E, N, K]`; FP8 with row-wise scales) checked on
+/// 256 random entries against f64 sums, then timed.
 fn grouped_gemm(
     cuda: &Enqueuing,
     l: &DeviceCtx,
@@ -751,25 +759,40 @@ fn grouped_gemm(
             Some(*s as f64)
         })
         .collect();
-    let (a, b) = (random(t * k, d, rng), random(experts * n * k, d, rng));
+    // FP8 over its whole range with scales near 1/400 (per token, per expert and column).
+    let spread = if d.is_fp8() { 400.0 } else { 1.0 };
+    let values = |len: usize, rng: &mut rand::rngs::StdRng| {
+        let v: Vec<f64> = random(len, DType::F32, rng).iter().map(|x| x * spread).collect();
+        trident_conformance::host::round_to(&v, d)
+    };
+    let (a, b) = (values(t * k, rng), values(experts * n * k, rng));
     let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
-    let c = cuda.alloc(t * n * d.size_bytes() as usize, "c")?;
-    cuda.fill(&c, &poison(d))?;
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
+    let scale = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<f64> {
+        (0..len).map(|_| if op.scaled { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
+    };
+    let (sa, sb) = (scale(t, rng), scale(experts * n, rng));
+    let scales = match op.scaled {
+        true => Some((upload(cuda, "scale_a", &sa, DType::F32)?, upload(cuda, "scale_b", &sb, DType::F32)?)),
+        false => None,
+    };
+    let out = op.out_type();
+    let c = cuda.alloc(t * n * out.size_bytes() as usize, "c")?;
+    cuda.fill(&c, &poison(out))?;
     let expert_of = |i: usize| ends.iter().position(|&e| i < e as usize).expect("a row of some expert");
     let check = || -> Result<f64, BackendError> {
         let mut worst = 0.0f64;
         let mut pick = rand::thread_rng();
         for _ in 0..256 {
             let (i, j) = (pick.gen_range(0..t), pick.gen_range(0..n));
-            let mut raw = vec![0u8; d.size_bytes() as usize];
+            let mut raw = vec![0u8; out.size_bytes() as usize];
             cuda.read(&c, (i * n + j) * raw.len(), &mut raw)?;
-            let got = decode(&raw, d)[0];
+            let got = decode(&raw, out)[0];
             let e = expert_of(i);
             let (mut want, mut mag) = (0.0, 0.0);
             for p in 0..k {
-                let x = a[i * k + p] * b[(e * n + j) * k + p];
+                let x = a[i * k + p] * b[(e * n + j) * k + p] * sa[i] * sb[e * n + j];
                 want += x;
                 mag += x.abs();
             }
@@ -778,7 +801,8 @@ fn grouped_gemm(
         Ok(worst)
     };
     let p = Groups { experts, n, k, rows: t };
-    let (ms, error) = time(cuda, reps, || op.run(l, (&ab, &bb, &c, &gb), p), check)?;
+    let scales = scales.as_ref().map(|(x, y)| (x, y));
+    let (ms, error) = time(cuda, reps, || op.run(l, (&ab, &bb, &c, &gb), scales, p), check)?;
     if error > case.bound() {
         return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
     }

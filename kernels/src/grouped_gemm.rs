@@ -11,6 +11,11 @@
 //! B is `[E, N, K]` ([`BLayout::NK`], K contiguous, as the FP8 tensor cores read it and
 //! `torch._grouped_mm` takes it transposed) or `[E, K, N]` ([`BLayout::KN`]).
 //!
+//! Operands bf16, f16 or FP8 (C bf16 then), accumulated in f32. With [`GroupedGemm::scaled`]
+//! the product is scaled in the epilogue by `scale_a` per row of A (`[rows]` f32: FP8's
+//! row-wise scales, or a mixture-of-experts layer's routing weights) and `scale_b` per expert
+//! and column (`[E, N]` f32), as `torch._scaled_grouped_mm`'s row-wise mode.
+//!
 //! The schedule: programs walk the (expert, tile) pairs with a stride of the grid: each program
 //! goes through the experts once, reading their counts, and computes the tiles of each that are
 //! its own (tile numbers `pid, pid + P, ...` over all experts' tiles in order). An empty
@@ -28,6 +33,9 @@ use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
+
+/// Two tiles a kernel may have: A's and B's descriptors, or the two scales.
+type TilePair<'b> = Option<(Tile<'b>, Tile<'b>)>;
 
 /// A launch's grid and arguments.
 pub type Launch = ([u32; 3], Vec<KernelArg>);
@@ -62,8 +70,10 @@ pub struct Groups {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct GroupedGemm {
-    /// A, B and C (bf16 or f16; f32 accumulation).
+    /// A and B: bf16, f16 (C the same) or FP8 (C bf16); f32 accumulation.
     pub dtype: DType,
+    /// The product scaled per row of A and per expert and column (see the module's text).
+    pub scaled: bool,
     pub layout: Layout,
     pub b_layout: BLayout,
     pub block_m: u32,
@@ -82,6 +92,7 @@ impl GroupedGemm {
     pub fn new(dtype: DType, layout: Layout, b_layout: BLayout) -> GroupedGemm {
         GroupedGemm {
             dtype,
+            scaled: dtype.is_fp8(),
             layout,
             b_layout,
             block_m: 64,
@@ -120,14 +131,16 @@ impl GroupedGemm {
     pub fn specialized(self, a: &Buffer, b: &Buffer, n: usize, k: usize) -> GroupedGemm {
         let es = self.dtype.size_bytes() as usize;
         let b_row = if self.b_layout == BLayout::NK { k } else { n };
-        let fits = a.address.is_multiple_of(16)
+        // FP8 `wgmma` reads B K-major only.
+        let fits = !(self.dtype.is_fp8() && self.b_layout == BLayout::KN)
+            && a.address.is_multiple_of(16)
             && b.address.is_multiple_of(16)
             && (k * es).is_multiple_of(16)
             && (b_row * es).is_multiple_of(16)
             && k > 0;
         match (self.descriptors, fits) {
             (true, true) => GroupedGemm { divisible: true, ..self },
-            (true, false) => GroupedGemm::new(self.dtype, self.layout, self.b_layout),
+            (true, false) => GroupedGemm { scaled: self.scaled, ..GroupedGemm::new(self.dtype, self.layout, self.b_layout) },
             (false, _) => self,
         }
     }
@@ -140,17 +153,19 @@ impl GroupedGemm {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let desc = self.descriptors && self.divisible;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
+            if self.scaled { "_scaled" } else { "" },
             if desc { "_desc" } else { "" }
         )
         .to_lowercase();
         let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
-        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
+        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.out_type()));
         let groups = b.arg_ptr("groups", DType::I32);
+        let scales = self.scaled.then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
         let experts = b.arg("experts", DType::I32);
         let (n, k) = (b.arg("n", DType::I32), b.arg("k", DType::I32));
         let t_max = b.arg("t_max", DType::I32);
@@ -186,7 +201,7 @@ impl GroupedGemm {
                 |s| {
                     let local = s[0] - tile_base;
                     let (tm, tn) = (local / tiles_n, local % tiles_n);
-                    self.tile(&b, (a, bp, c), descs, e, (first, rows), (tm, tn), (n, k));
+                    self.tile(&b, (a, bp, c), (descs, scales), e, (first, rows), (tm, tn), (n, k));
                     vec![s[0] + programs]
                 },
             );
@@ -205,7 +220,7 @@ impl GroupedGemm {
         &self,
         b: &'b KernelBuilder,
         (a, bp, c): (Tile<'b>, Tile<'b>, Tile<'b>),
-        descs: Option<(Tile<'b>, Tile<'b>)>,
+        (descs, scales): (TilePair<'b>, TilePair<'b>),
         e: Tile<'b>,
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
@@ -239,7 +254,24 @@ impl GroupedGemm {
             };
             vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)]
         });
-        b.store(c + rm * n + cols, done[0].cast(self.dtype), Some(rows_ok & cols.lt(n)));
+        let out = match scales {
+            Some((sa, sb)) => {
+                let s_a = b.load_or(sa + rm, rows_ok, 0.0);
+                let s_b = b.load_or(sb + e * n + cols, cols.lt(n), 0.0);
+                done[0] * s_a * s_b
+            }
+            None => done[0],
+        };
+        b.store(c + rm * n + cols, out.cast(self.out_type()), Some(rows_ok & cols.lt(n)));
+    }
+
+    /// C's element type: bf16 for FP8 operands, else the operands'.
+    pub fn out_type(&self) -> DType {
+        if self.dtype.is_fp8() {
+            DType::BF16
+        } else {
+            self.dtype
+        }
     }
 
     /// The launch's grid and arguments, checked against the buffers (`None`: nothing to do).
@@ -249,12 +281,20 @@ impl GroupedGemm {
     pub fn plan(
         &self,
         (a, b, c, groups): (&Buffer, &Buffer, &Buffer, &Buffer),
+        scales: Option<(&Buffer, &Buffer)>,
         p: Groups,
     ) -> Result<Option<Launch>, BackendError> {
-        if !matches!(self.dtype, DType::BF16 | DType::F16) {
-            return Err(self.problem(format!("operands of `{}`: bf16 or f16", self.dtype)));
+        if !(matches!(self.dtype, DType::BF16 | DType::F16) || self.dtype.is_fp8()) {
+            return Err(self.problem(format!("operands of `{}`: bf16, f16 or an FP8 type", self.dtype)));
+        }
+        if scales.is_some() != self.scaled {
+            return Err(self.problem(match self.scaled {
+                true => "scale_a and scale_b are needed".into(),
+                false => "scales given to a grouped GEMM without them (`scaled`)".into(),
+            }));
         }
         let es = self.dtype.size_bytes() as usize;
+        let out_es = self.out_type().size_bytes() as usize;
         let Groups { experts, n, k, rows } = p;
         let a_rows = match self.layout {
             Layout::Contiguous => rows,
@@ -262,8 +302,12 @@ impl GroupedGemm {
         };
         require_bytes(a, a_rows * k * es, "a")?;
         require_bytes(b, experts * n * k * es, "b")?;
-        require_bytes(c, a_rows * n * es, "c")?;
+        require_bytes(c, a_rows * n * out_es, "c")?;
         require_bytes(groups, experts * 4, "groups")?;
+        if let Some((sa, sb)) = scales {
+            require_bytes(sa, a_rows * 4, "scale_a")?;
+            require_bytes(sb, experts * n * 4, "scale_b")?;
+        }
         // Every element offset is computed in i32.
         require_i32(a_rows * k.max(n), "rows x max(n, k)")?;
         require_i32(experts * n * k, "experts x n x k")?;
@@ -275,25 +319,31 @@ impl GroupedGemm {
             Layout::Contiguous => (cdiv(rows, bm) + experts) * cdiv(n, bn),
             Layout::Masked => experts * cdiv(rows, bm) * cdiv(n, bn),
         };
-        let args = vec![
-            a.arg(),
-            b.arg(),
-            c.arg(),
-            groups.arg(),
+        let mut args = vec![a.arg(), b.arg(), c.arg(), groups.arg()];
+        if let Some((sa, sb)) = scales {
+            args.extend([sa.arg(), sb.arg()]);
+        }
+        args.extend([
             KernelArg::i32(require_i32(experts, "experts")?),
             KernelArg::i32(require_i32(n, "n")?),
             KernelArg::i32(require_i32(k, "k")?),
             KernelArg::i32(require_i32(rows, "t_max")?),
             KernelArg::i32(require_i32(a_rows, "a_rows")?),
             KernelArg::i32(require_i32(experts * if self.b_layout == BLayout::NK { n } else { k }, "b_rows")?),
-        ];
+        ]);
         Ok(Some(([require_i32(tiles, "tiles")? as u32, 1, 1], args)))
     }
 
     /// [`GroupedGemm::plan`], launched on `l`'s device.
-    pub fn run(&self, l: &DeviceCtx, bufs: (&Buffer, &Buffer, &Buffer, &Buffer), p: Groups) -> Result<(), BackendError> {
+    pub fn run(
+        &self,
+        l: &DeviceCtx,
+        bufs: (&Buffer, &Buffer, &Buffer, &Buffer),
+        scales: Option<(&Buffer, &Buffer)>,
+        p: Groups,
+    ) -> Result<(), BackendError> {
         let op = self.specialized(bufs.0, bufs.1, p.n, p.k);
-        let Some((grid, args)) = op.plan(bufs, p)? else { return Ok(()) };
+        let Some((grid, args)) = op.plan(bufs, scales, p)? else { return Ok(()) };
         let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)
     }

@@ -97,7 +97,7 @@ fn check(
     let poisoned: Vec<u8> = [0xFFu8].iter().copied().cycle().take(a_rows * n * es).collect();
     let c = upload(dev, "c", &poisoned);
     let p = Groups { experts, n, k, rows: if op.layout == Layout::Contiguous { total } else { t_max } };
-    op.run(l, (&ab, &bb, &c, &gb), p).unwrap();
+    op.run(l, (&ab, &bb, &c, &gb), None, p).unwrap();
     let mut raw = vec![0u8; a_rows * n * es];
     dev.read(&c, 0, &mut raw).unwrap();
     let got = decode(&raw, d);
@@ -183,6 +183,11 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     }
     let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
     check(&op, &l, 3, 16, 12, &counts(3, 20, 0, &mut rng), &mut rng);
+    // FP8 with scales (values checked by the conformance cases): FP8 `wgmma`, no conversion.
+    let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Masked, BLayout::NK, Some(sm90a));
+    let text =
+        trident_core::simt::lower(&GroupedGemm { divisible: true, ..fp8 }.build().unwrap(), sm90a).unwrap().to_string();
+    assert!(fp8.scaled && text.contains("k32.f8e4m3fn a") && !text.contains("fp8.convert"));
 }
 
 #[test]
@@ -193,9 +198,12 @@ fn a_grouped_gemm_refuses_bad_problems() {
     let buf = dev.alloc(64, "small").unwrap();
     let p = Groups { experts: 2, n: 8, k: 8, rows: 8 };
     let op = GroupedGemm::new(DType::F32, Layout::Contiguous, BLayout::NK);
-    let e = op.run(&l, (&buf, &buf, &buf, &buf), p).unwrap_err();
-    assert!(e.to_string().contains("bf16 or f16"), "{e}");
+    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
+    assert!(e.to_string().contains("bf16, f16 or an FP8 type"), "{e}");
     let op = GroupedGemm::new(DType::BF16, Layout::Masked, BLayout::NK);
-    let e = op.run(&l, (&buf, &buf, &buf, &buf), p).unwrap_err();
+    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
     assert!(e.to_string().contains("has 64 bytes"), "{e}");
+    let op = GroupedGemm::new(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK);
+    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
+    assert!(e.to_string().contains("scale_a and scale_b are needed"), "{e}");
 }

@@ -83,12 +83,15 @@ pub fn scaled_gemm(
 /// The grouped GEMM (`trident_kernels::grouped_gemm`): `c` = per expert `a_e @ b_e` with `a`
 /// `contiguous` (`[rows, k]`, `groups` the int32 ends of the experts' rows) or `masked` (`[e,
 /// rows, k]`, `groups` the counts), `b` `[e, n, k]` (`nk`) or `[e, k, n]` (`kn`), all of
-/// `dtype` (`bf16`, `f16`); by address on CUDA device `device`, enqueued on `stream`.
+/// `dtype` (`bf16`, `f16`, or FP8 with `c` bf16); with `scales` (addresses of f32 `[rows]` and
+/// `[e, n]`) the product scaled per row and per expert and column; by address on CUDA device
+/// `device`, enqueued on `stream`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
     py: Python<'_>,
     pointers: (u64, u64, u64, u64),
+    scales: Option<(u64, u64)>,
     extents: (usize, usize, usize, usize),
     dtype_name: &str,
     layout: &str,
@@ -98,8 +101,8 @@ pub fn grouped_gemm(
 ) -> PyResult<()> {
     let ((a, b, c, groups), (experts, n, k, rows)) = (pointers, extents);
     let dtype = DType::parse(dtype_name)
-        .filter(|d| matches!(d, DType::BF16 | DType::F16))
-        .ok_or_else(|| errors::argument(format!("grouped_gemm: operands of `{dtype_name}`: bf16 or f16")))?;
+        .filter(|d| matches!(d, DType::BF16 | DType::F16) || d.is_fp8())
+        .ok_or_else(|| errors::argument(format!("grouped_gemm: operands of `{dtype_name}`: bf16, f16 or FP8")))?;
     let layout = match layout {
         "contiguous" => Layout::Contiguous,
         "masked" => Layout::Masked,
@@ -111,16 +114,19 @@ pub fn grouped_gemm(
         other => return Err(errors::argument(format!("grouped_gemm: B layout `{other}`: nk or kn"))),
     };
     let es = dtype.size_bytes() as usize;
+    let out_es = if dtype.is_fp8() { 2 } else { es };
     let a_rows = if layout == Layout::Contiguous { rows } else { experts * rows };
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
     let (a, b) = (buf("a", a, a_rows * k * es), buf("b", b, experts * n * k * es));
-    let (c, groups) = (buf("c", c, a_rows * n * es), buf("groups", groups, experts * 4));
+    let (c, groups) = (buf("c", c, a_rows * n * out_es), buf("groups", groups, experts * 4));
+    let scales = scales.map(|(sa, sb)| (buf("scale_a", sa, a_rows * 4), buf("scale_b", sb, experts * n * 4)));
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
     // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
-    let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok())
-        .specialized(&a, &b, n, k);
-    let plan = op.plan((&a, &b, &c, &groups), Groups { experts, n, k, rows }).map_err(errors::backend)?;
+    let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok());
+    let op = GroupedGemm { scaled: scales.is_some(), ..op }.specialized(&a, &b, n, k);
+    let scales = scales.as_ref().map(|(x, y)| (x, y));
+    let plan = op.plan((&a, &b, &c, &groups), scales, Groups { experts, n, k, rows }).map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)

@@ -238,3 +238,28 @@ def test_grouped_gemm_against_float64(dtype, b_layout):
         start += r
     with pytest.raises(trident.ArgumentError, match="int32"):
         trident.ops.grouped_mm(a, b_given, offs.long(), b_layout)
+
+
+@pytest.mark.parametrize("k", [96, 40])  # 96: TMA and FP8 wgmma on the H200; 40: portable
+def test_fp8_grouped_gemm_with_row_scales_against_float64(k):
+    import trident.ops
+
+    rows = [0, 1, 70, 130]
+    e, n = len(rows), 136
+    a = (torch.randn(sum(rows), k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    b = (torch.randn(e, n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    sa = torch.rand(sum(rows), device="cuda") + 0.5
+    sb = torch.rand(e, n, device="cuda") + 0.5
+    c = torch.ops.trident.grouped_mm(a, b, offs, "nk", sa, sb)
+    torch.cuda.synchronize()
+    assert c.dtype == torch.bfloat16
+    start = 0
+    for i, r in enumerate(rows):
+        if r:
+            want = (a[start:start + r].double() @ b[i].double().T) * sa[start:start + r, None].double() * sb[i].double()
+            err = (c[start:start + r].double() - want).abs().max().item() / want.abs().max().item()
+            assert err <= 1e-2, (i, err)
+        start += r
+    with pytest.raises(trident.ArgumentError, match="scale_a and scale_b"):
+        trident.ops.grouped_mm(a, b, offs)

@@ -21,7 +21,10 @@ grouped by expert, ``offs[e]`` the int32 end of expert ``e``'s rows, as ``torch.
 takes them) and ``b`` ``[E, N, K]`` (``b_layout="nk"``, ``torch._grouped_mm``'s
 ``b.transpose(-2, -1)``) or ``[E, K, N]`` (``"kn"``), bf16 or f16. ``grouped_mm_masked``: ``a``
 ``[E, T_max, K]`` with ``counts[e]`` valid rows per expert; the rows of ``c`` past a count are
-zeros. The portable kernel for now (the tensor cores' f16 atoms, no TMA yet).
+zeros. FP8 operands take ``scale_a`` (f32 ``[rows of a]``) and ``scale_b`` (f32 ``[E, N]``),
+row-wise as ``torch._scaled_grouped_mm``, and give bf16; bf16/f16 operands may take them too
+(a routing weight per row). On the H200 (aligned tensors, rows of whole 16 bytes) TMA and
+``wgmma``, FP8 included (whole K accumulated in the tensor cores); else the portable kernel.
 """
 
 import torch
@@ -77,11 +80,17 @@ def scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False):
     return c
 
 
-def _grouped(a, b, groups, layout, b_layout):
+_GROUPED = {torch.bfloat16: "bf16", torch.float16: "f16", **_FP8}
+
+
+def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b):
     if b_layout not in ("nk", "kn"):
         raise ArgumentError(f"grouped_mm: b_layout {b_layout!r}: nk or kn")
-    if a.dtype not in (torch.bfloat16, torch.float16) or b.dtype != a.dtype:
-        raise ArgumentError(f"grouped_mm: A {a.dtype} and B {b.dtype}: both bfloat16 or both float16")
+    if a.dtype not in _GROUPED or b.dtype != a.dtype:
+        raise ArgumentError(f"grouped_mm: A {a.dtype} and B {b.dtype}: both bfloat16, float16 or one float8 type")
+    fp8 = a.dtype in _FP8
+    if (scale_a is None) != (scale_b is None) or (fp8 and scale_a is None):
+        raise ArgumentError("grouped_mm: scale_a and scale_b together (FP8 operands need them)")
     want_a = 2 if layout == "contiguous" else 3
     if a.dim() != want_a or b.dim() != 3 or groups.dim() != 1 or groups.dtype != torch.int32:
         raise ArgumentError(
@@ -93,20 +102,30 @@ def _grouped(a, b, groups, layout, b_layout):
     n, k = (b.shape[1], b.shape[2]) if b_layout == "nk" else (b.shape[2], b.shape[1])
     if a.shape[-1] != k or groups.shape[0] != experts or (layout == "masked" and a.shape[0] != experts):
         raise ArgumentError(f"grouped_mm: A {tuple(a.shape)}, B {tuple(b.shape)} and {groups.shape[0]} groups disagree")
-    tensors = (a, b, groups)
+    rows = a.shape[0] if layout == "contiguous" else a.shape[1]
+    a_rows = rows if layout == "contiguous" else experts * rows
+    scales = None
+    if scale_a is not None:
+        if scale_a.dtype != torch.float32 or scale_b.dtype != torch.float32:
+            raise ArgumentError("grouped_mm: scale_a and scale_b float32")
+        if scale_a.numel() != a_rows or scale_b.numel() != experts * n:
+            raise ArgumentError(f"grouped_mm: scale_a needs {a_rows} elements (a row each), scale_b {experts} x {n}")
+        scales = (scale_a.data_ptr(), scale_b.data_ptr())
+    tensors = (a, b, groups) + ((scale_a, scale_b) if scales else ())
     if any(not t.is_cuda or t.get_device() != a.get_device() for t in tensors):
         raise ArgumentError("grouped_mm: every tensor on the same CUDA device")
     if any(not t.is_contiguous() for t in tensors):
         raise ArgumentError("grouped_mm: every tensor contiguous")
-    rows = a.shape[0] if layout == "contiguous" else a.shape[1]
+    out = torch.bfloat16 if fp8 else a.dtype
     if layout == "contiguous":
-        c = torch.empty((rows, n), dtype=a.dtype, device=a.device)
+        c = torch.empty((rows, n), dtype=out, device=a.device)
     else:
-        c = torch.zeros((experts, rows, n), dtype=a.dtype, device=a.device)
+        c = torch.zeros((experts, rows, n), dtype=out, device=a.device)
     _trident.grouped_gemm(
         (a.data_ptr(), b.data_ptr(), c.data_ptr(), groups.data_ptr()),
+        scales,
         (experts, n, k, rows),
-        "bf16" if a.dtype == torch.bfloat16 else "f16",
+        _GROUPED[a.dtype],
         layout,
         b_layout,
         a.get_device(),
@@ -115,24 +134,28 @@ def _grouped(a, b, groups, layout, b_layout):
     return c
 
 
-def grouped_mm(a, b, offs, b_layout="nk"):
+def grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    return _grouped(a, b, offs, "contiguous", b_layout)
+    return _grouped(a, b, offs, "contiguous", b_layout, scale_a, scale_b)
 
 
-def grouped_mm_masked(a, b, counts, b_layout="nk"):
+def grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    return _grouped(a, b, counts, "masked", b_layout)
+    return _grouped(a, b, counts, "masked", b_layout, scale_a, scale_b)
 
 
-def _fake_grouped_mm(a, b, offs, b_layout="nk"):
+def _out_dtype(a):
+    return torch.bfloat16 if a.dtype in _FP8 else a.dtype
+
+
+def _fake_grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None):
     n = b.shape[1] if b_layout == "nk" else b.shape[2]
-    return a.new_empty((a.shape[0], n))
+    return a.new_empty((a.shape[0], n), dtype=_out_dtype(a))
 
 
-def _fake_grouped_mm_masked(a, b, counts, b_layout="nk"):
+def _fake_grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None):
     n = b.shape[1] if b_layout == "nk" else b.shape[2]
-    return a.new_empty((a.shape[0], a.shape[1], n))
+    return a.new_empty((a.shape[0], a.shape[1], n), dtype=_out_dtype(a))
 
 
 def _fake_scaled_mm(a, b, scale_a, scale_b, scaling, use_fast_accum=False):
@@ -148,10 +171,16 @@ def _define():
     )
     lib.impl("scaled_mm", scaled_mm, "CUDA")
     torch.library.register_fake("trident::scaled_mm", lib=lib)(_fake_scaled_mm)
-    lib.define("grouped_mm(Tensor a, Tensor b, Tensor offs, str b_layout='nk') -> Tensor")
+    lib.define(
+        "grouped_mm(Tensor a, Tensor b, Tensor offs, str b_layout='nk', Tensor? scale_a=None, Tensor? scale_b=None)"
+        " -> Tensor"
+    )
     lib.impl("grouped_mm", grouped_mm, "CUDA")
     torch.library.register_fake("trident::grouped_mm", lib=lib)(_fake_grouped_mm)
-    lib.define("grouped_mm_masked(Tensor a, Tensor b, Tensor counts, str b_layout='nk') -> Tensor")
+    lib.define(
+        "grouped_mm_masked(Tensor a, Tensor b, Tensor counts, str b_layout='nk', Tensor? scale_a=None,"
+        " Tensor? scale_b=None) -> Tensor"
+    )
     lib.impl("grouped_mm_masked", grouped_mm_masked, "CUDA")
     torch.library.register_fake("trident::grouped_mm_masked", lib=lib)(_fake_grouped_mm_masked)
 

@@ -1,11 +1,13 @@
 //! The grouped GEMM of mixture-of-experts layers (`trident_kernels::grouped_gemm`): `C_e = A_e
 //! B_e` with the experts' row counts on the device. Variants: A's layout (`contiguous`, rows
 //! grouped by expert with cumulative ends; `masked`, `[E, t_max, K]` with counts) and B's
-//! (`nk`: `[E, N, K]`; `kn`: `[E, K, N]`). Shapes `[experts, n, k, rows, routing]`: `rows` the
+//! (`nk`: `[E, N, K]`; `kn`: `[E, K, N]`); `scaled`: the product times a scale per row and per
+//! expert and column; a leading `e4m3`/`e5m2`: FP8 operands (scaled, C bf16, the case's type).
+//! Shapes `[experts, n, k, rows, routing]`: `rows` the
 //! tokens in all (contiguous) or each expert's capacity (masked); routing 0 spreads them at
 //! random with an empty and a one-row expert, 1 gives everything to one expert.
 
-use crate::host::random;
+use crate::host::{random, round_to};
 use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
 use rand::Rng;
@@ -16,10 +18,17 @@ use trident_kernels::DeviceCtx;
 
 struct GroupedGemmCase;
 
-fn of(variant: &str) -> (Layout, BLayout) {
-    let layout = if variant.starts_with("masked") { Layout::Masked } else { Layout::Contiguous };
-    let b = if variant.ends_with("kn") { BLayout::KN } else { BLayout::NK };
-    (layout, b)
+/// A variant's kernel: operand type (the case's, or FP8), layouts, scaling.
+fn of(case: &Case) -> GroupedGemm {
+    let v = case.variant;
+    let dtype = match v.split('-').next() {
+        Some("e4m3") => DType::F8E4M3FN,
+        Some("e5m2") => DType::F8E5M2,
+        _ => case.dtype,
+    };
+    let layout = if v.contains("masked") { Layout::Masked } else { Layout::Contiguous };
+    let b = if v.split('-').any(|w| w == "kn") { BLayout::KN } else { BLayout::NK };
+    GroupedGemm { scaled: dtype.is_fp8() || v.ends_with("scaled"), ..GroupedGemm::new(dtype, layout, b) }
 }
 
 /// Each expert's rows: what the case's routing gives.
@@ -55,14 +64,27 @@ impl Operation for GroupedGemmCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["contiguous-nk", "contiguous-kn", "masked-nk"],
+            DType::BF16 => &[
+                "contiguous-nk",
+                "contiguous-kn",
+                "masked-nk",
+                "contiguous-nk-scaled",
+                "e4m3-contiguous-nk",
+                "e4m3-masked-nk",
+                "e5m2-contiguous-kn",
+            ],
             DType::F16 => &["contiguous-nk", "masked-kn"],
             _ => &[],
         }
     }
 
     fn input_types(&self, case: &Case, _inputs: usize) -> Vec<DType> {
-        vec![case.dtype, case.dtype, DType::I32]
+        let op = of(case);
+        let mut t = vec![op.dtype, op.dtype, DType::I32];
+        if op.scaled {
+            t.extend([DType::F32, DType::F32]);
+        }
+        t
     }
 
     fn distributed(&self) -> bool {
@@ -70,15 +92,17 @@ impl Operation for GroupedGemmCase {
     }
 
     /// Empty and one-row experts, one expert with every row, K not a multiple of the K tile,
-    /// N not a multiple of the N tile, one expert of one row.
+    /// N not a multiple of the N tile, one expert of one row; the last with K a multiple of 16,
+    /// which the descriptor form (TMA, `wgmma`) takes for every type on sm_90a.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        [[5, 72, 40, 150, 0], [4, 64, 70, 100, 1], [1, 8, 16, 1, 0]].map(|s| s.to_vec()).to_vec()
+        [[5, 72, 40, 150, 0], [4, 64, 70, 100, 1], [1, 8, 16, 1, 0], [4, 136, 96, 200, 0]].map(|s| s.to_vec()).to_vec()
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
         let s = &case.shape;
         let (experts, n, k) = (s[0], s[1], s[2]);
-        let (layout, b_layout) = of(case.variant);
+        let op = of(case);
+        let (layout, b_layout) = (op.layout, op.b_layout);
         let rows = routed(layout, s, rng);
         let (a_rows, groups): (usize, Vec<f64>) = match layout {
             Layout::Contiguous => {
@@ -90,7 +114,17 @@ impl Operation for GroupedGemmCase {
             }
             Layout::Masked => (experts * s[3], rows.iter().map(|&r| r as f64).collect()),
         };
-        let (a, b) = (random(a_rows * k, case.dtype, rng), random(experts * n * k, case.dtype, rng));
+        // FP8 values over their whole range, with scales near 1/400; else scales near 1.
+        let spread = if op.dtype.is_fp8() { 400.0 } else { 1.0 };
+        let values = |len: usize, rng: &mut rand::rngs::StdRng| {
+            let v: Vec<f64> = random(len, DType::F32, rng).iter().map(|x| x * spread).collect();
+            round_to(&v, op.dtype)
+        };
+        let (a, b) = (values(a_rows * k, rng), values(experts * n * k, rng));
+        let mut scales = |len: usize| -> Vec<f64> {
+            round_to(&(0..len).map(|_| rng.gen_range(0.25..4.0) / spread).collect::<Vec<_>>(), DType::F32)
+        };
+        let (sa, sb) = if op.scaled { (scales(a_rows), scales(experts * n)) } else { (Vec::new(), Vec::new()) };
         let b_at = |e: usize, kk: usize, j: usize| match b_layout {
             BLayout::NK => b[(e * n + j) * k + kk],
             BLayout::KN => b[(e * k + kk) * n + j],
@@ -103,18 +137,24 @@ impl Operation for GroupedGemmCase {
             let first = if layout == Layout::Contiguous { start } else { e * s[3] };
             for i in first..first + r {
                 for j in 0..n {
-                    expected[i * n + j] = (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j)).sum();
+                    let dot: f64 = (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j)).sum();
+                    expected[i * n + j] = if op.scaled { dot * sa[i] * sb[e * n + j] } else { dot };
                 }
             }
             start += r;
         }
-        WorldData::single(vec![a, b, groups], expected, k)
+        let mut inputs = vec![a, b, groups];
+        if op.scaled {
+            inputs.extend([sa, sb]);
+        }
+        WorldData::single(inputs, expected, k)
     }
 
     fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let s = &case.shape;
         let (experts, n, k) = (s[0], s[1], s[2]);
-        let (layout, b_layout) = of(case.variant);
+        let op = of(case);
+        let layout = op.layout;
         let mut raw = vec![0u8; experts * 4];
         l.device.read(&ins[2], 0, &mut raw)?;
         let groups: Vec<usize> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
@@ -130,8 +170,9 @@ impl Operation for GroupedGemmCase {
                 s[3]
             }
         };
-        let op = GroupedGemm::for_target(case.dtype, layout, b_layout, l.gpu_target());
-        op.run(l, (&ins[0], &ins[1], out, &ins[2]), Groups { experts, n, k, rows })
+        let op = GroupedGemm { scaled: op.scaled, ..GroupedGemm::for_target(op.dtype, layout, op.b_layout, l.gpu_target()) };
+        let scales = op.scaled.then(|| (&ins[3], &ins[4]));
+        op.run(l, (&ins[0], &ins[1], out, &ins[2]), scales, Groups { experts, n, k, rows })
     }
 }
 
