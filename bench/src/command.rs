@@ -747,7 +747,7 @@ fn grouped_gemm(
     reps: usize,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
-    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
+    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
     let d = case.dtype;
     let (experts, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
     let rows = grouped_rows(experts, case.dims[3], case.dims[4]);
@@ -770,10 +770,10 @@ fn grouped_gemm(
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
     let scale = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<f64> {
-        (0..len).map(|_| if op.scaled { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
+        (0..len).map(|_| if op.scales == Scales::Row { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
     };
     let (sa, sb) = (scale(t, rng), scale(experts * n, rng));
-    let scales = match op.scaled {
+    let scales = match op.scales == Scales::Row {
         true => Some((upload(cuda, "scale_a", &sa, DType::F32)?, upload(cuda, "scale_b", &sb, DType::F32)?)),
         false => None,
     };

@@ -29,6 +29,7 @@
 //! or columns that the masked store drops (or, for B `[E K, N]` past K, meet A's zeros past K),
 //! so no per-expert tensor map is needed.
 
+use crate::scaled_gemm::SCALE_BLOCK;
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
@@ -47,6 +48,18 @@ pub enum Layout {
     Contiguous,
     /// `[E, t_max, K]`, `groups[e]` expert `e`'s row count.
     Masked,
+}
+
+/// The scales of a grouped GEMM's product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scales {
+    None,
+    /// `scale_a[row]` times `scale_b[e, col]` in the epilogue (`[rows]` and `[E, N]` f32).
+    Row,
+    /// DeepSeek-V3's: `scale_a[row, kb]` per row and 128 of K (`[rows, ceil(K/128)]`),
+    /// `scale_b[e, nb, kb]` per expert and 128 x 128 block (`[E, ceil(N/128), ceil(K/128)]`),
+    /// each K block's product promoted into f32 with its two scales.
+    Block,
 }
 
 /// How each expert's B is stored.
@@ -72,8 +85,8 @@ pub struct Groups {
 pub struct GroupedGemm {
     /// A and B: bf16, f16 (C the same) or FP8 (C bf16); f32 accumulation.
     pub dtype: DType,
-    /// The product scaled per row of A and per expert and column (see the module's text).
-    pub scaled: bool,
+    /// The product's scales (see the module's text); FP8 operands need some.
+    pub scales: Scales,
     pub layout: Layout,
     pub b_layout: BLayout,
     pub block_m: u32,
@@ -92,7 +105,7 @@ impl GroupedGemm {
     pub fn new(dtype: DType, layout: Layout, b_layout: BLayout) -> GroupedGemm {
         GroupedGemm {
             dtype,
-            scaled: dtype.is_fp8(),
+            scales: if dtype.is_fp8() { Scales::Row } else { Scales::None },
             layout,
             b_layout,
             block_m: 64,
@@ -140,7 +153,7 @@ impl GroupedGemm {
             && k > 0;
         match (self.descriptors, fits) {
             (true, true) => GroupedGemm { divisible: true, ..self },
-            (true, false) => GroupedGemm { scaled: self.scaled, ..GroupedGemm::new(self.dtype, self.layout, self.b_layout) },
+            (true, false) => GroupedGemm { scales: self.scales, ..GroupedGemm::new(self.dtype, self.layout, self.b_layout) },
             (false, _) => self,
         }
     }
@@ -150,14 +163,20 @@ impl GroupedGemm {
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
+        let (bm, bn) = (self.block_m, self.block_n);
+        // One K step per scale block in the block-scaled form.
+        let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
         let desc = self.descriptors && self.divisible;
         let name = format!(
             "grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
-            if self.scaled { "_scaled" } else { "" },
+            match self.scales {
+                Scales::None => "",
+                Scales::Row => "_row_scaled",
+                Scales::Block => "_block_scaled",
+            },
             if desc { "_desc" } else { "" }
         )
         .to_lowercase();
@@ -165,7 +184,8 @@ impl GroupedGemm {
         let b = KernelBuilder::new(&name, attrs);
         let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.out_type()));
         let groups = b.arg_ptr("groups", DType::I32);
-        let scales = self.scaled.then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
+        let scales =
+            (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
         let experts = b.arg("experts", DType::I32);
         let (n, k) = (b.arg("n", DType::I32), b.arg("k", DType::I32));
         let t_max = b.arg("t_max", DType::I32);
@@ -226,43 +246,73 @@ impl GroupedGemm {
         (tm, tn): (Tile<'b>, Tile<'b>),
         (n, k): (Tile<'b>, Tile<'b>),
     ) {
-        let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
+        let (bm, bn) = (self.block_m, self.block_n);
+        let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
         let local = tm * bm as i32 + b.arange(0, bm as i64);
         let rn = tn * bn as i32 + b.arange(0, bn as i64);
         let (rows_ok, cols) = (local.lt(rows).expand_dims(1), rn.expand_dims(0));
         let rm = (first + local).expand_dims(1);
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
-        let done = b.for_range(0, k, bk as i32, &[acc], |k0, carried| {
-            if let Some((da, db)) = descs {
-                // Boxes over every expert's rows; what reaches past this expert's is dropped
-                // by the store's mask (or meets A's zeros past K).
-                let ta = b.desc_load(da, [first + tm * bm as i32, k0]);
-                let tb = match self.b_layout {
-                    BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
-                    BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
-                };
-                return vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)];
-            }
-            let kk = k0 + b.arange(0, bk as i64);
-            let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
-            let ta = b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0);
-            let in_b = kr.lt(k) & cols.lt(n);
-            let tb = match self.b_layout {
-                BLayout::NK => b.load_or(b_e + cols * k + kr, in_b, 0.0),
-                BLayout::KN => b.load_or(b_e + kr * n + cols, in_b, 0.0),
+        let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
+        let block = self.scales == Scales::Block;
+        let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
+            let k0 = kb * bk as i32;
+            let (ta, tb) = match descs {
+                // Boxes over every expert's rows; what reaches past this expert's is dropped by
+                // the store's mask (or meets A's zeros past K).
+                Some((da, db)) => (
+                    b.desc_load(da, [first + tm * bm as i32, k0]),
+                    match self.b_layout {
+                        BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
+                        BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
+                    },
+                ),
+                None => {
+                    let kk = k0 + b.arange(0, bk as i64);
+                    let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
+                    let in_b = kr.lt(k) & cols.lt(n);
+                    let tb = match self.b_layout {
+                        BLayout::NK => b.load_or(b_e + cols * k + kr, in_b, 0.0),
+                        BLayout::KN => b.load_or(b_e + kr * n + cols, in_b, 0.0),
+                    };
+                    (b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0), tb)
+                }
             };
-            vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)]
+            match (block, scales) {
+                // Each K block's product promoted with its scales: A's per row and block, B's
+                // per expert and 128 x 128 block.
+                (true, Some((sa, sb))) => {
+                    let part = b.dot(ta, tb, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
+                    let s_a = b.load_or(sa + rm * k_blocks + kb, rows_ok, 0.0);
+                    let n_blocks = (n + (SCALE_BLOCK as i32 - 1)) / SCALE_BLOCK as i32;
+                    let col_block = (tn * bn as i32) / SCALE_BLOCK as i32;
+                    let s_b = b.load(sb + (e * n_blocks + col_block) * k_blocks + kb, None, None);
+                    vec![carried[0] + part * (s_a * s_b)]
+                }
+                _ => vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)],
+            }
         });
-        let out = match scales {
-            Some((sa, sb)) => {
+        let out = match (block, scales) {
+            (false, Some((sa, sb))) => {
                 let s_a = b.load_or(sa + rm, rows_ok, 0.0);
                 let s_b = b.load_or(sb + e * n + cols, cols.lt(n), 0.0);
                 done[0] * s_a * s_b
             }
-            None => done[0],
+            _ => done[0],
         };
         b.store(c + rm * n + cols, out.cast(self.out_type()), Some(rows_ok & cols.lt(n)));
+    }
+
+    /// The elements of `scale_a` and `scale_b` for `a_rows` rows of A and `experts` experts of
+    /// `n x k`.
+    pub fn scale_lens(&self, a_rows: usize, experts: usize, n: usize, k: usize) -> (usize, usize) {
+        let (blk, kb) = (SCALE_BLOCK as usize, k.div_ceil(SCALE_BLOCK as usize));
+        match self.scales {
+            Scales::None => (0, 0),
+            Scales::Row => (a_rows, experts * n),
+            Scales::Block => (a_rows * kb, experts * n.div_ceil(blk) * kb),
+        }
     }
 
     /// C's element type: bf16 for FP8 operands, else the operands'.
@@ -287,11 +337,14 @@ impl GroupedGemm {
         if !(matches!(self.dtype, DType::BF16 | DType::F16) || self.dtype.is_fp8()) {
             return Err(self.problem(format!("operands of `{}`: bf16, f16 or an FP8 type", self.dtype)));
         }
-        if scales.is_some() != self.scaled {
-            return Err(self.problem(match self.scaled {
-                true => "scale_a and scale_b are needed".into(),
-                false => "scales given to a grouped GEMM without them (`scaled`)".into(),
+        if scales.is_some() != (self.scales != Scales::None) {
+            return Err(self.problem(match self.scales {
+                Scales::None => "scales given to a grouped GEMM without them (`scales`)".into(),
+                _ => "scale_a and scale_b are needed".into(),
             }));
+        }
+        if self.scales == Scales::Block && !SCALE_BLOCK.is_multiple_of(self.block_n) {
+            return Err(self.problem(format!("block_n = {} does not divide {SCALE_BLOCK}", self.block_n)));
         }
         let es = self.dtype.size_bytes() as usize;
         let out_es = self.out_type().size_bytes() as usize;
@@ -305,8 +358,9 @@ impl GroupedGemm {
         require_bytes(c, a_rows * n * out_es, "c")?;
         require_bytes(groups, experts * 4, "groups")?;
         if let Some((sa, sb)) = scales {
-            require_bytes(sa, a_rows * 4, "scale_a")?;
-            require_bytes(sb, experts * n * 4, "scale_b")?;
+            let (la, lb) = self.scale_lens(a_rows, experts, n, k);
+            require_bytes(sa, la * 4, "scale_a")?;
+            require_bytes(sb, lb * 4, "scale_b")?;
         }
         // Every element offset is computed in i32.
         require_i32(a_rows * k.max(n), "rows x max(n, k)")?;

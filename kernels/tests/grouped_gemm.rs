@@ -9,7 +9,7 @@ use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_backend_cpu::CpuBackend;
 use trident_core::backend::{Backend, Device, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
 use trident_kernels::DeviceCtx;
 
 /// `v` in `d` (bf16 or f16), rounded to nearest even, little-endian.
@@ -187,7 +187,13 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Masked, BLayout::NK, Some(sm90a));
     let text =
         trident_core::simt::lower(&GroupedGemm { divisible: true, ..fp8 }.build().unwrap(), sm90a).unwrap().to_string();
-    assert!(fp8.scaled && text.contains("k32.f8e4m3fn a") && !text.contains("fp8.convert"));
+    assert!(fp8.scales == Scales::Row && text.contains("k32.f8e4m3fn a") && !text.contains("fp8.convert"));
+    // Block scales: a promotion per K block on `wgmma` (no producer warp then).
+    let block = GroupedGemm { scales: Scales::Block, ..fp8 };
+    let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..block }.build().unwrap(), sm90a)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
 }
 
 #[test]

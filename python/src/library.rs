@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
 /// The artifact of `key` for `target`, built by `build` and compiled through the disk cache on
@@ -124,7 +124,8 @@ pub fn grouped_gemm(
     let target = target_of(dev.arch());
     // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
     let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok());
-    let op = GroupedGemm { scaled: scales.is_some(), ..op }.specialized(&a, &b, n, k);
+    let op = GroupedGemm { scales: if scales.is_some() { Scales::Row } else { Scales::None }, ..op }
+        .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let plan = op.plan((&a, &b, &c, &groups), scales, Groups { experts, n, k, rows }).map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };

@@ -13,7 +13,8 @@ use crate::suite::Case;
 use rand::Rng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout};
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
+use trident_kernels::scaled_gemm::SCALE_BLOCK;
 use trident_kernels::DeviceCtx;
 
 struct GroupedGemmCase;
@@ -28,7 +29,14 @@ fn of(case: &Case) -> GroupedGemm {
     };
     let layout = if v.contains("masked") { Layout::Masked } else { Layout::Contiguous };
     let b = if v.split('-').any(|w| w == "kn") { BLayout::KN } else { BLayout::NK };
-    GroupedGemm { scaled: dtype.is_fp8() || v.ends_with("scaled"), ..GroupedGemm::new(dtype, layout, b) }
+    let scales = if v.ends_with("block") {
+        Scales::Block
+    } else if dtype.is_fp8() || v.ends_with("scaled") {
+        Scales::Row
+    } else {
+        Scales::None
+    };
+    GroupedGemm { scales, ..GroupedGemm::new(dtype, layout, b) }
 }
 
 /// Each expert's rows: what the case's routing gives.
@@ -72,6 +80,8 @@ impl Operation for GroupedGemmCase {
                 "e4m3-contiguous-nk",
                 "e4m3-masked-nk",
                 "e5m2-contiguous-kn",
+                "e4m3-contiguous-nk-block",
+                "e4m3-masked-nk-block",
             ],
             DType::F16 => &["contiguous-nk", "masked-kn"],
             _ => &[],
@@ -81,7 +91,7 @@ impl Operation for GroupedGemmCase {
     fn input_types(&self, case: &Case, _inputs: usize) -> Vec<DType> {
         let op = of(case);
         let mut t = vec![op.dtype, op.dtype, DType::I32];
-        if op.scaled {
+        if op.scales != Scales::None {
             t.extend([DType::F32, DType::F32]);
         }
         t
@@ -124,7 +134,15 @@ impl Operation for GroupedGemmCase {
         let mut scales = |len: usize| -> Vec<f64> {
             round_to(&(0..len).map(|_| rng.gen_range(0.25..4.0) / spread).collect::<Vec<_>>(), DType::F32)
         };
-        let (sa, sb) = if op.scaled { (scales(a_rows), scales(experts * n)) } else { (Vec::new(), Vec::new()) };
+        let (la, lb) = op.scale_lens(a_rows, experts, n, k);
+        let (sa, sb) = (scales(la), scales(lb));
+        let (blk, kb) = (SCALE_BLOCK as usize, k.div_ceil(SCALE_BLOCK as usize));
+        // The scale of product term (row i, column j of expert e, K index kk).
+        let scale_of = |i: usize, e: usize, j: usize, kk: usize| match op.scales {
+            Scales::None => 1.0,
+            Scales::Row => sa[i] * sb[e * n + j],
+            Scales::Block => sa[i * kb + kk / blk] * sb[(e * n.div_ceil(blk) + j / blk) * kb + kk / blk],
+        };
         let b_at = |e: usize, kk: usize, j: usize| match b_layout {
             BLayout::NK => b[(e * n + j) * k + kk],
             BLayout::KN => b[(e * k + kk) * n + j],
@@ -137,14 +155,13 @@ impl Operation for GroupedGemmCase {
             let first = if layout == Layout::Contiguous { start } else { e * s[3] };
             for i in first..first + r {
                 for j in 0..n {
-                    let dot: f64 = (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j)).sum();
-                    expected[i * n + j] = if op.scaled { dot * sa[i] * sb[e * n + j] } else { dot };
+                    expected[i * n + j] = (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j) * scale_of(i, e, j, kk)).sum();
                 }
             }
             start += r;
         }
         let mut inputs = vec![a, b, groups];
-        if op.scaled {
+        if op.scales != Scales::None {
             inputs.extend([sa, sb]);
         }
         WorldData::single(inputs, expected, k)
@@ -170,8 +187,8 @@ impl Operation for GroupedGemmCase {
                 s[3]
             }
         };
-        let op = GroupedGemm { scaled: op.scaled, ..GroupedGemm::for_target(op.dtype, layout, op.b_layout, l.gpu_target()) };
-        let scales = op.scaled.then(|| (&ins[3], &ins[4]));
+        let op = GroupedGemm { scales: op.scales, ..GroupedGemm::for_target(op.dtype, layout, op.b_layout, l.gpu_target()) };
+        let scales = (op.scales != Scales::None).then(|| (&ins[3], &ins[4]));
         op.run(l, (&ins[0], &ins[1], out, &ins[2]), scales, Groups { experts, n, k, rows })
     }
 }
