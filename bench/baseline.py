@@ -161,6 +161,9 @@ def main(cases_path: str, out_path: str) -> None:
         name, dtype, *dims = line.split()
         dims = [int(d) for d in dims]
         dev = "cuda"
+        if name == "grouped_gemm" and len(dims) > 5:
+            print(f"baseline {line}: none (block-scaled grouped FP8: compared with the FP8 peak)", flush=True)
+            continue
         if name == "grouped_gemm":
             try:
                 ms = grouped_mm_ms(*dims, fp8=dtype.startswith("f8"))

@@ -102,7 +102,8 @@ enum Workload {
     /// 0 uniform; 1 skewed: one expert takes half the tokens, a quarter of the experts none),
     /// against `torch._grouped_mm`; of FP8 (e4m3) operands with row-wise scales (bf16 out,
     /// the whole K accumulated in the tensor cores), against `torch._scaled_grouped_mm` with
-    /// `use_fast_accum`.
+    /// `use_fast_accum`; with a sixth dim of 1, FP8 with DeepSeek-V3's block scales (no
+    /// baseline: against the FP8 peak).
     GroupedGemm,
 }
 
@@ -253,6 +254,8 @@ fn cases() -> Vec<Case> {
         c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0]),
         c(GroupedGemm, DType::F8E4M3FN, &[16, 1536, 2048, 1024, 1]),
+        c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0, 1]),
+        c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0, 1]),
     ]
 }
 
@@ -769,11 +772,23 @@ fn grouped_gemm(
     let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
+    let op = if case.dims.get(5) == Some(&1) { GroupedGemm { scales: Scales::Block, ..op } } else { op };
     let scale = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<f64> {
-        (0..len).map(|_| if op.scales == Scales::Row { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
+        (0..len).map(|_| if op.scales != Scales::None { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
     };
-    let (sa, sb) = (scale(t, rng), scale(experts * n, rng));
-    let scales = match op.scales == Scales::Row {
+    let (la, lb) = match op.scales {
+        Scales::None => (t, experts * n),
+        _ => op.scale_lens(t, experts, n, k),
+    };
+    let (sa, sb) = (scale(la, rng), scale(lb, rng));
+    let (kb, nb) = (k.div_ceil(128), n.div_ceil(128));
+    // The scale of product term (row i of expert e, column j, K index p).
+    let scale_of = |i: usize, e: usize, j: usize, p: usize| match op.scales {
+        Scales::None => 1.0,
+        Scales::Row => sa[i] * sb[e * n + j],
+        Scales::Block => sa[i * kb + p / 128] * sb[(e * nb + j / 128) * kb + p / 128],
+    };
+    let scales = match op.scales != Scales::None {
         true => Some((upload(cuda, "scale_a", &sa, DType::F32)?, upload(cuda, "scale_b", &sb, DType::F32)?)),
         false => None,
     };
@@ -792,7 +807,7 @@ fn grouped_gemm(
             let e = expert_of(i);
             let (mut want, mut mag) = (0.0, 0.0);
             for p in 0..k {
-                let x = a[i * k + p] * b[(e * n + j) * k + p] * sa[i] * sb[e * n + j];
+                let x = a[i * k + p] * b[(e * n + j) * k + p] * scale_of(i, e, j, p);
                 want += x;
                 mag += x.abs();
             }
