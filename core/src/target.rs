@@ -197,6 +197,18 @@ impl TargetDesc {
     pub fn has_async_copy(&self, c: AsyncCopy) -> bool {
         self.async_copies.contains(&c)
     }
+
+    /// Whether the lowering has a matrix atom reading its operands from shared-memory
+    /// descriptors (`wgmma`, sm_90a).
+    pub fn has_wgmma(&self) -> bool {
+        self.atoms.iter().any(|a| a.lowered && a.operands == OperandSource::SharedDescriptor)
+    }
+
+    /// Whether the target has TMA copies and `wgmma`: what the descriptor forms of the
+    /// library's GEMMs need to be fast.
+    pub fn has_tma_wgmma(&self) -> bool {
+        self.has_async_copy(AsyncCopy::Tma) && self.has_wgmma()
+    }
 }
 
 /// An unknown target name.

@@ -81,16 +81,13 @@ impl Gemm {
     /// groups keep 3 stages in flight.
     pub fn for_target(dtype: DType, target: Option<&trident_core::target::TargetDesc>) -> Gemm {
         let base = Gemm::new(dtype);
-        let wgmma = |t: &trident_core::target::TargetDesc| {
-            t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
-        };
         match target {
             Some(t) if t.warp_size == 64 => Gemm { warps: 4, stages: 2, ..base },
             // Two warpgroups of m64n256 on `wgmma`, 4 stages; with TMA persistent, a producer
             // warp filling the next tile's stages during this tile's epilogue, and a TMA store:
             // the fastest of the benchmark's sweep on the H200 at 4096^3, 8192x3584x8192 and
             // 8192^3 (`results/h200-issue11/ws-persistent-*`).
-            Some(t) if wgmma(t) && matches!(dtype, DType::BF16 | DType::F16) => {
+            Some(t) if t.has_wgmma() && matches!(dtype, DType::BF16 | DType::F16) => {
                 let tma = t.has_async_copy(trident_core::target::AsyncCopy::Tma);
                 Gemm {
                     block_m: 128,

@@ -128,10 +128,7 @@ impl GroupedGemm {
         target: Option<&trident_core::target::TargetDesc>,
     ) -> GroupedGemm {
         let base = GroupedGemm::new(dtype, layout, b_layout);
-        let fast = target.is_some_and(|t| {
-            t.has_async_copy(trident_core::target::AsyncCopy::Tma)
-                && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
-        });
+        let fast = target.is_some_and(|t| t.has_tma_wgmma());
         match fast {
             true => GroupedGemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
             false => base,

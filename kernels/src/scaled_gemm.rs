@@ -101,10 +101,7 @@ impl ScaledGemm {
         target: Option<&trident_core::target::TargetDesc>,
     ) -> ScaledGemm {
         let base = ScaledGemm::new(dtype, scaling);
-        let fast = target.is_some_and(|t| {
-            t.has_async_copy(trident_core::target::AsyncCopy::Tma)
-                && t.atoms.iter().any(|a| a.lowered && a.operands == trident_core::target::OperandSource::SharedDescriptor)
-        });
+        let fast = target.is_some_and(|t| t.has_tma_wgmma());
         if fast {
             let overlapped = scaling != Scaling::Block;
             ScaledGemm {

@@ -439,8 +439,7 @@ impl Lowering<'_> {
     /// bytes), and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or whole
     /// 128-byte atoms).
     fn wgmma_fits(&self, l: AccLayout, kk: u32, size: u32) -> bool {
-        let has =
-            self.target.atoms.iter().any(|x| x.lowered && x.operands == crate::target::OperandSource::SharedDescriptor);
+        let has = self.target.has_wgmma();
         let rows_fit = |elems: u32| matches!(elems * size, 32 | 64 | 128) || (elems * size).is_multiple_of(128);
         has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
             && self.k.warps.is_multiple_of(4)
