@@ -1021,12 +1021,14 @@ fn compare(a: &str, b: &str) -> ExitCode {
 fn baseline(cmd: Option<&str>, keys: &[String], when: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
     let cmd = cmd?;
     let dir = std::env::temp_dir();
-    let (list, out) = (dir.join("trident bench-cases.txt"), dir.join(format!("trident bench-baseline-{when}.json")));
+    let (list, out) = (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
     let text: String = keys.iter().map(|k| k.clone() + "\n").collect();
     std::fs::write(&list, text).ok()?;
     eprintln!("bench: baseline ({when} trident): {cmd}");
-    let status =
-        std::process::Command::new("sh").arg("-c").arg(format!("{cmd} {} {}", list.display(), out.display())).status();
+    let status = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{cmd} '{}' '{}'", list.display(), out.display()))
+        .status();
     if !status.as_ref().is_ok_and(|s| s.success()) {
         eprintln!("bench: baseline command failed ({status:?}); no baseline {when}");
         return None;
