@@ -750,7 +750,7 @@ fn grouped_gemm(
     reps: usize,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
-    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
+    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
     let d = case.dtype;
     let (experts, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
     let rows = grouped_rows(experts, case.dims[3], case.dims[4]);
@@ -815,9 +815,10 @@ fn grouped_gemm(
         }
         Ok(worst)
     };
-    let p = Groups { experts, n, k, rows: t };
+    let p = Groups::new(experts, n, k, t);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
-    let (ms, error) = time(cuda, reps, || op.run(l, (&ab, &bb, &c, &gb), scales, p), check)?;
+    let ops = Operands { scales, ..Operands::new(&ab, &bb, &c, &gb) };
+    let (ms, error) = time(cuda, reps, || op.run(l, ops, p), check)?;
     if error > case.bound() {
         return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
     }

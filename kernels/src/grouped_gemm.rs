@@ -28,15 +28,85 @@
 //! `[E K, N]`): a tile's box may reach into the next expert's rows, which only make output rows
 //! or columns that the masked store drops (or, for B `[E K, N]` past K, meet A's zeros past K),
 //! so no per-expert tensor map is needed.
+//!
+//! The epilogue ([`Epilogue`]) can fuse what a mixture-of-experts layer does next: SwiGLU of
+//! the fused gate/up projection (B's rows interleaved in blocks of [`SWIGLU_BLOCK`]: gate rows
+//! `0..128`, up rows `0..128`, gate rows `128..256`, ...; C gets half of B's N columns,
+//! `silu(gate) * up`), and each row times its routing weight.
+//!
+//! A's groups may be `chunks x experts` ([`Groups::chunks`], ordered by chunk, then expert;
+//! group `g` multiplies B's expert `g % experts`): the rows an all-gather brings chunk by chunk.
+//! With [`GroupedGemm::wait`] each tile waits for its chunk's signal (`ready[chunk] >= target`,
+//! acquire, system scope) before its first load: the hook AG + grouped GEMM runs on.
 
 use crate::scaled_gemm::SCALE_BLOCK;
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
+use trident_core::ir::{Axis, CmpOp, DType, InputPrecision, LaunchAttrs, MemSemantic, ReduceOp, Scope};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
-/// Two tiles a kernel may have: A's and B's descriptors, or the two scales.
+/// Two tiles a kernel may have: the two scales.
 type TilePair<'b> = Option<(Tile<'b>, Tile<'b>)>;
+
+/// The kernel's arguments a tile reads.
+#[derive(Clone, Copy)]
+struct Kernel<'b> {
+    b: &'b KernelBuilder,
+    bp: Tile<'b>,
+    c: Tile<'b>,
+    scales: TilePair<'b>,
+    weights: Option<Tile<'b>>,
+    a_rows: Tile<'b>,
+    n: Tile<'b>,
+    k: Tile<'b>,
+}
+
+impl<'b> Kernel<'b> {
+    /// A's descriptor over every group's rows (from `a`: A, or A after a wait).
+    fn a_desc(&self, a: Tile<'b>, bm: u32, bk: u32) -> Tile<'b> {
+        let one = self.b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+        self.b.make_desc(a, [self.a_rows, self.k], [self.k, one], [bm, bk])
+    }
+}
+
+/// The gate/up interleave of B's rows for [`Epilogue::swiglu`]: 128 gate rows, then the 128 up
+/// rows of the same output columns. As wide as a DeepSeek-V3 scale block, so the block scales of
+/// the separately quantized gate and up weights stay whole blocks after the interleave; a
+/// 256-row tile of B (the descriptor form's) is one pair.
+pub const SWIGLU_BLOCK: u32 = 128;
+
+/// What the epilogue does to the f32 product, after the scales and before the store.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Epilogue {
+    /// `silu(gate) * up` of B's interleaved gate and up rows ([`SWIGLU_BLOCK`]); C gets N/2
+    /// columns. Needs N a multiple of `2 * SWIGLU_BLOCK`.
+    pub swiglu: bool,
+    /// Each row times `weights[row]` (`[rows]` f32: the token's routing weight for the expert).
+    pub row_weights: bool,
+}
+
+/// The buffers of a grouped GEMM launch.
+#[derive(Clone, Copy)]
+pub struct Operands<'a> {
+    pub a: &'a Buffer,
+    pub b: &'a Buffer,
+    pub c: &'a Buffer,
+    /// `[chunks x experts]` int32: group ends (contiguous) or row counts (masked).
+    pub groups: &'a Buffer,
+    /// `scale_a` and `scale_b` ([`Scales`]).
+    pub scales: Option<(&'a Buffer, &'a Buffer)>,
+    /// `[rows]` f32 ([`Epilogue::row_weights`]).
+    pub weights: Option<&'a Buffer>,
+    /// `[chunks]` u64 signals and the value each tile waits for ([`GroupedGemm::wait`]).
+    pub ready: Option<(&'a Buffer, u64)>,
+}
+
+impl<'a> Operands<'a> {
+    /// A, B, C and the groups, without scales, weights or signals.
+    pub fn new(a: &'a Buffer, b: &'a Buffer, c: &'a Buffer, groups: &'a Buffer) -> Operands<'a> {
+        Operands { a, b, c, groups, scales: None, weights: None, ready: None }
+    }
+}
 
 /// A launch's grid and arguments.
 pub type Launch = ([u32; 3], Vec<KernelArg>);
@@ -74,11 +144,22 @@ pub enum BLayout {
 /// A grouped GEMM problem: experts, the extents of every expert's GEMM, and the rows of A.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Groups {
+    /// B's experts.
     pub experts: usize,
+    /// B's N (with SwiGLU, gate and up rows together: C has N/2 columns).
     pub n: usize,
     pub k: usize,
-    /// Contiguous: A's rows (every expert's together); masked: each expert's capacity.
+    /// Contiguous: A's rows (every group's together); masked: each group's capacity.
     pub rows: usize,
+    /// A's groups are `chunks x experts` (1: one group per expert).
+    pub chunks: usize,
+}
+
+impl Groups {
+    /// One group of A per expert.
+    pub fn new(experts: usize, n: usize, k: usize, rows: usize) -> Groups {
+        Groups { experts, n, k, rows, chunks: 1 }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,6 +180,9 @@ pub struct GroupedGemm {
     /// Set by [`GroupedGemm::specialized`]: A and B 16-byte aligned and their rows whole
     /// 16-byte chunks (what a tensor map needs).
     pub divisible: bool,
+    pub epilogue: Epilogue,
+    /// Each tile waits for its chunk's signal before its first load.
+    pub wait: bool,
 }
 
 impl GroupedGemm {
@@ -115,6 +199,20 @@ impl GroupedGemm {
             stages: 2,
             descriptors: false,
             divisible: false,
+            epilogue: Epilogue::default(),
+            wait: false,
+        }
+    }
+
+    /// This GEMM with `epilogue`; on the descriptor form SwiGLU takes 256-column tiles of B
+    /// (one gate/up pair: 128 output columns), on 64 rows with block scales (whose promotion
+    /// holds a second accumulator).
+    pub fn with_epilogue(self, epilogue: Epilogue) -> GroupedGemm {
+        let op = GroupedGemm { epilogue, ..self };
+        match (epilogue.swiglu && op.descriptors, op.scales) {
+            (true, Scales::Block) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..op },
+            (true, _) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..op },
+            (false, _) => op,
         }
     }
 
@@ -150,7 +248,12 @@ impl GroupedGemm {
             && k > 0;
         match (self.descriptors, fits) {
             (true, true) => GroupedGemm { divisible: true, ..self },
-            (true, false) => GroupedGemm { scales: self.scales, ..GroupedGemm::new(self.dtype, self.layout, self.b_layout) },
+            (true, false) => GroupedGemm {
+                scales: self.scales,
+                epilogue: self.epilogue,
+                wait: self.wait,
+                ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
+            },
             (false, _) => self,
         }
     }
@@ -159,21 +262,40 @@ impl GroupedGemm {
         BackendError::Problem { kernel: "grouped_gemm".into(), message }
     }
 
+    /// The descriptor form: chosen, specialized, and (with SwiGLU) on tiles of one gate/up pair.
+    fn descriptor_form(&self) -> bool {
+        self.descriptors && self.divisible && (!self.epilogue.swiglu || self.block_n == 2 * SWIGLU_BLOCK)
+    }
+
+    /// The output columns of a tile: B's rows of a tile, halved by SwiGLU.
+    fn out_block_n(&self) -> u32 {
+        if self.epilogue.swiglu {
+            self.block_n / 2
+        } else {
+            self.block_n
+        }
+    }
+
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let (bm, bn) = (self.block_m, self.block_n);
+        let bm = self.block_m;
         // One K step per scale block in the block-scaled form.
         let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
-        let desc = self.descriptors && self.divisible;
+        let desc = self.descriptor_form();
+        let Epilogue { swiglu, row_weights } = self.epilogue;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{bn}x{bk}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
+            self.block_n,
             match self.scales {
                 Scales::None => "",
                 Scales::Row => "_row_scaled",
                 Scales::Block => "_block_scaled",
             },
+            if swiglu { "_swiglu" } else { "" },
+            if row_weights { "_weighted" } else { "" },
+            if self.wait { "_waiting" } else { "" },
             if desc { "_desc" } else { "" }
         )
         .to_lowercase();
@@ -183,47 +305,64 @@ impl GroupedGemm {
         let groups = b.arg_ptr("groups", DType::I32);
         let scales =
             (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
+        let weights = row_weights.then(|| b.arg_ptr("weights", DType::F32));
+        let ready = self.wait.then(|| b.arg_ptr("ready", DType::U64));
         let experts = b.arg("experts", DType::I32);
+        let chunks = b.arg("chunks", DType::I32);
         let (n, k) = (b.arg("n", DType::I32), b.arg("k", DType::I32));
         let t_max = b.arg("t_max", DType::I32);
         // A's rows and B's (`E N` or `E K`) in all: the descriptors' extents.
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
-        let descs = desc.then(|| {
+        let target = self.wait.then(|| b.arg("target", DType::U64));
+        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, k };
+        let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
-            let da = b.make_desc(a, [a_rows, k], [k, one], [bm, bk]);
-            let db = match self.b_layout {
-                BLayout::NK => b.make_desc(bp, [b_rows, k], [k, one], [bn, bk]),
-                BLayout::KN => b.make_desc(bp, [b_rows, n], [n, one], [bk, bn]),
-            };
-            (da, db)
+            match self.b_layout {
+                BLayout::NK => b.make_desc(bp, [b_rows, k], [k, one], [self.block_n, bk]),
+                BLayout::KN => b.make_desc(bp, [b_rows, n], [n, one], [bk, self.block_n]),
+            }
         });
+        // Without a wait, A's descriptor is made once; with one, each tile makes it from A
+        // after its wait (the descriptor carries the wait's token).
+        let da = (desc && !self.wait).then(|| k_.a_desc(a, bm, bk));
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
-        let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
+        let n_out = if swiglu { n / 2 } else { n };
+        let tiles_n = (n_out + (self.out_block_n() as i32 - 1)) / self.out_block_n() as i32;
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
-        // Carried over the experts: this program's next tile number, where the expert's rows
-        // start (contiguous), and the number of the expert's first tile.
-        b.for_range(0, experts, 1, &[pid, zero, zero], |e, st| {
+        // Carried over the groups: this program's next tile number, where the group's rows
+        // start (contiguous), and the number of the group's first tile.
+        b.for_range(0, experts * chunks, 1, &[pid, zero, zero], |g, st| {
             let (next, start, tile_base) = (st[0], st[1], st[2]);
-            let g = b.load(groups + e, None, None);
+            let count = b.load(groups + g, None, None);
             let (first, rows) = match self.layout {
-                Layout::Contiguous => (start, g - start),
-                Layout::Masked => (e * t_max, g),
+                Layout::Contiguous => (start, count - start),
+                Layout::Masked => (g * t_max, count),
             };
             let tiles = ((rows + (bm as i32 - 1)) / bm as i32) * tiles_n;
             let end = tile_base + tiles;
+            let (e, chunk) = (g % experts, g / experts);
             let after = b.while_loop(
                 &[next],
                 |s| s[0].lt(end),
                 |s| {
                     let local = s[0] - tile_base;
                     let (tm, tn) = (local / tiles_n, local % tiles_n);
-                    self.tile(&b, (a, bp, c), (descs, scales), e, (first, rows), (tm, tn), (n, k));
+                    let (a_t, da_t) = match (ready, target) {
+                        (Some(ready), Some(target)) => {
+                            let tok =
+                                b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+                            let a_t = a.consume_token(tok);
+                            (a_t, desc.then(|| k_.a_desc(a_t, bm, bk)))
+                        }
+                        _ => (a, da),
+                    };
+                    self.tile(&k_, a_t, da_t.zip(db), e, (first, rows), (tm, tn));
                     vec![s[0] + programs]
                 },
             );
             let start = match self.layout {
-                Layout::Contiguous => g,
+                Layout::Contiguous => count,
                 Layout::Masked => start,
             };
             vec![after[0], start, end]
@@ -231,24 +370,37 @@ impl GroupedGemm {
         b.finish()
     }
 
-    /// Output tile (`tm`, `tn`) of expert `e`, whose rows are `first ..` (`rows` of them).
-    #[allow(clippy::too_many_arguments)]
+    /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e`, A read
+    /// from `a` (or `descs`).
     fn tile<'b>(
         &self,
-        b: &'b KernelBuilder,
-        (a, bp, c): (Tile<'b>, Tile<'b>, Tile<'b>),
-        (descs, scales): (TilePair<'b>, TilePair<'b>),
+        kn: &Kernel<'b>,
+        a: Tile<'b>,
+        descs: TilePair<'b>,
         e: Tile<'b>,
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
-        (n, k): (Tile<'b>, Tile<'b>),
     ) {
+        let Kernel { b, bp, c, scales, weights, n, k, .. } = *kn;
         let (bm, bn) = (self.block_m, self.block_n);
+        let swiglu = self.epilogue.swiglu;
         let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
         let local = tm * bm as i32 + b.arange(0, bm as i64);
-        let rn = tn * bn as i32 + b.arange(0, bn as i64);
-        let (rows_ok, cols) = (local.lt(rows).expand_dims(1), rn.expand_dims(0));
+        let rows_ok = local.lt(rows).expand_dims(1);
         let rm = (first + local).expand_dims(1);
+        // B's rows (N) this tile reads, and whether they are inside B: with SwiGLU, the gate
+        // rows of output columns `j` then their up rows, in B's interleaved order.
+        let h = self.out_block_n();
+        let (n_out, b_cols, b_ok) = if swiglu {
+            let cc = b.arange(0, bn as i64);
+            let j = tn * h as i32 + cc % h as i32;
+            let sw = SWIGLU_BLOCK as i32;
+            let row = (j / sw) * (2 * sw) + (cc / h as i32) * sw + j % sw;
+            (n / 2, row.expand_dims(0), j.lt(n / 2).expand_dims(0))
+        } else {
+            let row = (tn * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
+            (n, row, row.lt(n))
+        };
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
         let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
@@ -257,7 +409,8 @@ impl GroupedGemm {
             let k0 = kb * bk as i32;
             let (ta, tb) = match descs {
                 // Boxes over every expert's rows; what reaches past this expert's is dropped by
-                // the store's mask (or meets A's zeros past K).
+                // the store's mask (or meets A's zeros past K). With SwiGLU the box is one
+                // gate/up pair.
                 Some((da, db)) => (
                     b.desc_load(da, [first + tm * bm as i32, k0]),
                     match self.b_layout {
@@ -268,37 +421,53 @@ impl GroupedGemm {
                 None => {
                     let kk = k0 + b.arange(0, bk as i64);
                     let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
-                    let in_b = kr.lt(k) & cols.lt(n);
+                    let in_b = kr.lt(k) & b_ok;
                     let tb = match self.b_layout {
-                        BLayout::NK => b.load_or(b_e + cols * k + kr, in_b, 0.0),
-                        BLayout::KN => b.load_or(b_e + kr * n + cols, in_b, 0.0),
+                        BLayout::NK => b.load_or(b_e + b_cols * k + kr, in_b, 0.0),
+                        BLayout::KN => b.load_or(b_e + kr * n + b_cols, in_b, 0.0),
                     };
                     (b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0), tb)
                 }
             };
             match (block, scales) {
                 // Each K block's product promoted with its scales: A's per row and block, B's
-                // per expert and 128 x 128 block.
+                // per expert and 128 x 128 block (per column: a SwiGLU tile spans two blocks).
                 (true, Some((sa, sb))) => {
                     let part = b.dot(ta, tb, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
                     let s_a = b.load_or(sa + rm * k_blocks + kb, rows_ok, 0.0);
                     let n_blocks = (n + (SCALE_BLOCK as i32 - 1)) / SCALE_BLOCK as i32;
-                    let col_block = (tn * bn as i32) / SCALE_BLOCK as i32;
-                    let s_b = b.load(sb + (e * n_blocks + col_block) * k_blocks + kb, None, None);
+                    let s_b = if swiglu {
+                        b.load_or(sb + (e * n_blocks + b_cols / SCALE_BLOCK as i32) * k_blocks + kb, b_ok, 0.0)
+                    } else {
+                        let col_block = (tn * bn as i32) / SCALE_BLOCK as i32;
+                        b.load(sb + (e * n_blocks + col_block) * k_blocks + kb, None, None)
+                    };
                     vec![carried[0] + part * (s_a * s_b)]
                 }
                 _ => vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)],
             }
         });
-        let out = match (block, scales) {
+        let mut out = match (block, scales) {
             (false, Some((sa, sb))) => {
                 let s_a = b.load_or(sa + rm, rows_ok, 0.0);
-                let s_b = b.load_or(sb + e * n + cols, cols.lt(n), 0.0);
+                let s_b = b.load_or(sb + e * n + b_cols, b_ok, 0.0);
                 done[0] * s_a * s_b
             }
             _ => done[0],
         };
-        b.store(c + rm * n + cols, out.cast(self.out_type()), Some(rows_ok & cols.lt(n)));
+        if swiglu {
+            // [bm, (gate | up), h]: the halves apart by a select and a sum over the pair.
+            let pair = out.reshape(&[bm, 2, h]);
+            let which = b.arange(0, 2).reshape(&[1, 2, 1]);
+            let gate = which.eq(0).select(pair, 0.0).reduce(ReduceOp::Sum, 1);
+            let up = which.eq(1).select(pair, 0.0).reduce(ReduceOp::Sum, 1);
+            out = gate * gate.sigmoid() * up;
+        }
+        if let Some(w) = weights {
+            out = out * b.load_or(w + rm, rows_ok, 0.0);
+        }
+        let cols = (tn * h as i32 + b.arange(0, h as i64)).expand_dims(0);
+        b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(rows_ok & cols.lt(n_out)));
     }
 
     /// The elements of `scale_a` and `scale_b` for `a_rows` rows of A and `experts` experts of
@@ -323,78 +492,94 @@ impl GroupedGemm {
 
     /// The launch's grid and arguments, checked against the buffers (`None`: nothing to do).
     /// The grid covers the most tiles any routing can make (contiguous: every row in one
-    /// expert's tiles, plus a partial tile per expert; masked: every expert full); the runtime
+    /// group's tiles, plus a partial tile per group; masked: every group full); the runtime
     /// runs as many of them as are resident.
-    pub fn plan(
-        &self,
-        (a, b, c, groups): (&Buffer, &Buffer, &Buffer, &Buffer),
-        scales: Option<(&Buffer, &Buffer)>,
-        p: Groups,
-    ) -> Result<Option<Launch>, BackendError> {
+    pub fn plan(&self, ops: Operands<'_>, p: Groups) -> Result<Option<Launch>, BackendError> {
         if !(matches!(self.dtype, DType::BF16 | DType::F16) || self.dtype.is_fp8()) {
             return Err(self.problem(format!("operands of `{}`: bf16, f16 or an FP8 type", self.dtype)));
         }
-        if scales.is_some() != (self.scales != Scales::None) {
+        if ops.scales.is_some() != (self.scales != Scales::None) {
             return Err(self.problem(match self.scales {
                 Scales::None => "scales given to a grouped GEMM without them (`scales`)".into(),
                 _ => "scale_a and scale_b are needed".into(),
             }));
         }
-        if self.scales == Scales::Block && !SCALE_BLOCK.is_multiple_of(self.block_n) {
+        if ops.weights.is_some() != self.epilogue.row_weights {
+            return Err(self.problem("row weights: given exactly when the epilogue has `row_weights`".into()));
+        }
+        if ops.ready.is_some() != self.wait {
+            return Err(self.problem("ready signals: given exactly when the GEMM waits (`wait`)".into()));
+        }
+        if self.scales == Scales::Block && !SCALE_BLOCK.is_multiple_of(self.out_block_n()) {
             return Err(self.problem(format!("block_n = {} does not divide {SCALE_BLOCK}", self.block_n)));
+        }
+        let Groups { experts, n, k, rows, chunks } = p;
+        let pair = 2 * SWIGLU_BLOCK as usize;
+        if self.epilogue.swiglu && !n.is_multiple_of(pair) {
+            return Err(self.problem(format!(
+                "SwiGLU: N = {n} is not whole gate/up pairs of {SWIGLU_BLOCK} rows each (a multiple of {pair})"
+            )));
+        }
+        if self.epilogue.swiglu && !(self.block_n.is_multiple_of(2) && SWIGLU_BLOCK.is_multiple_of(self.block_n / 2)) {
+            return Err(self.problem(format!("SwiGLU: block_n = {} is not 2 x a divisor of {SWIGLU_BLOCK}", self.block_n)));
         }
         let es = self.dtype.size_bytes() as usize;
         let out_es = self.out_type().size_bytes() as usize;
-        let Groups { experts, n, k, rows } = p;
+        let n_out = if self.epilogue.swiglu { n / 2 } else { n };
+        let groups = experts * chunks;
         let a_rows = match self.layout {
             Layout::Contiguous => rows,
-            Layout::Masked => experts * rows,
+            Layout::Masked => groups * rows,
         };
-        require_bytes(a, a_rows * k * es, "a")?;
-        require_bytes(b, experts * n * k * es, "b")?;
-        require_bytes(c, a_rows * n * out_es, "c")?;
-        require_bytes(groups, experts * 4, "groups")?;
-        if let Some((sa, sb)) = scales {
+        require_bytes(ops.a, a_rows * k * es, "a")?;
+        require_bytes(ops.b, experts * n * k * es, "b")?;
+        require_bytes(ops.c, a_rows * n_out * out_es, "c")?;
+        require_bytes(ops.groups, groups * 4, "groups")?;
+        if let Some((sa, sb)) = ops.scales {
             let (la, lb) = self.scale_lens(a_rows, experts, n, k);
             require_bytes(sa, la * 4, "scale_a")?;
             require_bytes(sb, lb * 4, "scale_b")?;
         }
+        if let Some(w) = ops.weights {
+            require_bytes(w, a_rows * 4, "weights")?;
+        }
+        if let Some((ready, _)) = ops.ready {
+            require_bytes(ready, chunks * 8, "ready")?;
+        }
         // Every element offset is computed in i32.
         require_i32(a_rows * k.max(n), "rows x max(n, k)")?;
         require_i32(experts * n * k, "experts x n x k")?;
-        if experts == 0 || n == 0 || a_rows == 0 {
+        if groups == 0 || n == 0 || a_rows == 0 {
             return Ok(None);
         }
-        let (bm, bn) = (self.block_m as usize, self.block_n as usize);
+        let (bm, bn) = (self.block_m as usize, self.out_block_n() as usize);
         let tiles = match self.layout {
-            Layout::Contiguous => (cdiv(rows, bm) + experts) * cdiv(n, bn),
-            Layout::Masked => experts * cdiv(rows, bm) * cdiv(n, bn),
+            Layout::Contiguous => (cdiv(rows, bm) + groups) * cdiv(n_out, bn),
+            Layout::Masked => groups * cdiv(rows, bm) * cdiv(n_out, bn),
         };
-        let mut args = vec![a.arg(), b.arg(), c.arg(), groups.arg()];
-        if let Some((sa, sb)) = scales {
+        let mut args = vec![ops.a.arg(), ops.b.arg(), ops.c.arg(), ops.groups.arg()];
+        if let Some((sa, sb)) = ops.scales {
             args.extend([sa.arg(), sb.arg()]);
         }
+        args.extend(ops.weights.map(Buffer::arg));
+        args.extend(ops.ready.map(|(r, _)| r.arg()));
         args.extend([
             KernelArg::i32(require_i32(experts, "experts")?),
+            KernelArg::i32(require_i32(chunks, "chunks")?),
             KernelArg::i32(require_i32(n, "n")?),
             KernelArg::i32(require_i32(k, "k")?),
             KernelArg::i32(require_i32(rows, "t_max")?),
             KernelArg::i32(require_i32(a_rows, "a_rows")?),
             KernelArg::i32(require_i32(experts * if self.b_layout == BLayout::NK { n } else { k }, "b_rows")?),
         ]);
+        args.extend(ops.ready.map(|(_, target)| KernelArg::u64(target)));
         Ok(Some(([require_i32(tiles, "tiles")? as u32, 1, 1], args)))
     }
 
     /// [`GroupedGemm::plan`], launched on `l`'s device.
-    pub fn run(
-        &self,
-        l: &DeviceCtx,
-        bufs: (&Buffer, &Buffer, &Buffer, &Buffer),
-        scales: Option<(&Buffer, &Buffer)>,
-        p: Groups,
-    ) -> Result<(), BackendError> {
-        let op = self.specialized(bufs.0, bufs.1, p.n, p.k);
-        let Some((grid, args)) = op.plan(bufs, scales, p)? else { return Ok(()) };
+    pub fn run(&self, l: &DeviceCtx, ops: Operands<'_>, p: Groups) -> Result<(), BackendError> {
+        let op = self.specialized(ops.a, ops.b, p.n, p.k);
+        let Some((grid, args)) = op.plan(ops, p)? else { return Ok(()) };
         let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)
     }

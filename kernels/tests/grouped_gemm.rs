@@ -9,7 +9,7 @@ use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_backend_cpu::CpuBackend;
 use trident_core::backend::{Backend, Device, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::DeviceCtx;
 
 /// `v` in `d` (bf16 or f16), rounded to nearest even, little-endian.
@@ -96,8 +96,8 @@ fn check(
     // NaN in both types.
     let poisoned: Vec<u8> = [0xFFu8].iter().copied().cycle().take(a_rows * n * es).collect();
     let c = upload(dev, "c", &poisoned);
-    let p = Groups { experts, n, k, rows: if op.layout == Layout::Contiguous { total } else { t_max } };
-    op.run(l, (&ab, &bb, &c, &gb), None, p).unwrap();
+    let p = Groups::new(experts, n, k, if op.layout == Layout::Contiguous { total } else { t_max });
+    op.run(l, Operands::new(&ab, &bb, &c, &gb), p).unwrap();
     let mut raw = vec![0u8; a_rows * n * es];
     dev.read(&c, 0, &mut raw).unwrap();
     let got = decode(&raw, d);
@@ -202,14 +202,70 @@ fn a_grouped_gemm_refuses_bad_problems() {
     let dev = CpuBackend.open_device(0).unwrap();
     let l = DeviceCtx::new(&CpuBackend, dev.as_ref(), LaunchOptions::default());
     let buf = dev.alloc(64, "small").unwrap();
-    let p = Groups { experts: 2, n: 8, k: 8, rows: 8 };
+    let p = Groups::new(2, 8, 8, 8);
     let op = GroupedGemm::new(DType::F32, Layout::Contiguous, BLayout::NK);
-    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
+    let e = op.run(&l, Operands::new(&buf, &buf, &buf, &buf), p).unwrap_err();
     assert!(e.to_string().contains("bf16, f16 or an FP8 type"), "{e}");
     let op = GroupedGemm::new(DType::BF16, Layout::Masked, BLayout::NK);
-    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
+    let e = op.run(&l, Operands::new(&buf, &buf, &buf, &buf), p).unwrap_err();
     assert!(e.to_string().contains("has 64 bytes"), "{e}");
     let op = GroupedGemm::new(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK);
-    let e = op.run(&l, (&buf, &buf, &buf, &buf), None, p).unwrap_err();
+    let e = op.run(&l, Operands::new(&buf, &buf, &buf, &buf), p).unwrap_err();
     assert!(e.to_string().contains("scale_a and scale_b are needed"), "{e}");
+}
+
+/// The wait hook: tiles of a chunk whose signal is set run; a chunk whose signal never comes
+/// ends the launch with a diagnostic naming the kernel and the signal, on the interpreter and
+/// on the SIMT lowering; the descriptor form makes A's descriptor after the wait.
+#[test]
+fn a_tile_waits_for_its_chunk() {
+    trident_backend_cpu::link();
+    let simt = SimtBackend;
+    let runs: [(&dyn Backend, Option<&str>); 2] = [(&CpuBackend, None), (&simt, Some("sm_90a"))];
+    for (backend, target) in runs {
+        let dev = backend.open_device(0).unwrap();
+        let mut l = DeviceCtx::new(backend, dev.as_ref(), LaunchOptions::default());
+        l.opts.wait_bound = std::time::Duration::from_millis(200);
+        l.target = target.map(str::to_string);
+        let op = GroupedGemm { wait: true, ..GroupedGemm::new(DType::BF16, Layout::Contiguous, BLayout::NK) };
+        let (experts, n, k) = (2, 16, 16);
+        let zeros = |name: &str, bytes: usize| upload(dev.as_ref(), name, &vec![0u8; bytes]);
+        let (a, b, c) = (zeros("a", 8 * k * 2), zeros("b", experts * n * k * 2), zeros("c", 8 * n * 2));
+        // Chunk 0: experts 0 and 1 have rows 0..2 and 2..4; chunk 1: 4..6 and 6..8.
+        let groups =
+            upload(dev.as_ref(), "groups", &[2i32, 4, 6, 8].iter().flat_map(|g| g.to_le_bytes()).collect::<Vec<u8>>());
+        let ready = upload(dev.as_ref(), "ready", &[5u64, 0].iter().flat_map(|g| g.to_le_bytes()).collect::<Vec<u8>>());
+        let p = Groups { chunks: 2, ..Groups::new(experts, n, k, 8) };
+        let ops = Operands { ready: Some((&ready, 5)), ..Operands::new(&a, &b, &c, &groups) };
+        let e = op.run(&l, ops, p).unwrap_err().to_string();
+        assert!(e.contains("grouped_gemm_bf16") && e.contains("wait") && e.contains("ge 5"), "{target:?}: {e}");
+        // Both chunks ready: it runs.
+        dev.write(&ready, 0, &[5u64, 6].iter().flat_map(|g| g.to_le_bytes()).collect::<Vec<u8>>()).unwrap();
+        op.run(&l, ops, p).unwrap();
+    }
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let op = GroupedGemm {
+        wait: true,
+        divisible: true,
+        ..GroupedGemm::for_target(DType::BF16, Layout::Masked, BLayout::NK, Some(sm90a))
+    };
+    let text = trident_core::simt::lower(&op.build().unwrap(), sm90a).unwrap().to_string();
+    assert!(text.contains("tma.load") && text.contains("wgmma"), "the waiting descriptor form");
+}
+
+/// The SwiGLU epilogue's descriptor form: a tile of B is one gate/up pair (256 rows) on TMA and
+/// `wgmma` (N = 256), bf16 and block-scaled FP8 (values: the conformance cases).
+#[test]
+fn swiglu_runs_on_tma_and_wgmma() {
+    use trident_kernels::grouped_gemm::Epilogue;
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let epilogue = Epilogue { swiglu: true, row_weights: true };
+    for (dtype, scales) in [(DType::BF16, Scales::None), (DType::F8E4M3FN, Scales::Block)] {
+        let op = GroupedGemm { scales, ..GroupedGemm::for_target(dtype, Layout::Contiguous, BLayout::NK, Some(sm90a)) }
+            .with_epilogue(epilogue);
+        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k"), "{dtype} {scales:?}");
+    }
 }

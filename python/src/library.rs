@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
+use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
 /// The artifact of `key` for `target`, built by `build` and compiled through the disk cache on
@@ -127,7 +127,8 @@ pub fn grouped_gemm(
     let op = GroupedGemm { scales: if scales.is_some() { Scales::Row } else { Scales::None }, ..op }
         .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
-    let plan = op.plan((&a, &b, &c, &groups), scales, Groups { experts, n, k, rows }).map_err(errors::backend)?;
+    let ops = Operands { scales, ..Operands::new(&a, &b, &c, &groups) };
+    let plan = op.plan(ops, Groups::new(experts, n, k, rows)).map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)

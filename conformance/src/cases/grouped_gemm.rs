@@ -2,10 +2,14 @@
 //! B_e` with the experts' row counts on the device. Variants: A's layout (`contiguous`, rows
 //! grouped by expert with cumulative ends; `masked`, `[E, t_max, K]` with counts) and B's
 //! (`nk`: `[E, N, K]`; `kn`: `[E, K, N]`); `scaled`: the product times a scale per row and per
-//! expert and column; a leading `e4m3`/`e5m2`: FP8 operands (scaled, C bf16, the case's type).
+//! expert and column; a leading `e4m3`/`e5m2`: FP8 operands (scaled, C bf16, the case's type);
+//! `block`: DeepSeek-V3's block scales; `swiglu`: SwiGLU of B's interleaved gate/up rows
+//! (B's N is then `256 * ceil(n / 128)`, C's half of it); `weights`: each row times its routing
+//! weight; `wait`: A's groups are 2 chunks x the experts, each tile waiting for its chunk's
+//! signal (set before the launch: the hook's plumbing; its timeout is tested with the kernel).
 //! Shapes `[experts, n, k, rows, routing]`: `rows` the
-//! tokens in all (contiguous) or each expert's capacity (masked); routing 0 spreads them at
-//! random with an empty and a one-row expert, 1 gives everything to one expert.
+//! tokens in all (contiguous) or each group's capacity (masked); routing 0 spreads them at
+//! random with an empty and a one-row group, 1 gives everything to one group.
 
 use crate::host::{random, round_to};
 use crate::registry::{Operation, Registered, WorldData};
@@ -13,7 +17,7 @@ use crate::suite::Case;
 use rand::Rng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Scales};
+use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK};
 use trident_kernels::scaled_gemm::SCALE_BLOCK;
 use trident_kernels::DeviceCtx;
 
@@ -29,15 +33,39 @@ fn of(case: &Case) -> GroupedGemm {
     };
     let layout = if v.contains("masked") { Layout::Masked } else { Layout::Contiguous };
     let b = if v.split('-').any(|w| w == "kn") { BLayout::KN } else { BLayout::NK };
-    let scales = if v.ends_with("block") {
+    let has = |w: &str| v.split('-').any(|x| x == w);
+    let scales = if has("block") {
         Scales::Block
-    } else if dtype.is_fp8() || v.ends_with("scaled") {
+    } else if dtype.is_fp8() || has("scaled") {
         Scales::Row
     } else {
         Scales::None
     };
-    GroupedGemm { scales, ..GroupedGemm::new(dtype, layout, b) }
+    let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights") };
+    GroupedGemm { scales, epilogue, wait: has("wait"), ..GroupedGemm::new(dtype, layout, b) }
 }
+
+/// B's N of a case: its shape's, or with SwiGLU whole gate/up pairs covering it.
+fn b_n(op: &GroupedGemm, n: usize) -> usize {
+    let blk = SWIGLU_BLOCK as usize;
+    if op.epilogue.swiglu {
+        2 * blk * n.div_ceil(blk)
+    } else {
+        n
+    }
+}
+
+/// A's groups are `chunks x experts`.
+fn chunks(op: &GroupedGemm) -> usize {
+    if op.wait {
+        2
+    } else {
+        1
+    }
+}
+
+/// The value every chunk's signal holds, and the one the tiles wait for.
+const READY: u64 = 7;
 
 /// Each expert's rows: what the case's routing gives.
 fn routed(layout: Layout, shape: &[usize], rng: &mut rand::rngs::StdRng) -> Vec<usize> {
@@ -82,8 +110,13 @@ impl Operation for GroupedGemmCase {
                 "e5m2-contiguous-kn",
                 "e4m3-contiguous-nk-block",
                 "e4m3-masked-nk-block",
+                "contiguous-nk-swiglu",
+                "masked-kn-weights",
+                "contiguous-nk-wait",
+                "e4m3-contiguous-nk-swiglu-weights",
+                "e4m3-masked-nk-block-swiglu",
             ],
-            DType::F16 => &["contiguous-nk", "masked-kn"],
+            DType::F16 => &["contiguous-nk", "masked-kn", "masked-kn-swiglu-wait"],
             _ => &[],
         }
     }
@@ -93,6 +126,12 @@ impl Operation for GroupedGemmCase {
         let mut t = vec![op.dtype, op.dtype, DType::I32];
         if op.scales != Scales::None {
             t.extend([DType::F32, DType::F32]);
+        }
+        if op.epilogue.row_weights {
+            t.push(DType::F32);
+        }
+        if op.wait {
+            t.push(DType::U64);
         }
         t
     }
@@ -110,10 +149,13 @@ impl Operation for GroupedGemmCase {
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
         let s = &case.shape;
-        let (experts, n, k) = (s[0], s[1], s[2]);
         let op = of(case);
+        let (experts, n, k) = (s[0], b_n(&op, s[1]), s[2]);
+        let groups_n = experts * chunks(&op);
         let (layout, b_layout) = (op.layout, op.b_layout);
-        let rows = routed(layout, s, rng);
+        let mut group_shape = s.clone();
+        group_shape[0] = groups_n;
+        let rows = routed(layout, &group_shape, rng);
         let (a_rows, groups): (usize, Vec<f64>) = match layout {
             Layout::Contiguous => {
                 let ends = rows.iter().scan(0, |t, &r| {
@@ -122,7 +164,7 @@ impl Operation for GroupedGemmCase {
                 });
                 (rows.iter().sum(), ends.collect())
             }
-            Layout::Masked => (experts * s[3], rows.iter().map(|&r| r as f64).collect()),
+            Layout::Masked => (groups_n * s[3], rows.iter().map(|&r| r as f64).collect()),
         };
         // FP8 values over their whole range, with scales near 1/400; else scales near 1.
         let spread = if op.dtype.is_fp8() { 400.0 } else { 1.0 };
@@ -131,13 +173,14 @@ impl Operation for GroupedGemmCase {
             round_to(&v, op.dtype)
         };
         let (a, b) = (values(a_rows * k, rng), values(experts * n * k, rng));
-        let mut scales = |len: usize| -> Vec<f64> {
-            round_to(&(0..len).map(|_| rng.gen_range(0.25..4.0) / spread).collect::<Vec<_>>(), DType::F32)
+        let mut positive = |len: usize, over: f64| -> Vec<f64> {
+            round_to(&(0..len).map(|_| rng.gen_range(0.25..4.0) / over).collect::<Vec<_>>(), DType::F32)
         };
         let (la, lb) = op.scale_lens(a_rows, experts, n, k);
-        let (sa, sb) = (scales(la), scales(lb));
+        let (sa, sb) = (positive(la, spread), positive(lb, spread));
+        let weights = positive(if op.epilogue.row_weights { a_rows } else { 0 }, 4.0);
         let (blk, kb) = (SCALE_BLOCK as usize, k.div_ceil(SCALE_BLOCK as usize));
-        // The scale of product term (row i, column j of expert e, K index kk).
+        // The scale of product term (row i, B's row j of expert e, K index kk).
         let scale_of = |i: usize, e: usize, j: usize, kk: usize| match op.scales {
             Scales::None => 1.0,
             Scales::Row => sa[i] * sb[e * n + j],
@@ -147,15 +190,35 @@ impl Operation for GroupedGemmCase {
             BLayout::NK => b[(e * n + j) * k + kk],
             BLayout::KN => b[(e * k + kk) * n + j],
         };
-        // Rows past a masked expert's count: zeros (`run_device` clears them; the kernel
+        let product = |i: usize, e: usize, j: usize| -> f64 {
+            (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j) * scale_of(i, e, j, kk)).sum()
+        };
+        // Output columns: B's rows, or with SwiGLU silu(gate) * up of each interleaved pair.
+        let sw = SWIGLU_BLOCK as usize;
+        let n_out = if op.epilogue.swiglu { n / 2 } else { n };
+        let output = |i: usize, e: usize, j: usize| -> f64 {
+            let y = if op.epilogue.swiglu {
+                let gate_row = (j / sw) * 2 * sw + j % sw;
+                let (g, u) = (product(i, e, gate_row), product(i, e, gate_row + sw));
+                g / (1.0 + (-g).exp()) * u
+            } else {
+                product(i, e, j)
+            };
+            if op.epilogue.row_weights {
+                y * weights[i]
+            } else {
+                y
+            }
+        };
+        // Rows past a masked group's count: zeros (`run_device` clears them; the kernel
         // leaves them alone).
-        let mut expected = vec![0.0; a_rows * n];
+        let mut expected = vec![0.0; a_rows * n_out];
         let mut start = 0;
-        for (e, &r) in rows.iter().enumerate() {
-            let first = if layout == Layout::Contiguous { start } else { e * s[3] };
+        for (g, &r) in rows.iter().enumerate() {
+            let first = if layout == Layout::Contiguous { start } else { g * s[3] };
             for i in first..first + r {
-                for j in 0..n {
-                    expected[i * n + j] = (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j) * scale_of(i, e, j, kk)).sum();
+                for j in 0..n_out {
+                    expected[i * n_out + j] = output(i, g % experts, j);
                 }
             }
             start += r;
@@ -164,15 +227,23 @@ impl Operation for GroupedGemmCase {
         if op.scales != Scales::None {
             inputs.extend([sa, sb]);
         }
+        if op.epilogue.row_weights {
+            inputs.push(weights);
+        }
+        if op.wait {
+            inputs.push(vec![READY as f64; chunks(&op)]);
+        }
         WorldData::single(inputs, expected, k)
     }
 
     fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let s = &case.shape;
-        let (experts, n, k) = (s[0], s[1], s[2]);
-        let op = of(case);
-        let layout = op.layout;
-        let mut raw = vec![0u8; experts * 4];
+        let case_op = of(case);
+        let (experts, n, k) = (s[0], b_n(&case_op, s[1]), s[2]);
+        let (layout, chunks) = (case_op.layout, chunks(&case_op));
+        let groups_n = experts * chunks;
+        let n_out = if case_op.epilogue.swiglu { n / 2 } else { n };
+        let mut raw = vec![0u8; groups_n * 4];
         l.device.read(&ins[2], 0, &mut raw)?;
         let groups: Vec<usize> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();
         let es = case.dtype.size_bytes() as usize;
@@ -180,16 +251,23 @@ impl Operation for GroupedGemmCase {
             Layout::Contiguous => groups.last().copied().unwrap_or(0),
             Layout::Masked => {
                 // Clear what the kernel must not write (the rest stays poisoned).
-                for (e, &count) in groups.iter().enumerate() {
-                    let (from, to) = ((e * s[3] + count) * n * es, (e + 1) * s[3] * n * es);
+                for (g, &count) in groups.iter().enumerate() {
+                    let (from, to) = ((g * s[3] + count) * n_out * es, (g + 1) * s[3] * n_out * es);
                     l.device.write(out, from, &vec![0u8; to - from])?;
                 }
                 s[3]
             }
         };
-        let op = GroupedGemm { scales: op.scales, ..GroupedGemm::for_target(op.dtype, layout, op.b_layout, l.gpu_target()) };
-        let scales = (op.scales != Scales::None).then(|| (&ins[3], &ins[4]));
-        op.run(l, (&ins[0], &ins[1], out, &ins[2]), scales, Groups { experts, n, k, rows })
+        let op = GroupedGemm::for_target(case_op.dtype, layout, case_op.b_layout, l.gpu_target());
+        let op = GroupedGemm { scales: case_op.scales, wait: case_op.wait, ..op }.with_epilogue(case_op.epilogue);
+        // The inputs after A, B and the groups, in order.
+        let mut rest = ins[3..].iter();
+        let scales = (op.scales != Scales::None).then(|| (rest.next(), rest.next()));
+        let scales = scales.and_then(|(a, b)| a.zip(b));
+        let weights = if op.epilogue.row_weights { rest.next() } else { None };
+        let ready = if op.wait { rest.next().map(|r| (r, READY)) } else { None };
+        let ops = Operands { scales, weights, ready, ..Operands::new(&ins[0], &ins[1], out, &ins[2]) };
+        op.run(l, ops, Groups { chunks, ..Groups::new(experts, n, k, rows) })
     }
 }
 
