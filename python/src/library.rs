@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
+use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
 /// The artifact of `key` for `target`, built by `build` and compiled through the disk cache on
@@ -84,14 +84,16 @@ pub fn scaled_gemm(
 /// `contiguous` (`[rows, k]`, `groups` the int32 ends of the experts' rows) or `masked` (`[e,
 /// rows, k]`, `groups` the counts), `b` `[e, n, k]` (`nk`) or `[e, k, n]` (`kn`), all of
 /// `dtype` (`bf16`, `f16`, or FP8 with `c` bf16); with `scales` (addresses of f32 `[rows]` and
-/// `[e, n]`) the product scaled per row and per expert and column; by address on CUDA device
-/// `device`, enqueued on `stream`.
+/// `[e, n]`) the product scaled per row and per expert and column; `epilogue`: SwiGLU of `b`'s
+/// interleaved gate/up rows (`c` gets `n / 2` columns) and the address of f32 `[rows]` routing
+/// weights; by address on CUDA device `device`, enqueued on `stream`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn grouped_gemm(
     py: Python<'_>,
     pointers: (u64, u64, u64, u64),
     scales: Option<(u64, u64)>,
+    epilogue: (bool, Option<u64>),
     extents: (usize, usize, usize, usize),
     dtype_name: &str,
     layout: &str,
@@ -118,16 +120,21 @@ pub fn grouped_gemm(
     let a_rows = if layout == Layout::Contiguous { rows } else { experts * rows };
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
     let (a, b) = (buf("a", a, a_rows * k * es), buf("b", b, experts * n * k * es));
-    let (c, groups) = (buf("c", c, a_rows * n * out_es), buf("groups", groups, experts * 4));
+    let (swiglu, weights) = epilogue;
+    let n_out = if swiglu { n / 2 } else { n };
+    let (c, groups) = (buf("c", c, a_rows * n_out * out_es), buf("groups", groups, experts * 4));
+    let weights = weights.map(|w| buf("weights", w, a_rows * 4));
     let scales = scales.map(|(sa, sb)| (buf("scale_a", sa, a_rows * 4), buf("scale_b", sb, experts * n * 4)));
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
     // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
     let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok());
+    let epilogue = Epilogue { swiglu, row_weights: weights.is_some() };
     let op = GroupedGemm { scales: if scales.is_some() { Scales::Row } else { Scales::None }, ..op }
+        .with_epilogue(epilogue)
         .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
-    let ops = Operands { scales, ..Operands::new(&a, &b, &c, &groups) };
+    let ops = Operands { scales, weights: weights.as_ref(), ..Operands::new(&a, &b, &c, &groups) };
     let plan = op.plan(ops, Groups::new(experts, n, k, rows)).map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;

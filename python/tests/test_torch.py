@@ -240,6 +240,36 @@ def test_grouped_gemm_against_float64(dtype, b_layout):
         trident.ops.grouped_mm(a, b_given, offs.long(), b_layout)
 
 
+@pytest.mark.parametrize("b_layout", ["nk", "kn"])
+def test_grouped_gemm_swiglu_and_weights_against_float64(b_layout):
+    """SwiGLU of the [gate; up] halves (interleaved by ``interleave_gate_up``) times each row's
+    routing weight, against float64 per expert; an expert with no rows and one with one."""
+    import trident.ops
+
+    rows = [3, 0, 1, 150]
+    e, i_half, k = len(rows), 256, 64
+    a = torch.randn(sum(rows), k, device="cuda").to(torch.bfloat16)
+    w13 = (torch.randn(e, 2 * i_half, k, device="cuda") / 4).to(torch.bfloat16)
+    weights = torch.rand(sum(rows), device="cuda")
+    given = w13 if b_layout == "nk" else w13.transpose(1, 2).contiguous()
+    b = trident.ops.interleave_gate_up(given, b_layout)
+    offs = torch.tensor(rows, device="cuda").cumsum(0).to(torch.int32)
+    c = torch.ops.trident.grouped_mm(a, b, offs, b_layout, swiglu=True, weights=weights)
+    torch.cuda.synchronize()
+    assert c.shape == (sum(rows), i_half)
+    start = 0
+    for x, r in enumerate(rows):
+        if r:
+            h = a[start:start + r].double() @ w13[x].double().T
+            gate, up = h[:, :i_half], h[:, i_half:]
+            want = gate * torch.sigmoid(gate) * up * weights[start:start + r, None].double()
+            err = (c[start:start + r].double() - want).abs().max().item()
+            assert err <= 2e-2 * max(1.0, want.abs().max().item()), (x, err)
+        start += r
+    with pytest.raises(trident.ArgumentError, match="multiple of 256"):
+        trident.ops.grouped_mm(a, b[:, :128] if b_layout == "nk" else b[:, :, :128].contiguous(), offs, b_layout, swiglu=True)
+
+
 @pytest.mark.parametrize("k", [96, 40])  # 96: TMA and FP8 wgmma on the H200; 40: portable
 def test_fp8_grouped_gemm_with_row_scales_against_float64(k):
     import trident.ops

@@ -4,6 +4,7 @@
     c = trident.ops.scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False)
     c = trident.ops.grouped_mm(a, b, offs)                # a [T, K], b [E, N, K], offs int32 [E]
     c = trident.ops.grouped_mm_masked(a, b, counts)       # a [E, T_max, K], counts int32 [E]
+    h = trident.ops.grouped_mm(a, trident.ops.interleave_gate_up(w13), offs, swiglu=True)
 
 ``scaled_mm``: ``(a * scale_a) @ (b * scale_b).T`` in bf16, with `a` ``[M, K]`` and `b`
 ``[N, K]`` FP8 (``torch.float8_e4m3fn`` or ``float8_e5m2``, both row-major, i.e. K-major as FP8
@@ -25,6 +26,13 @@ zeros. FP8 operands take ``scale_a`` (f32 ``[rows of a]``) and ``scale_b`` (f32 
 row-wise as ``torch._scaled_grouped_mm``, and give bf16; bf16/f16 operands may take them too
 (a routing weight per row). On the H200 (aligned tensors, rows of whole 16 bytes) TMA and
 ``wgmma``, FP8 included (whole K accumulated in the tensor cores); else the portable kernel.
+Epilogue options: ``weights`` (f32 ``[rows of a]``) multiplies each row of the result (the
+routing weight of a token for the expert); ``swiglu=True`` fuses SwiGLU of a gate/up projection:
+``b``'s N rows are gate and up rows interleaved in blocks of 128 (``interleave_gate_up`` makes
+that layout once from the usual ``[gate; up]`` halves, vLLM's ``w13``), N a multiple of 256, and
+``c`` has N/2 columns, ``silu(a @ gate.T) * (a @ up.T)`` (computed in f32, after the scales,
+before the weights). With FP8 operands ``scale_b`` follows ``b``'s rows: interleave it too
+(``interleave_gate_up(scale_b[:, :, None])[:, :, 0]``).
 """
 
 import torch
@@ -83,7 +91,22 @@ def scaled_mm(a, b, scale_a, scale_b, scaling="row", use_fast_accum=False):
 _GROUPED = {torch.bfloat16: "bf16", torch.float16: "f16", **_FP8}
 
 
-def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b):
+def interleave_gate_up(w13, b_layout="nk"):
+    """``w13`` (``[E, 2I, K]``, or ``[E, K, 2I]`` with ``b_layout="kn"``: the gate projection's
+    ``I`` rows, then the up projection's) in the layout ``swiglu=True`` reads: blocks of 128 gate
+    rows and the 128 up rows of the same columns, alternating. ``I`` a multiple of 128."""
+    dim = 1 if b_layout == "nk" else 2
+    two_i = w13.shape[dim]
+    if two_i % 256:
+        raise ArgumentError(f"interleave_gate_up: {two_i} rows are not two halves of whole 128-row blocks")
+    w = w13 if b_layout == "nk" else w13.transpose(1, 2)
+    e, _, k = w.shape
+    gate, up = w[:, : two_i // 2], w[:, two_i // 2 :]
+    out = torch.stack((gate.reshape(e, -1, 128, k), up.reshape(e, -1, 128, k)), dim=2).reshape(e, two_i, k)
+    return out.contiguous() if b_layout == "nk" else out.transpose(1, 2).contiguous()
+
+
+def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b, swiglu=False, weights=None):
     if b_layout not in ("nk", "kn"):
         raise ArgumentError(f"grouped_mm: b_layout {b_layout!r}: nk or kn")
     if a.dtype not in _GROUPED or b.dtype != a.dtype:
@@ -111,19 +134,25 @@ def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b):
         if scale_a.numel() != a_rows or scale_b.numel() != experts * n:
             raise ArgumentError(f"grouped_mm: scale_a needs {a_rows} elements (a row each), scale_b {experts} x {n}")
         scales = (scale_a.data_ptr(), scale_b.data_ptr())
-    tensors = (a, b, groups) + ((scale_a, scale_b) if scales else ())
+    if swiglu and n % 256:
+        raise ArgumentError(f"grouped_mm: swiglu=True needs N = {n} a multiple of 256 (interleave_gate_up's layout)")
+    if weights is not None and (weights.dtype != torch.float32 or weights.numel() != a_rows):
+        raise ArgumentError(f"grouped_mm: weights float32 with {a_rows} elements (a row each)")
+    tensors = (a, b, groups) + ((scale_a, scale_b) if scales else ()) + ((weights,) if weights is not None else ())
     if any(not t.is_cuda or t.get_device() != a.get_device() for t in tensors):
         raise ArgumentError("grouped_mm: every tensor on the same CUDA device")
     if any(not t.is_contiguous() for t in tensors):
         raise ArgumentError("grouped_mm: every tensor contiguous")
     out = torch.bfloat16 if fp8 else a.dtype
+    n_out = n // 2 if swiglu else n
     if layout == "contiguous":
-        c = torch.empty((rows, n), dtype=out, device=a.device)
+        c = torch.empty((rows, n_out), dtype=out, device=a.device)
     else:
-        c = torch.zeros((experts, rows, n), dtype=out, device=a.device)
+        c = torch.zeros((experts, rows, n_out), dtype=out, device=a.device)
     _trident.grouped_gemm(
         (a.data_ptr(), b.data_ptr(), c.data_ptr(), groups.data_ptr()),
         scales,
+        (bool(swiglu), weights.data_ptr() if weights is not None else None),
         (experts, n, k, rows),
         _GROUPED[a.dtype],
         layout,
@@ -134,28 +163,28 @@ def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b):
     return c
 
 
-def grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None):
+def grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None, swiglu=False, weights=None):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    return _grouped(a, b, offs, "contiguous", b_layout, scale_a, scale_b)
+    return _grouped(a, b, offs, "contiguous", b_layout, scale_a, scale_b, swiglu, weights)
 
 
-def grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None):
+def grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None, swiglu=False, weights=None):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    return _grouped(a, b, counts, "masked", b_layout, scale_a, scale_b)
+    return _grouped(a, b, counts, "masked", b_layout, scale_a, scale_b, swiglu, weights)
 
 
 def _out_dtype(a):
     return torch.bfloat16 if a.dtype in _FP8 else a.dtype
 
 
-def _fake_grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None):
+def _fake_grouped_mm(a, b, offs, b_layout="nk", scale_a=None, scale_b=None, swiglu=False, weights=None):
     n = b.shape[1] if b_layout == "nk" else b.shape[2]
-    return a.new_empty((a.shape[0], n), dtype=_out_dtype(a))
+    return a.new_empty((a.shape[0], n // 2 if swiglu else n), dtype=_out_dtype(a))
 
 
-def _fake_grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None):
+def _fake_grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None, swiglu=False, weights=None):
     n = b.shape[1] if b_layout == "nk" else b.shape[2]
-    return a.new_empty((a.shape[0], a.shape[1], n), dtype=_out_dtype(a))
+    return a.new_empty((a.shape[0], a.shape[1], n // 2 if swiglu else n), dtype=_out_dtype(a))
 
 
 def _fake_scaled_mm(a, b, scale_a, scale_b, scaling, use_fast_accum=False):
@@ -172,14 +201,14 @@ def _define():
     lib.impl("scaled_mm", scaled_mm, "CUDA")
     torch.library.register_fake("trident::scaled_mm", lib=lib)(_fake_scaled_mm)
     lib.define(
-        "grouped_mm(Tensor a, Tensor b, Tensor offs, str b_layout='nk', Tensor? scale_a=None, Tensor? scale_b=None)"
-        " -> Tensor"
+        "grouped_mm(Tensor a, Tensor b, Tensor offs, str b_layout='nk', Tensor? scale_a=None, Tensor? scale_b=None,"
+        " bool swiglu=False, Tensor? weights=None) -> Tensor"
     )
     lib.impl("grouped_mm", grouped_mm, "CUDA")
     torch.library.register_fake("trident::grouped_mm", lib=lib)(_fake_grouped_mm)
     lib.define(
         "grouped_mm_masked(Tensor a, Tensor b, Tensor counts, str b_layout='nk', Tensor? scale_a=None,"
-        " Tensor? scale_b=None) -> Tensor"
+        " Tensor? scale_b=None, bool swiglu=False, Tensor? weights=None) -> Tensor"
     )
     lib.impl("grouped_mm_masked", grouped_mm_masked, "CUDA")
     torch.library.register_fake("trident::grouped_mm_masked", lib=lib)(_fake_grouped_mm_masked)
