@@ -14,6 +14,7 @@ for s in "$@"; do
   mkdir -p "$TMP/$name"
   OUT="$TMP/$name" bash "$s" > "$TMP/$name/stdout.txt" 2>&1
   { echo "#### $name: rc=$?"; cat "$TMP/$name/summary.txt" 2>/dev/null; } >> "$FINAL/summary.txt"
+  # Packed after each script, so a call cut short keeps what finished.
+  tar czf "$FINAL/outputs.tgz" -C "$TMP" .
 done
-tar czf "$FINAL/outputs.tgz" -C "$TMP" .
 cat "$FINAL/summary.txt"

@@ -4,8 +4,29 @@ use half::{bf16, f16};
 use rand::{Rng, SeedableRng};
 use trident_core::ir::DType;
 
+/// Inputs at least this long are converted on every core (a benchmark's MoE weights are
+/// hundreds of millions of values, converted while the GPU waits).
+const PARALLEL: usize = 1 << 20;
+
+/// `f` over `items` in chunks, one per core when `parallel`, concatenated in order.
+fn chunked<I: Sync, T: Send>(items: &[I], parallel: bool, f: impl Fn(&[I]) -> Vec<T> + Sync) -> Vec<T> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if !parallel || cores == 1 || items.is_empty() {
+        return f(items);
+    }
+    let parts: Vec<Vec<T>> = std::thread::scope(|s| {
+        let handles: Vec<_> = items.chunks(items.len().div_ceil(cores)).map(|c| s.spawn(|| f(c))).collect();
+        handles.into_iter().map(|h| h.join().expect("a conversion thread")).collect()
+    });
+    parts.into_iter().flatten().collect()
+}
+
 /// Encodes values into `d`'s little-endian memory representation (rounding to nearest).
 pub fn encode(values: &[f64], d: DType) -> Vec<u8> {
+    chunked(values, values.len() >= PARALLEL, |v| encode_serial(v, d))
+}
+
+fn encode_serial(values: &[f64], d: DType) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * d.size_bytes() as usize);
     for &v in values {
         match d {
@@ -50,12 +71,26 @@ pub fn decode(bytes: &[u8], d: DType) -> Vec<f64> {
 
 /// Values exactly representable in `d`: what the device sees, so references start from them.
 pub fn round_to(values: &[f64], d: DType) -> Vec<f64> {
-    decode(&encode(values, d), d)
+    chunked(values, values.len() >= PARALLEL, |v| decode(&encode_serial(v, d), d))
 }
 
-/// `n` uniform values in `[-1, 1)`, rounded to `d`.
+/// `n` uniform values in `[-1, 1)`, rounded to `d` (long inputs drawn on every core, from
+/// generators seeded by `rng`).
 pub fn random(n: usize, d: DType, rng: &mut rand::rngs::StdRng) -> Vec<f64> {
-    let v: Vec<f64> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    if n < PARALLEL {
+        let v: Vec<f64> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        return round_to(&v, d);
+    }
+    let seeds: Vec<u64> = (0..n.div_ceil(PARALLEL)).map(|_| rng.gen()).collect();
+    let mut v = chunked(&seeds, true, |part| {
+        part.iter()
+            .flat_map(|&seed| {
+                let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+                (0..PARALLEL).map(move |_| r.gen_range(-1.0..1.0))
+            })
+            .collect()
+    });
+    v.truncate(n);
     round_to(&v, d)
 }
 

@@ -122,18 +122,14 @@ fn round_format(x: f64, p: i32, emin: i32, emax: i32) -> f64 {
     if !x.is_finite() || x == 0.0 {
         return x;
     }
-    let e = x.abs().log2().floor() as i32;
-    // log2 can be off by one next to a power of two: fix e so that 2^e <= |x| < 2^(e+1).
-    let e = if 2f64.powi(e) > x.abs() {
-        e - 1
-    } else if 2f64.powi(e + 1) <= x.abs() {
-        e + 1
-    } else {
-        e
-    };
+    // The binary exponent from the bits, 2^e <= |x| < 2^(e+1) (f64 subnormals, far below every
+    // target format, count as the smallest exponent); powers of two by their bits (large
+    // benchmark inputs round hundreds of millions of values).
+    let e = ((x.to_bits() >> 52) & 0x7FF) as i32 - 1023;
+    let pow2 = |n: i32| f64::from_bits(((n + 1023) as u64) << 52);
     let q = e.max(emin) - (p - 1);
-    let y = (x * 2f64.powi(-q)).round_ties_even() * 2f64.powi(q);
-    let max = (2.0 - 2f64.powi(1 - p)) * 2f64.powi(emax);
+    let y = (x * pow2(-q)).round_ties_even() * pow2(q);
+    let max = (2.0 - pow2(1 - p)) * pow2(emax);
     if y.abs() > max {
         f64::INFINITY.copysign(x)
     } else if y == 0.0 {
