@@ -247,14 +247,14 @@ impl GroupedGemm {
             && (b_row * es).is_multiple_of(16)
             && k > 0;
         match (self.descriptors, fits) {
-            (true, true) => GroupedGemm { divisible: true, ..self },
+            (_, true) => GroupedGemm { divisible: true, ..self },
             (true, false) => GroupedGemm {
                 scales: self.scales,
                 epilogue: self.epilogue,
                 wait: self.wait,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
             },
-            (false, _) => self,
+            (false, false) => self,
         }
     }
 
@@ -301,7 +301,15 @@ impl GroupedGemm {
         .to_lowercase();
         let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
-        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.out_type()));
+        // With `divisible`, the facts that let the portable form's copies be 16-byte vectors
+        // (`cp.async` stages) without alignment tests: A and B 16-byte aligned, their rows
+        // whole 16-byte chunks.
+        let ptr = |name: &str| match self.divisible {
+            true => b.arg_ptr_aligned(name, self.dtype, 16),
+            false => b.arg_ptr(name, self.dtype),
+        };
+        let per_chunk = 16 / self.dtype.size_bytes();
+        let (a, bp, c) = (ptr("a"), ptr("b"), b.arg_ptr("c", self.out_type()));
         let groups = b.arg_ptr("groups", DType::I32);
         let scales =
             (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
@@ -309,7 +317,11 @@ impl GroupedGemm {
         let ready = self.wait.then(|| b.arg_ptr("ready", DType::U64));
         let experts = b.arg("experts", DType::I32);
         let chunks = b.arg("chunks", DType::I32);
-        let (n, k) = (b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let whole = |name: &str, row: bool| match self.divisible && row {
+            true => b.arg_multiple_of(name, DType::I32, per_chunk),
+            false => b.arg(name, DType::I32),
+        };
+        let (n, k) = (whole("n", self.b_layout == BLayout::KN), whole("k", true));
         let t_max = b.arg("t_max", DType::I32);
         // A's rows and B's (`E N` or `E K`) in all: the descriptors' extents.
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));

@@ -269,3 +269,17 @@ fn swiglu_runs_on_tma_and_wgmma() {
         assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k"), "{dtype} {scales:?}");
     }
 }
+
+/// The portable form specialized for aligned operands (`divisible`: rows of whole 16-byte
+/// chunks) is software-pipelined on `cp.async` stages where B is `[E, K, N]` (sm_80); B
+/// `[E, N, K]` is read K-major, which only the TMA form stages.
+#[test]
+fn the_divisible_portable_form_is_pipelined() {
+    let sm80 = trident_core::target::lookup("sm_80").unwrap();
+    let copies = |b_layout| {
+        let op = GroupedGemm { divisible: true, ..GroupedGemm::new(DType::BF16, Layout::Contiguous, b_layout) };
+        trident_core::simt::lower(&op.build().unwrap(), sm80).unwrap().to_string().matches("async.copy").count()
+    };
+    assert!(copies(BLayout::KN) > 0);
+    assert_eq!(copies(BLayout::NK), 0);
+}
