@@ -158,10 +158,12 @@ impl Case {
             }
             // FP8 operands, bf16 output (the scales are a rounding error).
             // Every expert's GEMM: T = experts x tokens rows in all; B once per expert.
+            // With SwiGLU (6th dimension 2) half the columns are written.
             Workload::GroupedGemm => {
                 let t = d[0] * d[3];
                 let out = if self.dtype.is_fp8() { 2.0 } else { s };
-                (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2]) * s + t * d[1] * out)
+                let cols = if d.get(5) == Some(&2.0) { d[1] / 2.0 } else { d[1] };
+                (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2]) * s + t * cols * out)
             }
             Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
         }
@@ -256,6 +258,12 @@ fn cases() -> Vec<Case> {
         c(GroupedGemm, DType::F8E4M3FN, &[16, 1536, 2048, 1024, 1]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0, 1]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0, 1]),
+        // The gate/up GEMMs with SwiGLU fused (6th dimension 2; B's gate and up rows
+        // interleaved), against `torch._grouped_mm` then `silu(gate) * up`.
+        c(GroupedGemm, DType::BF16, &[32, 4096, 7168, 32, 0, 2]),
+        c(GroupedGemm, DType::BF16, &[32, 4096, 7168, 1024, 0, 2]),
+        c(GroupedGemm, DType::BF16, &[16, 1536, 2048, 1024, 0, 2]),
+        c(GroupedGemm, DType::BF16, &[8, 3584, 4096, 1024, 0, 2]),
     ]
 }
 
@@ -750,7 +758,9 @@ fn grouped_gemm(
     reps: usize,
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
-    use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
+    use trident_kernels::grouped_gemm::{
+        BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK,
+    };
     let d = case.dtype;
     let (experts, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
     let rows = grouped_rows(experts, case.dims[3], case.dims[4]);
@@ -772,7 +782,13 @@ fn grouped_gemm(
     let (ab, bb) = (upload(cuda, "a", &a, d)?, upload(cuda, "b", &b, d)?);
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
-    let op = if case.dims.get(5) == Some(&1) { GroupedGemm { scales: Scales::Block, ..op } } else { op };
+    let op = match case.dims.get(5) {
+        Some(1) => GroupedGemm { scales: Scales::Block, ..op },
+        Some(2) => op.with_epilogue(Epilogue { swiglu: true, row_weights: false }),
+        _ => op,
+    };
+    let swiglu = op.epilogue.swiglu;
+    let n_out = if swiglu { n / 2 } else { n };
     let scale = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<f64> {
         (0..len).map(|_| if op.scales != Scales::None { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
     };
@@ -793,24 +809,35 @@ fn grouped_gemm(
         false => None,
     };
     let out = op.out_type();
-    let c = cuda.alloc(t * n * out.size_bytes() as usize, "c")?;
+    let c = cuda.alloc(t * n_out * out.size_bytes() as usize, "c")?;
     cuda.fill(&c, &poison(out))?;
     let expert_of = |i: usize| ends.iter().position(|&e| i < e as usize).expect("a row of some expert");
     let check = || -> Result<f64, BackendError> {
         let mut worst = 0.0f64;
         let mut pick = rand::thread_rng();
         for _ in 0..256 {
-            let (i, j) = (pick.gen_range(0..t), pick.gen_range(0..n));
+            let (i, j) = (pick.gen_range(0..t), pick.gen_range(0..n_out));
             let mut raw = vec![0u8; out.size_bytes() as usize];
-            cuda.read(&c, (i * n + j) * raw.len(), &mut raw)?;
+            cuda.read(&c, (i * n_out + j) * raw.len(), &mut raw)?;
             let got = decode(&raw, out)[0];
             let e = expert_of(i);
-            let (mut want, mut mag) = (0.0, 0.0);
-            for p in 0..k {
-                let x = a[i * k + p] * b[(e * n + j) * k + p] * scale_of(i, e, j, p);
-                want += x;
-                mag += x.abs();
-            }
+            // Row `j` of B's expert: the sum and the sum of magnitudes of its products.
+            let product = |j: usize| {
+                (0..k).fold((0.0, 0.0), |(s, m), p| {
+                    let x = a[i * k + p] * b[(e * n + j) * k + p] * scale_of(i, e, j, p);
+                    (s + x, m + f64::abs(x))
+                })
+            };
+            // With SwiGLU: silu(gate) * up of the interleaved pair (|silu(g)| <= |g|, so the
+            // product of the magnitudes bounds both factors' errors).
+            let (want, mag) = match swiglu {
+                true => {
+                    let gate_row = (j / SWIGLU_BLOCK as usize) * 2 * SWIGLU_BLOCK as usize + j % SWIGLU_BLOCK as usize;
+                    let ((g, mg), (u, mu)) = (product(gate_row), product(gate_row + SWIGLU_BLOCK as usize));
+                    (g / (1.0 + (-g).exp()) * u, 1.1 * mg * mu)
+                }
+                false => product(j),
+            };
             worst = worst.max((got - want).abs() / mag.max(1e-30));
         }
         Ok(worst)
