@@ -180,6 +180,18 @@ def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
     return do_bench(run, return_mode="median")
 
 
+def timed(results: dict, line: str, run) -> None:
+    """Records `run()`'s time for the case `line`, or prints why there is none (a torch or
+    cuBLAS without the operation, or a failed check, leaves the column empty)."""
+    try:
+        ms = run()
+    except Exception as e:
+        print(f"baseline {line}: failed: {e}", flush=True)
+        return
+    results[line] = ms
+    print(f"baseline {line}: {ms:.3f} ms", flush=True)
+
+
 def main(cases_path: str, out_path: str) -> None:
     results = {}
     for line in open(cases_path):
@@ -189,35 +201,17 @@ def main(cases_path: str, out_path: str) -> None:
         name, dtype, *dims = line.split()
         dims = [int(d) for d in dims]
         dev = "cuda"
-        if name == "grouped_gemm" and len(dims) > 5 and dims[5] == 2:
-            try:
-                ms = grouped_mm_swiglu_ms(*dims[:5])
-            except Exception as e:  # a torch without _grouped_mm leaves the column empty
-                print(f"baseline {line}: failed: {e}", flush=True)
-                continue
-            results[line] = ms
-            print(f"baseline {line}: {ms:.3f} ms", flush=True)
-            continue
-        if name == "grouped_gemm" and len(dims) > 5:
+        if name == "grouped_gemm" and len(dims) > 5 and dims[5] == 1:
             print(f"baseline {line}: none (block-scaled grouped FP8: compared with the FP8 peak)", flush=True)
             continue
         if name == "grouped_gemm":
-            try:
-                ms = grouped_mm_ms(*dims, fp8=dtype.startswith("f8"))
-            except Exception as e:  # a torch without _grouped_mm leaves the column empty
-                print(f"baseline {line}: failed: {e}", flush=True)
-                continue
-            results[line] = ms
-            print(f"baseline {line}: {ms:.3f} ms", flush=True)
+            if len(dims) > 5:
+                timed(results, line, lambda: grouped_mm_swiglu_ms(*dims[:5]))
+            else:
+                timed(results, line, lambda: grouped_mm_ms(*dims, fp8=dtype.startswith("f8")))
             continue
         if name.startswith("scaled_gemm_"):
-            try:
-                ms = scaled_mm_ms(name[len("scaled_gemm_"):], *dims)
-            except Exception as e:  # a scaling this torch or cuBLAS lacks leaves the column empty
-                print(f"baseline {line}: failed: {e}", flush=True)
-                continue
-            results[line] = ms
-            print(f"baseline {line}: {ms:.3f} ms", flush=True)
+            timed(results, line, lambda: scaled_mm_ms(name[len("scaled_gemm_"):], *dims))
             continue
         dt = DTYPES[dtype]
         if name == "vector_add":
