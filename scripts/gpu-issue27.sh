@@ -4,7 +4,7 @@
 # sets, select), with the PTX of sm_90a (hardware `cvt ... e4m3x2`) and of sm_80 (integer
 # conversions), and the whole op matrix once more so that nothing else moved; the scaled FP8
 # GEMM's conformance cases (the portable form, FP8 on the f16 atoms, and the descriptor form:
-# TMA and `wgmma ... .e4m3`); the SASS of the descriptor form (HGMMA on E4M3); then the
+# TMA and `wgmma ... .e4m3`); the SASS of the descriptor form (QGMMA on E4M3); then the
 # benchmark of the scaled GEMMs against `torch._scaled_mm` in the same run. Writes
 # $OUT/summary.txt, logs and bench.json.
 set -uo pipefail
@@ -24,18 +24,18 @@ step ops-all-sm_90a 300 $B/trident ops --backend nvidia --json "$O/logs/ops-all.
 # The scaled FP8 GEMM's conformance cases on the GPU (portable and descriptor forms).
 step conformance-scaled-gemm 120 $B/trident test --backend nvidia --kernel scaled_gemm --json "$O/logs/scaled-gemm.json"
 fi
-# The descriptor form's SASS: the tensor cores' FP8 instruction, and how many conversion instructions
+# The descriptor form's SASS: the tensor cores' FP8 instruction (QGMMA ... E4M3; HGMMA is the 16-bit one), and how many conversion instructions
 # there are (the epilogue's f32 -> bf16 included).
 sass() {
   for k in scaled_gemm_desc scaled_gemm_block_desc; do
     $B/trident emit --kernel $k --target sm_90a > "$O/logs/$k.ptx" &&
       /usr/local/cuda/bin/ptxas -arch=sm_90a "$O/logs/$k.ptx" -o "$O/logs/$k.cubin" &&
       /usr/local/cuda/bin/cuobjdump -sass "$O/logs/$k.cubin" > "$O/logs/$k.sass" &&
-      echo "$k: HGMMA: $(grep -c HGMMA "$O/logs/$k.sass"), E4M3 HGMMA: $(grep HGMMA "$O/logs/$k.sass" | grep -c E4M3), F2FP/I2F conversions: $(grep -cE 'F2FP|I2F|HADD2.F32' "$O/logs/$k.sass")"
+      echo "$k: GMMA: $(grep -cE '[HQ]GMMA' "$O/logs/$k.sass"), E4M3 QGMMA: $(grep QGMMA "$O/logs/$k.sass" | grep -c E4M3), F2FP/I2F conversions: $(grep -cE 'F2FP|I2F|HADD2.F32' "$O/logs/$k.sass")"
   done
 }
 # (`timeout` runs programs, not shell functions: the function goes to a shell of its own.)
-KEEP='HGMMA|rror' step sass 60 bash -c "$(declare -f sass); B='$B' O='$O' sass"
+KEEP='GMMA|rror' step sass 60 bash -c "$(declare -f sass); B='$B' O='$O' sass"
 # The benchmark (a few minutes; BENCH=0 leaves it out).
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 if [ "${BENCH:-1}" = 1 ]; then

@@ -711,6 +711,7 @@ fn scaled_gemm(
         cuda.fill(&c, &poison(DType::BF16))?;
         let (ms, error) = match time(cuda, reps, || v.run(l, &ab, &bb, &c, &sab, &sbb, (m, n, k)), check) {
             Err(BackendError::Compile { message, .. }) => {
+                eprintln!("bench: {} config {name}: refused: {message}", case.key());
                 refused.push(format!("{name}: {message}"));
                 continue;
             }
@@ -1213,8 +1214,25 @@ pub fn main(args: Args) -> ExitCode {
     let keys: Vec<String> = selected.iter().map(Case::key).collect();
     let run_baseline = |when: &str| baseline(args.baseline_cmd.as_deref(), &keys, when);
     let before = run_baseline("before").unwrap_or_else(|| read(&args.baseline));
-    let measured: Vec<(Case, Result<Measured, BackendError>)> =
-        selected.iter().map(|c| (c.clone(), run_case(&drv, c, args.reps, &args.configs))).collect();
+    // Each case's figure as soon as it is measured (a run cut short keeps what it printed).
+    let measured: Vec<(Case, Result<Measured, BackendError>)> = selected
+        .iter()
+        .map(|c| {
+            let r = run_case(&drv, c, args.reps, &args.configs);
+            let base = before.get(&c.key()).and_then(|v| v.as_f64());
+            match &r {
+                Ok(m) => eprintln!(
+                    "bench: {}: {:.3} ms ({}), baseline before {}",
+                    c.key(),
+                    m.ms.median,
+                    m.config,
+                    base.map_or("-".into(), |b| format!("{b:.3} ms = {:.3}x", b / m.ms.median))
+                ),
+                Err(e) => eprintln!("bench: {}: {e}", c.key()),
+            }
+            (c.clone(), r)
+        })
+        .collect();
     let after = run_baseline("after").unwrap_or_else(|| read(&args.baseline_after));
     // A baseline timed before and after trident: the faster of the two is the one compared.
     let base_of = |key: &str| -> (Option<f64>, Option<f64>, Option<f64>) {

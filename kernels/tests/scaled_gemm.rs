@@ -183,3 +183,17 @@ fn a_scaled_gemm_refuses_bad_problems() {
     let e = op.run(&l, &buf, &buf, &buf, &buf, &buf, (1, 1, 1)).unwrap_err();
     assert!(e.to_string().contains("does not divide 128"), "{e}");
 }
+
+/// The row-scaled epilogue multiplies the accumulator where `wgmma` left it, reading each
+/// element's row and column scales, rather than converting the f32 tile through shared memory
+/// to the scales' layout: the 128 x 256 tile with three 48 KB stages fits sm_90a's shared
+/// memory (it needed 272 KB with the conversion and was refused).
+#[test]
+fn the_row_scaled_epilogue_stays_in_the_accumulator_layout() {
+    use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let op = ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a));
+    let wide = ScaledGemm { block_n: 256, stages: 3, divisible: true, ..op };
+    let k = trident_core::simt::lower(&wide.build().unwrap(), sm90a).unwrap();
+    assert!(k.shared_bytes <= 3 * (128 + 256) * 128 + 4096, "{} bytes of shared memory", k.shared_bytes);
+}

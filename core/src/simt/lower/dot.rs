@@ -95,8 +95,10 @@ impl Lowering<'_> {
     }
 
     /// The accumulator layout an elementwise op can be computed in without moving data: some
-    /// tile operand is held in it and every other one is a scalar, held in it too, or
-    /// rematerializable at its coordinates.
+    /// tile operand is held in it and every other one is a scalar, held in it too,
+    /// rematerializable at its coordinates, or read again there ([`Lowering::reloadable`]:
+    /// an epilogue's row and column scales, read per accumulator element rather than the
+    /// accumulator converted through shared memory to their layout).
     pub(super) fn mma_elementwise(&mut self, op: Op) -> Option<AccLayout> {
         let data = &self.func.ops[op];
         if !matches!(
@@ -107,9 +109,64 @@ impl Lowering<'_> {
         }
         let operands: Vec<Value> = data.kind.operands().into_iter().map(|(_, v)| v).collect();
         let l = operands.iter().find_map(|v| self.mma_held.get(v).map(|(l, _)| *l))?;
-        let fits =
-            operands.iter().all(|v| self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.rematerializable(*v));
+        let fits = operands.iter().all(|v| {
+            self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.rematerializable(*v) || self.reloadable(*v, op)
+        });
         fits.then_some(l)
+    }
+
+    /// `v` can be read again from memory at op `at`'s coordinates: index math over loads with
+    /// rematerializable pointers and masks (moved by broadcasts and reshapes), each load in
+    /// `at`'s block with nothing between it and `at` that writes memory or synchronizes, so
+    /// the second read sees what the first did.
+    fn reloadable(&mut self, v: Value, at: Op) -> bool {
+        if self.rematerializable(v) {
+            return true;
+        }
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return false };
+        match self.func.ops[op].kind.clone() {
+            OpKind::Load { ptr, mask, other } => {
+                let parts_ok = self.rematerializable(ptr)
+                    && mask.is_none_or(|m| self.rematerializable(m))
+                    && other.is_none_or(|o| self.rematerializable(o));
+                parts_ok && self.nothing_writes_between(op, at)
+            }
+            OpKind::Broadcast(x) | OpKind::Reshape(x) | OpKind::Transpose { x, .. } => self.reloadable(x, at),
+            k if is_index_math(&k) => k.operands().into_iter().all(|(_, x)| self.reloadable(x, at)),
+            _ => false,
+        }
+    }
+
+    /// `from` and `to` are in one block, `from` first, and no op between them writes memory,
+    /// synchronizes or holds a region (which might).
+    fn nothing_writes_between(&self, from: Op, to: Op) -> bool {
+        let Some(ops) = self.func.blocks.iter().map(|(_, b)| &b.ops).find(|ops| ops.contains(&to)) else {
+            return false;
+        };
+        let (Some(i), Some(j)) = (ops.iter().position(|&o| o == from), ops.iter().position(|&o| o == to)) else {
+            return false;
+        };
+        i < j
+            && ops[i + 1..j].iter().all(|&o| {
+                let k = &self.func.ops[o].kind;
+                effect_free(k)
+                    || matches!(
+                        k,
+                        OpKind::Load { .. }
+                            | OpKind::DescLoad { .. }
+                            | OpKind::Dot { .. }
+                            | OpKind::Reduce { .. }
+                            | OpKind::Unary { .. }
+                            | OpKind::Binary { .. }
+                            | OpKind::Cmp { .. }
+                            | OpKind::Select { .. }
+                            | OpKind::Cast(_)
+                            | OpKind::Broadcast(_)
+                            | OpKind::Reshape(_)
+                            | OpKind::Transpose { .. }
+                            | OpKind::Arange { .. }
+                    )
+            })
     }
 
     /// Computes an elementwise op slot by slot in the accumulator layout `l`.
@@ -125,7 +182,7 @@ impl Lowering<'_> {
                 .iter()
                 .map(|v| match self.mma_held.get(v) {
                     Some((_, regs)) => regs[slot as usize],
-                    None => self.eval(*v, &c),
+                    None => self.eval_loaded(*v, &c),
                 })
                 .collect();
             let dst = self.elementwise(&kind, result, &srcs);
