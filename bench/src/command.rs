@@ -692,13 +692,14 @@ fn scaled_gemm(
             variants.push(ScaledGemm { block_n: 256, stages: 3, ..op });
         }
         variants.push(ScaledGemm { block_m: 64, warps: 4, ..plain });
+        variants.push(ScaledGemm { tma_store: false, ..op });
     }
     let mut best: Option<(Stats, f64, String)> = None;
     let mut refused = Vec::new();
     for v in variants {
-        let g = v.specialized(&ab, &bb, k);
+        let g = v.specialized(&ab, &bb, &c, n, k);
         let name = format!(
-            "{}x{}x{}/{}w/{}s{}{}{}",
+            "{}x{}x{}/{}w/{}s{}{}{}{}",
             g.block_m,
             g.block_n,
             g.block_k,
@@ -707,6 +708,7 @@ fn scaled_gemm(
             if g.divisible { "/tma-wgmma" } else { "/portable" },
             if g.divisible && g.warp_specialize { "-ws" } else { "" },
             if g.divisible && g.persistent { "-persistent" } else { "" },
+            if g.divisible && g.tma_store { "-store" } else { "" },
         );
         cuda.fill(&c, &poison(DType::BF16))?;
         let (ms, error) = match time(cuda, reps, || v.run(l, &ab, &bb, &c, &sab, &sbb, (m, n, k)), check) {

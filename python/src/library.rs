@@ -70,10 +70,11 @@ pub fn scaled_gemm(
     // The descriptor form (TMA and FP8 `wgmma`) on sm_90a where the operands allow it.
     let op = ScaledGemm::for_target(dtype, scaling, trident_core::target::lookup(&target).ok());
     // Each 128 of K added in f32 unless the caller asks for the tensor cores' accumulation.
-    let op = ScaledGemm { promote: !fast_accum, ..op }.specialized(&a, &b, k);
+    let c = buf("c", c, m * n * 2);
+    let op = ScaledGemm { promote: !fast_accum, ..op }.specialized(&a, &b, &c, n, k);
     let (la, lb) = op.scale_lens(m, n, k);
     let plan = op
-        .plan(&a, &b, &buf("c", c, m * n * 2), &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)
+        .plan(&a, &b, &c, &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)
         .map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
