@@ -131,11 +131,7 @@ impl ScaledGemm {
     /// its own meta-parameters.
     pub fn specialized(self, a: &Buffer, b: &Buffer, c: &Buffer, n: usize, k: usize) -> ScaledGemm {
         let aligned = a.address.is_multiple_of(16) && b.address.is_multiple_of(16);
-        // Not after a promotion without scales (`promote`): the TMA store read the accumulator
-        // before the last promotion on cpu-simt (wrong values; not yet understood), while the
-        // block-scaled promotion and the plain forms store correctly.
-        let promoted = self.promote && self.scaling != Scaling::Block;
-        let store = self.tma_store && !promoted && c.address.is_multiple_of(16) && n.is_multiple_of(8);
+        let store = self.tma_store && c.address.is_multiple_of(16) && n.is_multiple_of(8);
         match self.descriptors && aligned && k.is_multiple_of(16) && k > 0 {
             true => ScaledGemm { divisible: true, tma_store: store, ..self },
             false if self.descriptors => ScaledGemm::new(self.dtype, self.scaling),
@@ -217,7 +213,14 @@ impl ScaledGemm {
         // One K step per scale block in the block-scaled form.
         let bk = if self.scaling == Scaling::Block { SCALE_BLOCK } else { self.block_k };
         let (bm, bn) = (self.block_m, self.block_n);
-        let form = match (self.promote && self.scaling != Scaling::Block, self.warp_specialize, self.persistent) {
+        // A K loop with a promotion (promoted or block-scaled) runs one program per tile without
+        // a producer warp: the lowering keeps a promotion on `wgmma` in a plain K loop only. The
+        // promoted forms took `for_target`'s persistent loop before, whose stage ring then shared
+        // its bytes with the TMA store's staging tile across tiles (wrong values on cpu-simt).
+        let promoted = self.promote && self.scaling != Scaling::Block;
+        let plain_loop = self.promote || self.scaling == Scaling::Block;
+        let (warp_specialize, persistent) = (self.warp_specialize && !plain_loop, self.persistent && !plain_loop);
+        let form = match (promoted, warp_specialize, persistent) {
             (true, _, _) => "_promoted",
             (_, true, true) => "_ws_persistent",
             (_, true, false) => "_ws",
@@ -230,8 +233,8 @@ impl ScaledGemm {
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
-            warp_specialize: self.warp_specialize,
-            persistent: self.persistent,
+            warp_specialize,
+            persistent,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&name, attrs);
@@ -293,7 +296,7 @@ impl ScaledGemm {
             }
         };
         let pid = b.program_id_x();
-        if self.persistent {
+        if persistent {
             b.for_range(pid, tiles, b.num_programs(trident_core::ir::Axis::X), &[], |t, _| {
                 one_tile(t);
                 Vec::new()
