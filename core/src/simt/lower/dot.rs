@@ -149,22 +149,16 @@ impl Lowering<'_> {
         i < j
             && ops[i + 1..j].iter().all(|&o| {
                 let k = &self.func.ops[o].kind;
+                // Pure ops (the elementary functions and `pow` among them), and reads.
                 effect_free(k)
                     || matches!(
                         k,
-                        OpKind::Load { .. }
+                        OpKind::Unary { .. }
+                            | OpKind::Binary { .. }
+                            | OpKind::Load { .. }
                             | OpKind::DescLoad { .. }
                             | OpKind::Dot { .. }
                             | OpKind::Reduce { .. }
-                            | OpKind::Unary { .. }
-                            | OpKind::Binary { .. }
-                            | OpKind::Cmp { .. }
-                            | OpKind::Select { .. }
-                            | OpKind::Cast(_)
-                            | OpKind::Broadcast(_)
-                            | OpKind::Reshape(_)
-                            | OpKind::Transpose { .. }
-                            | OpKind::Arange { .. }
                     )
             })
     }
