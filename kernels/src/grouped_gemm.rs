@@ -183,6 +183,10 @@ pub struct GroupedGemm {
     pub epilogue: Epilogue,
     /// Each tile waits for its chunk's signal before its first load.
     pub wait: bool,
+    /// FP8 with row scales: each K step's product made in a fresh accumulator and added in f32
+    /// (`torch._scaled_grouped_mm` without `use_fast_accum`), rather than the whole K
+    /// accumulated in the tensor cores, whose FP8 accumulation keeps about 14 bits.
+    pub promote: bool,
 }
 
 impl GroupedGemm {
@@ -201,6 +205,7 @@ impl GroupedGemm {
             divisible: false,
             epilogue: Epilogue::default(),
             wait: false,
+            promote: false,
         }
     }
 
@@ -252,6 +257,7 @@ impl GroupedGemm {
                 scales: self.scales,
                 epilogue: self.epilogue,
                 wait: self.wait,
+                promote: self.promote,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
             },
             (false, false) => self,
@@ -283,7 +289,7 @@ impl GroupedGemm {
         let desc = self.descriptor_form();
         let Epilogue { swiglu, row_weights } = self.epilogue;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
@@ -296,6 +302,7 @@ impl GroupedGemm {
             if swiglu { "_swiglu" } else { "" },
             if row_weights { "_weighted" } else { "" },
             if self.wait { "_waiting" } else { "" },
+            if self.promote && self.scales != Scales::Block { "_promoted" } else { "" },
             if desc { "_desc" } else { "" }
         )
         .to_lowercase();
@@ -455,6 +462,10 @@ impl GroupedGemm {
                         b.load(sb + (e * n_blocks + col_block) * k_blocks + kb, None, None)
                     };
                     vec![carried[0] + part * (s_a * s_b)]
+                }
+                // Each K step's product added in f32 (a promotion without scales).
+                _ if self.promote => {
+                    vec![carried[0] + b.dot(ta, tb, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee)]
                 }
                 _ => vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)],
             }

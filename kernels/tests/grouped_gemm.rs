@@ -194,6 +194,10 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
         .unwrap()
         .to_string();
     assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
+    // Row scales with each K step added in f32: a promotion without scales, on `wgmma` too.
+    let promoted = GroupedGemm { promote: true, divisible: true, ..fp8 };
+    let text = trident_core::simt::lower(&promoted.build().unwrap(), sm90a).unwrap().to_string();
+    assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! expert and column; a leading `e4m3`/`e5m2`: FP8 operands (scaled, C bf16, the case's type);
 //! `block`: DeepSeek-V3's block scales; `swiglu`: SwiGLU of B's interleaved gate/up rows
 //! (B's N is then `256 * ceil(n / 128)`, C's half of it); `weights`: each row times its routing
-//! weight; `wait`: A's groups are 2 chunks x the experts, each tile waiting for its chunk's
+//! weight; `promoted`: each K step's FP8 product added in f32; `wait`: A's groups are 2 chunks x the experts, each tile waiting for its chunk's
 //! signal (set before the launch: the hook's plumbing; its timeout is tested with the kernel).
 //! Shapes `[experts, n, k, rows, routing]`: `rows` the
 //! tokens in all (contiguous) or each group's capacity (masked); routing 0 spreads them at
@@ -42,7 +42,7 @@ fn of(case: &Case) -> GroupedGemm {
         Scales::None
     };
     let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights") };
-    GroupedGemm { scales, epilogue, wait: has("wait"), ..GroupedGemm::new(dtype, layout, b) }
+    GroupedGemm { scales, epilogue, wait: has("wait"), promote: has("promoted"), ..GroupedGemm::new(dtype, layout, b) }
 }
 
 /// B's N of a case: its shape's, or with SwiGLU whole gate/up pairs covering it.
@@ -115,6 +115,7 @@ impl Operation for GroupedGemmCase {
                 "contiguous-nk-wait",
                 "e4m3-contiguous-nk-swiglu-weights",
                 "e4m3-masked-nk-block-swiglu",
+                "e4m3-contiguous-nk-promoted",
             ],
             DType::F16 => &["contiguous-nk", "masked-kn", "masked-kn-swiglu-wait"],
             _ => &[],
@@ -259,7 +260,8 @@ impl Operation for GroupedGemmCase {
             }
         };
         let op = GroupedGemm::for_target(case_op.dtype, layout, case_op.b_layout, l.gpu_target());
-        let op = GroupedGemm { scales: case_op.scales, wait: case_op.wait, ..op }.with_epilogue(case_op.epilogue);
+        let op = GroupedGemm { scales: case_op.scales, wait: case_op.wait, promote: case_op.promote, ..op }
+            .with_epilogue(case_op.epilogue);
         // The inputs after A, B and the groups, in order.
         let mut rest = ins[3..].iter();
         let scales = (op.scales != Scales::None).then(|| (rest.next(), rest.next()));
