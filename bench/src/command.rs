@@ -698,6 +698,7 @@ fn scaled_gemm(
     let mut refused = Vec::new();
     for v in variants {
         let g = v.specialized(&ab, &bb, &c, n, k);
+        let (producer, persistent) = g.overlapped();
         let name = format!(
             "{}x{}x{}/{}w/{}s{}{}{}{}",
             g.block_m,
@@ -706,8 +707,8 @@ fn scaled_gemm(
             g.warps,
             g.stages,
             if g.divisible { "/tma-wgmma" } else { "/portable" },
-            if g.divisible && g.warp_specialize { "-ws" } else { "" },
-            if g.divisible && g.persistent { "-persistent" } else { "" },
+            if g.divisible && producer { "-ws" } else { "" },
+            if g.divisible && persistent { "-persistent" } else { "" },
             if g.divisible && g.tma_store { "-store" } else { "" },
         );
         cuda.fill(&c, &poison(DType::BF16))?;
@@ -762,7 +763,7 @@ fn grouped_gemm(
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
     use trident_kernels::grouped_gemm::{
-        BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK,
+        swiglu_gate_row, BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK,
     };
     let d = case.dtype;
     let (experts, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
@@ -790,8 +791,7 @@ fn grouped_gemm(
         Some(2) => op.with_epilogue(Epilogue { swiglu: true, row_weights: false }),
         _ => op,
     };
-    let swiglu = op.epilogue.swiglu;
-    let n_out = if swiglu { n / 2 } else { n };
+    let (swiglu, n_out) = (op.epilogue.swiglu, op.out_cols(n));
     let scale = |len: usize, rng: &mut rand::rngs::StdRng| -> Vec<f64> {
         (0..len).map(|_| if op.scales != Scales::None { rng.gen_range(0.25..4.0) / spread } else { 1.0 }).collect()
     };
@@ -835,7 +835,7 @@ fn grouped_gemm(
             // product of the magnitudes bounds both factors' errors).
             let (want, mag) = match swiglu {
                 true => {
-                    let gate_row = (j / SWIGLU_BLOCK as usize) * 2 * SWIGLU_BLOCK as usize + j % SWIGLU_BLOCK as usize;
+                    let gate_row = swiglu_gate_row(j);
                     let ((g, mg), (u, mu)) = (product(gate_row), product(gate_row + SWIGLU_BLOCK as usize));
                     (g / (1.0 + (-g).exp()) * u, 1.1 * mg * mu)
                 }

@@ -58,6 +58,8 @@ struct Kernel<'b> {
     weights: Option<Tile<'b>>,
     a_rows: Tile<'b>,
     n: Tile<'b>,
+    /// C's columns (N, or N/2 with SwiGLU).
+    n_out: Tile<'b>,
     k: Tile<'b>,
 }
 
@@ -74,6 +76,13 @@ impl<'b> Kernel<'b> {
 /// the separately quantized gate and up weights stay whole blocks after the interleave; a
 /// 256-row tile of B (the descriptor form's) is one pair.
 pub const SWIGLU_BLOCK: u32 = 128;
+
+/// B's row (within its expert) holding the gate projection of SwiGLU output column `j`; the up
+/// projection's is [`SWIGLU_BLOCK`] rows further (the interleave of [`Epilogue::swiglu`]).
+pub fn swiglu_gate_row(j: usize) -> usize {
+    let sw = SWIGLU_BLOCK as usize;
+    (j / sw) * 2 * sw + j % sw
+}
 
 /// What the epilogue does to the f32 product, after the scales and before the store.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -273,6 +282,24 @@ impl GroupedGemm {
         self.descriptors && self.divisible && (!self.epilogue.swiglu || self.block_n == 2 * SWIGLU_BLOCK)
     }
 
+    /// C's columns for B's N: halved by SwiGLU.
+    pub fn out_cols(&self, n: usize) -> usize {
+        if self.epilogue.swiglu {
+            n / 2
+        } else {
+            n
+        }
+    }
+
+    /// The K step: one scale block in the block-scaled form.
+    fn k_step(&self) -> u32 {
+        if self.scales == Scales::Block {
+            SCALE_BLOCK
+        } else {
+            self.block_k
+        }
+    }
+
     /// The output columns of a tile: B's rows of a tile, halved by SwiGLU.
     fn out_block_n(&self) -> u32 {
         if self.epilogue.swiglu {
@@ -283,9 +310,7 @@ impl GroupedGemm {
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
-        let bm = self.block_m;
-        // One K step per scale block in the block-scaled form.
-        let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
+        let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
         let Epilogue { swiglu, row_weights } = self.epilogue;
         let name = format!(
@@ -333,7 +358,8 @@ impl GroupedGemm {
         // A's rows and B's (`E N` or `E K`) in all: the descriptors' extents.
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
         let target = self.wait.then(|| b.arg("target", DType::U64));
-        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, k };
+        let n_out = if swiglu { n / 2 } else { n };
+        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, n_out, k };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
             match self.b_layout {
@@ -346,7 +372,6 @@ impl GroupedGemm {
         let da = (desc && !self.wait).then(|| k_.a_desc(a, bm, bk));
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
-        let n_out = if swiglu { n / 2 } else { n };
         let tiles_n = (n_out + (self.out_block_n() as i32 - 1)) / self.out_block_n() as i32;
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         // Carried over the groups: this program's next tile number, where the group's rows
@@ -400,25 +425,24 @@ impl GroupedGemm {
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
     ) {
-        let Kernel { b, bp, c, scales, weights, n, k, .. } = *kn;
-        let (bm, bn) = (self.block_m, self.block_n);
+        let Kernel { b, bp, c, scales, weights, n, n_out, k, .. } = *kn;
+        let (bm, bn, bk) = (self.block_m, self.block_n, self.k_step());
         let swiglu = self.epilogue.swiglu;
-        let bk = if self.scales == Scales::Block { SCALE_BLOCK } else { self.block_k };
         let local = tm * bm as i32 + b.arange(0, bm as i64);
         let rows_ok = local.lt(rows).expand_dims(1);
         let rm = (first + local).expand_dims(1);
         // B's rows (N) this tile reads, and whether they are inside B: with SwiGLU, the gate
         // rows of output columns `j` then their up rows, in B's interleaved order.
         let h = self.out_block_n();
-        let (n_out, b_cols, b_ok) = if swiglu {
+        let (b_cols, b_ok) = if swiglu {
             let cc = b.arange(0, bn as i64);
             let j = tn * h as i32 + cc % h as i32;
             let sw = SWIGLU_BLOCK as i32;
             let row = (j / sw) * (2 * sw) + (cc / h as i32) * sw + j % sw;
-            (n / 2, row.expand_dims(0), j.lt(n / 2).expand_dims(0))
+            (row.expand_dims(0), j.lt(n_out).expand_dims(0))
         } else {
             let row = (tn * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-            (n, row, row.lt(n))
+            (row, row.lt(n))
         };
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
@@ -548,7 +572,7 @@ impl GroupedGemm {
         }
         let es = self.dtype.size_bytes() as usize;
         let out_es = self.out_type().size_bytes() as usize;
-        let n_out = if self.epilogue.swiglu { n / 2 } else { n };
+        let n_out = self.out_cols(n);
         let groups = experts * chunks;
         let a_rows = match self.layout {
             Layout::Contiguous => rows,

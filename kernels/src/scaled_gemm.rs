@@ -139,6 +139,17 @@ impl ScaledGemm {
         }
     }
 
+    /// Whether the descriptor form runs with a producer warp and persistent, as built: a K loop
+    /// with a promotion (promoted or block-scaled) runs one program per tile without a producer
+    /// warp, whatever the fields say (the lowering keeps a promotion on `wgmma` in a plain K
+    /// loop only). The promoted forms took `for_target`'s persistent loop before, whose stage
+    /// ring then shared its bytes with the TMA store's staging tile across tiles (wrong values
+    /// on cpu-simt).
+    pub fn overlapped(&self) -> (bool, bool) {
+        let plain_loop = self.promote || self.scaling == Scaling::Block;
+        (self.warp_specialize && !plain_loop, self.persistent && !plain_loop)
+    }
+
     fn uses_descriptors(&self) -> bool {
         self.descriptors && self.divisible
     }
@@ -213,13 +224,8 @@ impl ScaledGemm {
         // One K step per scale block in the block-scaled form.
         let bk = if self.scaling == Scaling::Block { SCALE_BLOCK } else { self.block_k };
         let (bm, bn) = (self.block_m, self.block_n);
-        // A K loop with a promotion (promoted or block-scaled) runs one program per tile without
-        // a producer warp: the lowering keeps a promotion on `wgmma` in a plain K loop only. The
-        // promoted forms took `for_target`'s persistent loop before, whose stage ring then shared
-        // its bytes with the TMA store's staging tile across tiles (wrong values on cpu-simt).
         let promoted = self.promote && self.scaling != Scaling::Block;
-        let plain_loop = self.promote || self.scaling == Scaling::Block;
-        let (warp_specialize, persistent) = (self.warp_specialize && !plain_loop, self.persistent && !plain_loop);
+        let (warp_specialize, persistent) = self.overlapped();
         let form = match (promoted, warp_specialize, persistent) {
             (true, _, _) => "_promoted",
             (_, true, true) => "_ws_persistent",

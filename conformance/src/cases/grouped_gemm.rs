@@ -17,7 +17,9 @@ use crate::suite::Case;
 use rand::Rng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK};
+use trident_kernels::grouped_gemm::{
+    swiglu_gate_row, BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales, SWIGLU_BLOCK,
+};
 use trident_kernels::scaled_gemm::SCALE_BLOCK;
 use trident_kernels::DeviceCtx;
 
@@ -195,12 +197,11 @@ impl Operation for GroupedGemmCase {
             (0..k).map(|kk| a[i * k + kk] * b_at(e, kk, j) * scale_of(i, e, j, kk)).sum()
         };
         // Output columns: B's rows, or with SwiGLU silu(gate) * up of each interleaved pair.
-        let sw = SWIGLU_BLOCK as usize;
-        let n_out = if op.epilogue.swiglu { n / 2 } else { n };
+        let n_out = op.out_cols(n);
         let output = |i: usize, e: usize, j: usize| -> f64 {
             let y = if op.epilogue.swiglu {
-                let gate_row = (j / sw) * 2 * sw + j % sw;
-                let (g, u) = (product(i, e, gate_row), product(i, e, gate_row + sw));
+                let gate_row = swiglu_gate_row(j);
+                let (g, u) = (product(i, e, gate_row), product(i, e, gate_row + SWIGLU_BLOCK as usize));
                 g / (1.0 + (-g).exp()) * u
             } else {
                 product(i, e, j)
@@ -243,7 +244,7 @@ impl Operation for GroupedGemmCase {
         let (experts, n, k) = (s[0], b_n(&case_op, s[1]), s[2]);
         let (layout, chunks) = (case_op.layout, chunks(&case_op));
         let groups_n = experts * chunks;
-        let n_out = if case_op.epilogue.swiglu { n / 2 } else { n };
+        let n_out = case_op.out_cols(n);
         let mut raw = vec![0u8; groups_n * 4];
         l.device.read(&ins[2], 0, &mut raw)?;
         let groups: Vec<usize> = raw.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as usize).collect();

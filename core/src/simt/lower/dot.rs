@@ -109,16 +109,15 @@ impl Lowering<'_> {
         }
         let operands: Vec<Value> = data.kind.operands().into_iter().map(|(_, v)| v).collect();
         let l = operands.iter().find_map(|v| self.mma_held.get(v).map(|(l, _)| *l))?;
-        let fits = operands.iter().all(|v| {
-            self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.rematerializable(*v) || self.reloadable(*v, op)
-        });
+        let fits =
+            operands.iter().all(|v| self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.reloadable(*v, op));
         fits.then_some(l)
     }
 
-    /// `v` can be read again from memory at op `at`'s coordinates: index math over loads with
-    /// rematerializable pointers and masks (moved by broadcasts and reshapes), each load in
-    /// `at`'s block with nothing between it and `at` that writes memory or synchronizes, so
-    /// the second read sees what the first did.
+    /// `v` is rematerializable, or can be read again from memory at op `at`'s coordinates:
+    /// index math over loads with rematerializable pointers and masks (moved by broadcasts and
+    /// reshapes), each load in `at`'s block with nothing between it and `at` that writes
+    /// memory or synchronizes, so the second read sees what the first did.
     fn reloadable(&mut self, v: Value, at: Op) -> bool {
         if self.rematerializable(v) {
             return true;
