@@ -9,6 +9,7 @@ pub mod event;
 pub mod nvshmem;
 pub mod nvshmem_shim;
 pub mod nvshmem_world;
+pub mod prepared;
 pub mod ptx;
 pub mod ptx_cache;
 pub mod runtime;

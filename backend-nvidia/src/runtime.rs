@@ -361,6 +361,16 @@ impl CudaDevice {
         &self.name
     }
 
+    /// The device's primary context (torch's too).
+    pub fn context(&self) -> sys::CUcontext {
+        self.ctx
+    }
+
+    /// The hidden parameters of a launch of one rank alone on this device.
+    pub fn single_rank_hidden(&self, opts: &LaunchOptions) -> Result<HiddenArgs, BackendError> {
+        self.hidden.args(self, opts.wait_bound)
+    }
+
     pub fn current(&self) -> Result<(), BackendError> {
         // SAFETY: `self.ctx` is the retained primary context of this device.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))
@@ -571,7 +581,7 @@ pub(crate) fn launch_raw(
 }
 
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
-pub(crate) fn scalar_slot(lit: Literal, d: DType) -> u64 {
+pub fn scalar_slot(lit: Literal, d: DType) -> u64 {
     match d {
         DType::F32 => (lit.as_f64() as f32).to_bits() as u64,
         DType::F64 => lit.as_f64().to_bits(),

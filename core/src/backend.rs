@@ -155,7 +155,7 @@ impl Artifact {
 
     /// The backend-private compiled form, if this artifact is one of `device`'s kind (`T`).
     pub fn payload_for<T: Any>(&self, device: &'static str) -> Result<&T, BackendError> {
-        self.payload.downcast_ref::<T>().ok_or(BackendError::WrongBackend {
+        self.payload.downcast_ref::<T>().ok_or_else(|| BackendError::WrongBackend {
             kernel: self.kernel.clone(),
             compiled_by: self.backend,
             device,

@@ -71,7 +71,7 @@ pub fn compile(py: Python<'_>, text: &str, backend: &str, target: Option<&str>, 
             _ => (desc.create)().compile(&func, Some(target)).map(|a| (a, false)),
         })
         .map_err(errors::backend)?;
-    let k = Py::new(py, Kernel { func, art, backend: desc.name, from_disk })?;
+    let k = Py::new(py, Kernel { func, art, backend: desc.name, from_disk, prepared: OnceLock::new() })?;
     COMPILED.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner()).insert(key, k.clone_ref(py));
     Ok(k)
 }
@@ -84,6 +84,9 @@ pub struct Kernel {
     backend: &'static str,
     /// Read from the disk cache rather than compiled by this process.
     from_disk: bool,
+    /// On nvidia: the CUDA device index of the first launch and the kernel prepared for
+    /// launches there (`None`: it needs the general path), made at that launch.
+    pub(crate) prepared: OnceLock<(i64, Option<trident_backend_nvidia::prepared::PreparedLaunch>)>,
 }
 
 /// A pointer argument as the Python layer hands it over.

@@ -2,11 +2,14 @@
 //! object exporting DLPack), enqueued on torch's current stream of the tensors' device, in
 //! torch's primary context, without a copy and without waiting.
 //!
-//! What a launch costs is what this file does: per tensor, its type compared with
-//! `torch.Tensor`, its dtype compared by identity with torch's dtype objects, `get_device()`
-//! (-1 on the host), `is_contiguous()` and `data_ptr()`; then torch's raw current stream and
-//! one `cuLaunchKernel`. Everything else (the kernel's signature, the torch objects) is looked up
-//! once.
+//! What a launch costs is what this file does: `kernel[grid]` a dict lookup in the base class
+//! [`Launchers`]; per tensor, its type compared with `torch.Tensor`, its dtype compared by
+//! identity with torch's dtype objects, `get_device()` (-1 on the host), `is_contiguous()` and
+//! `data_ptr()`; then torch's raw current stream and the kernel's [`PreparedLaunch`]: the
+//! declared alignments checked and one `cuLaunchKernel`. Everything else (the kernel's
+//! signature, the torch objects, the loaded function and the hidden parameters) is looked up
+//! once. Kernels a plain `cuLaunchKernel` does not serve (persistent, cooperative, with tensor
+//! maps) take the general path, `CudaDevice::enqueue_on`.
 //!
 //! Waits: a kernel's bounded waits still time out on the device; what they record is reported
 //! by `trident.synchronize()` (or after every launch with `TRIDENT_SYNC_LAUNCH=1`, which also
@@ -18,9 +21,10 @@ use crate::kernel::Kernel;
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyTuple, PyType};
+use pyo3::types::{PyDict, PyTuple, PyType};
 use std::sync::{Arc, OnceLock};
-use trident_backend_nvidia::runtime::CudaDevice;
+use trident_backend_nvidia::prepared::PreparedLaunch;
+use trident_backend_nvidia::runtime::{scalar_slot, CudaDevice};
 use trident_core::backend::{KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Elem};
 
@@ -221,7 +225,13 @@ impl Kernel {
 
     /// Launches on the caller's current stream and returns at once (see the file's comment).
     pub(crate) fn launch_gpu(&self, py: Python<'_>, grid: [u32; 3], args: &Bound<'_, PyTuple>) -> PyResult<()> {
-        let (dev, stream, kargs) = self.prepare(py, args)?;
+        let (index, stream, kargs) = self.prepare(py, args)?;
+        if !sync_launches() {
+            if let Some(p) = self.prepared_at(index)? {
+                return p.launch(stream, grid, &slots(&kargs)).map_err(errors::backend);
+            }
+        }
+        let dev = gpu(index)?;
         let opts = launch_options();
         dev.enqueue_on(stream, &self.art, grid, &kargs, opts).map_err(errors::backend)?;
         if sync_launches() {
@@ -230,8 +240,22 @@ impl Kernel {
         Ok(())
     }
 
-    /// The device, torch's current stream and the kernel arguments of a launch with `args`.
-    fn prepare(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<(Arc<CudaDevice>, u64, Vec<KernelArg>)> {
+    /// The kernel prepared for plain launches on CUDA device `index`
+    /// (`trident_backend_nvidia::prepared`), made at the first launch; `None` where it needs
+    /// the general path, or launches on another device than the first.
+    fn prepared_at(&self, index: i64) -> PyResult<Option<&PreparedLaunch>> {
+        if let Some((i, p)) = self.prepared.get() {
+            return Ok(p.as_ref().filter(|_| *i == index));
+        }
+        let dev = gpu(index)?;
+        let p = PreparedLaunch::new(&dev, &self.art, launch_options()).map_err(errors::backend)?;
+        let (i, p) = self.prepared.get_or_init(|| (index, p));
+        Ok(p.as_ref().filter(|_| *i == index))
+    }
+
+    /// The CUDA device index, torch's current stream and the kernel arguments of a launch
+    /// with `args`.
+    fn prepare(&self, py: Python<'_>, args: &Bound<'_, PyTuple>) -> PyResult<(i64, u64, Vec<KernelArg>)> {
         let params = &self.func.params;
         self.check_arity(args.len())?;
         let t = torch(py);
@@ -272,13 +296,22 @@ impl Kernel {
                 .extract()?,
             (None, None) => 0,
         };
-        let dev = gpu(index)?;
         let stream: u64 = match t {
             Some(t) => t.raw_stream.bind(py).call1((index,))?.extract()?,
             None => 0,
         };
-        Ok((dev, stream, kargs))
+        Ok((index, stream, kargs))
     }
+}
+
+/// The 8-byte parameter slots of `args`, as `cuLaunchKernel` reads them.
+fn slots(args: &[KernelArg]) -> Vec<u64> {
+    args.iter()
+        .map(|a| match *a {
+            KernelArg::Ptr(p) => p,
+            KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
+        })
+        .collect()
 }
 
 /// The options of launches from Python, read once (the wait bound comes from the environment).
@@ -291,6 +324,46 @@ pub(crate) fn launch_options() -> &'static LaunchOptions {
 pub(crate) fn gpu(index: i64) -> PyResult<Arc<CudaDevice>> {
     let i = usize::try_from(index).map_err(|_| errors::argument(format!("CUDA device {index}")))?;
     trident_backend_nvidia::world::device_at(i).map_err(errors::backend)
+}
+
+/// The base class of the Python `Kernel`: `kernel[grid]` is a lookup in a dict of launchers by
+/// grid, done here rather than by a Python `__getitem__` (which cost about 0.8 us of a launch
+/// of a few microseconds). A grid not seen yet goes to the subclass's `_launcher(grid)`, which
+/// makes the launcher and may keep it in `_launchers`.
+#[pyclass(frozen, subclass, module = "trident._trident")]
+pub struct Launchers {
+    cache: Py<PyDict>,
+}
+
+#[pymethods]
+impl Launchers {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(py: Python<'_>, _args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Launchers { cache: PyDict::new(py).unbind() }
+    }
+
+    fn __getitem__<'py>(slf: &Bound<'py, Self>, grid: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        if let Some(l) = slf.get().cache.bind(slf.py()).get_item(grid)? {
+            return Ok(l);
+        }
+        slf.call_method1(intern!(slf.py(), "_launcher"), (grid,))
+    }
+
+    /// The launchers by grid (the CPU backends' launchers refer to the kernel: the collector
+    /// sees the cycle through `__traverse__`).
+    #[getter]
+    fn _launchers(&self, py: Python<'_>) -> Py<PyDict> {
+        self.cache.clone_ref(py)
+    }
+
+    fn __traverse__(&self, visit: pyo3::PyVisit<'_>) -> Result<(), pyo3::PyTraverseError> {
+        visit.call(&self.cache)
+    }
+
+    fn __clear__(&self, py: Python<'_>) {
+        self.cache.bind(py).clear();
+    }
 }
 
 /// `kernel[grid]`: calling it launches.
@@ -312,9 +385,20 @@ impl Launcher {
     #[pyo3(signature = (n, *args))]
     fn _repeat(&self, py: Python<'_>, n: usize, args: &Bound<'_, PyTuple>) -> PyResult<()> {
         let k = self.kernel.get();
-        let (dev, stream, kargs) = k.prepare(py, args)?;
-        for _ in 0..n {
-            dev.enqueue_on(stream, &k.art, self.grid, &kargs, launch_options()).map_err(errors::backend)?;
+        let (index, stream, kargs) = k.prepare(py, args)?;
+        match k.prepared_at(index)? {
+            Some(p) => {
+                let slots = slots(&kargs);
+                for _ in 0..n {
+                    p.launch(stream, self.grid, &slots).map_err(errors::backend)?;
+                }
+            }
+            None => {
+                let dev = gpu(index)?;
+                for _ in 0..n {
+                    dev.enqueue_on(stream, &k.art, self.grid, &kargs, launch_options()).map_err(errors::backend)?;
+                }
+            }
         }
         Ok(())
     }

@@ -24,6 +24,7 @@ fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernel::backends, m)?)?;
     m.add_class::<kernel::Kernel>()?;
     m.add_class::<launch::Launcher>()?;
+    m.add_class::<launch::Launchers>()?;
     m.add_function(wrap_pyfunction!(launch::check_waits, m)?)?;
     m.add_function(wrap_pyfunction!(library::scaled_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(library::grouped_gemm, m)?)?;

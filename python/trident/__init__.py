@@ -131,13 +131,14 @@ def _grid(grid):
     return grid + (1,) * (3 - len(grid))
 
 
-class Kernel:
-    """A compiled kernel: ``kernel[grid](*args)`` launches it and waits for it."""
+class Kernel(_trident.Launchers):
+    """A compiled kernel: ``kernel[grid](*args)`` launches it (on the CPU backends, and waits
+    for it). ``kernel[grid]`` is looked up by the extension's base class (in ``_launchers``);
+    a grid not seen yet comes to ``_launcher``."""
 
     def __init__(self, raw):
         self._raw = raw
         self.params = raw.params
-        self._launchers = {}
 
     name = property(lambda self: self._raw.name)
     backend = property(lambda self: self._raw.backend)
@@ -150,12 +151,6 @@ class Kernel:
 
     def __repr__(self):
         return repr(self._raw)
-
-    def __getitem__(self, grid):
-        launcher = self._launchers.get(grid)
-        if launcher is None:
-            launcher = self._launcher(grid)
-        return launcher
 
     def _launcher(self, grid):
         key = grid
