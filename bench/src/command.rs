@@ -848,13 +848,50 @@ fn grouped_gemm(
     let p = Groups::new(experts, n, k, t);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let ops = Operands { scales, ..Operands::new(&ab, &bb, &c, &gb) };
-    let (ms, error) = time(cuda, reps, || op.run(l, ops, p), check)?;
-    if error > case.bound() {
-        return Err(BackendError::Host(format!("error {error:.2e} over the bound {:.0e}", case.bound())));
+    // A small sweep where the descriptor form runs (each configuration checked, the fastest
+    // reported): `for_target`'s tiles first, then 256 columns (the K step of FP8 128, a whole
+    // 128-byte row), and one warpgroup's 64 rows when experts average fewer than 128 rows.
+    // SwiGLU and block scales fix the tile's columns.
+    let mut variants = vec![op];
+    if op.descriptors && !swiglu && op.scales != Scales::Block {
+        let block_k = if d.is_fp8() { 128 } else { op.block_k };
+        let wide = GroupedGemm { block_n: 256, block_k, ..op };
+        variants.push(wide);
+        variants.push(GroupedGemm { stages: 3, ..wide });
+        if d.is_fp8() {
+            variants.push(GroupedGemm { block_k, ..op });
+        }
+        if case.dims[3] < 128 {
+            variants.push(GroupedGemm { block_m: 64, warps: 4, ..wide });
+        }
     }
-    let g = op.specialized(&ab, &bb, n, k);
-    let form = if g.divisible { "tma-wgmma" } else { "portable" };
-    let config = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
+    let mut best: Option<(Stats, f64, String)> = None;
+    let mut refused = Vec::new();
+    for v in variants {
+        let g = v.specialized(&ab, &bb, n, k);
+        let form = if g.divisible { "tma-wgmma" } else { "portable" };
+        let name = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
+        cuda.fill(&c, &poison(out))?;
+        let (ms, error) = match time(cuda, reps, || v.run(l, ops, p), check) {
+            Err(BackendError::Compile { message, .. }) => {
+                eprintln!("bench: {} config {name}: refused: {message}", case.key());
+                refused.push(format!("{name}: {message}"));
+                continue;
+            }
+            other => other?,
+        };
+        if error > case.bound() {
+            return Err(BackendError::Host(format!("{name}: error {error:.2e} over the bound {:.0e}", case.bound())));
+        }
+        let (flops, _) = case.work();
+        eprintln!("bench: {} config {name}: {:.3} ms ({:.1} TF/s)", case.key(), ms.median, flops / ms.median / 1e9);
+        if best.as_ref().is_none_or(|(b, _, _)| ms.median < b.median) {
+            best = Some((ms, error, name));
+        }
+    }
+    let Some((ms, error, config)) = best else {
+        return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
+    };
     Ok(Measured { ms, error, config })
 }
 

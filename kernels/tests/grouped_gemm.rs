@@ -200,6 +200,31 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
 }
 
+/// The tiles the benchmark sweeps on sm_90a besides `for_target`'s (256 columns over three and
+/// four stages, one warpgroup's 64 rows; FP8 with K steps of 128): bf16 against float64 on
+/// cpu-simt, FP8 lowered to FP8 `wgmma`.
+#[test]
+fn the_benchmarks_wide_tiles_match_float64() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    let wide = GroupedGemm { block_n: 256, ..op };
+    for v in [wide, GroupedGemm { stages: 3, ..wide }, GroupedGemm { block_m: 64, warps: 4, ..wide }] {
+        check(&v, &l, 3, 264, 136, &counts(3, 150, 1, &mut rng), &mut rng);
+    }
+    let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    for v in [GroupedGemm { block_n: 256, block_k: 128, ..fp8 }, GroupedGemm { block_k: 128, ..fp8 }] {
+        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load"), "{v:?}");
+    }
+}
+
 #[test]
 fn a_grouped_gemm_refuses_bad_problems() {
     trident_backend_cpu::link();
