@@ -787,7 +787,7 @@ fn grouped_gemm(
     let gb = upload(cuda, "groups", &ends, DType::I32)?;
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
     let op = match case.dims.get(5) {
-        Some(1) => GroupedGemm { scales: Scales::Block, ..op },
+        Some(1) => op.with_scales(Scales::Block, false),
         Some(2) => op.with_epilogue(Epilogue { swiglu: true, row_weights: false }),
         _ => op,
     };
@@ -849,20 +849,23 @@ fn grouped_gemm(
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let ops = Operands { scales, ..Operands::new(&ab, &bb, &c, &gb) };
     // A small sweep where the descriptor form runs (each configuration checked, the fastest
-    // reported): `for_target`'s tiles first, then 256 columns (the K step of FP8 128, a whole
-    // 128-byte row), and one warpgroup's 64 rows when experts average fewer than 128 rows.
-    // SwiGLU and block scales fix the tile's columns.
+    // reported): `for_target`'s 128 x 256 tiles first, then 128 columns, the other stage count
+    // (3 or 4), FP8 on K steps of 64, and one warpgroup's 64 rows when experts average fewer
+    // than 128 rows. SwiGLU and block scales fix the tile's columns.
     let mut variants = vec![op];
     if op.descriptors && !swiglu && op.scales != Scales::Block {
-        let block_k = if d.is_fp8() { 128 } else { op.block_k };
-        let wide = GroupedGemm { block_n: 256, block_k, ..op };
-        variants.push(wide);
-        variants.push(GroupedGemm { stages: 3, ..wide });
+        let mut push = |v: GroupedGemm| {
+            if !variants.contains(&v) {
+                variants.push(v);
+            }
+        };
+        push(GroupedGemm { block_n: 128, ..op });
+        push(GroupedGemm { stages: 7 - op.stages, ..op });
         if d.is_fp8() {
-            variants.push(GroupedGemm { block_k, ..op });
+            push(GroupedGemm { block_n: 128, block_k: 64, stages: 4, ..op });
         }
         if case.dims[3] < 128 {
-            variants.push(GroupedGemm { block_m: 64, warps: 4, ..wide });
+            push(GroupedGemm { block_m: 64, warps: 4, ..op });
         }
     }
     let mut best: Option<(Stats, f64, String)> = None;

@@ -218,21 +218,41 @@ impl GroupedGemm {
         }
     }
 
-    /// This GEMM with `epilogue`; on the descriptor form SwiGLU takes 256-column tiles of B
-    /// (one gate/up pair: 128 output columns), on 64 rows with block scales (whose promotion
-    /// holds a second accumulator).
+    /// This GEMM with `epilogue`, its tiles fitted to it ([`GroupedGemm::fitted`]).
     pub fn with_epilogue(self, epilogue: Epilogue) -> GroupedGemm {
-        let op = GroupedGemm { epilogue, ..self };
-        match (epilogue.swiglu && op.descriptors, op.scales) {
-            (true, Scales::Block) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..op },
-            (true, _) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..op },
-            (false, _) => op,
+        GroupedGemm { epilogue, ..self }.fitted()
+    }
+
+    /// This GEMM with `scales` and `promote`, its tiles fitted to them ([`GroupedGemm::fitted`]).
+    pub fn with_scales(self, scales: Scales, promote: bool) -> GroupedGemm {
+        GroupedGemm { scales, promote, ..self }.fitted()
+    }
+
+    /// The descriptor form's tiles fitted to the epilogue and scales: SwiGLU takes 256-column
+    /// tiles of B (one gate/up pair: 128 output columns); a promotion (block scales, or
+    /// `promote`) holds a second accumulator, so its tiles are half as big: 64 rows on one
+    /// warpgroup with SwiGLU, else at most 128 columns (which block scales need anyway: a
+    /// tile's columns within one 128-column scale block).
+    pub fn fitted(self) -> GroupedGemm {
+        if !self.descriptors {
+            return self;
+        }
+        let second = self.scales == Scales::Block || self.promote;
+        match (self.epilogue.swiglu, second) {
+            (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..self },
+            (true, false) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..self },
+            (false, true) => GroupedGemm { block_n: self.block_n.min(SCALE_BLOCK), ..self },
+            (false, false) => self,
         }
     }
 
-    /// The meta-parameters for `target`: the descriptor form on two warpgroups' 128 x 128
-    /// tiles, K steps of 64 over 4 stages where the target has TMA and `wgmma` (sm_90a); the
-    /// portable form elsewhere.
+    /// The meta-parameters for `target`: the descriptor form on two warpgroups' 128 x 256
+    /// tiles where the target has TMA and `wgmma` (sm_90a), K steps of 64 over 4 stages (FP8:
+    /// of 128 bytes too, over 3 stages); the portable form elsewhere. On an H100
+    /// (`results/h100-issue28/0551a34`) the 128 x 256 tiles of the SwiGLU cases ran the
+    /// DeepSeek-V3 gate/up prefill at 0.93x `torch._grouped_mm` where 128 x 128 ran the same
+    /// main loop at 0.70x; the FP8 tiles are the dense FP8 GEMM's best at 8192^3. A
+    /// promotion's second accumulator halves them ([`GroupedGemm::fitted`]).
     pub fn for_target(
         dtype: DType,
         layout: Layout,
@@ -242,7 +262,10 @@ impl GroupedGemm {
         let base = GroupedGemm::new(dtype, layout, b_layout);
         let fast = target.is_some_and(|t| t.has_tma_wgmma());
         match fast {
-            true => GroupedGemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
+            true if dtype.is_fp8() => {
+                GroupedGemm { block_m: 128, block_n: 256, block_k: 128, warps: 8, stages: 3, descriptors: true, ..base }
+            }
+            true => GroupedGemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
             false => base,
         }
     }

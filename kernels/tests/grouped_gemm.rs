@@ -9,7 +9,7 @@ use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_backend_cpu::CpuBackend;
 use trident_core::backend::{Backend, Device, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::grouped_gemm::{BLayout, GroupedGemm, Groups, Layout, Operands, Scales};
+use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::DeviceCtx;
 
 /// `v` in `d` (bf16 or f16), rounded to nearest even, little-endian.
@@ -174,7 +174,7 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
         let op = GroupedGemm::for_target(DType::BF16, layout, b_layout, Some(sm90a));
         let k = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap();
         let text = k.to_string();
-        assert!(text.contains("tma.load") && text.contains("wgmma.m64n128k16.bf16"), "{layout:?} {b_layout:?}");
+        assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k16.bf16"), "{layout:?} {b_layout:?}");
         assert_eq!(text.contains(".trans_b"), b_layout == BLayout::KN, "{layout:?} {b_layout:?}");
         for (experts, n, k, total, pattern) in [(5, 136, 72, 300, 0), (3, 64, 200, 130, 1)] {
             let rows = counts(experts, total, pattern, &mut rng);
@@ -218,6 +218,38 @@ fn the_benchmarks_wide_tiles_match_float64() {
     }
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
     for v in [GroupedGemm { block_n: 256, block_k: 128, ..fp8 }, GroupedGemm { block_k: 128, ..fp8 }] {
+        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
+            .unwrap()
+            .to_string();
+        assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load"), "{v:?}");
+    }
+}
+
+/// The tiles the benchmark sweeps on sm_90a besides `for_target`'s 128 x 256 (128 columns,
+/// three stages, one warpgroup's 64 rows; FP8 with K steps of 128 and 64): bf16 against
+/// float64 on cpu-simt, FP8 lowered to FP8 `wgmma`; a promotion's tiles are halved.
+#[test]
+fn the_benchmarks_tiles_match_float64() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    assert_eq!((op.block_m, op.block_n, op.stages), (128, 256, 4));
+    let narrow = GroupedGemm { block_n: 128, ..op };
+    for v in [op, narrow, GroupedGemm { stages: 3, ..op }, GroupedGemm { block_m: 64, warps: 4, ..op }] {
+        check(&v, &l, 3, 264, 136, &counts(3, 150, 1, &mut rng), &mut rng);
+    }
+    let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    assert_eq!((fp8.block_n, fp8.block_k, fp8.stages), (256, 128, 3));
+    assert_eq!(fp8.with_scales(Scales::Block, false).block_n, 128);
+    assert_eq!(fp8.with_scales(Scales::Row, true).block_n, 128);
+    let swiglu = fp8.with_epilogue(Epilogue { swiglu: true, row_weights: false });
+    assert_eq!((swiglu.block_m, swiglu.block_n), (128, 256));
+    assert_eq!(swiglu.with_scales(Scales::Block, false).block_m, 64);
+    for v in [fp8, GroupedGemm { block_n: 128, block_k: 64, stages: 4, ..fp8 }] {
         let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
             .unwrap()
             .to_string();

@@ -131,7 +131,8 @@ pub fn grouped_gemm(
     // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
     let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok());
     let epilogue = Epilogue { swiglu, row_weights: weights.is_some() };
-    let op = GroupedGemm { scales: if scales.is_some() { Scales::Row } else { Scales::None }, ..op }
+    let op = op
+        .with_scales(if scales.is_some() { Scales::Row } else { Scales::None }, false)
         .with_epilogue(epilogue)
         .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));

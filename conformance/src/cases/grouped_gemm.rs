@@ -261,7 +261,8 @@ impl Operation for GroupedGemmCase {
             }
         };
         let op = GroupedGemm::for_target(case_op.dtype, layout, case_op.b_layout, l.gpu_target());
-        let op = GroupedGemm { scales: case_op.scales, wait: case_op.wait, promote: case_op.promote, ..op }
+        let op = GroupedGemm { wait: case_op.wait, ..op }
+            .with_scales(case_op.scales, case_op.promote)
             .with_epilogue(case_op.epilogue);
         // The inputs after A, B and the groups, in order.
         let mut rest = ins[3..].iter();
