@@ -849,9 +849,10 @@ fn grouped_gemm(
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let ops = Operands { scales, ..Operands::new(&ab, &bb, &c, &gb) };
     // A small sweep where the descriptor form runs (each configuration checked, the fastest
-    // reported): `for_target`'s 128 x 256 tiles first, then 128 columns, the other stage count
-    // (3 or 4), FP8 on K steps of 64, and one warpgroup's 64 rows when experts average fewer
-    // than 128 rows. SwiGLU and block scales fix the tile's columns.
+    // reported): `for_target`'s tiles first, then 128 and 256 columns (3 stages for FP8's
+    // 256), the other stage count (3 or 4), FP8 on K steps of 64, one warpgroup's 64 rows when
+    // experts average fewer than 128 rows, and each program walking the groups instead of the
+    // schedule. SwiGLU and block scales fix the tile's columns.
     let mut variants = vec![op];
     if op.descriptors && !swiglu && op.scales != Scales::Block {
         let mut push = |v: GroupedGemm| {
@@ -860,6 +861,7 @@ fn grouped_gemm(
             }
         };
         push(GroupedGemm { block_n: 128, ..op });
+        push(GroupedGemm { block_n: 256, stages: if d.is_fp8() { 3 } else { op.stages }, ..op });
         push(GroupedGemm { stages: 7 - op.stages, ..op });
         if d.is_fp8() {
             push(GroupedGemm { block_n: 128, block_k: 64, stages: 4, ..op });
@@ -867,12 +869,21 @@ fn grouped_gemm(
         if case.dims[3] < 128 {
             push(GroupedGemm { block_m: 64, warps: 4, ..op });
         }
+        push(GroupedGemm { scheduled: false, ..op });
     }
+    // The schedule's scratch, for the largest of the variants' schedules.
+    let bytes = variants.iter().map(|v| v.schedule_bytes(p)).max().unwrap_or(0).max(4);
+    let scratch = cuda.alloc(bytes, "grouped_gemm.schedule")?;
+    let ops = Operands { schedule: Some(&scratch), ..ops };
     let mut best: Option<(Stats, f64, String)> = None;
     let mut refused = Vec::new();
     for v in variants {
         let g = v.specialized(&ab, &bb, n, k);
-        let form = if g.divisible { "tma-wgmma" } else { "portable" };
+        let form = match (g.divisible, g.scheduled) {
+            (true, true) => "tma-wgmma-ws-scheduled",
+            (true, false) => "tma-wgmma",
+            (false, _) => "portable",
+        };
         let name = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
         cuda.fill(&c, &poison(out))?;
         let (ms, error) = match time(cuda, reps, || v.run(l, ops, p), check) {

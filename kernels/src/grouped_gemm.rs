@@ -61,6 +61,9 @@ struct Kernel<'b> {
     /// C's columns (N, or N/2 with SwiGLU).
     n_out: Tile<'b>,
     k: Tile<'b>,
+    /// K steps of a tile (computed before the tile loop: a persistent loop's K loop bounds
+    /// must not be the tile's values).
+    k_blocks: Tile<'b>,
 }
 
 impl<'b> Kernel<'b> {
@@ -108,12 +111,15 @@ pub struct Operands<'a> {
     pub weights: Option<&'a Buffer>,
     /// `[chunks]` u64 signals and the value each tile waits for ([`GroupedGemm::wait`]).
     pub ready: Option<(&'a Buffer, u64)>,
+    /// The scratch of [`GroupedGemm::scheduled`] ([`GroupedGemm::schedule_bytes`]); `run`
+    /// allocates one when it is absent.
+    pub schedule: Option<&'a Buffer>,
 }
 
 impl<'a> Operands<'a> {
     /// A, B, C and the groups, without scales, weights or signals.
     pub fn new(a: &'a Buffer, b: &'a Buffer, c: &'a Buffer, groups: &'a Buffer) -> Operands<'a> {
-        Operands { a, b, c, groups, scales: None, weights: None, ready: None }
+        Operands { a, b, c, groups, scales: None, weights: None, ready: None, schedule: None }
     }
 }
 
@@ -196,6 +202,12 @@ pub struct GroupedGemm {
     /// (`torch._scaled_grouped_mm` without `use_fast_accum`), rather than the whole K
     /// accumulated in the tensor cores, whose FP8 accumulation keeps about 14 bits.
     pub promote: bool,
+    /// The tiles walked by a plain persistent loop over a schedule made on the device
+    /// ([`crate::grouped_schedule`]; a second, one-program launch before the GEMM), rather than
+    /// by each program walking the groups: the loop the lowering pipelines across tiles (the
+    /// next tile's copies during this tile's epilogue, with a producer warp where there are
+    /// TMA and `wgmma` and no wait). Needs a scratch buffer ([`Operands::schedule`]).
+    pub scheduled: bool,
 }
 
 impl GroupedGemm {
@@ -215,6 +227,7 @@ impl GroupedGemm {
             epilogue: Epilogue::default(),
             wait: false,
             promote: false,
+            scheduled: false,
         }
     }
 
@@ -238,21 +251,27 @@ impl GroupedGemm {
             return self;
         }
         let second = self.scales == Scales::Block || self.promote;
+        // A promotion keeps its K loop apart from the tile loop, and SwiGLU's epilogue needs
+        // shared memory beside the stage ring: neither runs flattened, so neither is scheduled.
+        let scheduled = self.scheduled && !second && !self.epilogue.swiglu;
+        let fitted = GroupedGemm { scheduled, ..self };
         match (self.epilogue.swiglu, second) {
-            (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..self },
-            (true, false) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..self },
-            (false, true) => GroupedGemm { block_n: self.block_n.min(SCALE_BLOCK), ..self },
-            (false, false) => self,
+            (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..fitted },
+            (true, false) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..fitted },
+            (false, true) => GroupedGemm { block_n: self.block_n.min(SCALE_BLOCK), ..fitted },
+            (false, false) => fitted,
         }
     }
 
-    /// The meta-parameters for `target`: the descriptor form on two warpgroups' 128 x 256
-    /// tiles where the target has TMA and `wgmma` (sm_90a), K steps of 64 over 4 stages (FP8:
-    /// of 128 bytes too, over 3 stages); the portable form elsewhere. On an H100
-    /// (`results/h100-issue28/0551a34`) the 128 x 256 tiles of the SwiGLU cases ran the
-    /// DeepSeek-V3 gate/up prefill at 0.93x `torch._grouped_mm` where 128 x 128 ran the same
-    /// main loop at 0.70x; the FP8 tiles are the dense FP8 GEMM's best at 8192^3. A
-    /// promotion's second accumulator halves them ([`GroupedGemm::fitted`]).
+    /// The meta-parameters for `target`: where the target has TMA and `wgmma` (sm_90a), the
+    /// scheduled descriptor form on two warpgroups' 128 x 256 tiles, K steps of 64 over 4
+    /// stages (FP8: 128 x 128 tiles, K steps of 128 bytes, 4 stages); the portable form
+    /// elsewhere. On an H100 (`results/h100-issue28/0551a34`) the 128 x 256 tiles of the
+    /// SwiGLU cases ran the DeepSeek-V3 gate/up prefill at 0.93x `torch._grouped_mm` where
+    /// 128 x 128 ran the same main loop at 0.70x. The FP8 row-scaled form on 128 x 256 tiles
+    /// with a producer warp spills (528 bytes, ptxas 13.0; 168 registers for 288 threads), so
+    /// FP8 starts from the dense FP8 GEMM's tile at 4096^3 and the benchmark sweeps 128 x 256.
+    /// A promotion's second accumulator halves the tiles ([`GroupedGemm::fitted`]).
     pub fn for_target(
         dtype: DType,
         layout: Layout,
@@ -262,10 +281,26 @@ impl GroupedGemm {
         let base = GroupedGemm::new(dtype, layout, b_layout);
         let fast = target.is_some_and(|t| t.has_tma_wgmma());
         match fast {
-            true if dtype.is_fp8() => {
-                GroupedGemm { block_m: 128, block_n: 256, block_k: 128, warps: 8, stages: 3, descriptors: true, ..base }
-            }
-            true => GroupedGemm { block_m: 128, block_n: 256, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
+            true if dtype.is_fp8() => GroupedGemm {
+                block_m: 128,
+                block_n: 128,
+                block_k: 128,
+                warps: 8,
+                stages: 4,
+                descriptors: true,
+                scheduled: true,
+                ..base
+            },
+            true => GroupedGemm {
+                block_m: 128,
+                block_n: 256,
+                block_k: 64,
+                warps: 8,
+                stages: 4,
+                descriptors: true,
+                scheduled: true,
+                ..base
+            },
             false => base,
         }
     }
@@ -290,6 +325,7 @@ impl GroupedGemm {
                 epilogue: self.epilogue,
                 wait: self.wait,
                 promote: self.promote,
+                scheduled: self.scheduled,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
             },
             (false, false) => self,
@@ -337,7 +373,7 @@ impl GroupedGemm {
         let desc = self.descriptor_form();
         let Epilogue { swiglu, row_weights } = self.epilogue;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
@@ -351,10 +387,20 @@ impl GroupedGemm {
             if row_weights { "_weighted" } else { "" },
             if self.wait { "_waiting" } else { "" },
             if self.promote && self.scales != Scales::Block { "_promoted" } else { "" },
-            if desc { "_desc" } else { "" }
+            if desc { "_desc" } else { "" },
+            if self.scheduled { "_scheduled" } else { "" }
         )
         .to_lowercase();
-        let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, persistent: true, ..LaunchAttrs::default() };
+        // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
+        // the flattened loop with a producer warp takes no waits).
+        let warp_specialize = self.scheduled && desc && !self.wait;
+        let attrs = LaunchAttrs {
+            warps: self.warps,
+            stages: self.stages,
+            persistent: true,
+            warp_specialize,
+            ..LaunchAttrs::default()
+        };
         let b = KernelBuilder::new(&name, attrs);
         // With `divisible`, the facts that let the portable form's copies be 16-byte vectors
         // (`cp.async` stages) without alignment tests: A and B 16-byte aligned, their rows
@@ -366,6 +412,7 @@ impl GroupedGemm {
         let per_chunk = 16 / self.dtype.size_bytes();
         let (a, bp, c) = (ptr("a"), ptr("b"), b.arg_ptr("c", self.out_type()));
         let groups = b.arg_ptr("groups", DType::I32);
+        let schedule = self.scheduled.then(|| b.arg_ptr("schedule", DType::I32));
         let scales =
             (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
         let weights = row_weights.then(|| b.arg_ptr("weights", DType::F32));
@@ -382,7 +429,8 @@ impl GroupedGemm {
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
         let target = self.wait.then(|| b.arg("target", DType::U64));
         let n_out = if swiglu { n / 2 } else { n };
-        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, n_out, k };
+        let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
+        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, n_out, k, k_blocks };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
             match self.b_layout {
@@ -396,6 +444,45 @@ impl GroupedGemm {
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let tiles_n = (n_out + (self.out_block_n() as i32 - 1)) / self.out_block_n() as i32;
+        // The tile of (group `g`, row tile `tm`, column tile `tn`): its wait, then the tile.
+        let run_tile = |g: Tile, (first, rows): (Tile, Tile), (tm, tn): (Tile, Tile)| {
+            let (e, chunk) = (g % experts, g / experts);
+            let (a_t, da_t) = match (ready, target) {
+                (Some(ready), Some(target)) => {
+                    let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+                    let a_t = a.consume_token(tok);
+                    (a_t, desc.then(|| k_.a_desc(a_t, bm, bk)))
+                }
+                _ => (a, da),
+            };
+            self.tile(&k_, a_t, da_t.zip(db), e, (first, rows), (tm, tn));
+        };
+        if let Some(schedule) = schedule {
+            // Tiles numbered row tile by row tile in the schedule's order (see
+            // `grouped_schedule`), each reading its group from the schedule.
+            let groups_n = experts * chunks;
+            let count = b.load(schedule + groups_n, None, None);
+            let total = count * tiles_n;
+            b.for_range(pid, total, programs, &[], |t, _| {
+                let (mt, tn) = (t / tiles_n, t % tiles_n);
+                // The lowering may read a tile's records ahead, past the program's last tile:
+                // clamped, every read stays inside the schedule and the groups.
+                let record = mt.min(count - 1).max(0);
+                let g = b.load(schedule + (groups_n + 1) + record, None, None).min(groups_n - 1).max(0);
+                let tm = mt - b.load(schedule + g, None, None);
+                let count = b.load(groups + g, None, None);
+                let (first, rows) = match self.layout {
+                    Layout::Contiguous => {
+                        let first = b.load_or(groups + (g - 1), g.gt(0), 0);
+                        (first, count - first)
+                    }
+                    Layout::Masked => (g * t_max, count.min(t_max)),
+                };
+                run_tile(g, (first, rows), (tm, tn));
+                Vec::new()
+            });
+            return b.finish();
+        }
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         // Carried over the groups: this program's next tile number, where the group's rows
         // start (contiguous), and the number of the group's first tile.
@@ -408,23 +495,12 @@ impl GroupedGemm {
             };
             let tiles = ((rows + (bm as i32 - 1)) / bm as i32) * tiles_n;
             let end = tile_base + tiles;
-            let (e, chunk) = (g % experts, g / experts);
             let after = b.while_loop(
                 &[next],
                 |s| s[0].lt(end),
                 |s| {
                     let local = s[0] - tile_base;
-                    let (tm, tn) = (local / tiles_n, local % tiles_n);
-                    let (a_t, da_t) = match (ready, target) {
-                        (Some(ready), Some(target)) => {
-                            let tok =
-                                b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
-                            let a_t = a.consume_token(tok);
-                            (a_t, desc.then(|| k_.a_desc(a_t, bm, bk)))
-                        }
-                        _ => (a, da),
-                    };
-                    self.tile(&k_, a_t, da_t.zip(db), e, (first, rows), (tm, tn));
+                    run_tile(g, (first, rows), (local / tiles_n, local % tiles_n));
                     vec![s[0] + programs]
                 },
             );
@@ -448,7 +524,7 @@ impl GroupedGemm {
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
     ) {
-        let Kernel { b, bp, c, scales, weights, n, n_out, k, .. } = *kn;
+        let Kernel { b, bp, c, scales, weights, n, n_out, k, k_blocks, .. } = *kn;
         let (bm, bn, bk) = (self.block_m, self.block_n, self.k_step());
         let swiglu = self.epilogue.swiglu;
         let local = tm * bm as i32 + b.arange(0, bm as i64);
@@ -469,7 +545,6 @@ impl GroupedGemm {
         };
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
-        let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
         let block = self.scales == Scales::Block;
         let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
             let k0 = kb * bk as i32;
@@ -619,6 +694,17 @@ impl GroupedGemm {
         // Every element offset is computed in i32.
         require_i32(a_rows * k.max(n), "rows x max(n, k)")?;
         require_i32(experts * n * k, "experts x n x k")?;
+        if self.scheduled && groups > crate::grouped_schedule::MAX_GROUPS {
+            return Err(self.problem(format!(
+                "{groups} groups: the scheduled form takes at most {}",
+                crate::grouped_schedule::MAX_GROUPS
+            )));
+        }
+        match (self.scheduled, ops.schedule) {
+            (true, Some(s)) => require_bytes(s, self.schedule_bytes(p), "schedule")?,
+            (true, None) => return Err(self.problem("the scheduled form needs its scratch (`schedule`)".into())),
+            (false, _) => {}
+        }
         if groups == 0 || n == 0 || a_rows == 0 {
             return Ok(None);
         }
@@ -628,6 +714,7 @@ impl GroupedGemm {
             Layout::Masked => groups * cdiv(rows, bm) * cdiv(n_out, bn),
         };
         let mut args = vec![ops.a.arg(), ops.b.arg(), ops.c.arg(), ops.groups.arg()];
+        args.extend(ops.schedule.filter(|_| self.scheduled).map(Buffer::arg));
         if let Some((sa, sb)) = ops.scales {
             args.extend([sa.arg(), sb.arg()]);
         }
@@ -646,9 +733,56 @@ impl GroupedGemm {
         Ok(Some(([require_i32(tiles, "tiles")? as u32, 1, 1], args)))
     }
 
-    /// [`GroupedGemm::plan`], launched on `l`'s device.
+    /// The bytes of [`Operands::schedule`] for problem `p` ([`GroupedGemm::scheduled`]).
+    pub fn schedule_bytes(&self, p: Groups) -> usize {
+        use crate::grouped_schedule::{capacity, schedule_words};
+        let groups = p.experts * p.chunks;
+        4 * schedule_words(groups, capacity(self.layout, groups, p.rows, self.block_m as usize))
+    }
+
+    /// The schedule kernel's launch ([`crate::grouped_schedule`]), to run before
+    /// [`GroupedGemm::plan`]'s on the same stream: one program; `None` with nothing to do.
+    pub fn schedule_plan(&self, ops: Operands<'_>, p: Groups) -> Result<Option<Launch>, BackendError> {
+        let Some(s) = ops.schedule.filter(|_| self.scheduled) else {
+            return Err(self.problem("the scheduled form needs its scratch (`schedule`)".into()));
+        };
+        require_bytes(s, self.schedule_bytes(p), "schedule")?;
+        let groups = p.experts * p.chunks;
+        if groups == 0 {
+            return Ok(None);
+        }
+        let cap = crate::grouped_schedule::capacity(self.layout, groups, p.rows, self.block_m as usize);
+        let args = vec![
+            ops.groups.arg(),
+            s.arg(),
+            KernelArg::i32(require_i32(groups, "groups")?),
+            KernelArg::i32(require_i32(p.rows, "t_max")?),
+            KernelArg::i32(require_i32(cap, "capacity")?),
+        ];
+        Ok(Some(([1, 1, 1], args)))
+    }
+
+    /// The schedule kernel of this GEMM's row tiles.
+    pub fn build_schedule(&self) -> Result<Function, VerifyError> {
+        crate::grouped_schedule::build(self.layout, self.block_m)
+    }
+
+    /// [`GroupedGemm::plan`] (after [`GroupedGemm::schedule_plan`] when scheduled), launched on
+    /// `l`'s device; a scheduled GEMM without a scratch buffer gets one for the call.
     pub fn run(&self, l: &DeviceCtx, ops: Operands<'_>, p: Groups) -> Result<(), BackendError> {
         let op = self.specialized(ops.a, ops.b, p.n, p.k);
+        if op.scheduled && ops.schedule.is_none() {
+            let scratch = l.device.alloc(op.schedule_bytes(p).max(4), "grouped_gemm.schedule")?;
+            let done = op.run(l, Operands { schedule: Some(&scratch), ..ops }, p);
+            l.device.free(&scratch)?;
+            return done;
+        }
+        if op.scheduled {
+            if let Some((grid, args)) = op.schedule_plan(ops, p)? {
+                let kernel = l.compile(format!("schedule {:?} {}", op.layout, op.block_m), || op.build_schedule())?;
+                l.launch(&kernel, grid, &args)?;
+            }
+        }
         let Some((grid, args)) = op.plan(ops, p)? else { return Ok(()) };
         let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)

@@ -148,9 +148,12 @@ fn grouped_gemms_match_float64() {
             (Layout::Masked, BLayout::KN, DType::BF16),
         ] {
             let op = GroupedGemm::new(dtype, layout, b_layout);
-            for (experts, n, k, total, pattern) in [(5, 72, 40, 150, 0), (3, 64, 64, 130, 1), (1, 8, 16, 1, 0)] {
-                let rows = counts(experts, total, pattern, &mut rng);
-                check(&op, &l, experts, n, k, &rows, &mut rng);
+            // Each program walking the groups, and the tiles from a schedule made on the device.
+            for op in [op, GroupedGemm { scheduled: true, ..op }] {
+                for (experts, n, k, total, pattern) in [(5, 72, 40, 150, 0), (3, 64, 64, 130, 1), (1, 8, 16, 1, 0)] {
+                    let rows = counts(experts, total, pattern, &mut rng);
+                    check(&op, &l, experts, n, k, &rows, &mut rng);
+                }
             }
         }
     }
@@ -200,34 +203,6 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
 }
 
-/// The tiles the benchmark sweeps on sm_90a besides `for_target`'s (256 columns over three and
-/// four stages, one warpgroup's 64 rows; FP8 with K steps of 128): bf16 against float64 on
-/// cpu-simt, FP8 lowered to FP8 `wgmma`.
-#[test]
-fn the_benchmarks_wide_tiles_match_float64() {
-    trident_backend_cpu::link();
-    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
-    l.target = Some("sm_90a".into());
-    let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
-    let wide = GroupedGemm { block_n: 256, ..op };
-    for v in [wide, GroupedGemm { stages: 3, ..wide }, GroupedGemm { block_m: 64, warps: 4, ..wide }] {
-        check(&v, &l, 3, 264, 136, &counts(3, 150, 1, &mut rng), &mut rng);
-    }
-    let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
-    for v in [GroupedGemm { block_n: 256, block_k: 128, ..fp8 }, GroupedGemm { block_k: 128, ..fp8 }] {
-        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
-            .unwrap()
-            .to_string();
-        assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load"), "{v:?}");
-    }
-}
-
-/// The tiles the benchmark sweeps on sm_90a besides `for_target`'s 128 x 256 (128 columns,
-/// three stages, one warpgroup's 64 rows; FP8 with K steps of 128 and 64): bf16 against
-/// float64 on cpu-simt, FP8 lowered to FP8 `wgmma`; a promotion's tiles are halved.
 #[test]
 fn the_benchmarks_tiles_match_float64() {
     trident_backend_cpu::link();
@@ -243,17 +218,96 @@ fn the_benchmarks_tiles_match_float64() {
         check(&v, &l, 3, 264, 136, &counts(3, 150, 1, &mut rng), &mut rng);
     }
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
-    assert_eq!((fp8.block_n, fp8.block_k, fp8.stages), (256, 128, 3));
-    assert_eq!(fp8.with_scales(Scales::Block, false).block_n, 128);
-    assert_eq!(fp8.with_scales(Scales::Row, true).block_n, 128);
+    assert_eq!((fp8.block_n, fp8.block_k, fp8.stages), (128, 128, 4));
+    let wide = GroupedGemm { block_n: 256, stages: 3, ..fp8 };
+    assert_eq!(wide.with_scales(Scales::Block, false).block_n, 128);
+    assert_eq!(wide.with_scales(Scales::Row, true).block_n, 128);
+    assert!(!wide.with_scales(Scales::Row, true).scheduled && wide.with_scales(Scales::Row, false).scheduled);
     let swiglu = fp8.with_epilogue(Epilogue { swiglu: true, row_weights: false });
-    assert_eq!((swiglu.block_m, swiglu.block_n), (128, 256));
+    assert_eq!((swiglu.block_m, swiglu.block_n, swiglu.scheduled), (128, 256, false));
     assert_eq!(swiglu.with_scales(Scales::Block, false).block_m, 64);
-    for v in [fp8, GroupedGemm { block_n: 128, block_k: 64, stages: 4, ..fp8 }] {
+    for v in [fp8, wide, GroupedGemm { block_k: 64, ..fp8 }] {
         let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
             .unwrap()
             .to_string();
         assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load"), "{v:?}");
+    }
+}
+
+/// The scheduled descriptor form on sm_90a: the GEMM's tiles from the schedule kernel, walked
+/// by a persistent loop that the lowering flattens with a producer warp (the next tile's copies
+/// during this tile's epilogue); against float64 on cpu-simt with empty experts, one expert
+/// taking every row, and more groups than one step of the schedule (128), in both layouts.
+#[test]
+fn the_scheduled_form_runs_with_a_producer_warp() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    for layout in [Layout::Contiguous, Layout::Masked] {
+        let op = GroupedGemm::for_target(DType::BF16, layout, BLayout::NK, Some(sm90a));
+        assert!(op.scheduled);
+        let k = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap();
+        let text = k.to_string();
+        assert!(text.contains("specialized producer") && text.contains("wgmma.m64n256k16.bf16"), "{layout:?}");
+        let small = GroupedGemm { block_m: 64, block_n: 64, warps: 4, stages: 3, ..op };
+        for (experts, n, k, total, pattern) in [(5, 136, 72, 300, 0), (3, 64, 200, 130, 1), (4, 64, 64, 90, 2)] {
+            let rows = counts(experts, total, pattern, &mut rng);
+            check(&small, &l, experts, n, k, &rows, &mut rng);
+        }
+        check(&small, &l, 200, 16, 32, &counts(200, 150, 0, &mut rng), &mut rng);
+    }
+}
+
+/// The schedule kernel on the interpreter and on cpu-simt (sm_90a): each group's first row
+/// tile, the tiles in all, and each row tile's group, with empty groups first, between and
+/// last, in both layouts.
+#[test]
+fn the_schedule_lists_each_row_tiles_group() {
+    trident_backend_cpu::link();
+    let dev = SimtBackend.open_device(0).unwrap();
+    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    let groups_bytes = |v: &[i32]| v.iter().flat_map(|g| g.to_le_bytes()).collect::<Vec<u8>>();
+    let cpu_dev = CpuBackend.open_device(0).unwrap();
+    let cpu = DeviceCtx::new(&CpuBackend, cpu_dev.as_ref(), LaunchOptions::default());
+    for (l, dev, (layout, groups, t_max)) in
+        [&cpu, &l].into_iter().zip([cpu_dev.as_ref(), dev.as_ref()]).flat_map(|(l, d)| {
+            [
+                (Layout::Masked, vec![3, 0, 64, 65, 0, 200], 200),
+                (Layout::Contiguous, vec![0, 130, 130, 131, 400, 400], 400),
+            ]
+            .into_iter()
+            .map(move |c| (l, d, c))
+        })
+    {
+        let op = GroupedGemm { scheduled: true, ..GroupedGemm::new(DType::BF16, layout, BLayout::NK) };
+        let gb = upload(dev, "groups", &groups_bytes(&groups));
+        let p = Groups::new(groups.len(), 64, 64, t_max);
+        let scratch = upload(dev, "schedule", &vec![0xAB; op.schedule_bytes(p)]);
+        let (a, c) = (upload(dev, "a", &[0; 16]), upload(dev, "c", &[0; 16]));
+        let ops = Operands { schedule: Some(&scratch), ..Operands::new(&a, &a, &c, &gb) };
+        let (grid, args) = op.schedule_plan(ops, p).unwrap().unwrap();
+        let kernel = l.compile(format!("schedule {layout:?}"), || op.build_schedule()).unwrap();
+        l.launch(&kernel, grid, &args).unwrap();
+        let mut raw = vec![0u8; op.schedule_bytes(p)];
+        dev.read(&scratch, 0, &mut raw).unwrap();
+        let words: Vec<i32> = raw.chunks(4).map(|w| i32::from_le_bytes(w.try_into().unwrap())).collect();
+        let bm = op.block_m as i32;
+        let mut want_group = Vec::new();
+        for (g, &count) in groups.iter().enumerate() {
+            let rows = match layout {
+                Layout::Contiguous => count - if g == 0 { 0 } else { groups[g - 1] },
+                Layout::Masked => count,
+            };
+            assert_eq!(words[g], want_group.len() as i32, "{layout:?}: group {g}'s first tile");
+            want_group.extend(std::iter::repeat_n(g as i32, ((rows + bm - 1) / bm) as usize));
+        }
+        assert_eq!(words[groups.len()], want_group.len() as i32, "{layout:?}: tiles in all");
+        let table = &words[groups.len() + 1..groups.len() + 1 + want_group.len()];
+        assert_eq!(table, &want_group[..], "{layout:?}: each tile's group");
     }
 }
 

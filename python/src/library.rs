@@ -93,6 +93,7 @@ pub fn scaled_gemm(
 pub fn grouped_gemm(
     py: Python<'_>,
     pointers: (u64, u64, u64, u64),
+    schedule: (u64, usize),
     scales: Option<(u64, u64)>,
     epilogue: (bool, Option<u64>),
     extents: (usize, usize, usize, usize),
@@ -136,8 +137,18 @@ pub fn grouped_gemm(
         .with_epilogue(epilogue)
         .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
-    let ops = Operands { scales, weights: weights.as_ref(), ..Operands::new(&a, &b, &c, &groups) };
-    let plan = op.plan(ops, Groups::new(experts, n, k, rows)).map_err(errors::backend)?;
+    let schedule = buf("schedule", schedule.0, schedule.1);
+    let ops = Operands { scales, weights: weights.as_ref(), schedule: Some(&schedule), ..Operands::new(&a, &b, &c, &groups) };
+    let p = Groups::new(experts, n, k, rows);
+    // The scheduled form: the schedule kernel first, on the same stream.
+    if op.scheduled {
+        if let Some((grid, args)) = op.schedule_plan(ops, p).map_err(errors::backend)? {
+            let key = format!("schedule {:?} {}", op.layout, op.block_m);
+            let art = py.detach(|| compiled(&key, &target, || op.build_schedule())).map_err(errors::backend)?;
+            dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;
+        }
+    }
+    let plan = op.plan(ops, p).map_err(errors::backend)?;
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)

@@ -149,8 +149,14 @@ def _grouped(a, b, groups, layout, b_layout, scale_a, scale_b, swiglu=False, wei
         c = torch.empty((rows, n_out), dtype=out, device=a.device)
     else:
         c = torch.zeros((experts, rows, n_out), dtype=out, device=a.device)
+    # The tile schedule the kernel makes on the device (int32 words: a first tile per group and
+    # the count, then a group per row tile), sized for row tiles of 64, the smallest; from
+    # torch's allocator, so it follows the stream (and a CUDA graph's memory pool).
+    tiles = -(-rows // 64) + experts if layout == "contiguous" else experts * -(-rows // 64)
+    schedule = torch.empty(experts + 1 + tiles, dtype=torch.int32, device=a.device)
     _trident.grouped_gemm(
         (a.data_ptr(), b.data_ptr(), c.data_ptr(), groups.data_ptr()),
+        (schedule.data_ptr(), schedule.numel() * 4),
         scales,
         (bool(swiglu), weights.data_ptr() if weights is not None else None),
         (experts, n, k, rows),

@@ -6,7 +6,9 @@
 //! `block`: DeepSeek-V3's block scales; `swiglu`: SwiGLU of B's interleaved gate/up rows
 //! (B's N is then `256 * ceil(n / 128)`, C's half of it); `weights`: each row times its routing
 //! weight; `promoted`: each K step's FP8 product added in f32; `wait`: A's groups are 2 chunks x the experts, each tile waiting for its chunk's
-//! signal (set before the launch: the hook's plumbing; its timeout is tested with the kernel).
+//! signal (set before the launch: the hook's plumbing; its timeout is tested with the kernel);
+//! `scheduled`: the tiles from a schedule made on the device by a kernel of its own (the form
+//! `for_target` picks where there are TMA and `wgmma`, here on every target).
 //! Shapes `[experts, n, k, rows, routing]`: `rows` the
 //! tokens in all (contiguous) or each group's capacity (masked); routing 0 spreads them at
 //! random with an empty and a one-row group, 1 gives everything to one group.
@@ -44,7 +46,14 @@ fn of(case: &Case) -> GroupedGemm {
         Scales::None
     };
     let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights") };
-    GroupedGemm { scales, epilogue, wait: has("wait"), promote: has("promoted"), ..GroupedGemm::new(dtype, layout, b) }
+    GroupedGemm {
+        scales,
+        epilogue,
+        wait: has("wait"),
+        promote: has("promoted"),
+        scheduled: has("scheduled"),
+        ..GroupedGemm::new(dtype, layout, b)
+    }
 }
 
 /// B's N of a case: its shape's, or with SwiGLU whole gate/up pairs covering it.
@@ -118,6 +127,8 @@ impl Operation for GroupedGemmCase {
                 "e4m3-contiguous-nk-swiglu-weights",
                 "e4m3-masked-nk-block-swiglu",
                 "e4m3-contiguous-nk-promoted",
+                "contiguous-kn-scheduled",
+                "e4m3-masked-nk-scheduled",
             ],
             DType::F16 => &["contiguous-nk", "masked-kn", "masked-kn-swiglu-wait"],
             _ => &[],
@@ -261,7 +272,7 @@ impl Operation for GroupedGemmCase {
             }
         };
         let op = GroupedGemm::for_target(case_op.dtype, layout, case_op.b_layout, l.gpu_target());
-        let op = GroupedGemm { wait: case_op.wait, ..op }
+        let op = GroupedGemm { wait: case_op.wait, scheduled: op.scheduled || case_op.scheduled, ..op }
             .with_scales(case_op.scales, case_op.promote)
             .with_epilogue(case_op.epilogue);
         // The inputs after A, B and the groups, in order.

@@ -220,6 +220,12 @@ impl Lowering<'_> {
         if let Some(r) = self.memo.get(&key) {
             return *r;
         }
+        // A scalar this region already holds (a tile's record read before its K loop).
+        if t.is_scalar() {
+            if let Some(r) = self.vals.get(&v) {
+                return r[0];
+            }
+        }
         let r = match kind {
             OpKind::Load { ptr, mask, other } => {
                 let st = stype(&t);
@@ -243,7 +249,8 @@ impl Lowering<'_> {
             | OpKind::Binary { .. }
             | OpKind::Cmp { .. }
             | OpKind::Select { .. }
-            | OpKind::Cast(_)) => {
+            | OpKind::Cast(_)
+            | OpKind::AddPtr { .. }) => {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.eval_loaded(x, &coords)).collect();
                 self.elementwise(&k, v, &srcs)
             }
@@ -310,6 +317,17 @@ impl Lowering<'_> {
                 let srcs: Vec<Reg> = k.operands().into_iter().map(|(_, x)| self.scalar_value(x)).collect();
                 self.elementwise(&k, v, &srcs)
             }
+            // A scalar read of a parameter the kernel never writes (a tile's record in a
+            // schedule table): one load, masked lanes taking `other` (0 without one).
+            OpKind::Load { ptr, mask, other } if self.read_only_scalar_load(op) => {
+                let addr = self.scalar_value(ptr);
+                let pred = mask.map(|m| self.scalar_value(m));
+                let other =
+                    other.map(|o| self.scalar_value(o)).or_else(|| pred.map(|_| self.konst(st, Literal::Int(0))));
+                let dst = self.reg(st);
+                self.emit(Inst::Load { dst, addr, pred, other });
+                dst
+            }
             // Kernel parameters the runtime adds (an AG-GEMM's rank swizzle).
             OpKind::Rank => return self.hidden[super::Hidden::Rank.position()],
             OpKind::NumRanks => return self.hidden[super::Hidden::NumRanks.position()],
@@ -317,6 +335,40 @@ impl Lowering<'_> {
         };
         self.memo.insert((v, Vec::new()), r);
         r
+    }
+
+    /// Whether `op` is a load of one scalar through a pointer into a parameter that the kernel
+    /// only ever reads (every use of a pointer derived from it is pointer arithmetic or a
+    /// load): its value cannot change while the kernel runs, so it may be read again, earlier
+    /// or by other threads, as index math is (a persistent tile loop's records). The lowering
+    /// may evaluate such index math for tiles past the loop's end (a producer reading ahead):
+    /// the kernel keeps those reads in bounds (clamped indices).
+    pub(super) fn read_only_scalar_load(&self, op: Op) -> bool {
+        let OpKind::Load { ptr, .. } = self.func.ops[op].kind else { return false };
+        if !self.func.ty(ptr).is_scalar() {
+            return false;
+        }
+        let Some(p) = self.root_param(ptr) else { return false };
+        self.func.ops.iter().all(|(_, o)| match &o.kind {
+            OpKind::AddPtr { .. } | OpKind::Load { .. } => true,
+            k => k.operands().into_iter().all(|(_, v)| self.root_param(v) != Some(p)),
+        })
+    }
+
+    /// The parameter a pointer value is derived from by pointer arithmetic (through tokens).
+    fn root_param(&self, mut v: Value) -> Option<u32> {
+        loop {
+            match self.func.values[v].def {
+                ValueDef::Param(i) => return Some(i),
+                ValueDef::Result { op, .. } => match self.func.ops[op].kind {
+                    OpKind::AddPtr { ptr, .. } => v = ptr,
+                    OpKind::ConsumeToken { value, .. } => v = value,
+                    OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
+                    _ => return None,
+                },
+                ValueDef::BlockArg { .. } => return None,
+            }
+        }
     }
 
     /// Coordinates in `src` of the element at `coords` in `dst` (same elements, row-major).

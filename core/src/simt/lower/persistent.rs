@@ -1,7 +1,8 @@
 //! Persistent tile loops (`LaunchAttrs::persistent`) whose K loop is TMA-pipelined: the two
 //! loops become one loop over (tile, K step) pairs, so the copies of the next tile's first steps
 //! run while this tile's last steps compute and its epilogue stores. The tile loop must be
-//! `for t in range(..)` carrying nothing, with only index math before its K loop (whose bounds
+//! `for t in range(..)` carrying nothing, with only index math (and scalar loads of read-only
+//! parameters) before its K loop (whose bounds
 //! are constants or do not depend on the tile and whose accumulator starts at zero); what
 //! follows the K loop (the epilogue) runs once per tile, after the tile's last step. With a
 //! producer warp (`LaunchAttrs::warp_specialize`) only the producer walks the flat loop; the
@@ -29,14 +30,17 @@ impl Lowering<'_> {
         let ops = self.func.blocks[body].ops.clone();
         let pos = ops.iter().position(|&o| matches!(self.func.ops[o].kind, OpKind::For { .. }))?;
         let inner = ops[pos];
-        // Index math before the K loop; without a producer warp also the tile's waits (an
-        // AG-GEMM's chunk signals), which the flat loop runs before the tile's first copies.
+        // Index math before the K loop, with scalar loads of parameters the kernel only reads
+        // (a tile's record in a schedule table: the producer reads it ahead of the consumers);
+        // without a producer warp also the tile's waits (an AG-GEMM's chunk signals), which
+        // the flat loop runs before the tile's first copies.
         let waits_allowed = !self.func.attrs.warp_specialize;
         if !ops[..pos].iter().all(|&o| {
             let k = &self.func.ops[o].kind;
             effect_free(k)
                 || matches!(k, OpKind::Rank | OpKind::NumRanks | OpKind::ConsumeToken { .. })
                 || (waits_allowed && matches!(k, OpKind::Wait { .. }))
+                || self.read_only_scalar_load(o)
         }) {
             return None;
         }
