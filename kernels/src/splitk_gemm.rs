@@ -6,6 +6,11 @@
 //! that saw `splits - 1`) reads the workspace, writes the output tile in the element type, and
 //! resets the workspace tile and the counter to zero, so the workspace stays ready for the next
 //! call without a memset. Summation order across splits is not deterministic.
+//!
+//! With [`SplitKGemm::descriptors`] (targets with TMA and `wgmma`), A and B are read through
+//! tensor descriptors in a `for` K loop that the lowering pipelines on a TMA ring, as the dense
+//! GEMM's descriptor form: the split-K form of the Hopper GEMM, for small M, where the output
+//! tiles alone (M = 256, N = 8192: 64 tiles of 128 x 256) leave most multiprocessors idle.
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
@@ -19,6 +24,11 @@ pub struct SplitKGemm {
     pub block_n: u32,
     pub block_k: u32,
     pub splits: u32,
+    pub warps: u32,
+    pub stages: u32,
+    /// A and B through tensor descriptors (TMA and `wgmma` on sm_90a); `run` keeps it only
+    /// when A and B are 16-byte aligned and K and N whole 16-byte rows, else the pointer form.
+    pub descriptors: bool,
 }
 
 /// The zero-initialised state a split-K GEMM needs between calls.
@@ -31,16 +41,37 @@ pub struct SplitKWorkspace {
 
 impl SplitKGemm {
     pub fn new(dtype: DType, splits: u32) -> SplitKGemm {
-        SplitKGemm { dtype, block_m: 32, block_n: 32, block_k: 32, splits }
+        SplitKGemm { dtype, block_m: 32, block_n: 32, block_k: 32, splits, warps: 4, stages: 2, descriptors: false }
+    }
+
+    /// The descriptor form on sm_90a-class targets: two warpgroups' 128 x 128 tiles, K steps
+    /// of 64 over 4 stages; [`SplitKGemm::new`]'s elsewhere.
+    pub fn for_target(dtype: DType, splits: u32, target: Option<&trident_core::target::TargetDesc>) -> SplitKGemm {
+        let base = SplitKGemm::new(dtype, splits);
+        match target.is_some_and(|t| t.has_tma_wgmma()) && dtype.size_bytes() == 2 {
+            true => SplitKGemm { block_m: 128, block_n: 128, block_k: 64, warps: 8, stages: 4, descriptors: true, ..base },
+            false => base,
+        }
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
-        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}", self.dtype);
-        let b = KernelBuilder::new(&name, LaunchAttrs::default());
-        let (a, bp, c) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype), b.arg_ptr("c", self.dtype));
+        let desc = if self.descriptors { "_desc" } else { "" };
+        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}{desc}", self.dtype);
+        let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&name, attrs);
+        // The descriptor form's facts: A and B 16-byte aligned, K and N whole 16-byte rows.
+        let ptr = |name: &str| match self.descriptors {
+            true => b.arg_ptr_aligned(name, self.dtype, 16),
+            false => b.arg_ptr(name, self.dtype),
+        };
+        let (a, bp, c) = (ptr("a"), ptr("b"), b.arg_ptr("c", self.dtype));
         let (ws, counters) = (b.arg_ptr("partial", DType::F32), b.arg_ptr("counters", DType::I32));
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let whole = |name: &str| match self.descriptors {
+            true => b.arg_multiple_of(name, DType::I32, 16 / self.dtype.size_bytes()),
+            false => b.arg(name, DType::I32),
+        };
+        let (m, n, k) = (b.arg("m", DType::I32), whole("n"), whole("k"));
         let k_per_split = b.arg("k_per_split", DType::I32);
 
         let (tile, split) = (b.program_id_x(), b.program_id(trident_core::ir::Axis::Y));
@@ -53,19 +84,36 @@ impl SplitKGemm {
         let k_hi = (k_lo + k_per_split).min(k);
 
         let acc = b.zeros(&[bm, bn], DType::F32);
-        let done = b.while_loop(
-            &[k_lo, acc],
-            |c: &[Tile]| c[0].lt(k_hi),
-            |c: &[Tile]| {
-                let kk = rk + c[0];
-                let ta = b.load_or(a + rows * k + kk.expand_dims(0), rows.lt(m) & kk.expand_dims(0).lt(k_hi), 0.0);
-                let tb = b.load_or(bp + kk.expand_dims(1) * n + cols, kk.expand_dims(1).lt(k_hi) & cols.lt(n), 0.0);
-                vec![c[0] + bk as i32, b.dot(ta, tb, c[1], InputPrecision::Ieee)]
-            },
-        );
+        let product = if self.descriptors {
+            // Boxes of the split's K range (a multiple of the K step, so no box reaches into the
+            // next split's; past K they read zeros), on a TMA ring with `wgmma` on sm_90a.
+            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [m, k], [k, one], [bm, bk]);
+            let db = b.make_desc(bp, [k, n], [n, one], [bk, bn]);
+            let (row0, col0) = ((tile / tiles_n) * bm as i32, (tile % tiles_n) * bn as i32);
+            let done = b.for_range(k_lo, k_hi, bk as i32, &[acc], |k0, carried: &[Tile]| {
+                let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
+                vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)]
+            });
+            done[0]
+        } else {
+            let done = b.while_loop(
+                &[k_lo, acc],
+                |c: &[Tile]| c[0].lt(k_hi),
+                |c: &[Tile]| {
+                    let kk = rk + c[0];
+                    let ta =
+                        b.load_or(a + rows * k + kk.expand_dims(0), rows.lt(m) & kk.expand_dims(0).lt(k_hi), 0.0);
+                    let tb =
+                        b.load_or(bp + kk.expand_dims(1) * n + cols, kk.expand_dims(1).lt(k_hi) & cols.lt(n), 0.0);
+                    vec![c[0] + bk as i32, b.dot(ta, tb, c[1], InputPrecision::Ieee)]
+                },
+            );
+            done[1]
+        };
         let in_bounds = rows.lt(m) & cols.lt(n);
         let offsets = rows * n + cols;
-        b.atomic(AtomicOp::Add, ws + offsets, done[1], Some(in_bounds), MemSemantic::Relaxed, Scope::Gpu);
+        b.atomic(AtomicOp::Add, ws + offsets, product, Some(in_bounds), MemSemantic::Relaxed, Scope::Gpu);
         // Every thread's partial sums must be ordered before thread 0's release on the counter.
         b.barrier();
         let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
@@ -116,7 +164,11 @@ impl SplitKGemm {
             return Ok(());
         }
         let per_split = cdiv(cdiv(k, self.splits as usize), self.block_k as usize) * self.block_k as usize;
-        let kernel = l.compile(format!("{self:?}"), || self.build())?;
+        let whole = |x: usize| (x * es).is_multiple_of(16);
+        let fits = a.address.is_multiple_of(16) && b.address.is_multiple_of(16) && whole(k) && whole(n) && k > 0;
+        // The pointer form at the same tiles otherwise (the workspace's counters are per tile).
+        let g = SplitKGemm { descriptors: self.descriptors && fits, ..*self };
+        let kernel = l.compile(format!("{g:?}"), || g.build())?;
         let args = [
             a.arg(),
             b.arg(),
@@ -128,7 +180,7 @@ impl SplitKGemm {
             KernelArg::i32(k32),
             KernelArg::i32(require_i32(per_split.max(self.block_k as usize), "k_per_split")?),
         ];
-        l.launch(&kernel, [self.tiles(m, n) as u32, self.splits, 1], &args)
+        l.launch(&kernel, [g.tiles(m, n) as u32, g.splits, 1], &args)
     }
 }
 

@@ -21,7 +21,9 @@ impl Operation for SplitKGemmCase {
 
     /// M, N, K, splits.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        [[1, 1, 1, 2], [64, 64, 256, 4], [50, 70, 300, 3], [33, 33, 1000, 8]].map(|s| s.to_vec()).to_vec()
+        [[1, 1, 1, 2], [64, 64, 256, 4], [50, 70, 300, 3], [33, 33, 1000, 8], [130, 136, 520, 3]]
+            .map(|s| s.to_vec())
+            .to_vec()
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
@@ -33,7 +35,9 @@ impl Operation for SplitKGemmCase {
 
     fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);
-        let g = SplitKGemm::new(case.dtype, splits as u32);
+        // The target's form: on sm_90a the descriptor form (TMA and `wgmma`) where the operands
+        // allow it (`run` falls back to pointer loads at the same tiles otherwise).
+        let g = SplitKGemm::for_target(case.dtype, splits as u32, l.gpu_target());
         let ws = g.workspace(l.device, m, n)?;
         // Twice: the second call checks that the kernel left its workspace clean.
         g.run(l, &ins[0], &ins[1], out, &ws, (m, n, k))?;

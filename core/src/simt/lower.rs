@@ -462,6 +462,15 @@ impl Lowering<'_> {
             }
             OpKind::Atomic { op: aop, ptr, value, mask, sem, scope } => {
                 let (aop, sem, scope) = (*aop, *sem, *scope);
+                // A tensor-core accumulator added into memory (a split-K GEMM's partial tile):
+                // each thread's elements where they are, as `store_from_mma` stores them.
+                if let Some((l, regs)) = self.mma_held.get(value).cloned() {
+                    if self.rematerializable(*ptr) && mask.is_none_or(|m| self.rematerializable(m)) {
+                        let olds = self.atomic_from_mma(data.results[0], (aop, sem, scope), *ptr, *mask, l, &regs);
+                        self.mma_held.insert(data.results[0], (l, olds));
+                        return Ok(());
+                    }
+                }
                 let (p, v) = (self.held(*ptr), self.held(*value));
                 if self.func.ty(*ptr).is_scalar() {
                     let (p0, v0) = (p[0], v[0]);

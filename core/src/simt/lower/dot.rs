@@ -214,6 +214,38 @@ impl Lowering<'_> {
         }
     }
 
+    /// An atomic `op` of accumulator `regs` (layout `l`) into memory at `ptr` (masked), each
+    /// element by the thread that holds it (an accumulator layout holds each element once);
+    /// the old values in the same layout, masked-off ones 0 when the result is used.
+    pub(super) fn atomic_from_mma(
+        &mut self,
+        result: Value,
+        (op, sem, scope): (AtomicOp, MemSemantic, Scope),
+        ptr: Value,
+        mask: Option<Value>,
+        l: AccLayout,
+        regs: &[Reg],
+    ) -> Vec<Reg> {
+        let used = self.used.contains(&result);
+        let mut olds = Vec::with_capacity(regs.len());
+        for (s, &value) in regs.iter().enumerate() {
+            let c = self.mma_coords(l, s as u32);
+            let addr = self.eval(ptr, &c);
+            let pred = mask.map(|m| self.eval(m, &c));
+            let t = self.k.ty(value);
+            let dst = self.reg(t);
+            self.emit(Inst::Atomic { dst, op, addr, value, pred, sem, scope });
+            olds.push(match (pred, used) {
+                (Some(m), true) => {
+                    let zero = self.konst(t, Literal::Int(0));
+                    self.select_raw(m, dst, zero)
+                }
+                _ => dst,
+            });
+        }
+        olds
+    }
+
     /// True when `v` is the constant 0 (a scalar or a splat of one).
     pub(super) fn is_zero(&self, v: Value) -> bool {
         let ValueDef::Result { op, .. } = self.func.values[v].def else { return false };
