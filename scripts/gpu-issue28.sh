@@ -2,8 +2,9 @@
 # Issue 28's checks on the GPU machine, over `bundle/` (cargo xtask bundle): the grouped GEMM's
 # conformance cases on the H200 (both layouts of A and of B, empty and one-row experts, one
 # expert with every row), compute-sanitizer's memcheck and racecheck over them, then the
-# benchmark against `torch._grouped_mm` at the MoE shapes (BENCH=0 leaves it out). Writes
-# $OUT/summary.txt, logs and bench.json.
+# benchmark against `torch._grouped_mm` at the MoE shapes (BENCH=0 leaves it out), and with
+# DENSE=1 the dense GEMM at M = 256 (split-K in its sweep). Writes $OUT/summary.txt, logs and
+# bench.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
@@ -14,7 +15,14 @@ KEEP='^conformance:|FAIL|skipped|rror'
   LINEINFO=0 scripts/gpu-sanitize.sh
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 if [ "${BENCH:-1}" = 1 ]; then
-  KEEP='grouped_gemm|rror|failed' KEEP_LINES=40 step bench-grouped-gemm 420 $B/trident bench \
+  # Each case's sweep (the scheduled and unscheduled forms, 128/256 columns, stages) is
+  # printed as measured; the table comes after the baseline's second run.
+  KEEP='^grouped_gemm|rror|failed' KEEP_LINES=40 step bench-grouped-gemm 540 $B/trident bench \
     --baseline-cmd "$PY bench/baseline.py" --only grouped_gemm --json "$O/bench.json"
+fi
+# DENSE=1: the dense GEMM's weak shape M = 256 (its sweep with split-K) against cuBLAS.
+if [ "${DENSE:-0}" = 1 ]; then
+  KEEP='^gemm|splitk|rror|failed' KEEP_LINES=30 step bench-gemm-m256 300 $B/trident bench \
+    --baseline-cmd "$PY bench/baseline.py" --only "gemm bf16 256 8192" --json "$O/bench-gemm-m256.json"
 fi
 cat "$S"
