@@ -4,13 +4,12 @@
 //! record per tile, which the lowering pipelines across tiles (a producer warp copying the next
 //! tile's operands during this tile's epilogue: `core/src/simt/lower/persistent.rs`).
 //!
-//! One program, two phases over int32 tables in a scratch buffer:
-//! 1. `tile_start[g]`: the number of the first row tile of group `g` (the prefix sum of every
-//!    group's `ceil(rows / block_m)`, 128 groups at a time, as a masked sum over a 128 x 128
-//!    triangle), and `tile_start[groups]`: the row tiles in all;
-//! 2. `tile_group[mt]` for every row tile: the group whose range holds it, by a binary search in
-//!    `tile_start` (the last group starting at or before `mt`: empty groups share their start
-//!    with the next one).
+//! One program, 128 groups at a time, over int32 tables in a scratch buffer:
+//! * `tile_start[g]`: the number of the first row tile of group `g` (the prefix sum of every
+//!   group's `ceil(rows / block_m)`, as a masked sum over a 128 x 128 triangle), and
+//!   `tile_start[groups]`: the row tiles in all;
+//! * `tile_group[mt]` for every row tile: its group, written by the group itself (a loop over
+//!   the most row tiles any of the 128 groups has: stores only, no load waits).
 //!
 //! The scratch holds `groups + 1` then `capacity` int32 ([`schedule_words`]).
 
@@ -21,8 +20,6 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 /// Groups (and row tiles) a step of the schedule handles at once.
 const CHUNK: u32 = 128;
 
-/// Binary search steps: enough for up to 2^16 groups.
-const SEARCH_STEPS: i32 = 16;
 
 /// The most row tiles any routing can make: contiguous, every row in one group's tiles plus a
 /// partial tile per group; masked, every group full.
@@ -38,8 +35,8 @@ pub fn schedule_words(groups: usize, capacity: usize) -> usize {
     groups + 1 + capacity
 }
 
-/// The most groups the search covers.
-pub const MAX_GROUPS: usize = 1 << SEARCH_STEPS;
+/// The most groups the schedule takes (each group's row tiles are a loop of its chunk).
+pub const MAX_GROUPS: usize = 1 << 16;
 
 /// The schedule kernel of row tiles of `block_m` rows for `layout` (see the module). Parameters:
 /// `groups` (the GEMM's), `schedule` (the scratch), `groups_n`, `t_max` (the masked layout's
@@ -54,7 +51,10 @@ pub fn build(layout: Layout, block_m: u32) -> Result<Function, VerifyError> {
     let capacity = b.arg("capacity", DType::I32);
     let bm = block_m as i32;
     let lanes = b.arange(0, CHUNK as i64);
-    // Phase 1: each group's first row tile, 128 groups at a time, carrying the tiles so far.
+    let tile_group = schedule + (groups_n + 1);
+    // 128 groups at a time, carrying the row tiles so far: each group's first row tile (a
+    // prefix sum), then each group writes its own row tiles' entries (no search, no load of
+    // what this kernel wrote).
     let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
     let done = b.for_range(0, groups_n, CHUNK as i32, &[zero], |c, carried| {
         let g = c + lanes;
@@ -68,27 +68,16 @@ pub fn build(layout: Layout, block_m: u32) -> Result<Function, VerifyError> {
         // Inclusive prefix sum: row i of the triangle sums tiles 0..=i.
         let (i, j) = (lanes.expand_dims(1), lanes.expand_dims(0));
         let inclusive = j.le(i).select(tiles.expand_dims(0), 0).reduce(ReduceOp::Sum, 1);
-        b.store(schedule + g, carried[0] + inclusive - tiles, Some(ok));
+        let first = carried[0] + inclusive - tiles;
+        b.store(schedule + g, first, Some(ok));
+        let most = tiles.reduce(ReduceOp::Max, 0);
+        b.for_range(0, most, 1, &[], |t, _| {
+            let at = first + t;
+            b.store(tile_group + at, g, Some(ok & t.lt(tiles) & at.lt(capacity)));
+            Vec::new()
+        });
         vec![carried[0] + tiles.reduce(ReduceOp::Sum, 0)]
     });
-    let total = done[0].min(capacity);
-    b.store(schedule + groups_n, total, None);
-    b.barrier();
-    // Phase 2: each row tile's group, by a binary search in tile_start[0..groups_n].
-    let tile_group = schedule + (groups_n + 1);
-    b.for_range(0, total, CHUNK as i32, &[], |c, _| {
-        let mt = c + lanes;
-        let ok = mt.lt(total);
-        let half = b.constant(trident_core::ir::Literal::Int(1 << (SEARCH_STEPS - 1)), DType::I32);
-        let found = b.for_range(0, SEARCH_STEPS, 1, &[b.zeros(&[CHUNK], DType::I32), half], |_, s| {
-            let (lo, step) = (s[0], s[1]);
-            let candidate = lo + step;
-            let inside = candidate.lt(groups_n);
-            let start = b.load_or(schedule + candidate, ok & inside, i32::MAX);
-            vec![(inside & start.le(mt)).select(candidate, lo), step / 2]
-        });
-        b.store(tile_group + mt, found[0], Some(ok));
-        Vec::new()
-    });
+    b.store(schedule + groups_n, done[0].min(capacity), None);
     b.finish()
 }
