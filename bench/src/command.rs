@@ -748,6 +748,12 @@ fn scaled_gemm(
         }
         variants.push(ScaledGemm { block_m: 64, warps: 4, ..plain });
         variants.push(ScaledGemm { tma_store: false, ..op });
+        // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
+        if m <= 1024 && scaling != Scaling::Block && !promote {
+            variants.push(ScaledGemm { splits: 2, ..plain });
+            variants.push(ScaledGemm { splits: 4, ..plain });
+            variants.push(ScaledGemm { block_m: 64, warps: 4, splits: 2, ..plain });
+        }
     }
     let mut best: Option<(Stats, f64, String)> = None;
     let mut refused = Vec::new();
@@ -764,10 +770,13 @@ fn scaled_gemm(
             if g.divisible { "/tma-wgmma" } else { "/portable" },
             if g.divisible && producer { "-ws" } else { "" },
             if g.divisible && persistent { "-persistent" } else { "" },
-            if g.divisible && g.tma_store { "-store" } else { "" },
-        );
+            if g.divisible && g.tma_store && g.splits <= 1 { "-store" } else { "" },
+        ) + &if g.splits > 1 { format!("-splitk{}", g.splits) } else { String::new() };
         cuda.fill(&c, &poison(DType::BF16))?;
-        let (ms, error) = match time(cuda, reps, || v.run(l, &ab, &bb, &c, &sab, &sbb, (m, n, k)), check) {
+        // A split-K variant's workspace, zeroed once (each call leaves it clean).
+        let ws = if g.splits > 1 { Some(g.workspace(cuda, m, n)?) } else { None };
+        let run = || g.run_with(l, &ab, &bb, &c, (&sab, &sbb), ws.as_ref(), (m, n, k));
+        let (ms, error) = match time(cuda, reps, run, check) {
             Err(BackendError::Compile { message, .. }) => {
                 eprintln!("bench: {} config {name}: refused: {message}", case.key());
                 refused.push(format!("{name}: {message}"));

@@ -21,9 +21,10 @@
 //!   promote each K block's fresh partial into the f32 accumulator as it is added. Used when
 //!   [`ScaledGemm::specialized`] finds the operands 16-byte aligned and K a multiple of 16.
 
+use crate::splitk_gemm::SplitKWorkspace;
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{DType, InputPrecision, LaunchAttrs};
+use trident_core::ir::{AtomicOp, DType, InputPrecision, LaunchAttrs, MemSemantic, Scope};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 /// The elements of K (and of N, for B's block scales) one scale covers in [`Scaling::Block`].
@@ -74,6 +75,13 @@ pub struct ScaledGemm {
     /// swizzled shared tile; the bf16 GEMM's fastest epilogue on the H200). Kept by
     /// [`ScaledGemm::specialized`] only when C is 16-byte aligned and N a multiple of 8.
     pub tma_store: bool,
+    /// Split-K (tensor and row scaling): `splits` programs per output tile, each over its
+    /// share of the K blocks, adding its scaled partial tile into an f32 workspace; the last
+    /// to arrive writes C and clears the workspace (`crate::splitk_gemm`'s protocol; the sum's
+    /// order across splits is not deterministic). For small M, whose tiles alone leave SMs
+    /// idle (M = 128: 56 tiles of 128 x 128 on 132 SMs). 1: none. Without a producer warp,
+    /// persistent loop or TMA store.
+    pub splits: u32,
 }
 
 impl ScaledGemm {
@@ -92,7 +100,54 @@ impl ScaledGemm {
             promote: false,
             divisible: false,
             tma_store: false,
+            splits: 1,
         }
+    }
+
+    /// Whether the launch splits K (see [`ScaledGemm::splits`]).
+    fn split(&self) -> bool {
+        self.splits > 1 && self.scaling != Scaling::Block
+    }
+
+    /// The zeroed workspace of a split-K launch for an `m x n` output.
+    pub fn workspace(
+        &self,
+        device: &dyn trident_core::backend::Device,
+        m: usize,
+        n: usize,
+    ) -> Result<SplitKWorkspace, BackendError> {
+        let partial = device.alloc((m * n * 4).max(4), "scaled_gemm.partial")?;
+        let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
+        let counters = device.alloc((tiles * 4).max(4), "scaled_gemm.counters")?;
+        device.fill(&partial, &[0])?;
+        device.fill(&counters, &[0])?;
+        Ok(SplitKWorkspace { partial, counters })
+    }
+
+    /// The epilogue of a split program: `out` (scaled, f32) added into the workspace, then the
+    /// tile's arrival counted; the last of the splits writes C and clears both.
+    #[allow(clippy::too_many_arguments)]
+    fn split_epilogue<'b>(
+        &self,
+        b: &'b KernelBuilder,
+        (ws, counters): (Tile<'b>, Tile<'b>),
+        c: Tile<'b>,
+        tile: Tile<'b>,
+        out: Tile<'b>,
+        (row0, cols): (Tile<'b>, Tile<'b>),
+        (m, n): (Tile<'b>, Tile<'b>),
+    ) {
+        let rows = (row0 + b.arange(0, self.block_m as i64)).expand_dims(1);
+        let inside = rows.lt(m) & cols.lt(n);
+        let offsets = rows * n + cols;
+        b.atomic(AtomicOp::Add, ws + offsets, out, Some(inside), MemSemantic::Relaxed, Scope::Gpu);
+        // Every thread's partial sums are ordered before the release on the counter.
+        b.barrier();
+        let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
+        b.if_then(arrived.eq(self.splits as i32 - 1), || {
+            crate::splitk_gemm::finish_tile(b, (ws, c), (row0, self.block_m), cols, (m, n), DType::BF16);
+            b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
+        });
     }
 
     /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a) the
@@ -134,7 +189,7 @@ impl ScaledGemm {
         let store = self.tma_store && c.address.is_multiple_of(16) && n.is_multiple_of(8);
         match self.descriptors && aligned && k.is_multiple_of(16) && k > 0 {
             true => ScaledGemm { divisible: true, tma_store: store, ..self },
-            false if self.descriptors => ScaledGemm::new(self.dtype, self.scaling),
+            false if self.descriptors => ScaledGemm { splits: self.splits, ..ScaledGemm::new(self.dtype, self.scaling) },
             false => self,
         }
     }
@@ -146,7 +201,7 @@ impl ScaledGemm {
     /// ring then shared its bytes with the TMA store's staging tile across tiles (wrong values
     /// on cpu-simt).
     pub fn overlapped(&self) -> (bool, bool) {
-        let plain_loop = self.promote || self.scaling == Scaling::Block;
+        let plain_loop = self.promote || self.scaling == Scaling::Block || self.split();
         (self.warp_specialize && !plain_loop, self.persistent && !plain_loop)
     }
 
@@ -173,11 +228,13 @@ impl ScaledGemm {
             return self.build_descriptors();
         }
         let (bm, bn, bk) = (self.block_m, self.block_n, SCALE_BLOCK);
-        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}", self.dtype, self.scaling).to_lowercase();
+        let split = if self.split() { "_split" } else { "" };
+        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}{split}", self.dtype, self.scaling).to_lowercase();
         let b = KernelBuilder::new(&name, LaunchAttrs { warps: self.warps, ..LaunchAttrs::default() });
         let (a, bp) = (b.arg_ptr("a", self.dtype), b.arg_ptr("b", self.dtype));
         let c = b.arg_ptr("c", DType::BF16);
         let (sa, sb) = (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32));
+        let workspace = self.split().then(|| (b.arg_ptr("partial", DType::F32), b.arg_ptr("counters", DType::I32)));
         let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
 
         let tile = b.program_id_x();
@@ -187,8 +244,9 @@ impl ScaledGemm {
         let rn = tn * bn as i32 + b.arange(0, bn as i64);
         let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
         let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
+        let (kb_lo, kb_hi) = self.k_range(&b, k_blocks);
         let acc = b.zeros(&[bm, bn], DType::F32);
-        let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
+        let done = b.for_range(kb_lo, kb_hi, 1, &[acc], |kb, carried| {
             let kk = kb * bk as i32 + b.arange(0, bk as i64);
             let ta = b.load_or(a + rows * k + kk.expand_dims(0), rows.lt(m) & kk.expand_dims(0).lt(k), 0.0);
             let tb = b.load_or(bp + cols * k + kk.expand_dims(1), kk.expand_dims(1).lt(k) & cols.lt(n), 0.0);
@@ -211,8 +269,23 @@ impl ScaledGemm {
             }
             Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
         };
-        b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n)));
+        match workspace {
+            Some(ws) => self.split_epilogue(&b, ws, c, tile, out, (tm * bm as i32, cols), (m, n)),
+            None => b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n))),
+        }
         b.finish()
+    }
+
+    /// The K blocks of this program's split (all of them without split-K): an equal share of
+    /// `k_blocks` by `program_id(y)`.
+    fn k_range<'b>(&self, b: &'b KernelBuilder, k_blocks: Tile<'b>) -> (Tile<'b>, Tile<'b>) {
+        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
+        if !self.split() {
+            return (zero, k_blocks);
+        }
+        let share = (k_blocks + (self.splits as i32 - 1)) / self.splits as i32;
+        let lo = b.program_id(trident_core::ir::Axis::Y) * share;
+        (lo, (lo + share).min(k_blocks))
     }
 
     /// The descriptor form: the K loop is a `dot` of A's `[bm, bk]` block and the transpose of
@@ -233,8 +306,11 @@ impl ScaledGemm {
             (_, false, true) => "_persistent",
             _ => "",
         };
-        let store = if self.tma_store { "_store" } else { "" };
-        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc{form}{store}", self.dtype, self.scaling)
+        let split = self.split();
+        let tma_store = self.tma_store && !split;
+        let store = if tma_store { "_store" } else { "" };
+        let split_name = if split { "_split" } else { "" };
+        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc{form}{store}{split_name}", self.dtype, self.scaling)
             .to_lowercase();
         let attrs = LaunchAttrs {
             warps: self.warps,
@@ -246,13 +322,14 @@ impl ScaledGemm {
         let b = KernelBuilder::new(&name, attrs);
         let (a, bp) = (b.arg_ptr_aligned("a", self.dtype, 16), b.arg_ptr_aligned("b", self.dtype, 16));
         // With the TMA store, C's facts: 16-byte aligned, rows of whole 16-byte chunks.
-        let c = match self.tma_store {
+        let c = match tma_store {
             true => b.arg_ptr_aligned("c", DType::BF16, 16),
             false => b.arg_ptr("c", DType::BF16),
         };
         let (sa, sb) = (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32));
+        let workspace = split.then(|| (b.arg_ptr("partial", DType::F32), b.arg_ptr("counters", DType::I32)));
         let m = b.arg("m", DType::I32);
-        let n = match self.tma_store {
+        let n = match tma_store {
             true => b.arg_multiple_of("n", DType::I32, 8),
             false => b.arg("n", DType::I32),
         };
@@ -260,7 +337,7 @@ impl ScaledGemm {
         let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
         let da = b.make_desc(a, [m, k], [k, one], [bm, bk]);
         let db = b.make_desc(bp, [n, k], [k, one], [bn, bk]);
-        let dc = self.tma_store.then(|| b.make_desc(c, [m, n], [n, one], [bm, bn]));
+        let dc = tma_store.then(|| b.make_desc(c, [m, n], [n, one], [bm, bn]));
 
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let tiles = ((m + (bm as i32 - 1)) / bm as i32) * tiles_n;
@@ -271,7 +348,8 @@ impl ScaledGemm {
             let rn = col0 + b.arange(0, bn as i64);
             let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
             let acc = b.zeros(&[bm, bn], DType::F32);
-            let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
+            let (kb_lo, kb_hi) = self.k_range(&b, k_blocks);
+            let done = b.for_range(kb_lo, kb_hi, 1, &[acc], |kb, carried| {
                 let k0 = kb * bk as i32;
                 let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [col0, k0]));
                 if self.scaling == Scaling::Block {
@@ -295,10 +373,11 @@ impl ScaledGemm {
                 Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
                 Scaling::Block => done[0],
             };
-            match dc {
+            match (dc, workspace) {
+                (_, Some(ws)) => self.split_epilogue(&b, ws, c, tile, out, (row0, cols), (m, n)),
                 // The TMA store clips at C's edges.
-                Some(dc) => b.desc_store(dc, [row0, col0], out.cast(DType::BF16)),
-                None => b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n))),
+                (Some(dc), None) => b.desc_store(dc, [row0, col0], out.cast(DType::BF16)),
+                (None, None) => b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n))),
             }
         };
         let pid = b.program_id_x();
@@ -327,6 +406,30 @@ impl ScaledGemm {
         scale_b: &Buffer,
         (m, n, k): (usize, usize, usize),
     ) -> Result<Option<Launch>, BackendError> {
+        self.plan_with(a, b, c, (scale_a, scale_b), None, (m, n, k))
+    }
+
+    /// [`ScaledGemm::plan`] with the workspace a split-K launch needs
+    /// ([`ScaledGemm::workspace`]; `None` without split-K).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan_with(
+        &self,
+        a: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+        (scale_a, scale_b): (&Buffer, &Buffer),
+        workspace: Option<&SplitKWorkspace>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<Option<Launch>, BackendError> {
+        let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
+        match (self.split(), workspace) {
+            (true, Some(ws)) => {
+                require_bytes(&ws.partial, m * n * 4, "partial")?;
+                require_bytes(&ws.counters, tiles * 4, "counters")?;
+            }
+            (true, None) => return Err(self.problem("split-K needs its workspace (`ScaledGemm::workspace`)".into())),
+            (false, _) => {}
+        }
         if !self.dtype.is_fp8() {
             return Err(self.problem(format!("operands of `{}`: an FP8 type is needed", self.dtype)));
         }
@@ -343,18 +446,13 @@ impl ScaledGemm {
         if m == 0 || n == 0 {
             return Ok(None);
         }
-        let args = vec![
-            a.arg(),
-            b.arg(),
-            c.arg(),
-            scale_a.arg(),
-            scale_b.arg(),
-            KernelArg::i32(m32),
-            KernelArg::i32(n32),
-            KernelArg::i32(k32),
-        ];
-        let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
-        Ok(Some(([tiles as u32, 1, 1], args)))
+        let mut args = vec![a.arg(), b.arg(), c.arg(), scale_a.arg(), scale_b.arg()];
+        if let Some(ws) = workspace.filter(|_| self.split()) {
+            args.extend([ws.partial.arg(), ws.counters.arg()]);
+        }
+        args.extend([KernelArg::i32(m32), KernelArg::i32(n32), KernelArg::i32(k32)]);
+        let splits = if self.split() { self.splits } else { 1 };
+        Ok(Some(([tiles as u32, splits, 1], args)))
     }
 
     /// [`ScaledGemm::plan`], launched on `l`'s device.
@@ -369,8 +467,31 @@ impl ScaledGemm {
         scale_b: &Buffer,
         mnk: (usize, usize, usize),
     ) -> Result<(), BackendError> {
+        self.run_with(l, a, b, c, (scale_a, scale_b), None, mnk)
+    }
+
+    /// [`ScaledGemm::plan_with`], launched on `l`'s device; split-K without a workspace gets
+    /// one for the call.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_with(
+        &self,
+        l: &DeviceCtx,
+        a: &Buffer,
+        b: &Buffer,
+        c: &Buffer,
+        scales: (&Buffer, &Buffer),
+        workspace: Option<&SplitKWorkspace>,
+        mnk: (usize, usize, usize),
+    ) -> Result<(), BackendError> {
         let op = self.specialized(a, b, c, mnk.1, mnk.2);
-        let Some((grid, args)) = op.plan(a, b, c, scale_a, scale_b, mnk)? else { return Ok(()) };
+        if op.split() && workspace.is_none() {
+            let ws = op.workspace(l.device, mnk.0, mnk.1)?;
+            let done = op.run_with(l, a, b, c, scales, Some(&ws), mnk);
+            l.device.free(&ws.partial)?;
+            l.device.free(&ws.counters)?;
+            return done;
+        }
+        let Some((grid, args)) = op.plan_with(a, b, c, scales, workspace, mnk)? else { return Ok(()) };
         let kernel = l.compile(format!("{op:?}"), || op.build())?;
         l.launch(&kernel, grid, &args)
     }

@@ -39,6 +39,33 @@ pub struct SplitKWorkspace {
     pub counters: Buffer,
 }
 
+/// Rows of the output tile the last split finishes at a time: a slice's addresses and values
+/// stay few in registers (the whole 128 x 128 tile at once took every register and spilled).
+const FINISH_ROWS: u32 = 16;
+
+/// The last split's work on the output tile of `bm` rows from `row0` and columns `cols`
+/// (`[1, bn]`): the sums in the workspace `ws` (f32, `[m, n]`) to `c` in `out_type`, and the
+/// workspace cleared for the next call; slice by slice of [`FINISH_ROWS`] rows.
+pub fn finish_tile<'b>(
+    b: &'b KernelBuilder,
+    (ws, c): (Tile<'b>, Tile<'b>),
+    (row0, bm): (Tile<'b>, u32),
+    cols: Tile<'b>,
+    (m, n): (Tile<'b>, Tile<'b>),
+    out_type: DType,
+) {
+    let slice = FINISH_ROWS.min(bm);
+    b.for_range(0, bm as i32, slice as i32, &[], |r, _| {
+        let rs = (row0 + r + b.arange(0, slice as i64)).expand_dims(1);
+        let inside = rs.lt(m) & cols.lt(n);
+        let offsets = rs * n + cols;
+        let total = b.load_or(ws + offsets, inside, 0.0);
+        b.store(c + offsets, total.cast(out_type), Some(inside));
+        b.store(ws + offsets, 0.0f32, Some(inside));
+        Vec::new()
+    });
+}
+
 impl SplitKGemm {
     pub fn new(dtype: DType, splits: u32) -> SplitKGemm {
         SplitKGemm { dtype, block_m: 32, block_n: 32, block_k: 32, splits, warps: 4, stages: 2, descriptors: false }
@@ -118,9 +145,7 @@ impl SplitKGemm {
         b.barrier();
         let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
         b.if_then(arrived.eq(self.splits as i32 - 1), || {
-            let total = b.load_or(ws + offsets, in_bounds, 0.0);
-            b.store(c + offsets, total.cast(self.dtype), Some(in_bounds));
-            b.store(ws + offsets, 0.0f32, Some(in_bounds));
+            finish_tile(&b, (ws, c), ((tile / tiles_n) * bm as i32, bm), cols, (m, n), self.dtype);
             b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
         });
         b.finish()

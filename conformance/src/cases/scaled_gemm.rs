@@ -1,6 +1,6 @@
 //! FP8 GEMMs with scales (`trident_kernels::scaled_gemm`): C bf16 = (A * sa) @ (B * sb)^T, A and
 //! B FP8 and K-major, the scales f32. Its cases are the bf16 ones (the output type); the
-//! variant names the FP8 format and the scaling. The reference sums each 128 of K in f64 and
+//! variant names the FP8 format and the scaling (`-promoted`, `-split`: split-K). The reference sums each 128 of K in f64 and
 //! applies that block's scales, as the kernel's definition says.
 
 use crate::host::{random, round_to};
@@ -33,7 +33,7 @@ impl Operation for ScaledGemmCase {
     /// Only at bf16, its output type.
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         if dtype == DType::BF16 {
-            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted"]
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split"]
         } else {
             &[]
         }
@@ -88,8 +88,17 @@ impl Operation for ScaledGemmCase {
     fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
         let (d, scaling) = of(case.variant);
         let mnk = (case.shape[0], case.shape[1], case.shape[2]);
-        // `-promoted`: each K block's product added in f32 (`ScaledGemm::promote`).
+        // `-promoted`: each K block's product added in f32 (`ScaledGemm::promote`); `-split`:
+        // split-K over 3 programs per tile, twice on one workspace (the second call checks that
+        // the first left it clean).
         let op = ScaledGemm { promote: case.variant.ends_with("-promoted"), ..ScaledGemm::for_target(d, scaling, l.gpu_target()) };
+        if case.variant.ends_with("-split") {
+            let op = ScaledGemm { splits: 3, ..op }.specialized(&ins[0], &ins[1], out, mnk.1, mnk.2);
+            let ws = op.workspace(l.device, mnk.0, mnk.1)?;
+            op.run_with(l, &ins[0], &ins[1], out, (&ins[2], &ins[3]), Some(&ws), mnk)?;
+            l.device.fill(out, &crate::host::poison(DType::BF16))?;
+            return op.run_with(l, &ins[0], &ins[1], out, (&ins[2], &ins[3]), Some(&ws), mnk);
+        }
         op.run(l, &ins[0], &ins[1], out, &ins[2], &ins[3], mnk)
     }
 }
