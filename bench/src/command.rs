@@ -370,6 +370,67 @@ fn upload(dev: &Enqueuing, name: &str, v: &[f64], d: DType) -> Result<Buffer, Ba
     Ok(b)
 }
 
+/// The configurations of one case's sweep so far: each is run, checked and timed; one the
+/// target cannot hold (shared memory, registers) is refused and noted; one over the case's
+/// error bound ends the case; the fastest is kept.
+struct Sweep<'c> {
+    case: &'c Case,
+    reps: usize,
+    best: Option<(Stats, f64, String)>,
+    refused: Vec<String>,
+}
+
+impl<'c> Sweep<'c> {
+    fn new(case: &'c Case, reps: usize) -> Sweep<'c> {
+        Sweep { case, reps, best: None, refused: Vec::new() }
+    }
+
+    /// Times configuration `name`; whether it is the fastest so far (`None`: refused).
+    fn try_config(
+        &mut self,
+        cuda: &Enqueuing,
+        name: String,
+        op: impl FnMut() -> Result<(), BackendError>,
+        check: impl Fn() -> Result<f64, BackendError>,
+    ) -> Result<Option<bool>, BackendError> {
+        let (ms, error) = match time(cuda, self.reps, op, check) {
+            Err(BackendError::Compile { message, .. }) => {
+                eprintln!("bench: {} config {name}: refused: {message}", self.case.key());
+                self.refused.push(format!("{name}: {message}"));
+                return Ok(None);
+            }
+            other => other?,
+        };
+        if error > self.case.bound() {
+            return Err(BackendError::Host(format!(
+                "configuration {name}: error {error:.2e} over the bound {:.0e}",
+                self.case.bound()
+            )));
+        }
+        let (flops, _) = self.case.work();
+        eprintln!(
+            "bench: {} config {name}: {:.3} ms ({:.1} TF/s, host enqueue {:.1} us)",
+            self.case.key(),
+            ms.median,
+            flops / ms.median / 1e9,
+            ms.host_us
+        );
+        let fastest = self.best.as_ref().is_none_or(|(b, _, _)| ms.median < b.median);
+        if fastest {
+            self.best = Some((ms, error, name));
+        }
+        Ok(Some(fastest))
+    }
+
+    /// The fastest configuration, or why there is none.
+    fn result(self) -> Result<Measured, BackendError> {
+        match self.best {
+            Some((ms, error, config)) => Ok(Measured { ms, error, config }),
+            None => Err(BackendError::Host(format!("every configuration refused: {}", self.refused.join("; ")))),
+        }
+    }
+}
+
 /// Runs `op` twice to warm up, checks the output with `check`, then times `reps` runs.
 fn time(
     dev: &Enqueuing,
@@ -492,9 +553,9 @@ fn run_case(
             cuda.fill(&c, &poison(d))?;
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
-            let mut best: Option<(Stats, f64, String)> = None;
+            let mut sweep = Sweep::new(case, reps);
+            // The fastest GEMM configuration and its time (for the tuning cache).
             let mut best_gemm = None;
-            let mut refused = Vec::new();
             // Where the target has TMA, each configuration also reads A and B through tensor
             // descriptors (`/tma`), with the copies issued by a producer warp (`/tma-ws`), and
             // persistent (`/tma-persistent`: one program per SM walking the tiles), and with C
@@ -569,42 +630,13 @@ fn run_case(
                     continue;
                 }
                 cuda.fill(&c, &poison(d))?;
-                let timed = time(
-                    cuda,
-                    reps,
-                    || g.run(&l, &ab, &bb, &c, (m, n, k)),
-                    || gemm_error(cuda, &c, (&a, &b), (m, n, k), d),
-                );
-                // A configuration the target cannot hold (shared memory, registers) is skipped.
-                let (ms, err) = match timed {
-                    Err(BackendError::Compile { message, .. }) => {
-                        refused.push(format!("{name}: {message}"));
-                        continue;
-                    }
-                    other => other?,
-                };
-                if err > case.bound() {
-                    return Err(BackendError::Host(format!(
-                        "configuration {name}: error {err:.2e} over the bound {:.0e}",
-                        case.bound()
-                    )));
-                }
-                let (flops, _) = case.work();
-                eprintln!(
-                    "bench: {} config {name}: {:.3} ms ({:.1} TF/s, host enqueue {:.1} us)",
-                    case.key(),
-                    ms.median,
-                    flops / ms.median / 1e9,
-                    ms.host_us
-                );
-                if best.as_ref().is_none_or(|(b, _, _): &(Stats, f64, String)| ms.median < b.median) {
-                    best = Some((ms, err, name));
-                    best_gemm = Some(g);
+                let run = || g.run(&l, &ab, &bb, &c, (m, n, k));
+                if sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))? == Some(true) {
+                    best_gemm = sweep.best.as_ref().map(|(ms, _, _)| (g, ms.median));
                 }
             }
             // Split-K for small M on TMA targets (the output tiles alone leave SMs idle): the
             // descriptor form of `SplitKGemm`, each configuration checked the same way.
-            let mut split_best: Option<(Stats, f64, String)> = None;
             if tma && m <= 1024 && d.size_bytes() == 2 {
                 use trident_kernels::splitk_gemm::SplitKGemm;
                 let base = SplitKGemm::for_target(d, 2, l.gpu_target());
@@ -616,67 +648,31 @@ fn run_case(
                     }
                     let ws = g.workspace(cuda, m, n)?;
                     cuda.fill(&c, &poison(d))?;
-                    let timed = time(
-                        cuda,
-                        reps,
-                        || g.run(&l, &ab, &bb, &c, &ws, (m, n, k)),
-                        || gemm_error(cuda, &c, (&a, &b), (m, n, k), d),
-                    );
-                    let (ms, err) = match timed {
-                        Err(BackendError::Compile { message, .. }) => {
-                            refused.push(format!("{name}: {message}"));
-                            continue;
-                        }
-                        other => other?,
-                    };
-                    if err > case.bound() {
-                        return Err(BackendError::Host(format!(
-                            "configuration {name}: error {err:.2e} over the bound {:.0e}",
-                            case.bound()
-                        )));
-                    }
-                    let (flops, _) = case.work();
-                    eprintln!(
-                        "bench: {} config {name}: {:.3} ms ({:.1} TF/s)",
-                        case.key(),
-                        ms.median,
-                        flops / ms.median / 1e9
-                    );
-                    if split_best.as_ref().is_none_or(|(b, _, _)| ms.median < b.median) {
-                        split_best = Some((ms, err, name));
-                    }
+                    let run = || g.run(&l, &ab, &bb, &c, &ws, (m, n, k));
+                    sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;
                 }
             }
-            let best_ms_of_gemm = best.as_ref().map(|(b, _, _)| b.median).unwrap_or(f64::INFINITY);
-            let (Some((ms, err, cfg)), Some(g)) = (best, best_gemm) else {
-                if let Some((ms, err, cfg)) = split_best {
-                    return Ok(Measured { ms, error: err, config: cfg });
-                }
-                return Err(BackendError::Host(if refused.is_empty() {
-                    format!("no configuration of the sweep matches --config {}", only_configs.join(", "))
-                } else {
-                    format!("every configuration refused: {}", refused.join("; "))
-                }));
-            };
-            // The fastest of both sweeps is reported; the GEMM's winner goes to the tuning cache.
-            let (ms, err, cfg) = match split_best {
-                Some((sm, se, sc)) if sm.median < ms.median => (sm, se, sc),
-                _ => (ms, err, cfg),
-            };
-            // The winner of a whole sweep goes to the tuning cache, where `Gemm::tuned` finds it.
-            if !only_configs.is_empty() {
-                return Ok(Measured { ms, error: err, config: cfg });
+            if sweep.best.is_none() && sweep.refused.is_empty() {
+                return Err(BackendError::Host(format!(
+                    "no configuration of the sweep matches --config {}",
+                    only_configs.join(", ")
+                )));
             }
+            let measured = sweep.result()?;
+            // The fastest GEMM of a whole sweep goes to the tuning cache, where `Gemm::tuned`
+            // finds it (split-K is reported, not tuned).
+            let Some((g, gemm_ms)) = best_gemm.filter(|_| only_configs.is_empty()) else { return Ok(measured) };
             let mut cache = TuningCache::load(TuningCache::default_path());
             let key = Gemm::tuning_key(&cuda.name(), d, (m, n, k));
-            let gemm_ms = best_ms_of_gemm;
             match cache.record(&key, &Tuned { config: GemmConfig::of(&g), ms: gemm_ms }) {
-                Ok(()) => eprintln!("bench: {}: {cfg} recorded in {}", key.text(), cache.path.display()),
+                Ok(()) => {
+                    eprintln!("bench: {}: {:?} recorded in {}", key.text(), GemmConfig::of(&g), cache.path.display())
+                }
                 Err(e) => {
                     eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display())
                 }
             }
-            return Ok(Measured { ms, error: err, config: cfg });
+            return Ok(measured);
         }
     };
     if error > case.bound() {
@@ -755,8 +751,7 @@ fn scaled_gemm(
             variants.push(ScaledGemm { block_m: 64, warps: 4, splits: 2, ..plain });
         }
     }
-    let mut best: Option<(Stats, f64, String)> = None;
-    let mut refused = Vec::new();
+    let mut sweep = Sweep::new(case, reps);
     for v in variants {
         let g = v.specialized(&ab, &bb, &c, n, k);
         let (producer, persistent) = g.overlapped();
@@ -776,27 +771,9 @@ fn scaled_gemm(
         // A split-K variant's workspace, zeroed once (each call leaves it clean).
         let ws = if g.splits > 1 { Some(g.workspace(cuda, m, n)?) } else { None };
         let run = || g.run_with(l, &ab, &bb, &c, (&sab, &sbb), ws.as_ref(), (m, n, k));
-        let (ms, error) = match time(cuda, reps, run, check) {
-            Err(BackendError::Compile { message, .. }) => {
-                eprintln!("bench: {} config {name}: refused: {message}", case.key());
-                refused.push(format!("{name}: {message}"));
-                continue;
-            }
-            other => other?,
-        };
-        if error > case.bound() {
-            return Err(BackendError::Host(format!("{name}: error {error:.2e} over the bound {:.0e}", case.bound())));
-        }
-        let (flops, _) = case.work();
-        eprintln!("bench: {} config {name}: {:.3} ms ({:.1} TF/s)", case.key(), ms.median, flops / ms.median / 1e9);
-        if best.as_ref().is_none_or(|(b, _, _)| ms.median < b.median) {
-            best = Some((ms, error, name));
-        }
+        sweep.try_config(cuda, name, run, check)?;
     }
-    let Some((ms, error, config)) = best else {
-        return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
-    };
-    Ok(Measured { ms, error, config })
+    sweep.result()
 }
 
 /// Each expert's rows of a benchmark routing: `tokens` per expert on average, uniform (0) or
@@ -939,8 +916,7 @@ fn grouped_gemm(
     let bytes = variants.iter().map(|v| v.schedule_bytes(p)).max().unwrap_or(0).max(4);
     let scratch = cuda.alloc(bytes, "grouped_gemm.schedule")?;
     let ops = Operands { schedule: Some(&scratch), ..ops };
-    let mut best: Option<(Stats, f64, String)> = None;
-    let mut refused = Vec::new();
+    let mut sweep = Sweep::new(case, reps);
     for v in variants {
         let g = v.specialized(&ab, &bb, n, k);
         let form = match (g.divisible, g.scheduled) {
@@ -950,27 +926,9 @@ fn grouped_gemm(
         };
         let name = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
         cuda.fill(&c, &poison(out))?;
-        let (ms, error) = match time(cuda, reps, || v.run(l, ops, p), check) {
-            Err(BackendError::Compile { message, .. }) => {
-                eprintln!("bench: {} config {name}: refused: {message}", case.key());
-                refused.push(format!("{name}: {message}"));
-                continue;
-            }
-            other => other?,
-        };
-        if error > case.bound() {
-            return Err(BackendError::Host(format!("{name}: error {error:.2e} over the bound {:.0e}", case.bound())));
-        }
-        let (flops, _) = case.work();
-        eprintln!("bench: {} config {name}: {:.3} ms ({:.1} TF/s)", case.key(), ms.median, flops / ms.median / 1e9);
-        if best.as_ref().is_none_or(|(b, _, _)| ms.median < b.median) {
-            best = Some((ms, error, name));
-        }
+        sweep.try_config(cuda, name, || v.run(l, ops, p), check)?;
     }
-    let Some((ms, error, config)) = best else {
-        return Err(BackendError::Host(format!("every configuration refused: {}", refused.join("; "))));
-    };
-    Ok(Measured { ms, error, config })
+    sweep.result()
 }
 
 /// The worst of 256 random entries of `c = a b` against f64 dot products, relative to

@@ -21,10 +21,10 @@
 //!   promote each K block's fresh partial into the f32 accumulator as it is added. Used when
 //!   [`ScaledGemm::specialized`] finds the operands 16-byte aligned and K a multiple of 16.
 
-use crate::splitk_gemm::SplitKWorkspace;
+use crate::splitk_gemm::{split_epilogue, SplitKWorkspace};
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{AtomicOp, DType, InputPrecision, LaunchAttrs, MemSemantic, Scope};
+use trident_core::ir::{DType, InputPrecision, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 /// The elements of K (and of N, for B's block scales) one scale covers in [`Scaling::Block`].
@@ -124,31 +124,6 @@ impl ScaledGemm {
         Ok(SplitKWorkspace { partial, counters })
     }
 
-    /// The epilogue of a split program: `out` (scaled, f32) added into the workspace, then the
-    /// tile's arrival counted; the last of the splits writes C and clears both.
-    #[allow(clippy::too_many_arguments)]
-    fn split_epilogue<'b>(
-        &self,
-        b: &'b KernelBuilder,
-        (ws, counters): (Tile<'b>, Tile<'b>),
-        c: Tile<'b>,
-        tile: Tile<'b>,
-        out: Tile<'b>,
-        (row0, cols): (Tile<'b>, Tile<'b>),
-        (m, n): (Tile<'b>, Tile<'b>),
-    ) {
-        let rows = (row0 + b.arange(0, self.block_m as i64)).expand_dims(1);
-        let inside = rows.lt(m) & cols.lt(n);
-        let offsets = rows * n + cols;
-        b.atomic(AtomicOp::Add, ws + offsets, out, Some(inside), MemSemantic::Relaxed, Scope::Gpu);
-        // Every thread's partial sums are ordered before the release on the counter.
-        b.barrier();
-        let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
-        b.if_then(arrived.eq(self.splits as i32 - 1), || {
-            crate::splitk_gemm::finish_tile(b, (ws, c), (row0, self.block_m), cols, (m, n), DType::BF16);
-            b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
-        });
-    }
 
     /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a) the
     /// descriptor form, two warpgroups on 128 x 128 tiles with K steps of 128 (one 128-byte
@@ -270,7 +245,7 @@ impl ScaledGemm {
             Scaling::Tensor => done[0] * (b.load(sa, None, None) * b.load(sb, None, None)),
         };
         match workspace {
-            Some(ws) => self.split_epilogue(&b, ws, c, tile, out, (tm * bm as i32, cols), (m, n)),
+            Some(ws) => split_epilogue(&b, ws, c, (tile, self.splits), out, (tm * bm as i32, bm), cols, (m, n), DType::BF16),
             None => b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n))),
         }
         b.finish()
@@ -374,7 +349,7 @@ impl ScaledGemm {
                 Scaling::Block => done[0],
             };
             match (dc, workspace) {
-                (_, Some(ws)) => self.split_epilogue(&b, ws, c, tile, out, (row0, cols), (m, n)),
+                (_, Some(ws)) => split_epilogue(&b, ws, c, (tile, self.splits), out, (row0, bm), cols, (m, n), DType::BF16),
                 // The TMA store clips at C's edges.
                 (Some(dc), None) => b.desc_store(dc, [row0, col0], out.cast(DType::BF16)),
                 (None, None) => b.store(c + rows * n + cols, out.cast(DType::BF16), Some(rows.lt(m) & cols.lt(n))),

@@ -39,6 +39,34 @@ pub struct SplitKWorkspace {
     pub counters: Buffer,
 }
 
+/// The end of a split program (`splits` per output tile `tile` of `bm` rows from `row0` and
+/// columns `cols`): its partial tile `value` (f32) added into the workspace `ws` with relaxed
+/// atomics, then the tile's arrival counted (acq_rel); the last to arrive writes the sums to
+/// `c` in `out_type` and clears the workspace and the counter for the next call.
+#[allow(clippy::too_many_arguments)]
+pub fn split_epilogue<'b>(
+    b: &'b KernelBuilder,
+    (ws, counters): (Tile<'b>, Tile<'b>),
+    c: Tile<'b>,
+    (tile, splits): (Tile<'b>, u32),
+    value: Tile<'b>,
+    (row0, bm): (Tile<'b>, u32),
+    cols: Tile<'b>,
+    (m, n): (Tile<'b>, Tile<'b>),
+    out_type: DType,
+) {
+    let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
+    let inside = rows.lt(m) & cols.lt(n);
+    b.atomic(AtomicOp::Add, ws + (rows * n + cols), value, Some(inside), MemSemantic::Relaxed, Scope::Gpu);
+    // Every thread's partial sums are ordered before the release on the counter.
+    b.barrier();
+    let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
+    b.if_then(arrived.eq(splits as i32 - 1), || {
+        finish_tile(b, (ws, c), (row0, bm), cols, (m, n), out_type);
+        b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
+    });
+}
+
 /// Rows of the output tile the last split finishes at a time: a slice's addresses and values
 /// stay few in registers (the whole 128 x 128 tile at once took every register and spilled).
 const FINISH_ROWS: u32 = 16;
@@ -138,16 +166,8 @@ impl SplitKGemm {
             );
             done[1]
         };
-        let in_bounds = rows.lt(m) & cols.lt(n);
-        let offsets = rows * n + cols;
-        b.atomic(AtomicOp::Add, ws + offsets, product, Some(in_bounds), MemSemantic::Relaxed, Scope::Gpu);
-        // Every thread's partial sums must be ordered before thread 0's release on the counter.
-        b.barrier();
-        let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
-        b.if_then(arrived.eq(self.splits as i32 - 1), || {
-            finish_tile(&b, (ws, c), ((tile / tiles_n) * bm as i32, bm), cols, (m, n), self.dtype);
-            b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
-        });
+        let row0 = (tile / tiles_n) * bm as i32;
+        split_epilogue(&b, (ws, counters), c, (tile, self.splits), product, (row0, bm), cols, (m, n), self.dtype);
         b.finish()
     }
 

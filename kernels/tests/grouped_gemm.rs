@@ -60,6 +60,19 @@ fn counts(experts: usize, total: usize, pattern: u32, rng: &mut rand::rngs::StdR
     c
 }
 
+/// Launches on cpu-simt's `dev` lowered for sm_90a.
+fn sm90a_ctx(dev: &dyn Device) -> DeviceCtx<'_> {
+    let mut l = DeviceCtx::new(&SimtBackend, dev, LaunchOptions::default());
+    l.target = Some("sm_90a".into());
+    l
+}
+
+/// The SIMT program of `op`'s descriptor form (specialized for aligned operands) on sm_90a.
+fn lowered_sm90a(op: GroupedGemm) -> String {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap().to_string()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check(
     op: &GroupedGemm,
@@ -169,14 +182,12 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
-    l.target = Some("sm_90a".into());
+    let l = sm90a_ctx(dev.as_ref());
     for (layout, b_layout) in
         [(Layout::Contiguous, BLayout::NK), (Layout::Masked, BLayout::NK), (Layout::Contiguous, BLayout::KN)]
     {
         let op = GroupedGemm::for_target(DType::BF16, layout, b_layout, Some(sm90a));
-        let k = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap();
-        let text = k.to_string();
+        let text = lowered_sm90a(op);
         assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k16.bf16"), "{layout:?} {b_layout:?}");
         assert_eq!(text.contains(".trans_b"), b_layout == BLayout::KN, "{layout:?} {b_layout:?}");
         for (experts, n, k, total, pattern) in [(5, 136, 72, 300, 0), (3, 64, 200, 130, 1)] {
@@ -188,18 +199,15 @@ fn the_descriptor_form_runs_tma_and_wgmma() {
     check(&op, &l, 3, 16, 12, &counts(3, 20, 0, &mut rng), &mut rng);
     // FP8 with scales (values checked by the conformance cases): FP8 `wgmma`, no conversion.
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Masked, BLayout::NK, Some(sm90a));
-    let text =
-        trident_core::simt::lower(&GroupedGemm { divisible: true, ..fp8 }.build().unwrap(), sm90a).unwrap().to_string();
+    let text = lowered_sm90a(fp8);
     assert!(fp8.scales == Scales::Row && text.contains("k32.f8e4m3fn a") && !text.contains("fp8.convert"));
     // Block scales: a promotion per K block on `wgmma` (no producer warp then).
     let block = GroupedGemm { scales: Scales::Block, ..fp8 };
-    let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..block }.build().unwrap(), sm90a)
-        .unwrap()
-        .to_string();
+    let text = lowered_sm90a(block);
     assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
     // Row scales with each K step added in f32: a promotion without scales, on `wgmma` too.
     let promoted = GroupedGemm { promote: true, divisible: true, ..fp8 };
-    let text = trident_core::simt::lower(&promoted.build().unwrap(), sm90a).unwrap().to_string();
+    let text = lowered_sm90a(promoted);
     assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load") && !text.contains("fp8.convert"));
 }
 
@@ -209,8 +217,7 @@ fn the_benchmarks_tiles_match_float64() {
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
-    l.target = Some("sm_90a".into());
+    let l = sm90a_ctx(dev.as_ref());
     let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
     assert_eq!((op.block_m, op.block_n, op.stages), (128, 256, 4));
     let narrow = GroupedGemm { block_n: 128, ..op };
@@ -227,9 +234,7 @@ fn the_benchmarks_tiles_match_float64() {
     assert_eq!((swiglu.block_m, swiglu.block_n, swiglu.scheduled), (128, 256, false));
     assert_eq!(swiglu.with_scales(Scales::Block, false).block_m, 64);
     for v in [fp8, wide, GroupedGemm { block_k: 64, ..fp8 }] {
-        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..v }.build().unwrap(), sm90a)
-            .unwrap()
-            .to_string();
+        let text = lowered_sm90a(v);
         assert!(text.contains("k32.f8e4m3fn a") && text.contains("tma.load"), "{v:?}");
     }
 }
@@ -244,13 +249,11 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
-    l.target = Some("sm_90a".into());
+    let l = sm90a_ctx(dev.as_ref());
     for layout in [Layout::Contiguous, Layout::Masked] {
         let op = GroupedGemm::for_target(DType::BF16, layout, BLayout::NK, Some(sm90a));
         assert!(op.scheduled);
-        let k = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a).unwrap();
-        let text = k.to_string();
+        let text = lowered_sm90a(op);
         assert!(text.contains("specialized producer") && text.contains("wgmma.m64n256k16.bf16"), "{layout:?}");
         let small = GroupedGemm { block_m: 64, block_n: 64, warps: 4, stages: 3, ..op };
         for (experts, n, k, total, pattern) in [(5, 136, 72, 300, 0), (3, 64, 200, 130, 1), (4, 64, 64, 90, 2)] {
@@ -268,8 +271,7 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
 fn the_schedule_lists_each_row_tiles_group() {
     trident_backend_cpu::link();
     let dev = SimtBackend.open_device(0).unwrap();
-    let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
-    l.target = Some("sm_90a".into());
+    let l = sm90a_ctx(dev.as_ref());
     let groups_bytes = |v: &[i32]| v.iter().flat_map(|g| g.to_le_bytes()).collect::<Vec<u8>>();
     let cpu_dev = CpuBackend.open_device(0).unwrap();
     let cpu = DeviceCtx::new(&CpuBackend, cpu_dev.as_ref(), LaunchOptions::default());
@@ -378,9 +380,7 @@ fn swiglu_runs_on_tma_and_wgmma() {
     for (dtype, scales) in [(DType::BF16, Scales::None), (DType::F8E4M3FN, Scales::Block)] {
         let op = GroupedGemm { scales, ..GroupedGemm::for_target(dtype, Layout::Contiguous, BLayout::NK, Some(sm90a)) }
             .with_epilogue(epilogue);
-        let text = trident_core::simt::lower(&GroupedGemm { divisible: true, ..op }.build().unwrap(), sm90a)
-            .unwrap()
-            .to_string();
+        let text = lowered_sm90a(op);
         assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k"), "{dtype} {scales:?}");
     }
 }
