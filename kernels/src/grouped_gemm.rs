@@ -61,9 +61,10 @@ struct Kernel<'b> {
     /// C's columns (N, or N/2 with SwiGLU).
     n_out: Tile<'b>,
     k: Tile<'b>,
-    /// K steps of a tile (computed before the tile loop: a persistent loop's K loop bounds
-    /// must not be the tile's values).
-    k_blocks: Tile<'b>,
+    /// K steps of a tile, computed before the tile loop in the scheduled form (a persistent
+    /// loop's K loop bounds must not be the tile's values); else by each tile, whose walk over
+    /// the groups then holds one scalar less.
+    k_blocks: Option<Tile<'b>>,
 }
 
 impl<'b> Kernel<'b> {
@@ -429,7 +430,7 @@ impl GroupedGemm {
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
         let target = self.wait.then(|| b.arg("target", DType::U64));
         let n_out = if swiglu { n / 2 } else { n };
-        let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
+        let k_blocks = self.scheduled.then(|| (k + (bk as i32 - 1)) / bk as i32);
         let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, n_out, k, k_blocks };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
@@ -545,6 +546,7 @@ impl GroupedGemm {
         };
         let b_e = bp + e * n * k;
         let acc = b.zeros(&[bm, bn], DType::F32);
+        let k_blocks = k_blocks.unwrap_or_else(|| (k + (bk as i32 - 1)) / bk as i32);
         let block = self.scales == Scales::Block;
         let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
             let k0 = kb * bk as i32;

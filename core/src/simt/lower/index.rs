@@ -220,12 +220,6 @@ impl Lowering<'_> {
         if let Some(r) = self.memo.get(&key) {
             return *r;
         }
-        // A scalar this region already holds (a tile's record read before its K loop).
-        if t.is_scalar() {
-            if let Some(r) = self.vals.get(&v) {
-                return r[0];
-            }
-        }
         let r = match kind {
             OpKind::Load { ptr, mask, other } => {
                 let st = stype(&t);
