@@ -10,8 +10,13 @@ cd "$(dirname "$0")/.."
 source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror'
 [ "${CHECKS:-1}" = 1 ] && step conformance-grouped-gemm 120 $B/trident test --backend nvidia --kernel grouped_gemm --json "$O/logs/grouped-gemm.json"
+# The split-K GEMM (its descriptor form on the H200: the dense GEMM's small-M sweep runs it).
+[ "${CHECKS:-1}" = 1 ] && step conformance-splitk-gemm 60 $B/trident test --backend nvidia --kernel splitk_gemm --json "$O/logs/splitk-gemm.json"
 # SANITIZE=0 leaves out compute-sanitizer (minutes).
 [ "${SANITIZE:-1}" = 1 ] && KEEP='clean|ERRORS|TIMEOUT|exit' step sanitize 300 env OUT="$O/logs" TOOLS="memcheck racecheck" WORLDS=1 KERNEL=grouped_gemm \
+  LINEINFO=0 scripts/gpu-sanitize.sh
+# The split-K protocol (atomics into the workspace, the last split's counter) under both tools.
+[ "${SANITIZE:-1}" = 1 ] && KEEP='clean|ERRORS|TIMEOUT|exit' step sanitize-splitk 120 env OUT="$O/logs/splitk" TOOLS="memcheck racecheck" WORLDS=1 KERNEL=splitk_gemm \
   LINEINFO=0 scripts/gpu-sanitize.sh
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 if [ "${BENCH:-1}" = 1 ]; then

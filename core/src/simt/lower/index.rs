@@ -336,7 +336,9 @@ impl Lowering<'_> {
     /// load): its value cannot change while the kernel runs, so it may be read again, earlier
     /// or by other threads, as index math is (a persistent tile loop's records). The lowering
     /// may evaluate such index math for tiles past the loop's end (a producer reading ahead):
-    /// the kernel keeps those reads in bounds (clamped indices).
+    /// the kernel keeps those reads in bounds (clamped indices). As for every parameter fact,
+    /// the parameters are taken not to alias (a buffer passed as this parameter and as one the
+    /// kernel writes would break it, as it breaks Triton's and CUDA's `__restrict__`).
     pub(super) fn read_only_scalar_load(&self, op: Op) -> bool {
         let OpKind::Load { ptr, .. } = self.func.ops[op].kind else { return false };
         if !self.func.ty(ptr).is_scalar() {
