@@ -138,7 +138,8 @@ pub fn grouped_gemm(
         .specialized(&a, &b, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let schedule = buf("schedule", schedule.0, schedule.1);
-    let ops = Operands { scales, weights: weights.as_ref(), schedule: Some(&schedule), ..Operands::new(&a, &b, &c, &groups) };
+    let ops =
+        Operands { scales, weights: weights.as_ref(), schedule: Some(&schedule), ..Operands::new(&a, &b, &c, &groups) };
     let p = Groups::new(experts, n, k, rows);
     // The scheduled form: the schedule kernel first, on the same stream.
     if op.scheduled {
