@@ -261,6 +261,8 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
             check(&small, &l, experts, n, k, &rows, &mut rng);
         }
         check(&small, &l, 200, 16, 32, &counts(200, 150, 0, &mut rng), &mut rng);
+        // No rows at all: the producer's look-ahead reads clamped records of an empty schedule.
+        check(&small, &l, 3, 64, 64, &[0, 0, 0], &mut rng);
     }
 }
 
