@@ -20,7 +20,6 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 /// Groups (and row tiles) a step of the schedule handles at once.
 const CHUNK: u32 = 128;
 
-
 /// The most row tiles any routing can make: contiguous, every row in one group's tiles plus a
 /// partial tile per group; masked, every group full.
 pub fn capacity(layout: Layout, groups: usize, rows: usize, block_m: usize) -> usize {
