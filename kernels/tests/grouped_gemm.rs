@@ -266,6 +266,28 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
     }
 }
 
+/// The lowering reads a tile's records ahead only from parameters the kernel never writes: the
+/// scheduled GEMM with one store into its schedule added is not flattened with a producer
+/// warp (it keeps the per-tile loop), while the same text without the store is.
+#[test]
+fn records_are_read_ahead_only_from_read_only_parameters() {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let op = GroupedGemm {
+        divisible: true,
+        ..GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a))
+    };
+    let text = trident_core::text::print(&op.build().unwrap());
+    let lowered = |text: &str| {
+        let f = trident_core::text::parse(text).unwrap();
+        trident_core::verify(&f).unwrap();
+        trident_core::simt::lower(&f, sm90a).unwrap().to_string()
+    };
+    assert!(lowered(&text).contains("specialized producer"));
+    let written = text.replacen("\n  return\n}", "\n  store %schedule, %experts\n  return\n}", 1);
+    assert_ne!(written, text);
+    assert!(!lowered(&written).contains("specialized producer"));
+}
+
 /// The schedule kernel on the interpreter and on cpu-simt (sm_90a): each group's first row
 /// tile, the tiles in all, and each row tile's group, with empty groups first, between and
 /// last, in both layouts.
