@@ -9,12 +9,13 @@
 //! arguments) and without NVSHMEM device calls. The others go through
 //! [`CudaDevice::enqueue_on`], whose checks and costs they need.
 
-use crate::runtime::{scalar_slot, CudaDevice};
+use crate::runtime::{arg_slot, CudaDevice};
 use crate::PtxModule;
 use cudarc::driver::{result, sys};
 use std::ffi::c_void;
 use std::sync::Arc;
-use trident_core::backend::{Artifact, BackendError, KernelArg, LaunchOptions};
+use trident_core::abi::HIDDEN_PARAMS;
+use trident_core::backend::{Artifact, BackendError, LaunchOptions};
 
 /// The most parameters (the kernel's own and the hidden ones) a prepared launch passes.
 pub const MAX_SLOTS: usize = 64;
@@ -52,21 +53,13 @@ impl PreparedLaunch {
             || kernel.attrs.persistent
             || !module.tensor_maps.is_empty()
             || !module.device_calls.is_empty()
-            || kernel.params.len() + 6 > MAX_SLOTS
+            || kernel.params.len() + HIDDEN_PARAMS.len() > MAX_SLOTS
         {
             return Ok(None);
         }
         dev.current()?;
         let function = dev.function(kernel, module)?;
-        let hidden = dev.single_rank_hidden(opts)?;
-        let hidden = hidden
-            .args()
-            .iter()
-            .map(|a| match *a {
-                KernelArg::Ptr(p) => p,
-                KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
-            })
-            .collect();
+        let hidden = dev.single_rank_hidden(opts)?.args().iter().map(arg_slot).collect();
         let divisible = kernel.divisibility.iter().enumerate().filter_map(|(i, d)| d.map(|d| (i, d.max(1)))).collect();
         Ok(Some(PreparedLaunch {
             dev: dev.clone(),
@@ -80,14 +73,9 @@ impl PreparedLaunch {
         }))
     }
 
-    /// The device it launches on.
-    pub fn device(&self) -> &Arc<CudaDevice> {
-        &self.dev
-    }
-
     /// Enqueues a launch of `grid` on `stream` with the kernel's own parameters as 8-byte
-    /// slots (`slots[i]` is parameter `i`: an address, or a scalar as [`scalar_slot`] makes
-    /// it), checked against the parameters' declared alignment; returns at once.
+    /// slots (`slots[i]` is parameter `i`, as [`arg_slot`] makes it), checked against the
+    /// parameters' declared alignment; returns at once.
     pub fn launch(&self, stream: u64, grid: [u32; 3], slots: &[u64]) -> Result<(), BackendError> {
         let bad = |message: String| BackendError::Launch { kernel: self.kernel.clone(), message };
         if slots.len() != self.params {

@@ -538,14 +538,7 @@ pub(crate) fn launch_raw(
     sms: u32,
     sharing: u32,
 ) -> Result<(), BackendError> {
-    let mut slots: Vec<u64> = args
-        .iter()
-        .chain(hidden.args().iter())
-        .map(|a| match *a {
-            KernelArg::Ptr(p) => p,
-            KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
-        })
-        .collect();
+    let mut slots: Vec<u64> = args.iter().chain(hidden.args().iter()).map(arg_slot).collect();
     let mut params: Vec<*mut c_void> = slots.iter_mut().map(|x| x as *mut u64 as *mut c_void).collect();
     // The maps live until the launch returns (the driver copies parameters at the call).
     let mut maps = crate::tensor_map::encode_all(kernel, &module.tensor_maps, args)?;
@@ -580,8 +573,17 @@ pub(crate) fn launch_raw(
         .map_err(|e| fail("cuLaunchKernel", e))
 }
 
+/// The 8-byte parameter slot of a kernel argument, as `cuLaunchKernel` reads it: an address, or
+/// a scalar's bytes ([`scalar_slot`]).
+pub fn arg_slot(a: &KernelArg) -> u64 {
+    match *a {
+        KernelArg::Ptr(p) => p,
+        KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
+    }
+}
+
 /// The bytes of a scalar argument as the kernel's `.param` reads them (little-endian, low bytes).
-pub fn scalar_slot(lit: Literal, d: DType) -> u64 {
+fn scalar_slot(lit: Literal, d: DType) -> u64 {
     match d {
         DType::F32 => (lit.as_f64() as f32).to_bits() as u64,
         DType::F64 => lit.as_f64().to_bits(),

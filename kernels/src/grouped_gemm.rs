@@ -282,26 +282,10 @@ impl GroupedGemm {
         let base = GroupedGemm::new(dtype, layout, b_layout);
         let fast = target.is_some_and(|t| t.has_tma_wgmma());
         match fast {
-            true if dtype.is_fp8() => GroupedGemm {
-                block_m: 128,
-                block_n: 128,
-                block_k: 128,
-                warps: 8,
-                stages: 4,
-                descriptors: true,
-                scheduled: true,
-                ..base
-            },
-            true => GroupedGemm {
-                block_m: 128,
-                block_n: 256,
-                block_k: 64,
-                warps: 8,
-                stages: 4,
-                descriptors: true,
-                scheduled: true,
-                ..base
-            },
+            true => {
+                let (block_n, block_k) = if dtype.is_fp8() { (128, 128) } else { (256, 64) };
+                GroupedGemm { block_m: 128, block_n, block_k, warps: 8, stages: 4, descriptors: true, scheduled: true, ..base }
+            }
             false => base,
         }
     }
@@ -471,13 +455,14 @@ impl GroupedGemm {
                 let record = mt.min(count - 1).max(0);
                 let g = b.load(schedule + (groups_n + 1) + record, None, None).min(groups_n - 1).max(0);
                 let tm = mt - b.load(schedule + g, None, None);
-                let count = b.load(groups + g, None, None);
+                // `groups[g]`: the group's end (contiguous) or its row count (masked).
+                let entry = b.load(groups + g, None, None);
                 let (first, rows) = match self.layout {
                     Layout::Contiguous => {
                         let first = b.load_or(groups + (g - 1), g.gt(0), 0);
-                        (first, count - first)
+                        (first, entry - first)
                     }
-                    Layout::Masked => (g * t_max, count.min(t_max)),
+                    Layout::Masked => (g * t_max, entry.min(t_max)),
                 };
                 run_tile(g, (first, rows), (tm, tn));
                 Vec::new()
@@ -769,6 +754,11 @@ impl GroupedGemm {
         crate::grouped_schedule::build(self.layout, self.block_m)
     }
 
+    /// The kernel-cache key of [`GroupedGemm::build_schedule`] (what it depends on).
+    pub fn schedule_key(&self) -> String {
+        format!("grouped_gemm schedule {:?} {}", self.layout, self.block_m)
+    }
+
     /// [`GroupedGemm::plan`] (after [`GroupedGemm::schedule_plan`] when scheduled), launched on
     /// `l`'s device; a scheduled GEMM without a scratch buffer gets one for the call.
     pub fn run(&self, l: &DeviceCtx, ops: Operands<'_>, p: Groups) -> Result<(), BackendError> {
@@ -781,7 +771,7 @@ impl GroupedGemm {
         }
         if op.scheduled {
             if let Some((grid, args)) = op.schedule_plan(ops, p)? {
-                let kernel = l.compile(format!("schedule {:?} {}", op.layout, op.block_m), || op.build_schedule())?;
+                let kernel = l.compile(op.schedule_key(), || op.build_schedule())?;
                 l.launch(&kernel, grid, &args)?;
             }
         }

@@ -116,14 +116,13 @@ impl ScaledGemm {
         m: usize,
         n: usize,
     ) -> Result<SplitKWorkspace, BackendError> {
-        let partial = device.alloc((m * n * 4).max(4), "scaled_gemm.partial")?;
-        let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
-        let counters = device.alloc((tiles * 4).max(4), "scaled_gemm.counters")?;
-        device.fill(&partial, &[0])?;
-        device.fill(&counters, &[0])?;
-        Ok(SplitKWorkspace { partial, counters })
+        SplitKWorkspace::new(device, m, n, self.tiles(m, n))
     }
 
+    /// Output tiles of an `m x n` output (the grid's x).
+    fn tiles(&self, m: usize, n: usize) -> usize {
+        cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)
+    }
 
     /// The meta-parameters for `target`: on targets with TMA and `wgmma` (sm_90a) the
     /// descriptor form, two warpgroups on 128 x 128 tiles with K steps of 128 (one 128-byte
@@ -396,12 +395,9 @@ impl ScaledGemm {
         workspace: Option<&SplitKWorkspace>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<Option<Launch>, BackendError> {
-        let tiles = cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize);
+        let tiles = self.tiles(m, n);
         match (self.split(), workspace) {
-            (true, Some(ws)) => {
-                require_bytes(&ws.partial, m * n * 4, "partial")?;
-                require_bytes(&ws.counters, tiles * 4, "counters")?;
-            }
+            (true, Some(ws)) => ws.check(m, n, tiles)?,
             (true, None) => return Err(self.problem("split-K needs its workspace (`ScaledGemm::workspace`)".into())),
             (false, _) => {}
         }

@@ -39,6 +39,23 @@ pub struct SplitKWorkspace {
     pub counters: Buffer,
 }
 
+impl SplitKWorkspace {
+    /// Allocated and zeroed for an `m x n` output of `tiles` tiles.
+    pub fn new(device: &dyn Device, m: usize, n: usize, tiles: usize) -> Result<SplitKWorkspace, BackendError> {
+        let partial = device.alloc((m * n * 4).max(4), "splitk_partial")?;
+        let counters = device.alloc((tiles * 4).max(4), "splitk_counters")?;
+        device.fill(&partial, &[0])?;
+        device.fill(&counters, &[0])?;
+        Ok(SplitKWorkspace { partial, counters })
+    }
+
+    /// A typed error unless it holds an `m x n` output of `tiles` tiles.
+    pub fn check(&self, m: usize, n: usize, tiles: usize) -> Result<(), BackendError> {
+        require_bytes(&self.partial, m * n * 4, "partial")?;
+        require_bytes(&self.counters, tiles * 4, "counters")
+    }
+}
+
 /// The end of a split program (`splits` per output tile `tile` of `bm` rows from `row0` and
 /// columns `cols`): its partial tile `value` (f32) added into the workspace `ws` with relaxed
 /// atomics, then the tile's arrival counted (acq_rel); the last to arrive writes the sums to
@@ -177,11 +194,7 @@ impl SplitKGemm {
 
     /// Allocates and zeroes the workspace for `m x n` outputs.
     pub fn workspace(&self, device: &dyn Device, m: usize, n: usize) -> Result<SplitKWorkspace, BackendError> {
-        let partial = device.alloc((m * n * 4).max(4), "splitk_partial")?;
-        let counters = device.alloc((self.tiles(m, n) * 4).max(4), "splitk_counters")?;
-        device.fill(&partial, &[0])?;
-        device.fill(&counters, &[0])?;
-        Ok(SplitKWorkspace { partial, counters })
+        SplitKWorkspace::new(device, m, n, self.tiles(m, n))
     }
 
     /// `c[m, n] = a[m, k] @ b[k, n]` (contiguous row-major) using `ws` from [`Self::workspace`].
@@ -202,8 +215,7 @@ impl SplitKGemm {
         require_bytes(a, m * k * es, "a")?;
         require_bytes(b, k * n * es, "b")?;
         require_bytes(c, m * n * es, "c")?;
-        require_bytes(&ws.partial, m * n * 4, "partial")?;
-        require_bytes(&ws.counters, self.tiles(m, n) * 4, "counters")?;
+        ws.check(m, n, self.tiles(m, n))?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         if m == 0 || n == 0 {
             return Ok(());

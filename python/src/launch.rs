@@ -24,7 +24,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use std::sync::{Arc, OnceLock};
 use trident_backend_nvidia::prepared::PreparedLaunch;
-use trident_backend_nvidia::runtime::{scalar_slot, CudaDevice};
+use trident_backend_nvidia::runtime::{arg_slot, CudaDevice};
 use trident_core::backend::{KernelArg, LaunchOptions};
 use trident_core::ir::{DType, Elem};
 
@@ -306,12 +306,7 @@ impl Kernel {
 
 /// The 8-byte parameter slots of `args`, as `cuLaunchKernel` reads them.
 fn slots(args: &[KernelArg]) -> Vec<u64> {
-    args.iter()
-        .map(|a| match *a {
-            KernelArg::Ptr(p) => p,
-            KernelArg::Scalar(lit, d) => scalar_slot(lit, d),
-        })
-        .collect()
+    args.iter().map(arg_slot).collect()
 }
 
 /// The options of launches from Python, read once (the wait bound comes from the environment).

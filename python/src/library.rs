@@ -144,8 +144,8 @@ pub fn grouped_gemm(
     // The scheduled form: the schedule kernel first, on the same stream.
     if op.scheduled {
         if let Some((grid, args)) = op.schedule_plan(ops, p).map_err(errors::backend)? {
-            let key = format!("schedule {:?} {}", op.layout, op.block_m);
-            let art = py.detach(|| compiled(&key, &target, || op.build_schedule())).map_err(errors::backend)?;
+            let art =
+                py.detach(|| compiled(&op.schedule_key(), &target, || op.build_schedule())).map_err(errors::backend)?;
             dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;
         }
     }
