@@ -583,6 +583,13 @@ fn run_case(
                 (128, 128, 128, 8, 3),
                 // Two programs per SM at large M (96 KB of stages each).
                 (128, 128, 64, 8, 3),
+                // 128 rows on one warpgroup (two `wgmma` bands per warp): with 3 stages and no
+                // TMA store two programs share an SM, one's epilogue under the other's main
+                // loop (the effect of CUTLASS's ping-pong consumers, by the hardware's scheduler).
+                (128, 128, 64, 4, 3),
+                (128, 128, 64, 4, 4),
+                // 256 x 128 on two warpgroups: 128 x 256's traffic per step, the other aspect.
+                (256, 128, 64, 8, 4),
             ];
             let variants = if tma {
                 &[
@@ -744,6 +751,15 @@ fn scaled_gemm(
         }
         variants.push(ScaledGemm { block_m: 64, warps: 4, ..plain });
         variants.push(ScaledGemm { tma_store: false, ..op });
+        if scaling != Scaling::Block && !promote {
+            // 256 x 128 on two warpgroups (two `wgmma` bands each), and 128 x 128 on one
+            // warpgroup with K steps of 64: 99 KB of shared memory, so two programs share an
+            // SM and one's epilogue runs under the other's main loop.
+            variants.push(ScaledGemm { block_m: 256, stages: 3, ..op });
+            variants.push(ScaledGemm { warps: 4, block_k: 64, stages: 4, ..op });
+            // The same with K steps of 128 over 3 stages and C stored from registers (96 KB).
+            variants.push(ScaledGemm { warps: 4, stages: 3, tma_store: false, ..op });
+        }
         // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
         if m <= 1024 && scaling != Scaling::Block && !promote {
             variants.push(ScaledGemm { splits: 2, ..plain });
@@ -907,6 +923,9 @@ fn grouped_gemm(
         if d.is_fp8() {
             push(GroupedGemm { block_n: 128, block_k: 64, stages: 4, ..op });
         }
+        // 128 x 128 on one warpgroup (two `wgmma` bands per warp) over 3 stages of 32 KB (FP8
+        // K steps of 128, bf16's of 64): 96 KB, two programs per SM.
+        push(GroupedGemm { block_n: 128, warps: 4, block_k: if d.is_fp8() { 128 } else { 64 }, stages: 3, ..op });
         if case.dims[3] < 128 {
             push(GroupedGemm { block_m: 64, warps: 4, ..op });
         }

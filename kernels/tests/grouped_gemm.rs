@@ -221,9 +221,12 @@ fn the_benchmarks_tiles_match_float64() {
     let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
     assert_eq!((op.block_m, op.block_n, op.stages), (128, 256, 4));
     let narrow = GroupedGemm { block_n: 128, ..op };
-    for v in [op, narrow, GroupedGemm { stages: 3, ..op }, GroupedGemm { block_m: 64, warps: 4, ..op }] {
+    // The last: 128 rows on one warpgroup (two `wgmma` bands per warp).
+    let bands = GroupedGemm { block_n: 128, warps: 4, block_k: 64, stages: 3, ..op };
+    for v in [op, narrow, GroupedGemm { stages: 3, ..op }, GroupedGemm { block_m: 64, warps: 4, ..op }, bands] {
         check(&v, &l, 3, 264, 136, &counts(3, 150, 1, &mut rng), &mut rng);
     }
+    assert!(lowered_sm90a(bands).matches("wgmma.m64n128k16").count() >= 8);
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
     assert_eq!((fp8.block_n, fp8.block_k, fp8.stages), (128, 128, 4));
     let wide = GroupedGemm { block_n: 256, stages: 3, ..fp8 };

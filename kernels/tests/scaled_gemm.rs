@@ -161,6 +161,26 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
         let small = ScaledGemm { block_m: 64, warps: 4, warp_specialize: false, persistent: false, ..base };
         check(&small, &l, (100, 136, 272), &mut rng);
     }
+    // Two `wgmma` row bands per warp: 128 rows on one warpgroup (K steps of 64, the
+    // benchmark's two-programs-per-SM configuration) and 256 rows on two, with the producer
+    // warp, the persistent loop and the TMA store, and block scales' promotion on one
+    // warpgroup's 128 rows. The fourth is the flat persistent loop without a producer warp,
+    // whose row scales pass through shared memory in each tile's epilogue: that object once
+    // took bytes of the TMA store's staging tile, which the last tile's bulk read may still be
+    // reading (16 elements of C came out zero).
+    let row = ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a));
+    let block = ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Block, Some(sm90a));
+    for (bands, mnk) in [
+        (ScaledGemm { warps: 4, block_k: 64, ..row }, (200, 264, 400)),
+        (ScaledGemm { block_m: 256, stages: 3, ..row }, (300, 136, 272)),
+        (ScaledGemm { warps: 4, ..block }, (130, 200, 400)),
+        (ScaledGemm { block_m: 256, stages: 3, warp_specialize: false, ..row }, (300, 136, 272)),
+    ] {
+        let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..bands }.build().unwrap(), sm90a).unwrap();
+        let per_step = (bands.block_m / (16 * bands.warps) * bands.block_k / 32) as usize;
+        assert_eq!(k.to_string().matches("wgmma.m64n128k32").count(), per_step, "{bands:?}");
+        check(&bands, &l, mnk, &mut rng);
+    }
     // K steps of 256 bytes: two swizzle atoms along K in each stage.
     let wide =
         ScaledGemm { block_k: 256, stages: 2, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };

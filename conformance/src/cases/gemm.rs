@@ -1,5 +1,6 @@
 //! `C = A B`: the heuristic's schedule at every `dot` precision of f32, and for 16-bit types the
-//! same tiles with a producer warp, persistent, and both.
+//! same tiles with a producer warp, persistent, and both, and 128 x 128 tiles on one warpgroup
+//! (`-bands`: two `wgmma` row bands per warp on sm_90a).
 
 use crate::host::random;
 use crate::reference;
@@ -14,8 +15,11 @@ struct GemmCase;
 
 /// The 16-bit GEMM's cases: the heuristic's schedule, then the same tiles with a producer warp,
 /// as a persistent loop, and as a persistent loop with a producer warp (sm_90a with TMA; the
-/// same kernel as the first elsewhere).
-const GEMM_16BIT_VARIANTS: &[&str] = &["f32acc", "f32acc-ws", "f32acc-persistent", "f32acc-ws-persistent"];
+/// same kernel as the first elsewhere), and 128 x 128 tiles on 4 warps with both (where the target
+/// has `wgmma`: one warpgroup issuing one per 64-row band, `AccLayout::interleave_m`; elsewhere
+/// the first case again).
+const GEMM_16BIT_VARIANTS: &[&str] =
+    &["f32acc", "f32acc-ws", "f32acc-persistent", "f32acc-ws-persistent", "f32acc-bands"];
 
 impl Operation for GemmCase {
     fn name(&self) -> &'static str {
@@ -72,6 +76,16 @@ impl Operation for GemmCase {
             "f32acc-ws" => Gemm { warp_specialize: true, ..g },
             "f32acc-persistent" => Gemm { persistent: true, ..g },
             "f32acc-ws-persistent" => Gemm { warp_specialize: true, persistent: true, ..g },
+            "f32acc-bands" if l.gpu_target().is_some_and(|t| t.has_wgmma()) => Gemm {
+                block_m: 128,
+                block_n: 128,
+                block_k: 64,
+                warps: 4,
+                stages: 4,
+                warp_specialize: true,
+                persistent: true,
+                ..g
+            },
             _ => g,
         };
         g.run(l, &ins[0], &ins[1], out, mnk)

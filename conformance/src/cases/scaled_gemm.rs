@@ -1,6 +1,7 @@
 //! FP8 GEMMs with scales (`trident_kernels::scaled_gemm`): C bf16 = (A * sa) @ (B * sb)^T, A and
 //! B FP8 and K-major, the scales f32. Its cases are the bf16 ones (the output type); the
-//! variant names the FP8 format and the scaling (`-promoted`, `-split`: split-K). The reference sums each 128 of K in f64 and
+//! variant names the FP8 format and the scaling (`-promoted`, `-split`: split-K, `-256`: 256 x 128
+//! tiles, two `wgmma` row bands per warpgroup where the target has `wgmma`, else `for_target`'s). The reference sums each 128 of K in f64 and
 //! applies that block's scales, as the kernel's definition says.
 
 use crate::host::{random, round_to};
@@ -33,7 +34,7 @@ impl Operation for ScaledGemmCase {
     /// Only at bf16, its output type.
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         if dtype == DType::BF16 {
-            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split"]
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split", "e4m3-row-256"]
         } else {
             &[]
         }
@@ -92,6 +93,11 @@ impl Operation for ScaledGemmCase {
         // split-K over 3 programs per tile, twice on one workspace (the second call checks that
         // the first left it clean).
         let op = ScaledGemm { promote: case.variant.ends_with("-promoted"), ..ScaledGemm::for_target(d, scaling, l.gpu_target()) };
+        let bands = case.variant.ends_with("-256") && l.gpu_target().is_some_and(|t| t.has_wgmma());
+        let op = match bands {
+            true => ScaledGemm { block_m: 256, block_n: 128, warps: 8, stages: 3, ..op },
+            false => op,
+        };
         if case.variant.ends_with("-split") {
             let op = ScaledGemm { splits: 3, ..op }.specialized(&ins[0], &ins[1], out, mnk.1, mnk.2);
             let ws = op.workspace(l.device, mnk.0, mnk.1)?;

@@ -182,6 +182,11 @@ impl Blocked {
 /// and each instruction tile over the lanes by the atom's accumulator map. Slot
 /// `((i * tiles_n) + j) * c_elems + r` is register `r` of instruction tile `(i, j)` of the warp.
 ///
+/// With `interleave_m` a warp's instruction tiles along M are not one block: its tile `i` lies
+/// at rows `(i * warps_m + w % warps_m) * atom.m`, so the warps together cover one band of
+/// `warps_m * atom.m` rows per `i`. That is where `wgmma` puts them when a warpgroup issues one
+/// instruction per 64-row band (a 128-row tile on one warpgroup, 256 rows on two).
+///
 /// An atom's map is a lane part plus a register part (`crate::target::LaneMap`), so a slot's
 /// coordinates are, as for blocked layouts, a per-thread position plus constants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -191,6 +196,7 @@ pub struct AccLayout {
     pub n: u32,
     pub warps_m: u32,
     pub warps_n: u32,
+    pub interleave_m: bool,
 }
 
 impl AccLayout {
@@ -204,7 +210,7 @@ impl AccLayout {
         while wm <= warps {
             let wn = warps / wm;
             if m.is_multiple_of(atom.m * wm) && n.is_multiple_of(atom.n * wn) {
-                let l = AccLayout { atom, m, n, warps_m: wm, warps_n: wn };
+                let l = AccLayout { atom, m, n, warps_m: wm, warps_n: wn, interleave_m: false };
                 let (ti, tj) = l.tiles();
                 // Loads per instruction, scaled to stay an integer.
                 let cost = (atom.a_elems as u64 * ti as u64 + atom.b_elems as u64 * tj as u64) * 1_000_000
@@ -228,13 +234,24 @@ impl AccLayout {
         ti * tj * self.atom.c_elems
     }
 
+    /// The first row of a warp's instruction tile `i` relative to its origin
+    /// ([`AccLayout::warp_row`]).
+    pub fn tile_row(&self, i: u32) -> u32 {
+        i * self.atom.m * if self.interleave_m { self.warps_m } else { 1 }
+    }
+
+    /// The first row of block row `wm`'s first instruction tile.
+    pub fn warp_row(&self, wm: u32) -> u32 {
+        wm * if self.interleave_m { self.atom.m } else { self.m / self.warps_m }
+    }
+
     /// The thread-independent part of slot `s`'s (row, column).
     pub fn offset(&self, s: u32) -> [u32; 2] {
         let (_, tj) = self.tiles();
         let (tile, r) = (s / self.atom.c_elems, s % self.atom.c_elems);
         let (i, j) = (tile / tj, tile % tj);
         let (rr, cr) = (self.atom.c.elem)(r);
-        [i * self.atom.m + rr, j * self.atom.n + cr]
+        [self.tile_row(i) + rr, j * self.atom.n + cr]
     }
 
     /// The thread-dependent part: the warp's block origin plus the lane's part of the map.
@@ -243,7 +260,7 @@ impl AccLayout {
         let (wm, wn) = (warp % self.warps_m, warp / self.warps_m);
         let (r, c) = self.atom.c.eval(lane % self.atom.lanes, 0);
         let (r0, c0) = (self.atom.c.elem)(0);
-        [wm * (self.m / self.warps_m) + r - r0, wn * (self.n / self.warps_n) + c - c0]
+        [self.warp_row(wm) + r - r0, wn * (self.n / self.warps_n) + c - c0]
     }
 
     pub fn element(&self, thread: u32, s: u32, warp_size: u32) -> [u32; 2] {
@@ -339,28 +356,51 @@ mod tests {
         assert_eq!(l.lane_stride(0), 16);
     }
 
+    /// `wgmma`'s placement: on one warpgroup a 128-row tile is two 64-row bands, warp `w`
+    /// holding rows `16 w .. 16 w + 16` of each; the slots of band `i` are one instruction's
+    /// registers, in order.
+    #[test]
+    fn interleaved_rows_are_wgmma_bands() {
+        let mma = &crate::target::MMA_SYNC_M16N8K16;
+        let l = AccLayout { atom: mma, m: 128, n: 64, warps_m: 4, warps_n: 1, interleave_m: true };
+        let per_band = l.slots() / 2;
+        for t in 0..128 {
+            for s in 0..l.slots() {
+                let e = l.element(t, s, 32);
+                let band = s / per_band;
+                assert_eq!(e[0] / 64, band, "thread {t} slot {s}");
+                assert_eq!((e[0] % 64) / 16, t / 32, "thread {t} slot {s}");
+            }
+        }
+    }
+
     #[test]
     fn accumulator_layouts_cover_every_element_once() {
         use crate::target::{MFMA_16X16X16, MFMA_32X32X8, MMA_SYNC_M16N8K16};
         for (atom, ws) in [(&MMA_SYNC_M16N8K16, 32), (&MFMA_32X32X8, 64), (&MFMA_16X16X16, 64)] {
             for (m, n, warps) in [(64, 64, 4), (32, 32, 4), (128, 64, 8), (32, 32, 1), (64, 128, 8)] {
                 let Some(l) = AccLayout::new(atom, m, n, warps) else { continue };
-                let mut seen = std::collections::HashSet::new();
-                for t in 0..warps * ws {
-                    for s in 0..l.slots() {
-                        let e = l.element(t, s, ws);
-                        assert!(e[0] < m && e[1] < n);
-                        assert!(seen.insert(e), "{l:?}: {e:?} twice");
+                for l in [l, AccLayout { interleave_m: true, ..l }] {
+                    let mut seen = std::collections::HashSet::new();
+                    for t in 0..warps * ws {
+                        for s in 0..l.slots() {
+                            let e = l.element(t, s, ws);
+                            assert!(e[0] < m && e[1] < n);
+                            assert!(seen.insert(e), "{l:?}: {e:?} twice");
+                        }
                     }
+                    assert_eq!(seen.len() as u32, m * n, "{l:?}");
                 }
-                assert_eq!(seen.len() as u32, m * n, "{l:?}");
             }
         }
         let mma = &MMA_SYNC_M16N8K16;
-        assert_eq!(AccLayout::new(mma, 64, 64, 4), Some(AccLayout { atom: mma, m: 64, n: 64, warps_m: 2, warps_n: 2 }));
+        assert_eq!(
+            AccLayout::new(mma, 64, 64, 4),
+            Some(AccLayout { atom: mma, m: 64, n: 64, warps_m: 2, warps_n: 2, interleave_m: false })
+        );
         assert_eq!(
             AccLayout::new(mma, 128, 128, 8),
-            Some(AccLayout { atom: mma, m: 128, n: 128, warps_m: 4, warps_n: 2 })
+            Some(AccLayout { atom: mma, m: 128, n: 128, warps_m: 4, warps_n: 2, interleave_m: false })
         );
         assert!(AccLayout::new(mma, 8, 8, 4).is_none());
         assert!(AccLayout::new(mma, 64, 64, 4).unwrap().column_pairs());

@@ -537,7 +537,10 @@ impl Lowering<'_> {
                         }
                     }
                 }
-                let (body_insts, nexts) = self.region(*body, &mma)?;
+                self.smem.enter_loop();
+                let lowered = self.region(*body, &mma);
+                self.smem.leave_loop();
+                let (body_insts, nexts) = lowered?;
                 let results: Vec<Vec<Reg>> =
                     phis.iter().map(|p| p.iter().map(|r| self.reg(self.k.ty(*r))).collect()).collect();
                 let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
@@ -586,8 +589,10 @@ impl Lowering<'_> {
                         self.vals.insert(*a, p.clone());
                     }
                 }
-                let (cond_body, cy) = self.region(*cond, &[])?;
-                let (body_insts, nexts) = self.region(*body, &[])?;
+                self.smem.enter_loop();
+                let lowered = self.region(*cond, &[]).and_then(|c| Ok((c, self.region(*body, &[])?)));
+                self.smem.leave_loop();
+                let ((cond_body, cy), (body_insts, nexts)) = lowered?;
                 let results = self.slots_of(&types);
                 let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
                 self.emit(Inst::While {

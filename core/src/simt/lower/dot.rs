@@ -285,7 +285,7 @@ impl Lowering<'_> {
                 let k = self.iconst(k0 as i64);
                 let a: Vec<Vec<Reg>> = (0..ti)
                     .map(|i| {
-                        let row = self.bin_c(BinaryOp::Add, w[0], (i * atom.m) as i64);
+                        let row = self.bin_c(BinaryOp::Add, w[0], l.tile_row(i) as i64);
                         self.fragment(atom.a, atom.a_elems, ab, [row, k], strides[0], 0, base)
                     })
                     .collect();
@@ -324,7 +324,7 @@ impl Lowering<'_> {
         let saved = std::mem::take(&mut self.cur);
         let wm = self.bin_c(BinaryOp::And, self.warp, l.warps_m as i64 - 1);
         let wn = self.bin_c(BinaryOp::Shr, self.warp, log2(l.warps_m));
-        let row0 = self.bin_c(BinaryOp::Mul, wm, (l.m / l.warps_m) as i64);
+        let row0 = self.bin_c(BinaryOp::Mul, wm, l.warp_row(1) as i64);
         let col0 = self.bin_c(BinaryOp::Mul, wn, (l.n / l.warps_n) as i64);
         let defs = std::mem::replace(&mut self.cur, saved);
         self.prologue.extend(defs);
@@ -435,10 +435,10 @@ impl Lowering<'_> {
         b_lane: Reg,
     ) -> (Vec<Vec<Reg>>, Vec<Vec<Reg>>) {
         let (ti, tj) = l.tiles();
-        let (am, an) = (l.atom.m, l.atom.n);
+        let an = l.atom.n;
         let a_frags: Vec<Vec<Reg>> = (0..ti)
             .map(|i| {
-                let e = self.bin_c(BinaryOp::Add, a_lane, ((i * am) * strides[0] + k0) as i64);
+                let e = self.bin_c(BinaryOp::Add, a_lane, (l.tile_row(i) * strides[0] + k0) as i64);
                 let off = self.shared_offset(e, 2, 0);
                 let off = self.bin(BinaryOp::Add, off, base);
                 let dsts: Vec<Reg> = (0..4).map(|_| self.reg(I32)).collect();

@@ -397,6 +397,8 @@ impl Lowering<'_> {
         let known: Vec<Reg> = f.per_tile.iter().map(|_| self.reg(I32)).collect();
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
+        // (A lowering error ends the whole lowering: no scope to close then.)
+        self.smem.enter_loop();
         let ahead = self.bin_c(BinaryOp::Add, g, dist as i64);
         if single {
             self.emit(Inst::WgmmaWait { pending: 1 });
@@ -418,6 +420,7 @@ impl Lowering<'_> {
         self.flat_epilogue(&f, &p, (g, kk_cur), &acc, |me| me.emit(Inst::WgmmaWait { pending: 0 }))?;
         let (kk_cur1, _, _) = self.flat_advance(&f, kk_cur, None, &[]);
         let (kk_next1, t_next1, known1) = self.flat_advance(&f, kk_next, Some(t_next), &known);
+        self.smem.leave_loop();
         let body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
         let fz = self.konst(SType::F32, Literal::Float(0.0));
@@ -459,6 +462,7 @@ impl Lowering<'_> {
         let known0 = self.flat_tile_offsets(&f, t0);
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
+        self.smem.enter_loop();
 
         // The producer: wait until step g's stage is free, announce and copy; then move on.
         let (pg, pkk, pt) = (self.reg(I32), self.reg(I32), self.reg(I32));
@@ -540,6 +544,7 @@ impl Lowering<'_> {
         let mine = self.ring_slot(last, s, empty_at, 8);
         self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
         self.tile_ops_after(&f, &p, acc_r, saved_tile)?;
+        self.smem.leave_loop();
         let outer_body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
         let g_r = self.reg(I32);

@@ -283,7 +283,8 @@ impl Lowering<'_> {
         if (b_kmajor || fp8 || promotion.is_some()) && strategy != Strategy::Tma {
             return None;
         }
-        let layout = if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, ..layout } } else { layout };
+        let layout =
+            if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, interleave_m: true, ..layout } } else { layout };
         let (mut a, mut b) = (loads[0].2, loads[1].2);
         if strategy == Strategy::Tma {
             let before = self.k.tensor_maps.len();
@@ -434,16 +435,19 @@ impl Lowering<'_> {
     }
 
     /// Whether the K step of a pipelined `dot` with accumulator layout `l`, K tile `kk` and
-    /// elements of `size` bytes runs on the target's `wgmma`: one warpgroup per 64 rows
-    /// (`m = 16 warps`), `n` a multiple of 8 up to 256, K a multiple of the instruction's (32
-    /// bytes), and K and N tiles whose rows fill a swizzle width (32, 64 or 128 bytes, or whole
-    /// 128-byte atoms).
+    /// elements of `size` bytes runs on the target's `wgmma`: each warpgroup takes 64 rows of
+    /// each band of `16 warps` rows, one or two bands (`m = 16 warps` or `32 warps`: a 128-row
+    /// tile on one warpgroup, 256 on two, as CUTLASS's cooperative kernels), `n` a multiple of
+    /// 8 up to 256 with at most 128 accumulator registers per thread, K a multiple of the
+    /// instruction's (32 bytes), and K and N tiles whose rows fill a swizzle width (32, 64 or
+    /// 128 bytes, or whole 128-byte atoms).
     fn wgmma_fits(&self, l: AccLayout, kk: u32, size: u32) -> bool {
         let has = self.target.has_wgmma();
         let rows_fit = |elems: u32| matches!(elems * size, 32 | 64 | 128) || (elems * size).is_multiple_of(128);
+        let band = 16 * self.k.warps;
         has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
             && self.k.warps.is_multiple_of(4)
-            && l.m == 16 * self.k.warps
+            && (l.m == band || (l.m == 2 * band && l.n <= 128))
             && l.n.is_multiple_of(8)
             && l.n <= 256
             && (kk * size).is_multiple_of(32)
@@ -673,7 +677,7 @@ impl Lowering<'_> {
         let (zeros, fresh) = if plan.promotion.is_some() {
             let zero_f = self.konst(SType::F32, Literal::Float(0.0));
             let zero_i = self.iconst(0);
-            (vec![zero_f; (l.n / 2) as usize], self.cmp_raw(CmpOp::Ne, zero_i, zero_i))
+            (vec![zero_f; l.slots() as usize], self.cmp_raw(CmpOp::Ne, zero_i, zero_i))
         } else {
             (Vec::new(), Reg(0))
         };
@@ -1148,24 +1152,38 @@ impl Lowering<'_> {
         let defs = std::mem::replace(&mut self.cur, saved);
         self.prologue.extend(defs);
         let a_base = self.bin(BinaryOp::Add, base, group_rows);
+        // One instruction per band of `16 warps` rows ([`AccLayout::interleave_m`]): band `i`
+        // holds the accumulator slots `i * n / 2 ..`, its A rows start `i * 16 warps` rows on.
+        let (band, per) = (16 * self.k.warps, (l.n / 2) as usize);
+        let bands = l.m / band;
         self.emit(Inst::WgmmaFence);
         let u64t = SType::Int { bits: 64, signed: false };
         for k0 in (0..kk).step_by((32 / size) as usize) {
             // K-major: the instruction's 32 bytes of K lie in one swizzle row of the atom that
             // holds them.
             let kb = k0 * size;
-            let a_at = self.bin_c(BinaryOp::Add, a_base, ((kb / sa) * m * sa + kb % sa) as i64);
+            let a_at: Vec<Reg> = (0..bands)
+                .map(|i| self.bin_c(BinaryOp::Add, a_base, ((kb / sa) * m * sa + kb % sa + i * band * sa) as i64))
+                .collect();
             let (b_at, b_lbo) =
                 if b_kmajor { (b_off + (kb / sb) * n * sb + kb % sb, 16) } else { (b_off + k0 * sb, kk * sb) };
             let b_at = self.bin_c(BinaryOp::Add, base, b_at as i64);
-            let (da, db) = (self.reg(u64t), self.reg(u64t));
-            self.emit(Inst::MatrixDescriptor { dst: da, offset: a_at, lbo: 16, sbo: 8 * sa, swizzle: sa });
+            let da: Vec<Reg> = a_at.iter().map(|_| self.reg(u64t)).collect();
+            let db = self.reg(u64t);
+            for (&dst, &offset) in da.iter().zip(&a_at) {
+                self.emit(Inst::MatrixDescriptor { dst, offset, lbo: 16, sbo: 8 * sa, swizzle: sa });
+            }
             self.emit(Inst::MatrixDescriptor { dst: db, offset: b_at, lbo: b_lbo, sbo: 8 * sb, swizzle: sb });
-            let d: Vec<Reg> = (0..l.n / 2).map(|_| self.reg(SType::F32)).collect();
             let scale_d = if k0 == 0 { accumulate } else { None };
             let trans_b = !b_kmajor;
-            self.emit(Inst::Wgmma { d: d.clone(), c: acc, a: da, b: db, n: l.n, ab: elem, trans_b, scale_d });
-            acc = d;
+            let mut next = Vec::with_capacity(acc.len());
+            for (i, &a) in da.iter().enumerate() {
+                let d: Vec<Reg> = (0..per).map(|_| self.reg(SType::F32)).collect();
+                let c = acc[i * per..(i + 1) * per].to_vec();
+                self.emit(Inst::Wgmma { d: d.clone(), c, a, b: db, n: l.n, ab: elem, trans_b, scale_d });
+                next.extend(d);
+            }
+            acc = next;
         }
         self.emit(Inst::WgmmaCommit);
         if let Some(pending) = pending {

@@ -16,6 +16,11 @@ use crate::simt::SharedObject;
 pub(super) struct SharedAlloc {
     /// Live objects: (offset, bytes).
     live: Vec<(u32, u32)>,
+    /// For each loop body being lowered, outermost first: the bytes of every object allocated
+    /// in it so far. An object that outlives its loop body's iteration (a TMA store's staging
+    /// tile, whose bulk read the next iteration does not wait for) must not take them: the
+    /// next iteration allocates those objects again, over it.
+    loops: Vec<Vec<(u32, u32)>>,
     /// Every object allocated, in program order.
     pub(super) objects: Vec<SharedObject>,
     /// Bytes a program needs: the end of the highest object.
@@ -23,26 +28,49 @@ pub(super) struct SharedAlloc {
 }
 
 impl SharedAlloc {
-    /// Where an object of `bytes` aligned to `align` would go now (the first gap).
-    pub(super) fn place(&mut self, bytes: u32, align: u32) -> u32 {
-        self.live.sort_unstable();
+    /// Where an object of `bytes` aligned to `align` would go now (the first gap), and with
+    /// `pinned` (it stays live across the iterations of the loops around it) the first gap
+    /// that also misses every object allocated in those loops' bodies.
+    pub(super) fn place(&mut self, bytes: u32, align: u32, pinned: bool) -> u32 {
+        let mut taken = self.live.clone();
+        if pinned {
+            taken.extend(self.loops.iter().flatten().copied());
+        }
+        taken.sort_unstable();
         let mut at = 0u32;
-        for &(o, b) in &self.live {
-            if at + bytes <= o {
+        for (o, b) in taken {
+            if at.next_multiple_of(align) + bytes <= o {
                 break;
             }
-            at = (o + b).next_multiple_of(align).max(at);
+            at = (o + b).max(at);
         }
         at.next_multiple_of(align)
     }
 
-    /// Places an object of `bytes` aligned to `align` (a power of two) in the first gap.
-    pub(super) fn alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
-        let at = self.place(bytes, align);
+    /// Places an object of `bytes` aligned to `align` (a power of two) in the first gap
+    /// ([`SharedAlloc::place`]).
+    pub(super) fn alloc(&mut self, name: &'static str, bytes: u32, align: u32, pinned: bool) -> u32 {
+        let at = self.place(bytes, align, pinned);
         self.live.push((at, bytes));
+        if let Some(body) = self.loops.last_mut() {
+            body.push((at, bytes));
+        }
         self.high = self.high.max(at + bytes);
         self.objects.push(SharedObject { name, offset: at, bytes, align, swizzle: None });
         at
+    }
+
+    /// A loop body's lowering begins.
+    pub(super) fn enter_loop(&mut self) {
+        self.loops.push(Vec::new());
+    }
+
+    /// A loop body's lowering ends: its objects count for the loops around it.
+    pub(super) fn leave_loop(&mut self) {
+        let body = self.loops.pop().unwrap_or_default();
+        if let Some(outer) = self.loops.last_mut() {
+            outer.extend(body);
+        }
     }
 
     /// The object at `offset` is dead: its bytes may be reused.
@@ -55,7 +83,13 @@ impl SharedAlloc {
 
 impl Lowering<'_> {
     pub(super) fn shared_alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
-        self.smem.alloc(name, bytes.max(1), align)
+        self.smem.alloc(name, bytes.max(1), align, false)
+    }
+
+    /// An object that stays live to the program's end, across the iterations of the loops
+    /// being lowered (see [`SharedAlloc::loops`]).
+    pub(super) fn shared_alloc_pinned(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
+        self.smem.alloc(name, bytes.max(1), align, true)
     }
 
     pub(super) fn shared_free(&mut self, offset: u32) {
@@ -70,15 +104,38 @@ mod tests {
     #[test]
     fn objects_live_together_do_not_overlap_and_dead_ones_are_reused() {
         let mut a = SharedAlloc::default();
-        let stages = a.alloc("stages", 3000, 128);
-        let scratch = a.alloc("scratch", 8, 8);
+        let stages = a.alloc("stages", 3000, 128, false);
+        let scratch = a.alloc("scratch", 8, 8, false);
         assert!(scratch >= stages + 3000, "{scratch}");
         a.free(stages);
-        let relayout = a.alloc("relayout", 1024, 16);
+        let relayout = a.alloc("relayout", 1024, 16, false);
         assert_eq!(relayout, 0, "the stages' bytes are reused");
-        let big = a.alloc("big", 4096, 16);
+        let big = a.alloc("big", 4096, 16, false);
         assert!(big >= scratch + 8 && big % 16 == 0, "{big}");
         assert_eq!(a.high, big + 4096);
         assert_eq!(a.objects.len(), 4);
+    }
+
+    /// A persistent loop's K-loop ring is freed at each tile's end; the TMA store's staging
+    /// tile, live to the program's end, may not take its bytes (the next tile's copies land
+    /// there while the last store's bulk read may still be running), but may take the bytes of
+    /// objects from before the loop.
+    #[test]
+    fn objects_live_across_iterations_miss_the_loops_objects() {
+        let mut a = SharedAlloc::default();
+        let before = a.alloc("before", 2048, 16, false);
+        a.free(before);
+        a.enter_loop();
+        let ring = a.alloc("ring", 4096, 1024, false);
+        assert_eq!(ring, 0);
+        a.free(ring);
+        let plain = a.alloc("relayout", 1024, 16, false);
+        assert_eq!(plain, 0, "an object of one iteration reuses the ring's bytes");
+        a.free(plain);
+        let staging = a.alloc("staging", 1024, 1024, true);
+        assert_eq!(staging, 4096, "past the ring");
+        a.leave_loop();
+        let after = a.alloc("after", 1024, 16, true);
+        assert_eq!(after, 0, "no loop is open");
     }
 }

@@ -28,8 +28,9 @@ impl Lowering<'_> {
         // when the warps do not split the columns.
         let atom_bytes = l.m * 128;
         let atoms = l.n / 64;
-        let fits =
-            |me: &mut Self, k: u32| me.smem.place(k * atom_bytes, 1024) + k * atom_bytes <= me.target.shared_bytes;
+        let fits = |me: &mut Self, k: u32| {
+            me.smem.place(k * atom_bytes, 1024, true) + k * atom_bytes <= me.target.shared_bytes
+        };
         let mut per = atoms;
         while per > 1 && (!fits(self, per) || !atoms.is_multiple_of(per)) && l.warps_n == 1 {
             per /= 2;
@@ -47,7 +48,7 @@ impl Lowering<'_> {
         // The staging copy stays allocated to the program's end: the last rounds' bulk reads are
         // waited for by the next store (this one again, in a loop) or at the end, so the
         // epilogue does not wait for them and nothing else may take the bytes meanwhile.
-        let at = self.shared_alloc("tma.store", buffers * buffer_bytes, 1024);
+        let at = self.shared_alloc_pinned("tma.store", buffers * buffer_bytes, 1024);
         let sl = StageLayout::Swizzled {
             m: l.m,
             n: l.n,
