@@ -703,7 +703,7 @@ fn scaled_gemm(
     use trident_kernels::scaled_gemm::{ScaledGemm, SCALE_BLOCK};
     let d = case.dtype;
     let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
-    let op = ScaledGemm { promote, ..ScaledGemm::for_target(d, scaling, l.gpu_target()) };
+    let op = ScaledGemm::for_problem(d, scaling, l.gpu_target(), m, promote);
     let spread = |v: Vec<f64>| round_to(&v.iter().map(|x| x * 400.0).collect::<Vec<_>>(), d);
     let (a, b) = (spread(random(m * k, DType::F32, rng)), spread(random(n * k, DType::F32, rng)));
     let (la, lb) = op.scale_lens(m, n, k);
@@ -743,28 +743,36 @@ fn scaled_gemm(
     // default of `for_target` first, then without the producer warp and persistent loop,
     // wider tiles, and one warpgroup for small M. Elsewhere the one form there is.
     let mut variants = vec![op];
+    let mut push = |v: ScaledGemm| {
+        if !variants.contains(&v) {
+            variants.push(v);
+        }
+    };
     if op.descriptors {
         let plain = ScaledGemm { warp_specialize: false, persistent: false, ..op };
-        variants.push(plain);
+        push(plain);
         if scaling != Scaling::Block && !promote {
-            variants.push(ScaledGemm { block_n: 256, stages: 3, ..op });
+            push(ScaledGemm { block_n: 256, stages: 3, ..op });
+            push(ScaledGemm { block_n: 128, stages: 4, ..op });
         }
-        variants.push(ScaledGemm { block_m: 64, warps: 4, ..plain });
-        variants.push(ScaledGemm { tma_store: false, ..op });
+        let plain = ScaledGemm { block_n: 128, stages: 4, ..plain };
+        push(ScaledGemm { block_m: 64, warps: 4, ..plain });
+        push(ScaledGemm { tma_store: false, ..op });
         if scaling != Scaling::Block && !promote {
             // 256 x 128 on two warpgroups (two `wgmma` bands each), and 128 x 128 on one
-            // warpgroup with K steps of 64: 99 KB of shared memory, so two programs share an
-            // SM and one's epilogue runs under the other's main loop.
-            variants.push(ScaledGemm { block_m: 256, stages: 3, ..op });
-            variants.push(ScaledGemm { warps: 4, block_k: 64, stages: 4, ..op });
-            // The same with K steps of 128 over 3 stages and C stored from registers (96 KB).
-            variants.push(ScaledGemm { warps: 4, stages: 3, tma_store: false, ..op });
+            // warpgroup: with K steps of 64 over 4 stages (99 KB with the TMA store) or of 128
+            // over 3 stages without it (96 KB), two programs share an SM and one's epilogue
+            // runs under the other's main loop.
+            let narrow = ScaledGemm { block_n: 128, ..op };
+            push(ScaledGemm { block_m: 256, stages: 3, ..narrow });
+            push(ScaledGemm { warps: 4, block_k: 64, stages: 4, ..narrow });
+            push(ScaledGemm { warps: 4, stages: 3, tma_store: false, ..narrow });
         }
         // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
         if m <= 1024 && scaling != Scaling::Block && !promote {
-            variants.push(ScaledGemm { splits: 2, ..plain });
-            variants.push(ScaledGemm { splits: 4, ..plain });
-            variants.push(ScaledGemm { block_m: 64, warps: 4, splits: 2, ..plain });
+            push(ScaledGemm { splits: 2, ..plain });
+            push(ScaledGemm { splits: 4, ..plain });
+            push(ScaledGemm { block_m: 64, warps: 4, splits: 2, ..plain });
         }
     }
     let mut sweep = Sweep::new(case, reps);
@@ -908,8 +916,8 @@ fn grouped_gemm(
     // A small sweep where the descriptor form runs (each configuration checked, the fastest
     // reported): `for_target`'s tiles first, then 128 and 256 columns (3 stages for FP8's
     // 256), the other stage count (3 or 4), FP8 on K steps of 64, one warpgroup's 64 rows when
-    // experts average fewer than 128 rows, and each program walking the groups instead of the
-    // schedule. SwiGLU and block scales fix the tile's columns.
+    // experts average fewer than 128 rows, and the other form (bf16 walks the groups, FP8
+    // takes the schedule by default). SwiGLU and block scales fix the tile's columns.
     let mut variants = vec![op];
     if op.descriptors && !swiglu && op.scales != Scales::Block {
         let mut push = |v: GroupedGemm| {
@@ -929,7 +937,7 @@ fn grouped_gemm(
         if case.dims[3] < 128 {
             push(GroupedGemm { block_m: 64, warps: 4, ..op });
         }
-        push(GroupedGemm { scheduled: false, ..op });
+        push(GroupedGemm { scheduled: !op.scheduled, ..op });
     }
     // The schedule's scratch, for the largest of the variants' schedules.
     let bytes = variants.iter().map(|v| v.schedule_bytes(p)).max().unwrap_or(0).max(4);

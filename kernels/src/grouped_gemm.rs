@@ -265,14 +265,19 @@ impl GroupedGemm {
     }
 
     /// The meta-parameters for `target`: where the target has TMA and `wgmma` (sm_90a), the
-    /// scheduled descriptor form on two warpgroups' 128 x 256 tiles, K steps of 64 over 4
-    /// stages (FP8: 128 x 128 tiles, K steps of 128 bytes, 4 stages); the portable form
+    /// descriptor form on two warpgroups' 128 x 256 tiles, K steps of 64 over 4 stages (FP8:
+    /// scheduled, 128 x 128 tiles, K steps of 128 bytes, 4 stages); the portable form
     /// elsewhere. On an H100 (`results/h100-issue28/0551a34`) the 128 x 256 tiles of the
     /// SwiGLU cases ran the DeepSeek-V3 gate/up prefill at 0.93x `torch._grouped_mm` where
     /// 128 x 128 ran the same main loop at 0.70x. The FP8 row-scaled form on 128 x 256 tiles
     /// with a producer warp spills (528 bytes, ptxas 13.0; 168 registers for 288 threads), so
     /// FP8 starts from the dense FP8 GEMM's tile at 4096^3 and the benchmark sweeps 128 x 256.
     /// A promotion's second accumulator halves the tiles ([`GroupedGemm::fitted`]).
+    ///
+    /// bf16 walks the groups itself (not `scheduled`): on an H100 (`results/h100-issue28/c0bce89`)
+    /// that form was the fastest or within 3% of it at every bf16 case of the benchmark, and the
+    /// scheduled form on the same 128 x 256 x 64 / 4-stage tiles took 3.63 against 3.04 ms at
+    /// DeepSeek-V3's gate/up prefill. FP8 keeps the schedule, which was 12-20% ahead at prefill.
     pub fn for_target(
         dtype: DType,
         layout: Layout,
@@ -283,8 +288,9 @@ impl GroupedGemm {
         let fast = target.is_some_and(|t| t.has_tma_wgmma());
         match fast {
             true => {
-                let (block_n, block_k) = if dtype.is_fp8() { (128, 128) } else { (256, 64) };
-                GroupedGemm { block_m: 128, block_n, block_k, warps: 8, stages: 4, descriptors: true, scheduled: true, ..base }
+                let fp8 = dtype.is_fp8();
+                let (block_n, block_k) = if fp8 { (128, 128) } else { (256, 64) };
+                GroupedGemm { block_m: 128, block_n, block_k, warps: 8, stages: 4, descriptors: true, scheduled: fp8, ..base }
             }
             false => base,
         }

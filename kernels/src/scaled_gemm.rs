@@ -155,6 +155,27 @@ impl ScaledGemm {
         }
     }
 
+    /// [`ScaledGemm::for_target`] for a problem of `m` rows, with each K block's product added
+    /// in f32 when `promote`: tensor and row scaling without the promotion (whose second
+    /// accumulator does not fit beside a wide one) above 256 rows on 128 x 256 tiles with 3
+    /// stages (on an H100, `results/h100-issue27/c0bce89`: 0.111 against 0.116 ms at 4096^3
+    /// and 0.848 against 1.031 ms at 8192^3 for tensor scaling, 0.114 against 0.125 and 0.845
+    /// against 1.041 for row scaling), 128 x 128 below (0.036 against 0.052 ms at M = 128,
+    /// N = K = 7168).
+    pub fn for_problem(
+        dtype: DType,
+        scaling: Scaling,
+        target: Option<&trident_core::target::TargetDesc>,
+        m: usize,
+        promote: bool,
+    ) -> ScaledGemm {
+        let g = ScaledGemm { promote, ..ScaledGemm::for_target(dtype, scaling, target) };
+        match g.descriptors && scaling != Scaling::Block && !promote && m > 256 {
+            true => ScaledGemm { block_n: 256, stages: 3, ..g },
+            false => g,
+        }
+    }
+
     /// This GEMM specialized for its operands: the descriptor form (where chosen) only when A
     /// and B are 16-byte aligned and K is a positive multiple of 16, else the portable form at
     /// its own meta-parameters.

@@ -254,8 +254,10 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
     let dev = SimtBackend.open_device(0).unwrap();
     let l = sm90a_ctx(dev.as_ref());
     for layout in [Layout::Contiguous, Layout::Masked] {
+        // bf16 walks the groups itself by default; FP8 takes the schedule.
         let op = GroupedGemm::for_target(DType::BF16, layout, BLayout::NK, Some(sm90a));
-        assert!(op.scheduled);
+        assert!(!op.scheduled && GroupedGemm::for_target(DType::F8E4M3FN, layout, BLayout::NK, Some(sm90a)).scheduled);
+        let op = GroupedGemm { scheduled: true, ..op };
         let text = lowered_sm90a(op);
         assert!(text.contains("specialized producer") && text.contains("wgmma.m64n256k16.bf16"), "{layout:?}");
         let small = GroupedGemm { block_m: 64, block_n: 64, warps: 4, stages: 3, ..op };
@@ -277,6 +279,7 @@ fn records_are_read_ahead_only_from_read_only_parameters() {
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
     let op = GroupedGemm {
         divisible: true,
+        scheduled: true,
         ..GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a))
     };
     let text = trident_core::text::print(&op.build().unwrap());

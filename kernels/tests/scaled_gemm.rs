@@ -181,6 +181,12 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
         assert_eq!(k.to_string().matches("wgmma.m64n128k32").count(), per_step, "{bands:?}");
         check(&bands, &l, mnk, &mut rng);
     }
+    // `for_problem`'s wide tiles above 256 rows (128 x 256, 3 stages), not with a promotion.
+    let wide = ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, false);
+    assert_eq!((wide.block_n, wide.stages), (256, 3));
+    assert_eq!(ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, true).block_n, 128);
+    assert_eq!(ScaledGemm::for_problem(DType::F8E5M2, Scaling::Row, Some(sm90a), 256, false).block_n, 128);
+    check(&wide, &l, (300, 520, 272), &mut rng);
     // K steps of 256 bytes: two swizzle atoms along K in each stage.
     let wide =
         ScaledGemm { block_k: 256, stages: 2, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };

@@ -129,7 +129,12 @@ impl Kernel {
             let x: bool = v.extract().map_err(|_| bad("takes a bool"))?;
             return Ok(KernelArg::Scalar(Literal::Int(x as i64), d));
         }
-        let x: i128 = v.extract().map_err(|_| bad("takes an int"))?;
+        // An i64 first (one C call); i128 only for what does not fit (u64's upper half, and
+        // the error for what is out of range).
+        let x: i128 = match v.extract::<i64>() {
+            Ok(x) => x as i128,
+            Err(_) => v.extract().map_err(|_| bad("takes an int"))?,
+        };
         let bits = d.bits();
         let (lo, hi) = if d.is_signed_int() {
             (-(1i128 << (bits - 1)), (1i128 << (bits - 1)) - 1)

@@ -86,7 +86,7 @@ fn sync_launches() -> bool {
 /// FNUZ formats, which the IR does not have).
 fn fits(given: &str, want: DType) -> bool {
     let fp8 = given == "fp8" || given.starts_with("f8");
-    given == want.to_string() || (fp8 && matches!(want, DType::U8 | DType::I8))
+    given == want.as_str() || (fp8 && matches!(want, DType::U8 | DType::I8))
 }
 
 /// One pointer argument: its address and the CUDA device it lives on.

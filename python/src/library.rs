@@ -68,10 +68,10 @@ pub fn scaled_gemm(
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
     let (a, b) = (buf("a", a, m * k), buf("b", b, n * k));
     // The descriptor form (TMA and FP8 `wgmma`) on sm_90a where the operands allow it.
-    let op = ScaledGemm::for_target(dtype, scaling, trident_core::target::lookup(&target).ok());
     // Each 128 of K added in f32 unless the caller asks for the tensor cores' accumulation.
+    let op = ScaledGemm::for_problem(dtype, scaling, trident_core::target::lookup(&target).ok(), m, !fast_accum);
     let c = buf("c", c, m * n * 2);
-    let op = ScaledGemm { promote: !fast_accum, ..op }.specialized(&a, &b, &c, n, k);
+    let op = op.specialized(&a, &b, &c, n, k);
     let (la, lb) = op.scale_lens(m, n, k);
     let plan = op
         .plan(&a, &b, &c, &buf("scale_a", scale_a, la * 4), &buf("scale_b", scale_b, lb * 4), mnk)
