@@ -754,6 +754,8 @@ fn scaled_gemm(
         if scaling != Scaling::Block && !promote {
             push(ScaledGemm { block_n: 256, stages: 3, ..op });
             push(ScaledGemm { block_n: 128, stages: 4, ..op });
+            // 4 stages of 48 KB: the TMA store's staging then goes out a part at a time.
+            push(ScaledGemm { block_n: 256, stages: 4, ..op });
         }
         let plain = ScaledGemm { block_n: 128, stages: 4, ..plain };
         push(ScaledGemm { block_m: 64, warps: 4, ..plain });
