@@ -335,10 +335,15 @@ impl ScaledGemm {
         let dc = tma_store.then(|| b.make_desc(c, [m, n], [n, one], [bm, bn]));
 
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let tiles = ((m + (bm as i32 - 1)) / bm as i32) * tiles_n;
+        let tiles_m = (m + (bm as i32 - 1)) / bm as i32;
+        let tiles = tiles_m * tiles_n;
         let k_blocks = (k + (bk as i32 - 1)) / bk as i32;
         let one_tile = |tile: Tile| {
-            let (row0, col0) = ((tile / tiles_n) * bm as i32, (tile % tiles_n) * bn as i32);
+            // The bf16 GEMM's grouped raster order: the programs running together share A's rows
+            // and B's columns in L2 (row by row, each row of tiles streams all of B again: 64 MB
+            // at 8192^3, more than L2).
+            let (tm, tn) = crate::gemm::grouped_tile(tile, tiles_m, tiles_n);
+            let (row0, col0) = (tm * bm as i32, tn * bn as i32);
             let rm = row0 + b.arange(0, bm as i64);
             let rn = col0 + b.arange(0, bn as i64);
             let (rows, cols) = (rm.expand_dims(1), rn.expand_dims(0));
