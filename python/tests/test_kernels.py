@@ -239,3 +239,30 @@ def test_fp8_quantization_on_the_cpu(backend):
     want = np.array([e4m3fn_code(float(v)) for v in x], np.uint8)
     bad = np.nonzero(q != want)[0]
     assert bad.size == 0, [(float(x[i]), hex(q[i]), hex(want[i])) for i in bad[:5]]
+
+
+PUT_U64 = """
+kernel @put(%out: !ptr<u64>, %v: u64) attributes {warps = 1, stages = 2, cooperative = false} {
+  %lanes = arange 0, 32 : tile<32xi32>
+  %vs = splat %v : tile<32xu64>
+  %os = splat %out : tile<32x!ptr<u64>>
+  %op = addptr %os, %lanes : tile<32x!ptr<u64>>
+  store %op, %vs
+  return
+}
+"""
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scalars_beyond_i64(backend):
+    # A launch reads scalars as i64 first and only then as a wider integer: u64 values past
+    # i64's range still arrive whole, and what fits no u64 is refused.
+    k = trident.compile(PUT_U64, backend=backend)
+    for v in [0, 2**63 - 1, 2**63, 2**64 - 1]:
+        out = np.full(32, 7, np.uint64)
+        k[1](out, v)
+        assert (out == np.uint64(v)).all(), (v, out[:4])
+    with pytest.raises(trident.ArgumentError, match=r"0..=18446744073709551615"):
+        k[1](np.zeros(32, np.uint64), -1)
+    with pytest.raises(trident.ArgumentError, match=r"0..=18446744073709551615"):
+        k[1](np.zeros(32, np.uint64), 2**64)
