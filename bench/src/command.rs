@@ -642,6 +642,35 @@ fn run_case(
                     best_gemm = sweep.best.as_ref().map(|(ms, _, _)| (g, ms.median));
                 }
             }
+            // Consumer ping-pong on TMA targets: two groups of 4 consumer warps taking 128 x 128
+            // tiles in turn (the producer warp, persistent, the TMA store per group).
+            if tma {
+                for stages in [4, 5] {
+                    let g = Gemm {
+                        block_m: 128,
+                        block_n: 128,
+                        block_k: 64,
+                        warps: 4,
+                        stages,
+                        descriptors: true,
+                        warp_specialize: true,
+                        persistent: true,
+                        tma_store: true,
+                        pingpong: true,
+                        ..Gemm::new(d)
+                    };
+                    let name = format!("128x128x64/4w/{stages}s/tma-ws-persistent-store-pingpong");
+                    if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
+                        continue;
+                    }
+                    cuda.fill(&c, &poison(d))?;
+                    let run = || g.run(&l, &ab, &bb, &c, (m, n, k));
+                    if sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))? == Some(true)
+                    {
+                        best_gemm = sweep.best.as_ref().map(|(ms, _, _)| (g, ms.median));
+                    }
+                }
+            }
             // Split-K for small M on TMA targets (the output tiles alone leave SMs idle): the
             // descriptor form of `SplitKGemm`, each configuration checked the same way.
             if tma && m <= 1024 && d.size_bytes() == 2 {
@@ -769,6 +798,8 @@ fn scaled_gemm(
             push(ScaledGemm { block_m: 256, stages: 3, ..narrow });
             push(ScaledGemm { warps: 4, block_k: 64, stages: 4, ..narrow });
             push(ScaledGemm { warps: 4, stages: 3, tma_store: false, ..narrow });
+            // Consumer ping-pong: two groups of 4 consumer warps taking 128 x 128 tiles in turn.
+            push(ScaledGemm { warps: 4, stages: 4, pingpong: true, ..narrow });
         }
         // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
         if m <= 1024 && scaling != Scaling::Block && !promote {
@@ -792,7 +823,8 @@ fn scaled_gemm(
             if g.divisible && producer { "-ws" } else { "" },
             if g.divisible && persistent { "-persistent" } else { "" },
             if g.divisible && g.tma_store && g.splits <= 1 { "-store" } else { "" },
-        ) + &if g.splits > 1 { format!("-splitk{}", g.splits) } else { String::new() };
+        ) + &if g.splits > 1 { format!("-splitk{}", g.splits) } else { String::new() }
+            + if g.divisible && g.pingpong && producer && persistent { "-pingpong" } else { "" };
         cuda.fill(&c, &poison(DType::BF16))?;
         // A split-K variant's workspace, zeroed once (each call leaves it clean).
         let ws = if g.splits > 1 { Some(g.workspace(cuda, m, n)?) } else { None };

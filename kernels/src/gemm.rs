@@ -39,6 +39,11 @@ pub struct Gemm {
     /// swizzled shared copy on sm_90a). On where the target has TMA: it won at every shape of
     /// the H200 sweep (`results/h200-issue11/store-5a9a74b`).
     pub tma_store: bool,
+    /// Consumer ping-pong (`LaunchAttrs::pingpong`): two groups of `warps` consumer warps take
+    /// the tiles in turn, one group's epilogue under the other's main loop. With the producer
+    /// warp and the persistent loop on TMA targets; a tile of one group's `warps` (128 x 128 on
+    /// 4 warps).
+    pub pingpong: bool,
 }
 
 /// Rows of tiles a group of programs walks together (the grouped raster order).
@@ -72,6 +77,7 @@ impl Gemm {
             warp_specialize: false,
             persistent: false,
             tma_store: false,
+            pingpong: false,
         }
     }
 
@@ -233,7 +239,8 @@ impl Gemm {
             (false, true) => "_store",
             _ => "",
         };
-        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}{persistent}", self.dtype, self.dot_precision());
+        let pingpong = if self.pingpong { "_pingpong" } else { "" };
+        let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}{persistent}{pingpong}", self.dtype, self.dot_precision());
         let b = KernelBuilder::new(
             &name,
             LaunchAttrs {
@@ -244,6 +251,7 @@ impl Gemm {
                 warp_specialize: self.warp_specialize && self.descriptors && self.divisible,
                 persistent: self.persistent,
                 inter_node: false,
+                pingpong: self.pingpong && self.warp_specialize && self.persistent && self.descriptors && self.divisible,
             },
         );
         let ptr = |name: &str| {
@@ -429,6 +437,8 @@ pub struct GemmConfig {
     pub persistent: bool,
     #[serde(default)]
     pub tma_store: bool,
+    #[serde(default)]
+    pub pingpong: bool,
 }
 
 impl GemmConfig {
@@ -443,6 +453,7 @@ impl GemmConfig {
             warp_specialize: g.warp_specialize,
             persistent: g.persistent,
             tma_store: g.tma_store,
+            pingpong: g.pingpong,
         }
     }
 
@@ -458,6 +469,7 @@ impl GemmConfig {
             warp_specialize: self.warp_specialize,
             persistent: self.persistent,
             tma_store: self.tma_store,
+            pingpong: self.pingpong,
             ..base
         }
     }

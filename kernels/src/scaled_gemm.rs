@@ -82,6 +82,9 @@ pub struct ScaledGemm {
     /// idle (M = 128: 56 tiles of 128 x 128 on 132 SMs). 1: none. Without a producer warp,
     /// persistent loop or TMA store.
     pub splits: u32,
+    /// Consumer ping-pong (`LaunchAttrs::pingpong`, with the producer warp and the persistent
+    /// loop): two groups of `warps` consumer warps take the tiles in turn (128 x 128 on 4 warps).
+    pub pingpong: bool,
 }
 
 impl ScaledGemm {
@@ -101,6 +104,7 @@ impl ScaledGemm {
             divisible: false,
             tma_store: false,
             splits: 1,
+            pingpong: false,
         }
     }
 
@@ -305,13 +309,17 @@ impl ScaledGemm {
         let tma_store = self.tma_store && !split;
         let store = if tma_store { "_store" } else { "" };
         let split_name = if split { "_split" } else { "" };
-        let name = format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc{form}{store}{split_name}", self.dtype, self.scaling)
-            .to_lowercase();
+        let pingpong = self.pingpong && warp_specialize && persistent;
+        let pp = if pingpong { "_pingpong" } else { "" };
+        let name =
+            format!("scaled_gemm_{}_{:?}_{bm}x{bn}x{bk}_desc{form}{store}{split_name}{pp}", self.dtype, self.scaling)
+                .to_lowercase();
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
             warp_specialize,
             persistent,
+            pingpong,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&name, attrs);

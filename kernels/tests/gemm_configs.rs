@@ -102,3 +102,31 @@ fn arguments_tma_cannot_read_are_a_typed_error() {
     let e = dev.launch(&kernel, [1, 1, 1], &args, &LaunchOptions::default()).unwrap_err().to_string();
     assert!(e.contains("tensor map of %a") && e.contains("row stride 12 elements (24 bytes)"), "{e}");
 }
+
+/// Consumer ping-pong where the lowering cannot run it (a kernel without a persistent tile
+/// loop of TMA and `wgmma` steps) is a typed error naming it, not a kernel whose two consumer
+/// groups would both run everything.
+#[test]
+fn pingpong_without_its_loop_is_refused() {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let text = r#"
+kernel @copy(%x: !ptr<f32>, %out: !ptr<f32>) attributes {warps = 4, stages = 2, cooperative = false, warp_specialize = true, persistent = true, pingpong = true} {
+  %lanes = arange 0, 128 : tile<128xi32>
+  %xs = splat %x : tile<128x!ptr<f32>>
+  %xp = addptr %xs, %lanes : tile<128x!ptr<f32>>
+  %v = load %xp : tile<128xf32>
+  %os = splat %out : tile<128x!ptr<f32>>
+  %op = addptr %os, %lanes : tile<128x!ptr<f32>>
+  store %op, %v
+  return
+}
+"#;
+    let f = trident_core::text::parse(text).unwrap();
+    assert!(f.attrs.pingpong);
+    assert!(trident_core::text::print(&f).contains("pingpong = true"));
+    let e = trident_core::simt::lower(&f, sm90a).unwrap_err().to_string();
+    assert!(e.contains("ping-pong") && e.contains("producer warp"), "{e}");
+    // Where the target has no TMA and `wgmma`, the attribute changes nothing.
+    let sm80 = trident_core::target::lookup("sm_80").unwrap();
+    assert_eq!(trident_core::simt::lower(&f, sm80).unwrap().threads(), 128);
+}

@@ -181,6 +181,13 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
         assert_eq!(k.to_string().matches("wgmma.m64n128k32").count(), per_step, "{bands:?}");
         check(&bands, &l, mnk, &mut rng);
     }
+    // Consumer ping-pong: two groups of 4 consumer warps take 128 x 128 tiles in turn (each
+    // group's epilogue, its barriers and its TMA store staging its own), on more tiles than
+    // cpu-simt's persistent programs so that both groups run several.
+    let pingpong = ScaledGemm { warps: 4, stages: 4, pingpong: true, ..row };
+    let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..pingpong }.build().unwrap(), sm90a).unwrap();
+    assert!(k.to_string().contains("two groups taking turns") && k.threads() == 288, "{pingpong:?}");
+    check(&pingpong, &l, (520, 392, 272), &mut rng);
     // `for_problem`'s wide tiles above 256 rows (128 x 256, 3 stages), not with a promotion.
     let wide = ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, false);
     assert_eq!((wide.block_n, wide.stages), (256, 3));

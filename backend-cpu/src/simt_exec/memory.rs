@@ -203,7 +203,7 @@ impl Exec<'_> {
         let bytes = bits.to_le_bytes();
         for (i, b) in bytes[..size].iter().enumerate() {
             let same = self.shared[off + i] == *b;
-            self.hazards.write(lane, off + i, same)?;
+            self.hazards.write(self.lane_base + lane, off + i, same)?;
             self.shared[off + i] = *b;
         }
         Ok(())

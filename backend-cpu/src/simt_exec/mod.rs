@@ -177,6 +177,22 @@ fn truncate_lanes(v: &mut Val, n: usize) {
     v.ty = Type::tile(v.ty.elem, &[len as u32]);
 }
 
+/// The lanes `range` of `v` (a value with fewer lanes, as a launch-wide scalar, is kept).
+fn slice_lanes(v: &Val, range: std::ops::Range<usize>) -> Val {
+    let len = match &v.data {
+        Data::F(x) => x.len(),
+        Data::D(x) => x.len(),
+        Data::I(x) => x.len(),
+        Data::P(x) => x.len(),
+        Data::Token => return v.clone(),
+    };
+    if len < range.end {
+        return v.clone();
+    }
+    let idx: Vec<usize> = range.collect();
+    Val { ty: Type::tile(v.ty.elem, &[idx.len() as u32]), data: v.data.gather(&idx) }
+}
+
 /// A tensor map the arguments cannot make, named by its tensor's parameter.
 fn tensor_map_fault(k: &Kernel, m: &trident_core::simt::tma::TensorMap, e: String) -> SimtFault {
     let message =
@@ -240,6 +256,9 @@ struct Exec<'a> {
     mbarriers: std::collections::HashMap<usize, Mbarrier>,
     /// The kernel's tensor maps evaluated against the launch's arguments.
     maps: Vec<MapValues>,
+    /// The program's thread number of lane 0 of the registers (a ping-pong group's first
+    /// thread while it runs), for the shared-memory race detector.
+    lane_base: usize,
     /// Inside an [`Inst::Specialized`] region's producer: a wait that cannot pass yet gives
     /// way to the consumers (`blocked` set) instead of faulting.
     yielding: bool,
@@ -339,6 +358,7 @@ pub fn run_program(
         origin: None,
         mbarriers: Default::default(),
         maps,
+        lane_base: 0,
         yielding: false,
         blocked: false,
         producer: None,
@@ -444,7 +464,7 @@ impl Exec<'_> {
         let mut b = [0u8; 8];
         b[..size].copy_from_slice(slot);
         for i in 0..size {
-            self.hazards.read(lane, off + i)?;
+            self.hazards.read(self.lane_base + lane, off + i)?;
         }
         Ok(u64::from_le_bytes(b))
     }

@@ -6,7 +6,7 @@ use super::*;
 impl Writer<'_> {
     pub(super) fn control(&mut self, i: &Inst) -> Result<(), EmitError> {
         match i {
-            Inst::Specialized { consumer_warps, producer, consumer } => {
+            Inst::Specialized { consumer_warps, producer, consumer, pingpong } => {
                 // The producer warps run their side and leave; barriers from here on are the
                 // consumers' own (barrier 1 with their count), the producers having exited.
                 let threads = consumer_warps * self.k.warp_size;
@@ -18,9 +18,17 @@ impl Writer<'_> {
                 self.insts(producer)?;
                 self.line("bra.uni $EXIT".into());
                 self.body.push_str(&format!("$L{l}_consumer:\n"));
-                // Barriers in the consumers' side (a persistent loop's epilogue) are theirs too.
+                // Barriers in the consumers' side (a persistent loop's epilogue) are theirs too;
+                // with ping-pong, each group's own.
                 self.consumers = Some(threads);
+                if let Some(g) = pingpong {
+                    let id = self.temp(Class::R);
+                    let g = self.n(*g).to_string();
+                    line!(self, "add.u32 {id}, {g}, 2");
+                    self.group_barrier = Some((id, threads / 2));
+                }
                 self.insts(consumer)?;
+                self.group_barrier = None;
             }
             Inst::Exit => self.line("bra.uni $EXIT".into()),
             // Line information: compute-sanitizer and debuggers report the tile-IR line.

@@ -108,6 +108,9 @@ struct Writer<'k> {
     maps: Vec<Name>,
     /// After an `Inst::Specialized`: the consumer threads, the only ones left.
     consumers: Option<u32>,
+    /// Inside a ping-pong region's consumers: the register holding the group's barrier id
+    /// (2 + group) and the group's threads.
+    group_barrier: Option<(Name, u32)>,
 }
 
 fn ci(c: Class) -> usize {
@@ -352,6 +355,7 @@ pub fn write_ptx(k: &Kernel, target: &'static TargetDesc) -> Result<String, Emit
         smem: None,
         maps: Vec::new(),
         consumers: None,
+        group_barrier: None,
     };
     for &t in &k.regs {
         let c = class(t);

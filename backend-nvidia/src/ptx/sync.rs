@@ -143,7 +143,11 @@ impl Writer<'_> {
 
     /// The operands naming the barrier every remaining thread meets: barrier 0 (all threads),
     /// or after a warp-specialized region barrier 1 with the consumers' count.
+    /// Inside a ping-pong region, the group's own barrier (2 + group, its threads).
     pub(super) fn barrier(&self) -> String {
+        if let Some((id, n)) = &self.group_barrier {
+            return format!("{id}, {n}");
+        }
         match self.consumers {
             Some(n) => format!("1, {n}"),
             None => "0".into(),

@@ -17,9 +17,10 @@ struct GemmCase;
 /// as a persistent loop, and as a persistent loop with a producer warp (sm_90a with TMA; the
 /// same kernel as the first elsewhere), and 128 x 128 tiles on 4 warps with both (where the target
 /// has `wgmma`: one warpgroup issuing one per 64-row band, `AccLayout::interleave_m`; elsewhere
-/// the first case again).
+/// the first case again), and the same tiles with consumer ping-pong (two groups of 4 consumer
+/// warps taking tiles in turn, on TMA targets).
 const GEMM_16BIT_VARIANTS: &[&str] =
-    &["f32acc", "f32acc-ws", "f32acc-persistent", "f32acc-ws-persistent", "f32acc-bands"];
+    &["f32acc", "f32acc-ws", "f32acc-persistent", "f32acc-ws-persistent", "f32acc-bands", "f32acc-pingpong"];
 
 impl Operation for GemmCase {
     fn name(&self) -> &'static str {
@@ -84,6 +85,18 @@ impl Operation for GemmCase {
                 stages: 4,
                 warp_specialize: true,
                 persistent: true,
+                ..g
+            },
+            "f32acc-pingpong" if l.gpu_target().is_some_and(|t| t.has_tma_wgmma()) => Gemm {
+                block_m: 128,
+                block_n: 128,
+                block_k: 64,
+                warps: 4,
+                stages: 4,
+                descriptors: true,
+                warp_specialize: true,
+                persistent: true,
+                pingpong: true,
                 ..g
             },
             _ => g,

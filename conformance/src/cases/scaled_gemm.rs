@@ -1,7 +1,8 @@
 //! FP8 GEMMs with scales (`trident_kernels::scaled_gemm`): C bf16 = (A * sa) @ (B * sb)^T, A and
 //! B FP8 and K-major, the scales f32. Its cases are the bf16 ones (the output type); the
 //! variant names the FP8 format and the scaling (`-promoted`, `-split`: split-K, `-256`: 256 x 128
-//! tiles, two `wgmma` row bands per warpgroup where the target has `wgmma`, else `for_target`'s). The reference sums each 128 of K in f64 and
+//! tiles, two `wgmma` row bands per warpgroup where the target has `wgmma`, else `for_target`'s;
+//! `-pingpong`: consumer ping-pong there). The reference sums each 128 of K in f64 and
 //! applies that block's scales, as the kernel's definition says.
 
 use crate::host::{random, round_to};
@@ -34,7 +35,7 @@ impl Operation for ScaledGemmCase {
     /// Only at bf16, its output type.
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         if dtype == DType::BF16 {
-            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split", "e4m3-row-256"]
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split", "e4m3-row-256", "e5m2-row-pingpong"]
         } else {
             &[]
         }
@@ -96,6 +97,12 @@ impl Operation for ScaledGemmCase {
         let bands = case.variant.ends_with("-256") && l.gpu_target().is_some_and(|t| t.has_wgmma());
         let op = match bands {
             true => ScaledGemm { block_m: 256, block_n: 128, warps: 8, stages: 3, ..op },
+            false => op,
+        };
+        // `-pingpong`: two groups of 4 consumer warps taking 128 x 128 tiles in turn.
+        let pingpong = case.variant.ends_with("-pingpong") && l.gpu_target().is_some_and(|t| t.has_wgmma());
+        let op = match pingpong {
+            true => ScaledGemm { block_m: 128, block_n: 128, warps: 4, stages: 4, pingpong: true, ..op },
             false => op,
         };
         if case.variant.ends_with("-split") {

@@ -264,6 +264,12 @@ pub struct LaunchAttrs {
     /// `notify` at `inter_node` scope always does. Worlds set it to force that path where
     /// every rank shares a node (`trident test --processes --inter-node`).
     pub inter_node: bool,
+    /// Consumer ping-pong (with `warp_specialize` and `persistent`, where the target has TMA
+    /// and `wgmma`): two groups of `warps` consumer warps take the program's tiles in turn,
+    /// one group's epilogue running under the other's main loop (`Kernel::consumer_groups`;
+    /// `docs/DECISIONS.md`, "Consumer ping-pong"). A kernel whose tile loop the lowering
+    /// cannot run so is refused.
+    pub pingpong: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -276,6 +282,7 @@ impl Default for LaunchAttrs {
             warp_specialize: false,
             persistent: false,
             inter_node: false,
+            pingpong: false,
         }
     }
 }

@@ -300,10 +300,16 @@ pub enum Inst {
     /// two loops over the same iterations; the sides talk only through mbarriers (a side's waits
     /// come first in its loop body). Only consumer threads run what follows the region, and
     /// barriers after it count them only.
+    ///
+    /// With `pingpong` (the register holding each consumer thread's group, 0 or 1) the
+    /// consumers are two groups of `consumer_warps / 2` warps that run `consumer` each on its
+    /// own iterations (the loop's bounds and carried values differ by group); a barrier inside
+    /// the region counts the thread's group only (`bar.sync 2 + group`), and one after it both.
     Specialized {
         consumer_warps: u32,
         producer: Vec<Inst>,
         consumer: Vec<Inst>,
+        pingpong: Option<Reg>,
     },
     /// Threads with `pred` copy the box of `Kernel::tensor_maps[map]` at shared byte `offset`
     /// (laid out as `TmaLoad` writes it) to the tensor at (`coords[0]`, `coords[1]`); elements
@@ -603,11 +609,12 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::FenceMbarrierInit
         | Inst::BulkCommit
         | Inst::BulkWait { .. }
-        | Inst::Specialized { .. }
+        | Inst::Specialized { pingpong: None, .. }
         | Inst::Clock { .. }
         | Inst::Exit
         | Inst::Origin { .. }
         | Inst::Fence { .. } => {}
+        Inst::Specialized { pingpong: Some(g), .. } => f(g),
         Inst::Unary { src, .. }
         | Inst::Cast { src, .. }
         | Inst::Bitcast { src, .. }

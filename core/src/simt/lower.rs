@@ -103,7 +103,12 @@ struct Lowering<'f> {
     vals: HashMap<Value, Vec<Reg>>,
     tid: Reg,
     lane: Reg,
+    /// The warp within the thread's consumer group (the program's warp without ping-pong).
     warp: Reg,
+    /// With consumer ping-pong, the thread's group (0 or 1; `Kernel::consumer_groups`).
+    group: Option<Reg>,
+    /// A ping-pong region was emitted (else `LaunchAttrs::pingpong` is refused).
+    pingpong_used: bool,
     smem: shared::SharedAlloc,
     /// Registers of the hidden parameters (`super::HIDDEN_PARAMS`).
     hidden: Vec<Reg>,
@@ -173,6 +178,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         target,
         warps: func.attrs.warps,
         producer_warps: 0,
+        consumer_groups: 1,
         warp_size: target.warp_size,
         shared_bytes: 0,
         shared_objects: Vec::new(),
@@ -188,6 +194,8 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         tid: Reg(0),
         lane: Reg(0),
         warp: Reg(0),
+        group: None,
+        pingpong_used: false,
         smem: shared::SharedAlloc::default(),
         hidden: Vec::new(),
         consts: HashMap::default(),
@@ -225,8 +233,36 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     l.lane = l.reg(I32);
     l.warp = l.reg(I32);
     l.prologue.push(Inst::Binary { dst: l.lane, op: BinaryOp::And, a: l.tid, b: mask });
-    l.prologue.push(Inst::Binary { dst: l.warp, op: BinaryOp::Shr, a: l.tid, b: shift });
+    // Consumer ping-pong: two groups of `warps` warps, the layouts' warp numbers the group's.
+    let pingpong = func.attrs.pingpong
+        && func.attrs.warp_specialize
+        && func.attrs.persistent
+        && target.has_tma_wgmma()
+        && func.attrs.warps.is_power_of_two();
+    if pingpong {
+        l.k.consumer_groups = 2;
+        let all = l.reg(I32);
+        l.prologue.push(Inst::Binary { dst: all, op: BinaryOp::Shr, a: l.tid, b: shift });
+        let (wmask, gshift) =
+            (l.iconst(func.attrs.warps as i64 - 1), l.iconst(log2(func.attrs.warps * target.warp_size)));
+        l.prologue.push(Inst::Binary { dst: l.warp, op: BinaryOp::And, a: all, b: wmask });
+        let group = l.reg(I32);
+        l.prologue.push(Inst::Binary { dst: group, op: BinaryOp::Shr, a: l.tid, b: gshift });
+        l.group = Some(group);
+    } else {
+        l.prologue.push(Inst::Binary { dst: l.warp, op: BinaryOp::Shr, a: l.tid, b: shift });
+    }
     l.block(func.body)?;
+    if l.group.is_some() && !l.pingpong_used {
+        return Err(LowerError::Unsupported {
+            op: "kernel".into(),
+            loc: None,
+            reason:
+                "consumer ping-pong (`pingpong`) needs a persistent tile loop whose K loop runs on TMA and `wgmma` \
+                     with a producer warp; this kernel's does not"
+                    .into(),
+        });
+    }
     if l.bulk_pending {
         // The last TMA store's reads of shared memory end before the program does.
         l.emit(Inst::BulkWait { pending: 0 });

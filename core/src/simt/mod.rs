@@ -150,6 +150,9 @@ pub struct Kernel {
     pub warps: u32,
     /// Warps beyond `warps` that only run the producer side of an [`Inst::Specialized`].
     pub producer_warps: u32,
+    /// Groups of `warps` consumer warps (2 with consumer ping-pong, `LaunchAttrs::pingpong`:
+    /// the layouts spread a tile over one group's `warps`, and the groups take tiles in turn).
+    pub consumer_groups: u32,
     pub warp_size: u32,
     /// Bytes of shared memory a program uses.
     pub shared_bytes: u32,
@@ -162,7 +165,7 @@ pub struct Kernel {
 
 impl Kernel {
     pub fn threads(&self) -> u32 {
-        (self.warps + self.producer_warps) * self.warp_size
+        (self.warps * self.consumer_groups + self.producer_warps) * self.warp_size
     }
 
     pub fn ty(&self, r: Reg) -> SType {

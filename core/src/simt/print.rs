@@ -292,10 +292,16 @@ impl Printer<'_> {
                     format!("}} -> [{}]", self.defs(results))
                 }
             }
-            Inst::Specialized { consumer_warps, producer, consumer } => {
+            Inst::Specialized { consumer_warps, producer, consumer, pingpong } => {
                 self.line(d, format!("specialized producer (warps {consumer_warps}..) {{"));
                 self.block(producer, d + 1);
-                self.line(d, format!("}} consumer (warps 0..{consumer_warps}) {{"));
+                match pingpong {
+                    None => self.line(d, format!("}} consumer (warps 0..{consumer_warps}) {{")),
+                    Some(g) => self.line(
+                        d,
+                        format!("}} consumer (warps 0..{consumer_warps}, two groups taking turns, group {}) {{", r(g)),
+                    ),
+                }
                 self.block(consumer, d + 1);
                 "}".to_string()
             }

@@ -432,6 +432,7 @@ impl Parser<'_> {
                         "warp_specialize" => attrs.warp_specialize = self.boolean()?,
                         "persistent" => attrs.persistent = self.boolean()?,
                         "inter_node" => attrs.inter_node = self.boolean()?,
+                        "pingpong" => attrs.pingpong = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

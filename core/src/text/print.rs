@@ -23,14 +23,15 @@ pub fn print(func: &Function) -> String {
         })
         .collect();
     let a = func.attrs;
-    // `fast_math`, `warp_specialize`, `persistent` and `inter_node` are printed only when set: they are the exception, and
+    // `fast_math`, `warp_specialize`, `persistent`, `inter_node` and `pingpong` are printed only when set: they are the exception, and
     // kernels written before they existed keep their text.
     let fast = format!(
-        "{}{}{}{}",
+        "{}{}{}{}{}",
         if a.fast_math { ", fast_math = true" } else { "" },
         if a.warp_specialize { ", warp_specialize = true" } else { "" },
         if a.persistent { ", persistent = true" } else { "" },
-        if a.inter_node { ", inter_node = true" } else { "" }
+        if a.inter_node { ", inter_node = true" } else { "" },
+        if a.pingpong { ", pingpong = true" } else { "" }
     );
     let _ = writeln!(
         p.out,

@@ -58,6 +58,19 @@ impl Lowering<'_> {
         self.emit(Inst::Barrier);
     }
 
+    /// The first thread of the thread's consumer group (of the program without ping-pong).
+    pub(super) fn group_first_thread(&mut self) -> Reg {
+        if self.group.is_none() {
+            return self.first_thread();
+        }
+        let mask = self.iconst((self.k.warps * self.k.warp_size) as i64 - 1);
+        let local = self.bin(BinaryOp::And, self.tid, mask);
+        let zero = self.iconst(0);
+        let first = self.reg(SType::Pred);
+        self.emit(Inst::Cmp { dst: first, op: CmpOp::Eq, a: local, b: zero });
+        first
+    }
+
     pub(super) fn first_thread(&mut self) -> Reg {
         let zero = self.iconst(0);
         let first = self.reg(SType::Pred);

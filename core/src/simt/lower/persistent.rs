@@ -544,22 +544,34 @@ impl Lowering<'_> {
         let mine = self.ring_slot(last, s, empty_at, 8);
         self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
         self.tile_ops_after(&f, &p, acc_r, saved_tile)?;
+        // With ping-pong, group c takes the program's tiles c, c + 2, ..: its first ring step
+        // is tile c's, and after a tile it skips the other group's steps.
+        let g_next = match self.group {
+            Some(_) => self.bin(BinaryOp::Add, g_end, f.kn1),
+            None => g_end,
+        };
         self.smem.leave_loop();
         let outer_body = std::mem::replace(&mut self.cur, saved);
         self.memo = memo;
+        let (lo, step, first_g) = match self.group {
+            Some(c) => (c, self.iconst(2), self.bin(BinaryOp::Mul, c, f.kn1)),
+            None => (zero, one, zero),
+        };
         let g_r = self.reg(I32);
         let consumer_loop = Inst::Loop {
             iv: ct,
-            lo: zero,
+            lo,
             hi: f.tiles,
-            step: one,
+            step,
             phis: vec![tile_g],
-            inits: vec![zero],
+            inits: vec![first_g],
             body: outer_body,
-            nexts: vec![g_end],
+            nexts: vec![g_next],
             results: vec![g_r],
         };
-        self.emit(Inst::Specialized { consumer_warps: self.k.warps, producer, consumer: vec![consumer_loop] });
+        self.pingpong_used |= self.group.is_some();
+        let consumer_warps = self.k.warps * self.k.consumer_groups;
+        self.emit(Inst::Specialized { consumer_warps, producer, consumer: vec![consumer_loop], pingpong: self.group });
         // Only the consumers from here on: every group done (each tile's last step waited),
         // then the mbarriers end.
         self.end_mbarriers(&[full_at, empty_at], s, leader);

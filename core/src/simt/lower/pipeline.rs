@@ -970,7 +970,7 @@ impl Lowering<'_> {
     /// consumer warp (its lane 0, after the warp's wait for the group: `wgmma.wait_group` is
     /// warp-synchronous; an arrival per thread made 256 shared-memory updates a step).
     pub(super) fn producer_rings(&mut self, s: u32) -> ProducerRings {
-        let consumers = self.k.warps * self.k.warp_size;
+        let consumers = self.k.warps * self.k.consumer_groups * self.k.warp_size;
         self.k.producer_warps = 1;
         self.emit(Inst::Barrier);
         let (full_at, empty_at) =
@@ -1065,7 +1065,12 @@ impl Lowering<'_> {
             nexts,
             results: all_results,
         };
-        self.emit(Inst::Specialized { consumer_warps: self.k.warps, producer, consumer: vec![consumer_loop] });
+        self.emit(Inst::Specialized {
+            consumer_warps: self.k.warps,
+            producer,
+            consumer: vec![consumer_loop],
+            pingpong: None,
+        });
         // Only the consumers from here on: every group done, then the mbarriers end.
         self.emit(Inst::WgmmaWait { pending: 0 });
         self.end_mbarriers(&[full_at, empty_at], s, leader);

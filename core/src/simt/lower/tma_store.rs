@@ -28,8 +28,10 @@ impl Lowering<'_> {
         // when the warps do not split the columns.
         let atom_bytes = l.m * 128;
         let atoms = l.n / 64;
+        // With consumer ping-pong each group has its own staging copy.
+        let groups = self.k.consumer_groups;
         let fits = |me: &mut Self, k: u32| {
-            me.smem.place(k * atom_bytes, 1024, true) + k * atom_bytes <= me.target.shared_bytes
+            me.smem.place(groups * k * atom_bytes, 1024, true) + groups * k * atom_bytes <= me.target.shared_bytes
         };
         let mut per = atoms;
         while per > 1 && (!fits(self, per) || !atoms.is_multiple_of(per)) && l.warps_n == 1 {
@@ -48,7 +50,20 @@ impl Lowering<'_> {
         // The staging copy stays allocated to the program's end: the last rounds' bulk reads are
         // waited for by the next store (this one again, in a loop) or at the end, so the
         // epilogue does not wait for them and nothing else may take the bytes meanwhile.
-        let at = self.shared_alloc_pinned("tma.store", buffers * buffer_bytes, 1024);
+        let at = self.shared_alloc_pinned("tma.store", groups * buffers * buffer_bytes, 1024);
+        // The thread's group's copy: `group x` one copy's bytes on (whole 1024-byte swizzle
+        // atoms, so the swizzle is the same).
+        let group_base = self.group.map(|g| {
+            let saved = std::mem::take(&mut self.cur);
+            let b = self.bin_c(BinaryOp::Mul, g, (buffers * buffer_bytes) as i64);
+            let defs = std::mem::replace(&mut self.cur, saved);
+            self.prologue.extend(defs);
+            b
+        });
+        let in_group = |me: &mut Self, off: Reg| match group_base {
+            Some(b) => me.bin(BinaryOp::Add, off, b),
+            None => off,
+        };
         let sl = StageLayout::Swizzled {
             m: l.m,
             n: l.n,
@@ -59,7 +74,7 @@ impl Lowering<'_> {
             b_kmajor: false,
             elem: DType::BF16,
         };
-        let leader = self.first_thread();
+        let leader = self.group_first_thread();
         let slots = Self::store_slots(l, regs.len(), atoms, per, buffers, at, buffer_bytes);
         let deltas = self.class_deltas(l, sl, &slots);
         // Each class's offset once. With a producer warp, in the prologue (the coordinates are
@@ -73,6 +88,7 @@ impl Lowering<'_> {
             for (i, &(c, _)) in d.iter().enumerate() {
                 if c == i {
                     let off = self.swizzled_offset(l, sl, slots[i]);
+                    let off = in_group(self, off);
                     class_base.insert(c, off);
                 }
             }
@@ -94,7 +110,10 @@ impl Lowering<'_> {
                     // The offset of the store's class plus a constant.
                     Some(d) if d[i].1 == 0 => class_base[&d[i].0],
                     Some(d) => self.bin_c(BinaryOp::Add, class_base[&d[i].0], d[i].1),
-                    None => self.swizzled_offset(l, sl, *slot),
+                    None => {
+                        let off = self.swizzled_offset(l, sl, *slot);
+                        in_group(self, off)
+                    }
                 };
                 let s = slot.slot;
                 let value = if slot.pair {
@@ -112,6 +131,7 @@ impl Lowering<'_> {
             for atom in 0..per {
                 let col = self.bin_c(BinaryOp::Add, col0, ((round * per + atom) * 64) as i64);
                 let offset = self.iconst((buffer + atom * atom_bytes) as i64);
+                let offset = in_group(self, offset);
                 self.emit(Inst::TmaStore { map, offset, coords: [row0, col], pred: leader });
             }
             self.emit(Inst::BulkCommit);
