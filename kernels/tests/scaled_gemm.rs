@@ -187,6 +187,11 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
     let pingpong = ScaledGemm { warps: 4, stages: 4, pingpong: true, ..row };
     let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..pingpong }.build().unwrap(), sm90a).unwrap();
     assert!(k.to_string().contains("two groups taking turns") && k.threads() == 288, "{pingpong:?}");
+    // The row scales' layout conversion in the epilogue has a copy per group (512 bytes each):
+    // one copy would let a group overwrite the scales the other is still reading. cpu-simt's
+    // round-robin groups cannot show that race, so the lowering's objects are checked here.
+    let relayouts: Vec<u32> = k.shared_objects.iter().filter(|o| o.name == "relayout").map(|o| o.bytes).collect();
+    assert!(!relayouts.is_empty() && relayouts.iter().all(|&b| b == 2 * 512), "{relayouts:?}");
     check(&pingpong, &l, (520, 392, 272), &mut rng);
     // `for_problem`'s wide tiles above 256 rows (128 x 256, 3 stages), not with a promotion.
     let wide = ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, false);

@@ -109,6 +109,10 @@ struct Lowering<'f> {
     group: Option<Reg>,
     /// A ping-pong region was emitted (else `LaunchAttrs::pingpong` is refused).
     pingpong_used: bool,
+    /// Lowering a ping-pong region's consumers: shared objects allocated now are one copy per
+    /// group, by their first byte and one copy's bytes ([`Lowering::shared_offset`] adds
+    /// `group x bytes`).
+    group_objects: Option<HashMap<u32, u32>>,
     smem: shared::SharedAlloc,
     /// Registers of the hidden parameters (`super::HIDDEN_PARAMS`).
     hidden: Vec<Reg>,
@@ -196,6 +200,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         warp: Reg(0),
         group: None,
         pingpong_used: false,
+        group_objects: None,
         smem: shared::SharedAlloc::default(),
         hidden: Vec::new(),
         consts: HashMap::default(),

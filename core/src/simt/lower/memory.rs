@@ -7,10 +7,14 @@ impl Lowering<'_> {
     /// A shared-memory byte offset: `base + index * size`.
     pub(super) fn shared_offset(&mut self, index: Reg, size: u32, base: u32) -> Reg {
         let off = if size > 1 { self.bin_c(BinaryOp::Shl, index, log2(size)) } else { index };
-        if base > 0 {
-            self.bin_c(BinaryOp::Add, off, base as i64)
-        } else {
-            off
+        let off = if base > 0 { self.bin_c(BinaryOp::Add, off, base as i64) } else { off };
+        // An object of a ping-pong region's consumers: the thread's group's copy.
+        match (self.group_objects.as_ref().and_then(|g| g.get(&base)).copied(), self.group) {
+            (Some(bytes), Some(g)) => {
+                let d = self.bin_c(BinaryOp::Mul, g, bytes as i64);
+                self.bin(BinaryOp::Add, off, d)
+            }
+            _ => off,
         }
     }
 

@@ -500,6 +500,13 @@ impl Lowering<'_> {
         // (Nested loops, not the flat loop: a `wgmma` wait in an `if` makes ptxas serialize every
         // `wgmma` of the kernel, C7518.)
         let (ct, tile_g) = (self.reg(I32), self.reg(I32));
+        // With ping-pong, the consumers' shared objects are one copy per group; only those
+        // reached through `shared_offset` (layout conversions) and the TMA store's staging
+        // (its own) are known to take their group's copy, so any other is refused.
+        let objects_before = self.smem.objects.len();
+        if self.group.is_some() {
+            self.group_objects = Some(HashMap::default());
+        }
         // The tile's index math first (off the path from the last group to the stores).
         let saved_tile = self.tile_ops_before(&f, &p, ct, false)?;
         let (ckk, cg) = (self.reg(I32), self.reg(I32));
@@ -544,6 +551,19 @@ impl Lowering<'_> {
         let mine = self.ring_slot(last, s, empty_at, 8);
         self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
         self.tile_ops_after(&f, &p, acc_r, saved_tile)?;
+        if self.group_objects.take().is_some() {
+            let known = ["relayout", "tma.store"];
+            if let Some(o) = self.smem.objects[objects_before..].iter().find(|o| !known.contains(&o.name)) {
+                return Err(LowerError::Unsupported {
+                    op: "kernel".into(),
+                    loc: None,
+                    reason: format!(
+                        "consumer ping-pong: the tile's epilogue uses shared memory (`{}`) that is not one copy per group yet",
+                        o.name
+                    ),
+                });
+            }
+        }
         // With ping-pong, group c takes the program's tiles c, c + 2, ..: its first ring step
         // is tile c's, and after a tile it skips the other group's steps.
         let g_next = match self.group {

@@ -82,8 +82,18 @@ impl SharedAlloc {
 }
 
 impl Lowering<'_> {
+    /// Inside a ping-pong region's consumers, one copy per group (see `group_objects`).
     pub(super) fn shared_alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
-        self.smem.alloc(name, bytes.max(1), align, false)
+        let bytes = bytes.max(1);
+        match self.group_objects.is_some() {
+            true => {
+                let one = bytes.next_multiple_of(align);
+                let at = self.smem.alloc(name, one * self.k.consumer_groups, align, false);
+                self.group_objects.as_mut().expect("checked").insert(at, one);
+                at
+            }
+            false => self.smem.alloc(name, bytes, align, false),
+        }
     }
 
     /// An object that stays live to the program's end, across the iterations of the loops
