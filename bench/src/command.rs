@@ -968,6 +968,12 @@ fn grouped_gemm(
         // 128 x 128 on one warpgroup (two `wgmma` bands per warp) over 3 stages of 32 KB (FP8
         // K steps of 128, bf16's of 64): 96 KB, two programs per SM.
         push(GroupedGemm { block_n: 128, warps: 4, block_k: if d.is_fp8() { 128 } else { 64 }, stages: 3, ..op });
+        // Consumer ping-pong: two groups of 4 consumer warps taking those tiles in turn (the
+        // scheduled form, with its producer warp). Not FP8: its row-scaled form spills 584
+        // bytes there (168 registers for 288 threads, ptxas 13.0).
+        if !d.is_fp8() {
+            push(GroupedGemm { block_n: 128, warps: 4, block_k: 64, stages: 4, scheduled: true, pingpong: true, ..op });
+        }
         if case.dims[3] < 128 {
             push(GroupedGemm { block_m: 64, warps: 4, ..op });
         }
@@ -981,6 +987,7 @@ fn grouped_gemm(
     for v in variants {
         let g = v.specialized(&ab, &bb, n, k);
         let form = match (g.divisible, g.scheduled) {
+            (true, true) if g.pingpong => "tma-wgmma-ws-scheduled-pingpong",
             (true, true) => "tma-wgmma-ws-scheduled",
             (true, false) => "tma-wgmma",
             (false, _) => "portable",

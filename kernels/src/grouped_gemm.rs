@@ -209,6 +209,14 @@ pub struct GroupedGemm {
     /// next tile's copies during this tile's epilogue, with a producer warp where there are
     /// TMA and `wgmma` and no wait). Needs a scratch buffer ([`Operands::schedule`]).
     pub scheduled: bool,
+    /// Consumer ping-pong in the scheduled descriptor form (`LaunchAttrs::pingpong`): two
+    /// groups of `warps` consumer warps take the tiles in turn (128 x 128 on 4 warps).
+    pub pingpong: bool,
+}
+
+/// Whether `g`'s kernel (the descriptor form when `desc`) runs with a producer warp.
+fn warp_specialize_form(g: &GroupedGemm, desc: bool) -> bool {
+    g.scheduled && desc && !g.wait
 }
 
 impl GroupedGemm {
@@ -229,6 +237,7 @@ impl GroupedGemm {
             wait: false,
             promote: false,
             scheduled: false,
+            pingpong: false,
         }
     }
 
@@ -381,15 +390,17 @@ impl GroupedGemm {
             if desc { "_desc" } else { "" },
             if self.scheduled { "_scheduled" } else { "" }
         )
-        .to_lowercase();
+        .to_lowercase()
+            + if self.pingpong && warp_specialize_form(self, desc) { "_pingpong" } else { "" };
         // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
         // the flattened loop with a producer warp takes no waits).
-        let warp_specialize = self.scheduled && desc && !self.wait;
+        let warp_specialize = warp_specialize_form(self, desc);
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
             persistent: true,
             warp_specialize,
+            pingpong: self.pingpong && warp_specialize,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&name, attrs);

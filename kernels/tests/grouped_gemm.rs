@@ -266,6 +266,10 @@ fn the_scheduled_form_runs_with_a_producer_warp() {
             check(&small, &l, experts, n, k, &rows, &mut rng);
         }
         check(&small, &l, 200, 16, 32, &counts(200, 150, 0, &mut rng), &mut rng);
+        // Consumer ping-pong: two groups of 4 consumer warps take the 128 x 128 tiles in turn.
+        let pingpong = GroupedGemm { block_m: 128, block_n: 128, warps: 4, stages: 4, pingpong: true, ..op };
+        assert!(lowered_sm90a(pingpong).contains("two groups taking turns"));
+        check(&pingpong, &l, 4, 264, 136, &counts(4, 700, 1, &mut rng), &mut rng);
         // No rows at all: the producer's look-ahead reads clamped records of an empty schedule.
         check(&small, &l, 3, 64, 64, &[0, 0, 0], &mut rng);
     }
