@@ -129,15 +129,7 @@ impl Exec<'_> {
             self.copy_all(phis, nexts)?;
             at += step;
         }
-        // What the producer has left (nothing, when every copy it made was consumed).
-        self.pump()?;
-        let left = self.producer.take().filter(|p| p.side.at < p.side.hi);
-        if let Some(p) = left {
-            return fault(format!(
-                "warp-specialized loops deadlock: the consumers finished, the producer waits at iteration value {}",
-                p.side.at
-            ));
-        }
+        self.producer_done("consumers")?;
         self.copy_all(results, phis)
     }
 
@@ -198,11 +190,17 @@ impl Exec<'_> {
         self.lanes = lanes;
         self.regs = before;
         r?;
+        self.producer_done("consumer groups")
+    }
+
+    /// What the producer has left once the `consumers` finished: nothing, when every copy it
+    /// made was consumed; else the deadlock, with where the producer waits.
+    fn producer_done(&mut self, consumers: &str) -> Result<(), Fault> {
         self.pump()?;
         let left = self.producer.take().filter(|p| p.side.at < p.side.hi);
         if let Some(p) = left {
             return fault(format!(
-                "warp-specialized loops deadlock: the consumer groups finished, the producer waits at iteration value {}",
+                "warp-specialized loops deadlock: the {consumers} finished, the producer waits at iteration value {}",
                 p.side.at
             ));
         }
