@@ -130,3 +130,60 @@ kernel @copy(%x: !ptr<f32>, %out: !ptr<f32>) attributes {warps = 4, stages = 2, 
     let sm80 = trident_core::target::lookup("sm_80").unwrap();
     assert_eq!(trident_core::simt::lower(&f, sm80).unwrap().threads(), 128);
 }
+
+/// A planted ping-pong bug ends with cpu-simt's diagnostic rather than a hang: the stages'
+/// "empty" mbarriers count both groups' warps (8) where one group consumes each stage (4
+/// arrivals), so the producer waits for arrivals that never come. The same kernel unplanted
+/// runs (its values are checked by the conformance case `gemm f32acc-pingpong`).
+#[test]
+fn a_pingpong_ring_that_counts_both_groups_deadlocks_with_a_diagnostic() {
+    use std::sync::Arc;
+    use trident_core::backend::{Artifact, KernelArg};
+    use trident_core::simt::Inst;
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let g = Gemm {
+        block_m: 128,
+        block_n: 128,
+        block_k: 64,
+        warps: 4,
+        stages: 4,
+        descriptors: true,
+        warp_specialize: true,
+        persistent: true,
+        tma_store: true,
+        pingpong: true,
+        divisible: true,
+        ..Gemm::new(DType::BF16)
+    };
+    let f = g.build().unwrap();
+    let dev = SimtBackend.open_device(0).unwrap();
+    let (m, n, k) = (512usize, 512usize, 256usize);
+    let (ab, bb, cb) =
+        (dev.alloc(2 * m * k, "a").unwrap(), dev.alloc(2 * k * n, "b").unwrap(), dev.alloc(2 * m * n, "c").unwrap());
+    let i = |x: usize| KernelArg::i32(x as i32);
+    let args = [ab.arg(), bb.arg(), cb.arg(), i(m), i(n), i(k), i(k), i(n), i(n)];
+    let launch = |plant: bool| {
+        let mut kernel = trident_core::simt::lower(&f, sm90a).unwrap();
+        let mut planted = 0;
+        fn walk(body: &mut [Inst], plant: bool, planted: &mut u32) {
+            for inst in body {
+                if let Inst::MbarrierInit { count, .. } = inst {
+                    if plant && *count == 4 {
+                        *count = 8;
+                        *planted += 1;
+                    }
+                }
+                for b in inst.bodies_mut() {
+                    walk(b, plant, planted);
+                }
+            }
+        }
+        walk(&mut kernel.body, plant, &mut planted);
+        assert_eq!(planted > 0, plant);
+        let art = Artifact::new(&f, "cpu-simt", "sm_90a", kernel.to_string(), Arc::new(kernel));
+        dev.launch(&art, g.grid(m, n), &args, &LaunchOptions::default())
+    };
+    launch(false).unwrap();
+    let e = launch(true).unwrap_err().to_string();
+    assert!(e.contains("pingpong") && e.contains("mbarrier") && e.contains("never completes"), "{e}");
+}
