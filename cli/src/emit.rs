@@ -47,6 +47,10 @@ pub struct Args {
     /// With `--descriptors`: C written through a descriptor (a TMA store on sm_90a).
     #[arg(long, requires = "descriptors")]
     tma_store: bool,
+    /// With `--warp-specialize` and `--persistent`: consumer ping-pong, two groups of the
+    /// configuration's warps taking the tiles in turn (`LaunchAttrs::pingpong`; 128x128x64/4w).
+    #[arg(long, requires_all = ["warp_specialize", "persistent"])]
+    pingpong: bool,
     /// Every communication op at inter-node scope (`LaunchAttrs::inter_node`: calls of
     /// NVSHMEM's device functions).
     #[arg(long)]
@@ -111,6 +115,7 @@ pub fn main(a: Args) -> ExitCode {
                     warp_specialize: a.warp_specialize,
                     persistent: a.persistent,
                     tma_store: a.tma_store,
+                    pingpong: a.pingpong,
                     ..g
                 })
                 .map_err(|e| e.to_string()),
