@@ -646,19 +646,7 @@ fn run_case(
             // tiles in turn (the producer warp, persistent, the TMA store per group).
             if tma {
                 for stages in [4, 5] {
-                    let g = Gemm {
-                        block_m: 128,
-                        block_n: 128,
-                        block_k: 64,
-                        warps: 4,
-                        stages,
-                        descriptors: true,
-                        warp_specialize: true,
-                        persistent: true,
-                        tma_store: true,
-                        pingpong: true,
-                        ..Gemm::new(d)
-                    };
+                    let g = Gemm { tma_store: true, ..Gemm::new(d).with_pingpong(stages) };
                     let name = format!("128x128x64/4w/{stages}s/tma-ws-persistent-store-pingpong");
                     if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
                         continue;

@@ -121,6 +121,24 @@ impl Gemm {
         Gemm { divisible: aligned && n.is_multiple_of(16) && k.is_multiple_of(16) && k > 0, ..self }
     }
 
+    /// This GEMM as consumer ping-pong runs it (`Gemm::pingpong`): 128 x 128 x 64 tiles on two
+    /// groups of 4 consumer warps over `stages` stages, A and B through descriptors, with the
+    /// producer warp and the persistent loop.
+    pub fn with_pingpong(self, stages: u32) -> Gemm {
+        Gemm {
+            block_m: 128,
+            block_n: 128,
+            block_k: 64,
+            warps: 4,
+            stages,
+            descriptors: true,
+            warp_specialize: true,
+            persistent: true,
+            pingpong: true,
+            ..self
+        }
+    }
+
     /// The same tiles reading A and B through descriptors where [`Gemm::for_target`] does (TMA
     /// on sm_90a), C as it says, in a plain (not persistent, no producer warp) program per tile:
     /// for the overlap kernels, whose programs wait for signals before their K loop.

@@ -141,20 +141,7 @@ fn a_pingpong_ring_that_counts_both_groups_deadlocks_with_a_diagnostic() {
     use trident_core::backend::{Artifact, KernelArg};
     use trident_core::simt::Inst;
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
-    let g = Gemm {
-        block_m: 128,
-        block_n: 128,
-        block_k: 64,
-        warps: 4,
-        stages: 4,
-        descriptors: true,
-        warp_specialize: true,
-        persistent: true,
-        tma_store: true,
-        pingpong: true,
-        divisible: true,
-        ..Gemm::new(DType::BF16)
-    };
+    let g = Gemm { tma_store: true, divisible: true, ..Gemm::new(DType::BF16).with_pingpong(4) };
     let f = g.build().unwrap();
     let dev = SimtBackend.open_device(0).unwrap();
     let (m, n, k) = (512usize, 512usize, 256usize);

@@ -87,18 +87,7 @@ impl Operation for GemmCase {
                 persistent: true,
                 ..g
             },
-            "f32acc-pingpong" if l.gpu_target().is_some_and(|t| t.has_tma_wgmma()) => Gemm {
-                block_m: 128,
-                block_n: 128,
-                block_k: 64,
-                warps: 4,
-                stages: 4,
-                descriptors: true,
-                warp_specialize: true,
-                persistent: true,
-                pingpong: true,
-                ..g
-            },
+            "f32acc-pingpong" if l.gpu_target().is_some_and(|t| t.has_tma_wgmma()) => g.with_pingpong(4),
             _ => g,
         };
         g.run(l, &ins[0], &ins[1], out, mnk)
