@@ -9,12 +9,9 @@ impl Lowering<'_> {
         let off = if size > 1 { self.bin_c(BinaryOp::Shl, index, log2(size)) } else { index };
         let off = if base > 0 { self.bin_c(BinaryOp::Add, off, base as i64) } else { off };
         // An object of a ping-pong region's consumers: the thread's group's copy.
-        match (self.group_objects.as_ref().and_then(|g| g.get(&base)).copied(), self.group) {
-            (Some(bytes), Some(g)) => {
-                let d = self.bin_c(BinaryOp::Mul, g, bytes as i64);
-                self.bin(BinaryOp::Add, off, d)
-            }
-            _ => off,
+        match self.group_offset(base) {
+            Some(d) => self.bin(BinaryOp::Add, off, d),
+            None => off,
         }
     }
 

@@ -82,24 +82,46 @@ impl SharedAlloc {
 }
 
 impl Lowering<'_> {
-    /// Inside a ping-pong region's consumers, one copy per group (see `group_objects`).
+    /// Inside a ping-pong region's consumers, one copy per group (see `group_objects`;
+    /// [`Lowering::group_offset`] finds the thread's).
     pub(super) fn shared_alloc(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
-        let bytes = bytes.max(1);
-        match self.group_objects.is_some() {
-            true => {
-                let one = bytes.next_multiple_of(align);
-                let at = self.smem.alloc(name, one * self.k.consumer_groups, align, false);
-                self.group_objects.as_mut().expect("checked").insert(at, one);
-                at
-            }
-            false => self.smem.alloc(name, bytes, align, false),
-        }
+        self.alloc_copies(name, bytes, align, false)
     }
 
     /// An object that stays live to the program's end, across the iterations of the loops
-    /// being lowered (see [`SharedAlloc::loops`]).
+    /// being lowered (see [`SharedAlloc::loops`]); one copy per group as `shared_alloc`'s.
     pub(super) fn shared_alloc_pinned(&mut self, name: &'static str, bytes: u32, align: u32) -> u32 {
-        self.smem.alloc(name, bytes.max(1), align, true)
+        self.alloc_copies(name, bytes, align, true)
+    }
+
+    /// How many copies an object allocated now has: the consumer groups inside a ping-pong
+    /// region's consumers, else one.
+    pub(super) fn group_copies(&self) -> u32 {
+        if self.group_objects.is_some() {
+            self.k.consumer_groups
+        } else {
+            1
+        }
+    }
+
+    fn alloc_copies(&mut self, name: &'static str, bytes: u32, align: u32, pinned: bool) -> u32 {
+        // Copies whole alignments apart (one copy: its own bytes, as before ping-pong).
+        let copies = self.group_copies();
+        let one = if copies > 1 { bytes.max(1).next_multiple_of(align) } else { bytes.max(1) };
+        let at = self.smem.alloc(name, one * copies, align, pinned);
+        if let Some(objects) = self.group_objects.as_mut() {
+            objects.insert(at, one);
+        }
+        at
+    }
+
+    /// The thread's group's copy of the object at `base` (see `group_objects`): `group x` one
+    /// copy's bytes, computed where it is used (kept live from the prologue instead, it made
+    /// the FP8 ping-pong GEMM spill), or `None` for an object of one copy.
+    pub(super) fn group_offset(&mut self, base: u32) -> Option<Reg> {
+        let bytes = *self.group_objects.as_ref()?.get(&base)?;
+        let g = self.group?;
+        Some(self.bin_c(BinaryOp::Mul, g, bytes as i64))
     }
 
     pub(super) fn shared_free(&mut self, offset: u32) {

@@ -29,7 +29,7 @@ impl Lowering<'_> {
         let atom_bytes = l.m * 128;
         let atoms = l.n / 64;
         // With consumer ping-pong each group has its own staging copy.
-        let groups = self.k.consumer_groups;
+        let groups = self.group_copies();
         let fits = |me: &mut Self, k: u32| {
             me.smem.place(groups * k * atom_bytes, 1024, true) + groups * k * atom_bytes <= me.target.shared_bytes
         };
@@ -50,17 +50,10 @@ impl Lowering<'_> {
         // The staging copy stays allocated to the program's end: the last rounds' bulk reads are
         // waited for by the next store (this one again, in a loop) or at the end, so the
         // epilogue does not wait for them and nothing else may take the bytes meanwhile.
-        let at = self.shared_alloc_pinned("tma.store", groups * buffers * buffer_bytes, 1024);
-        // The thread's group's copy: `group x` one copy's bytes on (whole 1024-byte swizzle
-        // atoms, so the swizzle is the same).
-        let group_base = self.group.map(|g| {
-            let saved = std::mem::take(&mut self.cur);
-            let b = self.bin_c(BinaryOp::Mul, g, (buffers * buffer_bytes) as i64);
-            let defs = std::mem::replace(&mut self.cur, saved);
-            self.prologue.extend(defs);
-            b
-        });
-        let in_group = |me: &mut Self, off: Reg| match group_base {
+        let at = self.shared_alloc_pinned("tma.store", buffers * buffer_bytes, 1024);
+        // The thread's group's copy (whole 1024-byte swizzle atoms apart, so the swizzle is the
+        // same).
+        let in_group = |me: &mut Self, off: Reg| match me.group_offset(at) {
             Some(b) => me.bin(BinaryOp::Add, off, b),
             None => off,
         };
