@@ -606,6 +606,7 @@ fn run_case(
             } else {
                 &[(false, false, false, false)][..]
             };
+            let mut candidates = Vec::new();
             for ((bm, bn, bk, warps, stages), (descriptors, warp_specialize, persistent, tma_store)) in
                 configs.into_iter().flat_map(|c| variants.iter().map(move |&t| (c, t)))
             {
@@ -632,7 +633,17 @@ fn run_case(
                     (true, false, _, _) => "/tma",
                     _ => "",
                 };
-                let name = format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{suffix}");
+                candidates.push((g, format!("{bm}x{bn}x{bk}/{warps}w/{stages}s{suffix}")));
+            }
+            // Consumer ping-pong on TMA targets: two groups of 4 consumer warps taking 128 x 128
+            // tiles in turn (the producer warp, persistent, the TMA store per group).
+            if tma {
+                for stages in [4, 5] {
+                    let g = Gemm { tma_store: true, ..Gemm::new(d).with_pingpong(stages) };
+                    candidates.push((g, format!("128x128x64/4w/{stages}s/tma-ws-persistent-store-pingpong")));
+                }
+            }
+            for (g, name) in candidates {
                 if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
                     continue;
                 }
@@ -640,23 +651,6 @@ fn run_case(
                 let run = || g.run(&l, &ab, &bb, &c, (m, n, k));
                 if sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))? == Some(true) {
                     best_gemm = sweep.best.as_ref().map(|(ms, _, _)| (g, ms.median));
-                }
-            }
-            // Consumer ping-pong on TMA targets: two groups of 4 consumer warps taking 128 x 128
-            // tiles in turn (the producer warp, persistent, the TMA store per group).
-            if tma {
-                for stages in [4, 5] {
-                    let g = Gemm { tma_store: true, ..Gemm::new(d).with_pingpong(stages) };
-                    let name = format!("128x128x64/4w/{stages}s/tma-ws-persistent-store-pingpong");
-                    if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
-                        continue;
-                    }
-                    cuda.fill(&c, &poison(d))?;
-                    let run = || g.run(&l, &ab, &bb, &c, (m, n, k));
-                    if sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))? == Some(true)
-                    {
-                        best_gemm = sweep.best.as_ref().map(|(ms, _, _)| (g, ms.median));
-                    }
                 }
             }
             // Split-K for small M on TMA targets (the output tiles alone leave SMs idle): the
@@ -787,7 +781,7 @@ fn scaled_gemm(
             push(ScaledGemm { warps: 4, block_k: 64, stages: 4, ..narrow });
             push(ScaledGemm { warps: 4, stages: 3, tma_store: false, ..narrow });
             // Consumer ping-pong: two groups of 4 consumer warps taking 128 x 128 tiles in turn.
-            push(ScaledGemm { warps: 4, stages: 4, pingpong: true, ..narrow });
+            push(narrow.with_pingpong());
         }
         // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
         if m <= 1024 && scaling != Scaling::Block && !promote {

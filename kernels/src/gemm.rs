@@ -259,6 +259,7 @@ impl Gemm {
         };
         let pingpong = if self.pingpong { "_pingpong" } else { "" };
         let name = format!("gemm_{}_{bm}x{bn}x{bk}_{}{div}{persistent}{pingpong}", self.dtype, self.dot_precision());
+        let warp_specialize = self.warp_specialize && self.descriptors && self.divisible;
         let b = KernelBuilder::new(
             &name,
             LaunchAttrs {
@@ -266,10 +267,10 @@ impl Gemm {
                 stages: self.stages,
                 cooperative: false,
                 fast_math: false,
-                warp_specialize: self.warp_specialize && self.descriptors && self.divisible,
+                warp_specialize,
                 persistent: self.persistent,
                 inter_node: false,
-                pingpong: self.pingpong && self.warp_specialize && self.persistent && self.descriptors && self.divisible,
+                pingpong: self.pingpong && warp_specialize && self.persistent,
             },
         );
         let ptr = |name: &str| {

@@ -214,10 +214,6 @@ pub struct GroupedGemm {
     pub pingpong: bool,
 }
 
-/// Whether `g`'s kernel (the descriptor form when `desc`) runs with a producer warp.
-fn warp_specialize_form(g: &GroupedGemm, desc: bool) -> bool {
-    g.scheduled && desc && !g.wait
-}
 
 impl GroupedGemm {
     pub fn new(dtype: DType, layout: Layout, b_layout: BLayout) -> GroupedGemm {
@@ -372,6 +368,10 @@ impl GroupedGemm {
         let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
         let Epilogue { swiglu, row_weights } = self.epilogue;
+        // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
+        // the flattened loop with a producer warp takes no waits).
+        let warp_specialize = self.scheduled && desc && !self.wait;
+        let pingpong = self.pingpong && warp_specialize;
         let name = format!(
             "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}",
             self.dtype,
@@ -391,16 +391,13 @@ impl GroupedGemm {
             if self.scheduled { "_scheduled" } else { "" }
         )
         .to_lowercase()
-            + if self.pingpong && warp_specialize_form(self, desc) { "_pingpong" } else { "" };
-        // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
-        // the flattened loop with a producer warp takes no waits).
-        let warp_specialize = warp_specialize_form(self, desc);
+            + if pingpong { "_pingpong" } else { "" };
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
             persistent: true,
             warp_specialize,
-            pingpong: self.pingpong && warp_specialize,
+            pingpong,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&name, attrs);

@@ -159,6 +159,22 @@ impl ScaledGemm {
         }
     }
 
+    /// This GEMM as consumer ping-pong runs it (`ScaledGemm::pingpong`): 128 x 128 tiles on two
+    /// groups of 4 consumer warps over 4 stages (K steps as set), with the producer warp and the
+    /// persistent loop.
+    pub fn with_pingpong(self) -> ScaledGemm {
+        ScaledGemm {
+            block_m: 128,
+            block_n: 128,
+            warps: 4,
+            stages: 4,
+            warp_specialize: true,
+            persistent: true,
+            pingpong: true,
+            ..self
+        }
+    }
+
     /// [`ScaledGemm::for_target`] for a problem of `m` rows, with each K block's product added
     /// in f32 when `promote`: tensor and row scaling without the promotion (whose second
     /// accumulator does not fit beside a wide one) above 256 rows on 128 x 256 tiles with 3

@@ -184,7 +184,7 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
     // Consumer ping-pong: two groups of 4 consumer warps take 128 x 128 tiles in turn (each
     // group's epilogue, its barriers and its TMA store staging its own), on more tiles than
     // cpu-simt's persistent programs so that both groups run several.
-    let pingpong = ScaledGemm { warps: 4, stages: 4, pingpong: true, ..row };
+    let pingpong = row.with_pingpong();
     let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..pingpong }.build().unwrap(), sm90a).unwrap();
     assert!(k.to_string().contains("two groups taking turns") && k.threads() == 288, "{pingpong:?}");
     // The row scales' layout conversion in the epilogue has a copy per group (512 bytes each):

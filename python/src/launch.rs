@@ -39,7 +39,7 @@ struct Torch {
     dtypes: Vec<(Py<PyAny>, &'static str)>,
     /// `torch.cuda.device_count()` is 1: a CUDA tensor is on device 0, which the launch then
     /// knows from the `is_cuda` attribute without a `get_device()` call (a method torch parses
-    /// arguments for, a fifth of a microsecond per tensor).
+    /// arguments for; what that saves per tensor is not measured yet).
     one_device: bool,
 }
 

@@ -100,11 +100,8 @@ impl Operation for ScaledGemmCase {
             false => op,
         };
         // `-pingpong`: two groups of 4 consumer warps taking 128 x 128 tiles in turn.
-        let pingpong = case.variant.ends_with("-pingpong") && l.gpu_target().is_some_and(|t| t.has_wgmma());
-        let op = match pingpong {
-            true => ScaledGemm { block_m: 128, block_n: 128, warps: 4, stages: 4, pingpong: true, ..op },
-            false => op,
-        };
+        let pingpong = case.variant.ends_with("-pingpong") && l.gpu_target().is_some_and(|t| t.has_tma_wgmma());
+        let op = if pingpong { op.with_pingpong() } else { op };
         if case.variant.ends_with("-split") {
             let op = ScaledGemm { splits: 3, ..op }.specialized(&ins[0], &ins[1], out, mnk.1, mnk.2);
             let ws = op.workspace(l.device, mnk.0, mnk.1)?;
