@@ -186,7 +186,12 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
     // cpu-simt's persistent programs so that both groups run several.
     let pingpong = row.with_pingpong();
     let k = trident_core::simt::lower(&ScaledGemm { divisible: true, ..pingpong }.build().unwrap(), sm90a).unwrap();
-    assert!(k.to_string().contains("two groups taking turns") && k.threads() == 288, "{pingpong:?}");
+    assert!(
+        k.to_string().contains("two groups taking turns")
+            && k.threads() == 384
+            && k.to_string().contains("setmaxnreg 40 / 232"),
+        "{pingpong:?}"
+    );
     // The row scales' layout conversion in the epilogue has a copy per group (512 bytes each):
     // one copy would let a group overwrite the scales the other is still reading. cpu-simt's
     // round-robin groups cannot show that race, so the lowering's objects are checked here.

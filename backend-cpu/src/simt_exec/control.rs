@@ -9,7 +9,10 @@ impl Exec<'_> {
         match inst {
             Inst::Exit => self.exited = true,
             Inst::Origin { op, what, loc } => self.origin = Some((*op, what, *loc)),
-            Inst::Specialized { consumer_warps, producer, consumer, pingpong } => {
+            // The register split (`regs`) is the GPU's allocation; every lane here has all it
+            // needs. The producer warpgroup's other warps run the producer's loop too, their
+            // copies predicated off (on the GPU they leave at once).
+            Inst::Specialized { consumer_warps, producer, consumer, pingpong, regs: _ } => {
                 self.specialized(*consumer_warps, producer, consumer, pingpong.is_some())?;
             }
             Inst::Loop { iv, lo, hi, step, phis, inits, body, nexts, results } => {

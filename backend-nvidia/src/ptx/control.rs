@@ -6,7 +6,7 @@ use super::*;
 impl Writer<'_> {
     pub(super) fn control(&mut self, i: &Inst) -> Result<(), EmitError> {
         match i {
-            Inst::Specialized { consumer_warps, producer, consumer, pingpong } => {
+            Inst::Specialized { consumer_warps, producer, consumer, pingpong, regs } => {
                 // The producer warps run their side and leave; barriers from here on are the
                 // consumers' own (barrier 1 with their count), the producers having exited.
                 let threads = consumer_warps * self.k.warp_size;
@@ -15,9 +15,20 @@ impl Writer<'_> {
                 line!(self, "setp.lt.u32 {p}, {t}, {threads}");
                 // Whole warps go one way: uniform within each warp.
                 line!(self, "@{p} bra.uni $L{l}_consumer");
+                if let Some(r) = regs {
+                    // The whole producer warpgroup gives its registers back (`setmaxnreg` is
+                    // warpgroup-wide), then all but its first warp leave.
+                    let q = self.temp(Class::P);
+                    line!(self, "setmaxnreg.dec.sync.aligned.u32 {}", r.producer);
+                    line!(self, "setp.ge.u32 {q}, {t}, {}", threads + self.k.warp_size);
+                    line!(self, "@{q} bra.uni $EXIT");
+                }
                 self.insts(producer)?;
                 self.line("bra.uni $EXIT".into());
                 self.body.push_str(&format!("$L{l}_consumer:\n"));
+                if let Some(r) = regs {
+                    line!(self, "setmaxnreg.inc.sync.aligned.u32 {}", r.consumer);
+                }
                 // Barriers in the consumers' side (a persistent loop's epilogue) are theirs too;
                 // with ping-pong, each group's own.
                 self.consumers = Some(threads);

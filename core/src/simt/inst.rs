@@ -305,11 +305,18 @@ pub enum Inst {
     /// consumers are two groups of `consumer_warps / 2` warps that run `consumer` each on its
     /// own iterations (the loop's bounds and carried values differ by group); a barrier inside
     /// the region counts the thread's group only (`bar.sync 2 + group`), and one after it both.
+    ///
+    /// With `regs` the producer is a warpgroup (`Kernel::producer_warps` 4) whose first warp
+    /// runs `producer` and whose others leave at once, and the registers are moved between the
+    /// sides (`setmaxnreg`, sm_90a): the producer warpgroup keeps `regs.producer` per thread and
+    /// each consumer warpgroup takes `regs.consumer`. Without it the producer is one warp and
+    /// both sides have what the kernel was compiled with (168 for up to 384 threads).
     Specialized {
         consumer_warps: u32,
         producer: Vec<Inst>,
         consumer: Vec<Inst>,
         pingpong: Option<Reg>,
+        regs: Option<RegSplit>,
     },
     /// Threads with `pred` copy the box of `Kernel::tensor_maps[map]` at shared byte `offset`
     /// (laid out as `TmaLoad` writes it) to the tensor at (`coords[0]`, `coords[1]`); elements
@@ -492,6 +499,18 @@ impl Inst {
             _ => Vec::new(),
         }
     }
+}
+
+/// Registers per thread on each side of a warp-specialized region (`setmaxnreg`, sm_90a): the
+/// producer warpgroup gives what it does not need (`producer`) to the consumer warpgroups
+/// (`consumer`); both are multiples of 8 in 24..=256. Each of the four SM sub-partitions holds
+/// 16,384 registers and a program's warps go to them round-robin, so with 8 consumer warps and
+/// the producer warpgroup a sub-partition holds 2 consumer warps and 1 producer warp:
+/// `2 x consumer + producer` registers per lane, at most 512.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegSplit {
+    pub producer: u32,
+    pub consumer: u32,
 }
 
 /// The family of an instruction: how the writers split their translation.

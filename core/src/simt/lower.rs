@@ -47,7 +47,7 @@ mod tma_store;
 
 use super::contiguity::Contiguity;
 use super::layout::{same_elements, AccLayout, Blocked};
-use super::{Hidden, Inst, Kernel, Reg, SType, Special};
+use super::{Hidden, Inst, Kernel, Reg, RegSplit, SType, Special};
 use crate::ir::*;
 use crate::target::{AsyncCopy, TargetDesc};
 use std::collections::BTreeMap;

@@ -46,7 +46,7 @@ pub mod protocol;
 pub mod smem;
 pub mod tma;
 
-pub use inst::{for_each_use, Family, Inst};
+pub use inst::{for_each_use, Family, Inst, RegSplit};
 pub use lower::{lower, LowerError};
 
 use crate::ir::{Axis, DType};

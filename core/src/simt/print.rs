@@ -292,8 +292,12 @@ impl Printer<'_> {
                     format!("}} -> [{}]", self.defs(results))
                 }
             }
-            Inst::Specialized { consumer_warps, producer, consumer, pingpong } => {
-                self.line(d, format!("specialized producer (warps {consumer_warps}..) {{"));
+            Inst::Specialized { consumer_warps, producer, consumer, pingpong, regs } => {
+                let split = match regs {
+                    Some(r) => format!(", setmaxnreg {} / {}", r.producer, r.consumer),
+                    None => String::new(),
+                };
+                self.line(d, format!("specialized producer (warps {consumer_warps}..{split}) {{"));
                 self.block(producer, d + 1);
                 match pingpong {
                     None => self.line(d, format!("}} consumer (warps 0..{consumer_warps}) {{")),

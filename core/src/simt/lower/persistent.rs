@@ -591,7 +591,14 @@ impl Lowering<'_> {
         };
         self.pingpong_used |= self.group.is_some();
         let consumer_warps = self.k.warps * self.k.consumer_groups;
-        self.emit(Inst::Specialized { consumer_warps, producer, consumer: vec![consumer_loop], pingpong: self.group });
+        let regs = self.reg_split();
+        self.emit(Inst::Specialized {
+            consumer_warps,
+            producer,
+            consumer: vec![consumer_loop],
+            pingpong: self.group,
+            regs,
+        });
         // Only the consumers from here on: every group done (each tile's last step waited),
         // then the mbarriers end.
         self.end_mbarriers(&[full_at, empty_at], s, leader);

@@ -964,6 +964,18 @@ impl Lowering<'_> {
         }
     }
 
+    /// How a warp-specialized region moves registers between its sides: with consumer
+    /// ping-pong, each group is one warpgroup holding a whole 128 x 128 f32 accumulator (128
+    /// registers per thread) beside its epilogue while the other group's main loop runs, which
+    /// the 168 registers every thread gets at 288 or 384 threads do not hold without spills
+    /// (FP8: 8 bytes dense, 584 grouped, ptxas 13.0). So the producer is a warpgroup that keeps
+    /// 40 registers per thread and the consumers take 232 (2 x 232 + 40 = 504 of a
+    /// sub-partition's 512 per lane; CUTLASS's warp-specialized kernels split the same way).
+    /// Without ping-pong the consumers fit in 168 and the producer stays one warp.
+    pub(super) fn reg_split(&self) -> Option<RegSplit> {
+        self.group.map(|_| RegSplit { producer: 40, consumer: 232 })
+    }
+
     /// The mbarrier rings and thread roles of a region with a producer warp (one beyond the
     /// kernel's `warps`), after a barrier (the stages overlap what earlier ops used): `s` "full"
     /// mbarriers (one arrival, the copy's bytes) and `s` "empty" ones, with one arrival per
@@ -971,7 +983,7 @@ impl Lowering<'_> {
     /// warp-synchronous; an arrival per thread made 256 shared-memory updates a step).
     pub(super) fn producer_rings(&mut self, s: u32) -> ProducerRings {
         let consumers = self.k.warps * self.k.consumer_groups * self.k.warp_size;
-        self.k.producer_warps = 1;
+        self.k.producer_warps = if self.reg_split().is_some() { 4 } else { 1 };
         self.emit(Inst::Barrier);
         let (full_at, empty_at) =
             (self.shared_alloc("pipeline.full", 8 * s, 8), self.shared_alloc("pipeline.empty", 8 * s, 8));
@@ -1070,6 +1082,7 @@ impl Lowering<'_> {
             producer,
             consumer: vec![consumer_loop],
             pingpong: None,
+            regs: self.reg_split(),
         });
         // Only the consumers from here on: every group done, then the mbarriers end.
         self.emit(Inst::WgmmaWait { pending: 0 });
