@@ -1,0 +1,303 @@
+//! Expert parallelism's low-latency all-to-all (`trident_kernels::ep_all_to_all`). Variants:
+//! `dispatch` (its results, exactly) and `combine` (dispatch, each expert scaling its rows by
+//! its global id + 1, combine: the weighted sums), each in one launch per operation or, with
+//! `-split`, as separate send and receive launches.
+//!
+//! Shapes: `[T, H, E_local, k, routing]` with `T_max = T + 2`; routing 0 draws min(k, E)
+//! distinct experts per token and drops some to -1, 1 sends every token to expert 0 only, 2
+//! draws only rank 0's experts (every other rank receives nothing).
+//!
+//! Dispatch's order of a source's rows is the order the pairs took their slots (atomics), so
+//! its result is put in a canonical order first: per local expert, its count, then its rows'
+//! source codes sorted, then the rows in that order.
+
+use crate::distributed::{download, upload};
+use crate::host::{poison, random};
+use crate::registry::{Operation, RankOp, Registered, WorldData};
+use crate::suite::Case;
+use rand::Rng;
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{DType, LaunchAttrs};
+use trident_core::world::RankCtx;
+use trident_core::{Function, KernelBuilder, VerifyError};
+use trident_kernels::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part};
+
+struct EpCase;
+
+/// The shape's extents in a world of `w`.
+fn shape_of(case: &Case) -> (usize, usize, EpShape) {
+    let s = &case.shape;
+    let (t, h, el, k) = (s[0], s[1], s[2], s[3]);
+    (t, s[4], EpShape { t_max: t + 2, hidden: h, experts: el * case.world, top_k: k })
+}
+
+/// Every rank's `topk [T, k]` for `routing` (see the module's text).
+fn route(t: usize, w: usize, shape: EpShape, routing: usize, rng: &mut rand::rngs::StdRng) -> Vec<Vec<i64>> {
+    let (e, k, el) = (shape.experts, shape.top_k, shape.experts / w);
+    (0..w)
+        .map(|_| {
+            let mut all = Vec::new();
+            for _ in 0..t {
+                let pool: Vec<usize> = match routing {
+                    1 => vec![0],
+                    2 => (0..el).collect(),
+                    _ => (0..e).collect(),
+                };
+                let mut pool = pool;
+                let mut row = vec![-1i64; k];
+                for slot in row.iter_mut().take(k.min(pool.len())) {
+                    let pick = pool.swap_remove(rng.gen_range(0..pool.len()));
+                    // Routing 0 leaves about one entry in six empty.
+                    if routing != 0 || rng.gen_range(0..6) != 0 {
+                        *slot = pick as i64;
+                    }
+                }
+                all.extend(row);
+            }
+            all
+        })
+        .collect()
+}
+
+/// Dispatch's canonical result on rank `r`: per local expert, its count, its rows' source codes
+/// sorted, then those rows.
+fn canonical(
+    r: usize,
+    w: usize,
+    shape: EpShape,
+    rows: &[(usize, i64, Vec<f64>)],
+) -> Vec<f64> {
+    let el = shape.experts / w;
+    let mut out = Vec::new();
+    for l in 0..el {
+        let mut mine: Vec<&(usize, i64, Vec<f64>)> = rows.iter().filter(|(e, _, _)| *e == r * el + l).collect();
+        mine.sort_by_key(|(_, code, _)| *code);
+        out.push(mine.len() as f64);
+        out.extend(mine.iter().map(|(_, code, _)| *code as f64));
+        for (_, _, x) in mine {
+            out.extend(x);
+        }
+    }
+    out
+}
+
+/// The test's experts: local expert `l` of rank `r` scales its `count` rows by `r E_local + l + 1`
+/// (so that combine's sums tell the experts apart), in the element type.
+fn expert_scale(d: DType) -> Result<Function, VerifyError> {
+    let b = KernelBuilder::new(&format!("ep_test_expert_scale_{d}"), LaunchAttrs::default());
+    let (recv, counts, y) = (b.arg_ptr("recv", d), b.arg_ptr("counts", DType::I32), b.arg_ptr("y", d));
+    let (rows, hidden, first) = (b.arg("rows", DType::I32), b.arg("hidden", DType::I32), b.arg("first", DType::I32));
+    let l = b.program_id_x();
+    let factor = (first + l + 1).cast(DType::F32);
+    let lanes = b.arange(0, 256);
+    b.for_range(0, b.load(counts + l, None, None), 1, &[], |r, _| {
+        let row = (l * rows + r) * hidden;
+        b.for_range(0, (hidden + 255) / 256, 1, &[], |blk, _| {
+            let at = blk * 256 + lanes;
+            let m = at.lt(hidden);
+            let x = b.load(recv + (row + at), Some(m), None).cast(DType::F32);
+            b.store(y + (row + at), (x * factor).cast(d), Some(m));
+            vec![]
+        });
+        vec![]
+    });
+    b.finish()
+}
+
+impl Operation for EpCase {
+    fn name(&self) -> &'static str {
+        "ep_all_to_all"
+    }
+
+    fn variants(&self, dtype: DType) -> &'static [&'static str] {
+        match dtype {
+            DType::BF16 => &["dispatch", "dispatch-split", "combine", "combine-split"],
+            _ => &[],
+        }
+    }
+
+    fn distributed(&self) -> bool {
+        true
+    }
+
+    /// `[T, H, E_local, k, routing]`: uniform with empty entries, T = 1 with k = 1, every token
+    /// to one expert, only rank 0's experts with rows of two blocks, k = 8.
+    fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
+        vec![vec![5, 40, 2, 2, 0], vec![1, 24, 1, 1, 0], vec![7, 16, 3, 3, 1], vec![3, 1100, 2, 3, 2], vec![4, 8, 4, 8, 0]]
+    }
+
+    /// Dispatch copies exactly; combine rounds once after f32 sums of k terms.
+    fn bound(&self, case: &Case, _reduction_len: usize) -> f64 {
+        match case.variant.starts_with("dispatch") {
+            true => 0.0,
+            false => crate::suite::bound(case.dtype, case.variant, case.shape[3]),
+        }
+    }
+
+    fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
+        let (d, w) = (case.dtype, case.world);
+        let (t, routing, shape) = shape_of(case);
+        let (h, k) = (shape.hidden, shape.top_k);
+        let topk = route(t, w, shape, routing, rng);
+        let xs: Vec<Vec<f64>> = (0..w).map(|_| random(t * h, d, rng)).collect();
+        let weights: Vec<Vec<f64>> =
+            (0..w).map(|_| (0..t * k).map(|_| rng.gen_range(0.0..1.0f32) as f64).collect()).collect();
+        let inputs = (0..w)
+            .map(|s| vec![xs[s].clone(), topk[s].iter().map(|&e| e as f64).collect(), weights[s].clone()])
+            .collect();
+        let expected = if case.variant.starts_with("dispatch") {
+            // Every (source, token, j) pair with an expert: (expert, code, row).
+            let mut pairs = Vec::new();
+            for (s, routes) in topk.iter().enumerate() {
+                for (i, &e) in routes.iter().enumerate() {
+                    if e >= 0 {
+                        let code = (s * shape.t_max * k + i) as i64;
+                        pairs.push((e as usize, code, xs[s][(i / k) * h..(i / k + 1) * h].to_vec()));
+                    }
+                }
+            }
+            (0..w).map(|r| canonical(r, w, shape, &pairs)).collect()
+        } else {
+            (0..w)
+                .map(|s| {
+                    let mut out = vec![0.0; t * h];
+                    for tok in 0..t {
+                        for j in 0..k {
+                            let e = topk[s][tok * k + j];
+                            if e < 0 {
+                                continue;
+                            }
+                            let (wt, factor) = (weights[s][tok * k + j], (e + 1) as f64);
+                            for c in 0..h {
+                                let y = crate::host::round_to(&[xs[s][tok * h + c] * factor], d)[0];
+                                out[tok * h + c] += wt * y;
+                            }
+                        }
+                    }
+                    out
+                })
+                .collect()
+        };
+        WorldData { inputs, expected, reduction_len: k }
+    }
+
+    fn setup_rank(
+        &self,
+        case: &Case,
+        ctx: &dyn RankCtx,
+        inputs: &[Vec<f64>],
+        _ins: &[Buffer],
+        out_len: usize,
+    ) -> Result<Box<dyn RankOp>, BackendError> {
+        let (t, _, shape) = shape_of(case);
+        let op = LowLatencyAllToAll::new(case.dtype);
+        let bufs = op.buffers(ctx, shape)?;
+        let el = shape.experts / ctx.world_size();
+        let y = ctx.alloc(el * ctx.world_size() * shape.t_max * shape.hidden * case.dtype.size_bytes() as usize, "ep_y")?;
+        Ok(Box::new(EpRank {
+            op,
+            bufs,
+            combine: case.variant.starts_with("combine"),
+            part: if case.variant.ends_with("-split") { None } else { Some(Part::Whole) },
+            x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
+            topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
+            weights: upload(ctx, "ep_weights", &inputs[2], DType::F32)?,
+            y,
+            tokens: t,
+            out_len,
+        }))
+    }
+}
+
+/// A rank's all-to-all: dispatch (and the test's experts and combine), in one launch per
+/// operation (`part` Whole) or as send and receive launches (`None`).
+struct EpRank {
+    op: LowLatencyAllToAll,
+    bufs: EpBuffers,
+    combine: bool,
+    part: Option<Part>,
+    x: Buffer,
+    topk: Buffer,
+    weights: Buffer,
+    y: Buffer,
+    tokens: usize,
+    out_len: usize,
+}
+
+impl EpRank {
+    fn parts(&self) -> Vec<Part> {
+        match self.part {
+            Some(p) => vec![p],
+            None => vec![Part::Send, Part::Recv],
+        }
+    }
+}
+
+impl RankOp for EpRank {
+    fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
+        let d = self.op.dtype;
+        ctx.fill(&self.bufs.recv, &poison(d))?;
+        ctx.fill(&self.bufs.recv_src, &poison(DType::I32))?;
+        ctx.fill(&self.bufs.recv_count, &poison(DType::I32))?;
+        ctx.fill(&self.y, &poison(d))?;
+        ctx.fill(&self.bufs.out, &poison(d))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        for p in self.parts() {
+            self.op.dispatch(ctx, &mut self.bufs, &self.x, &self.topk, self.tokens, p)?;
+        }
+        if !self.combine {
+            return Ok(());
+        }
+        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        let el = shape.experts / w;
+        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}"), &|| expert_scale(d))?;
+        let args = [
+            self.bufs.recv.arg(),
+            self.bufs.recv_count.arg(),
+            self.y.arg(),
+            KernelArg::i32((w * shape.t_max) as i32),
+            KernelArg::i32(shape.hidden as i32),
+            KernelArg::i32((ctx.rank() * el) as i32),
+        ];
+        ctx.launch(0, &scale, [el as u32, 1, 1], &args)?;
+        for p in self.parts() {
+            self.op.combine(ctx, &mut self.bufs, &self.y, &self.topk, &self.weights, self.tokens, p)?;
+        }
+        Ok(())
+    }
+
+    fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
+        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        if self.combine {
+            return download(ctx, &self.bufs.out, self.out_len, d);
+        }
+        let el = shape.experts / w;
+        let (rows, h) = (w * shape.t_max, shape.hidden);
+        let counts = download(ctx, &self.bufs.recv_count, el, DType::I32)?;
+        let codes = download(ctx, &self.bufs.recv_src, el * rows, DType::I32)?;
+        let recv = download(ctx, &self.bufs.recv, el * rows * h, d)?;
+        let mut got = Vec::new();
+        for (l, &c) in counts.iter().enumerate() {
+            if !(0.0..=rows as f64).contains(&c) {
+                return Err(BackendError::Host(format!("rank {}: local expert {l} received {c} rows", ctx.rank())));
+            }
+            let first = l * rows;
+            let mut idx: Vec<usize> = (first..first + c as usize).collect();
+            idx.sort_by(|&a, &b| codes[a].total_cmp(&codes[b]));
+            got.push(c);
+            got.extend(idx.iter().map(|&i| codes[i]));
+            for i in idx {
+                got.extend(&recv[i * h..(i + 1) * h]);
+            }
+        }
+        Ok(got)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
+    }
+}
+
+inventory::submit! { Registered(&EpCase) }
