@@ -16,6 +16,11 @@ through `torch.matmul`:
 * `allreduce N`: all_reduce (sum) of N elements;
 * `reduce_scatter C`: reduce_scatter_tensor (sum) of W x C elements per rank, C kept;
 * `allgather C`: all_gather_into_tensor of C elements per rank.
+* `ep_all_to_all T H E k`: expert parallelism as PyTorch runs it without a special library:
+  each of T tokens to its k experts (uniform, distinct), rows sorted by destination rank, the
+  counts exchanged (all_to_all_single, then read on the host), the rows sent
+  (all_to_all_single with those splits), sent back the same way (identity experts) and summed
+  with the routing weights in f32; also the two row all-to-alls alone (`nccl <case>`).
 
 Timing protocol, the one `trident_conformance::dist_bench` uses for trident: every repetition
 clears L2 (a 256 MB write, as `triton.testing.do_bench` does), synchronizes, meets the other
@@ -113,6 +118,40 @@ def main(cases_path, out_path):
             x = rand(dims[0])
             out = torch.empty(dims[0] * w, device=device, dtype=dt)
             parts, pipeline = {}, lambda: dist.all_gather_into_tensor(out, x)
+        elif name == "ep_all_to_all":
+            t, h, e, k = dims
+            x = rand(t, h)
+            topk = torch.stack([torch.randperm(e, device=device)[:k] for _ in range(t)])
+            weights = torch.rand(t, k, device=device)
+            dest = (topk.flatten() // (e // w)).to(torch.int64)
+            order = torch.argsort(dest, stable=True)
+            send = x[order // k]
+            send_counts = torch.bincount(dest, minlength=w)
+            recv_counts = torch.empty_like(send_counts)
+            dist.all_to_all_single(recv_counts, send_counts)
+            sc, rc = send_counts.tolist(), recv_counts.tolist()
+            recv = torch.empty(sum(rc), h, device=device, dtype=dt)
+            back = torch.empty_like(send)
+
+            def rows_out_and_back():
+                dist.all_to_all_single(recv, send, rc, sc)
+                dist.all_to_all_single(back, recv, sc, rc)
+
+            def ep_pipeline():
+                order = torch.argsort(dest, stable=True)
+                counts = torch.bincount(dest, minlength=w)
+                got = torch.empty_like(counts)
+                dist.all_to_all_single(got, counts)
+                sc, rc = counts.tolist(), got.tolist()
+                received = torch.empty(sum(rc), h, device=device, dtype=dt)
+                dist.all_to_all_single(received, x[order // k], rc, sc)
+                home = torch.empty(t * k, h, device=device, dtype=dt)
+                dist.all_to_all_single(home, received, sc, rc)
+                y = torch.empty_like(home)
+                y[order] = home
+                return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
+
+            parts, pipeline = {"nccl": rows_out_and_back}, ep_pipeline
         else:
             if rank == 0:
                 print(f"baseline {line}: skipped (no vendor pipeline for {name})", flush=True)

@@ -11,11 +11,12 @@
 //! its result is put in a canonical order first: per local expert, its count, then its rows'
 //! source codes sorted, then the rows in that order.
 
+use crate::dist_bench::{sampled, upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
 use crate::host::{poison, random};
-use crate::registry::{Operation, RankOp, Registered, WorldData};
+use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::world::RankCtx;
@@ -206,6 +207,90 @@ impl Operation for EpCase {
             tokens: t,
             out_len,
         }))
+    }
+
+    fn benchmark(&self) -> Option<&dyn Benchmark> {
+        Some(self)
+    }
+}
+
+/// Dispatch and combine of `[T, H, E, k]` (tokens per rank, hidden, experts, top-k) with
+/// uniform routing (k distinct experts per token) and the identity as every expert (`recv` is
+/// combine's `y`), so that the sum of a token's k rows is its row times its weights' sum.
+impl Benchmark for EpCase {
+    /// DeepSeek-V3's decode step: 128 tokens per rank, H = 7168, 256 experts, top-8.
+    fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
+        if 256 % world != 0 {
+            return Vec::new();
+        }
+        vec![vec![128, 7168, 256, 8]]
+    }
+
+    fn small_shape(&self, world: usize) -> Vec<usize> {
+        vec![4, 256, 2 * world, 2]
+    }
+
+    /// The receive buffer and the combine buffer, each a double buffer, and the signals.
+    fn heap_bytes(&self, case: &DistCase) -> usize {
+        let (t, h, e, k, es) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.dtype.size_bytes() as usize);
+        let rows = e * (t + 1);
+        trident_kernels::epoch::halves_bytes(rows * h, es)
+            + trident_kernels::epoch::halves_bytes(rows, 4)
+            + trident_kernels::epoch::halves_bytes((t + 1) * k * h, es)
+            + 16 * e
+    }
+
+    /// Each (token, expert) row out and back, less what stays on the rank.
+    fn bus_bytes(&self, case: &DistCase) -> f64 {
+        let (t, h, k, w) = (case.dims[0] as f64, case.dims[1] as f64, case.dims[3] as f64, case.world as f64);
+        2.0 * t * k * h * case.dtype.size_bytes() as f64 * (w - 1.0) / w
+    }
+
+    fn run(&self, t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
+        let ctx = t.ctx;
+        let (d, w, r) = (case.dtype, case.world, ctx.rank());
+        let (tokens, h, experts, k) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3]);
+        if experts % w != 0 || k > experts {
+            return Err(crate::dist_bench::shard_error(case, "the experts"));
+        }
+        let shape = EpShape { t_max: tokens, hidden: h, experts, top_k: k };
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xE9 ^ r as u64);
+        let mut topk = Vec::new();
+        for _ in 0..tokens {
+            let mut pool: Vec<usize> = (0..experts).collect();
+            for _ in 0..k {
+                topk.push(pool.swap_remove(rng.gen_range(0..pool.len())) as f64);
+            }
+        }
+        let x = upload_with(ctx, tokens * h, d, "ep_x", &|i| value(seed, 700 + r as u64, i, d))?;
+        let topk_b = upload(ctx, "ep_topk", &topk, DType::I32)?;
+        let weights = upload_with(ctx, tokens * k, DType::F32, "ep_weights", &|i| value(seed, 800 + r as u64, i, DType::F32).abs())?;
+        let op = LowLatencyAllToAll::new(d);
+        let mut bufs = op.buffers(ctx, shape)?;
+        ctx.fill(&bufs.out, &poison(d))?;
+        ctx.barrier()?;
+        let recv = bufs.recv.clone();
+        let round = |bufs: &mut EpBuffers, dispatch: bool, combine: bool| -> Result<(), BackendError> {
+            if dispatch {
+                op.dispatch(ctx, bufs, &x, &topk_b, tokens, Part::Whole)?;
+            }
+            if combine {
+                op.combine(ctx, bufs, &recv, &topk_b, &weights, tokens, Part::Whole)?;
+            }
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        round(&mut bufs, true, true)?;
+        let want = |tok: usize, i: usize| {
+            let xv = value(seed, 700 + r as u64, tok * h + i, d);
+            let ws: f64 = (0..k).map(|j| value(seed, 800 + r as u64, tok * k + j, DType::F32).abs()).sum();
+            (ws * xv, ws * xv.abs())
+        };
+        t.error(sampled(ctx, &bufs.out, (tokens, h), d, 4096.min(tokens * h), &mut rng, &want)?);
+        t.time("ep/dispatch+combine", &mut || round(&mut bufs, true, true))?;
+        t.time("ep/dispatch", &mut || round(&mut bufs, true, false))?;
+        t.time("ep/combine", &mut || round(&mut bufs, false, true))?;
+        Ok(())
     }
 }
 
