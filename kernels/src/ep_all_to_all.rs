@@ -85,7 +85,15 @@ pub struct LowLatencyAllToAll {
     pub block: u32,
     /// The grid asked for (a persistent launch: what is resident of it runs).
     pub max_programs: u32,
+    /// Dispatch sends FP8: E4M3FN with one f32 scale per 128 channels (DeepSeek-V3's
+    /// activations), quantized by the sender (`docs/SEMANTICS.md`, "Quantization"); `recv`
+    /// then holds E4M3FN and `recv_scales` the scales, `[E_local W T_max, H / 128]` as the
+    /// grouped GEMM's block scales of A. Combine stays in `dtype`.
+    pub quantize: bool,
 }
+
+/// Channels per FP8 scale.
+pub const QUANT_BLOCK: usize = 128;
 
 /// One rank's buffers of the all-to-all (symmetric ones allocated collectively).
 pub struct EpBuffers {
@@ -94,6 +102,8 @@ pub struct EpBuffers {
     pub raw: Buffer,
     /// Two halves of `[E_local, W, T_max]` i32: each raw row's pair index `t k + j` (symmetric).
     pub raw_src: Buffer,
+    /// With `quantize`, two halves of `[E_local, W, T_max, H / 128]` f32 scales (symmetric).
+    pub raw_scales: Buffer,
     /// `[E_local, W]` u64 count signals (symmetric).
     pub counts: Buffer,
     /// Two halves of `[T_max k, H]`: the experts' outputs sent home (symmetric).
@@ -109,6 +119,8 @@ pub struct EpBuffers {
     pub recv_src: Buffer,
     pub recv_count: Buffer,
     pub layout: Buffer,
+    /// With `quantize`, `[E_local W T_max, H / 128]` f32: each received row's scales.
+    pub recv_scales: Buffer,
     /// Combine's result `[T_max, H]` (local).
     pub out: Buffer,
     /// Epoch words of the six kernels (`crate::epoch`).
@@ -143,7 +155,21 @@ const EPOCH_SHIFT: u64 = 1 << 32;
 
 impl LowLatencyAllToAll {
     pub fn new(dtype: DType) -> LowLatencyAllToAll {
-        LowLatencyAllToAll { dtype, block: 1024, max_programs: 132 }
+        LowLatencyAllToAll { dtype, block: 1024, max_programs: 132, quantize: false }
+    }
+
+    /// Dispatch quantizes to E4M3FN with a scale per 128 channels (see `quantize`).
+    pub fn fp8(self) -> LowLatencyAllToAll {
+        LowLatencyAllToAll { quantize: true, ..self }
+    }
+
+    /// The element type dispatch sends and leaves in `recv`.
+    pub fn payload(&self) -> DType {
+        if self.quantize {
+            DType::F8E4M3FN
+        } else {
+            self.dtype
+        }
     }
 
     /// Collective: the buffers of `shape` on every rank of `ctx`'s world.
@@ -155,8 +181,15 @@ impl LowLatencyAllToAll {
                  and top_k, hidden and t_max positive"
             )));
         }
-        let (el, es) = (shape.experts / w, self.dtype.size_bytes() as usize);
+        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || self.block as usize % QUANT_BLOCK != 0) {
+            return Err(BackendError::Host(format!(
+                "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
+                shape.hidden, self.block
+            )));
+        }
+        let (el, es, ps) = (shape.experts / w, self.dtype.size_bytes() as usize, self.payload().size_bytes() as usize);
         let rows = el * w * shape.t_max;
+        let scales = if self.quantize { rows * shape.hidden / QUANT_BLOCK } else { 1 };
         require_i32(2 * crate::epoch::half_elems(rows * shape.hidden), "the receive buffer's elements")?;
         require_i32(2 * crate::epoch::half_elems(shape.t_max * shape.top_k * shape.hidden), "the combine buffer's elements")?;
         let zeroed = |bytes: usize, name: &str| -> Result<Buffer, BackendError> {
@@ -166,14 +199,16 @@ impl LowLatencyAllToAll {
         };
         Ok(EpBuffers {
             shape,
-            raw: ctx.symm_alloc(crate::epoch::halves_bytes(rows * shape.hidden, es), "ep_raw")?,
+            raw: ctx.symm_alloc(crate::epoch::halves_bytes(rows * shape.hidden, ps), "ep_raw")?,
             raw_src: ctx.symm_alloc(crate::epoch::halves_bytes(rows, 4), "ep_raw_src")?,
+            raw_scales: ctx.symm_alloc(crate::epoch::halves_bytes(scales, 4), "ep_raw_scales")?,
             counts: ctx.symm_alloc(8 * el * w, "ep_counts")?,
             comb: ctx.symm_alloc(crate::epoch::halves_bytes(shape.t_max * shape.top_k * shape.hidden, es), "ep_comb")?,
             comb_ready: ctx.symm_alloc(8 * shape.experts, "ep_comb_ready")?,
             slots: zeroed(8 * shape.experts, "ep_slots")?,
             finished: zeroed(16, "ep_finished")?,
-            recv: ctx.alloc(rows * shape.hidden * es, "ep_recv")?,
+            recv: ctx.alloc(rows * shape.hidden * ps, "ep_recv")?,
+            recv_scales: ctx.alloc(scales * 4, "ep_recv_scales")?,
             recv_src: ctx.alloc(rows * 4, "ep_recv_src")?,
             recv_count: ctx.alloc(el * 4, "ep_recv_count")?,
             layout: ctx.alloc(el * w * 8, "ep_layout")?,
@@ -184,7 +219,8 @@ impl LowLatencyAllToAll {
     }
 
     pub fn build(&self, stage: Stage, part: Part) -> Result<Function, VerifyError> {
-        let name = format!("ep_{stage:?}_{part:?}_{}_{}", self.dtype, self.block).to_lowercase();
+        let fp8 = if self.quantize && stage == Stage::Dispatch { "_e4m3" } else { "" };
+        let name = format!("ep_{stage:?}_{part:?}_{}{fp8}_{}", self.dtype, self.block).to_lowercase();
         // Programs wait for each other (the finished count, the whole kernel's own signals):
         // all of them resident, as many as fit.
         let attrs = LaunchAttrs { cooperative: true, persistent: true, ..LaunchAttrs::default() };
@@ -207,14 +243,39 @@ impl LowLatencyAllToAll {
         });
     }
 
+    /// One row of `hidden` channels from `from` quantized into `to` (E4M3FN) and its scales
+    /// (`hidden / 128` f32) into `scales`: per 128 channels `amax = max |x|`, the channels
+    /// times `448 / amax` (f32) rounded to E4M3FN, the scale `amax / 448` (0 and 0 where
+    /// `amax` is 0).
+    fn quantize_row<'b>(&self, b: &'b KernelBuilder, hidden: Tile<'b>, from: Tile<'b>, to: Tile<'b>, scales: Tile<'b>) {
+        let (qb, per) = (QUANT_BLOCK as u32, self.block / QUANT_BLOCK as u32);
+        let bs = self.block as i32;
+        let lanes = b.arange(0, self.block as i64);
+        let blocks_at = b.arange(0, per as i64);
+        b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
+            let at = blk * bs + lanes;
+            let m = at.lt(hidden);
+            let x = b.load_or(from + at, m, 0.0).cast(DType::F32).reshape(&[per, qb]);
+            let amax = x.abs().max_along(1);
+            let some = amax.gt(0.0f32);
+            let inv = some.select(b.full(&[per], 448.0, DType::F32) / amax, 0.0f32);
+            let q = (x * inv.expand_dims(1).broadcast_to(&[per, qb])).cast(DType::F8E4M3FN).reshape(&[self.block]);
+            b.store(to + at, q, Some(m));
+            let s_at = blk * per as i32 + blocks_at;
+            b.store(scales + s_at, amax / 448.0f32, Some(s_at.lt(hidden / QUANT_BLOCK as i32)));
+            vec![]
+        });
+    }
+
     fn emit_dispatch<'b>(&self, b: &'b KernelBuilder, part: Part) {
-        let d = self.dtype;
+        let (d, pd) = (self.dtype, self.payload());
         let (x, topk) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32));
         let (raw, raw_src, counts) =
-            (b.arg_ptr("raw", d), b.arg_ptr("raw_src", DType::I32), b.arg_ptr("counts", DType::U64));
+            (b.arg_ptr("raw", pd), b.arg_ptr("raw_src", DType::I32), b.arg_ptr("counts", DType::U64));
         let (slots, finished) = (b.arg_ptr("slots", DType::I32), b.arg_ptr("finished", DType::U64));
-        let (recv, recv_src) = (b.arg_ptr("recv", d), b.arg_ptr("recv_src", DType::I32));
+        let (recv, recv_src) = (b.arg_ptr("recv", pd), b.arg_ptr("recv_src", DType::I32));
         let (recv_count, layout) = (b.arg_ptr("recv_count", DType::I32), b.arg_ptr("layout", DType::I32));
+        let (raw_scales, recv_scales) = (b.arg_ptr("raw_scales", DType::F32), b.arg_ptr("recv_scales", DType::F32));
         let epochs = b.arg_ptr("epochs", DType::U64);
         let (tokens, t_max, hidden) = (b.arg("tokens", DType::I32), b.arg("t_max", DType::I32), b.arg("hidden", DType::I32));
         let (experts, k) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32));
@@ -223,6 +284,9 @@ impl LowLatencyAllToAll {
         let el = experts / world;
         let rows = el * world * t_max;
         let (raw, raw_src) = (call.half(raw, rows * hidden), call.half(raw_src, rows));
+        let qb = QUANT_BLOCK as i32;
+        let sb = hidden / qb;
+        let raw_scales = call.half(raw_scales, if self.quantize { rows * sb } else { b.i32(1) });
         let base = call.value * EPOCH_SHIFT;
         // The slot counters come in two halves by parity: a call counts in its own and clears
         // the other (the last call's, read by then), so no program reads and clears one word
@@ -239,7 +303,12 @@ impl LowLatencyAllToAll {
                     b.if_then(slot.lt(t_max), || {
                         let row = (l * world + me) * t_max + slot;
                         let (to, from) = (b.symm_at(raw, dst) + row * hidden, x + (i / k) * hidden);
-                        self.each_block(b, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                        if self.quantize {
+                            let scales = b.symm_at(raw_scales, dst) + row * sb;
+                            self.quantize_row(b, hidden, from, to, scales);
+                        } else {
+                            self.each_block(b, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                        }
                         b.store(b.symm_at(raw_src, dst) + row, i, None);
                     });
                 });
@@ -278,6 +347,10 @@ impl LowLatencyAllToAll {
                     let (from, to) = ((l * world + s) * t_max + r, l * (world * t_max) + off + r);
                     let (src_row, dst_row) = (raw + from * hidden, recv + to * hidden);
                     self.each_block(b, hidden, &|at, m| b.store(dst_row + at, b.load(src_row + at, Some(m), None), Some(m)));
+                    if self.quantize {
+                        let (src_s, dst_s) = (raw_scales.consume_token(tok) + from * sb, recv_scales + to * sb);
+                        self.each_block(b, sb, &|at, m| b.store(dst_s + at, b.load(src_s + at, Some(m), None), Some(m)));
+                    }
                     b.store(recv_src + to, s * (t_max * k) + b.load(raw_src + from, None, None), None);
                     vec![]
                 });
@@ -394,6 +467,8 @@ impl LowLatencyAllToAll {
             bufs.recv_src.arg(),
             bufs.recv_count.arg(),
             bufs.layout.arg(),
+            bufs.raw_scales.arg(),
+            bufs.recv_scales.arg(),
             crate::epoch::state_arg(&bufs.epochs, epoch_index(Stage::Dispatch, part)),
         ];
         args.extend(Self::scalars(bufs, tokens)?);
@@ -448,6 +523,15 @@ inventory::submit! {
         operation: "ep_all_to_all",
         distributed: true,
         build: |d| LowLatencyAllToAll::new(d).build(Stage::Dispatch, Part::Whole),
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "ep_dispatch_e4m3",
+        operation: "ep_all_to_all",
+        distributed: true,
+        build: |d| LowLatencyAllToAll::new(d).fp8().build(Stage::Dispatch, Part::Whole),
     }
 }
 

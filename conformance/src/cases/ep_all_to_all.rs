@@ -21,15 +21,38 @@ use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
-use trident_kernels::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part};
+use trident_kernels::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part, QUANT_BLOCK};
 
 struct EpCase;
 
 /// The shape's extents in a world of `w`.
 fn shape_of(case: &Case) -> (usize, usize, EpShape) {
     let s = &case.shape;
-    let (t, h, el, k) = (s[0], s[1], s[2], s[3]);
+    let (t, mut h, el, k) = (s[0], s[1], s[2], s[3]);
+    // FP8 quantizes blocks of 128 channels: the next multiple.
+    if fp8(case) {
+        h = h.next_multiple_of(QUANT_BLOCK);
+    }
     (t, s[4], EpShape { t_max: t + 2, hidden: h, experts: el * case.world, top_k: k })
+}
+
+/// Whether the case's dispatch sends FP8.
+fn fp8(case: &Case) -> bool {
+    case.variant.contains("e4m3")
+}
+
+/// A row quantized as the FP8 dispatch does it (`docs/SEMANTICS.md`, "Quantization"), in f32
+/// arithmetic: its scales (one per 128 channels), then its E4M3FN values.
+fn quantized(x: &[f64]) -> Vec<f64> {
+    let (mut scales, mut q) = (Vec::new(), Vec::new());
+    for block in x.chunks(QUANT_BLOCK) {
+        let amax = block.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
+        let inv = if amax > 0.0 { 448.0f32 / amax } else { 0.0 };
+        scales.push((amax / 448.0f32) as f64);
+        q.extend(block.iter().map(|&v| crate::host::round_to(&[((v as f32) * inv) as f64], DType::F8E4M3FN)[0]));
+    }
+    scales.extend(q);
+    scales
 }
 
 /// Every rank's `topk [T, k]` for `routing` (see the module's text).
@@ -112,7 +135,7 @@ impl Operation for EpCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["dispatch", "dispatch-split", "combine", "combine-split"],
+            DType::BF16 => &["dispatch", "dispatch-split", "dispatch-e4m3", "dispatch-e4m3-split", "combine", "combine-split"],
             _ => &[],
         }
     }
@@ -153,7 +176,8 @@ impl Operation for EpCase {
                 for (i, &e) in routes.iter().enumerate() {
                     if e >= 0 {
                         let code = (s * shape.t_max * k + i) as i64;
-                        pairs.push((e as usize, code, xs[s][(i / k) * h..(i / k + 1) * h].to_vec()));
+                        let row = &xs[s][(i / k) * h..(i / k + 1) * h];
+                        pairs.push((e as usize, code, if fp8(case) { quantized(row) } else { row.to_vec() }));
                     }
                 }
             }
@@ -192,6 +216,7 @@ impl Operation for EpCase {
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let (t, _, shape) = shape_of(case);
         let op = LowLatencyAllToAll::new(case.dtype);
+        let op = if fp8(case) { op.fp8() } else { op };
         let bufs = op.buffers(ctx, shape)?;
         let el = shape.experts / ctx.world_size();
         let y = ctx.alloc(el * ctx.world_size() * shape.t_max * shape.hidden * case.dtype.size_bytes() as usize, "ep_y")?;
@@ -234,10 +259,14 @@ impl Benchmark for EpCase {
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let (t, h, e, k, es) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.dtype.size_bytes() as usize);
         let rows = e * (t + 1);
-        trident_kernels::epoch::halves_bytes(rows * h, es)
-            + trident_kernels::epoch::halves_bytes(rows, 4)
-            + trident_kernels::epoch::halves_bytes((t + 1) * k * h, es)
-            + 16 * e
+        // The bf16 operation's buffers and the FP8 one's (rows of bytes and their scales).
+        let one = |ps: usize| {
+            trident_kernels::epoch::halves_bytes(rows * h, ps)
+                + trident_kernels::epoch::halves_bytes(rows, 4)
+                + trident_kernels::epoch::halves_bytes((t + 1) * k * h, es)
+                + 16 * e
+        };
+        one(es) + one(1) + trident_kernels::epoch::halves_bytes(rows * h.div_ceil(QUANT_BLOCK), 4)
     }
 
     /// Each (token, expert) row out and back, less what stays on the rank.
@@ -290,6 +319,21 @@ impl Benchmark for EpCase {
         t.time("ep/dispatch+combine", &mut || round(&mut bufs, true, true))?;
         t.time("ep/dispatch", &mut || round(&mut bufs, true, false))?;
         t.time("ep/combine", &mut || round(&mut bufs, false, true))?;
+        // FP8 dispatch (quantized by the sender), then combine of bf16 rows (the experts'
+        // outputs; here the bf16 dispatch's rows): its sampled scales and values are checked
+        // by the conformance cases, the times are these.
+        let fp8 = op.fp8();
+        let mut qbufs = fp8.buffers(ctx, shape)?;
+        let q_round = |bufs: &mut EpBuffers, combine: bool| -> Result<(), BackendError> {
+            fp8.dispatch(ctx, bufs, &x, &topk_b, tokens, Part::Whole)?;
+            if combine {
+                fp8.combine(ctx, bufs, &recv, &topk_b, &weights, tokens, Part::Whole)?;
+            }
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        t.time("ep/dispatch-e4m3+combine", &mut || q_round(&mut qbufs, true))?;
+        t.time("ep/dispatch-e4m3", &mut || q_round(&mut qbufs, false))?;
         Ok(())
     }
 }
@@ -321,7 +365,8 @@ impl EpRank {
 impl RankOp for EpRank {
     fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
         let d = self.op.dtype;
-        ctx.fill(&self.bufs.recv, &poison(d))?;
+        ctx.fill(&self.bufs.recv, &poison(self.op.payload()))?;
+        ctx.fill(&self.bufs.recv_scales, &poison(DType::F32))?;
         ctx.fill(&self.bufs.recv_src, &poison(DType::I32))?;
         ctx.fill(&self.bufs.recv_count, &poison(DType::I32))?;
         ctx.fill(&self.y, &poison(d))?;
@@ -362,7 +407,12 @@ impl RankOp for EpRank {
         let (rows, h) = (w * shape.t_max, shape.hidden);
         let counts = download(ctx, &self.bufs.recv_count, el, DType::I32)?;
         let codes = download(ctx, &self.bufs.recv_src, el * rows, DType::I32)?;
-        let recv = download(ctx, &self.bufs.recv, el * rows * h, d)?;
+        let recv = download(ctx, &self.bufs.recv, el * rows * h, self.op.payload())?;
+        let sb = h / QUANT_BLOCK;
+        let scales = match self.op.quantize {
+            true => download(ctx, &self.bufs.recv_scales, el * rows * sb, DType::F32)?,
+            false => Vec::new(),
+        };
         let mut got = Vec::new();
         for (l, &c) in counts.iter().enumerate() {
             if !(0.0..=rows as f64).contains(&c) {
@@ -374,6 +424,9 @@ impl RankOp for EpRank {
             got.push(c);
             got.extend(idx.iter().map(|&i| codes[i]));
             for i in idx {
+                if self.op.quantize {
+                    got.extend(&scales[i * sb..(i + 1) * sb]);
+                }
                 got.extend(&recv[i * h..(i + 1) * h]);
             }
         }
