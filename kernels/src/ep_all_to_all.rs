@@ -181,7 +181,7 @@ impl LowLatencyAllToAll {
                  and top_k, hidden and t_max positive"
             )));
         }
-        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || self.block as usize % QUANT_BLOCK != 0) {
+        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
             return Err(BackendError::Host(format!(
                 "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
                 shape.hidden, self.block
