@@ -38,6 +38,7 @@ use trident_gpu_runtime::{GpuWorldOptions, RankSession};
 use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 use trident_kernels::epoch::{state_arg, CopyLatest};
 use trident_kernels::gemm_rs::GemmRs;
 use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
@@ -310,6 +311,126 @@ impl GpuWorld {
             let (a, b, o) =
                 (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, (m / w) * n * es));
             op.enqueue(ctx, bufs, &a, &b, &o, k)
+        })
+    }
+
+    /// Expert parallelism's low-latency dispatch: this rank's `tokens` rows of `x` (`[T, H]`
+    /// of `dtype`) to the ranks of their top-k experts (`topk`, `[T, k]` i32, -1 none). The
+    /// results go to the caller's tensors (only this rank's kernel writes them): `recv`
+    /// (`[E_local, size t_max, H]`, E4M3FN with `fp8`), `recv_scales` (with `fp8`,
+    /// `[E_local size t_max, H / 128]` f32), `recv_count` (`[E_local]` i32), and what combine
+    /// needs: `recv_src` (`[E_local, size t_max]` i32) and `layout` (`[E_local, size, 2]` i32).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, topk, recv, recv_scales, recv_count, recv_src, layout, tokens, t_max, hidden, experts, top_k, dtype_name, fp8, stream))]
+    fn ep_dispatch(
+        &self,
+        py: Python<'_>,
+        x: u64,
+        topk: u64,
+        recv: u64,
+        recv_scales: u64,
+        recv_count: u64,
+        recv_src: u64,
+        layout: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype_name: &str,
+        fp8: bool,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        self.op(py, stream, move |ctx, ops| {
+            let op = LowLatencyAllToAll::new(d);
+            let op = if fp8 { op.fp8() } else { op };
+            let bufs = state(ops, format!("ep/{d}/{fp8}/{shape:?}"), || op.buffers(ctx, shape))?;
+            // Without `fp8` the scales stay the operation's own (a placeholder argument).
+            let scales = match fp8 {
+                true => tensor("recv_scales", recv_scales, bufs.recv_scales.bytes),
+                false => bufs.recv_scales.clone(),
+            };
+            let mine = [
+                tensor("recv", recv, bufs.recv.bytes),
+                scales,
+                tensor("recv_count", recv_count, bufs.recv_count.bytes),
+                tensor("recv_src", recv_src, bufs.recv_src.bytes),
+                tensor("layout", layout, bufs.layout.bytes),
+            ];
+            let [a, b, c, e, f] = mine;
+            let own = (
+                std::mem::replace(&mut bufs.recv, a),
+                std::mem::replace(&mut bufs.recv_scales, b),
+                std::mem::replace(&mut bufs.recv_count, c),
+                std::mem::replace(&mut bufs.recv_src, e),
+                std::mem::replace(&mut bufs.layout, f),
+            );
+            let es = d.size_bytes() as usize;
+            let r = op.dispatch(
+                ctx,
+                bufs,
+                &tensor("x", x, tokens * hidden * es),
+                &tensor("topk", topk, tokens * top_k * 4),
+                tokens,
+                Part::Whole,
+            );
+            (bufs.recv, bufs.recv_scales, bufs.recv_count, bufs.recv_src, bufs.layout) = own;
+            r
+        })
+    }
+
+    /// Expert parallelism's low-latency combine: the experts' outputs `y` (in `recv`'s layout,
+    /// `dtype`) back to their tokens' ranks by `recv_src` and `layout` (a dispatch's, same
+    /// shape), summed there with `weights` (`[T, k]` f32) into `out` (`[T, H]`).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (y, topk, weights, recv_src, layout, out, tokens, t_max, hidden, experts, top_k, dtype_name, fp8, stream))]
+    fn ep_combine(
+        &self,
+        py: Python<'_>,
+        y: u64,
+        topk: u64,
+        weights: u64,
+        recv_src: u64,
+        layout: u64,
+        out: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype_name: &str,
+        fp8: bool,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        let es = d.size_bytes() as usize;
+        self.op(py, stream, move |ctx, ops| {
+            // The dispatch's state (`fp8` as it was): combine uses its combine buffer and
+            // signals; the heap holds one set of buffers per shape.
+            let op = LowLatencyAllToAll::new(d);
+            let dispatch = if fp8 { op.fp8() } else { op };
+            let bufs = state(ops, format!("ep/{d}/{fp8}/{shape:?}"), || dispatch.buffers(ctx, shape))?;
+            let (src_bytes, layout_bytes) = (bufs.recv_src.bytes, bufs.layout.bytes);
+            let own = (
+                std::mem::replace(&mut bufs.recv_src, tensor("recv_src", recv_src, src_bytes)),
+                std::mem::replace(&mut bufs.layout, tensor("layout", layout, layout_bytes)),
+                std::mem::replace(&mut bufs.out, tensor("out", out, tokens * hidden * es)),
+            );
+            let rows = (experts / ctx.world_size()) * ctx.world_size() * t_max * hidden * es;
+            let r = op.combine(
+                ctx,
+                bufs,
+                &tensor("y", y, rows),
+                &tensor("topk", topk, tokens * top_k * 4),
+                &tensor("weights", weights, tokens * top_k * 4),
+                tokens,
+                Part::Whole,
+            );
+            (bufs.recv_src, bufs.layout, bufs.out) = own;
+            r
         })
     }
 

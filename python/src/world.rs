@@ -144,3 +144,59 @@ pub fn reduce_scatter(
         download(ctx, &bufs.out, chunk * d.size_bytes() as usize)
     })
 }
+
+/// Expert parallelism's low-latency dispatch and combine, round trip: rank r's tokens `xs[r]`
+/// (`[T, H]` of `dtype_name`) go to their top-k experts (`topks[r]`, `[T, k]` i32, -1 none;
+/// `experts` in all, `experts / ranks` per rank), every expert is the identity, and combine
+/// sums each token's rows with `weights[r]` (`[T, k]` f32). Returns per rank the rows each
+/// local expert received (`[experts / ranks]` i32 bytes) and combine's output (`[T, H]`).
+#[pyfunction]
+#[pyo3(signature = (xs, topks, weights, experts, hidden, dtype_name, seed = 0, race = false))]
+#[allow(clippy::too_many_arguments)]
+pub fn ep_round_trip(
+    py: Python<'_>,
+    xs: Vec<Vec<u8>>,
+    topks: Vec<Vec<u8>>,
+    weights: Vec<Vec<u8>>,
+    experts: usize,
+    hidden: usize,
+    dtype_name: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<(Vec<u8>, Vec<u8>)>> {
+    use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
+    let d = dtype(dtype_name)?;
+    let rows = elements(&xs, d, "ep_round_trip")?;
+    let w = xs.len();
+    if hidden == 0 || !rows.is_multiple_of(hidden) {
+        return Err(errors::argument(format!("ep_round_trip: {rows} elements are not rows of {hidden}")));
+    }
+    let tokens = rows / hidden;
+    let pairs = elements(&topks, DType::I32, "ep_round_trip (topk)")?;
+    if topks.len() != w || weights.len() != w || tokens == 0 || !pairs.is_multiple_of(tokens) {
+        return Err(errors::argument(format!(
+            "ep_round_trip: {w} ranks of {tokens} tokens, {} topk and {} weights arrays of {pairs} entries",
+            topks.len(),
+            weights.len()
+        )));
+    }
+    let k = pairs / tokens;
+    if elements(&weights, DType::F32, "ep_round_trip (weights)")? != pairs {
+        return Err(errors::argument("ep_round_trip: weights must be [T, k] f32 as topk".to_string()));
+    }
+    let shape = EpShape { t_max: tokens, hidden, experts, top_k: k };
+    let (xs, topks, weights) = (Arc::new(xs), Arc::new(topks), Arc::new(weights));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let r = ctx.rank();
+        let (x, topk, wt) =
+            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
+        let op = LowLatencyAllToAll::new(d);
+        let mut bufs = op.buffers(ctx, shape)?;
+        op.dispatch(ctx, &mut bufs, &x, &topk, tokens, Part::Whole)?;
+        let recv = bufs.recv.clone();
+        op.combine(ctx, &mut bufs, &recv, &topk, &wt, tokens, Part::Whole)?;
+        ctx.synchronize()?;
+        let counts = download(ctx, &bufs.recv_count, 4 * (experts / w))?;
+        Ok((counts, download(ctx, &bufs.out, tokens * hidden * d.size_bytes() as usize)?))
+    })
+}

@@ -60,3 +60,28 @@ def test_world_errors():
         CpuWorld(3).reduce_scatter(inputs(3, 10))
     with pytest.raises(trident.ArgumentError, match="algorithm `three_shot`"):
         CpuWorld(2).all_reduce(inputs(2, 10), "three_shot")
+
+
+@pytest.mark.parametrize("ranks", [3, 4])
+def test_ep_round_trip(ranks):
+    # Every token to k distinct experts (about one entry in five empty); the identity experts
+    # send each row back, so a token's output is its row times its weights' sum.
+    g = np.random.default_rng()
+    tokens, hidden, k, experts = 5, 48, 3, 2 * ranks
+    xs = inputs(ranks, tokens * hidden)
+    xs = [x.reshape(tokens, hidden) for x in xs]
+    topks = []
+    for _ in range(ranks):
+        t = np.stack([g.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int32)
+        t[g.uniform(size=t.shape) < 0.2] = -1
+        topks.append(t)
+    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    outs = CpuWorld(ranks, seed=int(g.integers(1 << 32))).ep_round_trip(xs, topks, weights, experts)
+    per_rank = experts // ranks
+    for r, (counts, out) in enumerate(outs):
+        routed = np.concatenate([t.reshape(-1) for t in topks])
+        want_counts = [int(np.sum(routed == r * per_rank + l)) for l in range(per_rank)]
+        assert list(counts) == want_counts
+        w = np.where(topks[r] >= 0, weights[r], 0).astype(np.float64).sum(axis=1)
+        want = xs[r].astype(np.float64) * w[:, None]
+        assert out.shape == (tokens, hidden) and np.max(np.abs(out - want)) <= 1e-5 * max(1.0, np.max(np.abs(want)))

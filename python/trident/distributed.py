@@ -69,6 +69,20 @@ class CpuWorld:
         data, etype, dtype = self._inputs("all_reduce", inputs)
         return self._outputs(_trident.all_reduce(data, etype, algorithm, self.seed, self.race), dtype)
 
+    def ep_round_trip(self, xs, topks, weights, num_experts):
+        """Expert parallelism's low-latency dispatch and combine with every expert the
+        identity: rank r's tokens `xs[r]` ``[T, H]`` to their experts `topks[r]` ``[T, k]``
+        (int32, -1 none) and back, summed with `weights[r]` ``[T, k]`` (float32). Returns per
+        rank ``(recv_count, out)``: the rows each of its ``num_experts // ranks`` experts
+        received, and ``[T, H]``."""
+        data, etype, dtype = self._inputs("ep_round_trip", xs)
+        hidden = np.asarray(xs[0]).shape[-1]
+        topks = [np.ascontiguousarray(t, dtype=np.int32).tobytes() for t in topks]
+        weights = [np.ascontiguousarray(w, dtype=np.float32).tobytes() for w in weights]
+        raw = _trident.ep_round_trip(data, topks, weights, num_experts, hidden, etype, self.seed, self.race)
+        shape = np.asarray(xs[0]).shape
+        return [(np.frombuffer(c, dtype=np.int32).copy(), np.frombuffer(o, dtype=dtype).reshape(shape).copy()) for c, o in raw]
+
     def reduce_scatter(self, inputs, algorithm="ring"):
         """Each input holds `ranks` equal chunks; rank r's output is the sum of every rank's chunk r
         (``ring`` or ``one_shot``)."""
@@ -244,6 +258,82 @@ def gemm_rs(a, b):
     return out
 
 
+def _topk_i32(what, topk, tokens):
+    import torch
+
+    if topk.dim() != 2 or topk.shape[0] != tokens:
+        raise ArgumentError(f"{what}: topk {tuple(topk.shape)}, [{tokens}, k] expected")
+    if topk.dtype == torch.int64:
+        topk = topk.to(torch.int32)  # torch.topk's indices
+    if topk.dtype != torch.int32:
+        raise ArgumentError(f"{what}: topk of {topk.dtype}; int32 (or int64) expert ids, -1 for none")
+    _check(what, topk.contiguous())
+    return topk.contiguous()
+
+
+def ep_dispatch(x, topk, num_experts, t_max, fp8=False):
+    """Expert parallelism's low-latency dispatch (decode): this rank's tokens `x` ``[T, H]``
+    (bf16, f16 or f32) go to the ranks of their top-k experts `topk` ``[T, k]`` (int32 or
+    int64 expert ids in ``0..num_experts``, -1 for none; expert `e` lives on rank
+    ``e // (num_experts // size)``); `t_max` bounds T on every rank and sizes the buffers (keep
+    it fixed across steps: each value has its own buffers on the symmetric heap, about
+    ``2 num_experts t_max H`` elements). With `fp8` the rows travel as E4M3FN with one f32 scale
+    per 128 channels, quantized by the sender.
+
+    Returns ``(recv, recv_scales, recv_count, recv_src, layout)``: ``recv``
+    ``[E_local, size t_max, H]`` (E4M3FN with `fp8`): local expert l's ``recv_count[l]`` rows
+    from row 0, source rank by source rank; ``recv_scales`` ``[E_local, size t_max, H / 128]``
+    f32 (empty without `fp8`); ``recv_src`` and ``layout``: what ``ep_combine`` needs to send
+    each row home. No host synchronisation."""
+    import torch
+
+    w, etype = _check("ep_dispatch", x, 2)
+    tokens, hidden = x.shape
+    topk = _topk_i32("ep_dispatch", topk, tokens)
+    if num_experts <= 0 or num_experts % w.size:
+        raise ArgumentError(f"ep_dispatch: {num_experts} experts do not split over {w.size} ranks")
+    if tokens > t_max:
+        raise ArgumentError(f"ep_dispatch: {tokens} tokens where t_max is {t_max}")
+    if fp8 and hidden % 128:
+        raise ArgumentError(f"ep_dispatch: fp8 quantizes blocks of 128 channels; H = {hidden}")
+    el, rows = num_experts // w.size, w.size * t_max
+    dev = x.device
+    recv = torch.empty((el, rows, hidden), dtype=torch.float8_e4m3fn if fp8 else x.dtype, device=dev)
+    scales = torch.empty((el, rows, hidden // 128) if fp8 else (0,), dtype=torch.float32, device=dev)
+    count = torch.empty(el, dtype=torch.int32, device=dev)
+    src = torch.empty((el, rows), dtype=torch.int32, device=dev)
+    layout = torch.empty((el, w.size, 2), dtype=torch.int32, device=dev)
+    w.ep_dispatch(
+        x.data_ptr(), topk.data_ptr(), recv.data_ptr(), scales.data_ptr(), count.data_ptr(), src.data_ptr(),
+        layout.data_ptr(), tokens, t_max, hidden, num_experts, topk.shape[1], etype, bool(fp8), _stream(),
+    )
+    return recv, scales, count, src, layout
+
+
+def ep_combine(y, topk, weights, recv_src, layout, num_experts, t_max, fp8=False):
+    """Expert parallelism's low-latency combine: the experts' outputs `y` (``recv``'s layout,
+    ``[E_local, size t_max, H]`` in the tokens' type) back to their tokens' ranks, where each
+    token's rows are summed with its `weights` ``[T, k]`` (f32) in f32: returns ``[T, H]``.
+    `topk`, `recv_src`, `layout`, `num_experts`, `t_max` and `fp8` as the dispatch had them."""
+    import torch
+
+    w, etype = _check("ep_combine", y, 3)
+    tokens = topk.shape[0]
+    topk = _topk_i32("ep_combine", topk, tokens)
+    if weights.shape != topk.shape or weights.dtype != torch.float32:
+        raise ArgumentError(f"ep_combine: weights {tuple(weights.shape)} {weights.dtype}; f32 like topk {tuple(topk.shape)}")
+    _check("ep_combine", weights)
+    el, hidden = num_experts // w.size, y.shape[2]
+    if tuple(y.shape) != (el, w.size * t_max, hidden):
+        raise ArgumentError(f"ep_combine: y {tuple(y.shape)}, [{el}, {w.size * t_max}, H] expected")
+    out = torch.empty((tokens, hidden), dtype=y.dtype, device=y.device)
+    w.ep_combine(
+        y.data_ptr(), topk.data_ptr(), weights.contiguous().data_ptr(), recv_src.data_ptr(), layout.data_ptr(),
+        out.data_ptr(), tokens, t_max, hidden, num_experts, topk.shape[1], etype, bool(fp8), _stream(),
+    )
+    return out
+
+
 def empty(shape, dtype=None):
     """A torch tensor on the symmetric heap (collective: every rank asks for the same shapes
     in the same order). Its memory returns to trident's pool when the tensor dies on every
@@ -291,6 +381,8 @@ __all__ = [
     "reduce_scatter",
     "ag_gemm",
     "gemm_rs",
+    "ep_dispatch",
+    "ep_combine",
     "empty",
     "synchronize",
 ]

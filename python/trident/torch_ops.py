@@ -1,5 +1,5 @@
 """trident's distributed ops as torch ops: ``torch.ops.trident.all_gather``, ``all_reduce``,
-``reduce_scatter``, ``ag_gemm``, ``gemm_rs`` (CUDA implementations: ``trident.distributed``;
+``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine`` (CUDA implementations: ``trident.distributed``;
 fake implementations for ``torch.compile``, which traces them as opaque calls).
 
 Defined through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose
@@ -20,6 +20,10 @@ SCHEMAS = {
     "reduce_scatter": "reduce_scatter(Tensor x) -> Tensor",
     "ag_gemm": "ag_gemm(Tensor a_shard, Tensor b) -> Tensor",
     "gemm_rs": "gemm_rs(Tensor a, Tensor b) -> Tensor",
+    "ep_dispatch": "ep_dispatch(Tensor x, Tensor topk, int num_experts, int t_max, bool fp8=False) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "ep_combine": "ep_combine(Tensor y, Tensor topk, Tensor weights, Tensor recv_src, Tensor layout, "
+    "int num_experts, int t_max, bool fp8=False) -> Tensor",
 }
 
 
@@ -48,6 +52,19 @@ def _fake_ag_gemm(a_shard, b):
 
 def _fake_gemm_rs(a, b):
     return a.new_empty((a.shape[0] // _size(), b.shape[1]))
+
+
+def _fake_ep_dispatch(x, topk, num_experts, t_max, fp8=False):
+    size = _size()
+    el, rows, hidden = num_experts // size, size * t_max, x.shape[1]
+    recv = x.new_empty((el, rows, hidden), dtype=torch.float8_e4m3fn if fp8 else x.dtype)
+    scales = x.new_empty((el, rows, hidden // 128) if fp8 else (0,), dtype=torch.float32)
+    i32 = dict(dtype=torch.int32)
+    return recv, scales, x.new_empty((el,), **i32), x.new_empty((el, rows), **i32), x.new_empty((el, size, 2), **i32)
+
+
+def _fake_ep_combine(y, topk, weights, recv_src, layout, num_experts, t_max, fp8=False):
+    return y.new_empty((topk.shape[0], y.shape[2]))
 
 
 _REGISTERED = False

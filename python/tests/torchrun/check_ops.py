@@ -125,6 +125,42 @@ errs = tp_blocks.check()
 report("tensor-parallel MLP block (torch.compile) vs PyTorch", errs["mlp"], 2e-2)
 report("tensor-parallel attention block vs PyTorch", errs["attention"], 2e-2)
 
+# Expert parallelism: dispatch, experts that scale their rows by (global id + 1), combine;
+# three calls with new routings; then an FP8 dispatch, its rows dequantized against the tokens.
+tokens, hidden, k, t_max = 24, 256, 3, 32
+experts = 4 * world
+per = experts // world
+for call in range(3):
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
+    topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    recv, _, count, src, layout = torch.ops.trident.ep_dispatch(x, topk, experts, t_max)
+    scale = (torch.arange(per, device="cuda") + rank * per + 1).to(torch.bfloat16)
+    y = (recv * scale[:, None, None]).to(torch.bfloat16)
+    out = torch.ops.trident.ep_combine(y, topk, weights, src, layout, experts, t_max)
+    all_topk = everyone(topk)
+    want_count = torch.tensor([sum(int((t == rank * per + l).sum()) for t in all_topk) for l in range(per)])
+    report(f"ep_dispatch counts, call {call}", float((count.cpu() != want_count).any()), 0.0)
+    t64, w64 = topk.cpu(), weights.double().cpu()
+    factor = torch.where(t64 >= 0, t64 + 1, 0).double()
+    yref = (x.double().cpu()[:, None, :] * factor[:, :, None]).to(torch.bfloat16).double()
+    want = (yref * torch.where(t64 >= 0, w64, 0.0)[:, :, None]).sum(1)
+    report(f"ep_dispatch + ep_combine {tokens}x{hidden} top-{k} of {experts}, call {call}", rel(out, want), 1e-2)
+x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
+recv, scales, count, src, layout = td.ep_dispatch(x, topk, experts, t_max, fp8=True)
+xs, worst = everyone(x), 0.0
+for l in range(per):
+    for i in range(int(count[l])):
+        code = int(src[l, i])
+        s, pair = code // (t_max * k), code % (t_max * k)
+        row = xs[s][pair // k]
+        deq = (recv[l, i].float().view(-1, 128) * scales[l, i][:, None]).reshape(-1).double().cpu()
+        amax = row.view(-1, 128).abs().amax(1).repeat_interleave(128)
+        worst = max(worst, ((deq - row).abs() / amax.clamp_min(1e-30)).max().item())
+report("ep_dispatch fp8: rows dequantized against the tokens (per-128 amax)", worst, 2.0**-4)
+
 # Errors are typed.
 try:
     td.all_reduce(torch.zeros(10))
