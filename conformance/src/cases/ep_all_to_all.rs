@@ -22,6 +22,7 @@ use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
 use trident_kernels::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part, QUANT_BLOCK};
+use trident_kernels::ep_high_throughput::{HighThroughputAllToAll, HtBuffers};
 
 struct EpCase;
 
@@ -105,17 +106,26 @@ fn canonical(
     out
 }
 
-/// The test's experts: local expert `l` of rank `r` scales its `count` rows by `r E_local + l + 1`
-/// (so that combine's sums tell the experts apart), in the element type.
-fn expert_scale(d: DType) -> Result<Function, VerifyError> {
-    let b = KernelBuilder::new(&format!("ep_test_expert_scale_{d}"), LaunchAttrs::default());
+/// The test's experts: local expert `l` of rank `r` scales its rows by `r E_local + l + 1` (so
+/// that combine's sums tell the experts apart), in the element type. Low latency: `counts[l]`
+/// rows from row `l rows`; high throughput (`ht`): rows `offs[l - 1] .. offs[l]` (`counts` is
+/// `offs`).
+fn expert_scale(d: DType, ht: bool) -> Result<Function, VerifyError> {
+    let b = KernelBuilder::new(&format!("ep_test_expert_scale_{d}_{ht}"), LaunchAttrs::default());
     let (recv, counts, y) = (b.arg_ptr("recv", d), b.arg_ptr("counts", DType::I32), b.arg_ptr("y", d));
     let (rows, hidden, first) = (b.arg("rows", DType::I32), b.arg("hidden", DType::I32), b.arg("first", DType::I32));
     let l = b.program_id_x();
     let factor = (first + l + 1).cast(DType::F32);
     let lanes = b.arange(0, 256);
-    b.for_range(0, b.load(counts + l, None, None), 1, &[], |r, _| {
-        let row = (l * rows + r) * hidden;
+    let (start, count) = match ht {
+        false => (l * rows, b.load(counts + l, None, None)),
+        true => {
+            let from = b.load_or(counts + (l - 1).max(0), l.gt(0), 0i32);
+            (from, b.load(counts + l, None, None) - from)
+        }
+    };
+    b.for_range(0, count, 1, &[], |r, _| {
+        let row = (start + r) * hidden;
         b.for_range(0, (hidden + 255) / 256, 1, &[], |blk, _| {
             let at = blk * 256 + lanes;
             let m = at.lt(hidden);
@@ -135,7 +145,16 @@ impl Operation for EpCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["dispatch", "dispatch-split", "dispatch-e4m3", "dispatch-e4m3-split", "combine", "combine-split"],
+            DType::BF16 => &[
+                "dispatch",
+                "dispatch-split",
+                "dispatch-e4m3",
+                "dispatch-e4m3-split",
+                "combine",
+                "combine-split",
+                "ht-dispatch",
+                "ht-combine",
+            ],
             _ => &[],
         }
     }
@@ -152,7 +171,7 @@ impl Operation for EpCase {
 
     /// Dispatch copies exactly; combine rounds once after f32 sums of k terms.
     fn bound(&self, case: &Case, _reduction_len: usize) -> f64 {
-        match case.variant.starts_with("dispatch") {
+        match case.variant.contains("dispatch") {
             true => 0.0,
             false => crate::suite::bound(case.dtype, case.variant, case.shape[3]),
         }
@@ -169,7 +188,7 @@ impl Operation for EpCase {
         let inputs = (0..w)
             .map(|s| vec![xs[s].clone(), topk[s].iter().map(|&e| e as f64).collect(), weights[s].clone()])
             .collect();
-        let expected = if case.variant.starts_with("dispatch") {
+        let expected = if case.variant.contains("dispatch") {
             // Every (source, token, j) pair with an expert: (expert, code, row).
             let mut pairs = Vec::new();
             for (s, routes) in topk.iter().enumerate() {
@@ -215,6 +234,22 @@ impl Operation for EpCase {
         out_len: usize,
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let (t, _, shape) = shape_of(case);
+        if case.variant.starts_with("ht-") {
+            let op = HighThroughputAllToAll::new(case.dtype);
+            let bufs = op.buffers(ctx, shape)?;
+            let y = ctx.alloc(bufs.capacity(ctx.world_size()) * shape.hidden * case.dtype.size_bytes() as usize, "ep_y")?;
+            return Ok(Box::new(HtRank {
+                op,
+                bufs,
+                combine: case.variant.ends_with("combine"),
+                x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
+                topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
+                weights: upload(ctx, "ep_weights", &inputs[2], DType::F32)?,
+                y,
+                tokens: t,
+                out_len,
+            }));
+        }
         let op = LowLatencyAllToAll::new(case.dtype);
         let op = if fp8(case) { op.fp8() } else { op };
         let bufs = op.buffers(ctx, shape)?;
@@ -382,7 +417,7 @@ impl RankOp for EpRank {
         }
         let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
         let el = shape.experts / w;
-        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}"), &|| expert_scale(d))?;
+        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}_false"), &|| expert_scale(d, false))?;
         let args = [
             self.bufs.recv.arg(),
             self.bufs.recv_count.arg(),
@@ -429,6 +464,82 @@ impl RankOp for EpRank {
                 }
                 got.extend(&recv[i * h..(i + 1) * h]);
             }
+        }
+        Ok(got)
+    }
+
+    fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.bufs.rearm(ctx)
+    }
+}
+
+/// A rank's high-throughput all-to-all: dispatch (and the test's experts and combine).
+struct HtRank {
+    op: HighThroughputAllToAll,
+    bufs: HtBuffers,
+    combine: bool,
+    x: Buffer,
+    topk: Buffer,
+    weights: Buffer,
+    y: Buffer,
+    tokens: usize,
+    out_len: usize,
+}
+
+impl RankOp for HtRank {
+    fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
+        let d = self.op.dtype;
+        ctx.fill(&self.bufs.recv, &poison(d))?;
+        ctx.fill(&self.bufs.recv_src, &poison(DType::I32))?;
+        ctx.fill(&self.bufs.offs, &poison(DType::I32))?;
+        ctx.fill(&self.y, &poison(d))?;
+        ctx.fill(&self.bufs.out, &poison(d))
+    }
+
+    fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        self.op.dispatch(ctx, &mut self.bufs, &self.x, &self.topk, &self.weights, self.tokens)?;
+        if !self.combine {
+            return Ok(());
+        }
+        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        let el = shape.experts / w;
+        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}_true"), &|| expert_scale(d, true))?;
+        let args = [
+            self.bufs.recv.arg(),
+            self.bufs.offs.arg(),
+            self.y.arg(),
+            KernelArg::i32(0),
+            KernelArg::i32(shape.hidden as i32),
+            KernelArg::i32((ctx.rank() * el) as i32),
+        ];
+        ctx.launch(0, &scale, [el as u32, 1, 1], &args)?;
+        self.op.combine(ctx, &mut self.bufs, &self.y, self.tokens)
+    }
+
+    /// Dispatch in the canonical order of [`canonical`] (counts from the segments' ends).
+    fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
+        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        if self.combine {
+            return download(ctx, &self.bufs.out, self.out_len, d);
+        }
+        let (el, h, cap) = (shape.experts / w, shape.hidden, self.bufs.capacity(w));
+        let offs = download(ctx, &self.bufs.offs, el, DType::I32)?;
+        let codes = download(ctx, &self.bufs.recv_src, cap, DType::I32)?;
+        let recv = download(ctx, &self.bufs.recv, cap * h, d)?;
+        let mut got = Vec::new();
+        let mut start = 0usize;
+        for (l, &end) in offs.iter().enumerate() {
+            if !(start as f64..=cap as f64).contains(&end) {
+                return Err(BackendError::Host(format!("rank {}: local expert {l} ends at row {end}", ctx.rank())));
+            }
+            let mut idx: Vec<usize> = (start..end as usize).collect();
+            idx.sort_by(|&a, &b| codes[a].total_cmp(&codes[b]));
+            got.push(idx.len() as f64);
+            got.extend(idx.iter().map(|&i| codes[i]));
+            for i in idx {
+                got.extend(&recv[i * h..(i + 1) * h]);
+            }
+            start = end as usize;
         }
         Ok(got)
     }
