@@ -274,16 +274,21 @@ impl Operation for EpCase {
     }
 }
 
+/// Tokens per rank up to which the benchmark also times the low-latency form (decode).
+const LOW_LATENCY_TOKENS: usize = 256;
+
 /// Dispatch and combine of `[T, H, E, k]` (tokens per rank, hidden, experts, top-k) with
 /// uniform routing (k distinct experts per token) and the identity as every expert (`recv` is
-/// combine's `y`), so that the sum of a token's k rows is its row times its weights' sum.
+/// combine's `y`), so that the sum of a token's k rows is its row times its weights' sum: the
+/// high-throughput form at every shape, the low-latency one (bf16 and FP8) up to 256 tokens.
 impl Benchmark for EpCase {
     /// DeepSeek-V3's decode step: 128 tokens per rank, H = 7168, 256 experts, top-8.
     fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
         if 256 % world != 0 {
             return Vec::new();
         }
-        vec![vec![128, 7168, 256, 8]]
+        // Decode (the low-latency and high-throughput forms) and prefill (high-throughput).
+        vec![vec![128, 7168, 256, 8], vec![4096, 7168, 256, 8]]
     }
 
     fn small_shape(&self, world: usize) -> Vec<usize> {
@@ -301,7 +306,17 @@ impl Benchmark for EpCase {
                 + trident_kernels::epoch::halves_bytes((t + 1) * k * h, es)
                 + 16 * e
         };
-        one(es) + one(1) + trident_kernels::epoch::halves_bytes(rows * h.div_ceil(QUANT_BLOCK), 4)
+        let low_latency = match t <= LOW_LATENCY_TOKENS {
+            true => one(es) + one(1) + trident_kernels::epoch::halves_bytes(rows * h.div_ceil(QUANT_BLOCK), 4),
+            false => 0,
+        };
+        // The high-throughput form: rows from each source and partials home, each a double
+        // buffer, and the rows' metadata.
+        let ht_rows = case.world * t;
+        low_latency
+            + 2 * trident_kernels::epoch::halves_bytes(ht_rows * h, es)
+            + trident_kernels::epoch::halves_bytes(ht_rows * (2 * k + 1), 4)
+            + 16 * case.world
     }
 
     /// Each (token, expert) row out and back, less what stays on the rank.
@@ -329,6 +344,36 @@ impl Benchmark for EpCase {
         let x = upload_with(ctx, tokens * h, d, "ep_x", &|i| value(seed, 700 + r as u64, i, d))?;
         let topk_b = upload(ctx, "ep_topk", &topk, DType::I32)?;
         let weights = upload_with(ctx, tokens * k, DType::F32, "ep_weights", &|i| value(seed, 800 + r as u64, i, DType::F32).abs())?;
+        let want = |tok: usize, i: usize| {
+            let xv = value(seed, 700 + r as u64, tok * h + i, d);
+            let ws: f64 = (0..k).map(|j| value(seed, 800 + r as u64, tok * k + j, DType::F32).abs()).sum();
+            (ws * xv, ws * xv.abs())
+        };
+        // The high-throughput form, identity experts (`recv` is `y`).
+        let ht = HighThroughputAllToAll::new(d);
+        let mut hbufs = ht.buffers(ctx, shape)?;
+        ctx.fill(&hbufs.out, &poison(d))?;
+        ctx.barrier()?;
+        let hrecv = hbufs.recv.clone();
+        let h_round = |bufs: &mut HtBuffers, dispatch: bool, combine: bool| -> Result<(), BackendError> {
+            if dispatch {
+                ht.dispatch(ctx, bufs, &x, &topk_b, &weights, tokens)?;
+            }
+            if combine {
+                ht.combine(ctx, bufs, &hrecv, tokens)?;
+            }
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        h_round(&mut hbufs, true, true)?;
+        t.error(sampled(ctx, &hbufs.out, (tokens, h), d, 4096.min(tokens * h), &mut rng, &want)?);
+        t.time("ep-ht/dispatch+combine", &mut || h_round(&mut hbufs, true, true))?;
+        t.time("ep-ht/dispatch", &mut || h_round(&mut hbufs, true, false))?;
+        t.time("ep-ht/combine", &mut || h_round(&mut hbufs, false, true))?;
+        drop(hbufs);
+        if tokens > LOW_LATENCY_TOKENS {
+            return Ok(());
+        }
         let op = LowLatencyAllToAll::new(d);
         let mut bufs = op.buffers(ctx, shape)?;
         ctx.fill(&bufs.out, &poison(d))?;
@@ -345,11 +390,6 @@ impl Benchmark for EpCase {
             ctx.barrier()
         };
         round(&mut bufs, true, true)?;
-        let want = |tok: usize, i: usize| {
-            let xv = value(seed, 700 + r as u64, tok * h + i, d);
-            let ws: f64 = (0..k).map(|j| value(seed, 800 + r as u64, tok * k + j, DType::F32).abs()).sum();
-            (ws * xv, ws * xv.abs())
-        };
         t.error(sampled(ctx, &bufs.out, (tokens, h), d, 4096.min(tokens * h), &mut rng, &want)?);
         t.time("ep/dispatch+combine", &mut || round(&mut bufs, true, true))?;
         t.time("ep/dispatch", &mut || round(&mut bufs, true, false))?;
