@@ -111,3 +111,74 @@ fn ten_rounds_back_to_back_never_read_an_earlier_round() {
         }
     }
 }
+
+/// The high-throughput form over the same ten rounds: each round's segment sizes (from `offs`)
+/// and sums, copied on the stream before the next round.
+#[test]
+fn high_throughput_rounds_back_to_back_never_read_an_earlier_round() {
+    use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
+    let world = 3;
+    let shape = EpShape { t_max: 6, hidden: 40, experts: 2 * world, top_k: 3 };
+    let run = CpuWorld::run(WorldOptions::new(world, 12), move |ctx| {
+        let op = HighThroughputAllToAll::new(DType::BF16);
+        let mut bufs = op.buffers(ctx, shape)?;
+        let (r, el, h) = (ctx.rank(), shape.experts / world, shape.hidden);
+        let mut rounds = Vec::new();
+        for c in 0..ROUNDS {
+            let (tokens, topk, weights, x) = round(r, c, shape);
+            let xb = ctx.alloc(tokens * h * 2, "x")?;
+            ctx.write(&xb, 0, &bytes(&x, |v| bf16::from_f32(v).to_le_bytes().to_vec()))?;
+            let tb = ctx.alloc(topk.len() * 4, "topk")?;
+            ctx.write(&tb, 0, &bytes(&topk, |v| v.to_le_bytes().to_vec()))?;
+            let wb = ctx.alloc(weights.len() * 4, "weights")?;
+            ctx.write(&wb, 0, &bytes(&weights, |v| v.to_le_bytes().to_vec()))?;
+            rounds.push((tokens, xb, tb, wb, ctx.alloc(tokens * h * 2, "out")?, ctx.alloc(el * 4, "offs")?));
+        }
+        ctx.barrier()?;
+        for (tokens, xb, tb, wb, out, offs) in &rounds {
+            op.dispatch(ctx, &mut bufs, xb, tb, wb, *tokens)?;
+            ctx.copy(0, offs, 0, &bufs.offs, 0, el * 4)?;
+            let recv = bufs.recv.clone();
+            op.combine(ctx, &mut bufs, &recv, *tokens)?;
+            ctx.copy(0, out, 0, &bufs.out, 0, tokens * h * 2)?;
+        }
+        ctx.synchronize()?;
+        ctx.barrier()?;
+        let mut got = Vec::new();
+        for (tokens, _, _, _, out, offs) in &rounds {
+            let mut o = vec![0u8; tokens * h * 2];
+            ctx.read(out, 0, &mut o)?;
+            let mut n = vec![0u8; el * 4];
+            ctx.read(offs, 0, &mut n)?;
+            let o: Vec<f32> = o.chunks(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+            let n: Vec<i32> = n.chunks(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            got.push((o, n));
+        }
+        Ok(got)
+    })
+    .unwrap();
+    let (k, h, el) = (shape.top_k, shape.hidden, shape.experts / world);
+    for (r, got) in run.results.iter().enumerate() {
+        for (c, (out, offs)) in got.iter().enumerate() {
+            let mut end = 0;
+            for (l, &o) in offs.iter().enumerate() {
+                end += (0..world)
+                    .map(|s| round(s, c, shape).1.iter().filter(|&&e| e == (r * el + l) as i32).count())
+                    .sum::<usize>();
+                assert_eq!(o as usize, end, "rank {r}, round {c}, local expert {l}");
+            }
+            let (tokens, topk, weights, x) = round(r, c, shape);
+            for t in 0..tokens {
+                let w: f64 = (0..k).filter(|&j| topk[t * k + j] >= 0).map(|j| weights[t * k + j] as f64).sum();
+                for i in 0..h {
+                    let (want, got) = (w * x[t * h + i] as f64, out[t * h + i] as f64);
+                    // Partial sums per rank are rounded to bf16 before the total.
+                    assert!(
+                        (got - want).abs() <= 2e-2 * want.abs().max(1e-3),
+                        "rank {r}, round {c}, token {t}: {got} where {want}"
+                    );
+                }
+            }
+        }
+    }
+}
