@@ -39,6 +39,7 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
+use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
 use trident_kernels::epoch::{state_arg, CopyLatest};
 use trident_kernels::gemm_rs::GemmRs;
 use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
@@ -430,6 +431,87 @@ impl GpuWorld {
                 Part::Whole,
             );
             (bufs.recv_src, bufs.layout, bufs.out) = own;
+            r
+        })
+    }
+
+    /// Expert parallelism's high-throughput dispatch (prefill): each token once to each rank
+    /// holding one of its experts; the results go to the caller's tensors: `recv`
+    /// (`[capacity, H]`, each local expert's rows contiguous), `offs` (`[E_local]` i32, the
+    /// segments' ends, `torch._grouped_mm`'s convention) and `recv_src` (`[capacity]` i32).
+    /// Combine needs the operation's own state for the shape (kept here).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, topk, weights, recv, offs, recv_src, tokens, t_max, hidden, experts, top_k, dtype_name, stream))]
+    fn ep_ht_dispatch(
+        &self,
+        py: Python<'_>,
+        x: u64,
+        topk: u64,
+        weights: u64,
+        recv: u64,
+        offs: u64,
+        recv_src: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        let es = d.size_bytes() as usize;
+        self.op(py, stream, move |ctx, ops| {
+            let op = HighThroughputAllToAll::new(d);
+            let bufs = state(ops, format!("ep-ht/{d}/{shape:?}"), || op.buffers(ctx, shape))?;
+            let (rb, ob, sb) = (bufs.recv.bytes, bufs.offs.bytes, bufs.recv_src.bytes);
+            let own = (
+                std::mem::replace(&mut bufs.recv, tensor("recv", recv, rb)),
+                std::mem::replace(&mut bufs.offs, tensor("offs", offs, ob)),
+                std::mem::replace(&mut bufs.recv_src, tensor("recv_src", recv_src, sb)),
+            );
+            let r = op.dispatch(
+                ctx,
+                bufs,
+                &tensor("x", x, tokens * hidden * es),
+                &tensor("topk", topk, tokens * top_k * 4),
+                &tensor("weights", weights, tokens * top_k * 4),
+                tokens,
+            );
+            (bufs.recv, bufs.offs, bufs.recv_src) = own;
+            r
+        })
+    }
+
+    /// Expert parallelism's high-throughput combine: the experts' outputs `y` (`recv`'s order)
+    /// summed per token with the last dispatch's weights (of the same shape) into `out`
+    /// (`[T, H]`) on the tokens' ranks.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (y, out, tokens, t_max, hidden, experts, top_k, dtype_name, stream))]
+    fn ep_ht_combine(
+        &self,
+        py: Python<'_>,
+        y: u64,
+        out: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        let es = d.size_bytes() as usize;
+        self.op(py, stream, move |ctx, ops| {
+            let op = HighThroughputAllToAll::new(d);
+            let bufs = state(ops, format!("ep-ht/{d}/{shape:?}"), || op.buffers(ctx, shape))?;
+            let rows = bufs.capacity(ctx.world_size()) * hidden * es;
+            let own = std::mem::replace(&mut bufs.out, tensor("out", out, tokens * hidden * es));
+            let r = op.combine(ctx, bufs, &tensor("y", y, rows), tokens);
+            bufs.out = own;
             r
         })
     }

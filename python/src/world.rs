@@ -148,10 +148,11 @@ pub fn reduce_scatter(
 /// Expert parallelism's low-latency dispatch and combine, round trip: rank r's tokens `xs[r]`
 /// (`[T, H]` of `dtype_name`) go to their top-k experts (`topks[r]`, `[T, k]` i32, -1 none;
 /// `experts` in all, `experts / ranks` per rank), every expert is the identity, and combine
-/// sums each token's rows with `weights[r]` (`[T, k]` f32). Returns per rank the rows each
-/// local expert received (`[experts / ranks]` i32 bytes) and combine's output (`[T, H]`).
+/// sums each token's rows with `weights[r]` (`[T, k]` f32); the low-latency form, or with
+/// `high_throughput` the prefill one. Returns per rank the rows each local expert received
+/// (`[experts / ranks]` i32 bytes) and combine's output (`[T, H]`).
 #[pyfunction]
-#[pyo3(signature = (xs, topks, weights, experts, hidden, dtype_name, seed = 0, race = false))]
+#[pyo3(signature = (xs, topks, weights, experts, hidden, dtype_name, high_throughput = false, seed = 0, race = false))]
 #[allow(clippy::too_many_arguments)]
 pub fn ep_round_trip(
     py: Python<'_>,
@@ -161,10 +162,12 @@ pub fn ep_round_trip(
     experts: usize,
     hidden: usize,
     dtype_name: &str,
+    high_throughput: bool,
     seed: u64,
     race: bool,
 ) -> PyResult<Vec<(Vec<u8>, Vec<u8>)>> {
     use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
+    use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
     let d = dtype(dtype_name)?;
     let rows = elements(&xs, d, "ep_round_trip")?;
     let w = xs.len();
@@ -190,6 +193,28 @@ pub fn ep_round_trip(
         let r = ctx.rank();
         let (x, topk, wt) =
             (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
+        let out_bytes = tokens * hidden * d.size_bytes() as usize;
+        if high_throughput {
+            let op = HighThroughputAllToAll::new(d);
+            let mut bufs = op.buffers(ctx, shape)?;
+            op.dispatch(ctx, &mut bufs, &x, &topk, &wt, tokens)?;
+            let recv = bufs.recv.clone();
+            op.combine(ctx, &mut bufs, &recv, tokens)?;
+            ctx.synchronize()?;
+            // Rows per local expert from the segments' ends.
+            let ends = download(ctx, &bufs.offs, 4 * (experts / w))?;
+            let mut before = 0i32;
+            let counts = ends
+                .chunks(4)
+                .flat_map(|b| {
+                    let end = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                    let n = end - before;
+                    before = end;
+                    n.to_le_bytes()
+                })
+                .collect();
+            return Ok((counts, download(ctx, &bufs.out, out_bytes)?));
+        }
         let op = LowLatencyAllToAll::new(d);
         let mut bufs = op.buffers(ctx, shape)?;
         op.dispatch(ctx, &mut bufs, &x, &topk, tokens, Part::Whole)?;
@@ -197,6 +222,6 @@ pub fn ep_round_trip(
         op.combine(ctx, &mut bufs, &recv, &topk, &wt, tokens, Part::Whole)?;
         ctx.synchronize()?;
         let counts = download(ctx, &bufs.recv_count, 4 * (experts / w))?;
-        Ok((counts, download(ctx, &bufs.out, tokens * hidden * d.size_bytes() as usize)?))
+        Ok((counts, download(ctx, &bufs.out, out_bytes)?))
     })
 }

@@ -62,8 +62,8 @@ def test_world_errors():
         CpuWorld(2).all_reduce(inputs(2, 10), "three_shot")
 
 
-@pytest.mark.parametrize("ranks", [3, 4])
-def test_ep_round_trip(ranks):
+@pytest.mark.parametrize("ranks,high_throughput", [(3, False), (4, False), (3, True), (4, True)])
+def test_ep_round_trip(ranks, high_throughput):
     # Every token to k distinct experts (about one entry in five empty); the identity experts
     # send each row back, so a token's output is its row times its weights' sum.
     g = np.random.default_rng()
@@ -76,7 +76,8 @@ def test_ep_round_trip(ranks):
         t[g.uniform(size=t.shape) < 0.2] = -1
         topks.append(t)
     weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
-    outs = CpuWorld(ranks, seed=int(g.integers(1 << 32))).ep_round_trip(xs, topks, weights, experts)
+    world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
+    outs = world.ep_round_trip(xs, topks, weights, experts, high_throughput=high_throughput)
     per_rank = experts // ranks
     for r, (counts, out) in enumerate(outs):
         routed = np.concatenate([t.reshape(-1) for t in topks])

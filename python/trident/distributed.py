@@ -69,17 +69,20 @@ class CpuWorld:
         data, etype, dtype = self._inputs("all_reduce", inputs)
         return self._outputs(_trident.all_reduce(data, etype, algorithm, self.seed, self.race), dtype)
 
-    def ep_round_trip(self, xs, topks, weights, num_experts):
+    def ep_round_trip(self, xs, topks, weights, num_experts, high_throughput=False):
         """Expert parallelism's low-latency dispatch and combine with every expert the
         identity: rank r's tokens `xs[r]` ``[T, H]`` to their experts `topks[r]` ``[T, k]``
         (int32, -1 none) and back, summed with `weights[r]` ``[T, k]`` (float32). Returns per
         rank ``(recv_count, out)``: the rows each of its ``num_experts // ranks`` experts
-        received, and ``[T, H]``."""
+        received, and ``[T, H]``. `high_throughput` runs the prefill form (each token sent
+        once per rank)."""
         data, etype, dtype = self._inputs("ep_round_trip", xs)
         hidden = np.asarray(xs[0]).shape[-1]
         topks = [np.ascontiguousarray(t, dtype=np.int32).tobytes() for t in topks]
         weights = [np.ascontiguousarray(w, dtype=np.float32).tobytes() for w in weights]
-        raw = _trident.ep_round_trip(data, topks, weights, num_experts, hidden, etype, self.seed, self.race)
+        raw = _trident.ep_round_trip(
+            data, topks, weights, num_experts, hidden, etype, bool(high_throughput), self.seed, self.race
+        )
         shape = np.asarray(xs[0]).shape
         return [(np.frombuffer(c, dtype=np.int32).copy(), np.frombuffer(o, dtype=dtype).reshape(shape).copy()) for c, o in raw]
 
@@ -334,6 +337,50 @@ def ep_combine(y, topk, weights, recv_src, layout, num_experts, t_max, fp8=False
     return out
 
 
+def ep_dispatch_ht(x, topk, weights, num_experts, t_max):
+    """Expert parallelism's high-throughput dispatch (prefill): each token of `x` ``[T, H]``
+    goes once to each rank holding one of its experts (`topk` ``[T, k]``, -1 none), with its
+    `weights` ``[T, k]`` (f32, used by ``ep_combine_ht``). Returns ``(recv, offs, recv_src)``:
+    ``recv`` ``[size t_max min(k, E_local), H]`` with local expert l's rows at
+    ``offs[l - 1]:offs[l]`` (``offs`` int32, the grouped GEMM's contiguous layout, as
+    ``torch._grouped_mm`` takes it), ``recv_src`` each row's source. Keep `t_max` fixed."""
+    import torch
+
+    w, etype = _check("ep_dispatch_ht", x, 2)
+    tokens, hidden = x.shape
+    topk = _topk_i32("ep_dispatch_ht", topk, tokens)
+    if weights.shape != topk.shape or weights.dtype != torch.float32:
+        raise ArgumentError(f"ep_dispatch_ht: weights {tuple(weights.shape)} {weights.dtype}; f32 like topk")
+    _check("ep_dispatch_ht", weights)
+    if num_experts <= 0 or num_experts % w.size:
+        raise ArgumentError(f"ep_dispatch_ht: {num_experts} experts do not split over {w.size} ranks")
+    if tokens > t_max:
+        raise ArgumentError(f"ep_dispatch_ht: {tokens} tokens where t_max is {t_max}")
+    el, k = num_experts // w.size, topk.shape[1]
+    capacity = w.size * t_max * min(k, el)
+    recv = torch.empty((capacity, hidden), dtype=x.dtype, device=x.device)
+    offs = torch.empty(el, dtype=torch.int32, device=x.device)
+    src = torch.empty(capacity, dtype=torch.int32, device=x.device)
+    w.ep_ht_dispatch(
+        x.data_ptr(), topk.data_ptr(), weights.contiguous().data_ptr(), recv.data_ptr(), offs.data_ptr(),
+        src.data_ptr(), tokens, t_max, hidden, num_experts, k, etype, _stream(),
+    )
+    return recv, offs, src
+
+
+def ep_combine_ht(y, tokens, top_k, num_experts, t_max):
+    """Expert parallelism's high-throughput combine: the experts' outputs `y` (``recv``'s
+    order and shape) back to the tokens' ranks, each token's rows summed with the dispatch's
+    weights in f32 (per rank, then over ranks): returns ``[tokens, H]``. The arguments are the
+    last ``ep_dispatch_ht``'s."""
+    import torch
+
+    w, etype = _check("ep_combine_ht", y, 2)
+    out = torch.empty((tokens, y.shape[1]), dtype=y.dtype, device=y.device)
+    w.ep_ht_combine(y.data_ptr(), out.data_ptr(), tokens, t_max, y.shape[1], num_experts, top_k, etype, _stream())
+    return out
+
+
 def empty(shape, dtype=None):
     """A torch tensor on the symmetric heap (collective: every rank asks for the same shapes
     in the same order). Its memory returns to trident's pool when the tensor dies on every
@@ -383,6 +430,8 @@ __all__ = [
     "gemm_rs",
     "ep_dispatch",
     "ep_combine",
+    "ep_dispatch_ht",
+    "ep_combine_ht",
     "empty",
     "synchronize",
 ]

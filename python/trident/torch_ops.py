@@ -1,5 +1,5 @@
 """trident's distributed ops as torch ops: ``torch.ops.trident.all_gather``, ``all_reduce``,
-``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine`` (CUDA implementations: ``trident.distributed``;
+``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_ht``, ``ep_combine_ht`` (CUDA implementations: ``trident.distributed``;
 fake implementations for ``torch.compile``, which traces them as opaque calls).
 
 Defined through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose
@@ -24,6 +24,9 @@ SCHEMAS = {
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "ep_combine": "ep_combine(Tensor y, Tensor topk, Tensor weights, Tensor recv_src, Tensor layout, "
     "int num_experts, int t_max, bool fp8=False) -> Tensor",
+    "ep_dispatch_ht": "ep_dispatch_ht(Tensor x, Tensor topk, Tensor weights, int num_experts, int t_max) "
+    "-> (Tensor, Tensor, Tensor)",
+    "ep_combine_ht": "ep_combine_ht(Tensor y, int tokens, int top_k, int num_experts, int t_max) -> Tensor",
 }
 
 
@@ -65,6 +68,18 @@ def _fake_ep_dispatch(x, topk, num_experts, t_max, fp8=False):
 
 def _fake_ep_combine(y, topk, weights, recv_src, layout, num_experts, t_max, fp8=False):
     return y.new_empty((topk.shape[0], y.shape[2]))
+
+
+def _fake_ep_dispatch_ht(x, topk, weights, num_experts, t_max):
+    size = _size()
+    el = num_experts // size
+    capacity = size * t_max * min(topk.shape[1], el)
+    i32 = dict(dtype=torch.int32)
+    return x.new_empty((capacity, x.shape[1])), x.new_empty((el,), **i32), x.new_empty((capacity,), **i32)
+
+
+def _fake_ep_combine_ht(y, tokens, top_k, num_experts, t_max):
+    return y.new_empty((tokens, y.shape[1]))
 
 
 _REGISTERED = False

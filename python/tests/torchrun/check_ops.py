@@ -147,6 +147,28 @@ for call in range(3):
     yref = (x.double().cpu()[:, None, :] * factor[:, :, None]).to(torch.bfloat16).double()
     want = (yref * torch.where(t64 >= 0, w64, 0.0)[:, :, None]).sum(1)
     report(f"ep_dispatch + ep_combine {tokens}x{hidden} top-{k} of {experts}, call {call}", rel(out, want), 1e-2)
+# The high-throughput form: contiguous segments per local expert (offs), the same experts.
+for call in range(2):
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
+    topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    recv, offs, src = torch.ops.trident.ep_dispatch_ht(x, topk, weights, experts, t_max)
+    ends = offs.long().cpu()
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), ends[:-1]])
+    y = recv.clone()
+    for l in range(per):
+        y[starts[l] : ends[l]] = (recv[starts[l] : ends[l]].float() * (rank * per + l + 1)).to(torch.bfloat16)
+    out = torch.ops.trident.ep_combine_ht(y, tokens, k, experts, t_max)
+    all_topk = everyone(topk)
+    want_count = torch.tensor([sum(int((t == rank * per + l).sum()) for t in all_topk) for l in range(per)])
+    report(f"ep_dispatch_ht segments, call {call}", float((ends - starts != want_count).any()), 0.0)
+    t64, w64 = topk.cpu(), weights.double().cpu()
+    factor = torch.where(t64 >= 0, t64 + 1, 0).double()
+    yref = (x.double().cpu()[:, None, :] * factor[:, :, None]).to(torch.bfloat16).double()
+    want = (yref * torch.where(t64 >= 0, w64, 0.0)[:, :, None]).sum(1)
+    report(f"ep_dispatch_ht + ep_combine_ht, call {call}", rel(out, want), 2e-2)
+
 x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
 topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
 recv, scales, count, src, layout = td.ep_dispatch(x, topk, experts, t_max, fp8=True)
