@@ -100,3 +100,38 @@ fn expansion_leaves_only_primitives() {
         assert_eq!(k.shared_bytes, want, "{target}");
     }
 }
+
+/// A wait on more signals than the program has threads (300 for 128 or 256 threads) waits for
+/// every one of them: with one late signal past the threads' first pass the launch ends with
+/// its diagnostic naming it; with all set it passes. (The expansion once covered only the first
+/// `threads` signals, so a combine waiting for 256 experts' signals read rows not yet there.)
+#[test]
+fn a_wait_on_more_signals_than_threads_waits_for_all_of_them() {
+    link();
+    let b = KernelBuilder::new("many_signals", LaunchAttrs::default());
+    let (sig, out) = (b.arg_ptr("sig", DType::U64), b.arg_ptr("out", DType::I32));
+    let t = b.wait(sig, 300, CmpOp::Ge, 1u64, Scope::Sys, MemSemantic::Acquire);
+    b.store(out.consume_token(t), 1i32, None);
+    let f = b.finish().unwrap();
+    for target in TARGETS {
+        let backend = SimtBackend;
+        let k = backend.compile(&f, Some(target)).unwrap();
+        let dev = backend.open_device(0).unwrap();
+        let s = dev.alloc(8 * 300, "sig").unwrap();
+        let o = dev.alloc(4, "out").unwrap();
+        let mut flags = vec![1u64; 300];
+        flags[290] = 0;
+        let bytes = |f: &[u64]| f.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        dev.write(&s, 0, &bytes(&flags)).unwrap();
+        dev.fill(&o, &0i32.to_le_bytes()).unwrap();
+        let opts = LaunchOptions { wait_bound: Duration::from_millis(50), ..LaunchOptions::default() };
+        let e = dev.launch(&k, [1, 1, 1], &[s.arg(), o.arg()], &opts).expect_err("a wait passed signal 290 unset");
+        assert!(e.to_string().contains("`sig`[290]"), "{target}: {e}");
+        flags[290] = 1;
+        dev.write(&s, 0, &bytes(&flags)).unwrap();
+        dev.launch(&k, [1, 1, 1], &[s.arg(), o.arg()], &opts).unwrap();
+        let mut raw = [0u8; 4];
+        dev.read(&o, 0, &mut raw).unwrap();
+        assert_eq!(i32s(&raw), [1], "{target}");
+    }
+}

@@ -216,9 +216,15 @@ impl Expander<'_> {
             out.push(Inst::Cast { dst: c, src: count });
             c
         };
-        let mine = self.cmp(out, CmpOp::Lt, tid, count);
+        // Thread i waits for signals i, i + threads, ...: one pass of the bounded wait below
+        // per `threads` signals (a count above the program's threads waits for all of them).
+        let (first_signal, zero_i, step) =
+            (self.reg(I32), self.konst(out, I32, 0), self.konst(out, I32, self.k.threads() as i64));
+        let outer = std::mem::take(out);
+        let signal = self.bin(out, BinaryOp::Add, first_signal, tid);
+        let mine = self.cmp(out, CmpOp::Lt, signal, count);
         let addr = self.reg(SType::Ptr);
-        out.push(Inst::AddrOffset { dst: addr, base, offset: tid, scale: 8 });
+        out.push(Inst::AddrOffset { dst: addr, base, offset: signal, scale: 8 });
         let want = self.widen_u64(out, value);
         let zero = self.konst(out, U64, 0);
         let t0 = self.reg(U64);
@@ -328,6 +334,18 @@ impl Expander<'_> {
             then_yields: Vec::new(),
             else_body: Vec::new(),
             else_yields: Vec::new(),
+            results: Vec::new(),
+        });
+        let pass = std::mem::replace(out, outer);
+        out.push(Inst::Loop {
+            iv: first_signal,
+            lo: zero_i,
+            hi: count,
+            step,
+            phis: Vec::new(),
+            inits: Vec::new(),
+            body: pass,
+            nexts: Vec::new(),
             results: Vec::new(),
         });
     }
