@@ -15,7 +15,7 @@ if [ "${CHECKS:-1}" = 1 ]; then
   step conformance-scaled-gemm 120 $B/trident test --backend nvidia --kernel scaled_gemm --world 1 --json "$O/logs/scaled-gemm.json"
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-  KEEP='^gemm|rror|failed' KEEP_LINES=40 step bench-gemm 300 $B/trident bench \
+  KEEP='^gemm|rror|failed' KEEP_LINES=40 step bench-gemm 300 env TRIDENT_SWEEP_PINGPONG=1 $B/trident bench \
     --baseline-cmd "$PY bench/baseline.py" --only "gemm bf16" --config pingpong \
     --config 128x256x64/8w/4s --config 128x128x64/8w/6s --json "$O/bench-gemm.json"
 fi

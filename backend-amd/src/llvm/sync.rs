@@ -8,6 +8,7 @@ impl Writer<'_> {
         match i {
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor)?,
             Inst::Barrier => self.barrier(),
+            Inst::GroupOrder { .. } => return err("consumer ping-pong is Hopper's (sm_90a)"),
             Inst::BarrierAny { .. } => {
                 return err("BarrierAny reached the AMD writer (protocol::expand builds it from LDS for this target)")
             }

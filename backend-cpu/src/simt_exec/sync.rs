@@ -17,6 +17,10 @@ impl Exec<'_> {
                 self.view.barrier();
                 self.hazards.barrier();
             }
+            // Ping-pong's groups run here a whole tile each in turn, group 0 first: every
+            // group's main loop already follows the other's main loop of the tile before, which
+            // is all the order barrier asks.
+            Inst::GroupOrder { .. } => {}
             Inst::BarrierAny { dst, pred } => {
                 self.view.barrier();
                 self.hazards.barrier();

@@ -11,6 +11,13 @@ impl Writer<'_> {
                 let b = self.barrier();
                 line!(self, "bar.sync {b}")
             }
+            Inst::GroupOrder { id, arrive } => {
+                let Some(threads) = self.consumers else {
+                    return Err(EmitError("a ping-pong order barrier outside a specialized region".into()));
+                };
+                let (op, id) = (if *arrive { "bar.arrive" } else { "bar.sync" }, self.n(*id).to_string());
+                line!(self, "{op} {id}, {threads}")
+            }
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 let t = self.k.ty(*value);
                 let ty = match (op, t) {

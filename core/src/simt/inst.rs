@@ -329,6 +329,14 @@ pub enum Inst {
         coords: [Reg; 2],
         pred: Reg,
     },
+    /// Consumer ping-pong's order between the two groups' main loops (inside an
+    /// [`Inst::Specialized`] region with `pingpong`): named barrier `id` counting both groups'
+    /// threads; with `arrive` the group passes it without waiting (`bar.arrive`), else it waits
+    /// there for the other group's arrival (`bar.sync`).
+    GroupOrder {
+        id: Reg,
+        arrive: bool,
+    },
     /// Closes the thread's bulk group of `TmaStore`s (`cp.async.bulk.commit_group`).
     BulkCommit,
     /// Waits until all but the `pending` most recent of the thread's bulk groups have read
@@ -587,6 +595,7 @@ impl Inst {
             Inst::Shuffle { .. }
             | Inst::Barrier
             | Inst::BarrierAny { .. }
+            | Inst::GroupOrder { .. }
             | Inst::Atomic { .. }
             | Inst::AtomicCas { .. }
             | Inst::AtomicLoad { .. }
@@ -698,6 +707,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             }
         }
         Inst::BarrierAny { pred, .. } => f(pred),
+        Inst::GroupOrder { id, .. } => f(id),
         Inst::Atomic { addr, value, pred, .. } => {
             f(addr);
             f(value);

@@ -158,6 +158,9 @@ impl Printer<'_> {
             Inst::SharedVLoad { dsts, offset } => format!("{} = shared.vload [{}]", self.defs(dsts), r(offset)),
             Inst::SharedVStore { offset, values } => format!("shared.vstore [{}], {}", r(offset), list(values)),
             Inst::Barrier => "barrier".to_string(),
+            Inst::GroupOrder { id, arrive } => {
+                format!("group_order.{} {}", if *arrive { "arrive" } else { "wait" }, r(id))
+            }
             Inst::BarrierAny { dst, pred } => format!("{} = barrier.any {}", self.def(*dst), r(pred)),
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 format!("{} = atomic.{op}.{sem}.{scope} [{}], {}{}", self.def(*dst), r(addr), r(value), guard(*pred))

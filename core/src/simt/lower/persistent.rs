@@ -441,6 +441,40 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// Ping-pong's order between the groups' main loops around the one of the program's tile
+    /// `ct` (of `tiles`; group c takes c, c + 2, ...): before it (`after` false) the group
+    /// waits for the other group's main loop of tile `ct - 1`, if there is one; after it the
+    /// group lets the other's main loop of tile `ct + 1` go, if there is one. Named barriers
+    /// 4 + group ("group's main loop done"), counting both groups' threads. Nothing without
+    /// ping-pong.
+    fn group_order(&mut self, ct: Reg, tiles: Reg, after: bool) {
+        let Some(group) = self.group else { return };
+        let four = self.iconst(4);
+        let (cond, id) = match after {
+            false => {
+                let zero = self.iconst(0);
+                let other = self.bin_c(BinaryOp::Xor, group, 1);
+                let cond = self.reg(SType::Pred);
+                self.emit(Inst::Cmp { dst: cond, op: CmpOp::Gt, a: ct, b: zero });
+                (cond, self.bin(BinaryOp::Add, other, four))
+            }
+            true => {
+                let next = self.bin_c(BinaryOp::Add, ct, 1);
+                let cond = self.reg(SType::Pred);
+                self.emit(Inst::Cmp { dst: cond, op: CmpOp::Lt, a: next, b: tiles });
+                (cond, self.bin(BinaryOp::Add, group, four))
+            }
+        };
+        self.emit(Inst::If {
+            cond,
+            then_body: vec![Inst::GroupOrder { id, arrive: after }],
+            then_yields: Vec::new(),
+            else_body: Vec::new(),
+            else_yields: Vec::new(),
+            results: Vec::new(),
+        });
+    }
+
     /// The flat loop with a producer warp (`LaunchAttrs::warp_specialize`), as
     /// `specialized_for` splits a K loop: the producer walks every (tile, K step) of the
     /// program, waiting for a stage's "empty" mbarrier and copying into it; the consumers walk
@@ -534,6 +568,12 @@ impl Lowering<'_> {
         let mut nexts = acc;
         nexts.push(cg1);
         let results: Vec<Reg> = phis.iter().map(|&r| self.reg(self.k.ty(r))).collect();
+        // With ping-pong the groups' main loops take turns (CUTLASS's order barrier): a group
+        // starts waiting on the ring only after the other group's main loop of the tile before
+        // has passed all its waits. Without it a group waits on a stage a whole tile ahead of
+        // the producer, and an mbarrier's parity wait passes on an older phase of the same
+        // parity (a wrong result, or a launch failure, at K = 4096 on an H100).
+        self.group_order(ct, f.tiles, false);
         self.emit(Inst::Loop {
             iv: ckk,
             lo: zero,
@@ -546,6 +586,7 @@ impl Lowering<'_> {
             results: results.clone(),
         });
         let (acc_r, g_end) = (&results[..l.slots() as usize], results[l.slots() as usize]);
+        self.group_order(ct, f.tiles, true);
         self.emit(Inst::WgmmaWait { pending: 0 });
         let last = self.bin_c(BinaryOp::Sub, g_end, 1);
         let mine = self.ring_slot(last, s, empty_at, 8);
