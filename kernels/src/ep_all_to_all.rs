@@ -42,7 +42,7 @@
 //! alternate: dispatch e, combine e, dispatch e+1, ... (their epochs count the same calls);
 //! `recv` and `out` are valid until the next dispatch (or combine) on the stream.
 
-use crate::{cdiv, require_bytes, require_i32};
+use crate::{require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
@@ -434,10 +434,12 @@ impl LowLatencyAllToAll {
         ])
     }
 
+    /// A program per work item of the largest phase (pairs, (expert, source) slices, experts),
+    /// at most `max_programs`; the persistent launch runs what is resident of it.
     fn grid(&self, bufs: &EpBuffers, tokens: usize, el: usize, w: usize) -> [u32; 3] {
         let s = bufs.shape;
         let work = (tokens * s.top_k).max(el * w).max(s.experts).max(1);
-        [cdiv(work, 1).min(self.max_programs.max(1) as usize) as u32, 1, 1]
+        [work.min(self.max_programs.max(1) as usize) as u32, 1, 1]
     }
 
     /// Enqueues dispatch (`part` of it) of `tokens` rows of `x` (`[tokens, H]`) routed by `topk`

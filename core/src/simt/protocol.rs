@@ -98,12 +98,24 @@ fn barrier_any_in_shared(k: &mut Kernel) {
 fn expand_protocol(k: &mut Kernel) {
     let hidden: Vec<(Hidden, u32)> = Hidden::ALL.iter().map(|h| (*h, h.index_among(k.params.len()))).collect();
     let body = std::mem::take(&mut k.body);
-    let mut x = Expander { k, hidden, params: Vec::new() };
+    let mut constants = Vec::new();
+    collect_constants(&body, &mut constants);
+    let mut x = Expander { k, hidden, params: Vec::new(), constants };
     let mut out = x.block(body);
     // The hidden parameters the expansions read, loaded once at the top.
     let mut head = std::mem::take(&mut x.params);
     head.append(&mut out);
     k.body = head;
+}
+
+/// Every register `body` sets to an integer constant (a `Const`, its only definition).
+fn collect_constants(body: &[Inst], out: &mut Vec<(Reg, i64)>) {
+    for i in body {
+        match i {
+            Inst::Const { dst, value: Literal::Int(v) } => out.push((*dst, *v)),
+            _ => i.bodies().into_iter().for_each(|b| collect_constants(b, out)),
+        }
+    }
 }
 
 /// True when `k` still holds a protocol instruction (a writer refuses such a kernel).
@@ -116,6 +128,8 @@ struct Expander<'a> {
     hidden: Vec<(Hidden, u32)>,
     /// `Param` instructions of the hidden parameters used so far.
     params: Vec<Inst>,
+    /// The kernel's integer constants (a wait's count known to fit the threads needs no loop).
+    constants: Vec<(Reg, i64)>,
 }
 
 impl Expander<'_> {
@@ -337,6 +351,15 @@ impl Expander<'_> {
             results: Vec::new(),
         });
         let pass = std::mem::replace(out, outer);
+        // A count known to fit the threads (a single signal, as most waits) takes one pass
+        // without the loop: its registers stay as before (gfx90a's waiting GEMMs spilled
+        // scalar registers with the loop around every wait).
+        let known = self.constants.iter().find(|(r, _)| *r == count).map(|(_, v)| *v);
+        if known.is_some_and(|c| c <= self.k.threads() as i64) {
+            out.push(Inst::Binary { dst: first_signal, op: BinaryOp::Add, a: zero_i, b: zero_i });
+            out.extend(pass);
+            return;
+        }
         out.push(Inst::Loop {
             iv: first_signal,
             lo: zero_i,
