@@ -150,8 +150,53 @@ fn epoch_index(stage: Stage, part: Part) -> usize {
     }
 }
 
-/// `2^32`: a count signal is `epoch 2^32 + count`.
-const EPOCH_SHIFT: u64 = 1 << 32;
+/// `2^32`: a count signal is `epoch 2^32 + count` (both forms, `crate::ep_high_throughput` too).
+pub(crate) const EPOCH_SHIFT: u64 = 1 << 32;
+
+impl EpShape {
+    /// A typed error unless the shape splits over `world` ranks: the experts a positive
+    /// multiple of it, top_k, hidden and t_max positive.
+    pub fn check(&self, world: usize) -> Result<(), BackendError> {
+        let s = self;
+        if s.experts == 0 || !s.experts.is_multiple_of(world) || s.top_k == 0 || s.hidden == 0 || s.t_max == 0 {
+            return Err(BackendError::Host(format!(
+                "all-to-all of {s:?} in a world of {world}: the experts must be a positive multiple of the world size, \
+                 and top_k, hidden and t_max positive"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The kernels' scalar arguments for a call of `tokens` tokens (at most `t_max`): tokens,
+    /// t_max, hidden, experts, top_k.
+    pub(crate) fn scalars(&self, tokens: usize) -> Result<[KernelArg; 5], BackendError> {
+        if tokens > self.t_max {
+            return Err(BackendError::Host(format!(
+                "{tokens} tokens where the buffers hold at most t_max = {}",
+                self.t_max
+            )));
+        }
+        Ok([
+            KernelArg::i32(require_i32(tokens, "tokens")?),
+            KernelArg::i32(require_i32(self.t_max, "t_max")?),
+            KernelArg::i32(require_i32(self.hidden, "hidden")?),
+            KernelArg::i32(require_i32(self.experts, "experts")?),
+            KernelArg::i32(require_i32(self.top_k, "top_k")?),
+        ])
+    }
+}
+
+/// `body(lanes, mask)` over a row of `hidden` elements, `block` at a time (both forms' row
+/// copies).
+pub(crate) fn each_block<'b>(b: &'b KernelBuilder, block: u32, hidden: Tile<'b>, body: &dyn Fn(Tile<'b>, Tile<'b>)) {
+    let bs = block as i32;
+    let lanes = b.arange(0, block as i64);
+    b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
+        let at = blk * bs + lanes;
+        body(at, at.lt(hidden));
+        vec![]
+    });
+}
 
 impl LowLatencyAllToAll {
     pub fn new(dtype: DType) -> LowLatencyAllToAll {
@@ -175,12 +220,7 @@ impl LowLatencyAllToAll {
     /// Collective: the buffers of `shape` on every rank of `ctx`'s world.
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<EpBuffers, BackendError> {
         let w = ctx.world_size();
-        if shape.experts == 0 || !shape.experts.is_multiple_of(w) || shape.top_k == 0 || shape.hidden == 0 || shape.t_max == 0 {
-            return Err(BackendError::Host(format!(
-                "all-to-all of {shape:?} in a world of {w}: the experts must be a positive multiple of the world size, \
-                 and top_k, hidden and t_max positive"
-            )));
-        }
+        shape.check(w)?;
         if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
             return Err(BackendError::Host(format!(
                 "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
@@ -230,17 +270,6 @@ impl LowLatencyAllToAll {
             Stage::Combine => self.emit_combine(&b, part),
         }
         b.finish()
-    }
-
-    /// `body(lanes, mask)` over the blocks of a row of `hidden` elements.
-    fn each_block<'b>(&self, b: &'b KernelBuilder, hidden: Tile<'b>, body: &dyn Fn(Tile<'b>, Tile<'b>)) {
-        let bs = self.block as i32;
-        let lanes = b.arange(0, self.block as i64);
-        b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
-            let at = blk * bs + lanes;
-            body(at, at.lt(hidden));
-            vec![]
-        });
     }
 
     /// One row of `hidden` channels from `from` quantized into `to` (E4M3FN) and its scales
@@ -307,7 +336,7 @@ impl LowLatencyAllToAll {
                             let scales = b.symm_at(raw_scales, dst) + row * sb;
                             self.quantize_row(b, hidden, from, to, scales);
                         } else {
-                            self.each_block(b, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                            each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
                         }
                         b.store(b.symm_at(raw_src, dst) + row, i, None);
                     });
@@ -346,10 +375,10 @@ impl LowLatencyAllToAll {
                 b.for_range(0, c, 1, &[], |r, _| {
                     let (from, to) = ((l * world + s) * t_max + r, l * (world * t_max) + off + r);
                     let (src_row, dst_row) = (raw + from * hidden, recv + to * hidden);
-                    self.each_block(b, hidden, &|at, m| b.store(dst_row + at, b.load(src_row + at, Some(m), None), Some(m)));
+                    each_block(b, self.block, hidden, &|at, m| b.store(dst_row + at, b.load(src_row + at, Some(m), None), Some(m)));
                     if self.quantize {
                         let (src_s, dst_s) = (raw_scales.consume_token(tok) + from * sb, recv_scales + to * sb);
-                        self.each_block(b, sb, &|at, m| b.store(dst_s + at, b.load(src_s + at, Some(m), None), Some(m)));
+                        each_block(b, self.block, sb, &|at, m| b.store(dst_s + at, b.load(src_s + at, Some(m), None), Some(m)));
                     }
                     b.store(recv_src + to, s * (t_max * k) + b.load(raw_src + from, None, None), None);
                     vec![]
@@ -385,7 +414,7 @@ impl LowLatencyAllToAll {
                     let row = l * (world * t_max) + off + r;
                     let pair = b.load(recv_src + row, None, None) % (t_max * k);
                     let (from, to) = (y + row * hidden, home + pair * hidden);
-                    self.each_block(b, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                    each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
                     vec![]
                 });
                 b.notify(comb_ready + (me * el + l), s, call.value, SignalOp::Set, CommScope::IntraNode);
@@ -397,7 +426,7 @@ impl LowLatencyAllToAll {
             let tok = b.wait(comb_ready, experts, CmpOp::Ge, call.value, Scope::Sys, MemSemantic::Acquire);
             let comb = comb.consume_token(tok);
             b.for_range(pid, tokens, programs, &[], |t, _| {
-                self.each_block(b, hidden, &|at, m| {
+                each_block(b, self.block, hidden, &|at, m| {
                     let acc = b.zeros(&at.shape(), DType::F32);
                     let sum = b.for_range(0, k, 1, &[acc], |j, acc| {
                         let e = b.load(topk + (t * k + j), None, None);
@@ -413,25 +442,6 @@ impl LowLatencyAllToAll {
             });
         }
         call.end(b);
-    }
-
-    fn check_shape(&self, ctx: &dyn RankCtx, bufs: &EpBuffers, tokens: usize) -> Result<usize, BackendError> {
-        let s = bufs.shape;
-        if tokens > s.t_max {
-            return Err(BackendError::Host(format!("{tokens} tokens where the buffers hold at most t_max = {}", s.t_max)));
-        }
-        Ok(s.experts / ctx.world_size())
-    }
-
-    fn scalars(bufs: &EpBuffers, tokens: usize) -> Result<[KernelArg; 5], BackendError> {
-        let s = bufs.shape;
-        Ok([
-            KernelArg::i32(require_i32(tokens, "tokens")?),
-            KernelArg::i32(require_i32(s.t_max, "t_max")?),
-            KernelArg::i32(require_i32(s.hidden, "hidden")?),
-            KernelArg::i32(require_i32(s.experts, "experts")?),
-            KernelArg::i32(require_i32(s.top_k, "top_k")?),
-        ])
     }
 
     /// A program per work item of the largest phase (pairs, (expert, source) slices, experts),
@@ -453,7 +463,8 @@ impl LowLatencyAllToAll {
         tokens: usize,
         part: Part,
     ) -> Result<(), BackendError> {
-        let (el, s, es) = (self.check_shape(ctx, bufs, tokens)?, bufs.shape, self.dtype.size_bytes() as usize);
+        let (s, es) = (bufs.shape, self.dtype.size_bytes() as usize);
+        let (scalars, el) = (s.scalars(tokens)?, s.experts / ctx.world_size());
         require_bytes(x, tokens * s.hidden * es, "x")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
         let kernel = ctx.compile(&format!("{self:?} {:?} {part:?}", Stage::Dispatch), &|| self.build(Stage::Dispatch, part))?;
@@ -473,7 +484,7 @@ impl LowLatencyAllToAll {
             bufs.recv_scales.arg(),
             crate::epoch::state_arg(&bufs.epochs, epoch_index(Stage::Dispatch, part)),
         ];
-        args.extend(Self::scalars(bufs, tokens)?);
+        args.extend(scalars);
         ctx.launch(0, &kernel, self.grid(bufs, tokens, el, ctx.world_size()), &args)?;
         if part != Part::Send {
             bufs.calls[0] += 1;
@@ -494,7 +505,8 @@ impl LowLatencyAllToAll {
         tokens: usize,
         part: Part,
     ) -> Result<(), BackendError> {
-        let (el, s, es) = (self.check_shape(ctx, bufs, tokens)?, bufs.shape, self.dtype.size_bytes() as usize);
+        let (s, es) = (bufs.shape, self.dtype.size_bytes() as usize);
+        let (scalars, el) = (s.scalars(tokens)?, s.experts / ctx.world_size());
         require_bytes(y, el * ctx.world_size() * s.t_max * s.hidden * es, "y")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
         require_bytes(weights, tokens * s.top_k * 4, "weights")?;
@@ -510,7 +522,7 @@ impl LowLatencyAllToAll {
             bufs.out.arg(),
             crate::epoch::state_arg(&bufs.epochs, epoch_index(Stage::Combine, part)),
         ];
-        args.extend(Self::scalars(bufs, tokens)?);
+        args.extend(scalars);
         ctx.launch(0, &kernel, self.grid(bufs, tokens, el, ctx.world_size()), &args)?;
         if part != Part::Send {
             bufs.calls[1] += 1;

@@ -31,15 +31,14 @@
 //! call e+2 only after every rank finished call e). Dispatch and combine alternate.
 
 use crate::{require_bytes, require_i32};
-use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 pub use crate::ep_all_to_all::{EpShape, Stage};
+use crate::ep_all_to_all::{each_block, EPOCH_SHIFT};
 
-/// `2^32`: a count signal is `epoch 2^32 + count`.
-const EPOCH_SHIFT: u64 = 1 << 32;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct HighThroughputAllToAll {
@@ -111,17 +110,7 @@ impl HighThroughputAllToAll {
     /// Collective: the buffers of `shape` on every rank.
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<HtBuffers, BackendError> {
         let w = ctx.world_size();
-        if shape.experts == 0
-            || !shape.experts.is_multiple_of(w)
-            || shape.top_k == 0
-            || shape.hidden == 0
-            || shape.t_max == 0
-        {
-            return Err(BackendError::Host(format!(
-                "all-to-all of {shape:?} in a world of {w}: the experts must be a positive multiple of the world size, \
-                 and top_k, hidden and t_max positive"
-            )));
-        }
+        shape.check(w)?;
         let (el, es, k) = (shape.experts / w, self.dtype.size_bytes() as usize, shape.top_k);
         let rows = w * shape.t_max;
         let capacity = rows * k.min(el);
@@ -165,17 +154,6 @@ impl HighThroughputAllToAll {
             Stage::Combine => self.emit_combine(&b),
         }
         b.finish()
-    }
-
-    /// `body(lanes, mask)` over the blocks of a row of `hidden` elements.
-    fn each_block<'b>(&self, b: &'b KernelBuilder, hidden: Tile<'b>, body: &dyn Fn(Tile<'b>, Tile<'b>)) {
-        let bs = self.block as i32;
-        let lanes = b.arange(0, self.block as i64);
-        b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
-            let at = blk * bs + lanes;
-            body(at, at.lt(hidden));
-            vec![]
-        });
     }
 
     /// Every program counts itself finished in `counter` and waits for the whole grid (which
@@ -232,7 +210,7 @@ impl HighThroughputAllToAll {
                         let row = me * t_max + slot;
                         let to = b.symm_at(raw, r) + row * hidden;
                         let from = x + t * hidden;
-                        self.each_block(b, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                        each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
                         b.store(b.symm_at(raw_token, r) + row, t, None);
                         b.for_range(0, k, 1, &[], |j, _| {
                             let e = b.load(topk + (t * k + j), None, None);
@@ -315,7 +293,7 @@ impl HighThroughputAllToAll {
                             let start = b.for_range(0, l, 1, &[zero], |q, acc| vec![acc[0] + b.load(ecount + q, None, None)])[0];
                             let at = start + b.atomic(AtomicOp::Add, fill + l, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
                             let (from, to) = (raw + row * hidden, recv + at * hidden);
-                            self.each_block(b, hidden, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
+                            each_block(b, self.block, hidden, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
                             b.store(recv_src + at, s * (t_max * k) + t * k + j, None);
                             b.store(pos + (row * k + j), at, None);
                             vec![]
@@ -356,7 +334,7 @@ impl HighThroughputAllToAll {
             let home = b.symm_at(comb, s);
             b.for_range(pid, b.load(src_count + s, None, None), programs, &[], |r, _| {
                 let row = s * t_max + r;
-                self.each_block(b, hidden, &|at, m| {
+                each_block(b, self.block, hidden, &|at, m| {
                     let acc = b.zeros(&at.shape(), DType::F32);
                     let sum = b.for_range(0, k, 1, &[acc], |j, acc| {
                         let p = b.load(pos + (row * k + j), None, None);
@@ -380,7 +358,7 @@ impl HighThroughputAllToAll {
         let tok = b.wait(comb_ready, world, CmpOp::Ge, call.value, Scope::Sys, MemSemantic::Acquire);
         let comb = comb.consume_token(tok);
         b.for_range(pid, tokens, programs, &[], |t, _| {
-            self.each_block(b, hidden, &|at, m| {
+            each_block(b, self.block, hidden, &|at, m| {
                 let acc = b.zeros(&at.shape(), DType::F32);
                 let sum = b.for_range(0, world, 1, &[acc], |r, acc| {
                     let slot = b.load(sent_slot + (t * world + r), None, None);
@@ -395,20 +373,6 @@ impl HighThroughputAllToAll {
             vec![]
         });
         call.end(b);
-    }
-
-    fn scalars(bufs: &HtBuffers, tokens: usize) -> Result<[KernelArg; 5], BackendError> {
-        let s = bufs.shape;
-        if tokens > s.t_max {
-            return Err(BackendError::Host(format!("{tokens} tokens where the buffers hold at most t_max = {}", s.t_max)));
-        }
-        Ok([
-            KernelArg::i32(require_i32(tokens, "tokens")?),
-            KernelArg::i32(require_i32(s.t_max, "t_max")?),
-            KernelArg::i32(require_i32(s.hidden, "hidden")?),
-            KernelArg::i32(require_i32(s.experts, "experts")?),
-            KernelArg::i32(require_i32(s.top_k, "top_k")?),
-        ])
     }
 
     fn grid(&self, tokens: usize, w: usize) -> [u32; 3] {
@@ -427,7 +391,7 @@ impl HighThroughputAllToAll {
         tokens: usize,
     ) -> Result<(), BackendError> {
         let (s, es) = (bufs.shape, self.dtype.size_bytes() as usize);
-        let scalars = Self::scalars(bufs, tokens)?;
+        let scalars = bufs.shape.scalars(tokens)?;
         require_bytes(x, tokens * s.hidden * es, "x")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
         require_bytes(weights, tokens * s.top_k * 4, "weights")?;
@@ -461,7 +425,7 @@ impl HighThroughputAllToAll {
     /// per token with the dispatch's weights, into `bufs.out` on the tokens' ranks.
     pub fn combine(&self, ctx: &dyn RankCtx, bufs: &mut HtBuffers, y: &Buffer, tokens: usize) -> Result<(), BackendError> {
         let (s, es) = (bufs.shape, self.dtype.size_bytes() as usize);
-        let scalars = Self::scalars(bufs, tokens)?;
+        let scalars = bufs.shape.scalars(tokens)?;
         require_bytes(y, bufs.capacity(ctx.world_size()) * s.hidden * es, "y")?;
         let kernel = ctx.compile(&format!("{self:?} combine"), &|| self.build(Stage::Combine))?;
         let mut args = vec![
