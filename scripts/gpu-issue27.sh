@@ -36,10 +36,13 @@ sass() {
 }
 # (`timeout` runs programs, not shell functions: the function goes to a shell of its own.)
 KEEP='GMMA|rror' step sass 60 bash -c "$(declare -f sass); B='$B' O='$O' sass"
-# The benchmark (a few minutes; BENCH=0 leaves it out).
+# The benchmark (a few minutes; BENCH=0 leaves it out). ONLY narrows the cases (a key prefix:
+# "scaled_gemm_row f8e4m3fn" is the row-scaled cases the bar names), CONFIGS the sweep
+# (space-separated parts of configuration names, as `--config` takes them).
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 if [ "${BENCH:-1}" = 1 ]; then
-  KEEP='scaled_gemm|rror|failed' KEEP_LINES=40 step bench-scaled-gemm 480 $B/trident bench \
-    --baseline-cmd "$PY bench/baseline.py" --only scaled_gemm --json "$O/bench.json"
+  CFG=(); for c in ${CONFIGS:-}; do CFG+=(--config "$c"); done
+  KEEP='scaled_gemm|rror|failed' KEEP_LINES=40 step bench-scaled-gemm ${BENCH_LIMIT:-480} $B/trident bench \
+    --baseline-cmd "$PY bench/baseline.py" --only "${ONLY:-scaled_gemm}" "${CFG[@]}" --json "$O/bench.json"
 fi
 cat "$S"

@@ -3,7 +3,8 @@
 # (the summary, begun with the date, the bundle's commit and the GPU); then
 # `step NAME LIMIT COMMAND...` runs COMMAND under `timeout LIMIT` into $O/logs/NAME.log, then
 # appends to the summary $S its exit code, its time and the log's lines matching $KEEP (at
-# most $KEEP_LINES, 24 by default), less those matching $DROP when it is set.
+# most $KEEP_LINES, 24 by default), less those matching $DROP when it is set; returns COMMAND's
+# exit code.
 O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 B=bundle
 S="$O/summary.txt"
@@ -19,4 +20,5 @@ step() {
   else
     grep -E "$KEEP" "$O/logs/$name.log" | head -"${KEEP_LINES:-24}" >> "$S"
   fi
+  return $rc
 }

@@ -66,8 +66,9 @@ pub struct Args {
     /// repeatable): where a figure's time goes, from variants that change one extent.
     #[arg(long = "gemm", value_name = "DTYPE:MxNxK")]
     gemms: Vec<String>,
-    /// Only the GEMM configurations whose name contains this (`128x256x64/8w/4s/tma-store`,
-    /// repeatable; the names are those the sweep prints).
+    /// Only the configurations whose name contains this (`128x256x64/8w/4s/tma-store`,
+    /// repeatable; the names are those the sweep prints), in the sweeps of the dense, scaled
+    /// and grouped GEMMs.
     #[arg(long = "config")]
     configs: Vec<String>,
     /// Run the distributed cases (AG-GEMM, GEMM-RS, AllReduce, AllGather) in the peer world of
@@ -376,16 +377,24 @@ fn upload(dev: &Enqueuing, name: &str, v: &[f64], d: DType) -> Result<Buffer, Ba
 struct Sweep<'c> {
     case: &'c Case,
     reps: usize,
+    /// `--config`: only the configurations whose names contain one of these (all if empty).
+    only: &'c [String],
     best: Option<(Stats, f64, String)>,
     refused: Vec<String>,
 }
 
 impl<'c> Sweep<'c> {
-    fn new(case: &'c Case, reps: usize) -> Sweep<'c> {
-        Sweep { case, reps, best: None, refused: Vec::new() }
+    fn new(case: &'c Case, reps: usize, only: &'c [String]) -> Sweep<'c> {
+        Sweep { case, reps, only, best: None, refused: Vec::new() }
     }
 
-    /// Times configuration `name`; whether it is the fastest so far (`None`: refused).
+    /// Whether `--config` selects configuration `name`.
+    fn selected(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|c| name.contains(c.as_str()))
+    }
+
+    /// Times configuration `name`; whether it is the fastest so far (`None`: refused, or not
+    /// selected by `--config`).
     fn try_config(
         &mut self,
         cuda: &Enqueuing,
@@ -393,6 +402,9 @@ impl<'c> Sweep<'c> {
         op: impl FnMut() -> Result<(), BackendError>,
         check: impl Fn() -> Result<f64, BackendError>,
     ) -> Result<Option<bool>, BackendError> {
+        if !self.selected(&name) {
+            return Ok(None);
+        }
         let (ms, error) = match time(cuda, self.reps, op, check) {
             Err(BackendError::Compile { message, .. }) => {
                 eprintln!("bench: {} config {name}: refused: {message}", self.case.key());
@@ -426,6 +438,10 @@ impl<'c> Sweep<'c> {
     fn result(self) -> Result<Measured, BackendError> {
         match self.best {
             Some((ms, error, config)) => Ok(Measured { ms, error, config }),
+            None if self.refused.is_empty() => Err(BackendError::Host(format!(
+                "no configuration of the sweep matches --config {}",
+                self.only.join(", ")
+            ))),
             None => Err(BackendError::Host(format!("every configuration refused: {}", self.refused.join("; ")))),
         }
     }
@@ -541,9 +557,9 @@ fn run_case(
         }
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
-        Workload::GroupedGemm => return grouped_gemm(cuda, &l, case, reps, &mut rng),
+        Workload::GroupedGemm => return grouped_gemm(cuda, &l, case, (reps, only_configs), &mut rng),
         Workload::ScaledGemm(scaling, promote) => {
-            return scaled_gemm(cuda, &l, case, (scaling, promote), reps, &mut rng)
+            return scaled_gemm(cuda, &l, case, (scaling, promote), (reps, only_configs), &mut rng)
         }
         Workload::Gemm => {
             let (m, n, k) = (case.dims[0], case.dims[1], case.dims[2]);
@@ -553,7 +569,7 @@ fn run_case(
             cuda.fill(&c, &poison(d))?;
             // A small autotuning sweep (like Triton's `autotune`): every configuration is
             // checked, the fastest is reported.
-            let mut sweep = Sweep::new(case, reps);
+            let mut sweep = Sweep::new(case, reps, only_configs);
             // The fastest GEMM configuration and its time (for the tuning cache).
             let mut best_gemm = None;
             // Where the target has TMA, each configuration also reads A and B through tensor
@@ -644,7 +660,7 @@ fn run_case(
                 }
             }
             for (g, name) in candidates {
-                if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
+                if !sweep.selected(&name) {
                     continue;
                 }
                 cuda.fill(&c, &poison(d))?;
@@ -661,7 +677,7 @@ fn run_case(
                 for (bm, bn, warps, splits) in [(128, 128, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 256, 8, 2)] {
                     let g = SplitKGemm { block_m: bm, block_n: bn, warps, splits, ..base };
                     let name = format!("{bm}x{bn}x{}/{warps}w/{}s/tma-splitk{splits}", g.block_k, g.stages);
-                    if !only_configs.is_empty() && !only_configs.iter().any(|c| name.contains(c.as_str())) {
+                    if !sweep.selected(&name) {
                         continue;
                     }
                     let ws = g.workspace(cuda, m, n)?;
@@ -669,12 +685,6 @@ fn run_case(
                     let run = || g.run(&l, &ab, &bb, &c, &ws, (m, n, k));
                     sweep.try_config(cuda, name, run, || gemm_error(cuda, &c, (&a, &b), (m, n, k), d))?;
                 }
-            }
-            if sweep.best.is_none() && sweep.refused.is_empty() {
-                return Err(BackendError::Host(format!(
-                    "no configuration of the sweep matches --config {}",
-                    only_configs.join(", ")
-                )));
             }
             let measured = sweep.result()?;
             // The fastest GEMM of a whole sweep goes to the tuning cache, where `Gemm::tuned`
@@ -707,7 +717,7 @@ fn scaled_gemm(
     l: &DeviceCtx,
     case: &Case,
     (scaling, promote): (Scaling, bool),
-    reps: usize,
+    (reps, only): (usize, &[String]),
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
     use trident_conformance::host::round_to;
@@ -793,7 +803,7 @@ fn scaled_gemm(
             push(ScaledGemm { block_m: 64, warps: 4, splits: 2, ..plain });
         }
     }
-    let mut sweep = Sweep::new(case, reps);
+    let mut sweep = Sweep::new(case, reps, only);
     for v in variants {
         let g = v.specialized(&ab, &bb, &c, n, k);
         let (producer, persistent) = g.overlapped();
@@ -843,7 +853,7 @@ fn grouped_gemm(
     cuda: &Enqueuing,
     l: &DeviceCtx,
     case: &Case,
-    reps: usize,
+    (reps, only): (usize, &[String]),
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
     use trident_kernels::grouped_gemm::{
@@ -968,7 +978,7 @@ fn grouped_gemm(
     let bytes = variants.iter().map(|v| v.schedule_bytes(p)).max().unwrap_or(0).max(4);
     let scratch = cuda.alloc(bytes, "grouped_gemm.schedule")?;
     let ops = Operands { schedule: Some(&scratch), ..ops };
-    let mut sweep = Sweep::new(case, reps);
+    let mut sweep = Sweep::new(case, reps, only);
     for v in variants {
         let g = v.specialized(&ab, &bb, n, k);
         let form = match (g.divisible, g.scheduled) {

@@ -604,6 +604,12 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let dev = self.device();
         let a = dev.compiler().compile(&build()?, dev.target().as_deref())?;
+        // Every rank has enqueued what comes before this compile before any rank loads the
+        // module: loading a module may wait for the device's running kernels, and a kernel
+        // already launched here may wait for a peer's kernel that the peer would launch only
+        // after its own compile (SPMD). Loading while a peer's launch is still to come held
+        // that launch behind the load and the waiting kernel timed out.
+        self.shared.sync.wait(self.rank, &format!("enqueued_{key}"))?;
         self.call(|| format!("load of kernel `{}`", a.kernel), || dev.load(&a))?;
         self.shared
             .kernels

@@ -43,7 +43,7 @@
 //! `recv` and `out` are valid until the next dispatch (or combine) on the stream.
 
 use crate::{require_bytes, require_i32};
-use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::backend::{Artifact, BackendError, Buffer, KernelArg};
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
@@ -452,6 +452,11 @@ impl LowLatencyAllToAll {
         [work.min(self.max_programs.max(1) as usize) as u32, 1, 1]
     }
 
+    /// The kernel of `stage` and `part`, compiled once per world.
+    fn kernel(&self, ctx: &dyn RankCtx, stage: Stage, part: Part) -> Result<Artifact, BackendError> {
+        ctx.compile(&format!("{self:?} {stage:?} {part:?}"), &|| self.build(stage, part))
+    }
+
     /// Enqueues dispatch (`part` of it) of `tokens` rows of `x` (`[tokens, H]`) routed by `topk`
     /// (`[tokens, k]` i32): results in `bufs.recv`, `recv_count`, `recv_src`, `layout`.
     pub fn dispatch(
@@ -467,7 +472,9 @@ impl LowLatencyAllToAll {
         let (scalars, el) = (s.scalars(tokens)?, s.experts / ctx.world_size());
         require_bytes(x, tokens * s.hidden * es, "x")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
-        let kernel = ctx.compile(&format!("{self:?} {:?} {part:?}", Stage::Dispatch), &|| self.build(Stage::Dispatch, part))?;
+        let kernel = self.kernel(ctx, Stage::Dispatch, part)?;
+        // Combine's kernel too, so that the first combine does not compile after this launch.
+        self.kernel(ctx, Stage::Combine, part)?;
         let mut args = vec![
             x.arg(),
             topk.arg(),
@@ -510,7 +517,7 @@ impl LowLatencyAllToAll {
         require_bytes(y, el * ctx.world_size() * s.t_max * s.hidden * es, "y")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
         require_bytes(weights, tokens * s.top_k * 4, "weights")?;
-        let kernel = ctx.compile(&format!("{self:?} {:?} {part:?}", Stage::Combine), &|| self.build(Stage::Combine, part))?;
+        let kernel = self.kernel(ctx, Stage::Combine, part)?;
         let mut args = vec![
             y.arg(),
             topk.arg(),

@@ -31,7 +31,7 @@
 //! call e+2 only after every rank finished call e). Dispatch and combine alternate.
 
 use crate::{require_bytes, require_i32};
-use trident_core::backend::{BackendError, Buffer};
+use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::{AtomicOp, Axis, BinaryOp, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, Scope, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
@@ -379,6 +379,11 @@ impl HighThroughputAllToAll {
         [(tokens.max(w).max(1)).min(self.max_programs.max(1) as usize) as u32, 1, 1]
     }
 
+    /// The kernel of `stage`, compiled once per world.
+    fn kernel(&self, ctx: &dyn RankCtx, stage: Stage) -> Result<Artifact, BackendError> {
+        ctx.compile(&format!("{self:?} {stage:?}"), &|| self.build(stage))
+    }
+
     /// Enqueues dispatch of `tokens` rows of `x` routed by `topk` with `weights`: results in
     /// `bufs.recv` (`offs` ends per local expert), `recv_src`.
     pub fn dispatch(
@@ -395,7 +400,9 @@ impl HighThroughputAllToAll {
         require_bytes(x, tokens * s.hidden * es, "x")?;
         require_bytes(topk, tokens * s.top_k * 4, "topk")?;
         require_bytes(weights, tokens * s.top_k * 4, "weights")?;
-        let kernel = ctx.compile(&format!("{self:?} dispatch"), &|| self.build(Stage::Dispatch))?;
+        let kernel = self.kernel(ctx, Stage::Dispatch)?;
+        // Combine's kernel too, so that the first combine does not compile after this launch.
+        self.kernel(ctx, Stage::Combine)?;
         let mut args = vec![
             x.arg(),
             topk.arg(),
@@ -427,7 +434,7 @@ impl HighThroughputAllToAll {
         let (s, es) = (bufs.shape, self.dtype.size_bytes() as usize);
         let scalars = bufs.shape.scalars(tokens)?;
         require_bytes(y, bufs.capacity(ctx.world_size()) * s.hidden * es, "y")?;
-        let kernel = ctx.compile(&format!("{self:?} combine"), &|| self.build(Stage::Combine))?;
+        let kernel = self.kernel(ctx, Stage::Combine)?;
         let mut args = vec![
             y.arg(),
             bufs.raw_weights.arg(),

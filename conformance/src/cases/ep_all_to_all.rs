@@ -17,7 +17,7 @@ use crate::host::{poison, random};
 use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::{Rng, SeedableRng};
-use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::backend::{Artifact, BackendError, Buffer, KernelArg};
 use trident_core::ir::{DType, LaunchAttrs};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
@@ -238,10 +238,12 @@ impl Operation for EpCase {
             let op = HighThroughputAllToAll::new(case.dtype);
             let bufs = op.buffers(ctx, shape)?;
             let y = ctx.alloc(bufs.capacity(ctx.world_size()) * shape.hidden * case.dtype.size_bytes() as usize, "ep_y")?;
+            let combine = case.variant.ends_with("combine");
             return Ok(Box::new(HtRank {
                 op,
                 bufs,
-                combine: case.variant.ends_with("combine"),
+                scale: if combine { Some(compile_expert_scale(ctx, case.dtype, true)?) } else { None },
+                combine,
                 x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
                 topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
                 weights: upload(ctx, "ep_weights", &inputs[2], DType::F32)?,
@@ -255,10 +257,12 @@ impl Operation for EpCase {
         let bufs = op.buffers(ctx, shape)?;
         let el = shape.experts / ctx.world_size();
         let y = ctx.alloc(el * ctx.world_size() * shape.t_max * shape.hidden * case.dtype.size_bytes() as usize, "ep_y")?;
+        let combine = case.variant.starts_with("combine");
         Ok(Box::new(EpRank {
             op,
             bufs,
-            combine: case.variant.starts_with("combine"),
+            scale: if combine { Some(compile_expert_scale(ctx, case.dtype, false)?) } else { None },
+            combine,
             part: if case.variant.ends_with("-split") { None } else { Some(Part::Whole) },
             x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
             topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
@@ -413,11 +417,20 @@ impl Benchmark for EpCase {
     }
 }
 
+/// The test's experts compiled at set-up: a first compile inside a call would load the module
+/// while this rank's dispatch is already running (the world keeps that safe, but a call's time
+/// should not include a compile).
+fn compile_expert_scale(ctx: &dyn RankCtx, d: DType, ht: bool) -> Result<Artifact, BackendError> {
+    ctx.compile(&format!("ep_test_expert_scale_{d}_{ht}"), &|| expert_scale(d, ht))
+}
+
 /// A rank's all-to-all: dispatch (and the test's experts and combine), in one launch per
 /// operation (`part` Whole) or as send and receive launches (`None`).
 struct EpRank {
     op: LowLatencyAllToAll,
     bufs: EpBuffers,
+    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`).
+    scale: Option<Artifact>,
     combine: bool,
     part: Option<Part>,
     x: Buffer,
@@ -452,12 +465,11 @@ impl RankOp for EpRank {
         for p in self.parts() {
             self.op.dispatch(ctx, &mut self.bufs, &self.x, &self.topk, self.tokens, p)?;
         }
-        if !self.combine {
+        let Some(scale) = &self.scale else {
             return Ok(());
-        }
-        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        };
+        let (shape, w) = (self.bufs.shape, ctx.world_size());
         let el = shape.experts / w;
-        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}_false"), &|| expert_scale(d, false))?;
         let args = [
             self.bufs.recv.arg(),
             self.bufs.recv_count.arg(),
@@ -466,7 +478,7 @@ impl RankOp for EpRank {
             KernelArg::i32(shape.hidden as i32),
             KernelArg::i32((ctx.rank() * el) as i32),
         ];
-        ctx.launch(0, &scale, [el as u32, 1, 1], &args)?;
+        ctx.launch(0, scale, [el as u32, 1, 1], &args)?;
         for p in self.parts() {
             self.op.combine(ctx, &mut self.bufs, &self.y, &self.topk, &self.weights, self.tokens, p)?;
         }
@@ -517,6 +529,8 @@ impl RankOp for EpRank {
 struct HtRank {
     op: HighThroughputAllToAll,
     bufs: HtBuffers,
+    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`).
+    scale: Option<Artifact>,
     combine: bool,
     x: Buffer,
     topk: Buffer,
@@ -538,12 +552,11 @@ impl RankOp for HtRank {
 
     fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
         self.op.dispatch(ctx, &mut self.bufs, &self.x, &self.topk, &self.weights, self.tokens)?;
-        if !self.combine {
+        let Some(scale) = &self.scale else {
             return Ok(());
-        }
-        let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
+        };
+        let (shape, w) = (self.bufs.shape, ctx.world_size());
         let el = shape.experts / w;
-        let scale = ctx.compile(&format!("ep_test_expert_scale_{d}_true"), &|| expert_scale(d, true))?;
         let args = [
             self.bufs.recv.arg(),
             self.bufs.offs.arg(),
@@ -552,7 +565,7 @@ impl RankOp for HtRank {
             KernelArg::i32(shape.hidden as i32),
             KernelArg::i32((ctx.rank() * el) as i32),
         ];
-        ctx.launch(0, &scale, [el as u32, 1, 1], &args)?;
+        ctx.launch(0, scale, [el as u32, 1, 1], &args)?;
         self.op.combine(ctx, &mut self.bufs, &self.y, self.tokens)
     }
 
