@@ -376,6 +376,19 @@ impl CudaDevice {
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| driver_err("cuCtxSetCurrent", e))
     }
 
+    /// Waits for the legacy default stream, where `cuMemsetD8` and `cuMemcpyHtoD` run: for
+    /// device memory `cuMemsetD8` returns before the memory is set, and a pageable
+    /// `cuMemcpyHtoD` may return before its DMA lands. Neither is ordered with the worlds'
+    /// non-blocking streams, so a rank's zeroed signal words could be zeroed only after a
+    /// peer's kernel, launched after the host barrier that follows, had already signalled
+    /// them (the expert-parallel combine cases timed out in the loopback world of 4 and 8
+    /// ranks on the H100, 2026-12-05: "seen 0"). This waits for nothing on those streams.
+    fn drain_legacy(buffer: &Buffer, what: &str) -> Result<(), BackendError> {
+        // SAFETY: the null stream is the context's legacy default stream, always valid.
+        unsafe { result::stream::synchronize(std::ptr::null_mut()) }
+            .map_err(|e| Self::buffer_err(buffer, &format!("cuStreamSynchronize after {what}"), e))
+    }
+
     fn buffer_err(buffer: &Buffer, what: &str, e: result::DriverError) -> BackendError {
         BackendError::Buffer { buffer: buffer.name.clone(), message: format!("{what}: {e:?}") }
     }
@@ -629,7 +642,8 @@ impl Device for CudaDevice {
         self.current()?;
         // SAFETY: the range was checked against the allocation.
         unsafe { result::memcpy_htod_sync(buffer.address + offset as u64, data) }
-            .map_err(|e| Self::buffer_err(buffer, "cuMemcpyHtoD", e))
+            .map_err(|e| Self::buffer_err(buffer, "cuMemcpyHtoD", e))?;
+        Self::drain_legacy(buffer, "cuMemcpyHtoD")
     }
 
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
@@ -644,8 +658,9 @@ impl Device for CudaDevice {
         if let [byte] = pattern {
             self.current()?;
             // SAFETY: the whole allocation of `buffer`.
-            return unsafe { result::memset_d8_sync(buffer.address, *byte, buffer.bytes) }
-                .map_err(|e| Self::buffer_err(buffer, "cuMemsetD8", e));
+            unsafe { result::memset_d8_sync(buffer.address, *byte, buffer.bytes) }
+                .map_err(|e| Self::buffer_err(buffer, "cuMemsetD8", e))?;
+            return Self::drain_legacy(buffer, "cuMemsetD8");
         }
         self.write(buffer, 0, &trident_core::backend::fill_bytes(buffer, pattern)?)
     }
