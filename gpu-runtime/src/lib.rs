@@ -22,6 +22,7 @@ pub mod barrier;
 pub mod diagnostics;
 pub mod discovery;
 pub mod driver;
+pub mod first_launch;
 pub mod health;
 pub mod hidden;
 mod host_calls;

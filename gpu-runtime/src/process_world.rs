@@ -104,6 +104,7 @@ impl<D: Driver> ProcessWorld<D> {
             owned,
             calls: HostCalls::new(1),
             sync: HostSync::Processes(Mutex::new(rendezvous)),
+            first_launches: crate::first_launch::FirstLaunches::default(),
         };
         Ok(ProcessWorld { shared: Arc::new(shared), rank, provider: heap.provider })
     }

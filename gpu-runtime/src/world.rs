@@ -22,10 +22,11 @@
 use crate::barrier::HostBarrier;
 use crate::diagnostics::wait_error;
 use crate::driver::{Driver, RawStream};
+use crate::first_launch::{FirstLaunches, FIRST_LAUNCH_MEET};
 use crate::host_calls::HostCalls;
 use crate::queues::check_queues;
 use crate::watchdog::{self, StreamWait};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,6 +123,9 @@ pub(crate) struct Shared<D: Driver> {
     /// The driver call each local rank is in (`crate::host_calls`).
     pub(crate) calls: HostCalls,
     pub(crate) sync: HostSync,
+    /// Where ranks sharing a device meet before each kernel's first launch
+    /// (`crate::first_launch`).
+    pub(crate) first_launches: FirstLaunches,
 }
 
 /// How the hosts of a world meet: threads at a barrier that a failing rank breaks, or
@@ -337,6 +341,7 @@ impl GpuWorld {
             kernels: Mutex::new(HashMap::new()),
             sharing: (0..n).map(|r| (0..n).filter(|q| q % nd == r % nd).count() as u32).collect(),
             sync: HostSync::Threads(HostBarrier::new(n)),
+            first_launches: FirstLaunches::default(),
             calls: HostCalls::new(n),
             owned: made,
         });
@@ -437,6 +442,8 @@ pub(crate) struct GpuRank<D: Driver> {
     pub(crate) shared: Arc<Shared<D>>,
     rank: usize,
     compiled: Mutex<HashMap<String, Artifact>>,
+    /// The kernels this rank has launched (`crate::first_launch`).
+    launched: Mutex<HashSet<String>>,
     /// Stream waits enqueued since the last `synchronize`.
     pending: Mutex<Vec<StreamWait>>,
     /// What each stream was given since the last `synchronize`.
@@ -462,6 +469,7 @@ impl<D: Driver> GpuRank<D> {
             shared,
             rank,
             compiled: Mutex::new(HashMap::new()),
+            launched: Mutex::new(HashSet::new()),
             pending: Mutex::new(Vec::new()),
             enqueued: Mutex::new((0..streams).map(|_| Enqueued::default()).collect()),
             private: Mutex::new(Vec::new()),
@@ -722,6 +730,15 @@ impl<D: Driver> RankCtx for GpuRank<D> {
             wait_bound: sh.opts.wait_bound,
             barrier: words,
         };
+        // Ranks sharing a device meet before each kernel's first launch (threads only: a
+        // process's context is its own).
+        if sh.sharing[here] > 1
+            && matches!(sh.sync, HostSync::Threads(_))
+            && self.launched.lock().unwrap_or_else(|e| e.into_inner()).insert(kernel.kernel.clone())
+        {
+            let key = format!("{}/{}", r % sh.devices.len(), kernel.kernel);
+            sh.first_launches.meet(&key, sh.sharing[here] as usize, FIRST_LAUNCH_MEET);
+        }
         let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
         self.call(
             || format!("launch of {what} on stream {stream}"),

@@ -117,7 +117,8 @@ impl Node {
         q.ops.values().flatten().all(|(s, _)| stream.is_some_and(|x| x != *s))
     }
 
-    /// The scripted kernels: `store_rank` writes its rank at `args[0]`; `times_out` leaves the
+    /// The scripted kernels: `store_rank` writes its rank at `args[0]`; `noop_*` do nothing;
+    /// `times_out` leaves the
     /// record of a wait on the word at `args[0]` that timed out, as the lowered wait does;
     /// `spin_forever` never ends.
     fn run_kernel(&self, name: &str, args: &[KernelArg], hidden: &HiddenArgs) {
@@ -134,6 +135,7 @@ impl Node {
                     self.set_word(diag_addr + 8 * i as u64, w);
                 }
             }
+            n if n.starts_with("noop_") => {}
             other => panic!("no script for kernel {other}"),
         }
     }
@@ -387,6 +389,52 @@ fn heaps_table_hidden_arguments_and_load_before_launch() {
     }
     // Everything the world allocated was freed.
     assert!(node.mem.lock().unwrap().is_empty());
+}
+
+/// Ranks sharing a device meet before each kernel's first launch (`first_launch`): a slow
+/// rank's launch of the waiting kernel comes before any rank's first launch of the kernel that
+/// the others enqueue right behind theirs; launches after the first do not meet, and a kernel
+/// only some ranks launch costs them the bound only.
+#[test]
+fn ranks_sharing_a_device_meet_before_each_kernels_first_launch() {
+    let _serial = serial();
+    trident_backend_cpu::link();
+    let (node, devs) = node_devices(1, false);
+    let t = std::time::Instant::now();
+    GpuWorld::run(devs, opts(4), |ctx| {
+        let a = ctx.symm_alloc(8, "a")?;
+        let (waits, next, alone) = (
+            ctx.compile("w", &kernel("noop_waits"))?,
+            ctx.compile("n", &kernel("noop_next"))?,
+            ctx.compile("a", &kernel("noop_alone"))?,
+        );
+        for _ in 0..2 {
+            if ctx.rank() == 3 {
+                std::thread::sleep(Duration::from_millis(30));
+            }
+            ctx.launch(0, &waits, [1, 1, 1], &[a.arg()])?;
+            ctx.launch(0, &next, [1, 1, 1], &[a.arg()])?;
+        }
+        if ctx.rank() == 0 {
+            ctx.launch(0, &alone, [1, 1, 1], &[a.arg()])?;
+        }
+        ctx.synchronize()
+    })
+    .unwrap();
+    let log = node.log.lock().unwrap().clone();
+    let at = |name: &str| -> Vec<usize> {
+        log.iter().enumerate().filter(|(_, l)| l.starts_with(&format!("launch noop_{name} "))).map(|(i, _)| i).collect()
+    };
+    let (waits, next) = (at("waits"), at("next"));
+    assert_eq!((waits.len(), next.len(), at("alone").len()), (8, 8, 1));
+    let (mut first_waits, mut first_next) = (waits.clone(), next.clone());
+    first_waits.sort();
+    first_next.sort();
+    // The first four launches of each: every `waits` before any `next`.
+    assert!(first_waits[3] < first_next[0], "{log:?}");
+    // The second round does not meet: rank 3's sleep lets the others' `next` go before its `waits`.
+    assert!(waits[7] > next[4], "{log:?}");
+    assert!(t.elapsed() >= trident_gpu_runtime::first_launch::FIRST_LAUNCH_MEET, "the lone launch waited its bound");
 }
 
 /// `symm_alloc` is collective: a peer's write right after its own allocation is never wiped by
