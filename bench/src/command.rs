@@ -796,6 +796,12 @@ fn scaled_gemm(
                 push(narrow.with_pingpong());
             }
         }
+        // Small M: 128 x 128 tiles leave most SMs idle (56 tiles at N = 7168), so narrower
+        // tiles with the producer warp and the persistent loop: 128 x 64 and 64 x 128.
+        if m <= 256 && scaling != Scaling::Block && !promote {
+            push(ScaledGemm { block_n: 64, stages: 6, ..op });
+            push(ScaledGemm { block_m: 64, warps: 4, block_n: 128, stages: 6, ..op });
+        }
         // Split-K for small M (the tiles alone leave SMs idle): 2 and 4 splits.
         if m <= 1024 && scaling != Scaling::Block && !promote {
             push(ScaledGemm { splits: 2, ..plain });

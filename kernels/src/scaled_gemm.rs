@@ -177,11 +177,13 @@ impl ScaledGemm {
 
     /// [`ScaledGemm::for_target`] for a problem of `m` rows, with each K block's product added
     /// in f32 when `promote`: tensor and row scaling without the promotion (whose second
-    /// accumulator does not fit beside a wide one) above 256 rows on 128 x 256 tiles with 3
-    /// stages (on an H100, `results/h100-issue27/c0bce89`: 0.111 against 0.116 ms at 4096^3
-    /// and 0.848 against 1.031 ms at 8192^3 for tensor scaling, 0.114 against 0.125 and 0.845
-    /// against 1.041 for row scaling), 128 x 128 below (0.036 against 0.052 ms at M = 128,
-    /// N = K = 7168).
+    /// accumulator does not fit beside a wide one) above 256 rows on 128 x 256 tiles (on an
+    /// H100, `results/h100-issue27/c0bce89`: 0.111 against 0.116 ms at 4096^3 and 0.848
+    /// against 1.031 ms at 8192^3 for tensor scaling, 0.114 against 0.125 and 0.845 against
+    /// 1.041 for row scaling) over 4 stages (`results/h100-session41/7175555/i27`, row
+    /// scaling: 0.102 against 0.111 ms over 3 at 4096^3, 0.732 against 0.780 at 8192^3, where
+    /// `torch._scaled_mm` took 0.102 and 0.826), 128 x 128 below (0.036 against 0.052 ms at
+    /// M = 128, N = K = 7168).
     pub fn for_problem(
         dtype: DType,
         scaling: Scaling,
@@ -191,7 +193,7 @@ impl ScaledGemm {
     ) -> ScaledGemm {
         let g = ScaledGemm { promote, ..ScaledGemm::for_target(dtype, scaling, target) };
         match g.descriptors && scaling != Scaling::Block && !promote && m > 256 {
-            true => ScaledGemm { block_n: 256, stages: 3, ..g },
+            true => ScaledGemm { block_n: 256, stages: 4, ..g },
             false => g,
         }
     }

@@ -198,12 +198,17 @@ fn the_descriptor_form_runs_wgmma_on_fp8() {
     let relayouts: Vec<u32> = k.shared_objects.iter().filter(|o| o.name == "relayout").map(|o| o.bytes).collect();
     assert!(!relayouts.is_empty() && relayouts.iter().all(|&b| b == 2 * 512), "{relayouts:?}");
     check(&pingpong, &l, (520, 392, 272), &mut rng);
-    // `for_problem`'s wide tiles above 256 rows (128 x 256, 3 stages), not with a promotion.
+    // `for_problem`'s wide tiles above 256 rows (128 x 256, 4 stages), not with a promotion.
     let wide = ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, false);
-    assert_eq!((wide.block_n, wide.stages), (256, 3));
+    assert_eq!((wide.block_n, wide.stages), (256, 4));
     assert_eq!(ScaledGemm::for_problem(DType::F8E5M2, Scaling::Tensor, Some(sm90a), 300, true).block_n, 128);
     assert_eq!(ScaledGemm::for_problem(DType::F8E5M2, Scaling::Row, Some(sm90a), 256, false).block_n, 128);
     check(&wide, &l, (300, 520, 272), &mut rng);
+    // The benchmark's small-M tiles: 128 x 64 and 64 x 128 over 6 stages, producer warp and
+    // persistent loop.
+    let row = ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a));
+    check(&ScaledGemm { block_n: 64, stages: 6, ..row }, &l, (130, 200, 272), &mut rng);
+    check(&ScaledGemm { block_m: 64, warps: 4, block_n: 128, stages: 6, ..row }, &l, (130, 200, 272), &mut rng);
     // K steps of 256 bytes: two swizzle atoms along K in each stage.
     let wide =
         ScaledGemm { block_k: 256, stages: 2, ..ScaledGemm::for_target(DType::F8E4M3FN, Scaling::Row, Some(sm90a)) };

@@ -2,7 +2,8 @@
 //! B FP8 and K-major, the scales f32. Its cases are the bf16 ones (the output type); the
 //! variant names the FP8 format and the scaling (`-promoted`, `-split`: split-K, `-256`: 256 x 128
 //! tiles, two `wgmma` row bands per warpgroup where the target has `wgmma`, else `for_target`'s;
-//! `-pingpong`: consumer ping-pong there). The reference sums each 128 of K in f64 and
+//! `-pingpong`: consumer ping-pong there; `-wide`: `ScaledGemm::for_problem`'s tiles for many
+//! rows, 128 x 256 over 4 stages, where the target has TMA and `wgmma`). The reference sums each 128 of K in f64 and
 //! applies that block's scales, as the kernel's definition says.
 
 use crate::host::{random, round_to};
@@ -35,7 +36,7 @@ impl Operation for ScaledGemmCase {
     /// Only at bf16, its output type.
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         if dtype == DType::BF16 {
-            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split", "e4m3-row-256", "e5m2-row-pingpong"]
+            &["e4m3-block", "e4m3-row", "e5m2-tensor", "e5m2-block", "e4m3-row-promoted", "e4m3-row-split", "e5m2-tensor-split", "e4m3-row-256", "e5m2-row-pingpong", "e4m3-row-wide"]
         } else {
             &[]
         }
@@ -99,6 +100,9 @@ impl Operation for ScaledGemmCase {
             true => ScaledGemm { block_m: 256, block_n: 128, warps: 8, stages: 3, ..op },
             false => op,
         };
+        // `-wide`: what `for_problem` picks for many rows (128 x 256 tiles over 4 stages).
+        let wide = case.variant.ends_with("-wide") && l.gpu_target().is_some_and(|t| t.has_tma_wgmma());
+        let op = if wide { ScaledGemm::for_problem(d, scaling, l.gpu_target(), usize::MAX, false) } else { op };
         // `-pingpong`: two groups of 4 consumer warps taking 128 x 128 tiles in turn.
         let pingpong = case.variant.ends_with("-pingpong") && l.gpu_target().is_some_and(|t| t.has_tma_wgmma());
         let op = if pingpong { op.with_pingpong() } else { op };
