@@ -6,7 +6,9 @@
 use half::bf16;
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
+use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
+use trident_core::world::RankCtx;
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 
 const ROUNDS: usize = 10;
@@ -34,6 +36,83 @@ fn bytes<T: Copy>(v: &[T], f: impl Fn(T) -> Vec<u8>) -> Vec<u8> {
     v.iter().flat_map(|&x| f(x)).collect()
 }
 
+/// One round's buffers on a rank: its inputs uploaded, and where its results are copied.
+struct RoundBufs {
+    tokens: usize,
+    x: Buffer,
+    topk: Buffer,
+    weights: Buffer,
+    out: Buffer,
+    /// Per local expert: the count (low latency) or the segment's end (high throughput).
+    counts: Buffer,
+}
+
+/// Every round's inputs of this rank uploaded, with room for its results.
+fn upload_rounds(ctx: &dyn RankCtx, shape: EpShape) -> Result<Vec<RoundBufs>, BackendError> {
+    let (h, el) = (shape.hidden, shape.experts / ctx.world_size());
+    (0..ROUNDS)
+        .map(|c| {
+            let (tokens, topk, weights, x) = round(ctx.rank(), c, shape);
+            let up = |name: &str, data: Vec<u8>| -> Result<Buffer, BackendError> {
+                let b = ctx.alloc(data.len(), name)?;
+                ctx.write(&b, 0, &data)?;
+                Ok(b)
+            };
+            Ok(RoundBufs {
+                tokens,
+                x: up("x", bytes(&x, |v| bf16::from_f32(v).to_le_bytes().to_vec()))?,
+                topk: up("topk", bytes(&topk, |v| v.to_le_bytes().to_vec()))?,
+                weights: up("weights", bytes(&weights, |v| v.to_le_bytes().to_vec()))?,
+                out: ctx.alloc(tokens * h * 2, "out")?,
+                counts: ctx.alloc(el * 4, "counts")?,
+            })
+        })
+        .collect()
+}
+
+/// A round's results as copied: the combined rows and the per-expert counts (or ends).
+type RoundResult = (Vec<f32>, Vec<i32>);
+
+/// Every round's results as copied.
+fn read_rounds(ctx: &dyn RankCtx, rounds: &[RoundBufs], shape: EpShape) -> Result<Vec<RoundResult>, BackendError> {
+    let (h, el) = (shape.hidden, shape.experts / ctx.world_size());
+    rounds
+        .iter()
+        .map(|rb| {
+            let mut o = vec![0u8; rb.tokens * h * 2];
+            ctx.read(&rb.out, 0, &mut o)?;
+            let mut n = vec![0u8; el * 4];
+            ctx.read(&rb.counts, 0, &mut n)?;
+            let o = o.chunks(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
+            let n = n.chunks(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            Ok((o, n))
+        })
+        .collect()
+}
+
+/// The (token, expert) pairs every rank routed to local expert `l` of rank `r` in round `c`.
+fn routed(r: usize, l: usize, c: usize, shape: EpShape, world: usize) -> usize {
+    let e = (r * (shape.experts / world) + l) as i32;
+    (0..world).map(|s| round(s, c, shape).1.iter().filter(|&&x| x == e).count()).sum()
+}
+
+/// Round `c`'s combined rows on rank `r`: each token's row times its weights' sum (the test's
+/// experts are the identity), within `tol` relative.
+fn check_sums(out: &[f32], r: usize, c: usize, shape: EpShape, tol: f64, what: &str) {
+    let (k, h) = (shape.top_k, shape.hidden);
+    let (tokens, topk, weights, x) = round(r, c, shape);
+    for t in 0..tokens {
+        let w: f64 = (0..k).filter(|&j| topk[t * k + j] >= 0).map(|j| weights[t * k + j] as f64).sum();
+        for i in 0..h {
+            let (want, got) = (w * x[t * h + i] as f64, out[t * h + i] as f64);
+            assert!(
+                (got - want).abs() <= tol * want.abs().max(1e-3),
+                "{what}, rank {r}, round {c}, token {t}, column {i}: {got} where {want}"
+            );
+        }
+    }
+}
+
 #[test]
 fn ten_rounds_back_to_back_never_read_an_earlier_round() {
     for (world, part) in [(3, Part::Whole), (4, Part::Send)] {
@@ -41,79 +120,45 @@ fn ten_rounds_back_to_back_never_read_an_earlier_round() {
         let run = CpuWorld::run(WorldOptions::new(world, 11), move |ctx| {
             let op = LowLatencyAllToAll::new(DType::BF16);
             let mut bufs = op.buffers(ctx, shape)?;
-            let (r, el, h) = (ctx.rank(), shape.experts / world, shape.hidden);
-            let mut rounds = Vec::new();
-            for c in 0..ROUNDS {
-                let (tokens, topk, weights, x) = round(r, c, shape);
-                let xb = ctx.alloc(tokens * h * 2, "x")?;
-                ctx.write(&xb, 0, &bytes(&x, |v| bf16::from_f32(v).to_le_bytes().to_vec()))?;
-                let tb = ctx.alloc(topk.len() * 4, "topk")?;
-                ctx.write(&tb, 0, &bytes(&topk, |v| v.to_le_bytes().to_vec()))?;
-                let wb = ctx.alloc(weights.len() * 4, "weights")?;
-                ctx.write(&wb, 0, &bytes(&weights, |v| v.to_le_bytes().to_vec()))?;
-                let out = ctx.alloc(tokens * h * 2, "out")?;
-                let counts = ctx.alloc(el * 4, "counts")?;
-                rounds.push((tokens, xb, tb, wb, out, counts));
-            }
+            let el = shape.experts / world;
+            let rounds = upload_rounds(ctx, shape)?;
             ctx.barrier()?;
             // Every round enqueued at once: dispatch, the experts (identity: `recv` is `y`),
             // combine, then its results copied away on the stream.
             let parts = if part == Part::Whole { vec![Part::Whole] } else { vec![Part::Send, Part::Recv] };
-            for (tokens, xb, tb, wb, out, counts) in &rounds {
+            for rb in &rounds {
                 for &p in &parts {
-                    op.dispatch(ctx, &mut bufs, xb, tb, *tokens, p)?;
+                    op.dispatch(ctx, &mut bufs, &rb.x, &rb.topk, rb.tokens, p)?;
                 }
-                ctx.copy(0, counts, 0, &bufs.recv_count, 0, el * 4)?;
+                ctx.copy(0, &rb.counts, 0, &bufs.recv_count, 0, el * 4)?;
                 let recv = bufs.recv.clone();
                 for &p in &parts {
-                    op.combine(ctx, &mut bufs, &recv, tb, wb, *tokens, p)?;
+                    op.combine(ctx, &mut bufs, &recv, &rb.topk, &rb.weights, rb.tokens, p)?;
                 }
-                ctx.copy(0, out, 0, &bufs.out, 0, tokens * h * 2)?;
+                ctx.copy(0, &rb.out, 0, &bufs.out, 0, rb.tokens * shape.hidden * 2)?;
             }
             ctx.synchronize()?;
             ctx.barrier()?;
-            let mut got = Vec::new();
-            for (tokens, _, _, _, out, counts) in &rounds {
-                let mut o = vec![0u8; tokens * h * 2];
-                ctx.read(out, 0, &mut o)?;
-                let mut n = vec![0u8; el * 4];
-                ctx.read(counts, 0, &mut n)?;
-                let o: Vec<f32> = o.chunks(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
-                let n: Vec<i32> = n.chunks(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-                got.push((o, n));
-            }
-            Ok(got)
+            read_rounds(ctx, &rounds, shape)
         })
         .unwrap();
-        let (k, h, el) = (shape.top_k, shape.hidden, shape.experts / world);
         for (r, got) in run.results.iter().enumerate() {
             for (c, (out, counts)) in got.iter().enumerate() {
-                // Counts: the pairs every rank routed to this rank's experts in this round.
                 for (l, &n) in counts.iter().enumerate() {
-                    let want: usize = (0..world)
-                        .map(|s| round(s, c, shape).1.iter().filter(|&&e| e == (r * el + l) as i32).count())
-                        .sum();
-                    assert_eq!(n as usize, want, "world {world}, rank {r}, round {c}, local expert {l}");
+                    assert_eq!(
+                        n as usize,
+                        routed(r, l, c, shape, world),
+                        "world {world}, rank {r}, round {c}, local expert {l}"
+                    );
                 }
-                let (tokens, topk, weights, x) = round(r, c, shape);
-                for t in 0..tokens {
-                    let w: f64 = (0..k).filter(|&j| topk[t * k + j] >= 0).map(|j| weights[t * k + j] as f64).sum();
-                    for i in 0..h {
-                        let want = w * x[t * h + i] as f64;
-                        let got = out[t * h + i] as f64;
-                        assert!(
-                            (got - want).abs() <= 1e-2 * want.abs().max(1e-3),
-                            "world {world}, rank {r}, round {c}, token {t}, column {i}: {got} where {want}"
-                        );
-                    }
-                }
+                check_sums(out, r, c, shape, 1e-2, &format!("world {world}"));
             }
         }
     }
 }
 
-/// The high-throughput form over the same ten rounds: each round's segment sizes (from `offs`)
-/// and sums, copied on the stream before the next round.
+/// The high-throughput form over the same ten rounds: each round's segment ends (`offs`) and
+/// sums, copied on the stream before the next round.
 #[test]
 fn high_throughput_rounds_back_to_back_never_read_an_earlier_round() {
     use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
@@ -122,63 +167,30 @@ fn high_throughput_rounds_back_to_back_never_read_an_earlier_round() {
     let run = CpuWorld::run(WorldOptions::new(world, 12), move |ctx| {
         let op = HighThroughputAllToAll::new(DType::BF16);
         let mut bufs = op.buffers(ctx, shape)?;
-        let (r, el, h) = (ctx.rank(), shape.experts / world, shape.hidden);
-        let mut rounds = Vec::new();
-        for c in 0..ROUNDS {
-            let (tokens, topk, weights, x) = round(r, c, shape);
-            let xb = ctx.alloc(tokens * h * 2, "x")?;
-            ctx.write(&xb, 0, &bytes(&x, |v| bf16::from_f32(v).to_le_bytes().to_vec()))?;
-            let tb = ctx.alloc(topk.len() * 4, "topk")?;
-            ctx.write(&tb, 0, &bytes(&topk, |v| v.to_le_bytes().to_vec()))?;
-            let wb = ctx.alloc(weights.len() * 4, "weights")?;
-            ctx.write(&wb, 0, &bytes(&weights, |v| v.to_le_bytes().to_vec()))?;
-            rounds.push((tokens, xb, tb, wb, ctx.alloc(tokens * h * 2, "out")?, ctx.alloc(el * 4, "offs")?));
-        }
+        let el = shape.experts / world;
+        let rounds = upload_rounds(ctx, shape)?;
         ctx.barrier()?;
-        for (tokens, xb, tb, wb, out, offs) in &rounds {
-            op.dispatch(ctx, &mut bufs, xb, tb, wb, *tokens)?;
-            ctx.copy(0, offs, 0, &bufs.offs, 0, el * 4)?;
+        for rb in &rounds {
+            op.dispatch(ctx, &mut bufs, &rb.x, &rb.topk, &rb.weights, rb.tokens)?;
+            ctx.copy(0, &rb.counts, 0, &bufs.offs, 0, el * 4)?;
             let recv = bufs.recv.clone();
-            op.combine(ctx, &mut bufs, &recv, *tokens)?;
-            ctx.copy(0, out, 0, &bufs.out, 0, tokens * h * 2)?;
+            op.combine(ctx, &mut bufs, &recv, rb.tokens)?;
+            ctx.copy(0, &rb.out, 0, &bufs.out, 0, rb.tokens * shape.hidden * 2)?;
         }
         ctx.synchronize()?;
         ctx.barrier()?;
-        let mut got = Vec::new();
-        for (tokens, _, _, _, out, offs) in &rounds {
-            let mut o = vec![0u8; tokens * h * 2];
-            ctx.read(out, 0, &mut o)?;
-            let mut n = vec![0u8; el * 4];
-            ctx.read(offs, 0, &mut n)?;
-            let o: Vec<f32> = o.chunks(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect();
-            let n: Vec<i32> = n.chunks(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            got.push((o, n));
-        }
-        Ok(got)
+        read_rounds(ctx, &rounds, shape)
     })
     .unwrap();
-    let (k, h, el) = (shape.top_k, shape.hidden, shape.experts / world);
     for (r, got) in run.results.iter().enumerate() {
         for (c, (out, offs)) in got.iter().enumerate() {
             let mut end = 0;
             for (l, &o) in offs.iter().enumerate() {
-                end += (0..world)
-                    .map(|s| round(s, c, shape).1.iter().filter(|&&e| e == (r * el + l) as i32).count())
-                    .sum::<usize>();
+                end += routed(r, l, c, shape, world);
                 assert_eq!(o as usize, end, "rank {r}, round {c}, local expert {l}");
             }
-            let (tokens, topk, weights, x) = round(r, c, shape);
-            for t in 0..tokens {
-                let w: f64 = (0..k).filter(|&j| topk[t * k + j] >= 0).map(|j| weights[t * k + j] as f64).sum();
-                for i in 0..h {
-                    let (want, got) = (w * x[t * h + i] as f64, out[t * h + i] as f64);
-                    // Partial sums per rank are rounded to bf16 before the total.
-                    assert!(
-                        (got - want).abs() <= 2e-2 * want.abs().max(1e-3),
-                        "rank {r}, round {c}, token {t}: {got} where {want}"
-                    );
-                }
-            }
+            // Partial sums per rank are rounded to bf16 before the total.
+            check_sums(out, r, c, shape, 2e-2, "high throughput");
         }
     }
 }

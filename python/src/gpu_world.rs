@@ -100,6 +100,14 @@ fn tensor(name: &str, address: u64, bytes: usize) -> Buffer {
     Buffer { name: name.to_string(), address, bytes }
 }
 
+/// Puts `with` (the caller's tensors) in an operation's buffer `places` for one call, so that
+/// its kernels write the results there; returns what the places held, which the same call with
+/// them puts back.
+fn lend<const N: usize>(places: [&mut Buffer; N], with: [Buffer; N]) -> [Buffer; N] {
+    let mut with = with.into_iter();
+    places.map(|p| std::mem::replace(p, with.next().expect("one buffer per place")))
+}
+
 impl GpuWorld {
     /// Runs `f` on the session's context, between ordering after `stream` and ordering it
     /// after (see the file's comment).
@@ -257,9 +265,9 @@ impl GpuWorld {
             let op = ReduceScatter::new(d, ScatterAlgorithm::Ring);
             let bufs = state(ops, format!("reduce_scatter/{d}/{chunk}"), || op.buffers(ctx, chunk))?;
             // The result is this rank's own (only its kernel writes it): the caller's tensor.
-            let own = std::mem::replace(&mut bufs.out, tensor("out", out, chunk * es));
+            let own = lend([&mut bufs.out], [tensor("out", out, chunk * es)]);
             let r = op.enqueue(ctx, bufs, &tensor("x", x, n * es));
-            bufs.out = own;
+            lend([&mut bufs.out], own);
             r
         })
     }
@@ -360,13 +368,9 @@ impl GpuWorld {
                 tensor("recv_src", recv_src, bufs.recv_src.bytes),
                 tensor("layout", layout, bufs.layout.bytes),
             ];
-            let [a, b, c, e, f] = mine;
-            let own = (
-                std::mem::replace(&mut bufs.recv, a),
-                std::mem::replace(&mut bufs.recv_scales, b),
-                std::mem::replace(&mut bufs.recv_count, c),
-                std::mem::replace(&mut bufs.recv_src, e),
-                std::mem::replace(&mut bufs.layout, f),
+            let own = lend(
+                [&mut bufs.recv, &mut bufs.recv_scales, &mut bufs.recv_count, &mut bufs.recv_src, &mut bufs.layout],
+                mine,
             );
             let es = d.size_bytes() as usize;
             let r = op.dispatch(
@@ -377,7 +381,10 @@ impl GpuWorld {
                 tokens,
                 Part::Whole,
             );
-            (bufs.recv, bufs.recv_scales, bufs.recv_count, bufs.recv_src, bufs.layout) = own;
+            lend(
+                [&mut bufs.recv, &mut bufs.recv_scales, &mut bufs.recv_count, &mut bufs.recv_src, &mut bufs.layout],
+                own,
+            );
             r
         })
     }
@@ -415,11 +422,12 @@ impl GpuWorld {
             let dispatch = if fp8 { op.fp8() } else { op };
             let bufs = state(ops, format!("ep/{d}/{fp8}/{shape:?}"), || dispatch.buffers(ctx, shape))?;
             let (src_bytes, layout_bytes) = (bufs.recv_src.bytes, bufs.layout.bytes);
-            let own = (
-                std::mem::replace(&mut bufs.recv_src, tensor("recv_src", recv_src, src_bytes)),
-                std::mem::replace(&mut bufs.layout, tensor("layout", layout, layout_bytes)),
-                std::mem::replace(&mut bufs.out, tensor("out", out, tokens * hidden * es)),
-            );
+            let mine = [
+                tensor("recv_src", recv_src, src_bytes),
+                tensor("layout", layout, layout_bytes),
+                tensor("out", out, tokens * hidden * es),
+            ];
+            let own = lend([&mut bufs.recv_src, &mut bufs.layout, &mut bufs.out], mine);
             let rows = (experts / ctx.world_size()) * ctx.world_size() * t_max * hidden * es;
             let r = op.combine(
                 ctx,
@@ -430,7 +438,7 @@ impl GpuWorld {
                 tokens,
                 Part::Whole,
             );
-            (bufs.recv_src, bufs.layout, bufs.out) = own;
+            lend([&mut bufs.recv_src, &mut bufs.layout, &mut bufs.out], own);
             r
         })
     }
@@ -466,11 +474,8 @@ impl GpuWorld {
             let op = HighThroughputAllToAll::new(d);
             let bufs = state(ops, format!("ep-ht/{d}/{shape:?}"), || op.buffers(ctx, shape))?;
             let (rb, ob, sb) = (bufs.recv.bytes, bufs.offs.bytes, bufs.recv_src.bytes);
-            let own = (
-                std::mem::replace(&mut bufs.recv, tensor("recv", recv, rb)),
-                std::mem::replace(&mut bufs.offs, tensor("offs", offs, ob)),
-                std::mem::replace(&mut bufs.recv_src, tensor("recv_src", recv_src, sb)),
-            );
+            let mine = [tensor("recv", recv, rb), tensor("offs", offs, ob), tensor("recv_src", recv_src, sb)];
+            let own = lend([&mut bufs.recv, &mut bufs.offs, &mut bufs.recv_src], mine);
             let r = op.dispatch(
                 ctx,
                 bufs,
@@ -479,7 +484,7 @@ impl GpuWorld {
                 &tensor("weights", weights, tokens * top_k * 4),
                 tokens,
             );
-            (bufs.recv, bufs.offs, bufs.recv_src) = own;
+            lend([&mut bufs.recv, &mut bufs.offs, &mut bufs.recv_src], own);
             r
         })
     }
@@ -509,9 +514,9 @@ impl GpuWorld {
             let op = HighThroughputAllToAll::new(d);
             let bufs = state(ops, format!("ep-ht/{d}/{shape:?}"), || op.buffers(ctx, shape))?;
             let rows = bufs.capacity(ctx.world_size()) * hidden * es;
-            let own = std::mem::replace(&mut bufs.out, tensor("out", out, tokens * hidden * es));
+            let own = lend([&mut bufs.out], [tensor("out", out, tokens * hidden * es)]);
             let r = op.combine(ctx, bufs, &tensor("y", y, rows), tokens);
-            bufs.out = own;
+            lend([&mut bufs.out], own);
             r
         })
     }

@@ -106,6 +106,28 @@ fn canonical(
     out
 }
 
+/// One local expert's received rows (`rows` of `recv`, `h` values each, their source codes in
+/// `codes`, with FP8 `scales` of `sb` per row first) appended in [`canonical`]'s order: the
+/// count, the codes sorted, then the rows in that order.
+fn append_expert(
+    got: &mut Vec<f64>,
+    rows: std::ops::Range<usize>,
+    codes: &[f64],
+    (recv, h): (&[f64], usize),
+    scales: Option<(&[f64], usize)>,
+) {
+    let mut idx: Vec<usize> = rows.collect();
+    idx.sort_by(|&a, &b| codes[a].total_cmp(&codes[b]));
+    got.push(idx.len() as f64);
+    got.extend(idx.iter().map(|&i| codes[i]));
+    for i in idx {
+        if let Some((s, sb)) = scales {
+            got.extend(&s[i * sb..(i + 1) * sb]);
+        }
+        got.extend(&recv[i * h..(i + 1) * h]);
+    }
+}
+
 /// The test's experts: local expert `l` of rank `r` scales its rows by `r E_local + l + 1` (so
 /// that combine's sums tell the experts apart), in the element type. Low latency: `counts[l]`
 /// rows from row `l rows`; high throughput (`ht`): rows `offs[l - 1] .. offs[l]` (`counts` is
@@ -506,16 +528,8 @@ impl RankOp for EpRank {
                 return Err(BackendError::Host(format!("rank {}: local expert {l} received {c} rows", ctx.rank())));
             }
             let first = l * rows;
-            let mut idx: Vec<usize> = (first..first + c as usize).collect();
-            idx.sort_by(|&a, &b| codes[a].total_cmp(&codes[b]));
-            got.push(c);
-            got.extend(idx.iter().map(|&i| codes[i]));
-            for i in idx {
-                if self.op.quantize {
-                    got.extend(&scales[i * sb..(i + 1) * sb]);
-                }
-                got.extend(&recv[i * h..(i + 1) * h]);
-            }
+            let scales = self.op.quantize.then_some((&scales[..], sb));
+            append_expert(&mut got, first..first + c as usize, &codes, (&recv, h), scales);
         }
         Ok(got)
     }
@@ -585,13 +599,7 @@ impl RankOp for HtRank {
             if !(start as f64..=cap as f64).contains(&end) {
                 return Err(BackendError::Host(format!("rank {}: local expert {l} ends at row {end}", ctx.rank())));
             }
-            let mut idx: Vec<usize> = (start..end as usize).collect();
-            idx.sort_by(|&a, &b| codes[a].total_cmp(&codes[b]));
-            got.push(idx.len() as f64);
-            got.extend(idx.iter().map(|&i| codes[i]));
-            for i in idx {
-                got.extend(&recv[i * h..(i + 1) * h]);
-            }
+            append_expert(&mut got, start..end as usize, &codes, (&recv, h), None);
             start = end as usize;
         }
         Ok(got)
