@@ -57,7 +57,7 @@ fn quantized(x: &[f64]) -> Vec<f64> {
 }
 
 /// Every rank's `topk [T, k]` for `routing` (see the module's text).
-fn route(t: usize, w: usize, shape: EpShape, routing: usize, rng: &mut rand::rngs::StdRng) -> Vec<Vec<i64>> {
+pub(crate) fn route(t: usize, w: usize, shape: EpShape, routing: usize, rng: &mut rand::rngs::StdRng) -> Vec<Vec<i64>> {
     let (e, k, el) = (shape.experts, shape.top_k, shape.experts / w);
     (0..w)
         .map(|_| {
