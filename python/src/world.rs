@@ -225,3 +225,60 @@ pub fn ep_round_trip(
         Ok((counts, download(ctx, &bufs.out, out_bytes)?))
     })
 }
+
+/// Expert parallelism's MoE block (`trident_kernels::moe_block`) in the CPU world: dispatch, the
+/// experts' SwiGLU MLPs (`w1s[r]` `[E_local, 2F, H]` gate/up interleaved by 128, `w2s[r]`
+/// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine. Returns each rank's `[T, H]`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn ep_moe(
+    py: Python<'_>,
+    xs: Vec<Vec<u8>>,
+    topks: Vec<Vec<u8>>,
+    weights: Vec<Vec<u8>>,
+    w1s: Vec<Vec<u8>>,
+    w2s: Vec<Vec<u8>>,
+    extents: (usize, usize, usize),
+    dtype_name: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<Vec<u8>>> {
+    use trident_kernels::ep_all_to_all::EpShape;
+    // (experts, H, F)
+    let (experts, hidden, ffn) = extents;
+    use trident_kernels::moe_block::EpMoeBlock;
+    let d = dtype(dtype_name)?;
+    let rows = elements(&xs, d, "ep_moe")?;
+    let w = xs.len();
+    if hidden == 0 || !rows.is_multiple_of(hidden) || rows == 0 {
+        return Err(errors::argument(format!("ep_moe: {rows} elements are not rows of {hidden}")));
+    }
+    let tokens = rows / hidden;
+    let pairs = elements(&topks, DType::I32, "ep_moe (topk)")?;
+    if topks.len() != w || weights.len() != w || w1s.len() != w || w2s.len() != w || !pairs.is_multiple_of(tokens) {
+        return Err(errors::argument(format!(
+            "ep_moe: {w} ranks of {tokens} tokens need one topk, weights, w1 and w2 each ({}, {}, {}, {} given)",
+            topks.len(),
+            weights.len(),
+            w1s.len(),
+            w2s.len()
+        )));
+    }
+    if elements(&weights, DType::F32, "ep_moe (weights)")? != pairs {
+        return Err(errors::argument("ep_moe: weights must be [T, k] f32 as topk".to_string()));
+    }
+    let shape = EpShape { t_max: tokens, hidden, experts, top_k: pairs / tokens };
+    let block = EpMoeBlock::new(d, ffn);
+    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let r = ctx.rank();
+        let (xs, topks, weights, w1s, w2s) = &*arrays;
+        let mut bufs = block.buffers(ctx, shape)?;
+        let (x, topk, wt) =
+            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
+        let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
+        block.enqueue(ctx, &mut bufs, &x, &topk, &wt, (&w1, &w2), tokens)?;
+        ctx.synchronize()?;
+        download(ctx, &bufs.ep.out, tokens * hidden * d.size_bytes() as usize)
+    })
+}

@@ -86,6 +86,30 @@ class CpuWorld:
         shape = np.asarray(xs[0]).shape
         return [(np.frombuffer(c, dtype=np.int32).copy(), np.frombuffer(o, dtype=dtype).reshape(shape).copy()) for c, o in raw]
 
+    def ep_moe(self, xs, topks, weights, w1s, w2s, num_experts):
+        """Expert parallelism's MoE block: rank r's tokens `xs[r]` ``[T, H]`` (float16) to
+        their experts `topks[r]` ``[T, k]`` (int32, -1 none), each expert's SwiGLU MLP (rank
+        r's experts: `w1s[r]` ``[E_local, 2F, H]``, gate and up rows interleaved in blocks of
+        128, `w2s[r]` ``[E_local, H, F]``), and back, summed with `weights[r]` ``[T, k]``
+        (float32). Returns each rank's ``[T, H]``."""
+        data, etype, dtype = self._inputs("ep_moe", xs)
+        hidden = np.asarray(xs[0]).shape[-1]
+        ffn = np.asarray(w2s[0]).shape[-1]
+        as_bytes = lambda arrays, t: [np.ascontiguousarray(a, dtype=t).tobytes() for a in arrays]
+        raw = _trident.ep_moe(
+            data,
+            as_bytes(topks, np.int32),
+            as_bytes(weights, np.float32),
+            as_bytes(w1s, dtype),
+            as_bytes(w2s, dtype),
+            (num_experts, hidden, ffn),
+            etype,
+            self.seed,
+            self.race,
+        )
+        shape = np.asarray(xs[0]).shape
+        return [np.frombuffer(o, dtype=dtype).reshape(shape).copy() for o in raw]
+
     def reduce_scatter(self, inputs, algorithm="ring"):
         """Each input holds `ranks` equal chunks; rank r's output is the sum of every rank's chunk r
         (``ring`` or ``one_shot``)."""
