@@ -11,12 +11,18 @@
 //! 4. low-latency combine: `y`'s rows back to their tokens' ranks, summed there with the
 //!    routing weights into `[T, H]`.
 //!
+//! With `high_throughput` (prefill) the exchange is [`HighThroughputAllToAll`]'s instead: each
+//! token sent once per rank, received packed per local expert (`recv [capacity, H]` with the
+//! segments' ends `offs`), which the grouped GEMMs read in their contiguous layout; combine
+//! applies the routing weights on the expert's rank and sums the partials at home.
+//!
 //! Each rank holds its own experts' weights. Rows past an expert's count are never read or
 //! written by the GEMMs (the masked layout), so the buffers need no clearing between calls.
 //! The dispatch's buffer-reuse invariant covers the block: `act` and `y` are this rank's own,
 //! written and read in stream order within the call.
 
 use crate::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part};
+use crate::ep_high_throughput::{HighThroughputAllToAll, HtBuffers};
 use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, SWIGLU_BLOCK};
 use crate::require_bytes;
 use trident_core::backend::{BackendError, Buffer};
@@ -24,28 +30,57 @@ use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 
 /// The block's meta-parameters: the element type (bf16 or f16: activations, weights and
-/// output) and the experts' intermediate size `F` (a multiple of [`SWIGLU_BLOCK`]).
+/// output), the experts' intermediate size `F` (a multiple of [`SWIGLU_BLOCK`]) and the
+/// exchange (low-latency, or high-throughput for prefill).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EpMoeBlock {
     pub dtype: DType,
     pub ffn: usize,
+    pub high_throughput: bool,
 }
 
-/// A rank's buffers of the block: the all-to-all's, and the experts' intermediate `act` and
-/// output `y` in the masked layout.
+/// The exchange's buffers.
+pub enum Exchange {
+    LowLatency(EpBuffers),
+    HighThroughput(HtBuffers),
+}
+
+/// A rank's buffers of the block: the exchange's, and the experts' intermediate `act` and
+/// output `y` in the grouped GEMMs' layout (masked, or contiguous after the high-throughput
+/// exchange).
 pub struct EpMoeBuffers {
-    pub ep: EpBuffers,
+    pub exchange: Exchange,
     pub act: Buffer,
     pub y: Buffer,
 }
 
-impl EpMoeBlock {
-    pub fn new(dtype: DType, ffn: usize) -> EpMoeBlock {
-        EpMoeBlock { dtype, ffn }
+impl EpMoeBuffers {
+    /// The block's result `[T, H]` of the last call.
+    pub fn out(&self) -> &Buffer {
+        match &self.exchange {
+            Exchange::LowLatency(b) => &b.out,
+            Exchange::HighThroughput(b) => &b.out,
+        }
     }
 
-    fn all_to_all(&self) -> LowLatencyAllToAll {
-        LowLatencyAllToAll::new(self.dtype)
+    /// Collective: the exchange's signals and epochs back to zero on every rank.
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        match &mut self.exchange {
+            Exchange::LowLatency(b) => b.rearm(ctx),
+            Exchange::HighThroughput(b) => b.rearm(ctx),
+        }
+    }
+}
+
+impl EpMoeBlock {
+    /// The low-latency block (decode).
+    pub fn new(dtype: DType, ffn: usize) -> EpMoeBlock {
+        EpMoeBlock { dtype, ffn, high_throughput: false }
+    }
+
+    /// This block with the high-throughput exchange (prefill).
+    pub fn high_throughput(self) -> EpMoeBlock {
+        EpMoeBlock { high_throughput: true, ..self }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -64,21 +99,25 @@ impl EpMoeBlock {
             )));
         }
         shape.check(ctx.world_size())?;
-        let ep = self.all_to_all().buffers(ctx, shape)?;
-        let (rows, es) = (self.rows(shape, ctx.world_size()), self.dtype.size_bytes() as usize);
+        let exchange = match self.high_throughput {
+            false => Exchange::LowLatency(LowLatencyAllToAll::new(self.dtype).buffers(ctx, shape)?),
+            true => Exchange::HighThroughput(HighThroughputAllToAll::new(self.dtype).buffers(ctx, shape)?),
+        };
+        let rows = match &exchange {
+            Exchange::LowLatency(_) => (shape.experts / ctx.world_size()) * ctx.world_size() * shape.t_max,
+            Exchange::HighThroughput(b) => b.capacity(ctx.world_size()),
+        };
+        let es = self.dtype.size_bytes() as usize;
         let act = ctx.alloc(rows * self.ffn * es, "moe_act")?;
         let y = ctx.alloc(rows * shape.hidden * es, "moe_y")?;
-        Ok(EpMoeBuffers { ep, act, y })
+        Ok(EpMoeBuffers { exchange, act, y })
     }
 
-    /// Rows of the masked layout on a rank: every local expert's capacity `W T_max`.
-    fn rows(&self, shape: EpShape, world: usize) -> usize {
-        (shape.experts / world) * world * shape.t_max
-    }
-
-    /// The two grouped GEMMs for this rank's target: gate/up with SwiGLU, and down.
+    /// The two grouped GEMMs for this rank's target and the exchange's layout: gate/up with
+    /// SwiGLU, and down.
     fn gemms(&self, ctx: &dyn RankCtx) -> (GroupedGemm, GroupedGemm) {
-        let base = GroupedGemm::for_target(self.dtype, Layout::Masked, BLayout::NK, ctx.gpu_target());
+        let layout = if self.high_throughput { Layout::Contiguous } else { Layout::Masked };
+        let base = GroupedGemm::for_target(self.dtype, layout, BLayout::NK, ctx.gpu_target());
         // The device-made schedule needs a scratch buffer; bf16 walks its groups itself.
         let base = GroupedGemm { scheduled: false, ..base };
         (base.with_epilogue(Epilogue { swiglu: true, row_weights: false }), base)
@@ -87,7 +126,7 @@ impl EpMoeBlock {
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
     /// k]` i32, -1 none) with `weights` (`[tokens, k]` f32), through this rank's experts `w1`
     /// (`[E_local, 2F, H]`, gate/up interleaved) and `w2` (`[E_local, H, F]`): the result in
-    /// `bufs.ep.out` (`[tokens, H]`), valid until the next call is enqueued.
+    /// `bufs.out()` (`[tokens, H]`), valid until the next call is enqueued.
     #[allow(clippy::too_many_arguments)]
     pub fn enqueue(
         &self,
@@ -99,26 +138,39 @@ impl EpMoeBlock {
         (w1, w2): (&Buffer, &Buffer),
         tokens: usize,
     ) -> Result<(), BackendError> {
-        let (shape, w) = (bufs.ep.shape, ctx.world_size());
+        let w = ctx.world_size();
+        let (shape, recv, groups, rows) = match &bufs.exchange {
+            Exchange::LowLatency(b) => (b.shape, b.recv.clone(), b.recv_count.clone(), w * b.shape.t_max),
+            Exchange::HighThroughput(b) => (b.shape, b.recv.clone(), b.offs.clone(), b.capacity(w)),
+        };
         let (el, h, f, es) = (shape.experts / w, shape.hidden, self.ffn, self.dtype.size_bytes() as usize);
         require_bytes(w1, el * 2 * f * h * es, "w1")?;
         require_bytes(w2, el * h * f * es, "w2")?;
-        let (up, down) = self.gemms(ctx);
         // Every kernel compiled before the first launch (the world's compiles are collective).
-        let all = self.all_to_all();
-        let capacity = w * shape.t_max;
-        let recv_count = bufs.ep.recv_count.clone();
-        let gate_up = (up, Operands::new(&bufs.ep.recv, w1, &bufs.act, &recv_count), Groups::new(el, 2 * f, h, capacity));
-        let out = (down, Operands::new(&bufs.act, w2, &bufs.y, &recv_count), Groups::new(el, h, f, capacity));
-        let gate_up = prepare(ctx, gate_up)?;
-        let out = prepare(ctx, out)?;
-        all.dispatch(ctx, &mut bufs.ep, x, topk, tokens, Part::Whole)?;
-        for (kernel, launch) in [gate_up, out].into_iter().flatten() {
-            let (grid, args) = launch;
-            ctx.launch(0, &kernel, grid, &args)?;
-        }
+        let (up, down) = self.gemms(ctx);
+        let gate_up = prepare(ctx, (up, Operands::new(&recv, w1, &bufs.act, &groups), Groups::new(el, 2 * f, h, rows)))?;
+        let out = prepare(ctx, (down, Operands::new(&bufs.act, w2, &bufs.y, &groups), Groups::new(el, h, f, rows)))?;
         let y = bufs.y.clone();
-        all.combine(ctx, &mut bufs.ep, &y, topk, weights, tokens, Part::Whole)
+        let experts = |ctx: &dyn RankCtx| -> Result<(), BackendError> {
+            for (kernel, (grid, args)) in [&gate_up, &out].into_iter().flatten() {
+                ctx.launch(0, kernel, *grid, args)?;
+            }
+            Ok(())
+        };
+        match &mut bufs.exchange {
+            Exchange::LowLatency(b) => {
+                let all = LowLatencyAllToAll::new(self.dtype);
+                all.dispatch(ctx, b, x, topk, tokens, Part::Whole)?;
+                experts(ctx)?;
+                all.combine(ctx, b, &y, topk, weights, tokens, Part::Whole)
+            }
+            Exchange::HighThroughput(b) => {
+                let all = HighThroughputAllToAll::new(self.dtype);
+                all.dispatch(ctx, b, x, topk, weights, tokens)?;
+                experts(ctx)?;
+                all.combine(ctx, b, &y, tokens)
+            }
+        }
     }
 }
 

@@ -228,7 +228,8 @@ pub fn ep_round_trip(
 
 /// Expert parallelism's MoE block (`trident_kernels::moe_block`) in the CPU world: dispatch, the
 /// experts' SwiGLU MLPs (`w1s[r]` `[E_local, 2F, H]` gate/up interleaved by 128, `w2s[r]`
-/// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine. Returns each rank's `[T, H]`.
+/// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine (`high_throughput`: the prefill
+/// exchange). Returns each rank's `[T, H]`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn ep_moe(
@@ -240,6 +241,7 @@ pub fn ep_moe(
     w2s: Vec<Vec<u8>>,
     extents: (usize, usize, usize),
     dtype_name: &str,
+    high_throughput: bool,
     seed: u64,
     race: bool,
 ) -> PyResult<Vec<Vec<u8>>> {
@@ -269,6 +271,7 @@ pub fn ep_moe(
     }
     let shape = EpShape { t_max: tokens, hidden, experts, top_k: pairs / tokens };
     let block = EpMoeBlock::new(d, ffn);
+    let block = if high_throughput { block.high_throughput() } else { block };
     let arrays = Arc::new((xs, topks, weights, w1s, w2s));
     cpu_world(py, w, seed, race, move |ctx| {
         let r = ctx.rank();
@@ -279,6 +282,6 @@ pub fn ep_moe(
         let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
         block.enqueue(ctx, &mut bufs, &x, &topk, &wt, (&w1, &w2), tokens)?;
         ctx.synchronize()?;
-        download(ctx, &bufs.ep.out, tokens * hidden * d.size_bytes() as usize)
+        download(ctx, bufs.out(), tokens * hidden * d.size_bytes() as usize)
     })
 }

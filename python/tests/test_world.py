@@ -89,7 +89,8 @@ def test_ep_round_trip(ranks, high_throughput):
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_ep_moe_block(ranks):
+@pytest.mark.parametrize("high_throughput", [False, True])
+def test_ep_moe_block(ranks, high_throughput):
     # The expert-parallel MoE block against numpy in f64: per token, the weighted sum over its
     # experts of W2 (silu(gate) * up), rounded to float16 where the block stores it.
     g = np.random.default_rng()
@@ -104,7 +105,8 @@ def test_ep_moe_block(ranks):
     weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
     w1s = [(g.uniform(-1, 1, (per_rank, 2 * ffn, hidden)) * 2 / np.sqrt(hidden)).astype(np.float16) for _ in range(ranks)]
     w2s = [(g.uniform(-1, 1, (per_rank, hidden, ffn)) * 2 / np.sqrt(ffn)).astype(np.float16) for _ in range(ranks)]
-    outs = CpuWorld(ranks, seed=int(g.integers(1 << 32))).ep_moe(xs, topks, weights, w1s, w2s, experts)
+    world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
+    outs = world.ep_moe(xs, topks, weights, w1s, w2s, experts, high_throughput=high_throughput)
 
     def expert(e, x):
         w1 = w1s[e // per_rank][e % per_rank].astype(np.float64)

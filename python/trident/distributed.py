@@ -86,12 +86,13 @@ class CpuWorld:
         shape = np.asarray(xs[0]).shape
         return [(np.frombuffer(c, dtype=np.int32).copy(), np.frombuffer(o, dtype=dtype).reshape(shape).copy()) for c, o in raw]
 
-    def ep_moe(self, xs, topks, weights, w1s, w2s, num_experts):
+    def ep_moe(self, xs, topks, weights, w1s, w2s, num_experts, high_throughput=False):
         """Expert parallelism's MoE block: rank r's tokens `xs[r]` ``[T, H]`` (float16) to
         their experts `topks[r]` ``[T, k]`` (int32, -1 none), each expert's SwiGLU MLP (rank
         r's experts: `w1s[r]` ``[E_local, 2F, H]``, gate and up rows interleaved in blocks of
         128, `w2s[r]` ``[E_local, H, F]``), and back, summed with `weights[r]` ``[T, k]``
-        (float32). Returns each rank's ``[T, H]``."""
+        (float32). Returns each rank's ``[T, H]``. `high_throughput` exchanges the tokens as
+        the prefill form does (each once per rank)."""
         data, etype, dtype = self._inputs("ep_moe", xs)
         hidden = np.asarray(xs[0]).shape[-1]
         ffn = np.asarray(w2s[0]).shape[-1]
@@ -104,6 +105,7 @@ class CpuWorld:
             as_bytes(w2s, dtype),
             (num_experts, hidden, ffn),
             etype,
+            bool(high_throughput),
             self.seed,
             self.race,
         )

@@ -5,7 +5,8 @@
 //! where the block stores it (the SwiGLU output and `y`, as the grouped GEMMs write them).
 //!
 //! Shapes `[T, H, E_local, k, routing]` as the all-to-all's (its routings), the intermediate
-//! size one SwiGLU block (128).
+//! size one SwiGLU block (128). Variants: `ep` (the low-latency exchange, masked layout),
+//! `ep-ht` (the high-throughput exchange, contiguous layout).
 
 use crate::distributed::{download, upload};
 use crate::host::{poison, random, round_to};
@@ -53,7 +54,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep"],
+            DType::BF16 => &["ep", "ep-ht"],
             _ => &[],
         }
     }
@@ -128,6 +129,8 @@ impl Operation for MoeBlockCase {
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let (t, _, shape) = shape_of(case);
         let block = EpMoeBlock::new(case.dtype, FFN);
+        // `ep-ht`: the high-throughput exchange and the contiguous layout (prefill).
+        let block = if case.variant == "ep-ht" { block.high_throughput() } else { block };
         let bufs = block.buffers(ctx, shape)?;
         Ok(Box::new(MoeRank {
             block,
@@ -159,7 +162,7 @@ struct MoeRank {
 impl RankOp for MoeRank {
     fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
         let d = self.block.dtype;
-        for b in [&self.bufs.act, &self.bufs.y, &self.bufs.ep.recv, &self.bufs.ep.out] {
+        for b in [&self.bufs.act, &self.bufs.y, self.bufs.out()] {
             ctx.fill(b, &poison(d))?;
         }
         Ok(())
@@ -171,11 +174,11 @@ impl RankOp for MoeRank {
     }
 
     fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
-        download(ctx, &self.bufs.ep.out, self.out_len, self.block.dtype)
+        download(ctx, self.bufs.out(), self.out_len, self.block.dtype)
     }
 
     fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
-        self.bufs.ep.rearm(ctx)
+        self.bufs.rearm(ctx)
     }
 }
 
