@@ -21,6 +21,10 @@ through `torch.matmul`:
   counts exchanged (all_to_all_single, then read on the host), the rows sent
   (all_to_all_single with those splits), sent back the same way (identity experts) and summed
   with the routing weights in f32; also the two row all-to-alls alone (`nccl <case>`).
+* `moe_block T H E k F`: the expert-parallel MoE block as PyTorch runs it: the rows exchanged
+  as `ep_all_to_all` does (with their experts), sorted by local expert, `torch._grouped_mm`
+  gate/up (B [E_local, 2F, H] as its transpose), `silu(gate) * up`, `torch._grouped_mm` down,
+  unsorted, sent home and summed with the routing weights in f32 (at one rank no exchange).
 
 Timing protocol, the one `trident_conformance::dist_bench` uses for trident: every repetition
 clears L2 (a 256 MB write, as `triton.testing.do_bench` does), synchronizes, meets the other
@@ -152,6 +156,49 @@ def main(cases_path, out_path):
                 return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
 
             parts, pipeline = {"nccl": rows_out_and_back}, ep_pipeline
+        elif name == "moe_block":
+            t, h, e, k, f = dims
+            el = e // w
+            x = rand(t, h)
+            topk = torch.stack([torch.randperm(e, device=device)[:k] for _ in range(t)])
+            weights = torch.rand(t, k, device=device)
+            w1 = rand(el, 2 * f, h) / h**0.5
+            w2 = rand(el, h, f) / f**0.5
+            expert = topk.flatten()
+            dest = (expert // el).to(torch.int64)
+
+            def experts(rows, local):
+                # Rows sorted by local expert, the two grouped GEMMs with SwiGLU between, unsorted.
+                order = torch.argsort(local, stable=True)
+                offs = torch.bincount(local, minlength=el).cumsum(0).to(torch.int32)
+                gu = torch._grouped_mm(rows[order], w1.transpose(-2, -1), offs=offs)
+                act = torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]
+                y = torch._grouped_mm(act, w2.transpose(-2, -1), offs=offs)
+                out = torch.empty_like(y)
+                out[order] = y
+                return out
+
+            def moe_pipeline():
+                if w == 1:
+                    y = experts(x[torch.arange(t * k, device=device) // k], expert)
+                else:
+                    order = torch.argsort(dest, stable=True)
+                    counts = torch.bincount(dest, minlength=w)
+                    got = torch.empty_like(counts)
+                    dist.all_to_all_single(got, counts)
+                    sc, rc = counts.tolist(), got.tolist()
+                    received = torch.empty(sum(rc), h, device=device, dtype=dt)
+                    dist.all_to_all_single(received, x[order // k], rc, sc)
+                    ids = torch.empty(sum(rc), device=device, dtype=torch.int64)
+                    dist.all_to_all_single(ids, expert[order], rc, sc)
+                    done = experts(received, ids % el)
+                    home = torch.empty(t * k, h, device=device, dtype=dt)
+                    dist.all_to_all_single(home, done, sc, rc)
+                    y = torch.empty_like(home)
+                    y[order] = home
+                return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
+
+            parts, pipeline = {}, moe_pipeline
         else:
             if rank == 0:
                 print(f"baseline {line}: skipped (no vendor pipeline for {name})", flush=True)

@@ -24,7 +24,7 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 use trident_kernels::ep_all_to_all::{EpBuffers, EpShape, LowLatencyAllToAll, Part, QUANT_BLOCK};
 use trident_kernels::ep_high_throughput::{HighThroughputAllToAll, HtBuffers};
 
-struct EpCase;
+pub(crate) struct EpCase;
 
 /// The shape's extents in a world of `w`.
 fn shape_of(case: &Case) -> (usize, usize, EpShape) {

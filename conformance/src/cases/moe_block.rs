@@ -8,11 +8,12 @@
 //! size one SwiGLU block (128). Variants: `ep` (the low-latency exchange, masked layout),
 //! `ep-ht` (the high-throughput exchange, contiguous layout).
 
+use crate::dist_bench::{upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
 use crate::host::{poison, random, round_to};
-use crate::registry::{Operation, RankOp, Registered, WorldData};
+use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
@@ -119,6 +120,10 @@ impl Operation for MoeBlockCase {
         WorldData { inputs, expected, reduction_len: FFN }
     }
 
+    fn benchmark(&self) -> Option<&dyn Benchmark> {
+        Some(self)
+    }
+
     fn setup_rank(
         &self,
         case: &Case,
@@ -179,6 +184,140 @@ impl RankOp for MoeRank {
 
     fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
         self.bufs.rearm(ctx)
+    }
+}
+
+/// Tokens per rank up to which the benchmark also times the low-latency block (decode).
+const LOW_LATENCY_TOKENS: usize = 256;
+
+/// The expert weights of the benchmark: `w1` of expert-local index `l` is input 910 + rank,
+/// `w2` 920 + rank, each uniform over its fan-in's `[-1, 1) / sqrt(fan_in)`, in bf16.
+fn weight(seed: u64, tag: u64, idx: usize, fan_in: usize) -> f64 {
+    half::bf16::from_f64(value(seed, tag, idx, DType::F64) / (fan_in as f64).sqrt()).to_f64()
+}
+
+/// The MoE block of `[T, H, E, k, F]` (tokens per rank, hidden, experts in all, top-k,
+/// intermediate size) with uniform routing (k distinct experts per token): the low-latency
+/// block up to 256 tokens per rank, the high-throughput one at every shape. Per rank at 8-way
+/// expert parallelism (the grouped GEMM issue's): DeepSeek-V3 (32 local experts, H 7168, F
+/// 2048, top-8), Qwen3-30B-A3B (16, 2048, 768, top-8), Mixtral-8x7B (8 experts, H 4096, F
+/// 3584 as its tensor-parallel shard, top-2); decode about 32 tokens per expert, prefill about
+/// 1024. PyTorch's pipeline of the same math is the baseline (`bench/baseline_dist.py`).
+impl Benchmark for MoeBlockCase {
+    fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
+        let mut v = Vec::new();
+        for (local, h, f, k) in [(32, 7168, 2048, 8), (16, 2048, 768, 8), (8, 4096, 3584, 2)] {
+            for per_expert in [32, 1024] {
+                v.push(vec![per_expert * local / k, h, local * world, k, f]);
+            }
+        }
+        v
+    }
+
+    fn small_shape(&self, world: usize) -> Vec<usize> {
+        vec![4, 64, 2 * world, 2, FFN]
+    }
+
+    /// The two exchanges' symmetric buffers (the all-to-all benchmark's).
+    fn heap_bytes(&self, case: &DistCase) -> usize {
+        let ep = DistCase { dims: case.dims[..4].to_vec(), ..case.clone() };
+        super::ep_all_to_all::EpCase.heap_bytes(&ep)
+    }
+
+    /// Each (token, expert) row out and back, less what stays on the rank.
+    fn bus_bytes(&self, case: &DistCase) -> f64 {
+        let (t, h, k, w) = (case.dims[0] as f64, case.dims[1] as f64, case.dims[3] as f64, case.world as f64);
+        2.0 * t * k * h * case.dtype.size_bytes() as f64 * (w - 1.0) / w
+    }
+
+    /// Each (token, expert) pair's gate/up and down products.
+    fn rank_flops(&self, case: &DistCase) -> f64 {
+        let (t, h, k, f) = (case.dims[0] as f64, case.dims[1] as f64, case.dims[3] as f64, case.dims[4] as f64);
+        6.0 * t * k * f * h
+    }
+
+    fn run(&self, t: &mut Timer, case: &DistCase, seed: u64) -> Result<(), BackendError> {
+        let ctx = t.ctx;
+        let (d, w, r) = (case.dtype, case.world, ctx.rank());
+        let (tokens, h, experts, k, f) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.dims[4]);
+        if experts % w != 0 || k > experts {
+            return Err(crate::dist_bench::shard_error(case, "the experts"));
+        }
+        let (el, shape) = (experts / w, EpShape { t_max: tokens, hidden: h, experts, top_k: k });
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x30 ^ r as u64);
+        let topk: Vec<Vec<usize>> = (0..tokens)
+            .map(|_| {
+                let mut pool: Vec<usize> = (0..experts).collect();
+                (0..k).map(|_| pool.swap_remove(rng.gen_range(0..pool.len()))).collect()
+            })
+            .collect();
+        let flat: Vec<f64> = topk.iter().flatten().map(|&e| e as f64).collect();
+        let x = upload_with(ctx, tokens * h, d, "moe_x", &|i| value(seed, 900 + r as u64, i, d))?;
+        let topk_b = upload(ctx, "moe_topk", &flat, DType::I32)?;
+        let wt = |tok: usize, j: usize| value(seed, 800 + r as u64, tok * k + j, DType::F32).abs();
+        let weights = upload_with(ctx, tokens * k, DType::F32, "moe_weights", &|i| wt(i / k, i % k))?;
+        let w1 = upload_with(ctx, el * 2 * f * h, d, "moe_w1", &|i| weight(seed, 910 + r as u64, i, h))?;
+        let w2 = upload_with(ctx, el * h * f, d, "moe_w2", &|i| weight(seed, 920 + r as u64, i, f))?;
+        // The reference of output (token, column) on this rank: each expert's SwiGLU row for
+        // the token (memoized), then the sampled column of its down product.
+        let act_of = |tok: usize, e: usize| -> Vec<f64> {
+            let (owner, l) = (e / el, e % el);
+            let xv: Vec<f64> = (0..h).map(|c| value(seed, 900 + r as u64, tok * h + c, d)).collect();
+            let dot = |row: usize| -> f64 {
+                (0..h).map(|c| weight(seed, 910 + owner as u64, (l * 2 * f + row) * h + c, h) * xv[c]).sum()
+            };
+            let act: Vec<f64> = (0..f)
+                .map(|j| {
+                    let gate_row = swiglu_gate_row(j);
+                    let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
+                    g / (1.0 + (-g).exp()) * u
+                })
+                .collect();
+            round_to(&act, d)
+        };
+        // Two sampled tokens, 16 columns each.
+        let picks: Vec<usize> = (0..2).map(|_| rng.gen_range(0..tokens)).collect();
+        let acts: Vec<Vec<Vec<f64>>> = picks.iter().map(|&tok| topk[tok].iter().map(|&e| act_of(tok, e)).collect()).collect();
+        let cols: Vec<usize> = (0..16).map(|_| rng.gen_range(0..h)).collect();
+        let check = |out: &Buffer| -> Result<f64, BackendError> {
+            let mut worst = 0.0f64;
+            let got_all = download(ctx, out, tokens * h, d)?;
+            for (p, &tok) in picks.iter().enumerate() {
+                for &c in &cols {
+                    let (mut want, mut mag) = (0.0, 0.0);
+                    for (j, &e) in topk[tok].iter().enumerate() {
+                        let (owner, l) = (e / el, e % el);
+                        let terms: Vec<f64> = (0..f)
+                            .map(|q| weight(seed, 920 + owner as u64, (l * h + c) * f + q, f) * acts[p][j][q])
+                            .collect();
+                        let y = round_to(&[terms.iter().sum::<f64>()], d)[0];
+                        want += wt(tok, j) * y;
+                        mag += wt(tok, j) * terms.iter().map(|v| v.abs()).sum::<f64>();
+                    }
+                    let e = (got_all[tok * h + c] - want).abs() / mag.max(1e-30);
+                    worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
+                }
+            }
+            Ok(worst)
+        };
+        let mut blocks = vec![("moe-ep-ht/block", EpMoeBlock::new(d, f).high_throughput())];
+        if tokens <= LOW_LATENCY_TOKENS {
+            blocks.insert(0, ("moe-ep/block", EpMoeBlock::new(d, f)));
+        }
+        for (name, block) in blocks {
+            let mut bufs = block.buffers(ctx, shape)?;
+            ctx.fill(bufs.out(), &poison(d))?;
+            ctx.barrier()?;
+            let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
+                block.enqueue(ctx, bufs, &x, &topk_b, &weights, (&w1, &w2), tokens)?;
+                ctx.synchronize()?;
+                ctx.barrier()
+            };
+            call(&mut bufs)?;
+            t.error(check(bufs.out())?);
+            t.time(name, &mut || call(&mut bufs))?;
+        }
+        Ok(())
     }
 }
 

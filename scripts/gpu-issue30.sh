@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Issue 30's checks on the GPU machine, in one call, over `bundle/` (cargo xtask bundle): the
+# MoE block's conformance cases (`moe_block`: the expert-parallel block over the low-latency and
+# the high-throughput exchange) in the loopback world of 1/2/4/8 ranks and in NVSHMEM worlds of
+# 1/2/4 processes; then `trident bench --world 1` of it against PyTorch's pipeline of the same
+# math (`bench/baseline_dist.py`, torchrun of one process) at the DeepSeek-V3, Qwen3-30B-A3B and
+# Mixtral shapes (BENCH=0 leaves it out). Writes $OUT/summary.txt, logs and bench-world1.json.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/step.sh
+KEEP='^conformance:|FAIL|skipped|rror'
+KEEP_LINES=12
+step conformance-loopback 300 $B/trident test --backend nvidia --kernel moe_block --json "$O/logs/loopback.json"
+LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
+export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
+export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
+export TRIDENT_CACHE_DIR=$PWD/$B/cache
+export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
+for W in ${WORLDS:-1 2 4}; do
+  step "nvshmem-world$W" 120 $B/trident launch -n $W -- $B/trident test --backend nvidia --processes \
+    --kernel moe_block --json "$O/logs/nvshmem-world$W.json"
+done
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
+if [ "${BENCH:-1}" = 1 ]; then
+  KEEP='moe|rror|failed' KEEP_LINES=40 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
+    --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-world1.json"
+fi
+cat "$S"
