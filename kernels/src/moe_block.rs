@@ -63,6 +63,14 @@ impl EpMoeBuffers {
         }
     }
 
+    /// Where the block's result goes (a caller may put its own tensor there for a call).
+    pub fn out_mut(&mut self) -> &mut Buffer {
+        match &mut self.exchange {
+            Exchange::LowLatency(b) => &mut b.out,
+            Exchange::HighThroughput(b) => &mut b.out,
+        }
+    }
+
     /// Collective: the exchange's signals and epochs back to zero on every rank.
     pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
         match &mut self.exchange {

@@ -521,6 +521,56 @@ impl GpuWorld {
         })
     }
 
+    /// The expert-parallel MoE block (`trident_kernels::moe_block`): this rank's `tokens` rows
+    /// of `x` (`[T, H]`) to their experts (`topk` `[T, k]` i32), each expert's SwiGLU MLP
+    /// (this rank's `w1` `[E_local, 2F, H]`, gate/up interleaved by 128, and `w2`
+    /// `[E_local, H, F]`), and back, summed with `weights` (`[T, k]` f32) into the caller's
+    /// `out` (`[T, H]`). `high_throughput`: the prefill exchange.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn, dtype_name, high_throughput, stream))]
+    fn ep_moe(
+        &self,
+        py: Python<'_>,
+        x: u64,
+        topk: u64,
+        weights: u64,
+        w1: u64,
+        w2: u64,
+        out: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        ffn: usize,
+        dtype_name: &str,
+        high_throughput: bool,
+        stream: u64,
+    ) -> PyResult<()> {
+        use trident_kernels::moe_block::EpMoeBlock;
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        let es = d.size_bytes() as usize;
+        let block = EpMoeBlock::new(d, ffn);
+        let block = if high_throughput { block.high_throughput() } else { block };
+        self.op(py, stream, move |ctx, ops| {
+            let el = experts / ctx.world_size();
+            let bufs = state(ops, format!("moe/{d}/{high_throughput}/{ffn}/{shape:?}"), || block.buffers(ctx, shape))?;
+            let own = lend([bufs.out_mut()], [tensor("out", out, tokens * hidden * es)]);
+            let r = block.enqueue(
+                ctx,
+                bufs,
+                &tensor("x", x, tokens * hidden * es),
+                &tensor("topk", topk, tokens * top_k * 4),
+                &tensor("weights", weights, tokens * top_k * 4),
+                (&tensor("w1", w1, el * 2 * ffn * hidden * es), &tensor("w2", w2, el * hidden * ffn * es)),
+                tokens,
+            );
+            lend([bufs.out_mut()], own);
+            r
+        })
+    }
+
     /// Ids of this rank's symmetric blocks whose tensors died since the last call (the Python
     /// layer gathers them from every rank before allocating).
     fn take_released(&self) -> Vec<u64> {

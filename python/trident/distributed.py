@@ -407,6 +407,41 @@ def ep_combine_ht(y, tokens, top_k, num_experts, t_max):
     return out
 
 
+def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
+    """The expert-parallel MoE block: this rank's tokens `x` ``[T, H]`` (bf16 or f16) to
+    their experts `topk` ``[T, k]`` (int32 or int64, -1 none), each expert's SwiGLU MLP (this
+    rank's ``num_experts // size`` experts: `w1` ``[E_local, 2F, H]`` with gate and up rows
+    interleaved in blocks of 128, `w2` ``[E_local, H, F]``), and back, summed with `weights`
+    ``[T, k]`` (float32): returns ``[T, H]``. `t_max` bounds T on every rank;
+    `high_throughput` exchanges the tokens as the prefill form does."""
+    import torch
+
+    w, etype = _check("ep_moe", x, 2)
+    tokens, hidden = x.shape
+    topk = _topk_i32("ep_moe", topk, tokens)
+    if weights.dtype != torch.float32 or tuple(weights.shape) != tuple(topk.shape):
+        raise ArgumentError(f"ep_moe: weights {tuple(weights.shape)} {weights.dtype}; f32 like topk")
+    _check("ep_moe", weights)
+    if num_experts % w.size:
+        raise ArgumentError(f"ep_moe: {num_experts} experts do not split over {w.size} ranks")
+    if tokens > t_max:
+        raise ArgumentError(f"ep_moe: {tokens} tokens where t_max is {t_max}")
+    el = num_experts // w.size
+    _check("ep_moe", w1, 3)
+    _check("ep_moe", w2, 3)
+    ffn = w2.shape[2]
+    if tuple(w1.shape) != (el, 2 * ffn, hidden) or tuple(w2.shape) != (el, hidden, ffn) or w1.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ArgumentError(
+            f"ep_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{el}, 2F, {hidden}] and [{el}, {hidden}, F] of {x.dtype}"
+        )
+    out = torch.empty_like(x)
+    w.ep_moe(
+        x.data_ptr(), topk.data_ptr(), weights.data_ptr(), w1.data_ptr(), w2.data_ptr(), out.data_ptr(),
+        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, bool(high_throughput), _stream(),
+    )
+    return out
+
+
 def empty(shape, dtype=None):
     """A torch tensor on the symmetric heap (collective: every rank asks for the same shapes
     in the same order). Its memory returns to trident's pool when the tensor dies on every
@@ -458,6 +493,7 @@ __all__ = [
     "ep_combine",
     "ep_dispatch_ht",
     "ep_combine_ht",
+    "ep_moe",
     "empty",
     "synchronize",
 ]

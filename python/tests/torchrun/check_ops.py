@@ -183,6 +183,32 @@ for l in range(per):
         worst = max(worst, ((deq - row).abs() / amax.clamp_min(1e-30)).max().item())
 report("ep_dispatch fp8: rows dequantized against the tokens (per-128 amax)", worst, 2.0**-4)
 
+# The expert-parallel MoE block (both exchanges): every rank's experts gathered to the host,
+# the whole MoE in float64 with the block's bf16 roundings (SwiGLU output, expert output).
+ffn = 128
+w1 = (torch.rand(per, 2 * ffn, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(torch.bfloat16)
+w2 = (torch.rand(per, hidden, ffn, device="cuda") * 2 - 1).div(ffn**0.5).to(torch.bfloat16)
+w1s, w2s = everyone(w1), everyone(w2)
+gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+for ht in (False, True):
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
+    topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    out = torch.ops.trident.ep_moe(x, topk, weights, w1, w2, experts, t_max, ht)
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for j in range(k):
+            e = int(topk[t, j])
+            if e < 0:
+                continue
+            a, b = w1s[e // per][e % per], w2s[e // per][e % per]
+            xt = x[t].double().cpu()
+            g, u = a[gate_rows] @ xt, a[[r + 128 for r in gate_rows]] @ xt
+            act = (g / (1 + torch.exp(-g)) * u).to(torch.bfloat16).double()
+            want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
+    report(f"ep_moe ({'high-throughput' if ht else 'low-latency'}) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
+
 # Errors are typed.
 try:
     td.all_reduce(torch.zeros(10))
