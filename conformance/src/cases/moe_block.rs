@@ -64,10 +64,11 @@ impl Operation for MoeBlockCase {
         true
     }
 
-    /// Uniform routing with empty entries, T = 1 with k = 1, every token to one expert, only
-    /// rank 0's experts, k = 8.
+    /// T = 1 with k = 1, every token to one expert, only rank 0's experts (the other ranks'
+    /// experts get nothing), uniform routing with empty entries at k = 8. (Four shapes: each
+    /// runs two grouped GEMMs on cpu-simt at every world, a large share of CI's time.)
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        vec![vec![5, 40, 2, 2, 0], vec![1, 24, 1, 1, 0], vec![7, 16, 3, 3, 1], vec![3, 72, 2, 3, 2], vec![4, 8, 4, 8, 0]]
+        vec![vec![1, 24, 1, 1, 0], vec![7, 16, 3, 3, 1], vec![3, 16, 2, 3, 2], vec![4, 8, 4, 8, 0]]
     }
 
     fn bound(&self, case: &Case, _reduction_len: usize) -> f64 {
