@@ -25,11 +25,7 @@ for r in 0 1 2 3; do
     || echo "ring w4 rank $r: FAIL (differs from the CPU world's)" >> "$S"
 done
 # The NVSHMEM world of processes (gpu-nvshmem.sh's environment).
-LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
-export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
-export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
-export TRIDENT_CACHE_DIR=$PWD/$B/cache
-export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
+nvshmem_env
 step ring-cpu-w2 30 $B/trident run examples/allgather_ring.tile --backend cpu --world 2 $RING \
   --arg out=f32[6000]:zeros:symm --arg ready=u64[2]:zeros:symm --out "$O/ring/cpu-w2"
 step ring-nvshmem-w2 30 $B/trident launch -n 2 -- $B/trident run examples/allgather_ring.tile --backend nvidia --processes $RING \

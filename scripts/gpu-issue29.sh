@@ -12,11 +12,7 @@ source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror'
 KEEP_LINES=12
 step conformance-loopback 300 $B/trident test --backend nvidia --kernel ep_all_to_all --json "$O/logs/loopback.json"
-LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
-export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
-export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
-export TRIDENT_CACHE_DIR=$PWD/$B/cache
-export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
+nvshmem_env
 # Inter-node scope links NVSHMEM's device functions through the shim `cargo xtask nvshmem-shim`
 # puts in bundle/cache (it needs the nvidia-nvshmem wheel's bitcode where the bundle is made).
 SCOPES=${SCOPES:-intra}; [ -d $B/cache ] && SCOPES=${SCOPES/#intra/intra inter}

@@ -11,11 +11,7 @@ source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror'
 KEEP_LINES=12
 step conformance-loopback 300 $B/trident test --backend nvidia --kernel moe_block --json "$O/logs/loopback.json"
-LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
-export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
-export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
-export TRIDENT_CACHE_DIR=$PWD/$B/cache
-export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
+nvshmem_env
 for W in ${WORLDS:-1 2 4}; do
   step "nvshmem-world$W" 120 $B/trident launch -n $W -- $B/trident test --backend nvidia --processes \
     --kernel moe_block --json "$O/logs/nvshmem-world$W.json"

@@ -4,7 +4,7 @@
 # `step NAME LIMIT COMMAND...` runs COMMAND under `timeout LIMIT` into $O/logs/NAME.log, then
 # appends to the summary $S its exit code, its time and the log's lines matching $KEEP (at
 # most $KEEP_LINES, 24 by default), less those matching $DROP when it is set; returns COMMAND's
-# exit code.
+# exit code. `nvshmem_env` exports what the NVSHMEM worlds need on the GPU machine.
 O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 B=bundle
 S="$O/summary.txt"
@@ -21,4 +21,15 @@ step() {
     grep -E "$KEEP" "$O/logs/$name.log" | head -"${KEEP_LINES:-24}" >> "$S"
   fi
   return $rc
+}
+
+# NVSHMEM from the torch venv's wheel (unless TRIDENT_NVSHMEM_LIB is set), the bundle's cache
+# (its device shim for inter-node scope), the worlds of processes on one node: no remote
+# transport, the bootstrap over loopback, NVLink multicast off.
+nvshmem_env() {
+  LIB=$(ls -d /opt/torch/.venv/lib/python3*/site-packages/nvidia/nvshmem/lib 2>/dev/null | head -1)
+  export TRIDENT_NVSHMEM_LIB=${TRIDENT_NVSHMEM_LIB:-$LIB/libnvshmem_host.so.3}
+  export LD_LIBRARY_PATH=$LIB:${LD_LIBRARY_PATH:-}
+  export TRIDENT_CACHE_DIR=$PWD/$B/cache
+  export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
 }
