@@ -26,8 +26,9 @@ use trident_kernels::ep_high_throughput::{HighThroughputAllToAll, HtBuffers};
 
 pub(crate) struct EpCase;
 
-/// The shape's extents in a world of `w`.
-fn shape_of(case: &Case) -> (usize, usize, EpShape) {
+/// A case's `[T, H, E_local, k, routing]`: the tokens per rank, the routing and the all-to-all's
+/// shape (T_max two above T; H rounded up to whole 128-channel blocks where the case sends FP8).
+pub(crate) fn shape_of(case: &Case) -> (usize, usize, EpShape) {
     let s = &case.shape;
     let (t, mut h, el, k) = (s[0], s[1], s[2], s[3]);
     // FP8 quantizes blocks of 128 channels: the next multiple.

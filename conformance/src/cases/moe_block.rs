@@ -13,6 +13,7 @@ use crate::distributed::{download, upload};
 use crate::host::{poison, random, round_to};
 use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
+use super::ep_all_to_all::{route, shape_of};
 use rand::{Rng, SeedableRng};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -25,12 +26,6 @@ use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers};
 const FFN: usize = SWIGLU_BLOCK as usize;
 
 struct MoeBlockCase;
-
-fn shape_of(case: &Case) -> (usize, usize, EpShape) {
-    let s = &case.shape;
-    let (t, h, el, k) = (s[0], s[1], s[2], s[3]);
-    (t, s[4], EpShape { t_max: t + 2, hidden: h, experts: el * case.world, top_k: k })
-}
 
 /// Expert `l`'s output for row `x` (`h` values) with its `w1` (`[2F, H]`, gate/up interleaved)
 /// and `w2` (`[H, F]`), each stored value rounded to `d`.
@@ -79,7 +74,7 @@ impl Operation for MoeBlockCase {
         let (d, w) = (case.dtype, case.world);
         let (t, routing, shape) = shape_of(case);
         let (h, k, el) = (shape.hidden, shape.top_k, shape.experts / w);
-        let topk = super::ep_all_to_all::route(t, w, shape, routing, rng);
+        let topk = route(t, w, shape, routing, rng);
         let xs: Vec<Vec<f64>> = (0..w).map(|_| random(t * h, d, rng)).collect();
         let weights: Vec<Vec<f64>> =
             (0..w).map(|_| (0..t * k).map(|_| rng.gen_range(0.0..1.0f32) as f64).collect()).collect();
