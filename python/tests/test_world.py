@@ -13,6 +13,17 @@ def inputs(ranks, n, dtype=np.float32):
     return [g.uniform(-1, 1, n).astype(dtype) for _ in range(ranks)]
 
 
+def routes(g, ranks, tokens, experts, k):
+    """Each rank's ``[tokens, k]`` int32 experts: k distinct per token, about one entry in five
+    -1 (none)."""
+    topks = []
+    for _ in range(ranks):
+        t = np.stack([g.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int32)
+        t[g.uniform(size=t.shape) < 0.2] = -1
+        topks.append(t)
+    return topks
+
+
 @pytest.mark.parametrize("race", [False, True])
 def test_all_gather_on_4_ranks(race):
     xs = inputs(4, 777)
@@ -70,11 +81,7 @@ def test_ep_round_trip(ranks, high_throughput):
     tokens, hidden, k, experts = 5, 48, 3, 2 * ranks
     xs = inputs(ranks, tokens * hidden)
     xs = [x.reshape(tokens, hidden) for x in xs]
-    topks = []
-    for _ in range(ranks):
-        t = np.stack([g.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int32)
-        t[g.uniform(size=t.shape) < 0.2] = -1
-        topks.append(t)
+    topks = routes(g, ranks, tokens, experts, k)
     weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
     world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
     outs = world.ep_round_trip(xs, topks, weights, experts, high_throughput=high_throughput)
@@ -97,11 +104,7 @@ def test_ep_moe_block(ranks, high_throughput):
     tokens, hidden, k, per_rank, ffn = 4, 32, 2, 2, 128
     experts = per_rank * ranks
     xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
-    topks = []
-    for _ in range(ranks):
-        t = np.stack([g.permutation(experts)[:k] for _ in range(tokens)]).astype(np.int32)
-        t[g.uniform(size=t.shape) < 0.2] = -1
-        topks.append(t)
+    topks = routes(g, ranks, tokens, experts, k)
     weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
     w1s = [(g.uniform(-1, 1, (per_rank, 2 * ffn, hidden)) * 2 / np.sqrt(hidden)).astype(np.float16) for _ in range(ranks)]
     w2s = [(g.uniform(-1, 1, (per_rank, hidden, ffn)) * 2 / np.sqrt(ffn)).astype(np.float16) for _ in range(ranks)]
