@@ -68,6 +68,33 @@ def timed(fn, flush, device):
     return slowest.median().item()
 
 
+def send_rows(dest, world, *rows_of):
+    """Pairs sorted by destination rank (`dest`, one per pair) and sent there with
+    all_to_all_single: each of `rows_of` maps the stable order to the rows it sends. Returns the
+    order, the send and receive splits, and what each sent tensor brought here."""
+    order = torch.argsort(dest, stable=True)
+    counts = torch.bincount(dest, minlength=world)
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts)
+    sc, rc = counts.tolist(), got.tolist()
+    received = []
+    for take in rows_of:
+        rows = take(order)
+        out = torch.empty((sum(rc), *rows.shape[1:]), device=rows.device, dtype=rows.dtype)
+        dist.all_to_all_single(out, rows, rc, sc)
+        received.append(out)
+    return order, sc, rc, received
+
+
+def rows_home(rows, order, sc, rc):
+    """`rows` sent back the way `send_rows` brought them, in the pairs' original order."""
+    home = torch.empty((sum(sc), *rows.shape[1:]), device=rows.device, dtype=rows.dtype)
+    dist.all_to_all_single(home, rows, sc, rc)
+    y = torch.empty_like(home)
+    y[order] = home
+    return y
+
+
 def main(cases_path, out_path):
     local = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local)
@@ -128,13 +155,9 @@ def main(cases_path, out_path):
             topk = torch.stack([torch.randperm(e, device=device)[:k] for _ in range(t)])
             weights = torch.rand(t, k, device=device)
             dest = (topk.flatten() // (e // w)).to(torch.int64)
-            order = torch.argsort(dest, stable=True)
+            # The splits and buffers of the row all-to-alls timed alone.
+            order, sc, rc, (recv,) = send_rows(dest, w, lambda o: x[o // k])
             send = x[order // k]
-            send_counts = torch.bincount(dest, minlength=w)
-            recv_counts = torch.empty_like(send_counts)
-            dist.all_to_all_single(recv_counts, send_counts)
-            sc, rc = send_counts.tolist(), recv_counts.tolist()
-            recv = torch.empty(sum(rc), h, device=device, dtype=dt)
             back = torch.empty_like(send)
 
             def rows_out_and_back():
@@ -142,17 +165,8 @@ def main(cases_path, out_path):
                 dist.all_to_all_single(back, recv, sc, rc)
 
             def ep_pipeline():
-                order = torch.argsort(dest, stable=True)
-                counts = torch.bincount(dest, minlength=w)
-                got = torch.empty_like(counts)
-                dist.all_to_all_single(got, counts)
-                sc, rc = counts.tolist(), got.tolist()
-                received = torch.empty(sum(rc), h, device=device, dtype=dt)
-                dist.all_to_all_single(received, x[order // k], rc, sc)
-                home = torch.empty(t * k, h, device=device, dtype=dt)
-                dist.all_to_all_single(home, received, sc, rc)
-                y = torch.empty_like(home)
-                y[order] = home
+                order, sc, rc, (received,) = send_rows(dest, w, lambda o: x[o // k])
+                y = rows_home(received, order, sc, rc)
                 return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
 
             parts, pipeline = {"nccl": rows_out_and_back}, ep_pipeline
@@ -182,20 +196,8 @@ def main(cases_path, out_path):
                 if w == 1:
                     y = experts(x[torch.arange(t * k, device=device) // k], expert)
                 else:
-                    order = torch.argsort(dest, stable=True)
-                    counts = torch.bincount(dest, minlength=w)
-                    got = torch.empty_like(counts)
-                    dist.all_to_all_single(got, counts)
-                    sc, rc = counts.tolist(), got.tolist()
-                    received = torch.empty(sum(rc), h, device=device, dtype=dt)
-                    dist.all_to_all_single(received, x[order // k], rc, sc)
-                    ids = torch.empty(sum(rc), device=device, dtype=torch.int64)
-                    dist.all_to_all_single(ids, expert[order], rc, sc)
-                    done = experts(received, ids % el)
-                    home = torch.empty(t * k, h, device=device, dtype=dt)
-                    dist.all_to_all_single(home, done, sc, rc)
-                    y = torch.empty_like(home)
-                    y[order] = home
+                    order, sc, rc, (received, ids) = send_rows(dest, w, lambda o: x[o // k], lambda o: expert[o])
+                    y = rows_home(experts(received, ids % el), order, sc, rc)
                 return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
 
             parts, pipeline = {}, moe_pipeline
