@@ -266,7 +266,6 @@ impl Operation for EpCase {
                 op,
                 bufs,
                 scale: if combine { Some(compile_expert_scale(ctx, case.dtype, true)?) } else { None },
-                combine,
                 x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
                 topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
                 weights: upload(ctx, "ep_weights", &inputs[2], DType::F32)?,
@@ -285,7 +284,6 @@ impl Operation for EpCase {
             op,
             bufs,
             scale: if combine { Some(compile_expert_scale(ctx, case.dtype, false)?) } else { None },
-            combine,
             part: if case.variant.ends_with("-split") { None } else { Some(Part::Whole) },
             x: upload(ctx, "ep_x", &inputs[0], case.dtype)?,
             topk: upload(ctx, "ep_topk", &inputs[1], DType::I32)?,
@@ -452,9 +450,9 @@ fn compile_expert_scale(ctx: &dyn RankCtx, d: DType, ht: bool) -> Result<Artifac
 struct EpRank {
     op: LowLatencyAllToAll,
     bufs: EpBuffers,
-    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`).
+    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`): set
+    /// exactly in the combine variants.
     scale: Option<Artifact>,
-    combine: bool,
     part: Option<Part>,
     x: Buffer,
     topk: Buffer,
@@ -510,7 +508,7 @@ impl RankOp for EpRank {
 
     fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
         let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
-        if self.combine {
+        if self.scale.is_some() {
             return download(ctx, &self.bufs.out, self.out_len, d);
         }
         let el = shape.experts / w;
@@ -544,9 +542,9 @@ impl RankOp for EpRank {
 struct HtRank {
     op: HighThroughputAllToAll,
     bufs: HtBuffers,
-    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`).
+    /// The test's experts, compiled with the rest at set-up (`compile_expert_scale`): set
+    /// exactly in the combine variants.
     scale: Option<Artifact>,
-    combine: bool,
     x: Buffer,
     topk: Buffer,
     weights: Buffer,
@@ -587,7 +585,7 @@ impl RankOp for HtRank {
     /// Dispatch in the canonical order of [`canonical`] (counts from the segments' ends).
     fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
         let (d, shape, w) = (self.op.dtype, self.bufs.shape, ctx.world_size());
-        if self.combine {
+        if self.scale.is_some() {
             return download(ctx, &self.bufs.out, self.out_len, d);
         }
         let (el, h, cap) = (shape.experts / w, shape.hidden, self.bufs.capacity(w));
