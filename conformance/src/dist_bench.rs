@@ -122,7 +122,9 @@ pub fn upload(ctx: &dyn RankCtx, seed: u64, tag: u64, n: usize, d: DType, name: 
     upload_with(ctx, n, d, name, &|i| value(seed, tag, i, d))
 }
 
-fn read_entry(ctx: &dyn RankCtx, buf: &Buffer, idx: usize, d: DType) -> Result<f64, BackendError> {
+/// Element `idx` of `buf`, decoded from `d` (one small read: a check of a few sampled entries
+/// of a large output reads only those).
+pub fn read_entry(ctx: &dyn RankCtx, buf: &Buffer, idx: usize, d: DType) -> Result<f64, BackendError> {
     let es = d.size_bytes() as usize;
     let mut raw = vec![0u8; es];
     ctx.read(buf, idx * es, &mut raw)?;
