@@ -166,28 +166,11 @@ pub fn ep_round_trip(
     seed: u64,
     race: bool,
 ) -> PyResult<Vec<(Vec<u8>, Vec<u8>)>> {
-    use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
+    use trident_kernels::ep_all_to_all::{LowLatencyAllToAll, Part};
     use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
     let d = dtype(dtype_name)?;
-    let rows = elements(&xs, d, "ep_round_trip")?;
-    let w = xs.len();
-    if hidden == 0 || !rows.is_multiple_of(hidden) {
-        return Err(errors::argument(format!("ep_round_trip: {rows} elements are not rows of {hidden}")));
-    }
-    let tokens = rows / hidden;
-    let pairs = elements(&topks, DType::I32, "ep_round_trip (topk)")?;
-    if topks.len() != w || weights.len() != w || tokens == 0 || !pairs.is_multiple_of(tokens) {
-        return Err(errors::argument(format!(
-            "ep_round_trip: {w} ranks of {tokens} tokens, {} topk and {} weights arrays of {pairs} entries",
-            topks.len(),
-            weights.len()
-        )));
-    }
-    let k = pairs / tokens;
-    if elements(&weights, DType::F32, "ep_round_trip (weights)")? != pairs {
-        return Err(errors::argument("ep_round_trip: weights must be [T, k] f32 as topk".to_string()));
-    }
-    let shape = EpShape { t_max: tokens, hidden, experts, top_k: k };
+    let shape = routed_shape("ep_round_trip", &xs, &topks, &weights, d, hidden, experts)?;
+    let (w, tokens) = (xs.len(), shape.t_max);
     let (xs, topks, weights) = (Arc::new(xs), Arc::new(topks), Arc::new(weights));
     cpu_world(py, w, seed, race, move |ctx| {
         let r = ctx.rank();
@@ -226,6 +209,38 @@ pub fn ep_round_trip(
     })
 }
 
+/// The all-to-all's shape for `xs` (each rank's `[T, hidden]` tokens of `d`, T at least one)
+/// routed by `topks` (`[T, k]` i32) with `weights` (`[T, k]` f32), one of each per rank, among
+/// `experts`; `what` names the call in errors.
+fn routed_shape(
+    what: &str,
+    xs: &[Vec<u8>],
+    topks: &[Vec<u8>],
+    weights: &[Vec<u8>],
+    d: DType,
+    hidden: usize,
+    experts: usize,
+) -> PyResult<trident_kernels::ep_all_to_all::EpShape> {
+    let rows = elements(xs, d, what)?;
+    let w = xs.len();
+    if hidden == 0 || !rows.is_multiple_of(hidden) {
+        return Err(errors::argument(format!("{what}: {rows} elements are not rows of {hidden}")));
+    }
+    let tokens = rows / hidden;
+    let pairs = elements(topks, DType::I32, &format!("{what} (topk)"))?;
+    if topks.len() != w || weights.len() != w || tokens == 0 || !pairs.is_multiple_of(tokens) {
+        return Err(errors::argument(format!(
+            "{what}: {w} ranks of {tokens} tokens, {} topk and {} weights arrays of {pairs} entries",
+            topks.len(),
+            weights.len()
+        )));
+    }
+    if elements(weights, DType::F32, &format!("{what} (weights)"))? != pairs {
+        return Err(errors::argument(format!("{what}: weights must be [T, k] f32 as topk")));
+    }
+    Ok(trident_kernels::ep_all_to_all::EpShape { t_max: tokens, hidden, experts, top_k: pairs / tokens })
+}
+
 /// Expert parallelism's MoE block (`trident_kernels::moe_block`) in the CPU world: dispatch, the
 /// experts' SwiGLU MLPs (`w1s[r]` `[E_local, 2F, H]` gate/up interleaved by 128, `w2s[r]`
 /// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine (`high_throughput`: the prefill
@@ -245,31 +260,19 @@ pub fn ep_moe(
     seed: u64,
     race: bool,
 ) -> PyResult<Vec<Vec<u8>>> {
-    use trident_kernels::ep_all_to_all::EpShape;
+    use trident_kernels::moe_block::EpMoeBlock;
     // (experts, H, F)
     let (experts, hidden, ffn) = extents;
-    use trident_kernels::moe_block::EpMoeBlock;
     let d = dtype(dtype_name)?;
-    let rows = elements(&xs, d, "ep_moe")?;
-    let w = xs.len();
-    if hidden == 0 || !rows.is_multiple_of(hidden) || rows == 0 {
-        return Err(errors::argument(format!("ep_moe: {rows} elements are not rows of {hidden}")));
-    }
-    let tokens = rows / hidden;
-    let pairs = elements(&topks, DType::I32, "ep_moe (topk)")?;
-    if topks.len() != w || weights.len() != w || w1s.len() != w || w2s.len() != w || !pairs.is_multiple_of(tokens) {
+    let shape = routed_shape("ep_moe", &xs, &topks, &weights, d, hidden, experts)?;
+    let (w, tokens) = (xs.len(), shape.t_max);
+    if w1s.len() != w || w2s.len() != w {
         return Err(errors::argument(format!(
-            "ep_moe: {w} ranks of {tokens} tokens need one topk, weights, w1 and w2 each ({}, {}, {}, {} given)",
-            topks.len(),
-            weights.len(),
+            "ep_moe: {w} ranks need one w1 and one w2 each ({} and {} given)",
             w1s.len(),
             w2s.len()
         )));
     }
-    if elements(&weights, DType::F32, "ep_moe (weights)")? != pairs {
-        return Err(errors::argument("ep_moe: weights must be [T, k] f32 as topk".to_string()));
-    }
-    let shape = EpShape { t_max: tokens, hidden, experts, top_k: pairs / tokens };
     let block = EpMoeBlock::new(d, ffn);
     let block = if high_throughput { block.high_throughput() } else { block };
     let arrays = Arc::new((xs, topks, weights, w1s, w2s));
