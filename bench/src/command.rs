@@ -888,7 +888,7 @@ fn grouped_gemm(
     let op = GroupedGemm::for_target(d, Layout::Contiguous, BLayout::NK, l.gpu_target());
     let op = match case.dims.get(5) {
         Some(1) => op.with_scales(Scales::Block, false),
-        Some(2) => op.with_epilogue(Epilogue { swiglu: true, row_weights: false }),
+        Some(2) => op.with_epilogue(Epilogue { swiglu: true, ..Epilogue::default() }),
         _ => op,
     };
     let (swiglu, n_out) = (op.epilogue.swiglu, op.out_cols(n));

@@ -60,7 +60,7 @@ pub fn capture(
     Ok(Recording { launches: c.launches.into_inner().unwrap_or_else(|e| e.into_inner()) })
 }
 
-fn not_capturable(what: &str) -> BackendError {
+pub fn not_capturable(what: &str) -> BackendError {
     BackendError::Host(format!(
         "not capturable: {what} while capturing a launch sequence (only kernel launches replay; copy-engine work and stream signals carry values fixed when enqueued, and hosts do not meet in a replay)"
     ))
@@ -77,6 +77,9 @@ impl RankCtx for Capturing<'_> {
     }
     fn world_size(&self) -> usize {
         self.inner.world_size()
+    }
+    fn capturing(&self) -> bool {
+        true
     }
     fn ranks_sharing_device(&self) -> usize {
         self.inner.ranks_sharing_device()

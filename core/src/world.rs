@@ -42,6 +42,12 @@ pub trait RankCtx {
         self.world_size()
     }
 
+    /// Whether launches are being recorded (`crate::capture`) rather than run: an operation
+    /// whose launch arguments change from call to call refuses to be recorded.
+    fn capturing(&self) -> bool {
+        false
+    }
+
     /// The artifact of the specialization `key`, built and compiled on first use on this rank.
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError>;
 

@@ -38,11 +38,24 @@
 //! group `g` multiplies B's expert `g % experts`): the rows an all-gather brings chunk by chunk.
 //! With [`GroupedGemm::wait`] each tile waits for its chunk's signal (`ready[chunk] >= target`,
 //! acquire, system scope) before its first load: the hook AG + grouped GEMM runs on.
+//!
+//! With [`GroupedGemm::chunk_ends`] (contiguous layout) each chunk's groups hold the chunk's own
+//! ends, counted from its first row `chunk x t_max`: what each rank of a gather writes without
+//! knowing the others' counts (the tensor-parallel MoE block, [`crate::moe_tp`]). With `wait`
+//! too, a program waits for chunk c's signal before it reads c's ends, and walks the chunks from
+//! its rank's own (already local) on.
+//!
+//! [`Epilogue::reduce_scatter`] sends the product home instead of storing it: each row times its
+//! weight, added (f32 atomics, system scope) into row `row_token[row]` of `acc` on the rank that
+//! owns the chunk (rank = chunk), then `done` there grows by the tile's element count. The
+//! top-k reduction and the reduce-scatter of the tensor-parallel MoE block in one epilogue.
 
 use crate::scaled_gemm::SCALE_BLOCK;
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{Axis, CmpOp, DType, InputPrecision, LaunchAttrs, MemSemantic, ReduceOp, Scope};
+use trident_core::ir::{
+    AtomicOp, Axis, CmpOp, CommScope, DType, InputPrecision, LaunchAttrs, MemSemantic, ReduceOp, Scope, SignalOp,
+};
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 /// Two tiles a kernel may have: the two scales.
@@ -56,6 +69,8 @@ struct Kernel<'b> {
     c: Tile<'b>,
     scales: TilePair<'b>,
     weights: Option<Tile<'b>>,
+    /// [`Epilogue::reduce_scatter`]'s `row_token`, `acc` and `done`.
+    scatter: Option<(Tile<'b>, Tile<'b>, Tile<'b>)>,
     a_rows: Tile<'b>,
     n: Tile<'b>,
     /// C's columns (N, or N/2 with SwiGLU).
@@ -96,6 +111,9 @@ pub struct Epilogue {
     pub swiglu: bool,
     /// Each row times `weights[row]` (`[rows]` f32: the token's routing weight for the expert).
     pub row_weights: bool,
+    /// The product added into the owner's `acc` at the row's token, then the owner's `done`
+    /// grows by the tile's elements (see the module's text; [`Operands::scatter`]).
+    pub reduce_scatter: bool,
 }
 
 /// The buffers of a grouped GEMM launch.
@@ -112,6 +130,9 @@ pub struct Operands<'a> {
     pub weights: Option<&'a Buffer>,
     /// `[chunks]` u64 signals and the value each tile waits for ([`GroupedGemm::wait`]).
     pub ready: Option<(&'a Buffer, u64)>,
+    /// [`Epilogue::reduce_scatter`]'s `row_token` (`[rows]` i32: each row's token on the
+    /// chunk's rank), `acc` (symmetric `[tokens, n_out]` f32) and `done` (symmetric u64).
+    pub scatter: Option<(&'a Buffer, &'a Buffer, &'a Buffer)>,
     /// The scratch of [`GroupedGemm::scheduled`] ([`GroupedGemm::schedule_bytes`]); `run`
     /// allocates one when it is absent.
     pub schedule: Option<&'a Buffer>,
@@ -120,7 +141,7 @@ pub struct Operands<'a> {
 impl<'a> Operands<'a> {
     /// A, B, C and the groups, without scales, weights or signals.
     pub fn new(a: &'a Buffer, b: &'a Buffer, c: &'a Buffer, groups: &'a Buffer) -> Operands<'a> {
-        Operands { a, b, c, groups, scales: None, weights: None, ready: None, schedule: None }
+        Operands { a, b, c, groups, scales: None, weights: None, ready: None, scatter: None, schedule: None }
     }
 }
 
@@ -199,6 +220,9 @@ pub struct GroupedGemm {
     pub epilogue: Epilogue,
     /// Each tile waits for its chunk's signal before its first load.
     pub wait: bool,
+    /// Contiguous layout: each chunk's groups are its own ends, from row `chunk x t_max` on
+    /// (see the module's text). Not with `scheduled`.
+    pub chunk_ends: bool,
     /// FP8 with row scales: each K step's product made in a fresh accumulator and added in f32
     /// (`torch._scaled_grouped_mm` without `use_fast_accum`), rather than the whole K
     /// accumulated in the tensor cores, whose FP8 accumulation keeps about 14 bits.
@@ -231,6 +255,7 @@ impl GroupedGemm {
             divisible: false,
             epilogue: Epilogue::default(),
             wait: false,
+            chunk_ends: false,
             promote: false,
             scheduled: false,
             pingpong: false,
@@ -320,6 +345,7 @@ impl GroupedGemm {
                 scales: self.scales,
                 epilogue: self.epilogue,
                 wait: self.wait,
+                chunk_ends: self.chunk_ends,
                 promote: self.promote,
                 scheduled: self.scheduled,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
@@ -367,13 +393,13 @@ impl GroupedGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
-        let Epilogue { swiglu, row_weights } = self.epilogue;
+        let Epilogue { swiglu, row_weights, reduce_scatter } = self.epilogue;
         // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
         // the flattened loop with a producer warp takes no waits).
         let warp_specialize = self.scheduled && desc && !self.wait;
         let pingpong = self.pingpong && warp_specialize;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
@@ -385,7 +411,9 @@ impl GroupedGemm {
             },
             if swiglu { "_swiglu" } else { "" },
             if row_weights { "_weighted" } else { "" },
+            if reduce_scatter { "_scatter" } else { "" },
             if self.wait { "_waiting" } else { "" },
+            if self.chunk_ends { "_chunk_ends" } else { "" },
             if self.promote && self.scales != Scales::Block { "_promoted" } else { "" },
             if desc { "_desc" } else { "" },
             if self.scheduled { "_scheduled" } else { "" }
@@ -415,6 +443,9 @@ impl GroupedGemm {
         let scales =
             (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
         let weights = row_weights.then(|| b.arg_ptr("weights", DType::F32));
+        let scatter = reduce_scatter.then(|| {
+            (b.arg_ptr("row_token", DType::I32), b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64))
+        });
         let ready = self.wait.then(|| b.arg_ptr("ready", DType::U64));
         let experts = b.arg("experts", DType::I32);
         let chunks = b.arg("chunks", DType::I32);
@@ -429,7 +460,7 @@ impl GroupedGemm {
         let target = self.wait.then(|| b.arg("target", DType::U64));
         let n_out = if swiglu { n / 2 } else { n };
         let k_blocks = self.scheduled.then(|| (k + (bk as i32 - 1)) / bk as i32);
-        let k_ = Kernel { b: &b, bp, c, scales, weights, a_rows, n, n_out, k, k_blocks };
+        let k_ = Kernel { b: &b, bp, c, scales, weights, scatter, a_rows, n, n_out, k, k_blocks };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
             match self.b_layout {
@@ -454,8 +485,12 @@ impl GroupedGemm {
                 }
                 _ => (a, da),
             };
-            self.tile(&k_, a_t, da_t.zip(db), e, (first, rows), (tm, tn));
+            self.tile(&k_, a_t, da_t.zip(db), (e, chunk), (first, rows), (tm, tn));
         };
+        if self.chunk_ends {
+            self.walk_chunks(&k_, (a, da, db), (groups, ready.zip(target)), (experts, chunks, t_max), tiles_n);
+            return b.finish();
+        }
         if let Some(schedule) = schedule {
             // Tiles numbered row tile by row tile in the schedule's order (see
             // `grouped_schedule`), each reading its group from the schedule.
@@ -513,18 +548,68 @@ impl GroupedGemm {
         b.finish()
     }
 
-    /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e`, A read
-    /// from `a` (or `descs`).
+    /// The walk of [`GroupedGemm::chunk_ends`]: chunk by chunk (from this rank's own with a
+    /// wait: each chunk's signal before its ends are read), each chunk's groups from its first
+    /// row `chunk x t_max`; tile numbers run on over the chunks as in the plain walk.
+    #[allow(clippy::type_complexity)]
+    fn walk_chunks<'b>(
+        &self,
+        kn: &Kernel<'b>,
+        (a, da, db): (Tile<'b>, Option<Tile<'b>>, Option<Tile<'b>>),
+        (groups, ready): (Tile<'b>, Option<(Tile<'b>, Tile<'b>)>),
+        (experts, chunks, t_max): (Tile<'b>, Tile<'b>, Tile<'b>),
+        tiles_n: Tile<'b>,
+    ) {
+        let b = kn.b;
+        let bm = self.block_m as i32;
+        let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
+        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
+        b.for_range(0, chunks, 1, &[pid, zero], |ci, st| {
+            let (chunk, groups, a, da) = match ready {
+                Some((ready, target)) => {
+                    let chunk = (ci + b.rank()) % chunks;
+                    let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+                    let a = a.consume_token(tok);
+                    let da = db.is_some().then(|| kn.a_desc(a, self.block_m, self.k_step()));
+                    (chunk, groups.consume_token(tok), a, da)
+                }
+                None => (ci, groups, a, da),
+            };
+            let base = chunk * t_max;
+            let after = b.for_range(0, experts, 1, &[st[0], zero, st[1]], |e, s| {
+                let (next, start, tile_base) = (s[0], s[1], s[2]);
+                let end = b.load(groups + (chunk * experts + e), None, None);
+                let rows = end - start;
+                let tiles = ((rows + (bm - 1)) / bm) * tiles_n;
+                let last = tile_base + tiles;
+                let after = b.while_loop(
+                    &[next],
+                    |s| s[0].lt(last),
+                    |s| {
+                        let local = s[0] - tile_base;
+                        let tile = (local / tiles_n, local % tiles_n);
+                        self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), tile);
+                        vec![s[0] + programs]
+                    },
+                );
+                vec![after[0], end, last]
+            });
+            vec![after[0], after[2]]
+        });
+    }
+
+    /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e` (of A's
+    /// chunk `chunk`), A read from `a` (or `descs`).
     fn tile<'b>(
         &self,
         kn: &Kernel<'b>,
         a: Tile<'b>,
         descs: TilePair<'b>,
-        e: Tile<'b>,
+        (e, chunk): (Tile<'b>, Tile<'b>),
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
     ) {
-        let Kernel { b, bp, c, scales, weights, n, n_out, k, k_blocks, .. } = *kn;
+        let Kernel { b, bp, c, scales, weights, scatter, n, n_out, k, k_blocks, .. } = *kn;
         let (bm, bn, bk) = (self.block_m, self.block_n, self.k_step());
         let swiglu = self.epilogue.swiglu;
         let local = tm * bm as i32 + b.arange(0, bm as i64);
@@ -613,7 +698,20 @@ impl GroupedGemm {
             out = out * b.load_or(w + rm, rows_ok, 0.0);
         }
         let cols = (tn * h as i32 + b.arange(0, h as i64)).expand_dims(0);
-        b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(rows_ok & cols.lt(n_out)));
+        let inside = rows_ok & cols.lt(n_out);
+        match scatter {
+            // Into the owner's accumulator at each row's token, then the owner counts the
+            // tile's elements (the notify's program barrier and release order the atomics).
+            Some((row_token, acc, done)) => {
+                let token = b.load_or(row_token + rm, rows_ok, 0i32);
+                let dst = b.symm_at(acc, chunk) + token * n_out + cols;
+                b.atomic(AtomicOp::Add, dst, out, Some(inside), MemSemantic::Relaxed, Scope::Sys);
+                let rows_in = (rows - tm * bm as i32).min(bm as i32);
+                let cols_in = (n_out - tn * h as i32).min(h as i32);
+                b.notify(done, chunk, (rows_in * cols_in).cast(DType::U64), SignalOp::Add, CommScope::IntraNode);
+            }
+            None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
+        }
     }
 
     /// The elements of `scale_a` and `scale_b` for `a_rows` rows of A and `experts` experts of
@@ -656,6 +754,18 @@ impl GroupedGemm {
         if ops.ready.is_some() != self.wait {
             return Err(self.problem("ready signals: given exactly when the GEMM waits (`wait`)".into()));
         }
+        if ops.scatter.is_some() != self.epilogue.reduce_scatter {
+            return Err(self.problem("row tokens, accumulator and done signal: given exactly with `reduce_scatter`".into()));
+        }
+        if self.epilogue.reduce_scatter && (self.epilogue.swiglu || self.layout != Layout::Contiguous) {
+            return Err(self.problem("`reduce_scatter`: contiguous layout, no SwiGLU".into()));
+        }
+        if self.chunk_ends && (self.layout != Layout::Contiguous || self.scheduled || !p.rows.is_multiple_of(p.chunks.max(1))) {
+            return Err(self.problem(format!(
+                "`chunk_ends`: contiguous layout, not scheduled, {} rows whole chunks of {}",
+                p.rows, p.chunks
+            )));
+        }
         if self.scales == Scales::Block && !SCALE_BLOCK.is_multiple_of(self.out_block_n()) {
             return Err(self.problem(format!("block_n = {} does not divide {SCALE_BLOCK}", self.block_n)));
         }
@@ -679,7 +789,10 @@ impl GroupedGemm {
         };
         require_bytes(ops.a, a_rows * k * es, "a")?;
         require_bytes(ops.b, experts * n * k * es, "b")?;
-        require_bytes(ops.c, a_rows * n_out * out_es, "c")?;
+        // With `reduce_scatter` the product goes to `acc` (C is not written).
+        if !self.epilogue.reduce_scatter {
+            require_bytes(ops.c, a_rows * n_out * out_es, "c")?;
+        }
         require_bytes(ops.groups, groups * 4, "groups")?;
         if let Some((sa, sb)) = ops.scales {
             let (la, lb) = self.scale_lens(a_rows, experts, n, k);
@@ -720,13 +833,19 @@ impl GroupedGemm {
             args.extend([sa.arg(), sb.arg()]);
         }
         args.extend(ops.weights.map(Buffer::arg));
+        if let Some((row_token, acc, done)) = ops.scatter {
+            require_bytes(row_token, a_rows * 4, "row_token")?;
+            require_bytes(done, 8, "done")?;
+            args.extend([row_token.arg(), acc.arg(), done.arg()]);
+        }
         args.extend(ops.ready.map(|(r, _)| r.arg()));
         args.extend([
             KernelArg::i32(require_i32(experts, "experts")?),
             KernelArg::i32(require_i32(chunks, "chunks")?),
             KernelArg::i32(require_i32(n, "n")?),
             KernelArg::i32(require_i32(k, "k")?),
-            KernelArg::i32(require_i32(rows, "t_max")?),
+            // The masked layout's capacity per group, or each chunk's rows with `chunk_ends`.
+            KernelArg::i32(require_i32(if self.chunk_ends { rows / chunks } else { rows }, "t_max")?),
             KernelArg::i32(require_i32(a_rows, "a_rows")?),
             KernelArg::i32(require_i32(experts * if self.b_layout == BLayout::NK { n } else { k }, "b_rows")?),
         ]);

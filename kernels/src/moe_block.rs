@@ -128,7 +128,7 @@ impl EpMoeBlock {
         let base = GroupedGemm::for_target(self.dtype, layout, BLayout::NK, ctx.gpu_target());
         // The device-made schedule needs a scratch buffer; bf16 walks its groups itself.
         let base = GroupedGemm { scheduled: false, ..base };
-        (base.with_epilogue(Epilogue { swiglu: true, row_weights: false }), base)
+        (base.with_epilogue(Epilogue { swiglu: true, ..Epilogue::default() }), base)
     }
 
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
@@ -186,7 +186,7 @@ impl EpMoeBlock {
 /// tiles).
 type Prepared = Option<(trident_core::backend::Artifact, crate::grouped_gemm::Launch)>;
 
-fn prepare(ctx: &dyn RankCtx, (op, ops, p): (GroupedGemm, Operands<'_>, Groups)) -> Result<Prepared, BackendError> {
+pub(crate) fn prepare(ctx: &dyn RankCtx, (op, ops, p): (GroupedGemm, Operands<'_>, Groups)) -> Result<Prepared, BackendError> {
     let op = op.specialized(ops.a, ops.b, p.n, p.k);
     let Some(launch) = op.plan(ops, p)? else { return Ok(None) };
     let kernel = ctx.compile(&format!("{op:?}"), &|| op.build())?;

@@ -233,7 +233,7 @@ fn the_benchmarks_tiles_match_float64() {
     assert_eq!(wide.with_scales(Scales::Block, false).block_n, 128);
     assert_eq!(wide.with_scales(Scales::Row, true).block_n, 128);
     assert!(!wide.with_scales(Scales::Row, true).scheduled && wide.with_scales(Scales::Row, false).scheduled);
-    let swiglu = fp8.with_epilogue(Epilogue { swiglu: true, row_weights: false });
+    let swiglu = fp8.with_epilogue(Epilogue { swiglu: true, ..Epilogue::default() });
     assert_eq!((swiglu.block_m, swiglu.block_n, swiglu.scheduled), (128, 256, false));
     assert_eq!(swiglu.with_scales(Scales::Block, false).block_m, 64);
     for v in [fp8, wide, GroupedGemm { block_k: 64, ..fp8 }] {
@@ -410,7 +410,7 @@ fn a_tile_waits_for_its_chunk() {
 fn swiglu_runs_on_tma_and_wgmma() {
     use trident_kernels::grouped_gemm::Epilogue;
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
-    let epilogue = Epilogue { swiglu: true, row_weights: true };
+    let epilogue = Epilogue { swiglu: true, row_weights: true, ..Epilogue::default() };
     for (dtype, scales) in [(DType::BF16, Scales::None), (DType::F8E4M3FN, Scales::Block)] {
         let op = GroupedGemm { scales, ..GroupedGemm::for_target(dtype, Layout::Contiguous, BLayout::NK, Some(sm90a)) }
             .with_epilogue(epilogue);

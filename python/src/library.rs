@@ -131,7 +131,7 @@ pub fn grouped_gemm(
     let target = target_of(dev.arch());
     // The descriptor form (TMA and `wgmma`) on sm_90a where the operands allow it.
     let op = GroupedGemm::for_target(dtype, layout, b_layout, trident_core::target::lookup(&target).ok());
-    let epilogue = Epilogue { swiglu, row_weights: weights.is_some() };
+    let epilogue = Epilogue { swiglu, row_weights: weights.is_some(), ..Epilogue::default() };
     let op = op
         .with_scales(if scales.is_some() { Scales::Row } else { Scales::None }, false)
         .with_epilogue(epilogue)

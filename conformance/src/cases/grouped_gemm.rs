@@ -45,7 +45,7 @@ fn of(case: &Case) -> GroupedGemm {
     } else {
         Scales::None
     };
-    let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights") };
+    let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights"), ..Epilogue::default() };
     GroupedGemm {
         scales,
         epilogue,

@@ -6,7 +6,9 @@
 //!
 //! Shapes `[T, H, E_local, k, routing]` as the all-to-all's (its routings), the intermediate
 //! size one SwiGLU block (128). Variants: `ep` (the low-latency exchange, masked layout),
-//! `ep-ht` (the high-throughput exchange, contiguous layout).
+//! `ep-ht` (the high-throughput exchange, contiguous layout), `tp` (the tensor-parallel block,
+//! `trident_kernels::moe_tp`: every rank a 128-wide shard of every expert's intermediate size,
+//! so `F = 128 W`; each shard's down product is added unrounded, the sum rounded once).
 
 use crate::dist_bench::{read_entry, upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
@@ -21,6 +23,7 @@ use trident_core::world::RankCtx;
 use trident_kernels::ep_all_to_all::EpShape;
 use trident_kernels::grouped_gemm::{swiglu_gate_row, SWIGLU_BLOCK};
 use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers};
+use trident_kernels::moe_tp::{TpMoeBlock, TpMoeBuffers};
 
 /// The experts' intermediate size in the cases.
 const FFN: usize = SWIGLU_BLOCK as usize;
@@ -28,8 +31,8 @@ const FFN: usize = SWIGLU_BLOCK as usize;
 struct MoeBlockCase;
 
 /// Expert `l`'s output for row `x` (`h` values) with its `w1` (`[2F, H]`, gate/up interleaved)
-/// and `w2` (`[H, F]`), each stored value rounded to `d`.
-fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType) -> Vec<f64> {
+/// and `w2` (`[H, F]`), the SwiGLU output rounded to `d`, and the output too with `round_y`.
+fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) -> Vec<f64> {
     let dot = |row: usize| -> f64 { (0..h).map(|c| w1[row * h + c] * x[c]).sum() };
     let act: Vec<f64> = (0..FFN)
         .map(|j| {
@@ -40,7 +43,16 @@ fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType) -> Vec<f64> {
         .collect();
     let act = round_to(&act, d);
     let y: Vec<f64> = (0..h).map(|i| (0..FFN).map(|j| w2[i * FFN + j] * act[j]).sum()).collect();
-    round_to(&y, d)
+    if round_y {
+        round_to(&y, d)
+    } else {
+        y
+    }
+}
+
+/// Whether the case runs the tensor-parallel block.
+fn tensor_parallel(case: &Case) -> bool {
+    case.variant == "tp"
 }
 
 impl Operation for MoeBlockCase {
@@ -50,7 +62,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht"],
+            DType::BF16 => &["ep", "ep-ht", "tp"],
             _ => &[],
         }
     }
@@ -67,7 +79,8 @@ impl Operation for MoeBlockCase {
     }
 
     fn bound(&self, case: &Case, _reduction_len: usize) -> f64 {
-        crate::suite::bound(case.dtype, case.variant, FFN)
+        let f = if tensor_parallel(case) { FFN * case.world } else { FFN };
+        crate::suite::bound(case.dtype, case.variant, f)
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
@@ -83,8 +96,29 @@ impl Operation for MoeBlockCase {
             let s = 2.0 / (fan_in as f64).sqrt();
             round_to(&random(n, DType::F32, rng).iter().map(|v| v * s).collect::<Vec<_>>(), d)
         };
-        let w1: Vec<Vec<f64>> = (0..w).map(|_| scaled(el * 2 * FFN * h, h, rng)).collect();
-        let w2: Vec<Vec<f64>> = (0..w).map(|_| scaled(el * h * FFN, FFN, rng)).collect();
+        // Expert parallelism: each rank its `el` experts whole; tensor parallelism: each rank a
+        // shard of every expert (all `el W` of them), the down weights over the full F.
+        let tp = tensor_parallel(case);
+        let (held, fan) = if tp { (el * w, FFN * w) } else { (el, FFN) };
+        let w1: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * 2 * FFN * h, h, rng)).collect();
+        let w2: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * h * FFN, fan, rng)).collect();
+        // Expert `e`'s output for a token: its own rank's whole expert, or every rank's shard
+        // added unrounded and the sum rounded by the caller.
+        let expert_out = |x: &[f64], e: usize| -> Vec<f64> {
+            let part = |r: usize, l: usize, round_y: bool| {
+                let w1e = &w1[r][l * 2 * FFN * h..(l + 1) * 2 * FFN * h];
+                let w2e = &w2[r][l * h * FFN..(l + 1) * h * FFN];
+                expert(x, w1e, w2e, h, d, round_y)
+            };
+            if !tp {
+                return part(e / el, e % el, true);
+            }
+            let mut sum = vec![0.0; h];
+            for r in 0..w {
+                sum.iter_mut().zip(part(r, e, false)).for_each(|(s, v)| *s += v);
+            }
+            sum
+        };
         let expected = (0..w)
             .map(|s| {
                 let mut out = vec![0.0; t * h];
@@ -94,17 +128,18 @@ impl Operation for MoeBlockCase {
                         if e < 0 {
                             continue;
                         }
-                        let (r, l) = (e as usize / el, e as usize % el);
-                        let w1e = &w1[r][l * 2 * FFN * h..(l + 1) * 2 * FFN * h];
-                        let w2e = &w2[r][l * h * FFN..(l + 1) * h * FFN];
-                        let y = expert(&xs[s][tok * h..(tok + 1) * h], w1e, w2e, h, d);
+                        let y = expert_out(&xs[s][tok * h..(tok + 1) * h], e as usize);
                         let wt = weights[s][tok * k + j];
                         for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(y) {
                             *o += wt * v;
                         }
                     }
                 }
-                out
+                if tp {
+                    round_to(&out, d)
+                } else {
+                    out
+                }
             })
             .collect();
         let inputs = (0..w)
@@ -129,13 +164,18 @@ impl Operation for MoeBlockCase {
         out_len: usize,
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let (t, _, shape) = shape_of(case);
-        let block = EpMoeBlock::new(case.dtype, FFN);
-        // `ep-ht`: the high-throughput exchange and the contiguous layout (prefill).
-        let block = if case.variant == "ep-ht" { block.high_throughput() } else { block };
-        let bufs = block.buffers(ctx, shape)?;
+        let block = if tensor_parallel(case) {
+            let block = TpMoeBlock::new(case.dtype, FFN);
+            Block::Tp(block, Box::new(block.buffers(ctx, shape)?))
+        } else {
+            let block = EpMoeBlock::new(case.dtype, FFN);
+            // `ep-ht`: the high-throughput exchange and the contiguous layout (prefill).
+            let block = if case.variant == "ep-ht" { block.high_throughput() } else { block };
+            Block::Ep(block, Box::new(block.buffers(ctx, shape)?))
+        };
         Ok(Box::new(MoeRank {
+            dtype: case.dtype,
             block,
-            bufs,
             x: upload(ctx, "moe_x", &inputs[0], case.dtype)?,
             topk: upload(ctx, "moe_topk", &inputs[1], DType::I32)?,
             weights: upload(ctx, "moe_weights", &inputs[2], DType::F32)?,
@@ -147,10 +187,33 @@ impl Operation for MoeBlockCase {
     }
 }
 
+/// A rank's MoE block (expert- or tensor-parallel) and its buffers.
+enum Block {
+    Ep(EpMoeBlock, Box<EpMoeBuffers>),
+    Tp(TpMoeBlock, Box<TpMoeBuffers>),
+}
+
+impl Block {
+    fn out(&self) -> &Buffer {
+        match self {
+            Block::Ep(_, b) => b.out(),
+            Block::Tp(_, b) => &b.out,
+        }
+    }
+
+    /// What a call writes before its result, all this rank's own: poisoned before each call.
+    fn written(&self) -> Vec<&Buffer> {
+        match self {
+            Block::Ep(_, b) => vec![&b.act, &b.y, b.out()],
+            Block::Tp(_, b) => vec![&b.act, &b.out],
+        }
+    }
+}
+
 /// A rank's MoE block and its inputs.
 struct MoeRank {
-    block: EpMoeBlock,
-    bufs: EpMoeBuffers,
+    dtype: DType,
+    block: Block,
     x: Buffer,
     topk: Buffer,
     weights: Buffer,
@@ -162,24 +225,29 @@ struct MoeRank {
 
 impl RankOp for MoeRank {
     fn poison(&self, ctx: &dyn RankCtx, _call: u64) -> Result<(), BackendError> {
-        let d = self.block.dtype;
-        for b in [&self.bufs.act, &self.bufs.y, self.bufs.out()] {
-            ctx.fill(b, &poison(d))?;
+        for b in self.block.written() {
+            ctx.fill(b, &poison(self.dtype))?;
         }
         Ok(())
     }
 
     fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
-        let experts = (&self.w1, &self.w2);
-        self.block.enqueue(ctx, &mut self.bufs, &self.x, &self.topk, &self.weights, experts, self.tokens)
+        let (experts, (x, topk, weights)) = ((&self.w1, &self.w2), (&self.x, &self.topk, &self.weights));
+        match &mut self.block {
+            Block::Ep(block, bufs) => block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens),
+            Block::Tp(block, bufs) => block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens),
+        }
     }
 
     fn result(&self, ctx: &dyn RankCtx, _call: u64) -> Result<Vec<f64>, BackendError> {
-        download(ctx, self.bufs.out(), self.out_len, self.block.dtype)
+        download(ctx, self.block.out(), self.out_len, self.dtype)
     }
 
     fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
-        self.bufs.rearm(ctx)
+        match &mut self.block {
+            Block::Ep(_, bufs) => bufs.rearm(ctx),
+            Block::Tp(_, bufs) => bufs.rearm(ctx),
+        }
     }
 }
 
@@ -210,14 +278,25 @@ impl Benchmark for MoeBlockCase {
         v
     }
 
+    /// F a 128-wide shard per rank, so that the tensor-parallel block runs too.
     fn small_shape(&self, world: usize) -> Vec<usize> {
-        vec![4, 64, 2 * world, 2, FFN]
+        vec![4, 64, 2 * world, 2, FFN * world]
     }
 
-    /// The two exchanges' symmetric buffers (the all-to-all benchmark's).
+    /// The two exchanges' symmetric buffers (the all-to-all benchmark's) and the
+    /// tensor-parallel block's (its gathered rows, ends, tokens and weights in two halves, the
+    /// accumulator, signals).
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let ep = DistCase { dims: case.dims[..4].to_vec(), ..case.clone() };
-        super::ep_all_to_all::EpCase.heap_bytes(&ep)
+        let (t, h, e, k, w) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.world);
+        let halves = trident_kernels::epoch::halves_bytes;
+        let rows = w * t * k;
+        let tp = halves(rows * h, case.dtype.size_bytes() as usize)
+            + halves(w * e, 4)
+            + 2 * halves(rows, 4)
+            + 4 * t * h
+            + 8 * (w + 1);
+        super::ep_all_to_all::EpCase.heap_bytes(&ep) + tp + (1 << 20)
     }
 
     /// Each (token, expert) row out and back, less what stays on the rank.
@@ -312,6 +391,41 @@ impl Benchmark for MoeBlockCase {
             t.error(check(bufs.out())?);
             t.time(name, &mut || call(&mut bufs))?;
         }
+        // The tensor-parallel block: rank r holds shard r of every expert (the same experts:
+        // rows `r 2F_l ..` of each interleaved w1, columns `r F_l ..` of each w2); at world 1
+        // that is the expert-parallel block's weights.
+        let fl = f / w;
+        if !f.is_multiple_of(w) || !fl.is_multiple_of(SWIGLU_BLOCK as usize) {
+            println!("bench: moe-tp/block skipped: F = {f} is not {w} shards of whole {SWIGLU_BLOCK}-column blocks");
+            return Ok(());
+        }
+        let shards = match w {
+            1 => None,
+            _ => {
+                let w1 = upload_with(ctx, experts * 2 * fl * h, d, "moe_tp_w1", &|i| {
+                    let (e, q, c) = (i / (2 * fl * h), (i / h) % (2 * fl), i % h);
+                    weight(seed, 910 + (e / el) as u64, ((e % el) * 2 * f + r * 2 * fl + q) * h + c, h)
+                })?;
+                let w2 = upload_with(ctx, experts * h * fl, d, "moe_tp_w2", &|i| {
+                    let (e, row, q) = (i / (h * fl), (i / fl) % h, i % fl);
+                    weight(seed, 920 + (e / el) as u64, ((e % el) * h + row) * f + r * fl + q, f)
+                })?;
+                Some((w1, w2))
+            }
+        };
+        let (tw1, tw2) = shards.as_ref().map_or((&w1, &w2), |(a, b)| (a, b));
+        let block = TpMoeBlock::new(d, fl);
+        let mut bufs = block.buffers(ctx, shape)?;
+        ctx.fill(&bufs.out, &poison(d))?;
+        ctx.barrier()?;
+        let call = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
+            block.enqueue(ctx, bufs, &x, &topk_b, &weights, (tw1, tw2), tokens)?;
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        call(&mut bufs)?;
+        t.error(check(&bufs.out)?);
+        t.time("moe-tp/block", &mut || call(&mut bufs))?;
         Ok(())
     }
 }

@@ -1,0 +1,389 @@
+//! The tensor-parallel MoE block: every rank holds a shard of every expert (the intermediate
+//! size `F` split over the ranks, `F_l = F / W` each) and its own tokens; the block gathers the
+//! tokens, runs each expert's shard on all of them, and reduces the shards' partial outputs home
+//! with the top-k weights. Three kernels and two grouped GEMMs on one stream per call:
+//!
+//! 1. **route + gather** (one persistent launch, its programs meeting between phases): the
+//!    rank's `(token, k-slot)` pairs counted per expert, each pair given a row of the rank's
+//!    chunk in expert order (`cap = T_max k` rows per chunk; within an expert in the order the
+//!    pairs took their places), and written to every rank (`rows [W cap, H]`, with each row's
+//!    token `row_token` and routing weight `row_weight`), and the chunk's group ends (`ends [W,
+//!    E]`, counted from the chunk's first row) before them; then `ready[rank]` is set to the
+//!    call's epoch on every rank;
+//! 2. **AG + grouped GEMM** gate/up with SwiGLU ([`GroupedGemm::chunk_ends`] with `wait`): a
+//!    program waits for chunk c's signal before it reads c's ends, and walks the chunks from
+//!    its rank's own (already there) on, so the gather of the other chunks overlaps the GEMM:
+//!    `act [W cap, F_l]`;
+//! 3. **grouped GEMM + top-k reduction + reduce-scatter** down ([`Epilogue::reduce_scatter`]):
+//!    each row of chunk c times its weight, added (f32 atomics) into the token's row of `acc` on
+//!    rank c, and rank c's `done` grows by each tile's elements;
+//! 4. **finish** on the owner: once `done` reached `W x` its own chunk's rows `x H`, `acc` in the
+//!    element type into `out [T, H]`, `acc` cleared and `done` reset for the next call.
+//!
+//! Reuse. The gathered buffers come in two halves by the call's parity. Every rank's gate/up
+//! GEMM waits in each call for every rank's route (its signal), which a rank enqueues after its
+//! previous call's down GEMM: so when a rank writes a half for call e+2, every rank has finished
+//! reading it in call e. `acc` and `done` of rank c take call e+1's additions only from tiles of
+//! chunk c, which wait for rank c's route of call e+1, enqueued after its finish of call e.
+//!
+//! Not replayable yet: the launches carry the call's epoch and its halves (the gathered rows
+//! are read through TMA descriptors, which the host encodes from the argument, so the device
+//! cannot pick the half); recording the block is refused with a typed error.
+//!
+//! Rounding: `act` is stored in the element type (as the plain MoE does), each shard's down
+//! product is added in f32 per element (in no fixed order: the atomics), and `out` rounded
+//! once. Peers are reached by loads, stores and atomics on their memory (`symm_at`): one node,
+//! as tensor parallelism runs.
+
+use crate::ep_all_to_all::{each_block, EpShape};
+use crate::epoch::{half_of, halves_bytes};
+use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, SWIGLU_BLOCK};
+use crate::{require_bytes, require_i32};
+use crate::moe_block::prepare;
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{AtomicOp, Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, ReduceOp, Scope, SignalOp};
+use trident_core::world::RankCtx;
+use trident_core::{Function, KernelBuilder, VerifyError};
+
+/// The block's meta-parameters: the element type (bf16 or f16), each rank's shard of the
+/// experts' intermediate size `F_l` (a multiple of [`SWIGLU_BLOCK`]), the elements of a row
+/// copied per step and the route and finish grids (persistent: what is resident of them runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TpMoeBlock {
+    pub dtype: DType,
+    pub ffn_shard: usize,
+    pub block: u32,
+    pub max_programs: u32,
+}
+
+/// A rank's buffers of the block (symmetric ones allocated collectively).
+pub struct TpMoeBuffers {
+    /// Tokens per rank at most (`t_max`), hidden size, experts in all, top-k.
+    pub shape: EpShape,
+    /// Two halves of `[W cap, H]`: every rank's chunk of rows in expert order (symmetric).
+    pub rows: Buffer,
+    /// Two halves of `[W, E]` i32: each chunk's group ends, from the chunk's first row.
+    pub ends: Buffer,
+    /// Two halves of `[W cap]` i32 and f32: each row's token (on the chunk's rank) and weight.
+    pub row_token: Buffer,
+    pub row_weight: Buffer,
+    /// `[W]` u64: chunk c's rows are here for call e once `ready[c] >= e` (symmetric).
+    pub ready: Buffer,
+    /// `[T_max, H]` f32: this rank's tokens' sums of every shard's weighted rows (symmetric).
+    pub acc: Buffer,
+    /// u64: the elements added into `acc` this call (symmetric).
+    pub done: Buffer,
+    /// Local, zeroed: two halves of `[E]` counts and `[E]` fill cursors (i32), `[E]` starts.
+    pub scratch: Buffer,
+    /// Local, zeroed: the route's and the finish's finished-program counters (u64).
+    pub finished: Buffer,
+    /// `[W cap, F_l]`: the SwiGLU output of every gathered row (local).
+    pub act: Buffer,
+    /// `[T_max, H]`: the block's result of the last call (local).
+    pub out: Buffer,
+    /// Calls enqueued (the epoch of the last one).
+    pub calls: u64,
+}
+
+impl TpMoeBuffers {
+    /// Rows of each rank's chunk: `T_max k`.
+    pub fn cap(&self) -> usize {
+        self.shape.t_max * self.shape.top_k
+    }
+
+    /// Collective: the signals, counters and accumulators back to zero on every rank, and the
+    /// epoch with them (after a timed-out wait).
+    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
+        crate::epoch::rearm(ctx, &[&self.ready, &self.acc, &self.done, &self.scratch, &self.finished])?;
+        self.calls = 0;
+        Ok(())
+    }
+}
+
+impl TpMoeBlock {
+    pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
+        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132 }
+    }
+
+    fn problem(&self, message: String) -> BackendError {
+        BackendError::Problem { kernel: "moe_tp".into(), message }
+    }
+
+    /// Collective: this rank's buffers for calls of `shape` (`experts` in all, each on every
+    /// rank).
+    pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<TpMoeBuffers, BackendError> {
+        if !matches!(self.dtype, DType::BF16 | DType::F16) {
+            return Err(self.problem(format!("element type `{}`: bf16 or f16", self.dtype)));
+        }
+        if self.ffn_shard == 0 || !self.ffn_shard.is_multiple_of(SWIGLU_BLOCK as usize) {
+            return Err(self.problem(format!(
+                "intermediate shard {}: a positive multiple of {SWIGLU_BLOCK} (SwiGLU's gate/up blocks)",
+                self.ffn_shard
+            )));
+        }
+        let EpShape { t_max, hidden, experts, top_k } = shape;
+        if experts == 0 || top_k == 0 || hidden == 0 || t_max == 0 {
+            return Err(self.problem(format!(
+                "shape {t_max} tokens x {hidden} hidden, top-{top_k} of {experts} experts: every extent positive"
+            )));
+        }
+        let w = ctx.world_size();
+        let (rows, es) = (w * t_max * top_k, self.dtype.size_bytes() as usize);
+        require_i32(2 * crate::epoch::half_elems(rows * hidden), "the gathered rows' elements")?;
+        require_i32(rows * self.ffn_shard.max(hidden), "rows x max(F_l, H)")?;
+        let zeroed = |bytes: usize, name: &str| -> Result<Buffer, BackendError> {
+            let b = ctx.alloc(bytes, name)?;
+            ctx.fill(&b, &[0])?;
+            Ok(b)
+        };
+        Ok(TpMoeBuffers {
+            shape,
+            rows: ctx.symm_alloc(halves_bytes(rows * hidden, es), "moe_tp_rows")?,
+            ends: ctx.symm_alloc(halves_bytes(w * experts, 4), "moe_tp_ends")?,
+            row_token: ctx.symm_alloc(halves_bytes(rows, 4), "moe_tp_row_token")?,
+            row_weight: ctx.symm_alloc(halves_bytes(rows, 4), "moe_tp_row_weight")?,
+            ready: ctx.symm_alloc(8 * w, "moe_tp_ready")?,
+            acc: ctx.symm_alloc(4 * t_max * hidden, "moe_tp_acc")?,
+            done: ctx.symm_alloc(8, "moe_tp_done")?,
+            scratch: zeroed(4 * 5 * experts, "moe_tp_scratch")?,
+            finished: zeroed(16, "moe_tp_finished")?,
+            act: ctx.alloc(rows * self.ffn_shard * es, "moe_tp_act")?,
+            out: ctx.alloc(t_max * hidden * es, "moe_tp_out")?,
+            calls: 0,
+        })
+    }
+
+    /// The route + gather kernel (see the module's text).
+    pub fn build_route(&self) -> Result<Function, VerifyError> {
+        let name = format!("moe_tp_route_{}_{}", self.dtype, self.block);
+        // Programs meet (the finished count): all of them resident, as many as fit.
+        let attrs = LaunchAttrs { cooperative: true, persistent: true, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&name, attrs);
+        let d = self.dtype;
+        let (x, topk, weights) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32), b.arg_ptr("weights", DType::F32));
+        let (rows, ends) = (b.arg_ptr("rows", d), b.arg_ptr("ends", DType::I32));
+        let (row_token, row_weight) = (b.arg_ptr("row_token", DType::I32), b.arg_ptr("row_weight", DType::F32));
+        let ready = b.arg_ptr("ready", DType::U64);
+        // This call's counts and cursors, the last call's (cleared here for the next), starts.
+        let (counts, stale, starts) =
+            (b.arg_ptr("counts", DType::I32), b.arg_ptr("stale", DType::I32), b.arg_ptr("starts", DType::I32));
+        let finished = b.arg_ptr("finished", DType::U64);
+        let (tokens, hidden) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32));
+        let (experts, k, cap) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32), b.arg("cap", DType::I32));
+        let epoch = b.arg("epoch", DType::U64);
+        let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
+        let cursor = counts + experts;
+        let pairs = tokens * k;
+        // Every program's part done before any goes on: the count grows by the grid per meet,
+        // three meets per call.
+        let meet = |nth: u64| {
+            b.barrier();
+            b.atomic(AtomicOp::Add, finished, 1u64, None, MemSemantic::AcqRel, Scope::Sys);
+            let all = ((epoch - 1u64) * 3u64 + nth) * programs.cast(DType::U64);
+            b.wait(finished, 1, CmpOp::Ge, all, Scope::Gpu, MemSemantic::Acquire)
+        };
+        // 1. Count the pairs per expert; clear the last call's counts and cursors.
+        b.for_range(pid, experts * 2, programs, &[], |i, _| {
+            b.store(stale + i, 0i32, None);
+            vec![]
+        });
+        b.for_range(pid, pairs, programs, &[], |i, _| {
+            let e = b.load(topk + i, None, None);
+            b.if_then(e.ge(0) & e.lt(experts), || {
+                b.atomic(AtomicOp::Add, counts + e, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
+            });
+            vec![]
+        });
+        let tok = meet(1);
+        // 2. Program 0: the ends (an inclusive sum over the experts, 128 at a time) to every
+        // rank's `ends[me]`, the starts here.
+        let counts = counts.consume_token(tok);
+        b.if_then(pid.eq(0), || {
+            const SPAN: i64 = 128;
+            let lanes = b.arange(0, SPAN);
+            let upto = lanes.expand_dims(0).le(lanes.expand_dims(1));
+            let zero = b.i32(0);
+            b.for_range(0, (experts + (SPAN as i32 - 1)) / SPAN as i32, 1, &[zero], |blk, carried| {
+                let at = blk * SPAN as i32 + lanes;
+                let m = at.lt(experts);
+                let c = b.load_or(counts + at, m, 0i32);
+                let inclusive = upto.select(c.expand_dims(0).broadcast_to(&[SPAN as u32, SPAN as u32]), 0i32);
+                let end = carried[0] + inclusive.reduce(ReduceOp::Sum, 1);
+                b.store(starts + at, end - c, Some(m));
+                b.for_range(0, world, 1, &[], |dst, _| {
+                    b.store(b.symm_at(ends, dst) + (me * experts + at), end, Some(m));
+                    vec![]
+                });
+                vec![carried[0] + c.sum(0)]
+            });
+        });
+        let tok = meet(2);
+        // 3. Every pair's row: its place in the chunk, then the row, its token and weight to
+        // every rank.
+        let (starts, cursor) = (starts.consume_token(tok), cursor.consume_token(tok));
+        b.for_range(pid, pairs, programs, &[], |i, _| {
+            let e = b.load(topk + i, None, None);
+            b.if_then(e.ge(0) & e.lt(experts), || {
+                let slot = b.atomic(AtomicOp::Add, cursor + e, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
+                let row = me * cap + b.load(starts + e, None, None) + slot;
+                let (t, wt) = (i / k, b.load(weights + i, None, None));
+                let from = x + t * hidden;
+                b.for_range(0, world, 1, &[], |dst, _| {
+                    let to = b.symm_at(rows, dst) + row * hidden;
+                    each_block(&b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                    b.store(b.symm_at(row_token, dst) + row, t, None);
+                    b.store(b.symm_at(row_weight, dst) + row, wt, None);
+                    vec![]
+                });
+            });
+            vec![]
+        });
+        meet(3);
+        // 4. The chunk is everywhere: its signal to every rank.
+        b.for_range(pid, world, programs, &[], |dst, _| {
+            b.notify(ready + me, dst, epoch, SignalOp::Set, CommScope::IntraNode);
+            vec![]
+        });
+        b.finish()
+    }
+
+    /// The finish kernel (see the module's text).
+    pub fn build_finish(&self) -> Result<Function, VerifyError> {
+        let name = format!("moe_tp_finish_{}_{}", self.dtype, self.block);
+        let attrs = LaunchAttrs { persistent: true, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&name, attrs);
+        let (acc, done, out) = (b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64), b.arg_ptr("out", self.dtype));
+        let (ends, finished) = (b.arg_ptr("ends", DType::I32), b.arg_ptr("finished", DType::U64));
+        let (tokens, hidden, experts) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32), b.arg("experts", DType::I32));
+        let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
+        // Every shard's rows of this rank's chunk, each `hidden` elements.
+        let own = b.load(ends + (me * experts + experts - 1), None, None).cast(DType::U64);
+        let want = own * hidden.cast(DType::U64) * world.cast(DType::U64);
+        let tok = b.wait(done, 1, CmpOp::Ge, want, Scope::Sys, MemSemantic::Acquire);
+        let acc = acc.consume_token(tok);
+        let bs = self.block as i32;
+        let total = tokens * hidden;
+        b.for_range(pid, (total + (bs - 1)) / bs, programs, &[], |blk, _| {
+            let at = blk * bs + b.arange(0, self.block as i64);
+            let m = at.lt(total);
+            b.store(out + at, b.load(acc + at, Some(m), None).cast(self.dtype), Some(m));
+            b.store(acc + at, 0.0f32, Some(m));
+            vec![]
+        });
+        // The last program (every one past its wait) resets `done` for the next call, and the
+        // count of finished programs.
+        b.barrier();
+        let before = b.atomic(AtomicOp::Add, finished, 1u64, None, MemSemantic::AcqRel, Scope::Gpu);
+        b.if_then(before.eq(programs.cast(DType::U64) - 1u64), || {
+            b.store(finished, 0u64, None);
+            b.store(done, 0u64, None);
+        });
+        b.finish()
+    }
+
+    /// The two grouped GEMMs for this rank's target: gate/up with SwiGLU waiting for the
+    /// chunks, and down with the reduce-scatter epilogue.
+    fn gemms(&self, ctx: &dyn RankCtx) -> (GroupedGemm, GroupedGemm) {
+        let base = GroupedGemm::for_target(self.dtype, Layout::Contiguous, BLayout::NK, ctx.gpu_target());
+        let base = GroupedGemm { scheduled: false, chunk_ends: true, ..base };
+        let up = GroupedGemm { wait: true, ..base }.with_epilogue(Epilogue { swiglu: true, ..Epilogue::default() });
+        let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
+        (up, down)
+    }
+
+    /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
+    /// k]` i32, -1 none) with `weights` (`[tokens, k]` f32), through this rank's shards `w1`
+    /// (`[E, 2 F_l, H]`, gate/up interleaved) and `w2` (`[E, H, F_l]`): the result in `bufs.out`
+    /// (`[tokens, H]`), valid until the next call is enqueued.
+    #[allow(clippy::too_many_arguments)]
+    pub fn enqueue(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut TpMoeBuffers,
+        x: &Buffer,
+        topk: &Buffer,
+        weights: &Buffer,
+        (w1, w2): (&Buffer, &Buffer),
+        tokens: usize,
+    ) -> Result<(), BackendError> {
+        let EpShape { t_max, hidden: h, experts, top_k: k } = bufs.shape;
+        let (w, f, es) = (ctx.world_size(), self.ffn_shard, self.dtype.size_bytes() as usize);
+        if tokens > t_max {
+            return Err(self.problem(format!("{tokens} tokens: the buffers hold at most {t_max}")));
+        }
+        require_bytes(x, tokens * h * es, "x")?;
+        require_bytes(topk, tokens * k * 4, "topk")?;
+        require_bytes(weights, tokens * k * 4, "weights")?;
+        require_bytes(w1, experts * 2 * f * h * es, "w1")?;
+        require_bytes(w2, experts * h * f * es, "w2")?;
+        if ctx.capturing() {
+            return Err(trident_core::capture::not_capturable("the tensor-parallel MoE block (its launches carry the call's epoch and halves)"));
+        }
+        let call = bufs.calls + 1;
+        let (cap, rows) = (bufs.cap(), w * bufs.cap());
+        let half = |b: &Buffer| half_of(b, call);
+        let (g_rows, g_ends, g_token, g_weight) =
+            (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
+        // Every kernel compiled before the first launch (the world's compiles are collective).
+        let route = ctx.compile(&format!("{self:?} route"), &|| self.build_route())?;
+        let finish = ctx.compile(&format!("{self:?} finish"), &|| self.build_finish())?;
+        let (up, down) = self.gemms(ctx);
+        let up_ops = Operands { ready: Some((&bufs.ready, call)), ..Operands::new(&g_rows, w1, &bufs.act, &g_ends) };
+        let gate_up = prepare(ctx, (up, up_ops, Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) }))?;
+        let down_ops = Operands {
+            weights: Some(&g_weight),
+            scatter: Some((&g_token, &bufs.acc, &bufs.done)),
+            ..Operands::new(&bufs.act, w2, &bufs.out, &g_ends)
+        };
+        let reduce = prepare(ctx, (down, down_ops, Groups { chunks: w, ..Groups::new(experts, h, f, rows) }))?;
+
+        let scratch = |at: usize| bufs.scratch.arg_at(4 * at);
+        let (now, last) = ((call % 2) as usize, ((call + 1) % 2) as usize);
+        let i32_arg = |v: usize, what: &str| require_i32(v, what).map(KernelArg::i32);
+        let route_args = [
+            x.arg(),
+            topk.arg(),
+            weights.arg(),
+            g_rows.arg(),
+            g_ends.arg(),
+            g_token.arg(),
+            g_weight.arg(),
+            bufs.ready.arg(),
+            scratch(now * 2 * experts),
+            scratch(last * 2 * experts),
+            scratch(4 * experts),
+            bufs.finished.arg(),
+            i32_arg(tokens, "tokens")?,
+            i32_arg(h, "hidden")?,
+            i32_arg(experts, "experts")?,
+            i32_arg(k, "top_k")?,
+            i32_arg(cap, "cap")?,
+            KernelArg::u64(call),
+        ];
+        // The route's grid depends on the buffers only: its meets count the grid every call.
+        ctx.launch(0, &route, [self.grid(cap), 1, 1], &route_args)?;
+        for (kernel, (grid, args)) in [&gate_up, &reduce].into_iter().flatten() {
+            ctx.launch(0, kernel, *grid, args)?;
+        }
+        let finish_args = [
+            bufs.acc.arg(),
+            bufs.done.arg(),
+            bufs.out.arg(),
+            g_ends.arg(),
+            bufs.finished.arg_at(8),
+            i32_arg(tokens, "tokens")?,
+            i32_arg(h, "hidden")?,
+            i32_arg(experts, "experts")?,
+        ];
+        ctx.launch(0, &finish, [self.grid(tokens * h / self.block as usize), 1, 1], &finish_args)?;
+        bufs.calls = call;
+        Ok(())
+    }
+
+    /// A persistent grid for `work` items: at least one program (every program takes part in
+    /// the meets and the signals), at most `max_programs`.
+    fn grid(&self, work: usize) -> u32 {
+        work.clamp(1, self.max_programs.max(1) as usize) as u32
+    }
+}
+
