@@ -45,6 +45,11 @@ use trident_core::ir::{AtomicOp, Axis, CmpOp, CommScope, DType, LaunchAttrs, Mem
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
 
+/// The route's (token, k-slot) pairs per program: its grid is the chunk's capacity over this (at
+/// most `max_programs`): DeepSeek-V3's decode (128 tokens, top-8) on 64 programs, prefill on all
+/// 132; every program takes part in three meets, so few of them where there is little to do.
+const PAIRS_PER_PROGRAM: usize = 16;
+
 /// The block's meta-parameters: the element type (bf16 or f16), each rank's shard of the
 /// experts' intermediate size `F_l` (a multiple of [`SWIGLU_BLOCK`]), the elements of a row
 /// copied per step and the route and finish grids (persistent: what is resident of them runs).
@@ -361,7 +366,7 @@ impl TpMoeBlock {
             KernelArg::u64(call),
         ];
         // The route's grid depends on the buffers only: its meets count the grid every call.
-        ctx.launch(0, &route, [self.grid(cap), 1, 1], &route_args)?;
+        ctx.launch(0, &route, [self.grid(cap.div_ceil(PAIRS_PER_PROGRAM)), 1, 1], &route_args)?;
         for (kernel, (grid, args)) in [&gate_up, &reduce].into_iter().flatten() {
             ctx.launch(0, kernel, *grid, args)?;
         }

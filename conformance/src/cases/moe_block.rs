@@ -8,7 +8,8 @@
 //! size one SwiGLU block (128). Variants: `ep` (the low-latency exchange, masked layout),
 //! `ep-ht` (the high-throughput exchange, contiguous layout), `tp` (the tensor-parallel block,
 //! `trident_kernels::moe_tp`: every rank a 128-wide shard of every expert's intermediate size,
-//! so `F = 128 W`; each shard's down product is added unrounded, the sum rounded once).
+//! so `F = 128 W`, and the shape's `E_local` experts in all; each shard's down product is added
+//! unrounded, the sum rounded once).
 
 use crate::dist_bench::{read_entry, upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
@@ -55,6 +56,18 @@ fn tensor_parallel(case: &Case) -> bool {
     case.variant == "tp"
 }
 
+/// The case's tokens, routing and shape: the all-to-all's, except that the tensor-parallel
+/// block's experts in all are the shape's `E_local` (every one on every rank): its grouped
+/// GEMMs walk `W x E` groups, which `E_local W` experts would make 256 at world 8 (80 s of
+/// cpu-simt for one case).
+fn moe_shape(case: &Case) -> (usize, usize, EpShape) {
+    let (t, routing, shape) = shape_of(case);
+    match tensor_parallel(case) {
+        true => (t, routing, EpShape { experts: shape.experts / case.world, ..shape }),
+        false => (t, routing, shape),
+    }
+}
+
 impl Operation for MoeBlockCase {
     fn name(&self) -> &'static str {
         "moe_block"
@@ -85,9 +98,15 @@ impl Operation for MoeBlockCase {
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
         let (d, w) = (case.dtype, case.world);
-        let (t, routing, shape) = shape_of(case);
-        let (h, k, el) = (shape.hidden, shape.top_k, shape.experts / w);
-        let topk = route(t, w, shape, routing, rng);
+        let (t, routing, shape) = moe_shape(case);
+        let tp = tensor_parallel(case);
+        let (h, k) = (shape.hidden, shape.top_k);
+        // Experts per rank (expert parallelism), or in all (tensor parallelism: each rank
+        // routes as a world of one would, over every expert).
+        let (el, topk) = match tp {
+            false => (shape.experts / w, route(t, w, shape, routing, rng)),
+            true => (shape.experts, (0..w).map(|_| route(t, 1, shape, routing, rng).remove(0)).collect()),
+        };
         let xs: Vec<Vec<f64>> = (0..w).map(|_| random(t * h, d, rng)).collect();
         let weights: Vec<Vec<f64>> =
             (0..w).map(|_| (0..t * k).map(|_| rng.gen_range(0.0..1.0f32) as f64).collect()).collect();
@@ -97,9 +116,9 @@ impl Operation for MoeBlockCase {
             round_to(&random(n, DType::F32, rng).iter().map(|v| v * s).collect::<Vec<_>>(), d)
         };
         // Expert parallelism: each rank its `el` experts whole; tensor parallelism: each rank a
-        // shard of every expert (all `el W` of them), the down weights over the full F.
-        let tp = tensor_parallel(case);
-        let (held, fan) = if tp { (el * w, FFN * w) } else { (el, FFN) };
+        // shard of every expert (all `el` of them), the down weights over the full F.
+        let fan = if tp { FFN * w } else { FFN };
+        let held = el;
         let w1: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * 2 * FFN * h, h, rng)).collect();
         let w2: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * h * FFN, fan, rng)).collect();
         // Expert `e`'s output for a token: its own rank's whole expert, or every rank's shard
@@ -163,7 +182,7 @@ impl Operation for MoeBlockCase {
         _ins: &[Buffer],
         out_len: usize,
     ) -> Result<Box<dyn RankOp>, BackendError> {
-        let (t, _, shape) = shape_of(case);
+        let (t, _, shape) = moe_shape(case);
         let block = if tensor_parallel(case) {
             let block = TpMoeBlock::new(case.dtype, FFN);
             Block::Tp(block, Box::new(block.buffers(ctx, shape)?))
