@@ -85,8 +85,13 @@ struct Kernel<'b> {
 impl<'b> Kernel<'b> {
     /// A's descriptor over every group's rows (from `a`: A, or A after a wait).
     fn a_desc(&self, a: Tile<'b>, bm: u32, bk: u32) -> Tile<'b> {
+        self.a_desc_rows(a, self.a_rows, bm, bk)
+    }
+
+    /// A descriptor over `rows` rows of A from `a`.
+    fn a_desc_rows(&self, a: Tile<'b>, rows: Tile<'b>, bm: u32, bk: u32) -> Tile<'b> {
         let one = self.b.constant(trident_core::ir::Literal::Int(1), DType::I32);
-        self.b.make_desc(a, [self.a_rows, self.k], [self.k, one], [bm, bk])
+        self.b.make_desc(a, [rows, self.k], [self.k, one], [bm, bk])
     }
 }
 
@@ -473,6 +478,7 @@ impl GroupedGemm {
         let da = (desc && !self.wait).then(|| k_.a_desc(a, bm, bk));
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
+        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         let tiles_n = (n_out + (self.out_block_n() as i32 - 1)) / self.out_block_n() as i32;
         // The tile of (group `g`, row tile `tm`, column tile `tn`): its wait, then the tile.
         let run_tile = |g: Tile, (first, rows): (Tile, Tile), (tm, tn): (Tile, Tile)| {
@@ -485,7 +491,7 @@ impl GroupedGemm {
                 }
                 _ => (a, da),
             };
-            self.tile(&k_, a_t, da_t.zip(db), (e, chunk), (first, rows), (tm, tn));
+            self.tile(&k_, a_t, da_t.zip(db).map(|d| (d, zero)), (e, chunk), (first, rows), (tm, tn));
         };
         if self.chunk_ends {
             self.walk_chunks(&k_, (a, da, db), (groups, ready.zip(target)), (experts, chunks, t_max), tiles_n);
@@ -518,7 +524,6 @@ impl GroupedGemm {
             });
             return b.finish();
         }
-        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         // Carried over the groups: this program's next tile number, where the group's rows
         // start (contiguous), and the number of the group's first tile.
         b.for_range(0, experts * chunks, 1, &[pid, zero, zero], |g, st| {
@@ -565,15 +570,19 @@ impl GroupedGemm {
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         b.for_range(0, chunks, 1, &[pid, zero], |ci, st| {
+            // With a wait, A's descriptor covers the chunk's rows only (rows from `base` on): a
+            // tile's box never reads the next chunk, which may still be arriving.
             let (chunk, groups, a, da) = match ready {
                 Some((ready, target)) => {
                     let chunk = (ci + b.rank()) % chunks;
                     let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
                     let a = a.consume_token(tok);
-                    let da = db.is_some().then(|| kn.a_desc(a, self.block_m, self.k_step()));
-                    (chunk, groups.consume_token(tok), a, da)
+                    let da = db.is_some().then(|| {
+                        kn.a_desc_rows(a + chunk * t_max * kn.k, t_max, self.block_m, self.k_step())
+                    });
+                    (chunk, groups.consume_token(tok), a, da.map(|d| (d, chunk * t_max)))
                 }
-                None => (ci, groups, a, da),
+                None => (ci, groups, a, da.map(|d| (d, zero))),
             };
             let base = chunk * t_max;
             let after = b.for_range(0, experts, 1, &[st[0], zero, st[1]], |e, s| {
@@ -588,7 +597,8 @@ impl GroupedGemm {
                     |s| {
                         let local = s[0] - tile_base;
                         let tile = (local / tiles_n, local % tiles_n);
-                        self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), tile);
+                        let descs = da.zip(db).map(|((da, from), db)| ((da, db), from));
+                        self.tile(kn, a, descs, (e, chunk), (base + start, rows), tile);
                         vec![s[0] + programs]
                     },
                 );
@@ -599,12 +609,13 @@ impl GroupedGemm {
     }
 
     /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e` (of A's
-    /// chunk `chunk`), A read from `a` (or `descs`).
+    /// chunk `chunk`), A read from `a` (or `descs`, A's descriptor starting at row `from`).
+    #[allow(clippy::type_complexity)]
     fn tile<'b>(
         &self,
         kn: &Kernel<'b>,
         a: Tile<'b>,
-        descs: TilePair<'b>,
+        descs: Option<((Tile<'b>, Tile<'b>), Tile<'b>)>,
         (e, chunk): (Tile<'b>, Tile<'b>),
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
@@ -638,8 +649,8 @@ impl GroupedGemm {
                 // Boxes over every expert's rows; what reaches past this expert's is dropped by
                 // the store's mask (or meets A's zeros past K). With SwiGLU the box is one
                 // gate/up pair.
-                Some((da, db)) => (
-                    b.desc_load(da, [first + tm * bm as i32, k0]),
+                Some(((da, db), from)) => (
+                    b.desc_load(da, [first - from + tm * bm as i32, k0]),
                     match self.b_layout {
                         BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
                         BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
