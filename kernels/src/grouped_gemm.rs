@@ -95,6 +95,28 @@ impl<'b> Kernel<'b> {
     }
 }
 
+/// The walk's tiles of one group of `rows` rows: tile numbers `tile_base ..` (`ceil(rows / bm)
+/// x tiles_n` of them), this program's from `next` on, `programs` apart; `body` gets each
+/// one's (row tile, column tile). Returns the program's next tile number and the group's end.
+fn group_tiles<'b>(
+    b: &'b KernelBuilder,
+    (next, tile_base): (Tile<'b>, Tile<'b>),
+    (rows, bm, tiles_n, programs): (Tile<'b>, u32, Tile<'b>, Tile<'b>),
+    body: &dyn Fn((Tile<'b>, Tile<'b>)),
+) -> (Tile<'b>, Tile<'b>) {
+    let end = tile_base + ((rows + (bm as i32 - 1)) / bm as i32) * tiles_n;
+    let after = b.while_loop(
+        &[next],
+        |s| s[0].lt(end),
+        |s| {
+            let local = s[0] - tile_base;
+            body((local / tiles_n, local % tiles_n));
+            vec![s[0] + programs]
+        },
+    );
+    (after[0], end)
+}
+
 /// The gate/up interleave of B's rows for [`Epilogue::swiglu`]: 128 gate rows, then the 128 up
 /// rows of the same output columns. As wide as a DeepSeek-V3 scale block, so the block scales of
 /// the separately quantized gate and up weights stay whole blocks after the interleave; a
@@ -533,22 +555,14 @@ impl GroupedGemm {
                 Layout::Contiguous => (start, count - start),
                 Layout::Masked => (g * t_max, count),
             };
-            let tiles = ((rows + (bm as i32 - 1)) / bm as i32) * tiles_n;
-            let end = tile_base + tiles;
-            let after = b.while_loop(
-                &[next],
-                |s| s[0].lt(end),
-                |s| {
-                    let local = s[0] - tile_base;
-                    run_tile(g, (first, rows), (local / tiles_n, local % tiles_n));
-                    vec![s[0] + programs]
-                },
-            );
+            let (after, end) = group_tiles(&b, (next, tile_base), (rows, bm, tiles_n, programs), &|tile| {
+                run_tile(g, (first, rows), tile);
+            });
             let start = match self.layout {
                 Layout::Contiguous => count,
                 Layout::Masked => start,
             };
-            vec![after[0], start, end]
+            vec![after, start, end]
         });
         b.finish()
     }
@@ -566,7 +580,6 @@ impl GroupedGemm {
         tiles_n: Tile<'b>,
     ) {
         let b = kn.b;
-        let bm = self.block_m as i32;
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         b.for_range(0, chunks, 1, &[pid, zero], |ci, st| {
@@ -589,20 +602,11 @@ impl GroupedGemm {
                 let (next, start, tile_base) = (s[0], s[1], s[2]);
                 let end = b.load(groups + (chunk * experts + e), None, None);
                 let rows = end - start;
-                let tiles = ((rows + (bm - 1)) / bm) * tiles_n;
-                let last = tile_base + tiles;
-                let after = b.while_loop(
-                    &[next],
-                    |s| s[0].lt(last),
-                    |s| {
-                        let local = s[0] - tile_base;
-                        let tile = (local / tiles_n, local % tiles_n);
-                        let descs = da.zip(db).map(|((da, from), db)| ((da, db), from));
-                        self.tile(kn, a, descs, (e, chunk), (base + start, rows), tile);
-                        vec![s[0] + programs]
-                    },
-                );
-                vec![after[0], end, last]
+                let descs = da.zip(db).map(|((da, from), db)| ((da, db), from));
+                let (after, last) = group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|tile| {
+                    self.tile(kn, a, descs, (e, chunk), (base + start, rows), tile);
+                });
+                vec![after, end, last]
             });
             vec![after[0], after[2]]
         });
