@@ -232,11 +232,7 @@ impl LowLatencyAllToAll {
         let scales = if self.quantize { rows * shape.hidden / QUANT_BLOCK } else { 1 };
         require_i32(2 * crate::epoch::half_elems(rows * shape.hidden), "the receive buffer's elements")?;
         require_i32(2 * crate::epoch::half_elems(shape.t_max * shape.top_k * shape.hidden), "the combine buffer's elements")?;
-        let zeroed = |bytes: usize, name: &str| -> Result<Buffer, BackendError> {
-            let b = ctx.alloc(bytes, name)?;
-            ctx.fill(&b, &[0])?;
-            Ok(b)
-        };
+        let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
         Ok(EpBuffers {
             shape,
             raw: ctx.symm_alloc(crate::epoch::halves_bytes(rows * shape.hidden, ps), "ep_raw")?,

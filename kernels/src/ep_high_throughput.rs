@@ -116,11 +116,7 @@ impl HighThroughputAllToAll {
         let capacity = rows * k.min(el);
         require_i32(2 * crate::epoch::half_elems(rows * shape.hidden), "the receive buffer's elements")?;
         require_i32(capacity * shape.hidden, "the expert rows' elements")?;
-        let zeroed = |bytes: usize, name: &str| -> Result<Buffer, BackendError> {
-            let b = ctx.alloc(bytes, name)?;
-            ctx.fill(&b, &[0])?;
-            Ok(b)
-        };
+        let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
         let halves = |elems: usize, bytes: usize, name: &str| ctx.symm_alloc(crate::epoch::halves_bytes(elems, bytes), name);
         Ok(HtBuffers {
             shape,

@@ -106,6 +106,14 @@ pub fn words(ctx: &dyn RankCtx, kernels: usize, name: &str) -> Result<Buffer, Ba
     ctx.symm_alloc(16 * kernels.max(1), name)
 }
 
+/// A local buffer of `bytes` bytes, zeroed (counters and scratch a collective's kernels count
+/// in from zero).
+pub fn zeroed(ctx: &dyn RankCtx, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+    let b = ctx.alloc(bytes, name)?;
+    ctx.fill(&b, &[0])?;
+    Ok(b)
+}
+
 /// Kernel `i`'s epoch words in `words`, as a launch argument.
 pub fn state_arg(words: &Buffer, i: usize) -> trident_core::backend::KernelArg {
     words.arg_at(16 * i)

@@ -97,15 +97,7 @@ impl EpMoeBlock {
 
     /// Collective: this rank's buffers for calls of `shape`.
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<EpMoeBuffers, BackendError> {
-        if !matches!(self.dtype, DType::BF16 | DType::F16) {
-            return Err(self.problem(format!("element type `{}`: bf16 or f16", self.dtype)));
-        }
-        if self.ffn == 0 || !self.ffn.is_multiple_of(SWIGLU_BLOCK as usize) {
-            return Err(self.problem(format!(
-                "intermediate size {}: a positive multiple of {SWIGLU_BLOCK} (SwiGLU's gate/up blocks)",
-                self.ffn
-            )));
-        }
+        check_block(self.dtype, ("intermediate size", self.ffn)).map_err(|m| self.problem(m))?;
         // Each exchange's `buffers` checks `shape` against the world.
         let exchange = match self.high_throughput {
             false => Exchange::LowLatency(LowLatencyAllToAll::new(self.dtype).buffers(ctx, shape)?),
@@ -180,6 +172,18 @@ impl EpMoeBlock {
             }
         }
     }
+}
+
+/// What both MoE blocks take: bf16 or f16, and an intermediate size (`what`: the whole or a
+/// rank's shard) of whole SwiGLU blocks. The message of the first thing wrong.
+pub(crate) fn check_block(dtype: DType, (what, ffn): (&str, usize)) -> Result<(), String> {
+    if !matches!(dtype, DType::BF16 | DType::F16) {
+        return Err(format!("element type `{dtype}`: bf16 or f16"));
+    }
+    if ffn == 0 || !ffn.is_multiple_of(SWIGLU_BLOCK as usize) {
+        return Err(format!("{what} {ffn}: a positive multiple of {SWIGLU_BLOCK} (SwiGLU's gate/up blocks)"));
+    }
+    Ok(())
 }
 
 /// A grouped GEMM specialized for its operands, compiled, and its launch planned (`None`: no

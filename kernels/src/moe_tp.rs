@@ -37,9 +37,9 @@
 
 use crate::ep_all_to_all::{each_block, EpShape};
 use crate::epoch::{half_of, halves_bytes};
-use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, SWIGLU_BLOCK};
+use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands};
 use crate::{require_bytes, require_i32};
-use crate::moe_block::prepare;
+use crate::moe_block::{check_block, prepare};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{AtomicOp, Axis, CmpOp, CommScope, DType, LaunchAttrs, MemSemantic, ReduceOp, Scope, SignalOp};
 use trident_core::world::RankCtx;
@@ -51,7 +51,7 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 const PAIRS_PER_PROGRAM: usize = 16;
 
 /// The block's meta-parameters: the element type (bf16 or f16), each rank's shard of the
-/// experts' intermediate size `F_l` (a multiple of [`SWIGLU_BLOCK`]), the elements of a row
+/// experts' intermediate size `F_l` (a multiple of [`crate::grouped_gemm::SWIGLU_BLOCK`]), the elements of a row
 /// copied per step and the route and finish grids (persistent: what is resident of them runs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TpMoeBlock {
@@ -117,15 +117,7 @@ impl TpMoeBlock {
     /// Collective: this rank's buffers for calls of `shape` (`experts` in all, each on every
     /// rank).
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<TpMoeBuffers, BackendError> {
-        if !matches!(self.dtype, DType::BF16 | DType::F16) {
-            return Err(self.problem(format!("element type `{}`: bf16 or f16", self.dtype)));
-        }
-        if self.ffn_shard == 0 || !self.ffn_shard.is_multiple_of(SWIGLU_BLOCK as usize) {
-            return Err(self.problem(format!(
-                "intermediate shard {}: a positive multiple of {SWIGLU_BLOCK} (SwiGLU's gate/up blocks)",
-                self.ffn_shard
-            )));
-        }
+        check_block(self.dtype, ("intermediate shard", self.ffn_shard)).map_err(|m| self.problem(m))?;
         let EpShape { t_max, hidden, experts, top_k } = shape;
         if experts == 0 || top_k == 0 || hidden == 0 || t_max == 0 {
             return Err(self.problem(format!(
@@ -136,11 +128,7 @@ impl TpMoeBlock {
         let (rows, es) = (w * t_max * top_k, self.dtype.size_bytes() as usize);
         require_i32(2 * crate::epoch::half_elems(rows * hidden), "the gathered rows' elements")?;
         require_i32(rows * self.ffn_shard.max(hidden), "rows x max(F_l, H)")?;
-        let zeroed = |bytes: usize, name: &str| -> Result<Buffer, BackendError> {
-            let b = ctx.alloc(bytes, name)?;
-            ctx.fill(&b, &[0])?;
-            Ok(b)
-        };
+        let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
         Ok(TpMoeBuffers {
             shape,
             rows: ctx.symm_alloc(halves_bytes(rows * hidden, es), "moe_tp_rows")?,
