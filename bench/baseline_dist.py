@@ -25,6 +25,11 @@ through `torch.matmul`:
   as `ep_all_to_all` does (with their experts), sorted by local expert, `torch._grouped_mm`
   gate/up (B [E_local, 2F, H] as its transpose), `silu(gate) * up`, `torch._grouped_mm` down,
   unsorted, sent home and summed with the routing weights in f32 (at one rank no exchange).
+  Also the tensor-parallel block as Megatron-style MoE tensor parallelism runs it (key
+  `moe-tp/block <case>`, the pipeline of trident's variant of that name): every rank's tokens,
+  top-k and weights all-gathered, each rank's shard of every expert (F / W of the intermediate
+  size) run on all of them as above, the weighted sum of its partial outputs in f32, rounded,
+  and reduce-scattered home.
 
 Timing protocol, the one `trident_conformance::dist_bench` uses for trident: every repetition
 clears L2 (a 256 MB write, as `triton.testing.do_bench` does), synchronizes, meets the other
@@ -181,10 +186,10 @@ def main(cases_path, out_path):
             expert = topk.flatten()
             dest = (expert // el).to(torch.int64)
 
-            def experts(rows, local):
+            def experts(rows, local, w1=w1, w2=w2, f=f, n=el):
                 # Rows sorted by local expert, the two grouped GEMMs with SwiGLU between, unsorted.
                 order = torch.argsort(local, stable=True)
-                offs = torch.bincount(local, minlength=el).cumsum(0).to(torch.int32)
+                offs = torch.bincount(local, minlength=n).cumsum(0).to(torch.int32)
                 gu = torch._grouped_mm(rows[order], w1.transpose(-2, -1), offs=offs)
                 act = torch.nn.functional.silu(gu[:, :f]) * gu[:, f:]
                 y = torch._grouped_mm(act, w2.transpose(-2, -1), offs=offs)
@@ -201,6 +206,26 @@ def main(cases_path, out_path):
                 return (y.view(t, k, h).float() * weights[..., None]).sum(1).to(dt)
 
             parts, pipeline = {}, moe_pipeline
+            if f % w == 0:
+                # Tensor parallelism: this rank's shard of every one of the e experts.
+                fl = f // w
+                tp_w1, tp_w2 = rand(e, 2 * fl, h) / h**0.5, rand(e, h, fl) / f**0.5
+                xs = torch.empty(w * t, h, device=device, dtype=dt)
+                tks = torch.empty(w * t, k, device=device, dtype=topk.dtype)
+                wts = torch.empty(w * t, k, device=device, dtype=weights.dtype)
+                home = torch.empty(t, h, device=device, dtype=dt)
+                gathered_rows = torch.arange(w * t * k, device=device) // k
+
+                def tp_pipeline():
+                    dist.all_gather_into_tensor(xs, x)
+                    dist.all_gather_into_tensor(tks, topk)
+                    dist.all_gather_into_tensor(wts, weights)
+                    y = experts(xs[gathered_rows], tks.flatten(), tp_w1, tp_w2, fl, e)
+                    partial = (y.view(w * t, k, h).float() * wts[..., None]).sum(1).to(dt)
+                    dist.reduce_scatter_tensor(home, partial)
+                    return home
+
+                parts = {"moe-tp/block": tp_pipeline}
         else:
             if rank == 0:
                 print(f"baseline {line}: skipped (no vendor pipeline for {name})", flush=True)

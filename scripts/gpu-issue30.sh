@@ -4,7 +4,11 @@
 # the high-throughput exchange) in the loopback world of 1/2/4/8 ranks and in NVSHMEM worlds of
 # 1/2/4 processes; then `trident bench --world 1` of it against PyTorch's pipeline of the same
 # math (`bench/baseline_dist.py`, torchrun of one process) at the DeepSeek-V3, Qwen3-30B-A3B and
-# Mixtral shapes (BENCH=0 leaves it out). Writes $OUT/summary.txt, logs and bench-world1.json.
+# Mixtral shapes (BENCH=0 leaves it out), with the tensor-parallel block's stages alone against
+# the plain grouped GEMMs (the overlap machinery) and the block against its stages one after the
+# other; then `trident bench --world 4` in the loopback world (four ranks on the GPU, no
+# baseline: report only), the overlapped block beside the sequential one (BENCH_WORLD4=0 leaves
+# it out). Writes $OUT/summary.txt, logs, bench-world1.json and bench-world4.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
@@ -21,5 +25,9 @@ TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
 if [ "${BENCH:-1}" = 1 ]; then
   KEEP='moe|rror|failed' KEEP_LINES=40 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
     --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-world1.json"
+  if [ "${BENCH_WORLD4:-1}" = 1 ]; then
+    KEEP='moe|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only moe_block \
+      --json "$O/bench-world4.json"
+  fi
 fi
 cat "$S"

@@ -1,6 +1,10 @@
 //! The report of the distributed benchmark: per case, every variant's time, the vendor pipeline
 //! of the same run (NCCL and cuBLAS through PyTorch, `bench/baseline_dist.py`), and the bound
-//! max(compute, communication) beside them.
+//! max(compute, communication) beside them. A fused variant with a pipeline of its own in the
+//! baseline file (the key `"<variant> <case line>"`, e.g. the tensor-parallel MoE block's
+//! all-gather + grouped GEMMs + reduce-scatter) is compared with that one; the others with the
+//! case's. A variant the benchmark compares with another of the same run
+//! (`Benchmark::compared_with`) gets a line with their ratio.
 
 use serde_json::{json, Map, Value};
 use trident_conformance::dist_bench::DistCase;
@@ -50,6 +54,8 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
             (Some(a), Some(b)) => Some(a.max(b)),
             _ => None,
         };
+        // A fused variant's own vendor pipeline where the baseline has one, else the case's.
+        let vendor_of = |v: &str| base(format!("{v} {key}")).or(vendor);
         let best = variants.iter().filter(|(v, _)| is_fused(case, v)).map(|(_, ms)| *ms).fold(f64::INFINITY, f64::min);
         for (i, (v, ms)) in variants.iter().enumerate() {
             let fused = is_fused(case, v);
@@ -58,8 +64,8 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
                 if i == 0 { key.as_str() } else { "" },
                 v,
                 ms,
-                if i == 0 { show(vendor) } else { String::new() },
-                match (fused, vendor) {
+                if i == 0 || vendor_of(v) != vendor { show(vendor_of(v)) } else { String::new() },
+                match (fused, vendor_of(v)) {
                     (true, Some(b)) => format!("{:.3}x", b / ms),
                     _ => String::new(),
                 },
@@ -71,6 +77,14 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
                 if i == 0 { format!("{error:.1e}") } else { String::new() },
             );
         }
+        let mut compared = Map::new();
+        for (v, ms) in &variants {
+            let against = case.benchmark().ok().and_then(|b| b.compared_with(v));
+            if let Some((other, other_ms)) = against.and_then(|o| time_of(o).map(|t| (o, t))) {
+                text += &format!("{:<34} {v} vs {other}: {:.3}x\n", "", other_ms / ms);
+                compared.insert(v.clone(), json!({ "of": other, "ratio": other_ms / ms }));
+            }
+        }
         if let (Some(c), Some(n)) = (cublas, nccl) {
             text += &format!(
                 "{:<34} {:<18} {:>9.3}\n{:<34} {:<18} {:>9.3}\n",
@@ -78,12 +92,19 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
             );
         }
         let variants_json: Map<String, Value> = variants.iter().map(|(v, ms)| (v.clone(), json!(ms))).collect();
+        let own: Map<String, Value> = variants
+            .iter()
+            .filter_map(|(v, ms)| {
+                base(format!("{v} {key}")).map(|b| (v.clone(), json!({ "baseline_ms": b, "speedup": b / ms })))
+            })
+            .collect();
         records.push(json!({
             "case": key, "world": case.world, "variants_ms": variants_json, "best_fused_ms": best,
             "baseline_ms": vendor, "speedup_vs_baseline": vendor.map(|b| b / best),
             "cublas_ms": cublas, "nccl_ms": nccl, "compute_ms": compute, "communication_ms": comm,
             "bound_ms": bound, "bound_over_best": bound.map(|b| b / best), "link_floor_ms": floor,
             "rank_tflops_best": case.rank_flops() / best / 1e9, "max_error": error,
+            "variant_baselines": own, "compared": compared,
         }));
     }
     (records, text)
@@ -118,5 +139,31 @@ mod tests {
         let failed = DistCase { name: "allreduce", dtype: DType::BF16, dims: vec![4096], world: 2 };
         let (records, text) = report(&[(failed, Err("rank 1: wait timed out".into()))], &Map::new(), "H200");
         assert!(records[0]["error"].as_str().unwrap().contains("timed out") && text.contains("FAILED"));
+    }
+
+    #[test]
+    fn a_variant_with_a_pipeline_of_its_own_is_compared_with_it_and_parts_with_their_plain_form() {
+        trident_conformance::link_backends();
+        let case = DistCase { name: "moe_block", dtype: DType::BF16, dims: vec![128, 7168, 256, 8, 2048], world: 8 };
+        let key = case.key();
+        let variants = vec![
+            ("moe-ep/block".to_string(), 1.0),
+            ("moe-tp/block".to_string(), 0.5),
+            ("moe-tp/sequential".to_string(), 0.6),
+        ];
+        let mut base = Map::new();
+        base.insert(key.clone(), json!(2.0));
+        base.insert(format!("moe-tp/block {key}"), json!(0.8));
+        let (records, text) = report(&[(case, Ok((variants, 1e-3)))], &base, "H200");
+        let r = &records[0];
+        assert_eq!(r["variant_baselines"]["moe-tp/block"]["baseline_ms"], json!(0.8));
+        assert!((r["variant_baselines"]["moe-tp/block"]["speedup"].as_f64().unwrap() - 1.6).abs() < 1e-12);
+        assert!((r["compared"]["moe-tp/block"]["ratio"].as_f64().unwrap() - 1.2).abs() < 1e-12);
+        // The expert-parallel block against the case's pipeline, the tensor-parallel one
+        // against its own, the sequential form against none.
+        assert!(
+            text.contains("2.000x") && text.contains("1.600x") && text.contains("vs moe-tp/sequential: 1.200x"),
+            "{text}"
+        );
     }
 }

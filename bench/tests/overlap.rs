@@ -21,13 +21,14 @@ fn ag_gemm_and_the_sequential_pipeline_agree_and_are_timed() {
 }
 
 /// Every registered benchmark, at its small shape, checks and times every variant in the CPU
-/// world (interpreter at 2 and 3 ranks, cpu-simt's sm_90a lowering at 2): each variant has a
-/// time, at least one is the whole operation, and the sampled error is within bf16's bound.
+/// world (interpreter at 1, 2 and 3 ranks, cpu-simt's sm_90a lowering at 1 and 2; world 1 has
+/// the MoE block's machinery parts): each variant has a time, at least one is the whole
+/// operation, and the sampled error is within bf16's bound.
 #[test]
 fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
     use trident_conformance::dist_bench::{combine, run, DistCase};
     trident_conformance::link_backends();
-    for (world, simt) in [(2, None), (3, None), (2, Some("sm_90a"))] {
+    for (world, simt) in [(1, None), (2, None), (3, None), (1, Some("sm_90a")), (2, Some("sm_90a"))] {
         for op in trident_conformance::registry::operations() {
             let Some(b) = op.benchmark() else { continue };
             let case = DistCase { name: op.name(), dtype: DType::BF16, dims: b.small_shape(world), world };
@@ -38,6 +39,14 @@ fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
             let times = combine(&out.results);
             assert!(times.iter().any(|(name, _)| b.is_fused(name)), "{} {times:?}", case.key());
             assert!(times.iter().all(|(_, ms)| *ms > 0.0), "{} {times:?}", case.key());
+            // What a variant is compared with ran in the same case.
+            let compared: Vec<&str> = times.iter().filter_map(|(name, _)| b.compared_with(name)).collect();
+            assert!(compared.iter().all(|o| times.iter().any(|(n, _)| n == o)), "{} {times:?}", case.key());
+            if op.name() == "moe_block" {
+                // The tensor-parallel block against its sequential form; at world 1 its two
+                // grouped GEMMs against the plain ones too.
+                assert_eq!(compared.len(), if world == 1 { 3 } else { 1 }, "{times:?}");
+            }
             for r in &out.results {
                 assert!(r.error <= 1e-2, "{} {simt:?}: error {}", case.key(), r.error);
             }

@@ -117,6 +117,13 @@ pub trait Benchmark: Sync {
         let _ = variant;
         true
     }
+    /// The variant of the same run `variant` is measured against (the report prints their
+    /// ratio): a kernel with its overlap machinery against the plain one, or an overlapped
+    /// pipeline against the same steps one after the other.
+    fn compared_with(&self, variant: &str) -> Option<&'static str> {
+        let _ = variant;
+        None
+    }
     /// Compute and communication of the bound max(compute, communication), each at its
     /// faster implementation of this run: `time_of` a variant of trident's, the vendor's
     /// `cublas` and `nccl` parts, `link_floor` the bus bytes over the links. By default a

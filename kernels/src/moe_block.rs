@@ -188,7 +188,7 @@ pub(crate) fn check_block(dtype: DType, (what, ffn): (&str, usize)) -> Result<()
 
 /// A grouped GEMM specialized for its operands, compiled, and its launch planned (`None`: no
 /// tiles).
-type Prepared = Option<(trident_core::backend::Artifact, crate::grouped_gemm::Launch)>;
+pub(crate) type Prepared = Option<(trident_core::backend::Artifact, crate::grouped_gemm::Launch)>;
 
 pub(crate) fn prepare(ctx: &dyn RankCtx, (op, ops, p): (GroupedGemm, Operands<'_>, Groups)) -> Result<Prepared, BackendError> {
     let op = op.specialized(ops.a, ops.b, p.n, p.k);

@@ -105,6 +105,31 @@ impl TpMoeBuffers {
     }
 }
 
+/// How [`TpMoeBlock::enqueue_as`] runs a call's four stages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TpSteps {
+    /// On one stream, the kernels' signals ordering the ranks: the block.
+    Overlapped,
+    /// Each stage once the one before finished on every rank (the host synchronizes and meets
+    /// the ranks in between): the same work without overlap, for comparison.
+    Sequential,
+}
+
+/// One of the block's grouped GEMMs ([`TpMoeBlock::enqueue_gemm`]).
+#[derive(Clone, Copy, Debug)]
+pub enum TpGemm<'a> {
+    /// Gate/up with SwiGLU into `act`, waiting for each chunk's signal (the block's).
+    AgGateUp,
+    /// The plain grouped GEMM of the same rows and experts into `act`: no chunks, no waits.
+    GateUp,
+    /// Down with the routing weights and the reduce-scatter epilogue (the block's): adds into
+    /// `acc` and `done` again, so [`TpMoeBuffers::rearm`] before the block's next call.
+    DownReduceScatter,
+    /// The plain grouped GEMM down with the routing weights, each row stored into this buffer
+    /// (`[W cap, H]`, the element type).
+    Down(&'a Buffer),
+}
+
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
         TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132 }
@@ -296,39 +321,44 @@ impl TpMoeBlock {
         x: &Buffer,
         topk: &Buffer,
         weights: &Buffer,
-        (w1, w2): (&Buffer, &Buffer),
+        experts_w: (&Buffer, &Buffer),
         tokens: usize,
     ) -> Result<(), BackendError> {
+        self.enqueue_as(ctx, bufs, (x, topk, weights), experts_w, tokens, TpSteps::Overlapped)
+    }
+
+    /// [`TpMoeBlock::enqueue`] with its stages run as `steps` says.
+    pub fn enqueue_as(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &mut TpMoeBuffers,
+        (x, topk, weights): (&Buffer, &Buffer, &Buffer),
+        (w1, w2): (&Buffer, &Buffer),
+        tokens: usize,
+        steps: TpSteps,
+    ) -> Result<(), BackendError> {
         let EpShape { t_max, hidden: h, experts, top_k: k } = bufs.shape;
-        let (w, f, es) = (ctx.world_size(), self.ffn_shard, self.dtype.size_bytes() as usize);
+        let es = self.dtype.size_bytes() as usize;
         if tokens > t_max {
             return Err(self.problem(format!("{tokens} tokens: the buffers hold at most {t_max}")));
         }
         require_bytes(x, tokens * h * es, "x")?;
         require_bytes(topk, tokens * k * 4, "topk")?;
         require_bytes(weights, tokens * k * 4, "weights")?;
-        require_bytes(w1, experts * 2 * f * h * es, "w1")?;
-        require_bytes(w2, experts * h * f * es, "w2")?;
+        self.require_weights(bufs, (w1, w2))?;
         if ctx.capturing() {
             return Err(trident_core::capture::not_capturable("the tensor-parallel MoE block (its launches carry the call's epoch and halves)"));
         }
         let call = bufs.calls + 1;
-        let (cap, rows) = (bufs.cap(), w * bufs.cap());
+        let cap = bufs.cap();
         let half = |b: &Buffer| half_of(b, call);
         let (g_rows, g_ends, g_token, g_weight) =
             (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
         // Every kernel compiled before the first launch (the world's compiles are collective).
         let route = ctx.compile(&format!("{self:?} route"), &|| self.build_route())?;
         let finish = ctx.compile(&format!("{self:?} finish"), &|| self.build_finish())?;
-        let (up, down) = self.gemms(ctx);
-        let up_ops = Operands { ready: Some((&bufs.ready, call)), ..Operands::new(&g_rows, w1, &bufs.act, &g_ends) };
-        let gate_up = prepare(ctx, (up, up_ops, Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) }))?;
-        let down_ops = Operands {
-            weights: Some(&g_weight),
-            scatter: Some((&g_token, &bufs.acc, &bufs.done)),
-            ..Operands::new(&bufs.act, w2, &bufs.out, &g_ends)
-        };
-        let reduce = prepare(ctx, (down, down_ops, Groups { chunks: w, ..Groups::new(experts, h, f, rows) }))?;
+        let gate_up = self.gemm(ctx, bufs, (w1, w2), call, TpGemm::AgGateUp)?;
+        let reduce = self.gemm(ctx, bufs, (w1, w2), call, TpGemm::DownReduceScatter)?;
 
         let scratch = |at: usize| bufs.scratch.arg_at(4 * at);
         let (now, last) = ((call % 2) as usize, ((call + 1) % 2) as usize);
@@ -353,9 +383,15 @@ impl TpMoeBlock {
             i32_arg(cap, "cap")?,
             KernelArg::u64(call),
         ];
+        // Sequential: every rank's stage finished before any rank's next one starts.
+        let step = || match steps {
+            TpSteps::Overlapped => Ok(()),
+            TpSteps::Sequential => ctx.synchronize().and_then(|()| ctx.barrier()),
+        };
         // The route's grid depends on the buffers only: its meets count the grid every call.
         ctx.launch(0, &route, [self.grid(cap.div_ceil(PAIRS_PER_PROGRAM)), 1, 1], &route_args)?;
         for (kernel, (grid, args)) in [&gate_up, &reduce].into_iter().flatten() {
+            step()?;
             ctx.launch(0, kernel, *grid, args)?;
         }
         let finish_args = [
@@ -368,9 +404,80 @@ impl TpMoeBlock {
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
         ];
+        step()?;
         ctx.launch(0, &finish, [self.grid(tokens * h / self.block as usize), 1, 1], &finish_args)?;
         bufs.calls = call;
         Ok(())
+    }
+
+    /// Enqueues one of the last call's grouped GEMMs again, alone: the overlap machinery
+    /// measured against the plain grouped GEMM of the same rows (the benchmark's parts). The
+    /// chunk signals are already set, so the waiting form's waits pass at once. The plain forms
+    /// read one chunk's ends as the plain contiguous layout's: world 1 only.
+    pub fn enqueue_gemm(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &TpMoeBuffers,
+        experts_w: (&Buffer, &Buffer),
+        which: TpGemm<'_>,
+    ) -> Result<(), BackendError> {
+        if bufs.calls == 0 {
+            return Err(self.problem("a grouped GEMM of the last call: no call was enqueued yet".into()));
+        }
+        let plain = matches!(which, TpGemm::GateUp | TpGemm::Down(_));
+        if plain && ctx.world_size() != 1 {
+            return Err(self.problem(format!(
+                "the plain grouped GEMM of the block's rows: world 1 only (each of the {} chunks counts its ends from its own first row)",
+                ctx.world_size()
+            )));
+        }
+        self.require_weights(bufs, experts_w)?;
+        if let Some((kernel, (grid, args))) = self.gemm(ctx, bufs, experts_w, bufs.calls, which)? {
+            ctx.launch(0, &kernel, grid, &args)?;
+        }
+        Ok(())
+    }
+
+    fn require_weights(&self, bufs: &TpMoeBuffers, (w1, w2): (&Buffer, &Buffer)) -> Result<(), BackendError> {
+        let (experts, h, f, es) = (bufs.shape.experts, bufs.shape.hidden, self.ffn_shard, self.dtype.size_bytes() as usize);
+        require_bytes(w1, experts * 2 * f * h * es, "w1")?;
+        require_bytes(w2, experts * h * f * es, "w2")
+    }
+
+    /// One grouped GEMM of call `call` over its halves, specialized, compiled and planned.
+    fn gemm(
+        &self,
+        ctx: &dyn RankCtx,
+        bufs: &TpMoeBuffers,
+        (w1, w2): (&Buffer, &Buffer),
+        call: u64,
+        which: TpGemm<'_>,
+    ) -> Result<crate::moe_block::Prepared, BackendError> {
+        let EpShape { hidden: h, experts, .. } = bufs.shape;
+        let (w, f) = (ctx.world_size(), self.ffn_shard);
+        let rows = w * bufs.cap();
+        let half = |b: &Buffer| half_of(b, call);
+        let (g_rows, g_ends, g_token, g_weight) =
+            (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
+        let (up, down) = self.gemms(ctx);
+        let plain = |g: GroupedGemm| GroupedGemm { chunk_ends: false, wait: false, ..g };
+        let up_groups = Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) };
+        let down_groups = Groups { chunks: w, ..Groups::new(experts, h, f, rows) };
+        let up_ops = Operands::new(&g_rows, w1, &bufs.act, &g_ends);
+        let weighted = |c| Operands { weights: Some(&g_weight), ..Operands::new(&bufs.act, w2, c, &g_ends) };
+        match which {
+            TpGemm::AgGateUp => prepare(ctx, (up, Operands { ready: Some((&bufs.ready, call)), ..up_ops }, up_groups)),
+            TpGemm::GateUp => prepare(ctx, (plain(up), up_ops, up_groups)),
+            TpGemm::DownReduceScatter => {
+                let ops = Operands { scatter: Some((&g_token, &bufs.acc, &bufs.done)), ..weighted(&bufs.out) };
+                prepare(ctx, (down, ops, down_groups))
+            }
+            TpGemm::Down(c) => {
+                require_bytes(c, rows * h * self.dtype.size_bytes() as usize, "c")?;
+                let op = plain(down).with_epilogue(Epilogue { row_weights: true, ..Epilogue::default() });
+                prepare(ctx, (op, weighted(c), down_groups))
+            }
+        }
     }
 
     /// A persistent grid for `work` items: at least one program (every program takes part in

@@ -571,6 +571,56 @@ impl GpuWorld {
         })
     }
 
+    /// The tensor-parallel MoE block (`trident_kernels::moe_tp`): every rank's `tokens` rows
+    /// of `x` (`[T, H]`, routed by `topk` `[T, k]` i32 with `weights` `[T, k]` f32) gathered,
+    /// this rank's shard of every expert (`w1` `[E, 2F_l, H]`, gate/up interleaved by 128, `w2`
+    /// `[E, H, F_l]`) run on all of them, and the shards' partial outputs reduced home into the
+    /// caller's `out` (`[T, H]`). Not capturable in a CUDA graph (a typed error says so).
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn_shard, dtype_name, stream))]
+    fn tp_moe(
+        &self,
+        py: Python<'_>,
+        x: u64,
+        topk: u64,
+        weights: u64,
+        w1: u64,
+        w2: u64,
+        out: u64,
+        tokens: usize,
+        t_max: usize,
+        hidden: usize,
+        experts: usize,
+        top_k: usize,
+        ffn_shard: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        use trident_kernels::moe_tp::TpMoeBlock;
+        let d = dtype(dtype_name)?;
+        let shape = EpShape { t_max, hidden, experts, top_k };
+        let es = d.size_bytes() as usize;
+        let block = TpMoeBlock::new(d, ffn_shard);
+        self.op(py, stream, move |ctx, ops| {
+            let bufs = state(ops, format!("moe-tp/{d}/{ffn_shard}/{shape:?}"), || block.buffers(ctx, shape))?;
+            let own = lend([&mut bufs.out], [tensor("out", out, tokens * hidden * es)]);
+            let r = block.enqueue(
+                ctx,
+                bufs,
+                &tensor("x", x, tokens * hidden * es),
+                &tensor("topk", topk, tokens * top_k * 4),
+                &tensor("weights", weights, tokens * top_k * 4),
+                (
+                    &tensor("w1", w1, experts * 2 * ffn_shard * hidden * es),
+                    &tensor("w2", w2, experts * hidden * ffn_shard * es),
+                ),
+                tokens,
+            );
+            lend([&mut bufs.out], own);
+            r
+        })
+    }
+
     /// Ids of this rank's symmetric blocks whose tensors died since the last call (the Python
     /// layer gathers them from every rank before allocating).
     fn take_released(&self) -> Vec<u64> {

@@ -35,6 +35,7 @@ fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(world::reduce_scatter, m)?)?;
     m.add_function(wrap_pyfunction!(world::ep_round_trip, m)?)?;
     m.add_function(wrap_pyfunction!(world::ep_moe, m)?)?;
+    m.add_function(wrap_pyfunction!(world::tp_moe, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -288,3 +288,49 @@ pub fn ep_moe(
         download(ctx, bufs.out(), tokens * hidden * d.size_bytes() as usize)
     })
 }
+
+/// Tensor parallelism's MoE block (`trident_kernels::moe_tp`) in the CPU world: every rank's
+/// tokens gathered, rank r's shard of every expert (`w1s[r]` `[E, 2F_l, H]` gate/up interleaved
+/// by 128, `w2s[r]` `[E, H, F_l]`: intermediate columns `r F_l ..` of each) run on all of them,
+/// the shards' weighted partial outputs reduced home. Returns each rank's `[T, H]`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn tp_moe(
+    py: Python<'_>,
+    xs: Vec<Vec<u8>>,
+    topks: Vec<Vec<u8>>,
+    weights: Vec<Vec<u8>>,
+    w1s: Vec<Vec<u8>>,
+    w2s: Vec<Vec<u8>>,
+    extents: (usize, usize, usize),
+    dtype_name: &str,
+    seed: u64,
+    race: bool,
+) -> PyResult<Vec<Vec<u8>>> {
+    use trident_kernels::moe_tp::TpMoeBlock;
+    // (experts, H, F_l)
+    let (experts, hidden, ffn_shard) = extents;
+    let d = dtype(dtype_name)?;
+    let shape = routed_shape("tp_moe", &xs, &topks, &weights, d, hidden, experts)?;
+    let (w, tokens) = (xs.len(), shape.t_max);
+    if w1s.len() != w || w2s.len() != w {
+        return Err(errors::argument(format!(
+            "tp_moe: {w} ranks need one w1 and one w2 shard each ({} and {} given)",
+            w1s.len(),
+            w2s.len()
+        )));
+    }
+    let block = TpMoeBlock::new(d, ffn_shard);
+    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let r = ctx.rank();
+        let (xs, topks, weights, w1s, w2s) = &*arrays;
+        let mut bufs = block.buffers(ctx, shape)?;
+        let (x, topk, wt) =
+            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
+        let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
+        block.enqueue(ctx, &mut bufs, &x, &topk, &wt, (&w1, &w2), tokens)?;
+        ctx.synchronize()?;
+        download(ctx, &bufs.out, tokens * hidden * d.size_bytes() as usize)
+    })
+}

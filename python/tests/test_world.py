@@ -60,6 +60,45 @@ def test_bf16_travels_as_uint16_bits():
     assert np.array_equal(outs[1], np.concatenate(bits))
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_tp_moe_block(ranks):
+    # The tensor-parallel MoE block against numpy in f64: each expert's full SwiGLU MLP (its
+    # shards' columns put back together), the SwiGLU output rounded to float16 as each shard
+    # stores it; the shards' down products summed unrounded, the sum rounded once.
+    g = np.random.default_rng()
+    tokens, hidden, k, experts, shard = 4, 32, 2, 3, 128
+    ffn = shard * ranks
+    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
+    topks = routes(g, ranks, tokens, experts, k)
+    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    # Whole experts (gate/up interleaved by 128 over F), then each rank's columns of them.
+    w1 = (g.uniform(-1, 1, (experts, 2 * ffn, hidden)) * 2 / np.sqrt(hidden)).astype(np.float16)
+    w2 = (g.uniform(-1, 1, (experts, hidden, ffn)) * 2 / np.sqrt(ffn)).astype(np.float16)
+    w1s = [w1[:, 2 * shard * r : 2 * shard * (r + 1)] for r in range(ranks)]
+    w2s = [w2[:, :, shard * r : shard * (r + 1)] for r in range(ranks)]
+    world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
+    outs = world.tp_moe(xs, topks, weights, w1s, w2s, experts)
+
+    def expert(e, x):
+        a, b = w1[e].astype(np.float64), w2[e].astype(np.float64)
+        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+        gate, up = a[gate_rows] @ x, a[[r + 128 for r in gate_rows]] @ x
+        act = (gate / (1 + np.exp(-gate)) * up).astype(np.float16).astype(np.float64)
+        return b @ act
+
+    for r, out in enumerate(outs):
+        want = np.zeros((tokens, hidden))
+        for t in range(tokens):
+            for j in range(k):
+                e = topks[r][t, j]
+                if e >= 0:
+                    want[t] += weights[r][t, j] * expert(e, xs[r][t].astype(np.float64))
+        err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+        assert out.shape == (tokens, hidden) and err <= 5e-3, (r, err)
+    with pytest.raises(trident.ArgumentError, match="one w1 and one w2 shard each"):
+        world.tp_moe(xs, topks, weights, w1s[:1] * (ranks + 1), w2s, experts)
+
+
 def test_world_errors():
     with pytest.raises(trident.ArgumentError, match="1..=64"):
         CpuWorld(0)

@@ -112,6 +112,31 @@ class CpuWorld:
         shape = np.asarray(xs[0]).shape
         return [np.frombuffer(o, dtype=dtype).reshape(shape).copy() for o in raw]
 
+    def tp_moe(self, xs, topks, weights, w1s, w2s, num_experts):
+        """Tensor parallelism's MoE block: every rank's tokens `xs[r]` ``[T, H]`` (float16)
+        gathered, rank r's shard of every expert (`w1s[r]` ``[E, 2F_l, H]``, gate and up rows
+        interleaved in blocks of 128, `w2s[r]` ``[E, H, F_l]``: intermediate columns
+        ``r F_l ..`` of each expert) run on the tokens routed to it by `topks` ``[T, k]``
+        (int32, -1 none), and the shards' partial outputs, weighted by `weights` ``[T, k]``
+        (float32), summed home. Returns each rank's ``[T, H]``."""
+        data, etype, dtype = self._inputs("tp_moe", xs)
+        hidden = np.asarray(xs[0]).shape[-1]
+        ffn_shard = np.asarray(w2s[0]).shape[-1]
+        as_bytes = lambda arrays, t: [np.ascontiguousarray(a, dtype=t).tobytes() for a in arrays]
+        raw = _trident.tp_moe(
+            data,
+            as_bytes(topks, np.int32),
+            as_bytes(weights, np.float32),
+            as_bytes(w1s, dtype),
+            as_bytes(w2s, dtype),
+            (num_experts, hidden, ffn_shard),
+            etype,
+            self.seed,
+            self.race,
+        )
+        shape = np.asarray(xs[0]).shape
+        return [np.frombuffer(o, dtype=dtype).reshape(shape).copy() for o in raw]
+
     def reduce_scatter(self, inputs, algorithm="ring"):
         """Each input holds `ranks` equal chunks; rank r's output is the sum of every rank's chunk r
         (``ring`` or ``one_shot``)."""
@@ -442,6 +467,40 @@ def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
     return out
 
 
+def tp_moe(x, topk, weights, w1, w2, num_experts, t_max):
+    """The tensor-parallel MoE block: every rank's tokens `x` ``[T, H]`` (bf16 or f16, T at
+    most `t_max`) gathered, this rank's shard of every one of the `num_experts` experts' SwiGLU
+    MLPs (`w1` ``[E, 2F_l, H]`` with gate and up rows interleaved in blocks of 128, `w2`
+    ``[E, H, F_l]``; F_l a multiple of 128) run on the tokens `topk` ``[T, k]`` (int32 or int64,
+    -1 none) routes to it, and the shards' partial outputs, weighted by `weights` ``[T, k]``
+    (float32), reduced home: returns ``[T, H]``. The gather overlaps the first grouped GEMM and
+    the reduction the second. Not capturable in a CUDA graph yet (a typed error)."""
+    import torch
+
+    w, etype = _check("tp_moe", x, 2)
+    tokens, hidden = x.shape
+    topk = _topk_i32("tp_moe", topk, tokens)
+    if weights.dtype != torch.float32 or tuple(weights.shape) != tuple(topk.shape):
+        raise ArgumentError(f"tp_moe: weights {tuple(weights.shape)} {weights.dtype}; f32 like topk")
+    _check("tp_moe", weights)
+    if tokens > t_max:
+        raise ArgumentError(f"tp_moe: {tokens} tokens where t_max is {t_max}")
+    _check("tp_moe", w1, 3)
+    _check("tp_moe", w2, 3)
+    ffn = w2.shape[2]
+    e = num_experts
+    if tuple(w1.shape) != (e, 2 * ffn, hidden) or tuple(w2.shape) != (e, hidden, ffn) or w1.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ArgumentError(
+            f"tp_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{e}, 2F_l, {hidden}] and [{e}, {hidden}, F_l] of {x.dtype}"
+        )
+    out = torch.empty_like(x)
+    w.tp_moe(
+        x.data_ptr(), topk.data_ptr(), weights.data_ptr(), w1.data_ptr(), w2.data_ptr(), out.data_ptr(),
+        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, _stream(),
+    )
+    return out
+
+
 def empty(shape, dtype=None):
     """A torch tensor on the symmetric heap (collective: every rank asks for the same shapes
     in the same order). Its memory returns to trident's pool when the tensor dies on every
@@ -494,6 +553,7 @@ __all__ = [
     "ep_dispatch_ht",
     "ep_combine_ht",
     "ep_moe",
+    "tp_moe",
     "empty",
     "synchronize",
 ]

@@ -1,5 +1,5 @@
 """trident's distributed ops as torch ops: ``torch.ops.trident.all_gather``, ``all_reduce``,
-``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_ht``, ``ep_combine_ht``, ``ep_moe`` (CUDA implementations: ``trident.distributed``;
+``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_ht``, ``ep_combine_ht``, ``ep_moe``, ``tp_moe`` (CUDA implementations: ``trident.distributed``;
 fake implementations for ``torch.compile``, which traces them as opaque calls).
 
 Defined through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose
@@ -29,6 +29,7 @@ SCHEMAS = {
     "ep_combine_ht": "ep_combine_ht(Tensor y, int tokens, int top_k, int num_experts, int t_max) -> Tensor",
     "ep_moe": "ep_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max, "
     "bool high_throughput=False) -> Tensor",
+    "tp_moe": "tp_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max) -> Tensor",
 }
 
 
@@ -85,6 +86,10 @@ def _fake_ep_combine_ht(y, tokens, top_k, num_experts, t_max):
 
 
 def _fake_ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
+    return torch.empty_like(x)
+
+
+def _fake_tp_moe(x, topk, weights, w1, w2, num_experts, t_max):
     return torch.empty_like(x)
 
 

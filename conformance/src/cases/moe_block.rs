@@ -24,7 +24,7 @@ use trident_core::world::RankCtx;
 use trident_kernels::ep_all_to_all::EpShape;
 use trident_kernels::grouped_gemm::{swiglu_gate_row, SWIGLU_BLOCK};
 use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers};
-use trident_kernels::moe_tp::{TpMoeBlock, TpMoeBuffers};
+use trident_kernels::moe_tp::{TpGemm, TpMoeBlock, TpMoeBuffers, TpSteps};
 
 /// The experts' intermediate size in the cases.
 const FFN: usize = SWIGLU_BLOCK as usize;
@@ -373,7 +373,8 @@ impl Benchmark for MoeBlockCase {
         let picks: Vec<usize> = (0..2).map(|_| rng.gen_range(0..tokens)).collect();
         let acts: Vec<Vec<Vec<f64>>> = picks.iter().map(|&tok| topk[tok].iter().map(|&e| act_of(tok, e)).collect()).collect();
         let cols: Vec<usize> = (0..16).map(|_| rng.gen_range(0..h)).collect();
-        let check = |out: &Buffer| -> Result<f64, BackendError> {
+        // The normwise error of the sampled outputs, each read by `get(token, column)`.
+        let check_with = |get: &Reader| -> Result<f64, BackendError> {
             let mut worst = 0.0f64;
             for (p, &tok) in picks.iter().enumerate() {
                 for &c in &cols {
@@ -387,12 +388,13 @@ impl Benchmark for MoeBlockCase {
                         want += wt(tok, j) * y;
                         mag += wt(tok, j) * terms.iter().map(|v| v.abs()).sum::<f64>();
                     }
-                    let e = (read_entry(ctx, out, tok * h + c, d)? - want).abs() / mag.max(1e-30);
+                    let e = (get(tok, c)? - want).abs() / mag.max(1e-30);
                     worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
                 }
             }
             Ok(worst)
         };
+        let check = |out: &Buffer| check_with(&|tok, c| read_entry(ctx, out, tok * h + c, d));
         let mut blocks = vec![("moe-ep-ht/block", EpMoeBlock::new(d, f).high_throughput())];
         if tokens <= LOW_LATENCY_TOKENS {
             blocks.insert(0, ("moe-ep/block", EpMoeBlock::new(d, f)));
@@ -445,8 +447,102 @@ impl Benchmark for MoeBlockCase {
         call(&mut bufs)?;
         t.error(check(&bufs.out)?);
         t.time("moe-tp/block", &mut || call(&mut bufs))?;
+        // The same work one stage after the other (the host meets the ranks in between).
+        let inputs = (&x, &topk_b, &weights);
+        let sequential = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
+            block.enqueue_as(ctx, bufs, inputs, (tw1, tw2), tokens, TpSteps::Sequential)?;
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        ctx.fill(&bufs.out, &poison(d))?;
+        ctx.barrier()?;
+        sequential(&mut bufs)?;
+        t.error(check(&bufs.out)?);
+        t.time(TP_SEQUENTIAL, &mut || sequential(&mut bufs))?;
+        if w == 1 {
+            tp_machinery(t, (&block, &mut bufs), (tw1, tw2), &check_with)?;
+        }
         Ok(())
     }
+
+    /// The three blocks; the rest are their stages or the same work without overlap.
+    fn is_fused(&self, variant: &str) -> bool {
+        variant.ends_with("/block")
+    }
+
+    fn compared_with(&self, variant: &str) -> Option<&'static str> {
+        match variant {
+            "moe-tp/block" => Some(TP_SEQUENTIAL),
+            TP_AG_GATE_UP => Some("grouped/gate-up"),
+            TP_DOWN_RS => Some("grouped/down"),
+            _ => None,
+        }
+    }
+}
+
+/// An output entry of (token, column), however a variant leaves it.
+type Reader<'a> = dyn Fn(usize, usize) -> Result<f64, BackendError> + 'a;
+
+/// The benchmark's tensor-parallel variants beside the block.
+const TP_SEQUENTIAL: &str = "moe-tp/sequential";
+const TP_AG_GATE_UP: &str = "moe-tp/ag-gate-up";
+const TP_DOWN_RS: &str = "moe-tp/down-rs";
+
+/// At world 1 (after the block's calls, its chunk signal set): the block's two grouped GEMMs
+/// alone against the plain grouped GEMMs of the same rows, the cost of the overlap machinery
+/// (the chunk walk and its waits; the down's top-k reduction by atomics and its signals against
+/// storing each weighted row). Each checked on poisoned outputs: the plain gate/up's `act`
+/// bitwise the waiting one's, the down's outputs summed per token against the reference.
+fn tp_machinery(
+    t: &mut Timer,
+    (block, bufs): (&TpMoeBlock, &mut TpMoeBuffers),
+    experts_w: (&Buffer, &Buffer),
+    check_with: &dyn Fn(&Reader) -> Result<f64, BackendError>,
+) -> Result<(), BackendError> {
+    let ctx = t.ctx;
+    let (d, h) = (block.dtype, bufs.shape.hidden);
+    let rows = bufs.cap();
+    let gemm = |bufs: &TpMoeBuffers, which: TpGemm<'_>| -> Result<(), BackendError> {
+        block.enqueue_gemm(ctx, bufs, experts_w, which)?;
+        ctx.synchronize()
+    };
+    let act_bytes = |bufs: &TpMoeBuffers| -> Result<Vec<u8>, BackendError> {
+        let mut raw = vec![0u8; rows * block.ffn_shard * d.size_bytes() as usize];
+        ctx.read(&bufs.act, 0, &mut raw)?;
+        Ok(raw)
+    };
+    let mut acts = Vec::new();
+    for which in [TpGemm::AgGateUp, TpGemm::GateUp] {
+        ctx.fill(&bufs.act, &poison(d))?;
+        gemm(bufs, which)?;
+        acts.push(act_bytes(bufs)?);
+    }
+    if acts[0] != acts[1] {
+        return Err(BackendError::Host("moe-tp: the plain gate/up GEMM's SwiGLU output differs from the waiting one's".into()));
+    }
+    t.time(TP_AG_GATE_UP, &mut || gemm(bufs, TpGemm::AgGateUp))?;
+    t.time("grouped/gate-up", &mut || gemm(bufs, TpGemm::GateUp))?;
+    // The reduce-scatter epilogue into a cleared accumulator (f32, each token's row).
+    ctx.fill(&bufs.acc, &[0])?;
+    ctx.fill(&bufs.done, &[0])?;
+    gemm(bufs, TpGemm::DownReduceScatter)?;
+    t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
+    t.time(TP_DOWN_RS, &mut || gemm(bufs, TpGemm::DownReduceScatter))?;
+    // The plain down: each row weighted and stored; a token's rows summed here.
+    let c = ctx.alloc(rows * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
+    ctx.fill(&c, &poison(d))?;
+    gemm(bufs, TpGemm::Down(&c))?;
+    let tokens = download(ctx, &trident_kernels::epoch::half_of(&bufs.row_token, bufs.calls), rows, DType::I32)?;
+    t.error(check_with(&|tok, col| {
+        let mut sum = 0.0;
+        for (row, _) in tokens.iter().enumerate().filter(|(_, &v)| v as usize == tok) {
+            sum += read_entry(ctx, &c, row * h + col, d)?;
+        }
+        Ok(sum)
+    })?);
+    t.time("grouped/down", &mut || gemm(bufs, TpGemm::Down(&c)))?;
+    // The accumulator and its count hold the timed additions: back to zero for a next call.
+    bufs.rearm(ctx)
 }
 
 inventory::submit! { Registered(&MoeBlockCase) }

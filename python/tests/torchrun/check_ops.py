@@ -209,6 +209,32 @@ for ht in (False, True):
             want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
     report(f"ep_moe ({'high-throughput' if ht else 'low-latency'}) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
 
+# The tensor-parallel MoE block (two calls: the buffers' halves alternate): this rank's
+# 128-wide shard of every expert; the whole experts put back together on the host, the SwiGLU
+# output rounded to bf16 as each shard stores it, the shards' sum rounded once.
+shard, tp_experts = 128, 6
+w1 = (torch.rand(tp_experts, 2 * shard, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(torch.bfloat16)
+w2 = (torch.rand(tp_experts, hidden, shard, device="cuda") * 2 - 1).div((shard * world) ** 0.5).to(torch.bfloat16)
+full_w1, full_w2 = torch.cat(everyone(w1), dim=1), torch.cat(everyone(w2), dim=2)
+gate_rows = [(j // 128) * 256 + j % 128 for j in range(shard * world)]
+for call in range(2):
+    x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+    topk = torch.stack([torch.randperm(tp_experts, device="cuda")[:k] for _ in range(tokens)])
+    topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
+    weights = torch.rand(tokens, k, device="cuda")
+    out = torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        xt = x[t].double().cpu()
+        for j in range(k):
+            e = int(topk[t, j])
+            if e < 0:
+                continue
+            g, u = full_w1[e][gate_rows] @ xt, full_w1[e][[r + 128 for r in gate_rows]] @ xt
+            act = (g / (1 + torch.exp(-g)) * u).to(torch.bfloat16).double()
+            want[t] += float(weights[t, j]) * (full_w2[e] @ act)
+    report(f"tp_moe {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}, call {call}", rel(out, want), 2e-2)
+
 # Errors are typed.
 try:
     td.all_reduce(torch.zeros(10))
