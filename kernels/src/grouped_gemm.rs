@@ -45,6 +45,15 @@
 //! too, a program waits for chunk c's signal before it reads c's ends, and walks the chunks from
 //! its rank's own (already local) on.
 //!
+//! A tile reads A in boxes of `block_m` rows over all of A (one tensor map, encoded on the host
+//! from the argument: TMA on sm_90a), so a group's last tile may read up to `block_m - 1` rows
+//! past the group (dropped by the store's mask). With `wait` those rows must not be written while
+//! the GEMM runs: a chunk's capacity `t_max` ends with at least [`GroupedGemm::block_m`] rows
+//! no rank writes (the tensor-parallel MoE block leaves [`crate::moe_tp::CHUNK_PAD`]). A
+//! descriptor per chunk would not need them, but its base is no longer a kernel argument, so
+//! the lowering could not encode it on the host and fell back to loads by the threads: 10x
+//! slower on the H100 (8e0c404, measured at d730fa2).
+//!
 //! [`Epilogue::reduce_scatter`] sends the product home instead of storing it: each row times its
 //! weight, added (f32 atomics, system scope) into row `row_token[row]` of `acc` on the rank that
 //! owns the chunk (rank = chunk), then `done` there grows by the tile's element count. The
@@ -85,13 +94,8 @@ struct Kernel<'b> {
 impl<'b> Kernel<'b> {
     /// A's descriptor over every group's rows (from `a`: A, or A after a wait).
     fn a_desc(&self, a: Tile<'b>, bm: u32, bk: u32) -> Tile<'b> {
-        self.a_desc_rows(a, self.a_rows, bm, bk)
-    }
-
-    /// A descriptor over `rows` rows of A from `a`.
-    fn a_desc_rows(&self, a: Tile<'b>, rows: Tile<'b>, bm: u32, bk: u32) -> Tile<'b> {
         let one = self.b.constant(trident_core::ir::Literal::Int(1), DType::I32);
-        self.b.make_desc(a, [rows, self.k], [self.k, one], [bm, bk])
+        self.b.make_desc(a, [self.a_rows, self.k], [self.k, one], [bm, bk])
     }
 }
 
@@ -500,7 +504,6 @@ impl GroupedGemm {
         let da = (desc && !self.wait).then(|| k_.a_desc(a, bm, bk));
 
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
-        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         let tiles_n = (n_out + (self.out_block_n() as i32 - 1)) / self.out_block_n() as i32;
         // The tile of (group `g`, row tile `tm`, column tile `tn`): its wait, then the tile.
         let run_tile = |g: Tile, (first, rows): (Tile, Tile), (tm, tn): (Tile, Tile)| {
@@ -513,7 +516,7 @@ impl GroupedGemm {
                 }
                 _ => (a, da),
             };
-            self.tile(&k_, a_t, da_t.zip(db).map(|d| (d, zero)), (e, chunk), (first, rows), (tm, tn));
+            self.tile(&k_, a_t, da_t.zip(db), (e, chunk), (first, rows), (tm, tn));
         };
         if self.chunk_ends {
             self.walk_chunks(&k_, (a, da, db), (groups, ready.zip(target)), (experts, chunks, t_max), tiles_n);
@@ -546,6 +549,7 @@ impl GroupedGemm {
             });
             return b.finish();
         }
+        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         // Carried over the groups: this program's next tile number, where the group's rows
         // start (contiguous), and the number of the group's first tile.
         b.for_range(0, experts * chunks, 1, &[pid, zero, zero], |g, st| {
@@ -583,28 +587,23 @@ impl GroupedGemm {
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
         b.for_range(0, chunks, 1, &[pid, zero], |ci, st| {
-            // With a wait, A's descriptor covers the chunk's rows only (rows from `base` on): a
-            // tile's box never reads the next chunk, which may still be arriving.
             let (chunk, groups, a, da) = match ready {
                 Some((ready, target)) => {
                     let chunk = (ci + b.rank()) % chunks;
                     let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
                     let a = a.consume_token(tok);
-                    let da = db.is_some().then(|| {
-                        kn.a_desc_rows(a + chunk * t_max * kn.k, t_max, self.block_m, self.k_step())
-                    });
-                    (chunk, groups.consume_token(tok), a, da.map(|d| (d, chunk * t_max)))
+                    let da = db.is_some().then(|| kn.a_desc(a, self.block_m, self.k_step()));
+                    (chunk, groups.consume_token(tok), a, da)
                 }
-                None => (ci, groups, a, da.map(|d| (d, zero))),
+                None => (ci, groups, a, da),
             };
             let base = chunk * t_max;
             let after = b.for_range(0, experts, 1, &[st[0], zero, st[1]], |e, s| {
                 let (next, start, tile_base) = (s[0], s[1], s[2]);
                 let end = b.load(groups + (chunk * experts + e), None, None);
                 let rows = end - start;
-                let descs = da.zip(db).map(|((da, from), db)| ((da, db), from));
                 let (after, last) = group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|tile| {
-                    self.tile(kn, a, descs, (e, chunk), (base + start, rows), tile);
+                    self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), tile);
                 });
                 vec![after, end, last]
             });
@@ -613,13 +612,12 @@ impl GroupedGemm {
     }
 
     /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e` (of A's
-    /// chunk `chunk`), A read from `a` (or `descs`, A's descriptor starting at row `from`).
-    #[allow(clippy::type_complexity)]
+    /// chunk `chunk`), A read from `a` (or `descs`).
     fn tile<'b>(
         &self,
         kn: &Kernel<'b>,
         a: Tile<'b>,
-        descs: Option<((Tile<'b>, Tile<'b>), Tile<'b>)>,
+        descs: TilePair<'b>,
         (e, chunk): (Tile<'b>, Tile<'b>),
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
@@ -653,8 +651,8 @@ impl GroupedGemm {
                 // Boxes over every expert's rows; what reaches past this expert's is dropped by
                 // the store's mask (or meets A's zeros past K). With SwiGLU the box is one
                 // gate/up pair.
-                Some(((da, db), from)) => (
-                    b.desc_load(da, [first - from + tm * bm as i32, k0]),
+                Some((da, db)) => (
+                    b.desc_load(da, [first + tm * bm as i32, k0]),
                     match self.b_layout {
                         BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
                         BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),

@@ -5,15 +5,16 @@
 //!
 //! 1. **route + gather** (one persistent launch, its programs meeting between phases): the
 //!    rank's `(token, k-slot)` pairs counted per expert, each pair given a row of the rank's
-//!    chunk in expert order (`cap = T_max k` rows per chunk; within an expert in the order the
-//!    pairs took their places), and written to every rank (`rows [W cap, H]`, with each row's
+//!    chunk in expert order (`cap = T_max k` rows per chunk, then [`CHUNK_PAD`] rows nobody
+//!    writes; within an expert in the order the pairs took their places), and written to every
+//!    rank (`rows [W (cap + pad), H]`, with each row's
 //!    token `row_token` and routing weight `row_weight`), and the chunk's group ends (`ends [W,
 //!    E]`, counted from the chunk's first row) before them; then `ready[rank]` is set to the
 //!    call's epoch on every rank;
 //! 2. **AG + grouped GEMM** gate/up with SwiGLU ([`GroupedGemm::chunk_ends`] with `wait`): a
 //!    program waits for chunk c's signal before it reads c's ends, and walks the chunks from
 //!    its rank's own (already there) on, so the gather of the other chunks overlaps the GEMM:
-//!    `act [W cap, F_l]`;
+//!    `act [W (cap + pad), F_l]`;
 //! 3. **grouped GEMM + top-k reduction + reduce-scatter** down ([`Epilogue::reduce_scatter`]):
 //!    each row of chunk c times its weight, added (f32 atomics) into the token's row of `acc` on
 //!    rank c, and rank c's `done` grows by each tile's elements;
@@ -45,6 +46,12 @@ use trident_core::ir::{AtomicOp, Axis, CmpOp, CommScope, DType, LaunchAttrs, Mem
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
 
+/// Rows after each chunk's capacity that no rank writes: the grouped GEMM reads A in boxes of
+/// `block_m` rows over the whole gathered buffer (one tensor map, TMA), so a chunk's last tile
+/// reads past the chunk; those rows must not be the next chunk's while a peer writes them. The
+/// largest TMA box has 256 rows.
+pub const CHUNK_PAD: usize = 256;
+
 /// The route's (token, k-slot) pairs per program: its grid is the chunk's capacity over this (at
 /// most `max_programs`): DeepSeek-V3's decode (128 tokens, top-8) on 64 programs, prefill on all
 /// 132; every program takes part in three meets, so few of them where there is little to do.
@@ -65,11 +72,13 @@ pub struct TpMoeBlock {
 pub struct TpMoeBuffers {
     /// Tokens per rank at most (`t_max`), hidden size, experts in all, top-k.
     pub shape: EpShape,
-    /// Two halves of `[W cap, H]`: every rank's chunk of rows in expert order (symmetric).
+    /// Two halves of `[W (cap + pad), H]`: every rank's chunk of rows in expert order
+    /// (symmetric).
     pub rows: Buffer,
     /// Two halves of `[W, E]` i32: each chunk's group ends, from the chunk's first row.
     pub ends: Buffer,
-    /// Two halves of `[W cap]` i32 and f32: each row's token (on the chunk's rank) and weight.
+    /// Two halves of `[W (cap + pad)]` i32 and f32: each row's token (on the chunk's rank) and
+    /// weight.
     pub row_token: Buffer,
     pub row_weight: Buffer,
     /// `[W]` u64: chunk c's rows are here for call e once `ready[c] >= e` (symmetric).
@@ -82,7 +91,7 @@ pub struct TpMoeBuffers {
     pub scratch: Buffer,
     /// Local, zeroed: the route's and the finish's finished-program counters (u64).
     pub finished: Buffer,
-    /// `[W cap, F_l]`: the SwiGLU output of every gathered row (local).
+    /// `[W (cap + pad), F_l]`: the SwiGLU output of every gathered row (local).
     pub act: Buffer,
     /// `[T_max, H]`: the block's result of the last call (local).
     pub out: Buffer,
@@ -94,6 +103,11 @@ impl TpMoeBuffers {
     /// Rows of each rank's chunk: `T_max k`.
     pub fn cap(&self) -> usize {
         self.shape.t_max * self.shape.top_k
+    }
+
+    /// Rows from one chunk's first to the next's: the capacity and [`CHUNK_PAD`].
+    pub fn chunk_rows(&self) -> usize {
+        self.cap() + CHUNK_PAD
     }
 
     /// Collective: the signals, counters and accumulators back to zero on every rank, and the
@@ -126,7 +140,7 @@ pub enum TpGemm<'a> {
     /// `acc` and `done` again, so [`TpMoeBuffers::rearm`] before the block's next call.
     DownReduceScatter,
     /// The plain grouped GEMM down with the routing weights, each row stored into this buffer
-    /// (`[W cap, H]`, the element type).
+    /// (`[W (cap + pad), H]`, the element type).
     Down(&'a Buffer),
 }
 
@@ -150,7 +164,7 @@ impl TpMoeBlock {
             )));
         }
         let w = ctx.world_size();
-        let (rows, es) = (w * t_max * top_k, self.dtype.size_bytes() as usize);
+        let (rows, es) = (w * (t_max * top_k + CHUNK_PAD), self.dtype.size_bytes() as usize);
         require_i32(2 * crate::epoch::half_elems(rows * hidden), "the gathered rows' elements")?;
         require_i32(rows * self.ffn_shard.max(hidden), "rows x max(F_l, H)")?;
         let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
@@ -187,7 +201,7 @@ impl TpMoeBlock {
             (b.arg_ptr("counts", DType::I32), b.arg_ptr("stale", DType::I32), b.arg_ptr("starts", DType::I32));
         let finished = b.arg_ptr("finished", DType::U64);
         let (tokens, hidden) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32));
-        let (experts, k, cap) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32), b.arg("cap", DType::I32));
+        let (experts, k, stride) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32), b.arg("chunk_rows", DType::I32));
         let epoch = b.arg("epoch", DType::U64);
         let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
         let cursor = counts + experts;
@@ -243,7 +257,7 @@ impl TpMoeBlock {
             let e = b.load(topk + i, None, None);
             b.if_then(e.ge(0) & e.lt(experts), || {
                 let slot = b.atomic(AtomicOp::Add, cursor + e, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
-                let row = me * cap + b.load(starts + e, None, None) + slot;
+                let row = me * stride + b.load(starts + e, None, None) + slot;
                 let (t, wt) = (i / k, b.load(weights + i, None, None));
                 let from = x + t * hidden;
                 b.for_range(0, world, 1, &[], |dst, _| {
@@ -380,7 +394,7 @@ impl TpMoeBlock {
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
             i32_arg(k, "top_k")?,
-            i32_arg(cap, "cap")?,
+            i32_arg(bufs.chunk_rows(), "chunk rows")?,
             KernelArg::u64(call),
         ];
         // Sequential: every rank's stage finished before any rank's next one starts.
@@ -455,11 +469,14 @@ impl TpMoeBlock {
     ) -> Result<crate::moe_block::Prepared, BackendError> {
         let EpShape { hidden: h, experts, .. } = bufs.shape;
         let (w, f) = (ctx.world_size(), self.ffn_shard);
-        let rows = w * bufs.cap();
+        let rows = w * bufs.chunk_rows();
         let half = |b: &Buffer| half_of(b, call);
         let (g_rows, g_ends, g_token, g_weight) =
             (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
         let (up, down) = self.gemms(ctx);
+        if up.block_m as usize > CHUNK_PAD {
+            return Err(self.problem(format!("gate/up tiles of {} rows: at most the chunks' padding, {CHUNK_PAD}", up.block_m)));
+        }
         let plain = |g: GroupedGemm| GroupedGemm { chunk_ends: false, wait: false, ..g };
         let up_groups = Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) };
         let down_groups = Groups { chunks: w, ..Groups::new(experts, h, f, rows) };

@@ -309,7 +309,7 @@ impl Benchmark for MoeBlockCase {
         let ep = DistCase { dims: case.dims[..4].to_vec(), ..case.clone() };
         let (t, h, e, k, w) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.world);
         let halves = trident_kernels::epoch::halves_bytes;
-        let rows = w * t * k;
+        let rows = w * (t * k + trident_kernels::moe_tp::CHUNK_PAD);
         let tp = halves(rows * h, case.dtype.size_bytes() as usize)
             + halves(w * e, 4)
             + 2 * halves(rows, 4)
@@ -501,6 +501,7 @@ fn tp_machinery(
 ) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, h) = (block.dtype, bufs.shape.hidden);
+    // The rows of the chunk the pairs filled (the benchmark routes every pair).
     let rows = bufs.cap();
     let gemm = |bufs: &TpMoeBuffers, which: TpGemm<'_>| -> Result<(), BackendError> {
         block.enqueue_gemm(ctx, bufs, experts_w, which)?;
@@ -529,7 +530,7 @@ fn tp_machinery(
     t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
     t.time(TP_DOWN_RS, &mut || gemm(bufs, TpGemm::DownReduceScatter))?;
     // The plain down: each row weighted and stored; a token's rows summed here.
-    let c = ctx.alloc(rows * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
+    let c = ctx.alloc(bufs.chunk_rows() * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
     ctx.fill(&c, &poison(d))?;
     gemm(bufs, TpGemm::Down(&c))?;
     let tokens = download(ctx, &trident_kernels::epoch::half_of(&bufs.row_token, bufs.calls), rows, DType::I32)?;
