@@ -24,6 +24,11 @@ pub struct Args {
     /// Only cases at this world size (ranks).
     #[arg(long)]
     world: Option<usize>,
+    /// Only cases at worlds of at most this many ranks (CI runs the secondary SIMT targets to 4:
+    /// their code does not change with the world beyond that; the reference backend and sm_90a
+    /// run every world).
+    #[arg(long, conflicts_with = "world")]
+    max_world: Option<usize>,
     /// Run every distributed case under N different schedules and visibility delays.
     #[arg(long, default_value_t = 1)]
     chaos: usize,
@@ -173,6 +178,7 @@ pub fn main(args: Args) -> ExitCode {
         .filter(|(_, c)| args.kernel.as_ref().is_none_or(|k| c.kernel.contains(k.as_str())))
         .filter(|(_, c)| args.dtype.as_ref().is_none_or(|d| c.dtype.as_str() == d))
         .filter(|(_, c)| world_filter.is_none_or(|w| c.world == w))
+        .filter(|(_, c)| args.max_world.is_none_or(|w| c.world <= w))
         .filter(|(_, c)| (place.is_none() && !args.inter_node) || c.distributed)
         .collect();
     if args.list {
