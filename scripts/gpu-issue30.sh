@@ -8,7 +8,8 @@
 # the plain grouped GEMMs (the overlap machinery) and the block against its stages one after the
 # other; then `trident bench --world 4` in the loopback world (four ranks on the GPU, no
 # baseline: report only), the overlapped block beside the sequential one (BENCH_WORLD4=0 leaves
-# it out). Writes $OUT/summary.txt, logs, bench-world1.json and bench-world4.json.
+# it out; ONLY_WORLD4 picks its cases, e.g. "moe_block bf16 128 ": about 100 s a shape).
+# Writes $OUT/summary.txt, logs, bench-world1.json and bench-world4.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
@@ -26,7 +27,7 @@ if [ "${BENCH:-1}" = 1 ]; then
   KEEP='moe|rror|failed' KEEP_LINES=40 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
     --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-world1.json"
   if [ "${BENCH_WORLD4:-1}" = 1 ]; then
-    KEEP='moe|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only moe_block \
+    KEEP='moe|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only "${ONLY_WORLD4:-moe_block}" \
       --json "$O/bench-world4.json"
   fi
 fi
