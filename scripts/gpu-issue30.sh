@@ -24,10 +24,10 @@ done
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
 if [ "${BENCH:-1}" = 1 ]; then
-  KEEP='moe|rror|failed' KEEP_LINES=40 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
+  KEEP='moe|grouped/|rror|failed' KEEP_LINES=60 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
     --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-world1.json"
   if [ "${BENCH_WORLD4:-1}" = 1 ]; then
-    KEEP='moe|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only "${ONLY_WORLD4:-moe_block}" \
+    KEEP='moe|grouped/|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only "${ONLY_WORLD4:-moe_block}" \
       --json "$O/bench-world4.json"
   fi
 fi
