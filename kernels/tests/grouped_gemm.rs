@@ -432,3 +432,36 @@ fn the_divisible_portable_form_is_pipelined() {
     assert!(copies(BLayout::KN) > 0);
     assert_eq!(copies(BLayout::NK), 0);
 }
+
+/// Both operands through tensor maps encoded on the host (TMA) in every descriptor form the MoE
+/// blocks launch on sm_90a, the waiting chunk walk of the tensor-parallel block included: at
+/// 8e0c404 that walk made A's descriptor from a pointer computed in the kernel, the lowering
+/// could not encode it and read A with the threads (10x slower on an H100, every result right).
+#[test]
+fn every_moe_form_reads_both_operands_through_host_encoded_tensor_maps() {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let base = |layout| GroupedGemm {
+        divisible: true,
+        ..GroupedGemm::for_target(DType::BF16, layout, BLayout::NK, Some(sm90a))
+    };
+    let swiglu = Epilogue { swiglu: true, ..Epilogue::default() };
+    let chunked = GroupedGemm { chunk_ends: true, scheduled: false, ..base(Layout::Contiguous) };
+    let forms = [
+        ("plain gate/up", base(Layout::Contiguous).with_epilogue(swiglu)),
+        ("masked gate/up", base(Layout::Masked).with_epilogue(swiglu)),
+        ("waiting masked", GroupedGemm { wait: true, ..base(Layout::Masked) }),
+        ("AG + grouped GEMM (chunk walk, waits)", GroupedGemm { wait: true, ..chunked }.with_epilogue(swiglu)),
+        (
+            "grouped GEMM + reduce-scatter",
+            chunked.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() }),
+        ),
+    ];
+    for (what, op) in forms {
+        let k = trident_core::simt::lower(&op.build().unwrap(), sm90a).unwrap();
+        let maps: Vec<_> = k.tensor_maps.iter().map(|m| m.ptr).collect();
+        assert!(
+            maps.len() >= 2 && maps.iter().any(|&p| p == 0) && maps.iter().any(|&p| p == 1),
+            "{what}: tensor maps of parameters {maps:?}"
+        );
+    }
+}
