@@ -7,7 +7,7 @@ use crate::errors;
 use pyo3::prelude::*;
 use std::sync::Arc;
 use trident_backend_cpu::world::{CpuWorld, WorldOptions};
-use trident_core::backend::BackendError;
+use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 use trident_kernels::allgather::{AllGather, GatherBuffers};
@@ -241,6 +241,50 @@ fn routed_shape(
     Ok(trident_kernels::ep_all_to_all::EpShape { t_max: tokens, hidden, experts, top_k: pairs / tokens })
 }
 
+/// Each rank's `x`, `topk`, `weights`, `w1` and `w2`, as bytes.
+type MoeArrays = (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>);
+
+/// Both MoE blocks' CPU-world calls: the routed inputs checked (`what` names the op; `held`
+/// ends "one w1 and one w2" in its error: nothing, or ` shard`), then on each rank its arrays
+/// uploaded, `make` its buffers, `run` the block enqueued (returning its output buffer) and the
+/// `[T, H]` result read back.
+#[allow(clippy::too_many_arguments)]
+fn moe_in_cpu_world<B>(
+    py: Python<'_>,
+    (what, held): (&'static str, &'static str),
+    (xs, topks, weights, w1s, w2s): MoeArrays,
+    (experts, hidden): (usize, usize),
+    d: DType,
+    (seed, race): (u64, bool),
+    make: impl Fn(&dyn RankCtx, trident_kernels::ep_all_to_all::EpShape) -> Result<B, BackendError> + Send + Sync + 'static,
+    run: impl Fn(&dyn RankCtx, &mut B, [&Buffer; 3], (&Buffer, &Buffer), usize) -> Result<Buffer, BackendError>
+        + Send
+        + Sync
+        + 'static,
+) -> PyResult<Vec<Vec<u8>>> {
+    let shape = routed_shape(what, &xs, &topks, &weights, d, hidden, experts)?;
+    let (w, tokens) = (xs.len(), shape.t_max);
+    if w1s.len() != w || w2s.len() != w {
+        return Err(errors::argument(format!(
+            "{what}: {w} ranks need one w1 and one w2{held} each ({} and {} given)",
+            w1s.len(),
+            w2s.len()
+        )));
+    }
+    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
+    cpu_world(py, w, seed, race, move |ctx| {
+        let r = ctx.rank();
+        let (xs, topks, weights, w1s, w2s) = &*arrays;
+        let mut bufs = make(ctx, shape)?;
+        let (x, topk, wt) =
+            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
+        let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
+        let out = run(ctx, &mut bufs, [&x, &topk, &wt], (&w1, &w2), tokens)?;
+        ctx.synchronize()?;
+        download(ctx, &out, tokens * hidden * d.size_bytes() as usize)
+    })
+}
+
 /// Expert parallelism's MoE block (`trident_kernels::moe_block`) in the CPU world: dispatch, the
 /// experts' SwiGLU MLPs (`w1s[r]` `[E_local, 2F, H]` gate/up interleaved by 128, `w2s[r]`
 /// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine (`high_throughput`: the prefill
@@ -264,29 +308,23 @@ pub fn ep_moe(
     // (experts, H, F)
     let (experts, hidden, ffn) = extents;
     let d = dtype(dtype_name)?;
-    let shape = routed_shape("ep_moe", &xs, &topks, &weights, d, hidden, experts)?;
-    let (w, tokens) = (xs.len(), shape.t_max);
-    if w1s.len() != w || w2s.len() != w {
-        return Err(errors::argument(format!(
-            "ep_moe: {w} ranks need one w1 and one w2 each ({} and {} given)",
-            w1s.len(),
-            w2s.len()
-        )));
-    }
     let block = EpMoeBlock::new(d, ffn);
     let block = if high_throughput { block.high_throughput() } else { block };
-    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
-    cpu_world(py, w, seed, race, move |ctx| {
-        let r = ctx.rank();
-        let (xs, topks, weights, w1s, w2s) = &*arrays;
-        let mut bufs = block.buffers(ctx, shape)?;
-        let (x, topk, wt) =
-            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
-        let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
-        block.enqueue(ctx, &mut bufs, &x, &topk, &wt, (&w1, &w2), tokens)?;
-        ctx.synchronize()?;
-        download(ctx, bufs.out(), tokens * hidden * d.size_bytes() as usize)
-    })
+    let arrays = (xs, topks, weights, w1s, w2s);
+    let make = move |ctx: &dyn RankCtx, shape| block.buffers(ctx, shape);
+    moe_in_cpu_world(
+        py,
+        ("ep_moe", ""),
+        arrays,
+        (experts, hidden),
+        d,
+        (seed, race),
+        make,
+        move |ctx, bufs, [x, topk, wt], ws, tokens| {
+            block.enqueue(ctx, bufs, x, topk, wt, ws, tokens)?;
+            Ok(bufs.out().clone())
+        },
+    )
 }
 
 /// Tensor parallelism's MoE block (`trident_kernels::moe_tp`) in the CPU world: every rank's
@@ -311,26 +349,20 @@ pub fn tp_moe(
     // (experts, H, F_l)
     let (experts, hidden, ffn_shard) = extents;
     let d = dtype(dtype_name)?;
-    let shape = routed_shape("tp_moe", &xs, &topks, &weights, d, hidden, experts)?;
-    let (w, tokens) = (xs.len(), shape.t_max);
-    if w1s.len() != w || w2s.len() != w {
-        return Err(errors::argument(format!(
-            "tp_moe: {w} ranks need one w1 and one w2 shard each ({} and {} given)",
-            w1s.len(),
-            w2s.len()
-        )));
-    }
     let block = TpMoeBlock::new(d, ffn_shard);
-    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
-    cpu_world(py, w, seed, race, move |ctx| {
-        let r = ctx.rank();
-        let (xs, topks, weights, w1s, w2s) = &*arrays;
-        let mut bufs = block.buffers(ctx, shape)?;
-        let (x, topk, wt) =
-            (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
-        let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
-        block.enqueue(ctx, &mut bufs, &x, &topk, &wt, (&w1, &w2), tokens)?;
-        ctx.synchronize()?;
-        download(ctx, &bufs.out, tokens * hidden * d.size_bytes() as usize)
-    })
+    let arrays = (xs, topks, weights, w1s, w2s);
+    let make = move |ctx: &dyn RankCtx, shape| block.buffers(ctx, shape);
+    moe_in_cpu_world(
+        py,
+        ("tp_moe", " shard"),
+        arrays,
+        (experts, hidden),
+        d,
+        (seed, race),
+        make,
+        move |ctx, bufs, [x, topk, wt], ws, tokens| {
+            block.enqueue(ctx, bufs, x, topk, wt, ws, tokens)?;
+            Ok(bufs.out.clone())
+        },
+    )
 }

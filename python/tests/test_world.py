@@ -60,6 +60,28 @@ def test_bf16_travels_as_uint16_bits():
     assert np.array_equal(outs[1], np.concatenate(bits))
 
 
+def swiglu_mlp(w1, w2, x, ffn):
+    """One expert in f64: ``w2 (silu(gate) * up)`` with `w1`'s gate and up rows interleaved in
+    blocks of 128, the SwiGLU output rounded to float16 as the blocks store it."""
+    gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+    gate, up = w1[gate_rows] @ x, w1[[r + 128 for r in gate_rows]] @ x
+    act = (gate / (1 + np.exp(-gate)) * up).astype(np.float16).astype(np.float64)
+    return w2 @ act
+
+
+def routed_sum(out_of, topks, weights, xs, r):
+    """Rank r's ``[T, H]`` in f64: each token's routed experts' outputs (`out_of(e, x)`) summed
+    with their weights."""
+    tokens, k = topks[r].shape
+    want = np.zeros((tokens, xs[r].shape[1]))
+    for t in range(tokens):
+        for j in range(k):
+            e = topks[r][t, j]
+            if e >= 0:
+                want[t] += weights[r][t, j] * out_of(e, xs[r][t].astype(np.float64))
+    return want
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 def test_tp_moe_block(ranks):
     # The tensor-parallel MoE block against numpy in f64: each expert's full SwiGLU MLP (its
@@ -80,19 +102,10 @@ def test_tp_moe_block(ranks):
     outs = world.tp_moe(xs, topks, weights, w1s, w2s, experts)
 
     def expert(e, x):
-        a, b = w1[e].astype(np.float64), w2[e].astype(np.float64)
-        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
-        gate, up = a[gate_rows] @ x, a[[r + 128 for r in gate_rows]] @ x
-        act = (gate / (1 + np.exp(-gate)) * up).astype(np.float16).astype(np.float64)
-        return b @ act
+        return swiglu_mlp(w1[e].astype(np.float64), w2[e].astype(np.float64), x, ffn)
 
     for r, out in enumerate(outs):
-        want = np.zeros((tokens, hidden))
-        for t in range(tokens):
-            for j in range(k):
-                e = topks[r][t, j]
-                if e >= 0:
-                    want[t] += weights[r][t, j] * expert(e, xs[r][t].astype(np.float64))
+        want = routed_sum(expert, topks, weights, xs, r)
         err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
         assert out.shape == (tokens, hidden) and err <= 5e-3, (r, err)
     with pytest.raises(trident.ArgumentError, match="one w1 and one w2 shard each"):
@@ -153,17 +166,10 @@ def test_ep_moe_block(ranks, high_throughput):
     def expert(e, x):
         w1 = w1s[e // per_rank][e % per_rank].astype(np.float64)
         w2 = w2s[e // per_rank][e % per_rank].astype(np.float64)
-        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
-        gate, up = w1[gate_rows] @ x, w1[[r + 128 for r in gate_rows]] @ x
-        act = (gate / (1 + np.exp(-gate)) * up).astype(np.float16).astype(np.float64)
-        return (w2 @ act).astype(np.float16).astype(np.float64)
+        # The expert-parallel block stores each expert's output in float16 too.
+        return swiglu_mlp(w1, w2, x, ffn).astype(np.float16).astype(np.float64)
 
     for r, out in enumerate(outs):
-        want = np.zeros((tokens, hidden))
-        for t in range(tokens):
-            for j in range(k):
-                e = topks[r][t, j]
-                if e >= 0:
-                    want[t] += weights[r][t, j] * expert(e, xs[r][t].astype(np.float64))
+        want = routed_sum(expert, topks, weights, xs, r)
         err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
         assert out.shape == (tokens, hidden) and err <= 5e-3, (r, err)

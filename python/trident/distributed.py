@@ -93,24 +93,7 @@ class CpuWorld:
         128, `w2s[r]` ``[E_local, H, F]``), and back, summed with `weights[r]` ``[T, k]``
         (float32). Returns each rank's ``[T, H]``. `high_throughput` exchanges the tokens as
         the prefill form does (each once per rank)."""
-        data, etype, dtype = self._inputs("ep_moe", xs)
-        hidden = np.asarray(xs[0]).shape[-1]
-        ffn = np.asarray(w2s[0]).shape[-1]
-        as_bytes = lambda arrays, t: [np.ascontiguousarray(a, dtype=t).tobytes() for a in arrays]
-        raw = _trident.ep_moe(
-            data,
-            as_bytes(topks, np.int32),
-            as_bytes(weights, np.float32),
-            as_bytes(w1s, dtype),
-            as_bytes(w2s, dtype),
-            (num_experts, hidden, ffn),
-            etype,
-            bool(high_throughput),
-            self.seed,
-            self.race,
-        )
-        shape = np.asarray(xs[0]).shape
-        return [np.frombuffer(o, dtype=dtype).reshape(shape).copy() for o in raw]
+        return self._moe("ep_moe", xs, topks, weights, w1s, w2s, num_experts, bool(high_throughput))
 
     def tp_moe(self, xs, topks, weights, w1s, w2s, num_experts):
         """Tensor parallelism's MoE block: every rank's tokens `xs[r]` ``[T, H]`` (float16)
@@ -119,18 +102,23 @@ class CpuWorld:
         ``r F_l ..`` of each expert) run on the tokens routed to it by `topks` ``[T, k]``
         (int32, -1 none), and the shards' partial outputs, weighted by `weights` ``[T, k]``
         (float32), summed home. Returns each rank's ``[T, H]``."""
-        data, etype, dtype = self._inputs("tp_moe", xs)
+        return self._moe("tp_moe", xs, topks, weights, w1s, w2s, num_experts)
+
+    def _moe(self, name, xs, topks, weights, w1s, w2s, num_experts, *options):
+        """Either MoE block (`name`, the native function's), `options` passed before the seed."""
+        data, etype, dtype = self._inputs(name, xs)
         hidden = np.asarray(xs[0]).shape[-1]
-        ffn_shard = np.asarray(w2s[0]).shape[-1]
+        ffn = np.asarray(w2s[0]).shape[-1]
         as_bytes = lambda arrays, t: [np.ascontiguousarray(a, dtype=t).tobytes() for a in arrays]
-        raw = _trident.tp_moe(
+        raw = getattr(_trident, name)(
             data,
             as_bytes(topks, np.int32),
             as_bytes(weights, np.float32),
             as_bytes(w1s, dtype),
             as_bytes(w2s, dtype),
-            (num_experts, hidden, ffn_shard),
+            (num_experts, hidden, ffn),
             etype,
+            *options,
             self.seed,
             self.race,
         )
