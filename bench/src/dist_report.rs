@@ -58,14 +58,14 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
         let vendor_of = |v: &str| base(format!("{v} {key}")).or(vendor);
         let best = variants.iter().filter(|(v, _)| is_fused(case, v)).map(|(_, ms)| *ms).fold(f64::INFINITY, f64::min);
         for (i, (v, ms)) in variants.iter().enumerate() {
-            let fused = is_fused(case, v);
+            let (fused, own_vendor) = (is_fused(case, v), vendor_of(v));
             text += &format!(
                 "{:<34} {:<18} {:>9.3} {:>9} {:>8} {:>9} {:>8} {:>8}\n",
                 if i == 0 { key.as_str() } else { "" },
                 v,
                 ms,
-                if i == 0 || vendor_of(v) != vendor { show(vendor_of(v)) } else { String::new() },
-                match (fused, vendor_of(v)) {
+                if i == 0 || own_vendor != vendor { show(own_vendor) } else { String::new() },
+                match (fused, own_vendor) {
                     (true, Some(b)) => format!("{:.3}x", b / ms),
                     _ => String::new(),
                 },
@@ -78,8 +78,9 @@ pub fn report(rows: &[(DistCase, Measured)], baseline: &Map<String, Value>, devi
             );
         }
         let mut compared = Map::new();
+        let benchmark = case.benchmark().ok();
         for (v, ms) in &variants {
-            let against = case.benchmark().ok().and_then(|b| b.compared_with(v));
+            let against = benchmark.and_then(|b| b.compared_with(v));
             if let Some((other, other_ms)) = against.and_then(|o| time_of(o).map(|t| (o, t))) {
                 text += &format!("{:<34} {v} vs {other}: {:.3}x\n", "", other_ms / ms);
                 compared.insert(v.clone(), json!({ "of": other, "ratio": other_ms / ms }));
