@@ -109,6 +109,31 @@ pub fn case_rng(seed: u64, case_index: usize) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed ^ (case_index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
 }
 
+/// The channels of one FP8 scale block (DeepSeek-V3's 128).
+pub const QUANT_BLOCK: usize = 128;
+
+/// A row quantized as the library's FP8 kernels quantize it (`docs/SEMANTICS.md`,
+/// "Quantization"), in f32 arithmetic: each block of [`QUANT_BLOCK`] values' scale, and the
+/// row's E4M3FN values.
+pub fn quantize_row(x: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let (mut scales, mut q) = (Vec::new(), Vec::with_capacity(x.len()));
+    for block in x.chunks(QUANT_BLOCK) {
+        let amax = block.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
+        let inv = if amax > 0.0 { 448.0f32 / amax } else { 0.0 };
+        scales.push((amax / 448.0f32) as f64);
+        let scaled: Vec<f64> = block.iter().map(|&v| ((v as f32) * inv) as f64).collect();
+        q.extend(round_to(&scaled, DType::F8E4M3FN));
+    }
+    (scales, q)
+}
+
+/// A row as an FP8 GEMM reads it after [`quantize_row`]: each E4M3FN value times its block's
+/// scale.
+pub fn fake_quantized(x: &[f64]) -> Vec<f64> {
+    let (scales, q) = quantize_row(x);
+    q.iter().enumerate().map(|(i, v)| v * scales[i / QUANT_BLOCK]).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,8 @@ struct Kernel<'b> {
     c: Tile<'b>,
     scales: TilePair<'b>,
     weights: Option<Tile<'b>>,
+    /// [`Epilogue::quantize`]'s scales of C.
+    c_scales: Option<Tile<'b>>,
     /// [`Epilogue::reduce_scatter`]'s `row_token`, `acc` and `done`.
     scatter: Option<(Tile<'b>, Tile<'b>, Tile<'b>)>,
     a_rows: Tile<'b>,
@@ -145,6 +147,12 @@ pub struct Epilogue {
     /// The product added into the owner's `acc` at the row's token, then the owner's `done`
     /// grows by the tile's elements (see the module's text; [`Operands::scatter`]).
     pub reduce_scatter: bool,
+    /// C in E4M3FN with one f32 scale per row and 128 of its columns ([`Operands::c_scales`],
+    /// `[rows, ceil(n_out / 128)]`), quantized from the f32 result as `docs/SEMANTICS.md`
+    /// ("Quantization") says: the next FP8 GEMM's A and its block scales (the MoE block's
+    /// SwiGLU output before its down projection). Tiles of 128 output columns
+    /// ([`GroupedGemm::fitted`]): each row's scale block is one tile's.
+    pub quantize: bool,
 }
 
 /// The buffers of a grouped GEMM launch.
@@ -167,12 +175,25 @@ pub struct Operands<'a> {
     /// The scratch of [`GroupedGemm::scheduled`] ([`GroupedGemm::schedule_bytes`]); `run`
     /// allocates one when it is absent.
     pub schedule: Option<&'a Buffer>,
+    /// C's scales with [`Epilogue::quantize`] (`[rows, ceil(n_out / 128)]` f32).
+    pub c_scales: Option<&'a Buffer>,
 }
 
 impl<'a> Operands<'a> {
     /// A, B, C and the groups, without scales, weights or signals.
     pub fn new(a: &'a Buffer, b: &'a Buffer, c: &'a Buffer, groups: &'a Buffer) -> Operands<'a> {
-        Operands { a, b, c, groups, scales: None, weights: None, ready: None, scatter: None, schedule: None }
+        Operands {
+            a,
+            b,
+            c,
+            groups,
+            scales: None,
+            weights: None,
+            ready: None,
+            scatter: None,
+            schedule: None,
+            c_scales: None,
+        }
     }
 }
 
@@ -308,21 +329,28 @@ impl GroupedGemm {
     /// `promote`) holds a second accumulator, so its tiles are half as big: 64 rows on one
     /// warpgroup with SwiGLU, else at most 128 columns (which block scales need anyway: a
     /// tile's columns within one 128-column scale block).
+    ///
+    /// [`Epilogue::quantize`] takes tiles of exactly one scale block of output columns (128; in
+    /// both forms).
     pub fn fitted(self) -> GroupedGemm {
+        let quantized = |g: GroupedGemm| match g.epilogue.quantize {
+            true => GroupedGemm { block_n: if g.epilogue.swiglu { 2 * SCALE_BLOCK } else { SCALE_BLOCK }, ..g },
+            false => g,
+        };
         if !self.descriptors {
-            return self;
+            return quantized(self);
         }
         let second = self.scales == Scales::Block || self.promote;
         // A promotion keeps its K loop apart from the tile loop, and SwiGLU's epilogue needs
         // shared memory beside the stage ring: neither runs flattened, so neither is scheduled.
         let scheduled = self.scheduled && !second && !self.epilogue.swiglu;
         let fitted = GroupedGemm { scheduled, ..self };
-        match (self.epilogue.swiglu, second) {
+        quantized(match (self.epilogue.swiglu, second) {
             (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..fitted },
             (true, false) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..fitted },
             (false, true) => GroupedGemm { block_n: self.block_n.min(SCALE_BLOCK), ..fitted },
             (false, false) => fitted,
-        }
+        })
     }
 
     /// The meta-parameters for `target`: where the target has TMA and `wgmma` (sm_90a), the
@@ -380,7 +408,8 @@ impl GroupedGemm {
                 promote: self.promote,
                 scheduled: self.scheduled,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
-            },
+            }
+            .fitted(),
             (false, false) => self,
         }
     }
@@ -424,13 +453,13 @@ impl GroupedGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
-        let Epilogue { swiglu, row_weights, reduce_scatter } = self.epilogue;
+        let Epilogue { swiglu, row_weights, reduce_scatter, quantize } = self.epilogue;
         // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
         // the flattened loop with a producer warp takes no waits).
         let warp_specialize = self.scheduled && desc && !self.wait;
         let pingpong = self.pingpong && warp_specialize;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
@@ -443,6 +472,7 @@ impl GroupedGemm {
             if swiglu { "_swiglu" } else { "" },
             if row_weights { "_weighted" } else { "" },
             if reduce_scatter { "_scatter" } else { "" },
+            if quantize { "_quantized" } else { "" },
             if self.wait { "_waiting" } else { "" },
             if self.chunk_ends { "_chunk_ends" } else { "" },
             if self.promote && self.scales != Scales::Block { "_promoted" } else { "" },
@@ -474,6 +504,7 @@ impl GroupedGemm {
         let scales =
             (self.scales != Scales::None).then(|| (b.arg_ptr("scale_a", DType::F32), b.arg_ptr("scale_b", DType::F32)));
         let weights = row_weights.then(|| b.arg_ptr("weights", DType::F32));
+        let c_scales = quantize.then(|| b.arg_ptr("c_scales", DType::F32));
         let scatter = reduce_scatter.then(|| {
             (b.arg_ptr("row_token", DType::I32), b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64))
         });
@@ -491,7 +522,7 @@ impl GroupedGemm {
         let target = self.wait.then(|| b.arg("target", DType::U64));
         let n_out = if swiglu { n / 2 } else { n };
         let k_blocks = self.scheduled.then(|| (k + (bk as i32 - 1)) / bk as i32);
-        let k_ = Kernel { b: &b, bp, c, scales, weights, scatter, a_rows, n, n_out, k, k_blocks };
+        let k_ = Kernel { b: &b, bp, c, scales, weights, c_scales, scatter, a_rows, n, n_out, k, k_blocks };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
             match self.b_layout {
@@ -622,7 +653,7 @@ impl GroupedGemm {
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
     ) {
-        let Kernel { b, bp, c, scales, weights, scatter, n, n_out, k, k_blocks, .. } = *kn;
+        let Kernel { b, bp, c, scales, weights, c_scales, scatter, n, n_out, k, k_blocks, .. } = *kn;
         let (bm, bn, bk) = (self.block_m, self.block_n, self.k_step());
         let swiglu = self.epilogue.swiglu;
         let local = tm * bm as i32 + b.arange(0, bm as i64);
@@ -645,35 +676,53 @@ impl GroupedGemm {
         let acc = b.zeros(&[bm, bn], DType::F32);
         let k_blocks = k_blocks.unwrap_or_else(|| (k + (bk as i32 - 1)) / bk as i32);
         let block = self.scales == Scales::Block;
+        // A's and B's tiles of `width` K values from `k0` (the descriptor form's boxes are one
+        // K step wide).
+        let load = |k0: Tile<'b>, width: u32| match descs {
+            // Boxes over every expert's rows; what reaches past this expert's is dropped by the
+            // store's mask (or meets A's zeros past K). With SwiGLU the box is one gate/up pair.
+            Some((da, db)) => (
+                b.desc_load(da, [first + tm * bm as i32, k0]),
+                match self.b_layout {
+                    BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
+                    BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
+                },
+            ),
+            None => {
+                let kk = k0 + b.arange(0, width as i64);
+                let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
+                let in_b = kr.lt(k) & b_ok;
+                let tb = match self.b_layout {
+                    BLayout::NK => b.load_or(b_e + b_cols * k + kr, in_b, 0.0),
+                    BLayout::KN => b.load_or(b_e + kr * n + b_cols, in_b, 0.0),
+                };
+                (b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0), tb)
+            }
+        };
+        // The portable form's block-scaled tiles of 256 columns (a quantizing SwiGLU tile) take
+        // each 128-wide K block in steps of `block_k`: a whole block of B, converted to 16 bits
+        // for the matrix atoms, would be the 64 KB of shared memory an AMD target gives.
+        let sub = if block && descs.is_none() && bn > SCALE_BLOCK { self.block_k.min(bk) } else { bk };
         let done = b.for_range(0, k_blocks, 1, &[acc], |kb, carried| {
             let k0 = kb * bk as i32;
-            let (ta, tb) = match descs {
-                // Boxes over every expert's rows; what reaches past this expert's is dropped by
-                // the store's mask (or meets A's zeros past K). With SwiGLU the box is one
-                // gate/up pair.
-                Some((da, db)) => (
-                    b.desc_load(da, [first + tm * bm as i32, k0]),
-                    match self.b_layout {
-                        BLayout::NK => b.desc_load(db, [e * n + tn * bn as i32, k0]).t(),
-                        BLayout::KN => b.desc_load(db, [e * k + k0, tn * bn as i32]),
-                    },
-                ),
-                None => {
-                    let kk = k0 + b.arange(0, bk as i64);
-                    let (kr, kc) = (kk.expand_dims(1), kk.expand_dims(0));
-                    let in_b = kr.lt(k) & b_ok;
-                    let tb = match self.b_layout {
-                        BLayout::NK => b.load_or(b_e + b_cols * k + kr, in_b, 0.0),
-                        BLayout::KN => b.load_or(b_e + kr * n + b_cols, in_b, 0.0),
-                    };
-                    (b.load_or(a + rm * k + kc, rows_ok & kc.lt(k), 0.0), tb)
-                }
-            };
             match (block, scales) {
                 // Each K block's product promoted with its scales: A's per row and block, B's
                 // per expert and 128 x 128 block (per column: a SwiGLU tile spans two blocks).
                 (true, Some((sa, sb))) => {
-                    let part = b.dot(ta, tb, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee);
+                    let zero = b.zeros(&[bm, bn], DType::F32);
+                    let part = match sub < bk {
+                        true => {
+                            let steps = (bk / sub) as i32;
+                            b.for_range(0, steps, 1, &[zero], |s, c| {
+                                let (ta, tb) = load(k0 + s * sub as i32, sub);
+                                vec![b.dot(ta, tb, c[0], InputPrecision::Ieee)]
+                            })[0]
+                        }
+                        false => {
+                            let (ta, tb) = load(k0, bk);
+                            b.dot(ta, tb, zero, InputPrecision::Ieee)
+                        }
+                    };
                     let s_a = b.load_or(sa + rm * k_blocks + kb, rows_ok, 0.0);
                     let n_blocks = (n + (SCALE_BLOCK as i32 - 1)) / SCALE_BLOCK as i32;
                     let s_b = if swiglu {
@@ -686,9 +735,13 @@ impl GroupedGemm {
                 }
                 // Each K step's product added in f32 (a promotion without scales).
                 _ if self.promote => {
+                    let (ta, tb) = load(k0, bk);
                     vec![carried[0] + b.dot(ta, tb, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee)]
                 }
-                _ => vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)],
+                _ => {
+                    let (ta, tb) = load(k0, bk);
+                    vec![b.dot(ta, tb, carried[0], InputPrecision::Ieee)]
+                }
             }
         });
         let mut out = match (block, scales) {
@@ -723,7 +776,20 @@ impl GroupedGemm {
                 let cols_in = (n_out - tn * h as i32).min(h as i32);
                 b.notify(done, chunk, (rows_in * cols_in).cast(DType::U64), SignalOp::Add, CommScope::IntraNode);
             }
-            None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
+            None => match c_scales {
+                // Each row's 128 columns quantized as the FP8 dispatch quantizes (the columns
+                // past C's, which may be the next expert's products, left out of the maximum).
+                Some(c_scales) => {
+                    let v = cols.lt(n_out).select(out, 0.0f32);
+                    let amax = v.abs().max_along(1);
+                    let inv = amax.gt(0.0f32).select(b.full(&[bm], 448.0, DType::F32) / amax, 0.0f32);
+                    let q = v * inv.expand_dims(1).broadcast_to(&[bm, h]);
+                    b.store(c + rm * n_out + cols, q.cast(DType::F8E4M3FN), Some(inside));
+                    let blocks = (n_out + (SCALE_BLOCK as i32 - 1)) / SCALE_BLOCK as i32;
+                    b.store(c_scales + rm * blocks + tn, (amax / 448.0f32).expand_dims(1), Some(rows_ok));
+                }
+                None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
+            },
         }
     }
 
@@ -738,9 +804,12 @@ impl GroupedGemm {
         }
     }
 
-    /// C's element type: bf16 for FP8 operands, else the operands'.
+    /// C's element type: E4M3FN with [`Epilogue::quantize`], else bf16 for FP8 operands, else
+    /// the operands'.
     pub fn out_type(&self) -> DType {
-        if self.dtype.is_fp8() {
+        if self.epilogue.quantize {
+            DType::F8E4M3FN
+        } else if self.dtype.is_fp8() {
             DType::BF16
         } else {
             self.dtype
@@ -769,6 +838,15 @@ impl GroupedGemm {
         }
         if ops.scatter.is_some() != self.epilogue.reduce_scatter {
             return Err(self.problem("row tokens, accumulator and done signal: given exactly with `reduce_scatter`".into()));
+        }
+        if ops.c_scales.is_some() != self.epilogue.quantize {
+            return Err(self.problem("C's scales: given exactly when the epilogue has `quantize`".into()));
+        }
+        if self.epilogue.quantize && (self.epilogue.reduce_scatter || self.out_block_n() != SCALE_BLOCK) {
+            return Err(self.problem(format!(
+                "`quantize`: C stored (not `reduce_scatter`), tiles of {SCALE_BLOCK} output columns (block_n = {})",
+                self.block_n
+            )));
         }
         if self.epilogue.reduce_scatter && (self.epilogue.swiglu || self.layout != Layout::Contiguous) {
             return Err(self.problem("`reduce_scatter`: contiguous layout, no SwiGLU".into()));
@@ -815,6 +893,9 @@ impl GroupedGemm {
         if let Some(w) = ops.weights {
             require_bytes(w, a_rows * 4, "weights")?;
         }
+        if let Some(s) = ops.c_scales {
+            require_bytes(s, a_rows * n_out.div_ceil(SCALE_BLOCK as usize) * 4, "c_scales")?;
+        }
         if let Some((ready, _)) = ops.ready {
             require_bytes(ready, chunks * 8, "ready")?;
         }
@@ -846,6 +927,7 @@ impl GroupedGemm {
             args.extend([sa.arg(), sb.arg()]);
         }
         args.extend(ops.weights.map(Buffer::arg));
+        args.extend(ops.c_scales.map(Buffer::arg));
         if let Some((row_token, acc, done)) = ops.scatter {
             require_bytes(row_token, a_rows * 4, "row_token")?;
             require_bytes(done, 8, "done")?;

@@ -43,16 +43,10 @@ fn fp8(case: &Case) -> bool {
     case.variant.contains("e4m3")
 }
 
-/// A row quantized as the FP8 dispatch does it (`docs/SEMANTICS.md`, "Quantization"), in f32
-/// arithmetic: its scales (one per 128 channels), then its E4M3FN values.
+/// A row quantized as the FP8 dispatch does it: its scales (one per 128 channels), then its
+/// E4M3FN values.
 fn quantized(x: &[f64]) -> Vec<f64> {
-    let (mut scales, mut q) = (Vec::new(), Vec::new());
-    for block in x.chunks(QUANT_BLOCK) {
-        let amax = block.iter().fold(0.0f32, |m, &v| m.max((v as f32).abs()));
-        let inv = if amax > 0.0 { 448.0f32 / amax } else { 0.0 };
-        scales.push((amax / 448.0f32) as f64);
-        q.extend(block.iter().map(|&v| crate::host::round_to(&[((v as f32) * inv) as f64], DType::F8E4M3FN)[0]));
-    }
+    let (mut scales, q) = crate::host::quantize_row(x);
     scales.extend(q);
     scales
 }

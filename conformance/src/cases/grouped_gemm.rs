@@ -3,7 +3,8 @@
 //! grouped by expert with cumulative ends; `masked`, `[E, t_max, K]` with counts) and B's
 //! (`nk`: `[E, N, K]`; `kn`: `[E, K, N]`); `scaled`: the product times a scale per row and per
 //! expert and column; a leading `e4m3`/`e5m2`: FP8 operands (scaled, C bf16, the case's type);
-//! `block`: DeepSeek-V3's block scales; `swiglu`: SwiGLU of B's interleaved gate/up rows
+//! `block`: DeepSeek-V3's block scales; `quantized`: C in E4M3FN with a scale per row and 128
+//! columns (compared dequantized, against the reference quantized the same way); `swiglu`: SwiGLU of B's interleaved gate/up rows
 //! (B's N is then `256 * ceil(n / 128)`, C's half of it); `weights`: each row times its routing
 //! weight; `promoted`: each K step's FP8 product added in f32; `wait`: A's groups are 2 chunks x the experts, each tile waiting for its chunk's
 //! signal (set before the launch: the hook's plumbing; its timeout is tested with the kernel);
@@ -45,7 +46,8 @@ fn of(case: &Case) -> GroupedGemm {
     } else {
         Scales::None
     };
-    let epilogue = Epilogue { swiglu: has("swiglu"), row_weights: has("weights"), ..Epilogue::default() };
+    let epilogue =
+        Epilogue { swiglu: has("swiglu"), row_weights: has("weights"), quantize: has("quantized"), ..Epilogue::default() };
     GroupedGemm {
         scales,
         epilogue,
@@ -126,6 +128,8 @@ impl Operation for GroupedGemmCase {
                 "contiguous-nk-wait",
                 "e4m3-contiguous-nk-swiglu-weights",
                 "e4m3-masked-nk-block-swiglu",
+                "e4m3-masked-nk-block-swiglu-quantized",
+                "contiguous-nk-quantized",
                 "e4m3-contiguous-nk-promoted",
                 "contiguous-kn-scheduled",
                 "e4m3-masked-nk-scheduled",
@@ -230,9 +234,10 @@ impl Operation for GroupedGemmCase {
         for (g, &r) in rows.iter().enumerate() {
             let first = if layout == Layout::Contiguous { start } else { g * s[3] };
             for i in first..first + r {
-                for j in 0..n_out {
-                    expected[i * n_out + j] = output(i, g % experts, j);
-                }
+                let row: Vec<f64> = (0..n_out).map(|j| output(i, g % experts, j)).collect();
+                // Quantized: each row's values as the next FP8 GEMM would read them.
+                let row = if op.epilogue.quantize { crate::host::fake_quantized(&row) } else { row };
+                expected[i * n_out..(i + 1) * n_out].copy_from_slice(&row);
             }
             start += r;
         }
@@ -281,9 +286,57 @@ impl Operation for GroupedGemmCase {
         let scales = scales.and_then(|(a, b)| a.zip(b));
         let weights = if op.epilogue.row_weights { rest.next() } else { None };
         let ready = if op.wait { rest.next().map(|r| (r, READY)) } else { None };
+        let p = Groups { chunks, ..Groups::new(experts, n, k, rows) };
+        if op.epilogue.quantize {
+            return run_quantized(l, (op, Operands { scales, weights, ready, ..Operands::new(&ins[0], &ins[1], out, &ins[2]) }), p, (&groups, case.dtype));
+        }
         let ops = Operands { scales, weights, ready, ..Operands::new(&ins[0], &ins[1], out, &ins[2]) };
-        op.run(l, ops, Groups { chunks, ..Groups::new(experts, n, k, rows) })
+        op.run(l, ops, p)
     }
+}
+
+/// A GEMM with [`Epilogue::quantize`] into poisoned E4M3FN values and scales of its own, then C
+/// dequantized on the host into `ops.c` (as `dtype`). A masked group's rows past its count must
+/// still be poison (else NaN goes to `c`); they become zeros there, as the reference has them.
+fn run_quantized(
+    l: &DeviceCtx,
+    (op, ops): (GroupedGemm, Operands<'_>),
+    p: Groups,
+    (groups, dtype): (&[usize], DType),
+) -> Result<(), BackendError> {
+    let n_out = op.out_cols(p.n);
+    let a_rows = match op.layout {
+        Layout::Contiguous => p.rows,
+        Layout::Masked => p.experts * p.chunks * p.rows,
+    };
+    let blocks = n_out.div_ceil(SCALE_BLOCK as usize);
+    let q = l.device.alloc((a_rows * n_out).max(1), "grouped_gemm.q")?;
+    let sc = l.device.alloc((a_rows * blocks * 4).max(4), "grouped_gemm.q_scales")?;
+    l.device.fill(&q, &[0xFF])?;
+    l.device.fill(&sc, &[0xFF])?;
+    op.run(l, Operands { c: &q, c_scales: Some(&sc), ..ops }, p)?;
+    let mut raw_q = vec![0u8; a_rows * n_out];
+    let mut raw_s = vec![0u8; a_rows * blocks * 4];
+    l.device.read(&q, 0, &mut raw_q)?;
+    l.device.read(&sc, 0, &mut raw_s)?;
+    l.device.free(&q)?;
+    l.device.free(&sc)?;
+    let (values, scales) = (crate::host::decode(&raw_q, DType::F8E4M3FN), crate::host::decode(&raw_s, DType::F32));
+    let written = |i: usize| match op.layout {
+        Layout::Contiguous => true,
+        Layout::Masked => i % p.rows < groups[i / p.rows],
+    };
+    let out: Vec<f64> = (0..a_rows * n_out)
+        .map(|at| {
+            let (i, j) = (at / n_out, at % n_out);
+            match written(i) {
+                true => values[at] * scales[i * blocks + j / SCALE_BLOCK as usize],
+                false if raw_q[at] == 0xFF => 0.0,
+                false => f64::NAN,
+            }
+        })
+        .collect();
+    l.device.write(ops.c, 0, &crate::host::encode(&out, dtype))
 }
 
 inventory::submit! { Registered(&GroupedGemmCase) }

@@ -6,14 +6,17 @@
 //!
 //! Shapes `[T, H, E_local, k, routing]` as the all-to-all's (its routings), the intermediate
 //! size one SwiGLU block (128). Variants: `ep` (the low-latency exchange, masked layout),
-//! `ep-ht` (the high-throughput exchange, contiguous layout), `tp` (the tensor-parallel block,
+//! `ep-ht` (the high-throughput exchange, contiguous layout), `ep-e4m3` (the FP8 block: the
+//! tokens quantized by dispatch and the SwiGLU output by the gate/up GEMM, as
+//! `docs/SEMANTICS.md` says and the reference emulates; experts E4M3FN with 128 x 128 block
+//! scales; H rounded up to whole 128-channel blocks), `tp` (the tensor-parallel block,
 //! `trident_kernels::moe_tp`: every rank a 128-wide shard of every expert's intermediate size,
 //! so `F = 128 W`, and the shape's `E_local` experts in all; each shard's down product is added
 //! unrounded, the sum rounded once).
 
 use crate::dist_bench::{read_entry, upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
-use crate::host::{poison, random, round_to};
+use crate::host::{fake_quantized, poison, random, round_to};
 use crate::registry::{Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use super::ep_all_to_all::{route, shape_of};
@@ -23,7 +26,8 @@ use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 use trident_kernels::ep_all_to_all::EpShape;
 use trident_kernels::grouped_gemm::{swiglu_gate_row, SWIGLU_BLOCK};
-use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers};
+use crate::host::QUANT_BLOCK;
+use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers, Experts};
 use trident_kernels::moe_tp::{TpGemm, TpMoeBlock, TpMoeBuffers, TpSteps};
 
 /// The experts' intermediate size in the cases.
@@ -32,7 +36,8 @@ const FFN: usize = SWIGLU_BLOCK as usize;
 struct MoeBlockCase;
 
 /// Expert `l`'s output for row `x` (`h` values) with its `w1` (`[2F, H]`, gate/up interleaved)
-/// and `w2` (`[H, F]`), the SwiGLU output rounded to `d`, and the output too with `round_y`.
+/// and `w2` (`[H, F]`), the SwiGLU output rounded to `d` (or quantized, `d` FP8), and the
+/// output too with `round_y` (to bf16 where `d` is FP8).
 fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) -> Vec<f64> {
     let dot = |row: usize| -> f64 { (0..h).map(|c| w1[row * h + c] * x[c]).sum() };
     let act: Vec<f64> = (0..FFN)
@@ -42,10 +47,10 @@ fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) 
             g / (1.0 + (-g).exp()) * u
         })
         .collect();
-    let act = round_to(&act, d);
+    let act = if d.is_fp8() { fake_quantized(&act) } else { round_to(&act, d) };
     let y: Vec<f64> = (0..h).map(|i| (0..FFN).map(|j| w2[i * FFN + j] * act[j]).sum()).collect();
     if round_y {
-        round_to(&y, d)
+        round_to(&y, if d.is_fp8() { DType::BF16 } else { d })
     } else {
         y
     }
@@ -54,6 +59,31 @@ fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) 
 /// Whether the case runs the tensor-parallel block.
 fn tensor_parallel(case: &Case) -> bool {
     case.variant == "tp"
+}
+
+/// Whether the case runs the FP8 block.
+fn fp8(case: &Case) -> bool {
+    case.variant.ends_with("e4m3")
+}
+
+/// FP8 weights of `experts` matrices of `rows x cols` (fan-in `cols`): E4M3FN values over
+/// their whole range, one f32 scale per 128 x 128 block (`[experts, ceil(rows / 128),
+/// ceil(cols / 128)]`) near `2 / (400 sqrt(fan_in))`, and the values they stand for.
+fn fp8_weights(experts: usize, (rows, cols): (usize, usize), rng: &mut rand::rngs::StdRng) -> [Vec<f64>; 3] {
+    let blk = SWIGLU_BLOCK as usize;
+    let (rb, cb) = (rows.div_ceil(blk), cols.div_ceil(blk));
+    let q: Vec<f64> = random(experts * rows * cols, DType::F32, rng).iter().map(|v| v * 400.0).collect();
+    let q = round_to(&q, DType::F8E4M3FN);
+    let s = 2.0 / (400.0 * (cols as f64).sqrt());
+    let scales: Vec<f64> = (0..experts * rb * cb).map(|_| rng.gen_range(0.5..2.0) * s).collect();
+    let scales = round_to(&scales, DType::F32);
+    let values = (0..q.len())
+        .map(|i| {
+            let (e, r, c) = (i / (rows * cols), (i / cols) % rows, i % cols);
+            q[i] * scales[(e * rb + r / blk) * cb + c / blk]
+        })
+        .collect();
+    [q, scales, values]
 }
 
 /// The case's tokens, routing and shape: the all-to-all's, except that the tensor-parallel
@@ -75,7 +105,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht", "tp"],
+            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3"],
             _ => &[],
         }
     }
@@ -108,6 +138,11 @@ impl Operation for MoeBlockCase {
             true => (shape.experts, (0..w).map(|_| route(t, 1, shape, routing, rng).remove(0)).collect()),
         };
         let xs: Vec<Vec<f64>> = (0..w).map(|_| random(t * h, d, rng)).collect();
+        // What the experts multiply: the FP8 block's tokens as dispatch quantizes them.
+        let quantized: Vec<Vec<f64>> = match fp8(case) {
+            true => xs.iter().map(|x| x.chunks(h).flat_map(fake_quantized).collect()).collect(),
+            false => xs.clone(),
+        };
         let weights: Vec<Vec<f64>> =
             (0..w).map(|_| (0..t * k).map(|_| rng.gen_range(0.0..1.0f32) as f64).collect()).collect();
         // Weights scaled so that the products stay near 1: gate/up over H, down over F.
@@ -119,8 +154,17 @@ impl Operation for MoeBlockCase {
         // shard of every expert (all `el` of them), the down weights over the full F.
         let fan = if tp { FFN * w } else { FFN };
         let held = el;
-        let w1: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * 2 * FFN * h, h, rng)).collect();
-        let w2: Vec<Vec<f64>> = (0..w).map(|_| scaled(held * h * FFN, fan, rng)).collect();
+        // FP8: each rank's E4M3FN values and block scales of w1 and w2, and the values they
+        // stand for (what the reference multiplies).
+        let fp8w: Vec<[[Vec<f64>; 3]; 2]> = match fp8(case) {
+            true => (0..w).map(|_| [fp8_weights(held, (2 * FFN, h), rng), fp8_weights(held, (h, FFN), rng)]).collect(),
+            false => Vec::new(),
+        };
+        let (w1, w2): (Vec<Vec<f64>>, Vec<Vec<f64>>) = match fp8(case) {
+            true => fp8w.iter().map(|[a, b]| (a[2].clone(), b[2].clone())).unzip(),
+            false => (0..w).map(|_| (scaled(held * 2 * FFN * h, h, rng), scaled(held * h * FFN, fan, rng))).unzip(),
+        };
+        let d = if fp8(case) { DType::F8E4M3FN } else { d };
         // Expert `e`'s output for a token: its own rank's whole expert, or every rank's shard
         // added unrounded and the sum rounded by the caller.
         let expert_out = |x: &[f64], e: usize| -> Vec<f64> {
@@ -147,7 +191,7 @@ impl Operation for MoeBlockCase {
                         if e < 0 {
                             continue;
                         }
-                        let y = expert_out(&xs[s][tok * h..(tok + 1) * h], e as usize);
+                        let y = expert_out(&quantized[s][tok * h..(tok + 1) * h], e as usize);
                         let wt = weights[s][tok * k + j];
                         for (o, v) in out[tok * h..(tok + 1) * h].iter_mut().zip(y) {
                             *o += wt * v;
@@ -155,7 +199,7 @@ impl Operation for MoeBlockCase {
                     }
                 }
                 if tp {
-                    round_to(&out, d)
+                    round_to(&out, case.dtype)
                 } else {
                     out
                 }
@@ -164,7 +208,13 @@ impl Operation for MoeBlockCase {
         let inputs = (0..w)
             .map(|s| {
                 let routes = topk[s].iter().map(|&e| e as f64).collect();
-                vec![xs[s].clone(), routes, weights[s].clone(), w1[s].clone(), w2[s].clone()]
+                match fp8w.get(s) {
+                    // The E4M3FN values, then their scales.
+                    Some([a, b]) => {
+                        vec![xs[s].clone(), routes, weights[s].clone(), a[0].clone(), b[0].clone(), a[1].clone(), b[1].clone()]
+                    }
+                    None => vec![xs[s].clone(), routes, weights[s].clone(), w1[s].clone(), w2[s].clone()],
+                }
             })
             .collect();
         WorldData { inputs, expected, reduction_len: FFN }
@@ -189,17 +239,26 @@ impl Operation for MoeBlockCase {
         } else {
             let block = EpMoeBlock::new(case.dtype, FFN);
             // `ep-ht`: the high-throughput exchange and the contiguous layout (prefill).
-            let block = if case.variant == "ep-ht" { block.high_throughput() } else { block };
+            let block = match case.variant {
+                "ep-ht" => block.high_throughput(),
+                _ if fp8(case) => block.fp8(),
+                _ => block,
+            };
             Block::Ep(block, Box::new(block.buffers(ctx, shape)?))
         };
+        let wd = if fp8(case) { DType::F8E4M3FN } else { case.dtype };
         Ok(Box::new(MoeRank {
             dtype: case.dtype,
             block,
             x: upload(ctx, "moe_x", &inputs[0], case.dtype)?,
             topk: upload(ctx, "moe_topk", &inputs[1], DType::I32)?,
             weights: upload(ctx, "moe_weights", &inputs[2], DType::F32)?,
-            w1: upload(ctx, "moe_w1", &inputs[3], case.dtype)?,
-            w2: upload(ctx, "moe_w2", &inputs[4], case.dtype)?,
+            w1: upload(ctx, "moe_w1", &inputs[3], wd)?,
+            w2: upload(ctx, "moe_w2", &inputs[4], wd)?,
+            scales: match fp8(case) {
+                true => Some((upload(ctx, "moe_s1", &inputs[5], DType::F32)?, upload(ctx, "moe_s2", &inputs[6], DType::F32)?)),
+                false => None,
+            },
             tokens: t,
             out_len,
         }))
@@ -223,7 +282,7 @@ impl Block {
     /// What a call writes before its result, all this rank's own: poisoned before each call.
     fn written(&self) -> Vec<&Buffer> {
         match self {
-            Block::Ep(_, b) => vec![&b.act, &b.y, b.out()],
+            Block::Ep(_, b) => [&b.act, &b.y, b.out()].into_iter().chain(&b.act_scales).collect(),
             Block::Tp(_, b) => vec![&b.act, &b.out],
         }
     }
@@ -238,6 +297,8 @@ struct MoeRank {
     weights: Buffer,
     w1: Buffer,
     w2: Buffer,
+    /// The FP8 experts' block scales.
+    scales: Option<(Buffer, Buffer)>,
     tokens: usize,
     out_len: usize,
 }
@@ -253,7 +314,13 @@ impl RankOp for MoeRank {
     fn enqueue(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
         let (experts, (x, topk, weights)) = ((&self.w1, &self.w2), (&self.x, &self.topk, &self.weights));
         match &mut self.block {
-            Block::Ep(block, bufs) => block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens),
+            Block::Ep(block, bufs) => {
+                let experts = match &self.scales {
+                    Some((s1, s2)) => Experts::fp8((experts.0, s1), (experts.1, s2)),
+                    None => experts.into(),
+                };
+                block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens)
+            }
             Block::Tp(block, bufs) => block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens),
         }
     }
@@ -297,9 +364,10 @@ impl Benchmark for MoeBlockCase {
         v
     }
 
-    /// F a 128-wide shard per rank, so that the tensor-parallel block runs too.
+    /// F a 128-wide shard per rank, so that the tensor-parallel block runs too; H one FP8
+    /// scale block, so that the FP8 block does.
     fn small_shape(&self, world: usize) -> Vec<usize> {
-        vec![4, 64, 2 * world, 2, FFN * world]
+        vec![4, QUANT_BLOCK, 2 * world, 2, FFN * world]
     }
 
     /// The two exchanges' symmetric buffers (the all-to-all benchmark's) and the
@@ -412,6 +480,10 @@ impl Benchmark for MoeBlockCase {
             t.error(check(bufs.out())?);
             t.time(name, &mut || call(&mut bufs))?;
         }
+        if tokens <= LOW_LATENCY_TOKENS && h.is_multiple_of(QUANT_BLOCK) {
+            let inputs = (&x, &topk_b, &weights);
+            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt)?;
+        }
         // The tensor-parallel block: rank r holds shard r of every expert (the same experts:
         // rows `r 2F_l ..` of each interleaved w1, columns `r F_l ..` of each w2); at world 1
         // that is the expert-parallel block's weights.
@@ -473,6 +545,7 @@ impl Benchmark for MoeBlockCase {
     fn compared_with(&self, variant: &str) -> Option<&'static str> {
         match variant {
             "moe-tp/block" => Some(TP_SEQUENTIAL),
+            EP_FP8 => Some("moe-ep/block"),
             TP_AG_GATE_UP => Some("grouped/gate-up"),
             TP_DOWN_RS => Some("grouped/down"),
             _ => None,
@@ -482,6 +555,106 @@ impl Benchmark for MoeBlockCase {
 
 /// An output entry of (token, column), however a variant leaves it.
 type Reader<'a> = dyn Fn(usize, usize) -> Result<f64, BackendError> + 'a;
+
+/// The FP8 expert-parallel block (low-latency), against the bf16 one.
+const EP_FP8: &str = "moe-ep-e4m3/block";
+
+/// The benchmark's FP8 experts of rank `owner`: E4M3FN value `i` of `w1` (`which` 0) or `w2`
+/// (1), over the whole range; and the scale of each 128 x 128 block, near `1.5 / (448
+/// sqrt(fan_in))`, so that the weights they stand for are as big as the bf16 ones.
+fn fp8_weight(seed: u64, (owner, which): (usize, u64), i: usize) -> f64 {
+    let q = value(seed, 930 + 10 * which + owner as u64, i, DType::F64) * 448.0;
+    use crate::ops::values::{decode, encode, V};
+    decode(encode(V::F(q), DType::F8E4M3FN), DType::F8E4M3FN).f()
+}
+
+fn fp8_scale(seed: u64, (owner, which): (usize, u64), block: usize, fan_in: usize) -> f64 {
+    let u = value(seed, 950 + 10 * which + owner as u64, block, DType::F64);
+    ((1.5 + 0.5 * u) / (448.0 * (fan_in as f64).sqrt())) as f32 as f64
+}
+
+/// The FP8 block (`moe-ep-e4m3/block`) on this rank's FP8 experts ([`fp8_weight`]), checked at
+/// the sampled outputs against the f64 reference of the same quantization (tokens as dispatch
+/// quantizes them, the SwiGLU output as the gate/up epilogue does), and timed.
+fn fp8_block(
+    t: &mut Timer,
+    (case, seed, shape): (&DistCase, u64, EpShape),
+    (x, topk_b, weights): (&Buffer, &Buffer, &Buffer),
+    (topk, picks, cols): (&[Vec<usize>], &[usize], &[usize]),
+    wt: &dyn Fn(usize, usize) -> f64,
+) -> Result<(), BackendError> {
+    let ctx = t.ctx;
+    let (d, w, r) = (case.dtype, case.world, ctx.rank());
+    let (h, f, el, blk) = (shape.hidden, case.dims[4], shape.experts / w, QUANT_BLOCK);
+    let (hb, fb) = (h.div_ceil(blk), f / blk);
+    // w1 `[E_l, 2F, H]` with scales `[E_l, 2F/128, H/128]`; w2 `[E_l, H, F]`, `[E_l, H/128, F/128]`.
+    let scale1 = |owner: usize, i: usize| {
+        let (e, row, c) = (i / (2 * f * h), (i / h) % (2 * f), i % h);
+        fp8_scale(seed, (owner, 0), (e * (2 * f / blk) + row / blk) * hb + c / blk, h)
+    };
+    let scale2 = |owner: usize, i: usize| {
+        let (e, row, c) = (i / (h * f), (i / f) % h, i % f);
+        fp8_scale(seed, (owner, 1), (e * hb + row / blk) * fb + c / blk, f)
+    };
+    let w1 = upload_with(ctx, el * 2 * f * h, DType::F8E4M3FN, "moe_w1_e4m3", &|i| fp8_weight(seed, (r, 0), i))?;
+    let w2 = upload_with(ctx, el * h * f, DType::F8E4M3FN, "moe_w2_e4m3", &|i| fp8_weight(seed, (r, 1), i))?;
+    let s1 = upload_with(ctx, el * (2 * f / blk) * hb, DType::F32, "moe_s1", &|b| fp8_scale(seed, (r, 0), b, h))?;
+    let s2 = upload_with(ctx, el * hb * fb, DType::F32, "moe_s2", &|b| fp8_scale(seed, (r, 1), b, f))?;
+    let block = EpMoeBlock::new(d, f).fp8();
+    let mut bufs = block.buffers(ctx, shape)?;
+    ctx.fill(bufs.out(), &poison(d))?;
+    ctx.barrier()?;
+    let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
+        block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((&w1, &s1), (&w2, &s2)), case.dims[0])?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    };
+    call(&mut bufs)?;
+    // The reference at the sampled outputs: each expert's quantized SwiGLU row for the token.
+    let act_of = |tok: usize, e: usize| -> Vec<f64> {
+        let (owner, l) = (e / el, e % el);
+        let xv: Vec<f64> = (0..h).map(|c| value(seed, 900 + r as u64, tok * h + c, d)).collect();
+        let xq = fake_quantized(&xv);
+        let dot = |row: usize| -> f64 {
+            (0..h)
+                .map(|c| {
+                    let i = (l * 2 * f + row) * h + c;
+                    fp8_weight(seed, (owner, 0), i) * scale1(owner, i) * xq[c]
+                })
+                .sum()
+        };
+        let act: Vec<f64> = (0..f)
+            .map(|j| {
+                let gate_row = swiglu_gate_row(j);
+                let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
+                g / (1.0 + (-g).exp()) * u
+            })
+            .collect();
+        fake_quantized(&act)
+    };
+    let mut worst = 0.0f64;
+    for &tok in picks {
+        let acts: Vec<Vec<f64>> = topk[tok].iter().map(|&e| act_of(tok, e)).collect();
+        for &c in cols {
+            let (mut want, mut mag) = (0.0, 0.0);
+            for (j, &e) in topk[tok].iter().enumerate() {
+                let (owner, l) = (e / el, e % el);
+                let terms: Vec<f64> = (0..f)
+                    .map(|q| {
+                        let i = (l * h + c) * f + q;
+                        fp8_weight(seed, (owner, 1), i) * scale2(owner, i) * acts[j][q]
+                    })
+                    .collect();
+                want += wt(tok, j) * round_to(&[terms.iter().sum::<f64>()], DType::BF16)[0];
+                mag += wt(tok, j) * terms.iter().map(|v| v.abs()).sum::<f64>();
+            }
+            let e = (read_entry(ctx, bufs.out(), tok * h + c, d)? - want).abs() / mag.max(1e-30);
+            worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
+        }
+    }
+    t.error(worst);
+    t.time(EP_FP8, &mut || call(&mut bufs))
+}
 
 /// The benchmark's tensor-parallel variants beside the block.
 const TP_SEQUENTIAL: &str = "moe-tp/sequential";
