@@ -285,6 +285,8 @@ pub struct GroupedGemm {
     /// next tile's copies during this tile's epilogue, with a producer warp where there are
     /// TMA and `wgmma` and no wait). Needs a scratch buffer ([`Operands::schedule`]).
     pub scheduled: bool,
+    /// C's element type for FP8 operands: bf16 (`torch._scaled_grouped_mm`'s) or f16.
+    pub fp8_out: DType,
     /// Consumer ping-pong in the scheduled descriptor form (`LaunchAttrs::pingpong`): two
     /// groups of `warps` consumer warps take the tiles in turn (128 x 128 on 4 warps).
     pub pingpong: bool,
@@ -311,6 +313,7 @@ impl GroupedGemm {
             promote: false,
             scheduled: false,
             pingpong: false,
+            fp8_out: DType::BF16,
         }
     }
 
@@ -407,6 +410,7 @@ impl GroupedGemm {
                 chunk_ends: self.chunk_ends,
                 promote: self.promote,
                 scheduled: self.scheduled,
+                fp8_out: self.fp8_out,
                 ..GroupedGemm::new(self.dtype, self.layout, self.b_layout)
             }
             .fitted(),
@@ -480,7 +484,8 @@ impl GroupedGemm {
             if self.scheduled { "_scheduled" } else { "" }
         )
         .to_lowercase()
-            + if pingpong { "_pingpong" } else { "" };
+            + if pingpong { "_pingpong" } else { "" }
+            + if self.dtype.is_fp8() && self.fp8_out == DType::F16 { "_to_f16" } else { "" };
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
@@ -804,13 +809,13 @@ impl GroupedGemm {
         }
     }
 
-    /// C's element type: E4M3FN with [`Epilogue::quantize`], else bf16 for FP8 operands, else
-    /// the operands'.
+    /// C's element type: E4M3FN with [`Epilogue::quantize`], else `fp8_out` for FP8 operands,
+    /// else the operands'.
     pub fn out_type(&self) -> DType {
         if self.epilogue.quantize {
             DType::F8E4M3FN
         } else if self.dtype.is_fp8() {
-            DType::BF16
+            self.fp8_out
         } else {
             self.dtype
         }
@@ -823,6 +828,9 @@ impl GroupedGemm {
     pub fn plan(&self, ops: Operands<'_>, p: Groups) -> Result<Option<Launch>, BackendError> {
         if !(matches!(self.dtype, DType::BF16 | DType::F16) || self.dtype.is_fp8()) {
             return Err(self.problem(format!("operands of `{}`: bf16, f16 or an FP8 type", self.dtype)));
+        }
+        if !matches!(self.fp8_out, DType::BF16 | DType::F16) {
+            return Err(self.problem(format!("C of FP8 operands in `{}`: bf16 or f16", self.fp8_out)));
         }
         if ops.scales.is_some() != (self.scales != Scales::None) {
             return Err(self.problem(match self.scales {

@@ -185,7 +185,7 @@ impl EpMoeBlock {
         let dtype = if self.fp8 { DType::F8E4M3FN } else { self.dtype };
         let base = GroupedGemm::for_target(dtype, layout, BLayout::NK, ctx.gpu_target());
         // The device-made schedule needs a scratch buffer; bf16 walks its groups itself.
-        let base = GroupedGemm { scheduled: false, ..base };
+        let base = GroupedGemm { scheduled: false, fp8_out: self.dtype, ..base };
         let base = if self.fp8 { base.with_scales(Scales::Block, false) } else { base };
         let up = Epilogue { swiglu: true, quantize: self.fp8, ..Epilogue::default() };
         (base.with_epilogue(up), base)

@@ -525,9 +525,11 @@ impl GpuWorld {
     /// of `x` (`[T, H]`) to their experts (`topk` `[T, k]` i32), each expert's SwiGLU MLP
     /// (this rank's `w1` `[E_local, 2F, H]`, gate/up interleaved by 128, and `w2`
     /// `[E_local, H, F]`), and back, summed with `weights` (`[T, k]` f32) into the caller's
-    /// `out` (`[T, H]`). `high_throughput`: the prefill exchange.
+    /// `out` (`[T, H]`). `high_throughput`: the prefill exchange. With `scales` (the f32 block
+    /// scales of `w1`, `[E_local, 2F/128, ceil(H/128)]`, and of `w2`, `[E_local, ceil(H/128),
+    /// F/128]`) the FP8 block: `w1` and `w2` E4M3FN (`EpMoeBlock::fp8`).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn, dtype_name, high_throughput, stream))]
+    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn, dtype_name, high_throughput, stream, scales=None))]
     fn ep_moe(
         &self,
         py: Python<'_>,
@@ -546,24 +548,38 @@ impl GpuWorld {
         dtype_name: &str,
         high_throughput: bool,
         stream: u64,
+        scales: Option<(u64, u64)>,
     ) -> PyResult<()> {
-        use trident_kernels::moe_block::EpMoeBlock;
+        use trident_kernels::moe_block::{EpMoeBlock, Experts};
         let d = dtype(dtype_name)?;
         let shape = EpShape { t_max, hidden, experts, top_k };
         let es = d.size_bytes() as usize;
         let block = EpMoeBlock::new(d, ffn);
         let block = if high_throughput { block.high_throughput() } else { block };
+        let block = if scales.is_some() { block.fp8() } else { block };
+        // FP8 experts: a byte an element, and their block scales.
+        let wes = if scales.is_some() { 1 } else { es };
+        let (hb, fb) = (hidden.div_ceil(128), ffn / 128);
         self.op(py, stream, move |ctx, ops| {
             let el = experts / ctx.world_size();
-            let bufs = state(ops, format!("moe/{d}/{high_throughput}/{ffn}/{shape:?}"), || block.buffers(ctx, shape))?;
+            let key = format!("moe/{d}/{high_throughput}/{}/{ffn}/{shape:?}", scales.is_some());
+            let bufs = state(ops, key, || block.buffers(ctx, shape))?;
             let own = lend([bufs.out_mut()], [tensor("out", out, tokens * hidden * es)]);
+            let (w1, w2) = (tensor("w1", w1, el * 2 * ffn * hidden * wes), tensor("w2", w2, el * hidden * ffn * wes));
+            let s = scales.map(|(s1, s2)| {
+                (tensor("w1_scale", s1, el * (2 * ffn / 128) * hb * 4), tensor("w2_scale", s2, el * hb * fb * 4))
+            });
+            let experts = match &s {
+                Some((s1, s2)) => Experts::fp8((&w1, s1), (&w2, s2)),
+                None => Experts::from((&w1, &w2)),
+            };
             let r = block.enqueue(
                 ctx,
                 bufs,
                 &tensor("x", x, tokens * hidden * es),
                 &tensor("topk", topk, tokens * top_k * 4),
                 &tensor("weights", weights, tokens * top_k * 4),
-                (&tensor("w1", w1, el * 2 * ffn * hidden * es), &tensor("w2", w2, el * hidden * ffn * es)),
+                experts,
                 tokens,
             );
             lend([bufs.out_mut()], own);

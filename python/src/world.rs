@@ -12,6 +12,7 @@ use trident_core::ir::DType;
 use trident_core::world::RankCtx;
 use trident_kernels::allgather::{AllGather, GatherBuffers};
 use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::moe_block::Experts;
 use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
 
 fn dtype(name: &str) -> PyResult<DType> {
@@ -244,6 +245,9 @@ fn routed_shape(
 /// Each rank's `x`, `topk`, `weights`, `w1` and `w2`, as bytes.
 type MoeArrays = (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>);
 
+/// Each rank's block scales of FP8 `w1` and `w2`, as bytes.
+type MoeScales = Option<(Vec<Vec<u8>>, Vec<Vec<u8>>)>;
+
 /// Both MoE blocks' CPU-world calls: the routed inputs checked (`what` names the op; `held`
 /// ends "one w1 and one w2" in its error: nothing, or ` shard`), then on each rank its arrays
 /// uploaded, `make` its buffers, `run` the block enqueued (returning its output buffer) and the
@@ -252,34 +256,45 @@ type MoeArrays = (Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<Ve
 fn moe_in_cpu_world<B>(
     py: Python<'_>,
     (what, held): (&'static str, &'static str),
-    (xs, topks, weights, w1s, w2s): MoeArrays,
+    ((xs, topks, weights, w1s, w2s), scales): (MoeArrays, MoeScales),
     (experts, hidden): (usize, usize),
     d: DType,
     (seed, race): (u64, bool),
     make: impl Fn(&dyn RankCtx, trident_kernels::ep_all_to_all::EpShape) -> Result<B, BackendError> + Send + Sync + 'static,
-    run: impl Fn(&dyn RankCtx, &mut B, [&Buffer; 3], (&Buffer, &Buffer), usize) -> Result<Buffer, BackendError>
+    run: impl Fn(&dyn RankCtx, &mut B, [&Buffer; 3], Experts<'_>, usize) -> Result<Buffer, BackendError>
         + Send
         + Sync
         + 'static,
 ) -> PyResult<Vec<Vec<u8>>> {
     let shape = routed_shape(what, &xs, &topks, &weights, d, hidden, experts)?;
     let (w, tokens) = (xs.len(), shape.t_max);
-    if w1s.len() != w || w2s.len() != w {
+    let given = scales.as_ref().map_or((w, w), |(a, b)| (a.len(), b.len()));
+    if w1s.len() != w || w2s.len() != w || given != (w, w) {
         return Err(errors::argument(format!(
-            "{what}: {w} ranks need one w1 and one w2{held} each ({} and {} given)",
+            "{what}: {w} ranks need one w1 and one w2{held} each, and their scales if any ({} and {} given, {} and {} scales)",
             w1s.len(),
-            w2s.len()
+            w2s.len(),
+            given.0,
+            given.1
         )));
     }
-    let arrays = Arc::new((xs, topks, weights, w1s, w2s));
+    let arrays = Arc::new(((xs, topks, weights, w1s, w2s), scales));
     cpu_world(py, w, seed, race, move |ctx| {
         let r = ctx.rank();
-        let (xs, topks, weights, w1s, w2s) = &*arrays;
+        let ((xs, topks, weights, w1s, w2s), scales) = &*arrays;
         let mut bufs = make(ctx, shape)?;
         let (x, topk, wt) =
             (upload(ctx, &xs[r], "x")?, upload(ctx, &topks[r], "topk")?, upload(ctx, &weights[r], "weights")?);
         let (w1, w2) = (upload(ctx, &w1s[r], "w1")?, upload(ctx, &w2s[r], "w2")?);
-        let out = run(ctx, &mut bufs, [&x, &topk, &wt], (&w1, &w2), tokens)?;
+        let s = match scales {
+            Some((s1, s2)) => Some((upload(ctx, &s1[r], "w1_scales")?, upload(ctx, &s2[r], "w2_scales")?)),
+            None => None,
+        };
+        let experts = match &s {
+            Some((s1, s2)) => Experts::fp8((&w1, s1), (&w2, s2)),
+            None => Experts::from((&w1, &w2)),
+        };
+        let out = run(ctx, &mut bufs, [&x, &topk, &wt], experts, tokens)?;
         ctx.synchronize()?;
         download(ctx, &out, tokens * hidden * d.size_bytes() as usize)
     })
@@ -288,8 +303,10 @@ fn moe_in_cpu_world<B>(
 /// Expert parallelism's MoE block (`trident_kernels::moe_block`) in the CPU world: dispatch, the
 /// experts' SwiGLU MLPs (`w1s[r]` `[E_local, 2F, H]` gate/up interleaved by 128, `w2s[r]`
 /// `[E_local, H, F]`, rank r's experts) as grouped GEMMs, combine (`high_throughput`: the prefill
-/// exchange). Returns each rank's `[T, H]`.
+/// exchange). With `scales` (each rank's f32 block scales of `w1` and `w2`) the FP8 block:
+/// `w1s` and `w2s` E4M3FN (see `EpMoeBlock::fp8`). Returns each rank's `[T, H]`.
 #[pyfunction]
+#[pyo3(signature = (xs, topks, weights, w1s, w2s, extents, dtype_name, high_throughput, seed, race, scales=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn ep_moe(
     py: Python<'_>,
@@ -303,6 +320,7 @@ pub fn ep_moe(
     high_throughput: bool,
     seed: u64,
     race: bool,
+    scales: MoeScales,
 ) -> PyResult<Vec<Vec<u8>>> {
     use trident_kernels::moe_block::EpMoeBlock;
     // (experts, H, F)
@@ -310,7 +328,8 @@ pub fn ep_moe(
     let d = dtype(dtype_name)?;
     let block = EpMoeBlock::new(d, ffn);
     let block = if high_throughput { block.high_throughput() } else { block };
-    let arrays = (xs, topks, weights, w1s, w2s);
+    let block = if scales.is_some() { block.fp8() } else { block };
+    let arrays = ((xs, topks, weights, w1s, w2s), scales);
     let make = move |ctx: &dyn RankCtx, shape| block.buffers(ctx, shape);
     moe_in_cpu_world(
         py,
@@ -350,7 +369,7 @@ pub fn tp_moe(
     let (experts, hidden, ffn_shard) = extents;
     let d = dtype(dtype_name)?;
     let block = TpMoeBlock::new(d, ffn_shard);
-    let arrays = (xs, topks, weights, w1s, w2s);
+    let arrays = ((xs, topks, weights, w1s, w2s), None);
     let make = move |ctx: &dyn RankCtx, shape| block.buffers(ctx, shape);
     moe_in_cpu_world(
         py,
@@ -361,7 +380,7 @@ pub fn tp_moe(
         (seed, race),
         make,
         move |ctx, bufs, [x, topk, wt], ws, tokens| {
-            block.enqueue(ctx, bufs, x, topk, wt, ws, tokens)?;
+            block.enqueue(ctx, bufs, x, topk, wt, (ws.w1, ws.w2), tokens)?;
             Ok(bufs.out.clone())
         },
     )

@@ -147,6 +147,90 @@ def test_ep_round_trip(ranks, high_throughput):
         assert out.shape == (tokens, hidden) and np.max(np.abs(out - want)) <= 1e-5 * max(1.0, np.max(np.abs(want)))
 
 
+def e4m3_table():
+    """The value of every E4M3FN code (OCP: no infinities, NaN S.1111.111)."""
+    v = np.zeros(256)
+    for c in range(256):
+        sign, e, m = (-1.0 if c & 0x80 else 1.0), (c >> 3) & 0xF, c & 7
+        v[c] = np.nan if (e, m) == (15, 7) else sign * (m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7))
+    return v
+
+
+E4M3 = e4m3_table()
+E4M3_POSITIVE = E4M3[:127]  # codes 0 .. 126: 0 up to 448
+
+
+def to_e4m3(x):
+    """`x` (f64) rounded to E4M3FN as `docs/SEMANTICS.md` says: nearest, ties to the even code,
+    saturating at 448. Returns the values and their codes."""
+    a = np.minimum(np.abs(x), 448.0)
+    i = np.clip(np.searchsorted(E4M3_POSITIVE, a), 1, 126)
+    lo, hi = E4M3_POSITIVE[i - 1], E4M3_POSITIVE[i]
+    up = (a - lo > hi - a) | ((a - lo == hi - a) & (i % 2 == 0))
+    code = np.where(up, i, i - 1)
+    return np.sign(x) * E4M3_POSITIVE[code], (code | np.where(x < 0, 0x80, 0)).astype(np.uint8)
+
+
+def quantized(row):
+    """`row` as the FP8 kernels quantize it (f32 arithmetic per 128 values: amax, 448 / amax,
+    E4M3FN of each value times it, scale amax / 448), then dequantized in f64."""
+    out = np.empty(len(row))
+    for b in range(0, len(row), 128):
+        blk = np.asarray(row[b : b + 128], dtype=np.float32)
+        amax = np.max(np.abs(blk))
+        inv = np.float32(448.0) / amax if amax > 0 else np.float32(0.0)
+        q, _ = to_e4m3((blk * inv).astype(np.float64))
+        out[b : b + 128] = q * float(amax / np.float32(448.0))
+    return out
+
+
+def test_e4m3_rounding_of_the_reference():
+    # The test's own rounding against known codes: ties to even, saturation, subnormals.
+    cases = {0.0: 0, 448.0: 0x7E, 1000.0: 0x7E, 464.0: 0x7E, 2.0**-9: 1, 1.5 * 2.0**-9: 2, -1.0: 0xB8, 1.0625: 0x38}
+    for x, code in cases.items():
+        assert to_e4m3(np.array([x]))[1][0] == code, (x, code)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_ep_moe_block_fp8(ranks):
+    # The FP8 block (E4M3FN experts with 128 x 128 block scales) against numpy in f64 with
+    # the kernels' quantization emulated: the tokens' by dispatch, the SwiGLU output's by the
+    # gate/up epilogue; each expert's output rounded to float16 where the block stores it.
+    g = np.random.default_rng()
+    tokens, hidden, k, per_rank, ffn = 4, 128, 2, 2, 128
+    experts = per_rank * ranks
+    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
+    topks = routes(g, ranks, tokens, experts, k)
+    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+
+    def fp8_weights(rows, cols):
+        values, codes = to_e4m3(g.uniform(-448, 448, (per_rank, rows, cols)))
+        scales = (g.uniform(0.5, 2.0, (per_rank, rows // 128, cols // 128)) * 2 / (448 * np.sqrt(cols))).astype(np.float32)
+        full = np.repeat(np.repeat(scales.astype(np.float64), 128, axis=1), 128, axis=2)
+        return codes, scales, values * full
+
+    w1 = [fp8_weights(2 * ffn, hidden) for _ in range(ranks)]
+    w2 = [fp8_weights(hidden, ffn) for _ in range(ranks)]
+    world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
+    outs = world.ep_moe(
+        xs, topks, weights, [w[0] for w in w1], [w[0] for w in w2], experts,
+        w1_scales=[w[1] for w in w1], w2_scales=[w[1] for w in w2],
+    )
+
+    def expert(e, x):
+        r, l = e // per_rank, e % per_rank
+        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+        xq = quantized(x)
+        gate, up = w1[r][2][l][gate_rows] @ xq, w1[r][2][l][[j + 128 for j in gate_rows]] @ xq
+        act = quantized(gate / (1 + np.exp(-gate)) * up)
+        return (w2[r][2][l] @ act).astype(np.float16).astype(np.float64)
+
+    for r, out in enumerate(outs):
+        want = routed_sum(expert, topks, weights, xs, r)
+        err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+        assert out.shape == (tokens, hidden) and err <= 5e-3, (r, err)
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.parametrize("high_throughput", [False, True])
 def test_ep_moe_block(ranks, high_throughput):

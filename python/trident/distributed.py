@@ -86,14 +86,29 @@ class CpuWorld:
         shape = np.asarray(xs[0]).shape
         return [(np.frombuffer(c, dtype=np.int32).copy(), np.frombuffer(o, dtype=dtype).reshape(shape).copy()) for c, o in raw]
 
-    def ep_moe(self, xs, topks, weights, w1s, w2s, num_experts, high_throughput=False):
+    def ep_moe(self, xs, topks, weights, w1s, w2s, num_experts, high_throughput=False, w1_scales=None, w2_scales=None):
         """Expert parallelism's MoE block: rank r's tokens `xs[r]` ``[T, H]`` (float16) to
         their experts `topks[r]` ``[T, k]`` (int32, -1 none), each expert's SwiGLU MLP (rank
         r's experts: `w1s[r]` ``[E_local, 2F, H]``, gate and up rows interleaved in blocks of
         128, `w2s[r]` ``[E_local, H, F]``), and back, summed with `weights[r]` ``[T, k]``
         (float32). Returns each rank's ``[T, H]``. `high_throughput` exchanges the tokens as
-        the prefill form does (each once per rank)."""
-        return self._moe("ep_moe", xs, topks, weights, w1s, w2s, num_experts, bool(high_throughput))
+        the prefill form does (each once per rank). With `w1_scales` and `w2_scales` (each
+        rank's float32 scale per 128 x 128 block: ``[E_local, 2F/128, ceil(H/128)]`` and
+        ``[E_local, ceil(H/128), F/128]``) the FP8 block: `w1s` and `w2s` hold E4M3FN (as
+        ``uint8`` bits, or ``ml_dtypes.float8_e4m3fn``), the tokens go over quantized to
+        E4M3FN with a scale per 128 channels, and the SwiGLU output is quantized the same way
+        before the down projection (H a multiple of 128, low-latency exchange)."""
+        if (w1_scales is None) != (w2_scales is None):
+            raise ArgumentError("ep_moe: w1_scales and w2_scales go together (the FP8 block)")
+        if w1_scales is None:
+            return self._moe("ep_moe", xs, topks, weights, w1s, w2s, num_experts, bool(high_throughput))
+        for a in list(w1s) + list(w2s):
+            if np.asarray(a).dtype.itemsize != 1:
+                raise ArgumentError(f"ep_moe: FP8 weights are E4M3FN bytes (uint8); got {np.asarray(a).dtype}")
+        bits = lambda arrays: [np.ascontiguousarray(a).view(np.uint8) for a in arrays]
+        as_f32 = lambda arrays: [np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in arrays]
+        scales = (as_f32(w1_scales), as_f32(w2_scales))
+        return self._moe("ep_moe", xs, topks, weights, bits(w1s), bits(w2s), num_experts, bool(high_throughput), scales=scales)
 
     def tp_moe(self, xs, topks, weights, w1s, w2s, num_experts):
         """Tensor parallelism's MoE block: every rank's tokens `xs[r]` ``[T, H]`` (float16)
@@ -104,23 +119,27 @@ class CpuWorld:
         (float32), summed home. Returns each rank's ``[T, H]``."""
         return self._moe("tp_moe", xs, topks, weights, w1s, w2s, num_experts)
 
-    def _moe(self, name, xs, topks, weights, w1s, w2s, num_experts, *options):
-        """Either MoE block (`name`, the native function's), `options` passed before the seed."""
+    def _moe(self, name, xs, topks, weights, w1s, w2s, num_experts, *options, scales=None):
+        """Either MoE block (`name`, the native function's), `options` passed before the seed;
+        `scales` (FP8 experts' block scales, as bytes) after it. Weights of one byte an element
+        (FP8) go as they are, others in the tokens' type."""
         data, etype, dtype = self._inputs(name, xs)
         hidden = np.asarray(xs[0]).shape[-1]
         ffn = np.asarray(w2s[0]).shape[-1]
         as_bytes = lambda arrays, t: [np.ascontiguousarray(a, dtype=t).tobytes() for a in arrays]
+        wtype = np.uint8 if scales is not None else dtype
         raw = getattr(_trident, name)(
             data,
             as_bytes(topks, np.int32),
             as_bytes(weights, np.float32),
-            as_bytes(w1s, dtype),
-            as_bytes(w2s, dtype),
+            as_bytes(w1s, wtype),
+            as_bytes(w2s, wtype),
             (num_experts, hidden, ffn),
             etype,
             *options,
             self.seed,
             self.race,
+            *([scales] if scales is not None else []),
         )
         shape = np.asarray(xs[0]).shape
         return [np.frombuffer(o, dtype=dtype).reshape(shape).copy() for o in raw]
@@ -221,13 +240,15 @@ def _stream():
     return torch.cuda.current_stream().cuda_stream
 
 
-def _check(what, t, ndim=None):
+def _check(what, t, ndim=None, fp8=False):
+    """`t` on this rank's device, contiguous, of a trident element type (E4M3FN too with
+    `fp8`), with `ndim` dimensions: the world and the type's name."""
     w = _need_world()
     if not t.is_cuda or t.get_device() != w.device:
         raise ArgumentError(f"{what}: a tensor on {t.device}; this rank's world is on cuda:{w.device}")
     if not t.is_contiguous():
         raise ArgumentError(f"{what}: the tensor is not contiguous (.contiguous() copies it)")
-    etype = _TORCH_ELEMENT.get(str(t.dtype))
+    etype = "f8e4m3fn" if fp8 and str(t.dtype) == "torch.float8_e4m3fn" else _TORCH_ELEMENT.get(str(t.dtype))
     if etype is None:
         raise ArgumentError(f"{what}: tensors of {t.dtype} are not supported")
     if ndim is not None and t.dim() != ndim:
@@ -420,13 +441,18 @@ def ep_combine_ht(y, tokens, top_k, num_experts, t_max):
     return out
 
 
-def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
+def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False, w1_scale=None, w2_scale=None):
     """The expert-parallel MoE block: this rank's tokens `x` ``[T, H]`` (bf16 or f16) to
     their experts `topk` ``[T, k]`` (int32 or int64, -1 none), each expert's SwiGLU MLP (this
     rank's ``num_experts // size`` experts: `w1` ``[E_local, 2F, H]`` with gate and up rows
     interleaved in blocks of 128, `w2` ``[E_local, H, F]``), and back, summed with `weights`
     ``[T, k]`` (float32): returns ``[T, H]``. `t_max` bounds T on every rank;
-    `high_throughput` exchanges the tokens as the prefill form does."""
+    `high_throughput` exchanges the tokens as the prefill form does. FP8 experts (DeepSeek-V3's
+    serving): `w1` and `w2` ``torch.float8_e4m3fn`` with `w1_scale` ``[E_local, 2F/128,
+    ceil(H/128)]`` and `w2_scale` ``[E_local, ceil(H/128), F/128]`` (float32, one per 128 x 128
+    block); the tokens then go over quantized to E4M3FN (a scale per 128 channels) and the
+    SwiGLU output is quantized the same way before the down projection (low-latency exchange,
+    H a multiple of 128)."""
     import torch
 
     w, etype = _check("ep_moe", x, 2)
@@ -440,17 +466,29 @@ def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
     if tokens > t_max:
         raise ArgumentError(f"ep_moe: {tokens} tokens where t_max is {t_max}")
     el = num_experts // w.size
-    _check("ep_moe", w1, 3)
-    _check("ep_moe", w2, 3)
+    fp8 = w1_scale is not None or w2_scale is not None
+    _check("ep_moe", w1, 3, fp8)
+    _check("ep_moe", w2, 3, fp8)
     ffn = w2.shape[2]
-    if tuple(w1.shape) != (el, 2 * ffn, hidden) or tuple(w2.shape) != (el, hidden, ffn) or w1.dtype != x.dtype or w2.dtype != x.dtype:
+    wtype = torch.float8_e4m3fn if fp8 else x.dtype
+    if tuple(w1.shape) != (el, 2 * ffn, hidden) or tuple(w2.shape) != (el, hidden, ffn) or w1.dtype != wtype or w2.dtype != wtype:
         raise ArgumentError(
-            f"ep_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{el}, 2F, {hidden}] and [{el}, {hidden}, F] of {x.dtype}"
+            f"ep_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{el}, 2F, {hidden}] and [{el}, {hidden}, F] of {wtype}"
         )
+    scales = None
+    if fp8:
+        if w1_scale is None or w2_scale is None:
+            raise ArgumentError("ep_moe: w1_scale and w2_scale go together (FP8 experts)")
+        hb, fb = -(-hidden // 128), ffn // 128
+        for s, want in ((w1_scale, (el, 2 * ffn // 128, hb)), (w2_scale, (el, hb, fb))):
+            _check("ep_moe", s, 3)
+            if s.dtype != torch.float32 or tuple(s.shape) != want:
+                raise ArgumentError(f"ep_moe: a block scale of {tuple(s.shape)} {s.dtype}; float32 {list(want)}")
+        scales = (w1_scale.data_ptr(), w2_scale.data_ptr())
     out = torch.empty_like(x)
     w.ep_moe(
         x.data_ptr(), topk.data_ptr(), weights.data_ptr(), w1.data_ptr(), w2.data_ptr(), out.data_ptr(),
-        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, bool(high_throughput), _stream(),
+        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, bool(high_throughput), _stream(), scales,
     )
     return out
 

@@ -28,7 +28,7 @@ SCHEMAS = {
     "-> (Tensor, Tensor, Tensor)",
     "ep_combine_ht": "ep_combine_ht(Tensor y, int tokens, int top_k, int num_experts, int t_max) -> Tensor",
     "ep_moe": "ep_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max, "
-    "bool high_throughput=False) -> Tensor",
+    "bool high_throughput=False, Tensor? w1_scale=None, Tensor? w2_scale=None) -> Tensor",
     "tp_moe": "tp_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max) -> Tensor",
 }
 
@@ -85,7 +85,7 @@ def _fake_ep_combine_ht(y, tokens, top_k, num_experts, t_max):
     return y.new_empty((tokens, y.shape[1]))
 
 
-def _fake_ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False):
+def _fake_ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False, w1_scale=None, w2_scale=None):
     return torch.empty_like(x)
 
 

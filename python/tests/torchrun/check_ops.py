@@ -209,6 +209,44 @@ for ht in (False, True):
             want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
     report(f"ep_moe ({'high-throughput' if ht else 'low-latency'}) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
 
+# The FP8 expert-parallel block: E4M3FN experts with a scale per 128 x 128 block; the
+# reference quantizes the tokens and the SwiGLU output as the kernels do (f32 steps per 128
+# values), the rest in float64, each expert's output rounded to bf16.
+def fake_quantized(v):
+    blocks = v.float().view(-1, 128)
+    amax = blocks.abs().amax(1, keepdim=True)
+    inv = torch.where(amax > 0, 448.0 / amax, torch.zeros_like(amax))
+    q = (blocks * inv).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    return (q.double() * (amax / 448.0).double()).reshape(-1)
+
+
+hb, fb = hidden // 128, ffn // 128
+q1 = ((torch.rand(per, 2 * ffn, hidden, device="cuda") * 2 - 1) * 448).to(torch.float8_e4m3fn)
+q2 = ((torch.rand(per, hidden, ffn, device="cuda") * 2 - 1) * 448).to(torch.float8_e4m3fn)
+s1 = (torch.rand(per, 2 * ffn // 128, hb, device="cuda") + 0.5) / (448 * hidden**0.5)
+s2 = (torch.rand(per, hb, fb, device="cuda") + 0.5) / (448 * ffn**0.5)
+full = lambda q, s: q.double() * s.double().repeat_interleave(128, 1).repeat_interleave(128, 2)
+# Every rank's experts as the values they stand for (E4M3FN to float64 is exact).
+e1s = [full(q, s) for q, s in zip(everyone(q1), everyone(s1))]
+e2s = [full(q, s) for q, s in zip(everyone(q2), everyone(s2))]
+x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
+topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
+topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
+weights = torch.rand(tokens, k, device="cuda")
+out = torch.ops.trident.ep_moe(x, topk, weights, q1, q2, experts, t_max, False, s1, s2)
+want = torch.zeros(tokens, hidden, dtype=torch.float64)
+for t in range(tokens):
+    xq = fake_quantized(x[t].cpu())
+    for j in range(k):
+        e = int(topk[t, j])
+        if e < 0:
+            continue
+        a, b = e1s[e // per][e % per], e2s[e // per][e % per]
+        g, u = a[gate_rows] @ xq, a[[r + 128 for r in gate_rows]] @ xq
+        act = fake_quantized(g / (1 + torch.exp(-g)) * u)
+        want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
+report(f"ep_moe FP8 (low-latency) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
+
 # The tensor-parallel MoE block (two calls: the buffers' halves alternate): this rank's
 # 128-wide shard of every expert; the whole experts put back together on the host, the SwiGLU
 # output rounded to bf16 as each shard stores it, the shards' sum rounded once.
