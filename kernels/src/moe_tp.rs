@@ -9,8 +9,8 @@
 //!    writes; within an expert in the order the pairs took their places), and written to every
 //!    rank (`rows [W (cap + pad), H]`, with each row's
 //!    token `row_token` and routing weight `row_weight`), and the chunk's group ends (`ends [W,
-//!    E]`, counted from the chunk's first row) before them; then `ready[rank]` is set to the
-//!    call's epoch on every rank;
+//!    E]`, counted from the chunk's first row) before them; then `ready[rank]` is set to 1 on
+//!    every rank;
 //! 2. **AG + grouped GEMM** gate/up with SwiGLU ([`GroupedGemm::chunk_ends`] with `wait`): a
 //!    program waits for chunk c's signal before it reads c's ends, and walks the chunks from
 //!    its rank's own (already there) on, so the gather of the other chunks overlaps the GEMM:
@@ -19,17 +19,22 @@
 //!    each row of chunk c times its weight, added (f32 atomics) into the token's row of `acc` on
 //!    rank c, and rank c's `done` grows by each tile's elements;
 //! 4. **finish** on the owner: once `done` reached `W x` its own chunk's rows `x H`, `acc` in the
-//!    element type into `out [T, H]`, `acc` cleared and `done` reset for the next call.
+//!    element type into `out [T, H]`, `acc` cleared, `done` and this rank's `ready` signals
+//!    reset for the next call; then `consumed[rank]` is set to the call's epoch on every rank.
 //!
-//! Reuse. The gathered buffers come in two halves by the call's parity. Every rank's gate/up
-//! GEMM waits in each call for every rank's route (its signal), which a rank enqueues after its
-//! previous call's down GEMM: so when a rank writes a half for call e+2, every rank has finished
-//! reading it in call e. `acc` and `done` of rank c take call e+1's additions only from tiles of
-//! chunk c, which wait for rank c's route of call e+1, enqueued after its finish of call e.
+//! Reuse. The gathered buffers are single (the gate/up GEMM reads the rows through one tensor
+//! map, which the host encodes from the argument: the device could not pick a half of a double
+//! buffer). A rank's route of call e+1 first waits until every rank's `consumed` says it
+//! finished call e (its finish runs after both GEMMs read the chunks), so it never writes a
+//! chunk a peer still reads; the `ready` signals, reset by each rank's finish before it says so,
+//! are set again only after that. `acc` and `done` of rank c take call e+1's additions only from
+//! tiles of chunk c, which wait for rank c's route of call e+1, enqueued after its finish of
+//! call e.
 //!
-//! Not replayable yet: the launches carry the call's epoch and its halves (the gathered rows
-//! are read through TMA descriptors, which the host encodes from the argument, so the device
-//! cannot pick the half); recording the block is refused with a typed error.
+//! Replay. No launch argument depends on the call: the route and the finish keep their epochs
+//! on the device ([`crate::epoch`]; the route's meets and its scratch halves, the finish's
+//! `consumed` value come from them), and the GEMMs wait for `ready >= 1`. A recorded call
+//! replays (`trident_core::capture`, CUDA graphs).
 //!
 //! Rounding: `act` is stored in the element type (as the plain MoE does), each shard's down
 //! product is added in f32 per element (in no fixed order: the atomics), and `out` rounded
@@ -37,7 +42,7 @@
 //! as tensor parallelism runs.
 
 use crate::ep_all_to_all::{each_block, EpShape};
-use crate::epoch::{half_of, halves_bytes};
+use crate::epoch::{state_arg, Epoch};
 use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands};
 use crate::{require_bytes, require_i32};
 use crate::moe_block::{check_block, prepare};
@@ -72,30 +77,34 @@ pub struct TpMoeBlock {
 pub struct TpMoeBuffers {
     /// Tokens per rank at most (`t_max`), hidden size, experts in all, top-k.
     pub shape: EpShape,
-    /// Two halves of `[W (cap + pad), H]`: every rank's chunk of rows in expert order
-    /// (symmetric).
+    /// `[W (cap + pad), H]`: every rank's chunk of rows in expert order (symmetric).
     pub rows: Buffer,
-    /// Two halves of `[W, E]` i32: each chunk's group ends, from the chunk's first row.
+    /// `[W, E]` i32: each chunk's group ends, from the chunk's first row.
     pub ends: Buffer,
-    /// Two halves of `[W (cap + pad)]` i32 and f32: each row's token (on the chunk's rank) and
-    /// weight.
+    /// `[W (cap + pad)]` i32 and f32: each row's token (on the chunk's rank) and weight.
     pub row_token: Buffer,
     pub row_weight: Buffer,
-    /// `[W]` u64: chunk c's rows are here for call e once `ready[c] >= e` (symmetric).
+    /// `[W]` u64: chunk c's rows are here once `ready[c]` is 1 (reset by this rank's finish;
+    /// symmetric).
     pub ready: Buffer,
+    /// `[W]` u64: rank d finished call e once `consumed[d] >= e` (symmetric).
+    pub consumed: Buffer,
+    /// The route's and the finish's epoch words ([`crate::epoch`]; symmetric).
+    pub epochs: Buffer,
     /// `[T_max, H]` f32: this rank's tokens' sums of every shard's weighted rows (symmetric).
     pub acc: Buffer,
     /// u64: the elements added into `acc` this call (symmetric).
     pub done: Buffer,
     /// Local, zeroed: two halves of `[E]` counts and `[E]` fill cursors (i32), `[E]` starts.
     pub scratch: Buffer,
-    /// Local, zeroed: the route's and the finish's finished-program counters (u64).
+    /// Local, zeroed: the route's meets (programs arrived, over every call) and the finish's
+    /// finished programs (u64).
     pub finished: Buffer,
     /// `[W (cap + pad), F_l]`: the SwiGLU output of every gathered row (local).
     pub act: Buffer,
     /// `[T_max, H]`: the block's result of the last call (local).
     pub out: Buffer,
-    /// Calls enqueued (the epoch of the last one).
+    /// Calls enqueued from the host (recorded calls replayed are not counted).
     pub calls: u64,
 }
 
@@ -113,7 +122,8 @@ impl TpMoeBuffers {
     /// Collective: the signals, counters and accumulators back to zero on every rank, and the
     /// epoch with them (after a timed-out wait).
     pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
-        crate::epoch::rearm(ctx, &[&self.ready, &self.acc, &self.done, &self.scratch, &self.finished])?;
+        let signals = [&self.ready, &self.consumed, &self.epochs, &self.acc, &self.done, &self.scratch, &self.finished];
+        crate::epoch::rearm(ctx, &signals)?;
         self.calls = 0;
         Ok(())
     }
@@ -165,16 +175,18 @@ impl TpMoeBlock {
         }
         let w = ctx.world_size();
         let (rows, es) = (w * (t_max * top_k + CHUNK_PAD), self.dtype.size_bytes() as usize);
-        require_i32(2 * crate::epoch::half_elems(rows * hidden), "the gathered rows' elements")?;
+        require_i32(rows * hidden, "the gathered rows' elements")?;
         require_i32(rows * self.ffn_shard.max(hidden), "rows x max(F_l, H)")?;
         let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
         Ok(TpMoeBuffers {
             shape,
-            rows: ctx.symm_alloc(halves_bytes(rows * hidden, es), "moe_tp_rows")?,
-            ends: ctx.symm_alloc(halves_bytes(w * experts, 4), "moe_tp_ends")?,
-            row_token: ctx.symm_alloc(halves_bytes(rows, 4), "moe_tp_row_token")?,
-            row_weight: ctx.symm_alloc(halves_bytes(rows, 4), "moe_tp_row_weight")?,
+            rows: ctx.symm_alloc(rows * hidden * es, "moe_tp_rows")?,
+            ends: ctx.symm_alloc(w * experts * 4, "moe_tp_ends")?,
+            row_token: ctx.symm_alloc(rows * 4, "moe_tp_row_token")?,
+            row_weight: ctx.symm_alloc(rows * 4, "moe_tp_row_weight")?,
             ready: ctx.symm_alloc(8 * w, "moe_tp_ready")?,
+            consumed: ctx.symm_alloc(8 * w, "moe_tp_consumed")?,
+            epochs: crate::epoch::words(ctx, 2, "moe_tp_epochs")?,
             acc: ctx.symm_alloc(4 * t_max * hidden, "moe_tp_acc")?,
             done: ctx.symm_alloc(8, "moe_tp_done")?,
             scratch: zeroed(4 * 5 * experts, "moe_tp_scratch")?,
@@ -195,17 +207,27 @@ impl TpMoeBlock {
         let (x, topk, weights) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32), b.arg_ptr("weights", DType::F32));
         let (rows, ends) = (b.arg_ptr("rows", d), b.arg_ptr("ends", DType::I32));
         let (row_token, row_weight) = (b.arg_ptr("row_token", DType::I32), b.arg_ptr("row_weight", DType::F32));
-        let ready = b.arg_ptr("ready", DType::U64);
-        // This call's counts and cursors, the last call's (cleared here for the next), starts.
-        let (counts, stale, starts) =
-            (b.arg_ptr("counts", DType::I32), b.arg_ptr("stale", DType::I32), b.arg_ptr("starts", DType::I32));
+        let (ready, consumed) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("consumed", DType::U64));
+        let (scratch, state) = (b.arg_ptr("scratch", DType::I32), b.arg_ptr("state", DType::U64));
         let finished = b.arg_ptr("finished", DType::U64);
         let (tokens, hidden) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32));
         let (experts, k, stride) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32), b.arg("chunk_rows", DType::I32));
-        let epoch = b.arg("epoch", DType::U64);
         let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
+        let ep = Epoch::begin(&b, state);
+        let epoch = ep.value;
+        // This call's counts and cursors, the last call's (cleared here for the next), starts:
+        // the scratch's halves by the call's parity.
+        let (now, last) = (ep.parity(), b.i32(1) - ep.parity());
+        let (counts, stale, starts) = (scratch + now * 2 * experts, scratch + last * 2 * experts, scratch + experts * 4);
         let cursor = counts + experts;
         let pairs = tokens * k;
+        // 0. Every rank finished the last call (its finish read nothing of ours since): the
+        // chunks and signals it holds may be written again. Before this program's first meet,
+        // so before any program writes to a peer.
+        b.for_range(0, world, 1, &[], |d, _| {
+            b.wait(consumed + d, 1, CmpOp::Ge, epoch - 1u64, Scope::Sys, MemSemantic::Acquire);
+            vec![]
+        });
         // Every program's part done before any goes on: the count grows by the grid per meet,
         // three meets per call.
         let meet = |nth: u64| {
@@ -273,9 +295,10 @@ impl TpMoeBlock {
         meet(3);
         // 4. The chunk is everywhere: its signal to every rank.
         b.for_range(pid, world, programs, &[], |dst, _| {
-            b.notify(ready + me, dst, epoch, SignalOp::Set, CommScope::IntraNode);
+            b.notify(ready + me, dst, 1u64, SignalOp::Set, CommScope::IntraNode);
             vec![]
         });
+        ep.end(&b);
         b.finish()
     }
 
@@ -286,8 +309,11 @@ impl TpMoeBlock {
         let b = KernelBuilder::new(&name, attrs);
         let (acc, done, out) = (b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64), b.arg_ptr("out", self.dtype));
         let (ends, finished) = (b.arg_ptr("ends", DType::I32), b.arg_ptr("finished", DType::U64));
+        let (ready, consumed, state) =
+            (b.arg_ptr("ready", DType::U64), b.arg_ptr("consumed", DType::U64), b.arg_ptr("state", DType::U64));
         let (tokens, hidden, experts) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32), b.arg("experts", DType::I32));
         let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
+        let ep = Epoch::begin(&b, state);
         // Every shard's rows of this rank's chunk, each `hidden` elements.
         let own = b.load(ends + (me * experts + experts - 1), None, None).cast(DType::U64);
         let want = own * hidden.cast(DType::U64) * world.cast(DType::U64);
@@ -302,14 +328,24 @@ impl TpMoeBlock {
             b.store(acc + at, 0.0f32, Some(m));
             vec![]
         });
-        // The last program (every one past its wait) resets `done` for the next call, and the
-        // count of finished programs.
+        // The last program (every one past its wait) resets `done` and the chunks' signals for
+        // the next call, and the count of finished programs; then this rank has finished the
+        // call: `consumed` says so on every rank (after the resets: the notify releases them).
         b.barrier();
         let before = b.atomic(AtomicOp::Add, finished, 1u64, None, MemSemantic::AcqRel, Scope::Gpu);
         b.if_then(before.eq(programs.cast(DType::U64) - 1u64), || {
             b.store(finished, 0u64, None);
             b.store(done, 0u64, None);
+            b.for_range(0, world, 1, &[], |c, _| {
+                b.store(ready + c, 0u64, None);
+                vec![]
+            });
+            b.for_range(0, world, 1, &[], |d, _| {
+                b.notify(consumed + me, d, ep.value, SignalOp::Set, CommScope::IntraNode);
+                vec![]
+            });
         });
+        ep.end(&b);
         b.finish()
     }
 
@@ -360,42 +396,32 @@ impl TpMoeBlock {
         require_bytes(topk, tokens * k * 4, "topk")?;
         require_bytes(weights, tokens * k * 4, "weights")?;
         self.require_weights(bufs, (w1, w2))?;
-        if ctx.capturing() {
-            return Err(trident_core::capture::not_capturable("the tensor-parallel MoE block (its launches carry the call's epoch and halves)"));
-        }
-        let call = bufs.calls + 1;
         let cap = bufs.cap();
-        let half = |b: &Buffer| half_of(b, call);
-        let (g_rows, g_ends, g_token, g_weight) =
-            (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
         // Every kernel compiled before the first launch (the world's compiles are collective).
         let route = ctx.compile(&format!("{self:?} route"), &|| self.build_route())?;
         let finish = ctx.compile(&format!("{self:?} finish"), &|| self.build_finish())?;
-        let gate_up = self.gemm(ctx, bufs, (w1, w2), call, TpGemm::AgGateUp)?;
-        let reduce = self.gemm(ctx, bufs, (w1, w2), call, TpGemm::DownReduceScatter)?;
+        let gate_up = self.gemm(ctx, bufs, (w1, w2), TpGemm::AgGateUp)?;
+        let reduce = self.gemm(ctx, bufs, (w1, w2), TpGemm::DownReduceScatter)?;
 
-        let scratch = |at: usize| bufs.scratch.arg_at(4 * at);
-        let (now, last) = ((call % 2) as usize, ((call + 1) % 2) as usize);
         let i32_arg = |v: usize, what: &str| require_i32(v, what).map(KernelArg::i32);
         let route_args = [
             x.arg(),
             topk.arg(),
             weights.arg(),
-            g_rows.arg(),
-            g_ends.arg(),
-            g_token.arg(),
-            g_weight.arg(),
+            bufs.rows.arg(),
+            bufs.ends.arg(),
+            bufs.row_token.arg(),
+            bufs.row_weight.arg(),
             bufs.ready.arg(),
-            scratch(now * 2 * experts),
-            scratch(last * 2 * experts),
-            scratch(4 * experts),
+            bufs.consumed.arg(),
+            bufs.scratch.arg(),
+            state_arg(&bufs.epochs, 0),
             bufs.finished.arg(),
             i32_arg(tokens, "tokens")?,
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
             i32_arg(k, "top_k")?,
             i32_arg(bufs.chunk_rows(), "chunk rows")?,
-            KernelArg::u64(call),
         ];
         // Sequential: every rank's stage finished before any rank's next one starts.
         let step = || match steps {
@@ -412,22 +438,26 @@ impl TpMoeBlock {
             bufs.acc.arg(),
             bufs.done.arg(),
             bufs.out.arg(),
-            g_ends.arg(),
+            bufs.ends.arg(),
             bufs.finished.arg_at(8),
+            bufs.ready.arg(),
+            bufs.consumed.arg(),
+            state_arg(&bufs.epochs, 1),
             i32_arg(tokens, "tokens")?,
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
         ];
         step()?;
         ctx.launch(0, &finish, [self.grid(tokens * h / self.block as usize), 1, 1], &finish_args)?;
-        bufs.calls = call;
+        bufs.calls += 1;
         Ok(())
     }
 
     /// Enqueues one of the last call's grouped GEMMs again, alone: the overlap machinery
-    /// measured against the plain grouped GEMM of the same rows (the benchmark's parts). The
-    /// chunk signals are already set, so the waiting form's waits pass at once. The plain forms
-    /// read one chunk's ends as the plain contiguous layout's: world 1 only.
+    /// measured against the plain grouped GEMM of the same rows (the benchmark's parts). For the
+    /// waiting form this rank's chunk signals are set first from the host (the last call's
+    /// finish reset them; call it with the stream idle), so its waits pass at once. The plain
+    /// forms read one chunk's ends as the plain contiguous layout's: world 1 only.
     pub fn enqueue_gemm(
         &self,
         ctx: &dyn RankCtx,
@@ -446,7 +476,11 @@ impl TpMoeBlock {
             )));
         }
         self.require_weights(bufs, experts_w)?;
-        if let Some((kernel, (grid, args))) = self.gemm(ctx, bufs, experts_w, bufs.calls, which)? {
+        if matches!(which, TpGemm::AgGateUp) {
+            let set: Vec<u8> = (0..ctx.world_size()).flat_map(|_| 1u64.to_le_bytes()).collect();
+            ctx.write(&bufs.ready, 0, &set)?;
+        }
+        if let Some((kernel, (grid, args))) = self.gemm(ctx, bufs, experts_w, which)? {
             ctx.launch(0, &kernel, grid, &args)?;
         }
         Ok(())
@@ -458,21 +492,18 @@ impl TpMoeBlock {
         require_bytes(w2, experts * h * f * es, "w2")
     }
 
-    /// One grouped GEMM of call `call` over its halves, specialized, compiled and planned.
+    /// One of the block's grouped GEMMs, specialized, compiled and planned.
     fn gemm(
         &self,
         ctx: &dyn RankCtx,
         bufs: &TpMoeBuffers,
         (w1, w2): (&Buffer, &Buffer),
-        call: u64,
         which: TpGemm<'_>,
     ) -> Result<crate::moe_block::Prepared, BackendError> {
         let EpShape { hidden: h, experts, .. } = bufs.shape;
         let (w, f) = (ctx.world_size(), self.ffn_shard);
         let rows = w * bufs.chunk_rows();
-        let half = |b: &Buffer| half_of(b, call);
-        let (g_rows, g_ends, g_token, g_weight) =
-            (half(&bufs.rows), half(&bufs.ends), half(&bufs.row_token), half(&bufs.row_weight));
+        let (g_rows, g_ends, g_token, g_weight) = (&bufs.rows, &bufs.ends, &bufs.row_token, &bufs.row_weight);
         let (up, down) = self.gemms(ctx);
         if up.block_m as usize > CHUNK_PAD {
             return Err(self.problem(format!("gate/up tiles of {} rows: at most the chunks' padding, {CHUNK_PAD}", up.block_m)));
@@ -480,13 +511,13 @@ impl TpMoeBlock {
         let plain = |g: GroupedGemm| GroupedGemm { chunk_ends: false, wait: false, ..g };
         let up_groups = Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) };
         let down_groups = Groups { chunks: w, ..Groups::new(experts, h, f, rows) };
-        let up_ops = Operands::new(&g_rows, w1, &bufs.act, &g_ends);
-        let weighted = |c| Operands { weights: Some(&g_weight), ..Operands::new(&bufs.act, w2, c, &g_ends) };
+        let up_ops = Operands::new(g_rows, w1, &bufs.act, g_ends);
+        let weighted = |c| Operands { weights: Some(g_weight), ..Operands::new(&bufs.act, w2, c, g_ends) };
         match which {
-            TpGemm::AgGateUp => prepare(ctx, (up, Operands { ready: Some((&bufs.ready, call)), ..up_ops }, up_groups)),
+            TpGemm::AgGateUp => prepare(ctx, (up, Operands { ready: Some((&bufs.ready, 1)), ..up_ops }, up_groups)),
             TpGemm::GateUp => prepare(ctx, (plain(up), up_ops, up_groups)),
             TpGemm::DownReduceScatter => {
-                let ops = Operands { scatter: Some((&g_token, &bufs.acc, &bufs.done)), ..weighted(&bufs.out) };
+                let ops = Operands { scatter: Some((g_token, &bufs.acc, &bufs.done)), ..weighted(&bufs.out) };
                 prepare(ctx, (down, ops, down_groups))
             }
             TpGemm::Down(c) => {

@@ -371,18 +371,13 @@ impl Benchmark for MoeBlockCase {
     }
 
     /// The two exchanges' symmetric buffers (the all-to-all benchmark's) and the
-    /// tensor-parallel block's (its gathered rows, ends, tokens and weights in two halves, the
-    /// accumulator, signals).
+    /// tensor-parallel block's (its gathered rows, ends, tokens and weights, the accumulator,
+    /// signals and epoch words).
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let ep = DistCase { dims: case.dims[..4].to_vec(), ..case.clone() };
         let (t, h, e, k, w) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.world);
-        let halves = trident_kernels::epoch::halves_bytes;
         let rows = w * (t * k + trident_kernels::moe_tp::CHUNK_PAD);
-        let tp = halves(rows * h, case.dtype.size_bytes() as usize)
-            + halves(w * e, 4)
-            + 2 * halves(rows, 4)
-            + 4 * t * h
-            + 8 * (w + 1);
+        let tp = rows * h * case.dtype.size_bytes() as usize + w * e * 4 + 2 * rows * 4 + 4 * t * h + 8 * (2 * w + 1) + 32;
         super::ep_all_to_all::EpCase.heap_bytes(&ep) + tp + (1 << 20)
     }
 
@@ -708,7 +703,7 @@ fn tp_machinery(
     let c = ctx.alloc(bufs.chunk_rows() * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
     ctx.fill(&c, &poison(d))?;
     gemm(bufs, TpGemm::Down(&c))?;
-    let tokens = download(ctx, &trident_kernels::epoch::half_of(&bufs.row_token, bufs.calls), rows, DType::I32)?;
+    let tokens = download(ctx, &bufs.row_token, rows, DType::I32)?;
     t.error(check_with(&|tok, col| {
         let mut sum = 0.0;
         for (row, _) in tokens.iter().enumerate().filter(|(_, &v)| v as usize == tok) {

@@ -255,12 +255,16 @@ w1 = (torch.rand(tp_experts, 2 * shard, hidden, device="cuda") * 2 - 1).div(hidd
 w2 = (torch.rand(tp_experts, hidden, shard, device="cuda") * 2 - 1).div((shard * world) ** 0.5).to(torch.bfloat16)
 full_w1, full_w2 = torch.cat(everyone(w1), dim=1), torch.cat(everyone(w2), dim=2)
 gate_rows = [(j // 128) * 256 + j % 128 for j in range(shard * world)]
-for call in range(2):
+
+
+def tp_inputs():
     x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
     topk = torch.stack([torch.randperm(tp_experts, device="cuda")[:k] for _ in range(tokens)])
     topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
-    weights = torch.rand(tokens, k, device="cuda")
-    out = torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
+    return x, topk, torch.rand(tokens, k, device="cuda")
+
+
+def tp_want(x, topk, weights):
     want = torch.zeros(tokens, hidden, dtype=torch.float64)
     for t in range(tokens):
         xt = x[t].double().cpu()
@@ -271,7 +275,36 @@ for call in range(2):
             g, u = full_w1[e][gate_rows] @ xt, full_w1[e][[r + 128 for r in gate_rows]] @ xt
             act = (g / (1 + torch.exp(-g)) * u).to(torch.bfloat16).double()
             want[t] += float(weights[t, j]) * (full_w2[e] @ act)
-    report(f"tp_moe {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}, call {call}", rel(out, want), 2e-2)
+    return want
+
+
+for call in range(2):
+    x, topk, weights = tp_inputs()
+    out = torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
+    report(f"tp_moe {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}, call {call}", rel(out, tp_want(x, topk, weights)), 2e-2)
+
+# The tensor-parallel block in a CUDA graph (no launch of it depends on the call), replayed 20
+# times on new tokens and routes copied into the static inputs.
+x, topk, weights = tp_inputs()
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(s):
+    torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
+torch.cuda.current_stream().wait_stream(s)
+torch.cuda.synchronize()
+dist.barrier()
+g = torch.cuda.CUDAGraph()
+with torch.cuda.graph(g):
+    y_tp = torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
+worst = 0.0
+for i in range(20):
+    new = tp_inputs()
+    x.copy_(new[0]), topk.copy_(new[1]), weights.copy_(new[2])
+    y_tp.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    worst = max(worst, rel(y_tp, tp_want(x, topk, weights)))
+report("CUDA graph x20: tp_moe", worst, 2e-2)
 
 # Errors are typed.
 try:
