@@ -268,30 +268,6 @@ impl LowLatencyAllToAll {
         b.finish()
     }
 
-    /// One row of `hidden` channels from `from` quantized into `to` (E4M3FN) and its scales
-    /// (`hidden / 128` f32) into `scales`: per 128 channels `amax = max |x|`, the channels
-    /// times `448 / amax` (f32) rounded to E4M3FN, the scale `amax / 448` (0 and 0 where
-    /// `amax` is 0).
-    fn quantize_row<'b>(&self, b: &'b KernelBuilder, hidden: Tile<'b>, from: Tile<'b>, to: Tile<'b>, scales: Tile<'b>) {
-        let (qb, per) = (QUANT_BLOCK as u32, self.block / QUANT_BLOCK as u32);
-        let bs = self.block as i32;
-        let lanes = b.arange(0, self.block as i64);
-        let blocks_at = b.arange(0, per as i64);
-        b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
-            let at = blk * bs + lanes;
-            let m = at.lt(hidden);
-            let x = b.load_or(from + at, m, 0.0).cast(DType::F32).reshape(&[per, qb]);
-            let amax = x.abs().max_along(1);
-            let some = amax.gt(0.0f32);
-            let inv = some.select(b.full(&[per], 448.0, DType::F32) / amax, 0.0f32);
-            let q = (x * inv.expand_dims(1).broadcast_to(&[per, qb])).cast(DType::F8E4M3FN).reshape(&[self.block]);
-            b.store(to + at, q, Some(m));
-            let s_at = blk * per as i32 + blocks_at;
-            b.store(scales + s_at, amax / 448.0f32, Some(s_at.lt(hidden / QUANT_BLOCK as i32)));
-            vec![]
-        });
-    }
-
     fn emit_dispatch<'b>(&self, b: &'b KernelBuilder, part: Part) {
         let (d, pd) = (self.dtype, self.payload());
         let (x, topk) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32));
@@ -330,7 +306,7 @@ impl LowLatencyAllToAll {
                         let (to, from) = (b.symm_at(raw, dst) + row * hidden, x + (i / k) * hidden);
                         if self.quantize {
                             let scales = b.symm_at(raw_scales, dst) + row * sb;
-                            self.quantize_row(b, hidden, from, to, scales);
+                            quantize_row(b, self.block, hidden, (from, to, scales));
                         } else {
                             each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
                         }
@@ -559,4 +535,28 @@ inventory::submit! {
         distributed: true,
         build: |d| LowLatencyAllToAll::new(d).build(Stage::Combine, Part::Whole),
     }
+}
+
+/// One row of `hidden` channels from `from` quantized into `to` (E4M3FN) and its scales
+/// (`hidden / 128` f32) into `scales`: per 128 channels `amax = max |x|`, the channels
+/// times `448 / amax` (f32) rounded to E4M3FN, the scale `amax / 448` (0 and 0 where
+/// `amax` is 0).
+pub(crate) fn quantize_row<'b>(b: &'b KernelBuilder, block: u32, hidden: Tile<'b>, (from, to, scales): (Tile<'b>, Tile<'b>, Tile<'b>)) {
+    let (qb, per) = (QUANT_BLOCK as u32, block / QUANT_BLOCK as u32);
+    let bs = block as i32;
+    let lanes = b.arange(0, block as i64);
+    let blocks_at = b.arange(0, per as i64);
+    b.for_range(0, (hidden + (bs - 1)) / bs, 1, &[], |blk, _| {
+        let at = blk * bs + lanes;
+        let m = at.lt(hidden);
+        let x = b.load_or(from + at, m, 0.0).cast(DType::F32).reshape(&[per, qb]);
+        let amax = x.abs().max_along(1);
+        let some = amax.gt(0.0f32);
+        let inv = some.select(b.full(&[per], 448.0, DType::F32) / amax, 0.0f32);
+        let q = (x * inv.expand_dims(1).broadcast_to(&[per, qb])).cast(DType::F8E4M3FN).reshape(&[block]);
+        b.store(to + at, q, Some(m));
+        let s_at = blk * per as i32 + blocks_at;
+        b.store(scales + s_at, amax / 448.0f32, Some(s_at.lt(hidden / QUANT_BLOCK as i32)));
+        vec![]
+    });
 }

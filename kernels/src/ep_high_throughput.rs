@@ -26,6 +26,11 @@
 //!   order, rounded once more. So combine rounds twice (per rank, then the total), as
 //!   DeepEP's, which also sends bf16 partials.
 //!
+//! With [`HighThroughputAllToAll::fp8`] dispatch sends each row quantized to E4M3FN with a
+//! scale per 128 channels (`docs/SEMANTICS.md`, "Quantization"; the low-latency dispatch's),
+//! and `recv` holds E4M3FN, `recv_scales [capacity, H / 128]` each row's scales: the grouped
+//! GEMM's block scales of A. Combine stays in the element type.
+//!
 //! Reuse: halves by parity and epoch-tagged signals; every rank waits for every rank in each of
 //! the two, which gives the invariant of [`crate::ep_all_to_all`] (a rank writes a half for
 //! call e+2 only after every rank finished call e). Dispatch and combine alternate.
@@ -37,7 +42,7 @@ use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 pub use crate::ep_all_to_all::{EpShape, Stage};
-use crate::ep_all_to_all::{each_block, EPOCH_SHIFT};
+use crate::ep_all_to_all::{each_block, quantize_row, EPOCH_SHIFT, QUANT_BLOCK};
 
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -48,6 +53,8 @@ pub struct HighThroughputAllToAll {
     pub block: u32,
     /// The grid asked for (persistent: what is resident of it runs).
     pub max_programs: u32,
+    /// Dispatch sends E4M3FN with a scale per 128 channels (see the module's text).
+    pub quantize: bool,
 }
 
 /// One rank's buffers (symmetric ones allocated collectively).
@@ -77,8 +84,13 @@ pub struct HtBuffers {
     pub sent_slot: Buffer,
     pub src_count: Buffer,
     pub pos: Buffer,
+    /// With `quantize`, two halves of `[W, T_max, H / 128]` f32: each row's scales
+    /// (symmetric).
+    pub raw_scales: Buffer,
     /// Dispatch's results (local): `[capacity, H]`, `[E_local]` i32 ends, `[capacity]` i32.
     pub recv: Buffer,
+    /// With `quantize`, `[capacity, H / 128]` f32: each received row's scales.
+    pub recv_scales: Buffer,
     pub offs: Buffer,
     pub recv_src: Buffer,
     /// Combine's result `[T_max, H]` (local).
@@ -104,14 +116,39 @@ impl HtBuffers {
 
 impl HighThroughputAllToAll {
     pub fn new(dtype: DType) -> HighThroughputAllToAll {
-        HighThroughputAllToAll { dtype, block: 1024, max_programs: 132 }
+        HighThroughputAllToAll { dtype, block: 1024, max_programs: 132, quantize: false }
+    }
+
+    /// Dispatch quantizes to E4M3FN with a scale per 128 channels (see `quantize`).
+    pub fn fp8(self) -> HighThroughputAllToAll {
+        HighThroughputAllToAll { quantize: true, ..self }
+    }
+
+    /// What dispatch sends and `recv` holds: E4M3FN with `quantize`, else the element type.
+    pub fn payload(&self) -> DType {
+        if self.quantize {
+            DType::F8E4M3FN
+        } else {
+            self.dtype
+        }
     }
 
     /// Collective: the buffers of `shape` on every rank.
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<HtBuffers, BackendError> {
         let w = ctx.world_size();
         shape.check(w)?;
+        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
+            return Err(BackendError::Problem {
+                kernel: "ep_ht".into(),
+                message: format!(
+                    "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
+                    shape.hidden, self.block
+                ),
+            });
+        }
         let (el, es, k) = (shape.experts / w, self.dtype.size_bytes() as usize, shape.top_k);
+        let ps = self.payload().size_bytes() as usize;
+        let sb = if self.quantize { shape.hidden / QUANT_BLOCK } else { 0 };
         let rows = w * shape.t_max;
         let capacity = rows * k.min(el);
         require_i32(2 * crate::epoch::half_elems(rows * shape.hidden), "the receive buffer's elements")?;
@@ -120,7 +157,8 @@ impl HighThroughputAllToAll {
         let halves = |elems: usize, bytes: usize, name: &str| ctx.symm_alloc(crate::epoch::halves_bytes(elems, bytes), name);
         Ok(HtBuffers {
             shape,
-            raw: halves(rows * shape.hidden, es, "ep_ht_raw")?,
+            raw: halves(rows * shape.hidden, ps, "ep_ht_raw")?,
+            raw_scales: halves((rows * sb).max(1), 4, "ep_ht_raw_scales")?,
             raw_token: halves(rows, 4, "ep_ht_raw_token")?,
             raw_experts: halves(rows * k, 4, "ep_ht_raw_experts")?,
             raw_weights: halves(rows * k, 4, "ep_ht_raw_weights")?,
@@ -132,7 +170,8 @@ impl HighThroughputAllToAll {
             sent_slot: ctx.alloc(4 * shape.t_max * w, "ep_ht_sent_slot")?,
             src_count: ctx.alloc(4 * w, "ep_ht_src_count")?,
             pos: ctx.alloc(4 * rows * k, "ep_ht_pos")?,
-            recv: ctx.alloc(capacity * shape.hidden * es, "ep_ht_recv")?,
+            recv: ctx.alloc(capacity * shape.hidden * ps, "ep_ht_recv")?,
+            recv_scales: ctx.alloc((capacity * sb).max(1) * 4, "ep_ht_recv_scales")?,
             offs: ctx.alloc(4 * el, "ep_ht_offs")?,
             recv_src: ctx.alloc(4 * capacity, "ep_ht_recv_src")?,
             out: ctx.alloc(shape.t_max * shape.hidden * es, "ep_ht_out")?,
@@ -142,7 +181,8 @@ impl HighThroughputAllToAll {
     }
 
     pub fn build(&self, stage: Stage) -> Result<Function, VerifyError> {
-        let name = format!("ep_ht_{stage:?}_{}_{}", self.dtype, self.block).to_lowercase();
+        let fp8 = if self.quantize && stage == Stage::Dispatch { "_e4m3" } else { "" };
+        let name = format!("ep_ht_{stage:?}_{}_{}{fp8}", self.dtype, self.block).to_lowercase();
         let attrs = LaunchAttrs { cooperative: true, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
         match stage {
@@ -162,15 +202,16 @@ impl HighThroughputAllToAll {
     }
 
     fn emit_dispatch<'b>(&self, b: &'b KernelBuilder) {
-        let d = self.dtype;
+        let (d, pd) = (self.dtype, self.payload());
         let (x, topk, weights) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32), b.arg_ptr("weights", DType::F32));
-        let (raw, raw_token) = (b.arg_ptr("raw", d), b.arg_ptr("raw_token", DType::I32));
+        let (raw, raw_token) = (b.arg_ptr("raw", pd), b.arg_ptr("raw_token", DType::I32));
         let (raw_experts, raw_weights) = (b.arg_ptr("raw_experts", DType::I32), b.arg_ptr("raw_weights", DType::F32));
         let counts = b.arg_ptr("counts", DType::U64);
         let (counters, finished) = (b.arg_ptr("counters", DType::I32), b.arg_ptr("finished", DType::U64));
         let (sent_slot, src_count, pos) =
             (b.arg_ptr("sent_slot", DType::I32), b.arg_ptr("src_count", DType::I32), b.arg_ptr("pos", DType::I32));
-        let (recv, offs, recv_src) = (b.arg_ptr("recv", d), b.arg_ptr("offs", DType::I32), b.arg_ptr("recv_src", DType::I32));
+        let (recv, offs, recv_src) = (b.arg_ptr("recv", pd), b.arg_ptr("offs", DType::I32), b.arg_ptr("recv_src", DType::I32));
+        let scale_ptrs = self.quantize.then(|| (b.arg_ptr("raw_scales", DType::F32), b.arg_ptr("recv_scales", DType::F32)));
         let epochs = b.arg_ptr("epochs", DType::U64);
         let (tokens, t_max, hidden) = (b.arg("tokens", DType::I32), b.arg("t_max", DType::I32), b.arg("hidden", DType::I32));
         let (experts, k) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32));
@@ -181,6 +222,9 @@ impl HighThroughputAllToAll {
         let raw = call.half(raw, rows * hidden);
         let (raw_token, raw_experts, raw_weights) =
             (call.half(raw_token, rows), call.half(raw_experts, rows * k), call.half(raw_weights, rows * k));
+        // Scales per row: `hidden / 128` of them.
+        let sb = hidden / QUANT_BLOCK as i32;
+        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s)| (call.half(raw_s, rows * sb), recv_s));
         let base = call.value * EPOCH_SHIFT;
         // Counters in parity halves: a call counts in its own and clears the other's (the
         // last call's, read by then), so no program reads and clears one word.
@@ -206,7 +250,10 @@ impl HighThroughputAllToAll {
                         let row = me * t_max + slot;
                         let to = b.symm_at(raw, r) + row * hidden;
                         let from = x + t * hidden;
-                        each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                        match scale_ptrs {
+                            Some((raw_s, _)) => quantize_row(b, self.block, hidden, (from, to, b.symm_at(raw_s, r) + row * sb)),
+                            None => each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m))),
+                        }
                         b.store(b.symm_at(raw_token, r) + row, t, None);
                         b.for_range(0, k, 1, &[], |j, _| {
                             let e = b.load(topk + (t * k + j), None, None);
@@ -244,6 +291,7 @@ impl HighThroughputAllToAll {
         let tok = b.wait(counts, world, CmpOp::Ge, base, Scope::Sys, MemSemantic::Acquire);
         let (counts, raw, raw_token) = (counts.consume_token(tok), raw.consume_token(tok), raw_token.consume_token(tok));
         let raw_experts = raw_experts.consume_token(tok);
+        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s)| (raw_s.consume_token(tok), recv_s));
         let count_of = |s: Tile<'b>| -> Tile<'b> {
             b.load(counts + s, None, None).binary(BinaryOp::And, EPOCH_SHIFT - 1).cast(DType::I32)
         };
@@ -290,6 +338,10 @@ impl HighThroughputAllToAll {
                             let at = start + b.atomic(AtomicOp::Add, fill + l, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
                             let (from, to) = (raw + row * hidden, recv + at * hidden);
                             each_block(b, self.block, hidden, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
+                            if let Some((raw_s, recv_s)) = scale_ptrs {
+                                let (from, to) = (raw_s + row * sb, recv_s + at * sb);
+                                each_block(b, self.block, sb, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
+                            }
                             b.store(recv_src + at, s * (t_max * k) + t * k + j, None);
                             b.store(pos + (row * k + j), at, None);
                             vec![]
@@ -416,8 +468,11 @@ impl HighThroughputAllToAll {
             bufs.recv.arg(),
             bufs.offs.arg(),
             bufs.recv_src.arg(),
-            crate::epoch::state_arg(&bufs.epochs, 0),
         ];
+        if self.quantize {
+            args.extend([bufs.raw_scales.arg(), bufs.recv_scales.arg()]);
+        }
+        args.push(crate::epoch::state_arg(&bufs.epochs, 0));
         args.extend(scalars);
         ctx.launch(0, &kernel, self.grid(tokens, ctx.world_size()), &args)?;
         bufs.calls[0] += 1;

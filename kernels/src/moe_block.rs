@@ -16,7 +16,7 @@
 //! segments' ends `offs`), which the grouped GEMMs read in their contiguous layout; combine
 //! applies the routing weights on the expert's rank and sums the partials at home.
 //!
-//! The FP8 block ([`EpMoeBlock::fp8`], low-latency exchange), as DeepSeek-V3 serves: dispatch
+//! The FP8 block ([`EpMoeBlock::fp8`], either exchange), as DeepSeek-V3 serves: dispatch
 //! quantizes each token to E4M3FN with a scale per 128 channels; both grouped GEMMs are
 //! block-scaled FP8 (weights E4M3FN with a scale per 128 x 128 block, [`Experts::fp8`]); the
 //! gate/up GEMM's epilogue quantizes the SwiGLU output the same way ([`Epilogue::quantize`]:
@@ -46,7 +46,7 @@ pub struct EpMoeBlock {
     pub dtype: DType,
     pub ffn: usize,
     pub high_throughput: bool,
-    /// FP8 experts (see the module's text): low-latency exchange, hidden size a multiple of 128.
+    /// FP8 experts (see the module's text): hidden size a multiple of 128.
     pub fp8: bool,
 }
 
@@ -139,6 +139,16 @@ impl EpMoeBlock {
         }
     }
 
+    /// The high-throughput exchange of this block.
+    fn high_throughput_exchange(&self) -> HighThroughputAllToAll {
+        let all = HighThroughputAllToAll::new(self.dtype);
+        if self.fp8 {
+            all.fp8()
+        } else {
+            all
+        }
+    }
+
     /// This block with the high-throughput exchange (prefill).
     pub fn high_throughput(self) -> EpMoeBlock {
         EpMoeBlock { high_throughput: true, ..self }
@@ -151,16 +161,11 @@ impl EpMoeBlock {
     /// Collective: this rank's buffers for calls of `shape`.
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<EpMoeBuffers, BackendError> {
         check_block(self.dtype, ("intermediate size", self.ffn)).map_err(|m| self.problem(m))?;
-        if self.fp8 && self.high_throughput {
-            return Err(self.problem(
-                "FP8 experts take the low-latency exchange (the high-throughput one sends the block's element type)".into(),
-            ));
-        }
         // Each exchange's `buffers` checks `shape` against the world (and an FP8 one the hidden
         // size against its 128-channel blocks).
         let exchange = match self.high_throughput {
             false => Exchange::LowLatency(self.low_latency().buffers(ctx, shape)?),
-            true => Exchange::HighThroughput(HighThroughputAllToAll::new(self.dtype).buffers(ctx, shape)?),
+            true => Exchange::HighThroughput(self.high_throughput_exchange().buffers(ctx, shape)?),
         };
         let rows = match &exchange {
             Exchange::LowLatency(_) => (shape.experts / ctx.world_size()) * ctx.world_size() * shape.t_max,
@@ -222,8 +227,12 @@ impl EpMoeBlock {
         let mut down_ops = Operands::new(&bufs.act, w2, &bufs.y, &groups);
         let fp8_scales;
         match (self.fp8, scales, &bufs.exchange, &bufs.act_scales) {
-            (true, Some((s1, s2)), Exchange::LowLatency(b), Some(act_scales)) => {
-                fp8_scales = (b.recv_scales.clone(), act_scales.clone());
+            (true, Some((s1, s2)), exchange, Some(act_scales)) => {
+                let recv_scales = match exchange {
+                    Exchange::LowLatency(b) => &b.recv_scales,
+                    Exchange::HighThroughput(b) => &b.recv_scales,
+                };
+                fp8_scales = (recv_scales.clone(), act_scales.clone());
                 (up_ops.scales, up_ops.c_scales) = (Some((&fp8_scales.0, s1)), Some(&fp8_scales.1));
                 down_ops.scales = Some((&fp8_scales.1, s2));
             }
@@ -249,7 +258,7 @@ impl EpMoeBlock {
                 all.combine(ctx, b, &y, topk, weights, tokens, Part::Whole)
             }
             Exchange::HighThroughput(b) => {
-                let all = HighThroughputAllToAll::new(self.dtype);
+                let all = self.high_throughput_exchange();
                 all.dispatch(ctx, b, x, topk, weights, tokens)?;
                 experts(ctx)?;
                 all.combine(ctx, b, &y, tokens)

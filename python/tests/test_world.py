@@ -192,7 +192,8 @@ def test_e4m3_rounding_of_the_reference():
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
-def test_ep_moe_block_fp8(ranks):
+@pytest.mark.parametrize("high_throughput", [False, True])
+def test_ep_moe_block_fp8(ranks, high_throughput):
     # The FP8 block (E4M3FN experts with 128 x 128 block scales) against numpy in f64 with
     # the kernels' quantization emulated: the tokens' by dispatch, the SwiGLU output's by the
     # gate/up epilogue; each expert's output rounded to float16 where the block stores it.
@@ -213,7 +214,7 @@ def test_ep_moe_block_fp8(ranks):
     w2 = [fp8_weights(hidden, ffn) for _ in range(ranks)]
     world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
     outs = world.ep_moe(
-        xs, topks, weights, [w[0] for w in w1], [w[0] for w in w2], experts,
+        xs, topks, weights, [w[0] for w in w1], [w[0] for w in w2], experts, high_throughput=high_throughput,
         w1_scales=[w[1] for w in w1], w2_scales=[w[1] for w in w2],
     )
 

@@ -97,7 +97,7 @@ class CpuWorld:
         ``[E_local, ceil(H/128), F/128]``) the FP8 block: `w1s` and `w2s` hold E4M3FN (as
         ``uint8`` bits, or ``ml_dtypes.float8_e4m3fn``), the tokens go over quantized to
         E4M3FN with a scale per 128 channels, and the SwiGLU output is quantized the same way
-        before the down projection (H a multiple of 128, low-latency exchange)."""
+        before the down projection (H a multiple of 128)."""
         if (w1_scales is None) != (w2_scales is None):
             raise ArgumentError("ep_moe: w1_scales and w2_scales go together (the FP8 block)")
         if w1_scales is None:
@@ -451,8 +451,8 @@ def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False, 
     serving): `w1` and `w2` ``torch.float8_e4m3fn`` with `w1_scale` ``[E_local, 2F/128,
     ceil(H/128)]`` and `w2_scale` ``[E_local, ceil(H/128), F/128]`` (float32, one per 128 x 128
     block); the tokens then go over quantized to E4M3FN (a scale per 128 channels) and the
-    SwiGLU output is quantized the same way before the down projection (low-latency exchange,
-    H a multiple of 128)."""
+    SwiGLU output is quantized the same way before the down projection (H a multiple of
+    128)."""
     import torch
 
     w, etype = _check("ep_moe", x, 2)

@@ -9,7 +9,8 @@
 //! `ep-ht` (the high-throughput exchange, contiguous layout), `ep-e4m3` (the FP8 block: the
 //! tokens quantized by dispatch and the SwiGLU output by the gate/up GEMM, as
 //! `docs/SEMANTICS.md` says and the reference emulates; experts E4M3FN with 128 x 128 block
-//! scales; H rounded up to whole 128-channel blocks), `tp` (the tensor-parallel block,
+//! scales; H rounded up to whole 128-channel blocks), `ep-ht-e4m3` (the same over the
+//! high-throughput exchange), `tp` (the tensor-parallel block,
 //! `trident_kernels::moe_tp`: every rank a 128-wide shard of every expert's intermediate size,
 //! so `F = 128 W`, and the shape's `E_local` experts in all; each shard's down product is added
 //! unrounded, the sum rounded once).
@@ -105,7 +106,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3"],
+            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3", "ep-ht-e4m3"],
             _ => &[],
         }
     }
@@ -239,11 +240,8 @@ impl Operation for MoeBlockCase {
         } else {
             let block = EpMoeBlock::new(case.dtype, FFN);
             // `ep-ht`: the high-throughput exchange and the contiguous layout (prefill).
-            let block = match case.variant {
-                "ep-ht" => block.high_throughput(),
-                _ if fp8(case) => block.fp8(),
-                _ => block,
-            };
+            let block = if case.variant.starts_with("ep-ht") { block.high_throughput() } else { block };
+            let block = if fp8(case) { block.fp8() } else { block };
             Block::Ep(block, Box::new(block.buffers(ctx, shape)?))
         };
         let wd = if fp8(case) { DType::F8E4M3FN } else { case.dtype };
@@ -475,9 +473,12 @@ impl Benchmark for MoeBlockCase {
             t.error(check(bufs.out())?);
             t.time(name, &mut || call(&mut bufs))?;
         }
-        if tokens <= LOW_LATENCY_TOKENS && h.is_multiple_of(QUANT_BLOCK) {
+        if h.is_multiple_of(QUANT_BLOCK) {
             let inputs = (&x, &topk_b, &weights);
-            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt)?;
+            if tokens <= LOW_LATENCY_TOKENS {
+                fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, EP_FP8)?;
+            }
+            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, EP_HT_FP8)?;
         }
         // The tensor-parallel block: rank r holds shard r of every expert (the same experts:
         // rows `r 2F_l ..` of each interleaved w1, columns `r F_l ..` of each w2); at world 1
@@ -541,6 +542,7 @@ impl Benchmark for MoeBlockCase {
         match variant {
             "moe-tp/block" => Some(TP_SEQUENTIAL),
             EP_FP8 => Some("moe-ep/block"),
+            EP_HT_FP8 => Some("moe-ep-ht/block"),
             TP_AG_GATE_UP => Some("grouped/gate-up"),
             TP_DOWN_RS => Some("grouped/down"),
             _ => None,
@@ -551,8 +553,9 @@ impl Benchmark for MoeBlockCase {
 /// An output entry of (token, column), however a variant leaves it.
 type Reader<'a> = dyn Fn(usize, usize) -> Result<f64, BackendError> + 'a;
 
-/// The FP8 expert-parallel block (low-latency), against the bf16 one.
+/// The FP8 expert-parallel blocks (low-latency, high-throughput), against the bf16 ones.
 const EP_FP8: &str = "moe-ep-e4m3/block";
+const EP_HT_FP8: &str = "moe-ep-ht-e4m3/block";
 
 /// The benchmark's FP8 experts of rank `owner`: E4M3FN value `i` of `w1` (`which` 0) or `w2`
 /// (1), over the whole range; and the scale of each 128 x 128 block, near `1.5 / (448
@@ -568,15 +571,17 @@ fn fp8_scale(seed: u64, (owner, which): (usize, u64), block: usize, fan_in: usiz
     ((1.5 + 0.5 * u) / (448.0 * (fan_in as f64).sqrt())) as f32 as f64
 }
 
-/// The FP8 block (`moe-ep-e4m3/block`) on this rank's FP8 experts ([`fp8_weight`]), checked at
-/// the sampled outputs against the f64 reference of the same quantization (tokens as dispatch
-/// quantizes them, the SwiGLU output as the gate/up epilogue does), and timed.
+/// The FP8 block `name` ([`EP_FP8`] or [`EP_HT_FP8`]) on this rank's FP8 experts
+/// ([`fp8_weight`]), checked at the sampled outputs against the f64 reference of the same
+/// quantization (tokens as dispatch quantizes them, the SwiGLU output as the gate/up epilogue
+/// does), and timed.
 fn fp8_block(
     t: &mut Timer,
     (case, seed, shape): (&DistCase, u64, EpShape),
     (x, topk_b, weights): (&Buffer, &Buffer, &Buffer),
     (topk, picks, cols): (&[Vec<usize>], &[usize], &[usize]),
     wt: &dyn Fn(usize, usize) -> f64,
+    name: &'static str,
 ) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, w, r) = (case.dtype, case.world, ctx.rank());
@@ -596,6 +601,7 @@ fn fp8_block(
     let s1 = upload_with(ctx, el * (2 * f / blk) * hb, DType::F32, "moe_s1", &|b| fp8_scale(seed, (r, 0), b, h))?;
     let s2 = upload_with(ctx, el * hb * fb, DType::F32, "moe_s2", &|b| fp8_scale(seed, (r, 1), b, f))?;
     let block = EpMoeBlock::new(d, f).fp8();
+    let block = if name == EP_HT_FP8 { block.high_throughput() } else { block };
     let mut bufs = block.buffers(ctx, shape)?;
     ctx.fill(bufs.out(), &poison(d))?;
     ctx.barrier()?;
@@ -648,7 +654,7 @@ fn fp8_block(
         }
     }
     t.error(worst);
-    t.time(EP_FP8, &mut || call(&mut bufs))
+    t.time(name, &mut || call(&mut bufs))
 }
 
 /// The benchmark's tensor-parallel variants beside the block.
