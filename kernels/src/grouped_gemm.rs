@@ -341,7 +341,13 @@ impl GroupedGemm {
             false => g,
         };
         if !self.descriptors {
-            return quantized(self);
+            // The portable form's quantizing SwiGLU tile holds two f32 accumulators of 256
+            // columns (the block scales' promotion): on 64 rows the AMD targets' code objects
+            // spill (230 VGPRs, gfx90a; 32 rows on 4 warps still need 420), so 32 rows on 8
+            // warps.
+            let g = quantized(self);
+            let narrow = g.epilogue.quantize && g.epilogue.swiglu;
+            return GroupedGemm { block_m: if narrow { 32 } else { g.block_m }, warps: if narrow { 8 } else { g.warps }, ..g };
         }
         let second = self.scales == Scales::Block || self.promote;
         // A promotion keeps its K loop apart from the tile loop, and SwiGLU's epilogue needs
