@@ -9,7 +9,7 @@
 # other; then `trident bench --world 4` in the loopback world (four ranks on the GPU, no
 # baseline: report only), the overlapped block beside the sequential one (BENCH_WORLD4=0 leaves
 # it out; ONLY_WORLD4 picks its cases, e.g. "moe_block bf16 128 ": about 100 s a shape;
-# CONFORMANCE=0 leaves the conformance runs out).
+# ONLY_WORLD1 picks the world-1 cases; CONFORMANCE=0 leaves the conformance runs out).
 # Writes $OUT/summary.txt, logs, bench-world1.json and bench-world4.json.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ fi
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
 if [ "${BENCH:-1}" = 1 ]; then
-  KEEP='moe|grouped/|rror|failed' KEEP_LINES=60 step bench-world1 420 $B/trident bench --world 1 --only moe_block \
+  KEEP='moe|grouped/|rror|failed' KEEP_LINES=60 step bench-world1 420 $B/trident bench --world 1 --only "${ONLY_WORLD1:-moe_block}" \
     --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-world1.json"
   if [ "${BENCH_WORLD4:-1}" = 1 ]; then
     KEEP='moe|grouped/|rror|failed' KEEP_LINES=60 step bench-world4 300 $B/trident bench --world 4 --only "${ONLY_WORLD4:-moe_block}" \
