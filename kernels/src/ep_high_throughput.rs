@@ -222,9 +222,11 @@ impl HighThroughputAllToAll {
         let raw = call.half(raw, rows * hidden);
         let (raw_token, raw_experts, raw_weights) =
             (call.half(raw_token, rows), call.half(raw_experts, rows * k), call.half(raw_weights, rows * k));
-        // Scales per row: `hidden / 128` of them.
-        let sb = hidden / QUANT_BLOCK as i32;
-        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s)| (call.half(raw_s, rows * sb), recv_s));
+        // With `quantize`, the scales' halves and the scales per row (`hidden / 128`).
+        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s)| {
+            let sb = hidden / QUANT_BLOCK as i32;
+            (call.half(raw_s, rows * sb), recv_s, sb)
+        });
         let base = call.value * EPOCH_SHIFT;
         // Counters in parity halves: a call counts in its own and clears the other's (the
         // last call's, read by then), so no program reads and clears one word.
@@ -251,7 +253,7 @@ impl HighThroughputAllToAll {
                         let to = b.symm_at(raw, r) + row * hidden;
                         let from = x + t * hidden;
                         match scale_ptrs {
-                            Some((raw_s, _)) => quantize_row(b, self.block, hidden, (from, to, b.symm_at(raw_s, r) + row * sb)),
+                            Some((raw_s, _, sb)) => quantize_row(b, self.block, hidden, (from, to, b.symm_at(raw_s, r) + row * sb)),
                             None => each_block(b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m))),
                         }
                         b.store(b.symm_at(raw_token, r) + row, t, None);
@@ -291,7 +293,7 @@ impl HighThroughputAllToAll {
         let tok = b.wait(counts, world, CmpOp::Ge, base, Scope::Sys, MemSemantic::Acquire);
         let (counts, raw, raw_token) = (counts.consume_token(tok), raw.consume_token(tok), raw_token.consume_token(tok));
         let raw_experts = raw_experts.consume_token(tok);
-        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s)| (raw_s.consume_token(tok), recv_s));
+        let scale_ptrs = scale_ptrs.map(|(raw_s, recv_s, sb)| (raw_s.consume_token(tok), recv_s, sb));
         let count_of = |s: Tile<'b>| -> Tile<'b> {
             b.load(counts + s, None, None).binary(BinaryOp::And, EPOCH_SHIFT - 1).cast(DType::I32)
         };
@@ -338,7 +340,7 @@ impl HighThroughputAllToAll {
                             let at = start + b.atomic(AtomicOp::Add, fill + l, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
                             let (from, to) = (raw + row * hidden, recv + at * hidden);
                             each_block(b, self.block, hidden, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
-                            if let Some((raw_s, recv_s)) = scale_ptrs {
+                            if let Some((raw_s, recv_s, sb)) = scale_ptrs {
                                 let (from, to) = (raw_s + row * sb, recv_s + at * sb);
                                 each_block(b, self.block, sb, &|c, m| b.store(to + c, b.load(from + c, Some(m), None), Some(m)));
                             }
