@@ -475,10 +475,11 @@ impl Benchmark for MoeBlockCase {
         }
         if h.is_multiple_of(QUANT_BLOCK) {
             let inputs = (&x, &topk_b, &weights);
+            let experts_fp8 = Fp8Experts::upload(ctx, seed, (el, h, f))?;
             if tokens <= LOW_LATENCY_TOKENS {
-                fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, EP_FP8)?;
+                fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, (&experts_fp8, EP_FP8))?;
             }
-            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, EP_HT_FP8)?;
+            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, (&experts_fp8, EP_HT_FP8))?;
         }
         // The tensor-parallel block: rank r holds shard r of every expert (the same experts:
         // rows `r 2F_l ..` of each interleaved w1, columns `r F_l ..` of each w2); at world 1
@@ -557,22 +558,63 @@ type Reader<'a> = dyn Fn(usize, usize) -> Result<f64, BackendError> + 'a;
 const EP_FP8: &str = "moe-ep-e4m3/block";
 const EP_HT_FP8: &str = "moe-ep-ht-e4m3/block";
 
-/// The benchmark's FP8 experts of rank `owner`: E4M3FN value `i` of `w1` (`which` 0) or `w2`
-/// (1), over the whole range; and the scale of each 128 x 128 block, near `1.5 / (448
-/// sqrt(fan_in))`, so that the weights they stand for are as big as the bf16 ones.
-fn fp8_weight(seed: u64, (owner, which): (usize, u64), i: usize) -> f64 {
-    let q = value(seed, 930 + 10 * which + owner as u64, i, DType::F64) * 448.0;
-    use crate::ops::values::{decode, encode, V};
-    decode(encode(V::F(q), DType::F8E4M3FN), DType::F8E4M3FN).f()
+/// The benchmark's FP8 experts of rank `owner`: the E4M3FN code of element `i` of `w1`
+/// (`which` 0) or `w2` (1), any code but the NaNs (a random byte: values spread over the
+/// binades); and the scale of each 128 x 128 block, near `1.5 / (100 sqrt(fan_in))`.
+fn fp8_code(seed: u64, (owner, which): (usize, u64), i: usize) -> u8 {
+    let u = value(seed, 930 + 10 * which + owner as u64, i, DType::F64);
+    let code = ((u + 1.0) * 128.0) as u8;
+    if code & 0x7F == 0x7F {
+        code ^ 1
+    } else {
+        code
+    }
+}
+
+/// The value of every E4M3FN code.
+fn e4m3_values() -> Vec<f64> {
+    (0..=255u64).map(|c| crate::ops::values::decode(c, DType::F8E4M3FN).f()).collect()
+}
+
+/// This rank's FP8 experts of the benchmark: `w1`, `w2` (E4M3FN codes, [`fp8_code`]) and
+/// their block scales.
+struct Fp8Experts {
+    w1: Buffer,
+    w2: Buffer,
+    s1: Buffer,
+    s2: Buffer,
+}
+
+impl Fp8Experts {
+    /// Uploaded from their bytes (a DeepSeek-V3 `w1` is 940 M of them).
+    fn upload(ctx: &dyn RankCtx, seed: u64, (el, h, f): (usize, usize, usize)) -> Result<Fp8Experts, BackendError> {
+        let r = ctx.rank();
+        let codes = |n: usize, which: u64, name: &str| -> Result<Buffer, BackendError> {
+            let buf = ctx.alloc(n, name)?;
+            let piece = 1 << 24;
+            for start in (0..n).step_by(piece) {
+                let bytes: Vec<u8> = (start..(start + piece).min(n)).map(|i| fp8_code(seed, (r, which), i)).collect();
+                ctx.write(&buf, start, &bytes)?;
+            }
+            Ok(buf)
+        };
+        let (blk, hb) = (QUANT_BLOCK, h.div_ceil(QUANT_BLOCK));
+        Ok(Fp8Experts {
+            w1: codes(el * 2 * f * h, 0, "moe_w1_e4m3")?,
+            w2: codes(el * h * f, 1, "moe_w2_e4m3")?,
+            s1: upload_with(ctx, el * (2 * f / blk) * hb, DType::F32, "moe_s1", &|b| fp8_scale(seed, (r, 0), b, h))?,
+            s2: upload_with(ctx, el * hb * (f / blk), DType::F32, "moe_s2", &|b| fp8_scale(seed, (r, 1), b, f))?,
+        })
+    }
 }
 
 fn fp8_scale(seed: u64, (owner, which): (usize, u64), block: usize, fan_in: usize) -> f64 {
     let u = value(seed, 950 + 10 * which + owner as u64, block, DType::F64);
-    ((1.5 + 0.5 * u) / (448.0 * (fan_in as f64).sqrt())) as f32 as f64
+    ((1.5 + 0.5 * u) / (100.0 * (fan_in as f64).sqrt())) as f32 as f64
 }
 
 /// The FP8 block `name` ([`EP_FP8`] or [`EP_HT_FP8`]) on this rank's FP8 experts
-/// ([`fp8_weight`]), checked at the sampled outputs against the f64 reference of the same
+/// ([`Fp8Experts`]), checked at the sampled outputs against the f64 reference of the same
 /// quantization (tokens as dispatch quantizes them, the SwiGLU output as the gate/up epilogue
 /// does), and timed.
 fn fp8_block(
@@ -581,7 +623,7 @@ fn fp8_block(
     (x, topk_b, weights): (&Buffer, &Buffer, &Buffer),
     (topk, picks, cols): (&[Vec<usize>], &[usize], &[usize]),
     wt: &dyn Fn(usize, usize) -> f64,
-    name: &'static str,
+    (experts, name): (&Fp8Experts, &'static str),
 ) -> Result<(), BackendError> {
     let ctx = t.ctx;
     let (d, w, r) = (case.dtype, case.world, ctx.rank());
@@ -596,17 +638,16 @@ fn fp8_block(
         let (e, row, c) = (i / (h * f), (i / f) % h, i % f);
         fp8_scale(seed, (owner, 1), (e * hb + row / blk) * fb + c / blk, f)
     };
-    let w1 = upload_with(ctx, el * 2 * f * h, DType::F8E4M3FN, "moe_w1_e4m3", &|i| fp8_weight(seed, (r, 0), i))?;
-    let w2 = upload_with(ctx, el * h * f, DType::F8E4M3FN, "moe_w2_e4m3", &|i| fp8_weight(seed, (r, 1), i))?;
-    let s1 = upload_with(ctx, el * (2 * f / blk) * hb, DType::F32, "moe_s1", &|b| fp8_scale(seed, (r, 0), b, h))?;
-    let s2 = upload_with(ctx, el * hb * fb, DType::F32, "moe_s2", &|b| fp8_scale(seed, (r, 1), b, f))?;
+    let Fp8Experts { w1, w2, s1, s2 } = experts;
+    let table = e4m3_values();
+    let fp8_weight = |seed, which, i| table[fp8_code(seed, which, i) as usize];
     let block = EpMoeBlock::new(d, f).fp8();
     let block = if name == EP_HT_FP8 { block.high_throughput() } else { block };
     let mut bufs = block.buffers(ctx, shape)?;
     ctx.fill(bufs.out(), &poison(d))?;
     ctx.barrier()?;
     let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
-        block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((&w1, &s1), (&w2, &s2)), case.dims[0])?;
+        block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), case.dims[0])?;
         ctx.synchronize()?;
         ctx.barrier()
     };
