@@ -122,9 +122,19 @@ impl Operation for MoeBlockCase {
         vec![vec![1, 24, 1, 1, 0], vec![7, 16, 3, 3, 1], vec![3, 16, 2, 3, 2], vec![4, 8, 4, 8, 0]]
     }
 
+    /// bf16's over the intermediate size; FP8 twice that: on the tensor cores (whose FP8
+    /// accumulation keeps about 14 bits within each 128 of K) about one SwiGLU output in 200
+    /// lies close enough to an E4M3 rounding midpoint to round one step (1/16 to 1/8) the other
+    /// way than the f64 reference's, which moves its token's output by about that step over
+    /// sqrt(F) (0.5% normwise); the H100 measured up to 7.3e-3 (b0fd700) on the smallest cases.
     fn bound(&self, case: &Case, _reduction_len: usize) -> f64 {
         let f = if tensor_parallel(case) { FFN * case.world } else { FFN };
-        crate::suite::bound(case.dtype, case.variant, f)
+        let base = crate::suite::bound(case.dtype, case.variant, f);
+        if fp8(case) {
+            2.0 * base
+        } else {
+            base
+        }
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
