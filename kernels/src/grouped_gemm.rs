@@ -32,7 +32,9 @@
 //! The epilogue ([`Epilogue`]) can fuse what a mixture-of-experts layer does next: SwiGLU of
 //! the fused gate/up projection (B's rows interleaved in blocks of [`SWIGLU_BLOCK`]: gate rows
 //! `0..128`, up rows `0..128`, gate rows `128..256`, ...; C gets half of B's N columns,
-//! `silu(gate) * up`), and each row times its routing weight.
+//! `silu(gate) * up`), each row times its routing weight, and the result quantized for the
+//! next FP8 GEMM ([`Epilogue::quantize`]: C in E4M3FN with a scale per row and 128 columns,
+//! each tile one scale block wide). FP8 operands give bf16 (or f16, [`GroupedGemm::fp8_out`]).
 //!
 //! A's groups may be `chunks x experts` ([`Groups::chunks`], ordered by chunk, then expert;
 //! group `g` multiplies B's expert `g % experts`): the rows an all-gather brings chunk by chunk.
