@@ -11,7 +11,7 @@
 //! B is `[E, N, K]` ([`BLayout::NK`], K contiguous, as the FP8 tensor cores read it and
 //! `torch._grouped_mm` takes it transposed) or `[E, K, N]` ([`BLayout::KN`]).
 //!
-//! Operands bf16, f16 or FP8 (C bf16 then), accumulated in f32. With [`GroupedGemm::scaled`]
+//! Operands bf16, f16 or FP8 (C bf16 then), accumulated in f32. With [`GroupedGemm::scales`]
 //! the product is scaled in the epilogue by `scale_a` per row of A (`[rows]` f32: FP8's
 //! row-wise scales, or a mixture-of-experts layer's routing weights) and `scale_b` per expert
 //! and column (`[E, N]` f32), as `torch._scaled_grouped_mm`'s row-wise mode.
