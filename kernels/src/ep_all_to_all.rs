@@ -221,11 +221,8 @@ impl LowLatencyAllToAll {
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<EpBuffers, BackendError> {
         let w = ctx.world_size();
         shape.check(w)?;
-        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
-            return Err(BackendError::Host(format!(
-                "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
-                shape.hidden, self.block
-            )));
+        if let Some(m) = self.quantize.then(|| quantize_misfit(shape.hidden, self.block)).flatten() {
+            return Err(BackendError::Host(m));
         }
         let (el, es, ps) = (shape.experts / w, self.dtype.size_bytes() as usize, self.payload().size_bytes() as usize);
         let rows = el * w * shape.t_max;
@@ -535,6 +532,14 @@ inventory::submit! {
         distributed: true,
         build: |d| LowLatencyAllToAll::new(d).build(Stage::Combine, Part::Whole),
     }
+}
+
+/// What is wrong, if anything, with quantizing rows of `hidden` channels copied `block` at a
+/// time (both must be whole 128-channel scale blocks).
+pub(crate) fn quantize_misfit(hidden: usize, block: u32) -> Option<String> {
+    (!hidden.is_multiple_of(QUANT_BLOCK) || !(block as usize).is_multiple_of(QUANT_BLOCK)).then(|| {
+        format!("an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {hidden} and the copy block {block} must be multiples")
+    })
 }
 
 /// One row of `hidden` channels from `from` quantized into `to` (E4M3FN) and its scales

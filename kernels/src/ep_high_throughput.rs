@@ -42,7 +42,7 @@ use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, Tile, VerifyError};
 
 pub use crate::ep_all_to_all::{EpShape, Stage};
-use crate::ep_all_to_all::{each_block, quantize_row, EPOCH_SHIFT, QUANT_BLOCK};
+use crate::ep_all_to_all::{each_block, quantize_misfit, quantize_row, EPOCH_SHIFT, QUANT_BLOCK};
 
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -137,14 +137,8 @@ impl HighThroughputAllToAll {
     pub fn buffers(&self, ctx: &dyn RankCtx, shape: EpShape) -> Result<HtBuffers, BackendError> {
         let w = ctx.world_size();
         shape.check(w)?;
-        if self.quantize && (!shape.hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
-            return Err(BackendError::Problem {
-                kernel: "ep_ht".into(),
-                message: format!(
-                    "an FP8 dispatch quantizes blocks of {QUANT_BLOCK} channels: hidden {} and the copy block {} must be multiples",
-                    shape.hidden, self.block
-                ),
-            });
+        if let Some(message) = self.quantize.then(|| quantize_misfit(shape.hidden, self.block)).flatten() {
+            return Err(BackendError::Problem { kernel: "ep_ht".into(), message });
         }
         let (el, es, k) = (shape.experts / w, self.dtype.size_bytes() as usize, shape.top_k);
         let ps = self.payload().size_bytes() as usize;

@@ -131,22 +131,12 @@ impl EpMoeBlock {
 
     /// The low-latency exchange of this block.
     fn low_latency(&self) -> LowLatencyAllToAll {
-        let all = LowLatencyAllToAll::new(self.dtype);
-        if self.fp8 {
-            all.fp8()
-        } else {
-            all
-        }
+        LowLatencyAllToAll { quantize: self.fp8, ..LowLatencyAllToAll::new(self.dtype) }
     }
 
     /// The high-throughput exchange of this block.
     fn high_throughput_exchange(&self) -> HighThroughputAllToAll {
-        let all = HighThroughputAllToAll::new(self.dtype);
-        if self.fp8 {
-            all.fp8()
-        } else {
-            all
-        }
+        HighThroughputAllToAll { quantize: self.fp8, ..HighThroughputAllToAll::new(self.dtype) }
     }
 
     /// This block with the high-throughput exchange (prefill).

@@ -40,14 +40,7 @@ struct MoeBlockCase;
 /// and `w2` (`[H, F]`), the SwiGLU output rounded to `d` (or quantized, `d` FP8), and the
 /// output too with `round_y` (to bf16 where `d` is FP8).
 fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) -> Vec<f64> {
-    let dot = |row: usize| -> f64 { (0..h).map(|c| w1[row * h + c] * x[c]).sum() };
-    let act: Vec<f64> = (0..FFN)
-        .map(|j| {
-            let gate_row = swiglu_gate_row(j);
-            let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
-            g / (1.0 + (-g).exp()) * u
-        })
-        .collect();
+    let act = swiglu(FFN, &|row| (0..h).map(|c| w1[row * h + c] * x[c]).sum());
     let act = if d.is_fp8() { fake_quantized(&act) } else { round_to(&act, d) };
     let y: Vec<f64> = (0..h).map(|i| (0..FFN).map(|j| w2[i * FFN + j] * act[j]).sum()).collect();
     if round_y {
@@ -55,6 +48,18 @@ fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) 
     } else {
         y
     }
+}
+
+/// The `f` SwiGLU outputs `silu(gate) * up` of a row whose product with B's row `r` (gate and
+/// up rows interleaved by [`SWIGLU_BLOCK`]) is `dot(r)`, in f64.
+fn swiglu(f: usize, dot: &dyn Fn(usize) -> f64) -> Vec<f64> {
+    (0..f)
+        .map(|j| {
+            let gate_row = swiglu_gate_row(j);
+            let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
+            g / (1.0 + (-g).exp()) * u
+        })
+        .collect()
 }
 
 /// Whether the case runs the tensor-parallel block.
@@ -438,14 +443,7 @@ impl Benchmark for MoeBlockCase {
             let dot = |row: usize| -> f64 {
                 (0..h).map(|c| weight(seed, 910 + owner as u64, (l * 2 * f + row) * h + c, h) * xv[c]).sum()
             };
-            let act: Vec<f64> = (0..f)
-                .map(|j| {
-                    let gate_row = swiglu_gate_row(j);
-                    let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
-                    g / (1.0 + (-g).exp()) * u
-                })
-                .collect();
-            round_to(&act, d)
+            round_to(&swiglu(f, &dot), d)
         };
         // Two sampled tokens, 16 columns each.
         let picks: Vec<usize> = (0..2).map(|_| rng.gen_range(0..tokens)).collect();
@@ -682,14 +680,7 @@ fn fp8_block(
                 })
                 .sum()
         };
-        let act: Vec<f64> = (0..f)
-            .map(|j| {
-                let gate_row = swiglu_gate_row(j);
-                let (g, u) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
-                g / (1.0 + (-g).exp()) * u
-            })
-            .collect();
-        fake_quantized(&act)
+        fake_quantized(&swiglu(f, &dot))
     };
     let mut worst = 0.0f64;
     for &tok in picks {
