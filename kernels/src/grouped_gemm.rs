@@ -348,8 +348,12 @@ impl GroupedGemm {
             // spill (230 VGPRs, gfx90a; 32 rows on 4 warps still need 420), so 32 rows on 8
             // warps.
             let g = quantized(self);
+            // The chunk walk of a waiting GEMM holds more: 16 rows there (32 spilled 10 VGPRs on
+            // 8 warps, 37 on 16).
             let narrow = g.epilogue.quantize && g.epilogue.swiglu;
-            return GroupedGemm { block_m: if narrow { 32 } else { g.block_m }, warps: if narrow { 8 } else { g.warps }, ..g };
+            let rows = if g.chunk_ends || g.wait { 16 } else { 32 };
+            let warps = if g.chunk_ends || g.wait { 4 } else { 8 };
+            return GroupedGemm { block_m: if narrow { rows } else { g.block_m }, warps: if narrow { warps } else { g.warps }, ..g };
         }
         let second = self.scales == Scales::Block || self.promote;
         // A promotion keeps its K loop apart from the tile loop, and SwiGLU's epilogue needs

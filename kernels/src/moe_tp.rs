@@ -36,6 +36,12 @@
 //! `consumed` value come from them), and the GEMMs wait for `ready >= 1`. A recorded call
 //! replays (`trident_core::capture`, CUDA graphs).
 //!
+//! FP8 ([`TpMoeBlock::fp8`]): the route quantizes each row it gathers to E4M3FN with a scale
+//! per 128 channels (`row_scales`, beside the rows), both grouped GEMMs are block-scaled FP8
+//! (each rank's shards E4M3FN with a scale per 128 x 128 block), and the gate/up GEMM's
+//! epilogue quantizes the SwiGLU output the same way (`act` and `act_scales`), as the
+//! expert-parallel FP8 block does ([`crate::moe_block`]).
+//!
 //! Rounding: `act` is stored in the element type (as the plain MoE does), each shard's down
 //! product is added in f32 per element (in no fixed order: the atomics), and `out` rounded
 //! once. Peers are reached by loads, stores and atomics on their memory (`symm_at`): one node,
@@ -43,7 +49,9 @@
 
 use crate::ep_all_to_all::{each_block, EpShape};
 use crate::epoch::{state_arg, Epoch};
-use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands};
+use crate::ep_all_to_all::{quantize_row, QUANT_BLOCK};
+use crate::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
+use crate::moe_block::Experts;
 use crate::{require_bytes, require_i32};
 use crate::moe_block::{check_block, prepare};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -71,6 +79,8 @@ pub struct TpMoeBlock {
     pub ffn_shard: usize,
     pub block: u32,
     pub max_programs: u32,
+    /// FP8 (see the module's text): hidden size a multiple of 128.
+    pub fp8: bool,
 }
 
 /// A rank's buffers of the block (symmetric ones allocated collectively).
@@ -100,8 +110,12 @@ pub struct TpMoeBuffers {
     /// Local, zeroed: the route's meets (programs arrived, over every call) and the finish's
     /// finished programs (u64).
     pub finished: Buffer,
+    /// FP8: `[W (cap + pad), H / 128]` f32, each gathered row's scales (symmetric).
+    pub row_scales: Option<Buffer>,
     /// `[W (cap + pad), F_l]`: the SwiGLU output of every gathered row (local).
     pub act: Buffer,
+    /// FP8: `[W (cap + pad), F_l / 128]` f32, `act`'s scales (local).
+    pub act_scales: Option<Buffer>,
     /// `[T_max, H]`: the block's result of the last call (local).
     pub out: Buffer,
     /// Calls enqueued from the host (recorded calls replayed are not counted).
@@ -156,7 +170,21 @@ pub enum TpGemm<'a> {
 
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
-        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132 }
+        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false }
+    }
+
+    /// This block with FP8 rows and shards (see the module's text).
+    pub fn fp8(self) -> TpMoeBlock {
+        TpMoeBlock { fp8: true, ..self }
+    }
+
+    /// What the route gathers and the GEMMs read: E4M3FN in an FP8 block.
+    fn payload(&self) -> DType {
+        if self.fp8 {
+            DType::F8E4M3FN
+        } else {
+            self.dtype
+        }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -173,14 +201,26 @@ impl TpMoeBlock {
                 "shape {t_max} tokens x {hidden} hidden, top-{top_k} of {experts} experts: every extent positive"
             )));
         }
+        if self.fp8 && (!hidden.is_multiple_of(QUANT_BLOCK) || !(self.block as usize).is_multiple_of(QUANT_BLOCK)) {
+            return Err(self.problem(format!(
+                "FP8 rows are quantized in blocks of {QUANT_BLOCK} channels: hidden {hidden} and the copy block {} must be multiples",
+                self.block
+            )));
+        }
         let w = ctx.world_size();
         let (rows, es) = (w * (t_max * top_k + CHUNK_PAD), self.dtype.size_bytes() as usize);
+        let ps = self.payload().size_bytes() as usize;
+        let blocks = |n: usize| n / QUANT_BLOCK;
         require_i32(rows * hidden, "the gathered rows' elements")?;
         require_i32(rows * self.ffn_shard.max(hidden), "rows x max(F_l, H)")?;
         let zeroed = |bytes: usize, name: &str| crate::epoch::zeroed(ctx, bytes, name);
         Ok(TpMoeBuffers {
             shape,
-            rows: ctx.symm_alloc(rows * hidden * es, "moe_tp_rows")?,
+            rows: ctx.symm_alloc(rows * hidden * ps, "moe_tp_rows")?,
+            row_scales: match self.fp8 {
+                true => Some(ctx.symm_alloc(rows * blocks(hidden) * 4, "moe_tp_row_scales")?),
+                false => None,
+            },
             ends: ctx.symm_alloc(w * experts * 4, "moe_tp_ends")?,
             row_token: ctx.symm_alloc(rows * 4, "moe_tp_row_token")?,
             row_weight: ctx.symm_alloc(rows * 4, "moe_tp_row_weight")?,
@@ -191,7 +231,11 @@ impl TpMoeBlock {
             done: ctx.symm_alloc(8, "moe_tp_done")?,
             scratch: zeroed(4 * 5 * experts, "moe_tp_scratch")?,
             finished: zeroed(16, "moe_tp_finished")?,
-            act: ctx.alloc(rows * self.ffn_shard * es, "moe_tp_act")?,
+            act: ctx.alloc(rows * self.ffn_shard * ps, "moe_tp_act")?,
+            act_scales: match self.fp8 {
+                true => Some(ctx.alloc(rows * blocks(self.ffn_shard) * 4, "moe_tp_act_scales")?),
+                false => None,
+            },
             out: ctx.alloc(t_max * hidden * es, "moe_tp_out")?,
             calls: 0,
         })
@@ -199,13 +243,15 @@ impl TpMoeBlock {
 
     /// The route + gather kernel (see the module's text).
     pub fn build_route(&self) -> Result<Function, VerifyError> {
-        let name = format!("moe_tp_route_{}_{}", self.dtype, self.block);
+        let fp8 = if self.fp8 { "_e4m3" } else { "" };
+        let name = format!("moe_tp_route_{}_{}{fp8}", self.dtype, self.block);
         // Programs meet (the finished count): all of them resident, as many as fit.
         let attrs = LaunchAttrs { cooperative: true, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
         let d = self.dtype;
         let (x, topk, weights) = (b.arg_ptr("x", d), b.arg_ptr("topk", DType::I32), b.arg_ptr("weights", DType::F32));
-        let (rows, ends) = (b.arg_ptr("rows", d), b.arg_ptr("ends", DType::I32));
+        let (rows, ends) = (b.arg_ptr("rows", self.payload()), b.arg_ptr("ends", DType::I32));
+        let row_scales = self.fp8.then(|| b.arg_ptr("row_scales", DType::F32));
         let (row_token, row_weight) = (b.arg_ptr("row_token", DType::I32), b.arg_ptr("row_weight", DType::F32));
         let (ready, consumed) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("consumed", DType::U64));
         let (scratch, state) = (b.arg_ptr("scratch", DType::I32), b.arg_ptr("state", DType::U64));
@@ -284,7 +330,15 @@ impl TpMoeBlock {
                 let from = x + t * hidden;
                 b.for_range(0, world, 1, &[], |dst, _| {
                     let to = b.symm_at(rows, dst) + row * hidden;
-                    each_block(&b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)));
+                    match row_scales {
+                        Some(sc) => {
+                            let sb = hidden / QUANT_BLOCK as i32;
+                            quantize_row(&b, self.block, hidden, (from, to, b.symm_at(sc, dst) + row * sb));
+                        }
+                        None => {
+                            each_block(&b, self.block, hidden, &|at, m| b.store(to + at, b.load(from + at, Some(m), None), Some(m)))
+                        }
+                    }
                     b.store(b.symm_at(row_token, dst) + row, t, None);
                     b.store(b.symm_at(row_weight, dst) + row, wt, None);
                     vec![]
@@ -352,41 +406,45 @@ impl TpMoeBlock {
     /// The two grouped GEMMs for this rank's target: gate/up with SwiGLU waiting for the
     /// chunks, and down with the reduce-scatter epilogue.
     fn gemms(&self, ctx: &dyn RankCtx) -> (GroupedGemm, GroupedGemm) {
-        let base = GroupedGemm::for_target(self.dtype, Layout::Contiguous, BLayout::NK, ctx.gpu_target());
-        let base = GroupedGemm { scheduled: false, chunk_ends: true, ..base };
-        let up = GroupedGemm { wait: true, ..base }.with_epilogue(Epilogue { swiglu: true, ..Epilogue::default() });
+        let base = GroupedGemm::for_target(self.payload(), Layout::Contiguous, BLayout::NK, ctx.gpu_target());
+        let base = GroupedGemm { scheduled: false, chunk_ends: true, fp8_out: self.dtype, ..base };
+        let base = if self.fp8 { base.with_scales(Scales::Block, false) } else { base };
+        let up_epilogue = Epilogue { swiglu: true, quantize: self.fp8, ..Epilogue::default() };
+        let up = GroupedGemm { wait: true, ..base }.with_epilogue(up_epilogue);
         let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
         (up, down)
     }
 
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
     /// k]` i32, -1 none) with `weights` (`[tokens, k]` f32), through this rank's shards `w1`
-    /// (`[E, 2 F_l, H]`, gate/up interleaved) and `w2` (`[E, H, F_l]`): the result in `bufs.out`
-    /// (`[tokens, H]`), valid until the next call is enqueued.
+    /// (`[E, 2 F_l, H]`, gate/up interleaved) and `w2` (`[E, H, F_l]`; FP8 with their block
+    /// scales in an FP8 block, [`Experts::fp8`]): the result in `bufs.out` (`[tokens, H]`),
+    /// valid until the next call is enqueued.
     #[allow(clippy::too_many_arguments)]
-    pub fn enqueue(
+    pub fn enqueue<'a>(
         &self,
         ctx: &dyn RankCtx,
         bufs: &mut TpMoeBuffers,
         x: &Buffer,
         topk: &Buffer,
         weights: &Buffer,
-        experts_w: (&Buffer, &Buffer),
+        experts_w: impl Into<Experts<'a>>,
         tokens: usize,
     ) -> Result<(), BackendError> {
         self.enqueue_as(ctx, bufs, (x, topk, weights), experts_w, tokens, TpSteps::Overlapped)
     }
 
     /// [`TpMoeBlock::enqueue`] with its stages run as `steps` says.
-    pub fn enqueue_as(
+    pub fn enqueue_as<'a>(
         &self,
         ctx: &dyn RankCtx,
         bufs: &mut TpMoeBuffers,
         (x, topk, weights): (&Buffer, &Buffer, &Buffer),
-        (w1, w2): (&Buffer, &Buffer),
+        experts_w: impl Into<Experts<'a>>,
         tokens: usize,
         steps: TpSteps,
     ) -> Result<(), BackendError> {
+        let ws = experts_w.into();
         let EpShape { t_max, hidden: h, experts, top_k: k } = bufs.shape;
         let es = self.dtype.size_bytes() as usize;
         if tokens > t_max {
@@ -395,21 +453,18 @@ impl TpMoeBlock {
         require_bytes(x, tokens * h * es, "x")?;
         require_bytes(topk, tokens * k * 4, "topk")?;
         require_bytes(weights, tokens * k * 4, "weights")?;
-        self.require_weights(bufs, (w1, w2))?;
+        self.require_weights(bufs, ws)?;
         let cap = bufs.cap();
         // Every kernel compiled before the first launch (the world's compiles are collective).
         let route = ctx.compile(&format!("{self:?} route"), &|| self.build_route())?;
         let finish = ctx.compile(&format!("{self:?} finish"), &|| self.build_finish())?;
-        let gate_up = self.gemm(ctx, bufs, (w1, w2), TpGemm::AgGateUp)?;
-        let reduce = self.gemm(ctx, bufs, (w1, w2), TpGemm::DownReduceScatter)?;
+        let gate_up = self.gemm(ctx, bufs, ws, TpGemm::AgGateUp)?;
+        let reduce = self.gemm(ctx, bufs, ws, TpGemm::DownReduceScatter)?;
 
         let i32_arg = |v: usize, what: &str| require_i32(v, what).map(KernelArg::i32);
-        let route_args = [
-            x.arg(),
-            topk.arg(),
-            weights.arg(),
-            bufs.rows.arg(),
-            bufs.ends.arg(),
+        let mut route_args = vec![x.arg(), topk.arg(), weights.arg(), bufs.rows.arg(), bufs.ends.arg()];
+        route_args.extend(bufs.row_scales.as_ref().map(Buffer::arg));
+        route_args.extend([
             bufs.row_token.arg(),
             bufs.row_weight.arg(),
             bufs.ready.arg(),
@@ -422,7 +477,7 @@ impl TpMoeBlock {
             i32_arg(experts, "experts")?,
             i32_arg(k, "top_k")?,
             i32_arg(bufs.chunk_rows(), "chunk rows")?,
-        ];
+        ]);
         // Sequential: every rank's stage finished before any rank's next one starts.
         let step = || match steps {
             TpSteps::Overlapped => Ok(()),
@@ -458,13 +513,14 @@ impl TpMoeBlock {
     /// waiting form this rank's chunk signals are set first from the host (the last call's
     /// finish reset them; call it with the stream idle), so its waits pass at once. The plain
     /// forms read one chunk's ends as the plain contiguous layout's: world 1 only.
-    pub fn enqueue_gemm(
+    pub fn enqueue_gemm<'a>(
         &self,
         ctx: &dyn RankCtx,
         bufs: &TpMoeBuffers,
-        experts_w: (&Buffer, &Buffer),
+        experts_w: impl Into<Experts<'a>>,
         which: TpGemm<'_>,
     ) -> Result<(), BackendError> {
+        let experts_w = experts_w.into();
         if bufs.calls == 0 {
             return Err(self.problem("a grouped GEMM of the last call: no call was enqueued yet".into()));
         }
@@ -486,10 +542,16 @@ impl TpMoeBlock {
         Ok(())
     }
 
-    fn require_weights(&self, bufs: &TpMoeBuffers, (w1, w2): (&Buffer, &Buffer)) -> Result<(), BackendError> {
-        let (experts, h, f, es) = (bufs.shape.experts, bufs.shape.hidden, self.ffn_shard, self.dtype.size_bytes() as usize);
-        require_bytes(w1, experts * 2 * f * h * es, "w1")?;
-        require_bytes(w2, experts * h * f * es, "w2")
+    fn require_weights(&self, bufs: &TpMoeBuffers, ws: Experts<'_>) -> Result<(), BackendError> {
+        let (experts, h, f, es) = (bufs.shape.experts, bufs.shape.hidden, self.ffn_shard, self.payload().size_bytes() as usize);
+        require_bytes(ws.w1, experts * 2 * f * h * es, "w1")?;
+        require_bytes(ws.w2, experts * h * f * es, "w2")?;
+        match (self.fp8, ws.scales, &bufs.row_scales) {
+            (true, Some(_), Some(_)) | (false, None, None) => Ok(()),
+            (true, None, _) => Err(self.problem("FP8 shards need their block scales (`Experts::fp8`)".into())),
+            (false, Some(_), _) => Err(self.problem("scales given to shards of the block's element type".into())),
+            (true, Some(_), None) | (false, None, Some(_)) => Err(self.problem("buffers made by a block of the other type".into())),
+        }
     }
 
     /// One of the block's grouped GEMMs, specialized, compiled and planned.
@@ -497,7 +559,7 @@ impl TpMoeBlock {
         &self,
         ctx: &dyn RankCtx,
         bufs: &TpMoeBuffers,
-        (w1, w2): (&Buffer, &Buffer),
+        Experts { w1, w2, scales }: Experts<'_>,
         which: TpGemm<'_>,
     ) -> Result<crate::moe_block::Prepared, BackendError> {
         let EpShape { hidden: h, experts, .. } = bufs.shape;
@@ -511,8 +573,13 @@ impl TpMoeBlock {
         let plain = |g: GroupedGemm| GroupedGemm { chunk_ends: false, wait: false, ..g };
         let up_groups = Groups { chunks: w, ..Groups::new(experts, 2 * f, h, rows) };
         let down_groups = Groups { chunks: w, ..Groups::new(experts, h, f, rows) };
-        let up_ops = Operands::new(g_rows, w1, &bufs.act, g_ends);
-        let weighted = |c| Operands { weights: Some(g_weight), ..Operands::new(&bufs.act, w2, c, g_ends) };
+        let mut up_ops = Operands::new(g_rows, w1, &bufs.act, g_ends);
+        let mut down_ops = Operands::new(&bufs.act, w2, &bufs.out, g_ends);
+        // FP8: the gathered rows' and `act`'s scales as A's, the shards' as B's.
+        if let (Some((s1, s2)), Some(rs), Some(acs)) = (scales, &bufs.row_scales, &bufs.act_scales) {
+            (up_ops.scales, up_ops.c_scales, down_ops.scales) = (Some((rs, s1)), Some(acs), Some((acs, s2)));
+        }
+        let weighted = |c| Operands { weights: Some(g_weight), c, ..down_ops };
         match which {
             TpGemm::AgGateUp => prepare(ctx, (up, Operands { ready: Some((&bufs.ready, 1)), ..up_ops }, up_groups)),
             TpGemm::GateUp => prepare(ctx, (plain(up), up_ops, up_groups)),

@@ -10,7 +10,8 @@
 //! tokens quantized by dispatch and the SwiGLU output by the gate/up GEMM, as
 //! `docs/SEMANTICS.md` says and the reference emulates; experts E4M3FN with 128 x 128 block
 //! scales; H rounded up to whole 128-channel blocks), `ep-ht-e4m3` (the same over the
-//! high-throughput exchange), `tp` (the tensor-parallel block,
+//! high-throughput exchange), `tp-e4m3` (the tensor-parallel block in FP8: rows quantized by
+//! the route, each shard's SwiGLU output by its gate/up epilogue), `tp` (the tensor-parallel block,
 //! `trident_kernels::moe_tp`: every rank a 128-wide shard of every expert's intermediate size,
 //! so `F = 128 W`, and the shape's `E_local` experts in all; each shard's down product is added
 //! unrounded, the sum rounded once).
@@ -64,7 +65,7 @@ fn swiglu(f: usize, dot: &dyn Fn(usize) -> f64) -> Vec<f64> {
 
 /// Whether the case runs the tensor-parallel block.
 fn tensor_parallel(case: &Case) -> bool {
-    case.variant == "tp"
+    case.variant.starts_with("tp")
 }
 
 /// Whether the case runs the FP8 block.
@@ -111,7 +112,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3", "ep-ht-e4m3"],
+            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3", "ep-ht-e4m3", "tp-e4m3"],
             _ => &[],
         }
     }
@@ -123,7 +124,7 @@ impl Operation for MoeBlockCase {
     /// T = 1 with k = 1, every token to one expert, only rank 0's experts (the other ranks'
     /// experts get nothing; to world 4), uniform routing with empty entries at k = 8. (Each
     /// shape runs two grouped GEMMs per variant on cpu-simt at every world, a large share of
-    /// CI's time; at 8 ranks the tensor-parallel block's grouped GEMMs walk 8 chunks of a
+    /// CI's time; at 8 ranks the tensor-parallel variants' grouped GEMMs walk 8 chunks of a
     /// 1024-wide F, so the rank-0-only routing, which world 4 already sends from every rank to
     /// one, is left out there.)
     fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
@@ -258,6 +259,7 @@ impl Operation for MoeBlockCase {
         let (t, _, shape) = moe_shape(case);
         let block = if tensor_parallel(case) {
             let block = TpMoeBlock::new(case.dtype, FFN);
+            let block = if fp8(case) { block.fp8() } else { block };
             Block::Tp(block, Box::new(block.buffers(ctx, shape)?))
         } else {
             let block = EpMoeBlock::new(case.dtype, FFN);
@@ -303,7 +305,7 @@ impl Block {
     fn written(&self) -> Vec<&Buffer> {
         match self {
             Block::Ep(_, b) => [&b.act, &b.y, b.out()].into_iter().chain(&b.act_scales).collect(),
-            Block::Tp(_, b) => vec![&b.act, &b.out],
+            Block::Tp(_, b) => [&b.act, &b.out].into_iter().chain(&b.act_scales).collect(),
         }
     }
 }
@@ -341,7 +343,13 @@ impl RankOp for MoeRank {
                 };
                 block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens)
             }
-            Block::Tp(block, bufs) => block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens),
+            Block::Tp(block, bufs) => {
+                let experts = match &self.scales {
+                    Some((s1, s2)) => Experts::fp8((experts.0, s1), (experts.1, s2)),
+                    None => experts.into(),
+                };
+                block.enqueue(ctx, bufs, x, topk, weights, experts, self.tokens)
+            }
         }
     }
 
@@ -398,7 +406,11 @@ impl Benchmark for MoeBlockCase {
         let (t, h, e, k, w) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.world);
         let rows = w * (t * k + trident_kernels::moe_tp::CHUNK_PAD);
         let tp = rows * h * case.dtype.size_bytes() as usize + w * e * 4 + 2 * rows * 4 + 4 * t * h + 8 * (2 * w + 1) + 32;
-        super::ep_all_to_all::EpCase.heap_bytes(&ep) + tp + (1 << 20)
+        // The exchanges of the bf16 blocks and of the FP8 ones (each exchange's FP8 form takes
+        // at most its bf16 form's bytes: rows of one byte plus their scales, partials in bf16);
+        // the heap is a bump allocator, so every block's buffers are counted. The same for the
+        // tensor-parallel blocks (FP8 rows of one byte, a scale per 128 of them).
+        2 * super::ep_all_to_all::EpCase.heap_bytes(&ep) + 2 * tp + (1 << 20)
     }
 
     /// Each (token, expert) row out and back, less what stays on the rank.
@@ -488,13 +500,31 @@ impl Benchmark for MoeBlockCase {
             t.error(check(bufs.out())?);
             t.time(name, &mut || call(&mut bufs))?;
         }
+        // The FP8 blocks where H is whole 128-channel blocks (the tensor-parallel one also
+        // needs whole 128-column blocks of each rank's shard of F).
+        let fp8 = Fp8Run {
+            case,
+            seed,
+            shape,
+            inputs: (&x, &topk_b, &weights),
+            topk: &topk,
+            picks: &picks,
+            cols: &cols,
+            wt: &wt,
+        };
+        let place = Fp8Place { rank: r, shards: 1, el, experts, h, f };
         if h.is_multiple_of(QUANT_BLOCK) {
-            let inputs = (&x, &topk_b, &weights);
-            let experts_fp8 = Fp8Experts::upload(ctx, seed, (el, h, f))?;
+            let experts_fp8 = Fp8Experts::upload(ctx, seed, &place)?;
             if tokens <= LOW_LATENCY_TOKENS {
-                fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, (&experts_fp8, EP_FP8))?;
+                fp8.expert_parallel(t, &experts_fp8, EP_FP8)?;
             }
-            fp8_block(t, (case, seed, shape), inputs, (&topk, &picks, &cols), &wt, (&experts_fp8, EP_HT_FP8))?;
+            fp8.expert_parallel(t, &experts_fp8, EP_HT_FP8)?;
+            if f.is_multiple_of(w * SWIGLU_BLOCK as usize) {
+                match w {
+                    1 => fp8.tensor_parallel(t, &experts_fp8)?,
+                    _ => fp8.tensor_parallel(t, &Fp8Experts::upload(ctx, seed, &Fp8Place { shards: w, ..place })?)?,
+                }
+            }
         }
         // The tensor-parallel block: rank r holds shard r of every expert (the same experts:
         // rows `r 2F_l ..` of each interleaved w1, columns `r F_l ..` of each w2); at world 1
@@ -559,6 +589,7 @@ impl Benchmark for MoeBlockCase {
             "moe-tp/block" => Some(TP_SEQUENTIAL),
             EP_FP8 => Some("moe-ep/block"),
             EP_HT_FP8 => Some("moe-ep-ht/block"),
+            TP_FP8 => Some("moe-tp/block"),
             TP_AG_GATE_UP => Some("grouped/gate-up"),
             TP_DOWN_RS => Some("grouped/down"),
             _ => None,
@@ -572,6 +603,8 @@ type Reader<'a> = dyn Fn(usize, usize) -> Result<f64, BackendError> + 'a;
 /// The FP8 expert-parallel blocks (low-latency, high-throughput), against the bf16 ones.
 const EP_FP8: &str = "moe-ep-e4m3/block";
 const EP_HT_FP8: &str = "moe-ep-ht-e4m3/block";
+/// The FP8 tensor-parallel block, against the bf16 one.
+const TP_FP8: &str = "moe-tp-e4m3/block";
 
 /// The benchmark's FP8 experts of rank `owner`: the E4M3FN code of element `i` of `w1`
 /// (`which` 0) or `w2` (1), any code but the NaNs (a random byte: values spread over the
@@ -601,25 +634,85 @@ struct Fp8Experts {
 }
 
 impl Fp8Experts {
-    /// Uploaded from their bytes (a DeepSeek-V3 `w1` is 940 M of them).
-    fn upload(ctx: &dyn RankCtx, seed: u64, (el, h, f): (usize, usize, usize)) -> Result<Fp8Experts, BackendError> {
-        let r = ctx.rank();
-        let codes = |n: usize, which: u64, name: &str| -> Result<Buffer, BackendError> {
+    /// Uploaded from their bytes (a DeepSeek-V3 `w1` is 940 M of them), as `place` lays them
+    /// out on this rank.
+    fn upload(ctx: &dyn RankCtx, seed: u64, place: &Fp8Place) -> Result<Fp8Experts, BackendError> {
+        let codes = |which: u64, name: &str| -> Result<Buffer, BackendError> {
+            let n = place.len(which);
             let buf = ctx.alloc(n, name)?;
             let piece = 1 << 24;
             for start in (0..n).step_by(piece) {
-                let bytes: Vec<u8> = (start..(start + piece).min(n)).map(|i| fp8_code(seed, (r, which), i)).collect();
+                let bytes: Vec<u8> =
+                    (start..(start + piece).min(n)).map(|i| {
+                        let (of, at) = place.element(which, i);
+                        fp8_code(seed, of, at)
+                    })
+                    .collect();
                 ctx.write(&buf, start, &bytes)?;
             }
             Ok(buf)
         };
-        let (blk, hb) = (QUANT_BLOCK, h.div_ceil(QUANT_BLOCK));
-        Ok(Fp8Experts {
-            w1: codes(el * 2 * f * h, 0, "moe_w1_e4m3")?,
-            w2: codes(el * h * f, 1, "moe_w2_e4m3")?,
-            s1: upload_with(ctx, el * (2 * f / blk) * hb, DType::F32, "moe_s1", &|b| fp8_scale(seed, (r, 0), b, h))?,
-            s2: upload_with(ctx, el * hb * (f / blk), DType::F32, "moe_s2", &|b| fp8_scale(seed, (r, 1), b, f))?,
-        })
+        let scales = |which: u64, name: &str| {
+            let fan_in = if which == 0 { place.h } else { place.f };
+            upload_with(ctx, place.blocks(which), DType::F32, name, &|b| {
+                let (owner, block) = place.block(which, b);
+                fp8_scale(seed, (owner, which), block, fan_in)
+            })
+        };
+        Ok(Fp8Experts { w1: codes(0, "moe_w1_e4m3")?, w2: codes(1, "moe_w2_e4m3")?, s1: scales(0, "moe_s1")?, s2: scales(1, "moe_s2")? })
+    }
+}
+
+/// Where this rank's FP8 experts come from among the owners' (rank `o` owns experts
+/// `o E_l ..`, `w1 [E_l, 2F, H]`, `w2 [E_l, H, F]`, block scales `[E_l, 2F/128, H/128]` and
+/// `[E_l, H/128, F/128]`): its own (`shards` 1: the expert-parallel block), or shard `rank` of
+/// `shards` of every expert's intermediate size (the tensor-parallel block: `w1 [E, 2F_l, H]`,
+/// `w2 [E, H, F_l]`, their scales likewise).
+struct Fp8Place {
+    rank: usize,
+    shards: usize,
+    el: usize,
+    experts: usize,
+    h: usize,
+    f: usize,
+}
+
+impl Fp8Place {
+    /// Elements of `w1` (`which` 0) or `w2` (1) on this rank.
+    fn len(&self, which: u64) -> usize {
+        let e = if self.shards == 1 { self.el } else { self.experts };
+        e * 2usize.pow((which == 0) as u32) * self.h * (self.f / self.shards)
+    }
+
+    /// Scale blocks of `w1` or `w2` on this rank.
+    fn blocks(&self, which: u64) -> usize {
+        self.len(which) / (QUANT_BLOCK * QUANT_BLOCK)
+    }
+
+    /// (owner, index in the owner's matrix) of element `i` of `w1` (`which` 0) or `w2` (1): a
+    /// matrix of `rows x cols` per expert whose sharded dimension is its rows (`w1`) or its
+    /// columns (`w2`); `unit` 1 for elements, 128 for scale blocks.
+    fn place(&self, which: u64, i: usize, unit: usize) -> (usize, usize) {
+        if self.shards == 1 {
+            return (self.rank, i);
+        }
+        let (h, f, fl) = (self.h / unit, self.f / unit, self.f / self.shards / unit);
+        let (rows, cols, shard_rows) = if which == 0 { (2 * f, h, true) } else { (h, f, false) };
+        let (rows_l, cols_l) = if shard_rows { (2 * fl, cols) } else { (rows, fl) };
+        let (e, row, col) = (i / (rows_l * cols_l), (i / cols_l) % rows_l, i % cols_l);
+        let (row, col) = if shard_rows { (self.rank * 2 * fl + row, col) } else { (row, self.rank * fl + col) };
+        (e / self.el, ((e % self.el) * rows + row) * cols + col)
+    }
+
+    /// The (owner, matrix) and index of element `i`, as [`fp8_code`] takes them.
+    fn element(&self, which: u64, i: usize) -> ((usize, u64), usize) {
+        let (owner, at) = self.place(which, i, 1);
+        ((owner, which), at)
+    }
+
+    /// The owner and index of scale block `b`.
+    fn block(&self, which: u64, b: usize) -> (usize, usize) {
+        self.place(which, b, QUANT_BLOCK)
     }
 }
 
@@ -628,82 +721,120 @@ fn fp8_scale(seed: u64, (owner, which): (usize, u64), block: usize, fan_in: usiz
     ((1.5 + 0.5 * u) / (100.0 * (fan_in as f64).sqrt())) as f32 as f64
 }
 
-/// The FP8 block `name` ([`EP_FP8`] or [`EP_HT_FP8`]) on this rank's FP8 experts
-/// ([`Fp8Experts`]), checked at the sampled outputs against the f64 reference of the same
-/// quantization (tokens as dispatch quantizes them, the SwiGLU output as the gate/up epilogue
-/// does), and timed.
-fn fp8_block(
-    t: &mut Timer,
-    (case, seed, shape): (&DistCase, u64, EpShape),
-    (x, topk_b, weights): (&Buffer, &Buffer, &Buffer),
-    (topk, picks, cols): (&[Vec<usize>], &[usize], &[usize]),
-    wt: &dyn Fn(usize, usize) -> f64,
-    (experts, name): (&Fp8Experts, &'static str),
-) -> Result<(), BackendError> {
-    let ctx = t.ctx;
-    let (d, w, r) = (case.dtype, case.world, ctx.rank());
-    let (h, f, el, blk) = (shape.hidden, case.dims[4], shape.experts / w, QUANT_BLOCK);
-    let (hb, fb) = (h.div_ceil(blk), f / blk);
-    // w1 `[E_l, 2F, H]` with scales `[E_l, 2F/128, H/128]`; w2 `[E_l, H, F]`, `[E_l, H/128, F/128]`.
-    let scale1 = |owner: usize, i: usize| {
-        let (e, row, c) = (i / (2 * f * h), (i / h) % (2 * f), i % h);
-        fp8_scale(seed, (owner, 0), (e * (2 * f / blk) + row / blk) * hb + c / blk, h)
-    };
-    let scale2 = |owner: usize, i: usize| {
-        let (e, row, c) = (i / (h * f), (i / f) % h, i % f);
-        fp8_scale(seed, (owner, 1), (e * hb + row / blk) * fb + c / blk, f)
-    };
-    let Fp8Experts { w1, w2, s1, s2 } = experts;
-    let table = e4m3_values();
-    let fp8_weight = |seed, which, i| table[fp8_code(seed, which, i) as usize];
-    let block = EpMoeBlock::new(d, f).fp8();
-    let block = if name == EP_HT_FP8 { block.high_throughput() } else { block };
-    let mut bufs = block.buffers(ctx, shape)?;
-    ctx.fill(bufs.out(), &poison(d))?;
-    ctx.barrier()?;
-    let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
-        block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), case.dims[0])?;
-        ctx.synchronize()?;
-        ctx.barrier()
-    };
-    call(&mut bufs)?;
-    // The reference at the sampled outputs: each expert's quantized SwiGLU row for the token.
-    let act_of = |tok: usize, e: usize| -> Vec<f64> {
-        let (owner, l) = (e / el, e % el);
-        let xv: Vec<f64> = (0..h).map(|c| value(seed, 900 + r as u64, tok * h + c, d)).collect();
-        let xq = fake_quantized(&xv);
-        let dot = |row: usize| -> f64 {
-            (0..h)
-                .map(|c| {
-                    let i = (l * 2 * f + row) * h + c;
-                    fp8_weight(seed, (owner, 0), i) * scale1(owner, i) * xq[c]
-                })
-                .sum()
+/// What the FP8 blocks' runs share: the case, its seed and shape, the inputs (`x`, `topk`,
+/// `weights`), the routing on the host, the sampled tokens and columns, and the routing weights.
+struct Fp8Run<'a> {
+    case: &'a DistCase,
+    seed: u64,
+    shape: EpShape,
+    inputs: (&'a Buffer, &'a Buffer, &'a Buffer),
+    topk: &'a [Vec<usize>],
+    picks: &'a [usize],
+    cols: &'a [usize],
+    wt: &'a dyn Fn(usize, usize) -> f64,
+}
+
+impl Fp8Run<'_> {
+    /// The normwise error of `out` at the sampled outputs against the f64 reference of the
+    /// same quantization (tokens as dispatch or the route quantizes them, the SwiGLU output as
+    /// the gate/up epilogue does), from the owners' FP8 experts ([`Fp8Place`]). `round_y`: each
+    /// expert's down product is rounded to bf16 (the expert-parallel block's `y`), else only the
+    /// sum (the tensor-parallel block adds its shards' products unrounded).
+    fn error(&self, ctx: &dyn RankCtx, out: &Buffer, round_y: bool) -> Result<f64, BackendError> {
+        let (seed, case, shape) = (self.seed, self.case, self.shape);
+        let (d, w, r) = (case.dtype, case.world, ctx.rank());
+        let (h, f, el, blk) = (shape.hidden, case.dims[4], shape.experts / w, QUANT_BLOCK);
+        let (hb, fb) = (h.div_ceil(blk), f / blk);
+        // w1 `[E_l, 2F, H]` with scales `[E_l, 2F/128, H/128]`; w2 `[E_l, H, F]`, `[E_l, H/128, F/128]`.
+        let scale1 = |owner: usize, i: usize| {
+            let (e, row, c) = (i / (2 * f * h), (i / h) % (2 * f), i % h);
+            fp8_scale(seed, (owner, 0), (e * (2 * f / blk) + row / blk) * hb + c / blk, h)
         };
-        fake_quantized(&swiglu(f, &dot))
-    };
-    let mut worst = 0.0f64;
-    for &tok in picks {
-        let acts: Vec<Vec<f64>> = topk[tok].iter().map(|&e| act_of(tok, e)).collect();
-        for &c in cols {
-            let (mut want, mut mag) = (0.0, 0.0);
-            for (j, &e) in topk[tok].iter().enumerate() {
-                let (owner, l) = (e / el, e % el);
-                let terms: Vec<f64> = (0..f)
-                    .map(|q| {
-                        let i = (l * h + c) * f + q;
-                        fp8_weight(seed, (owner, 1), i) * scale2(owner, i) * acts[j][q]
+        let scale2 = |owner: usize, i: usize| {
+            let (e, row, c) = (i / (h * f), (i / f) % h, i % f);
+            fp8_scale(seed, (owner, 1), (e * hb + row / blk) * fb + c / blk, f)
+        };
+        let table = e4m3_values();
+        let fp8_weight = |seed, which, i| table[fp8_code(seed, which, i) as usize];
+        // The reference at the sampled outputs: each expert's quantized SwiGLU row for the token.
+        let act_of = |tok: usize, e: usize| -> Vec<f64> {
+            let (owner, l) = (e / el, e % el);
+            let xv: Vec<f64> = (0..h).map(|c| value(seed, 900 + r as u64, tok * h + c, d)).collect();
+            let xq = fake_quantized(&xv);
+            let dot = |row: usize| -> f64 {
+                (0..h)
+                    .map(|c| {
+                        let i = (l * 2 * f + row) * h + c;
+                        fp8_weight(seed, (owner, 0), i) * scale1(owner, i) * xq[c]
                     })
-                    .collect();
-                want += wt(tok, j) * round_to(&[terms.iter().sum::<f64>()], DType::BF16)[0];
-                mag += wt(tok, j) * terms.iter().map(|v| v.abs()).sum::<f64>();
+                    .sum()
+            };
+            fake_quantized(&swiglu(f, &dot))
+        };
+        let mut worst = 0.0f64;
+        for &tok in self.picks {
+            let acts: Vec<Vec<f64>> = self.topk[tok].iter().map(|&e| act_of(tok, e)).collect();
+            for &c in self.cols {
+                let (mut want, mut mag) = (0.0, 0.0);
+                for (j, &e) in self.topk[tok].iter().enumerate() {
+                    let (owner, l) = (e / el, e % el);
+                    let terms: Vec<f64> = (0..f)
+                        .map(|q| {
+                            let i = (l * h + c) * f + q;
+                            fp8_weight(seed, (owner, 1), i) * scale2(owner, i) * acts[j][q]
+                        })
+                        .collect();
+                    let y: f64 = terms.iter().sum();
+                    want += (self.wt)(tok, j) * if round_y { round_to(&[y], DType::BF16)[0] } else { y };
+                    mag += (self.wt)(tok, j) * terms.iter().map(|v| v.abs()).sum::<f64>();
+                }
+                let e = (read_entry(ctx, out, tok * h + c, d)? - want).abs() / mag.max(1e-30);
+                worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
             }
-            let e = (read_entry(ctx, bufs.out(), tok * h + c, d)? - want).abs() / mag.max(1e-30);
-            worst = worst.max(if e.is_nan() { f64::INFINITY } else { e });
         }
+        Ok(worst)
     }
-    t.error(worst);
-    t.time(name, &mut || call(&mut bufs))
+
+    /// The expert-parallel FP8 block `name` ([`EP_FP8`] or [`EP_HT_FP8`]) on this rank's FP8
+    /// experts: checked, then timed.
+    fn expert_parallel(&self, t: &mut Timer, experts: &Fp8Experts, name: &'static str) -> Result<(), BackendError> {
+        let ctx = t.ctx;
+        let (x, topk_b, weights) = self.inputs;
+        let Fp8Experts { w1, w2, s1, s2 } = experts;
+        let block = EpMoeBlock::new(self.case.dtype, self.case.dims[4]).fp8();
+        let block = if name == EP_HT_FP8 { block.high_throughput() } else { block };
+        let mut bufs = block.buffers(ctx, self.shape)?;
+        ctx.fill(bufs.out(), &poison(self.case.dtype))?;
+        ctx.barrier()?;
+        let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
+            block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0])?;
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        call(&mut bufs)?;
+        t.error(self.error(ctx, bufs.out(), true)?);
+        t.time(name, &mut || call(&mut bufs))
+    }
+
+    /// The tensor-parallel FP8 block ([`TP_FP8`]) on this rank's shards of every expert
+    /// (`shards`, [`Fp8Place`]): checked, then timed.
+    fn tensor_parallel(&self, t: &mut Timer, shards: &Fp8Experts) -> Result<(), BackendError> {
+        let ctx = t.ctx;
+        let (x, topk_b, weights) = self.inputs;
+        let Fp8Experts { w1, w2, s1, s2 } = shards;
+        let block = TpMoeBlock::new(self.case.dtype, self.case.dims[4] / self.case.world).fp8();
+        let mut bufs = block.buffers(ctx, self.shape)?;
+        ctx.fill(&bufs.out, &poison(self.case.dtype))?;
+        ctx.barrier()?;
+        let call = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
+            block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0])?;
+            ctx.synchronize()?;
+            ctx.barrier()
+        };
+        call(&mut bufs)?;
+        t.error(self.error(ctx, &bufs.out, false)?);
+        t.time(TP_FP8, &mut || call(&mut bufs))
+    }
 }
 
 /// The benchmark's tensor-parallel variants beside the block.
