@@ -591,9 +591,11 @@ impl GpuWorld {
     /// of `x` (`[T, H]`, routed by `topk` `[T, k]` i32 with `weights` `[T, k]` f32) gathered,
     /// this rank's shard of every expert (`w1` `[E, 2F_l, H]`, gate/up interleaved by 128, `w2`
     /// `[E, H, F_l]`) run on all of them, and the shards' partial outputs reduced home into the
-    /// caller's `out` (`[T, H]`). Not capturable in a CUDA graph (a typed error says so).
+    /// caller's `out` (`[T, H]`). With `scales` (the f32 block scales of the shards,
+    /// `[E, 2F_l/128, H/128]` and `[E, H/128, F_l/128]`) the FP8 block: `w1` and `w2` E4M3FN
+    /// (`TpMoeBlock::fp8`).
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn_shard, dtype_name, stream))]
+    #[pyo3(signature = (x, topk, weights, w1, w2, out, tokens, t_max, hidden, experts, top_k, ffn_shard, dtype_name, stream, scales=None))]
     fn tp_moe(
         &self,
         py: Python<'_>,
@@ -611,25 +613,40 @@ impl GpuWorld {
         ffn_shard: usize,
         dtype_name: &str,
         stream: u64,
+        scales: Option<(u64, u64)>,
     ) -> PyResult<()> {
+        use trident_kernels::moe_block::Experts;
         use trident_kernels::moe_tp::TpMoeBlock;
         let d = dtype(dtype_name)?;
         let shape = EpShape { t_max, hidden, experts, top_k };
         let es = d.size_bytes() as usize;
         let block = TpMoeBlock::new(d, ffn_shard);
+        let block = if scales.is_some() { block.fp8() } else { block };
+        // FP8 shards: a byte an element, and their block scales.
+        let wes = if scales.is_some() { 1 } else { es };
+        let (hb, fb) = (hidden.div_ceil(128), ffn_shard / 128);
         self.op(py, stream, move |ctx, ops| {
-            let bufs = state(ops, format!("moe-tp/{d}/{ffn_shard}/{shape:?}"), || block.buffers(ctx, shape))?;
+            let key = format!("moe-tp/{d}/{ffn_shard}/{shape:?}/{}", scales.is_some());
+            let bufs = state(ops, key, || block.buffers(ctx, shape))?;
             let own = lend([&mut bufs.out], [tensor("out", out, tokens * hidden * es)]);
+            let (w1, w2) = (
+                tensor("w1", w1, experts * 2 * ffn_shard * hidden * wes),
+                tensor("w2", w2, experts * hidden * ffn_shard * wes),
+            );
+            let s = scales.map(|(s1, s2)| {
+                (tensor("w1_scale", s1, experts * 2 * fb * hb * 4), tensor("w2_scale", s2, experts * hb * fb * 4))
+            });
+            let shards = match &s {
+                Some((s1, s2)) => Experts::fp8((&w1, s1), (&w2, s2)),
+                None => Experts::from((&w1, &w2)),
+            };
             let r = block.enqueue(
                 ctx,
                 bufs,
                 &tensor("x", x, tokens * hidden * es),
                 &tensor("topk", topk, tokens * top_k * 4),
                 &tensor("weights", weights, tokens * top_k * 4),
-                (
-                    &tensor("w1", w1, experts * 2 * ffn_shard * hidden * es),
-                    &tensor("w2", w2, experts * hidden * ffn_shard * es),
-                ),
+                shards,
                 tokens,
             );
             lend([&mut bufs.out], own);

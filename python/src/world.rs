@@ -349,8 +349,11 @@ pub fn ep_moe(
 /// Tensor parallelism's MoE block (`trident_kernels::moe_tp`) in the CPU world: every rank's
 /// tokens gathered, rank r's shard of every expert (`w1s[r]` `[E, 2F_l, H]` gate/up interleaved
 /// by 128, `w2s[r]` `[E, H, F_l]`: intermediate columns `r F_l ..` of each) run on all of them,
-/// the shards' weighted partial outputs reduced home. Returns each rank's `[T, H]`.
+/// the shards' weighted partial outputs reduced home. With `scales` (each rank's f32 block
+/// scales of its shards, `[E, 2F_l/128, H/128]` and `[E, H/128, F_l/128]`) the FP8 block: `w1s`
+/// and `w2s` E4M3FN (see `TpMoeBlock::fp8`). Returns each rank's `[T, H]`.
 #[pyfunction]
+#[pyo3(signature = (xs, topks, weights, w1s, w2s, extents, dtype_name, seed, race, scales=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn tp_moe(
     py: Python<'_>,
@@ -363,13 +366,15 @@ pub fn tp_moe(
     dtype_name: &str,
     seed: u64,
     race: bool,
+    scales: MoeScales,
 ) -> PyResult<Vec<Vec<u8>>> {
     use trident_kernels::moe_tp::TpMoeBlock;
     // (experts, H, F_l)
     let (experts, hidden, ffn_shard) = extents;
     let d = dtype(dtype_name)?;
     let block = TpMoeBlock::new(d, ffn_shard);
-    let arrays = ((xs, topks, weights, w1s, w2s), None);
+    let block = if scales.is_some() { block.fp8() } else { block };
+    let arrays = ((xs, topks, weights, w1s, w2s), scales);
     let make = move |ctx: &dyn RankCtx, shape| block.buffers(ctx, shape);
     moe_in_cpu_world(
         py,
@@ -380,7 +385,7 @@ pub fn tp_moe(
         (seed, race),
         make,
         move |ctx, bufs, [x, topk, wt], ws, tokens| {
-            block.enqueue(ctx, bufs, x, topk, wt, (ws.w1, ws.w2), tokens)?;
+            block.enqueue(ctx, bufs, x, topk, wt, ws, tokens)?;
             Ok(bufs.out.clone())
         },
     )

@@ -233,6 +233,49 @@ def test_ep_moe_block_fp8(ranks, high_throughput):
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_tp_moe_block_fp8(ranks):
+    # The FP8 tensor-parallel block (each rank's shards E4M3FN with 128 x 128 block scales)
+    # against numpy in f64 with the kernels' quantization emulated: the gathered rows' by the
+    # route, each shard's SwiGLU output's by its gate/up epilogue (per 128 columns, so the
+    # same as the whole expert's); the shards' down products summed unrounded.
+    g = np.random.default_rng()
+    tokens, hidden, k, experts, shard = 4, 128, 2, 3, 128
+    ffn = shard * ranks
+    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
+    topks = routes(g, ranks, tokens, experts, k)
+    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+
+    def fp8_weights(rows, cols):
+        values, codes = to_e4m3(g.uniform(-448, 448, (experts, rows, cols)))
+        scales = (g.uniform(0.5, 2.0, (experts, rows // 128, cols // 128)) * 2 / (448 * np.sqrt(cols))).astype(np.float32)
+        full = np.repeat(np.repeat(scales.astype(np.float64), 128, axis=1), 128, axis=2)
+        return codes, scales, values * full
+
+    (c1, s1, w1), (c2, s2, w2) = fp8_weights(2 * ffn, hidden), fp8_weights(hidden, ffn)
+    rows = lambda a, r, n: a[:, n * r : n * (r + 1)]
+    cols = lambda a, r, n: a[:, :, n * r : n * (r + 1)]
+    world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
+    outs = world.tp_moe(
+        xs, topks, weights, [rows(c1, r, 2 * shard) for r in range(ranks)], [cols(c2, r, shard) for r in range(ranks)],
+        experts, w1_scales=[rows(s1, r, 2 * shard // 128) for r in range(ranks)],
+        w2_scales=[cols(s2, r, shard // 128) for r in range(ranks)],
+    )
+
+    def expert(e, x):
+        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+        xq = quantized(x)
+        gate, up = w1[e][gate_rows] @ xq, w1[e][[j + 128 for j in gate_rows]] @ xq
+        return w2[e] @ quantized(gate / (1 + np.exp(-gate)) * up)
+
+    for r, out in enumerate(outs):
+        want = routed_sum(expert, topks, weights, xs, r)
+        err = np.linalg.norm(out.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30)
+        assert out.shape == (tokens, hidden) and err <= 5e-3, (r, err)
+    with pytest.raises(trident.ArgumentError, match="go together"):
+        world.tp_moe(xs, topks, weights, [c1] * ranks, [c2] * ranks, experts, w1_scales=[s1] * ranks)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
 @pytest.mark.parametrize("high_throughput", [False, True])
 def test_ep_moe_block(ranks, high_throughput):
     # The expert-parallel MoE block against numpy in f64: per token, the weighted sum over its

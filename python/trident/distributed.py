@@ -98,26 +98,42 @@ class CpuWorld:
         ``uint8`` bits, or ``ml_dtypes.float8_e4m3fn``), the tokens go over quantized to
         E4M3FN with a scale per 128 channels, and the SwiGLU output is quantized the same way
         before the down projection (H a multiple of 128)."""
-        if (w1_scales is None) != (w2_scales is None):
-            raise ArgumentError("ep_moe: w1_scales and w2_scales go together (the FP8 block)")
-        if w1_scales is None:
+        fp8 = self._fp8_experts("ep_moe", w1s, w2s, w1_scales, w2_scales)
+        if fp8 is None:
             return self._moe("ep_moe", xs, topks, weights, w1s, w2s, num_experts, bool(high_throughput))
-        for a in list(w1s) + list(w2s):
-            if np.asarray(a).dtype.itemsize != 1:
-                raise ArgumentError(f"ep_moe: FP8 weights are E4M3FN bytes (uint8); got {np.asarray(a).dtype}")
-        bits = lambda arrays: [np.ascontiguousarray(a).view(np.uint8) for a in arrays]
-        as_f32 = lambda arrays: [np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in arrays]
-        scales = (as_f32(w1_scales), as_f32(w2_scales))
-        return self._moe("ep_moe", xs, topks, weights, bits(w1s), bits(w2s), num_experts, bool(high_throughput), scales=scales)
+        return self._moe("ep_moe", xs, topks, weights, *fp8[:2], num_experts, bool(high_throughput), scales=fp8[2])
 
-    def tp_moe(self, xs, topks, weights, w1s, w2s, num_experts):
+    def tp_moe(self, xs, topks, weights, w1s, w2s, num_experts, w1_scales=None, w2_scales=None):
         """Tensor parallelism's MoE block: every rank's tokens `xs[r]` ``[T, H]`` (float16)
         gathered, rank r's shard of every expert (`w1s[r]` ``[E, 2F_l, H]``, gate and up rows
         interleaved in blocks of 128, `w2s[r]` ``[E, H, F_l]``: intermediate columns
         ``r F_l ..`` of each expert) run on the tokens routed to it by `topks` ``[T, k]``
         (int32, -1 none), and the shards' partial outputs, weighted by `weights` ``[T, k]``
-        (float32), summed home. Returns each rank's ``[T, H]``."""
-        return self._moe("tp_moe", xs, topks, weights, w1s, w2s, num_experts)
+        (float32), summed home. Returns each rank's ``[T, H]``. With `w1_scales` and
+        `w2_scales` (each rank's float32 scale per 128 x 128 block of its shards:
+        ``[E, 2F_l/128, H/128]`` and ``[E, H/128, F_l/128]``) the FP8 block: `w1s` and `w2s`
+        hold E4M3FN (``uint8`` bits or ``ml_dtypes.float8_e4m3fn``), the gathered rows are
+        quantized to E4M3FN with a scale per 128 channels, and each shard's SwiGLU output the
+        same way (H a multiple of 128)."""
+        fp8 = self._fp8_experts("tp_moe", w1s, w2s, w1_scales, w2_scales)
+        if fp8 is None:
+            return self._moe("tp_moe", xs, topks, weights, w1s, w2s, num_experts)
+        return self._moe("tp_moe", xs, topks, weights, *fp8[:2], num_experts, scales=fp8[2])
+
+    @staticmethod
+    def _fp8_experts(name, w1s, w2s, w1_scales, w2_scales):
+        """None for experts of the tokens' type; for FP8 ones (scales given) their bits and the
+        scales as bytes: ``(w1 bits, w2 bits, (w1 scales, w2 scales))``."""
+        if (w1_scales is None) != (w2_scales is None):
+            raise ArgumentError(f"{name}: w1_scales and w2_scales go together (the FP8 block)")
+        if w1_scales is None:
+            return None
+        for a in list(w1s) + list(w2s):
+            if np.asarray(a).dtype.itemsize != 1:
+                raise ArgumentError(f"{name}: FP8 weights are E4M3FN bytes (uint8); got {np.asarray(a).dtype}")
+        bits = lambda arrays: [np.ascontiguousarray(a).view(np.uint8) for a in arrays]
+        as_f32 = lambda arrays: [np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in arrays]
+        return bits(w1s), bits(w2s), (as_f32(w1_scales), as_f32(w2_scales))
 
     def _moe(self, name, xs, topks, weights, w1s, w2s, num_experts, *options, scales=None):
         """Either MoE block (`name`, the native function's), `options` passed before the seed;
@@ -475,16 +491,7 @@ def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False, 
         raise ArgumentError(
             f"ep_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{el}, 2F, {hidden}] and [{el}, {hidden}, F] of {wtype}"
         )
-    scales = None
-    if fp8:
-        if w1_scale is None or w2_scale is None:
-            raise ArgumentError("ep_moe: w1_scale and w2_scale go together (FP8 experts)")
-        hb, fb = -(-hidden // 128), ffn // 128
-        for s, want in ((w1_scale, (el, 2 * ffn // 128, hb)), (w2_scale, (el, hb, fb))):
-            _check("ep_moe", s, 3)
-            if s.dtype != torch.float32 or tuple(s.shape) != want:
-                raise ArgumentError(f"ep_moe: a block scale of {tuple(s.shape)} {s.dtype}; float32 {list(want)}")
-        scales = (w1_scale.data_ptr(), w2_scale.data_ptr())
+    scales = _block_scales("ep_moe", (w1_scale, w2_scale), el, hidden, ffn) if fp8 else None
     out = torch.empty_like(x)
     w.ep_moe(
         x.data_ptr(), topk.data_ptr(), weights.data_ptr(), w1.data_ptr(), w2.data_ptr(), out.data_ptr(),
@@ -493,14 +500,33 @@ def ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=False, 
     return out
 
 
-def tp_moe(x, topk, weights, w1, w2, num_experts, t_max):
+def _block_scales(name, scales, experts, hidden, ffn):
+    """The data pointers of FP8 experts' block scales (`w1`'s ``[experts, 2 ffn/128,
+    ceil(hidden/128)]`` and `w2`'s ``[experts, ceil(hidden/128), ffn/128]``, float32), checked."""
+    import torch
+
+    if any(s is None for s in scales):
+        raise ArgumentError(f"{name}: w1_scale and w2_scale go together (FP8 experts)")
+    hb, fb = -(-hidden // 128), ffn // 128
+    for s, want in zip(scales, ((experts, 2 * fb, hb), (experts, hb, fb))):
+        _check(name, s, 3)
+        if s.dtype != torch.float32 or tuple(s.shape) != want:
+            raise ArgumentError(f"{name}: a block scale of {tuple(s.shape)} {s.dtype}; float32 {list(want)}")
+    return tuple(s.data_ptr() for s in scales)
+
+
+def tp_moe(x, topk, weights, w1, w2, num_experts, t_max, w1_scale=None, w2_scale=None):
     """The tensor-parallel MoE block: every rank's tokens `x` ``[T, H]`` (bf16 or f16, T at
     most `t_max`) gathered, this rank's shard of every one of the `num_experts` experts' SwiGLU
     MLPs (`w1` ``[E, 2F_l, H]`` with gate and up rows interleaved in blocks of 128, `w2`
     ``[E, H, F_l]``; F_l a multiple of 128) run on the tokens `topk` ``[T, k]`` (int32 or int64,
     -1 none) routes to it, and the shards' partial outputs, weighted by `weights` ``[T, k]``
     (float32), reduced home: returns ``[T, H]``. The gather overlaps the first grouped GEMM and
-    the reduction the second. Not capturable in a CUDA graph yet (a typed error)."""
+    the reduction the second; a call replays in a CUDA graph. FP8 shards: `w1` and `w2`
+    ``torch.float8_e4m3fn`` with `w1_scale` ``[E, 2F_l/128, H/128]`` and `w2_scale`
+    ``[E, H/128, F_l/128]`` (float32, one per 128 x 128 block); the gathered rows are then
+    quantized to E4M3FN (a scale per 128 channels) and each shard's SwiGLU output the same way
+    (H a multiple of 128)."""
     import torch
 
     w, etype = _check("tp_moe", x, 2)
@@ -511,18 +537,21 @@ def tp_moe(x, topk, weights, w1, w2, num_experts, t_max):
     _check("tp_moe", weights)
     if tokens > t_max:
         raise ArgumentError(f"tp_moe: {tokens} tokens where t_max is {t_max}")
-    _check("tp_moe", w1, 3)
-    _check("tp_moe", w2, 3)
+    fp8 = w1_scale is not None or w2_scale is not None
+    _check("tp_moe", w1, 3, fp8)
+    _check("tp_moe", w2, 3, fp8)
     ffn = w2.shape[2]
     e = num_experts
-    if tuple(w1.shape) != (e, 2 * ffn, hidden) or tuple(w2.shape) != (e, hidden, ffn) or w1.dtype != x.dtype or w2.dtype != x.dtype:
+    wtype = torch.float8_e4m3fn if fp8 else x.dtype
+    if tuple(w1.shape) != (e, 2 * ffn, hidden) or tuple(w2.shape) != (e, hidden, ffn) or w1.dtype != wtype or w2.dtype != wtype:
         raise ArgumentError(
-            f"tp_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{e}, 2F_l, {hidden}] and [{e}, {hidden}, F_l] of {x.dtype}"
+            f"tp_moe: w1 {tuple(w1.shape)} and w2 {tuple(w2.shape)}; [{e}, 2F_l, {hidden}] and [{e}, {hidden}, F_l] of {wtype}"
         )
+    scales = _block_scales("tp_moe", (w1_scale, w2_scale), e, hidden, ffn) if fp8 else None
     out = torch.empty_like(x)
     w.tp_moe(
         x.data_ptr(), topk.data_ptr(), weights.data_ptr(), w1.data_ptr(), w2.data_ptr(), out.data_ptr(),
-        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, _stream(),
+        tokens, t_max, hidden, num_experts, topk.shape[1], ffn, etype, _stream(), scales,
     )
     return out
 

@@ -29,7 +29,8 @@ SCHEMAS = {
     "ep_combine_ht": "ep_combine_ht(Tensor y, int tokens, int top_k, int num_experts, int t_max) -> Tensor",
     "ep_moe": "ep_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max, "
     "bool high_throughput=False, Tensor? w1_scale=None, Tensor? w2_scale=None) -> Tensor",
-    "tp_moe": "tp_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max) -> Tensor",
+    "tp_moe": "tp_moe(Tensor x, Tensor topk, Tensor weights, Tensor w1, Tensor w2, int num_experts, int t_max, "
+    "Tensor? w1_scale=None, Tensor? w2_scale=None) -> Tensor",
 }
 
 
@@ -89,7 +90,7 @@ def _fake_ep_moe(x, topk, weights, w1, w2, num_experts, t_max, high_throughput=F
     return torch.empty_like(x)
 
 
-def _fake_tp_moe(x, topk, weights, w1, w2, num_experts, t_max):
+def _fake_tp_moe(x, topk, weights, w1, w2, num_experts, t_max, w1_scale=None, w2_scale=None):
     return torch.empty_like(x)
 
 

@@ -283,6 +283,28 @@ for call in range(2):
     out = torch.ops.trident.tp_moe(x, topk, weights, w1, w2, tp_experts, t_max)
     report(f"tp_moe {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}, call {call}", rel(out, tp_want(x, topk, weights)), 2e-2)
 
+# The FP8 tensor-parallel block: this rank's E4M3FN shards with a scale per 128 x 128 block;
+# the rows quantized as the route does, each shard's SwiGLU output as its epilogue does (per
+# 128 columns: the same blocks as the whole expert's), the shards' sum rounded once.
+tq1 = ((torch.rand(tp_experts, 2 * shard, hidden, device="cuda") * 2 - 1) * 448).to(torch.float8_e4m3fn)
+tq2 = ((torch.rand(tp_experts, hidden, shard, device="cuda") * 2 - 1) * 448).to(torch.float8_e4m3fn)
+ts1 = (torch.rand(tp_experts, 2 * shard // 128, hb, device="cuda") + 0.5) / (448 * hidden**0.5)
+ts2 = (torch.rand(tp_experts, hb, shard // 128, device="cuda") + 0.5) / (448 * (shard * world) ** 0.5)
+fp8_w1 = torch.cat([full(q, s) for q, s in zip(everyone(tq1), everyone(ts1))], dim=1)
+fp8_w2 = torch.cat([full(q, s) for q, s in zip(everyone(tq2), everyone(ts2))], dim=2)
+x, topk, weights = tp_inputs()
+out = torch.ops.trident.tp_moe(x, topk, weights, tq1, tq2, tp_experts, t_max, ts1, ts2)
+want = torch.zeros(tokens, hidden, dtype=torch.float64)
+for t in range(tokens):
+    xq = fake_quantized(x[t].cpu())
+    for j in range(k):
+        e = int(topk[t, j])
+        if e < 0:
+            continue
+        g, u = fp8_w1[e][gate_rows] @ xq, fp8_w1[e][[r + 128 for r in gate_rows]] @ xq
+        want[t] += float(weights[t, j]) * (fp8_w2[e] @ fake_quantized(g / (1 + torch.exp(-g)) * u))
+report(f"tp_moe FP8 {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}", rel(out, want), 2e-2)
+
 # The tensor-parallel block in a CUDA graph (no launch of it depends on the call), replayed 20
 # times on new tokens and routes copied into the static inputs.
 x, topk, weights = tp_inputs()
