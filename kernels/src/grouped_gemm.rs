@@ -361,7 +361,7 @@ impl GroupedGemm {
         let scheduled = self.scheduled && !second && !self.epilogue.swiglu;
         let fitted = GroupedGemm { scheduled, ..self };
         quantized(match (self.epilogue.swiglu, second) {
-            (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 4, ..fitted },
+            (true, true) => GroupedGemm { block_m: 64, block_n: 2 * SWIGLU_BLOCK, warps: 8, ..fitted },
             (true, false) => GroupedGemm { block_n: 2 * SWIGLU_BLOCK, ..fitted },
             (false, true) => GroupedGemm { block_n: self.block_n.min(SCALE_BLOCK), ..fitted },
             (false, false) => fitted,

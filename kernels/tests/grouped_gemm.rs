@@ -405,17 +405,18 @@ fn a_tile_waits_for_its_chunk() {
 }
 
 /// The SwiGLU epilogue's descriptor form: a tile of B is one gate/up pair (256 rows) on TMA and
-/// `wgmma` (N = 256), bf16 and block-scaled FP8 (values: the conformance cases).
+/// `wgmma`: bf16 with N = 256 on each warpgroup; block-scaled FP8 (two f32 accumulators) on a
+/// 64-row tile split along N, each of two warpgroups N = 128 (values: the conformance cases).
 #[test]
 fn swiglu_runs_on_tma_and_wgmma() {
     use trident_kernels::grouped_gemm::Epilogue;
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
     let epilogue = Epilogue { swiglu: true, row_weights: true, ..Epilogue::default() };
-    for (dtype, scales) in [(DType::BF16, Scales::None), (DType::F8E4M3FN, Scales::Block)] {
+    for (dtype, scales, n) in [(DType::BF16, Scales::None, 256), (DType::F8E4M3FN, Scales::Block, 128)] {
         let op = GroupedGemm { scales, ..GroupedGemm::for_target(dtype, Layout::Contiguous, BLayout::NK, Some(sm90a)) }
             .with_epilogue(epilogue);
         let text = lowered_sm90a(op);
-        assert!(text.contains("tma.load") && text.contains("wgmma.m64n256k"), "{dtype} {scales:?}");
+        assert!(text.contains("tma.load") && text.contains(&format!("wgmma.m64n{n}k")), "{dtype} {scales:?}");
     }
 }
 

@@ -273,7 +273,7 @@ impl Lowering<'_> {
         let stages = if strategy == Strategy::Registers { 2 } else { stages };
         let kk = self.func.ty(loads[0].2.value).shape[1];
         let size = self.func.ty(loads[0].2.value).elem.dtype()?.size_bytes();
-        let wgmma = strategy != Strategy::Registers && self.wgmma_fits(layout, kk, size);
+        let wgmma = strategy != Strategy::Registers && self.wgmma_fits(layout, kk, size, b_kmajor);
         if strategy == Strategy::Tma && !wgmma {
             return None;
         }
@@ -283,8 +283,13 @@ impl Lowering<'_> {
         if (b_kmajor || fp8 || promotion.is_some()) && strategy != Strategy::Tma {
             return None;
         }
-        let layout =
-            if wgmma { AccLayout { warps_m: self.k.warps, warps_n: 1, interleave_m: true, ..layout } } else { layout };
+        let layout = match wgmma {
+            true if self.wgmma_split_n(layout, b_kmajor) => {
+                AccLayout { warps_m: 4, warps_n: self.k.warps / 4, interleave_m: true, ..layout }
+            }
+            true => AccLayout { warps_m: self.k.warps, warps_n: 1, interleave_m: true, ..layout },
+            false => layout,
+        };
         let (mut a, mut b) = (loads[0].2, loads[1].2);
         if strategy == Strategy::Tma {
             let before = self.k.tensor_maps.len();
@@ -440,19 +445,33 @@ impl Lowering<'_> {
     /// tile on one warpgroup, 256 on two, as CUTLASS's cooperative kernels), `n` a multiple of
     /// 8 up to 256 with at most 128 accumulator registers per thread, K a multiple of the
     /// instruction's (32 bytes), and K and N tiles whose rows fill a swizzle width (32, 64 or
-    /// 128 bytes, or whole 128-byte atoms).
-    fn wgmma_fits(&self, l: AccLayout, kk: u32, size: u32) -> bool {
+    /// 128 bytes, or whole 128-byte atoms). Or a 64-row tile split along N over the
+    /// warpgroups ([`Self::wgmma_split_n`]).
+    fn wgmma_fits(&self, l: AccLayout, kk: u32, size: u32, b_kmajor: bool) -> bool {
         let has = self.target.has_wgmma();
         let rows_fit = |elems: u32| matches!(elems * size, 32 | 64 | 128) || (elems * size).is_multiple_of(128);
         let band = 16 * self.k.warps;
+        let (m_ok, n_each) = match self.wgmma_split_n(l, b_kmajor) {
+            true => (true, l.n / (self.k.warps / 4)),
+            false => (l.m == band || (l.m == 2 * band && l.n <= 128), l.n),
+        };
         has && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
             && self.k.warps.is_multiple_of(4)
-            && (l.m == band || (l.m == 2 * band && l.n <= 128))
-            && l.n.is_multiple_of(8)
-            && l.n <= 256
+            && m_ok
+            && n_each.is_multiple_of(8)
+            && n_each <= 256
             && (kk * size).is_multiple_of(32)
             && rows_fit(kk)
             && rows_fit(l.n)
+    }
+
+    /// Whether a `wgmma` tile splits along N over the warpgroups instead of along M: a 64-row
+    /// tile on two warpgroups, each taking its half of the columns (of a K-major B, whose rows
+    /// of N are whole swizzle rows). A block-scaled FP8 tile of 64 x 256 holds two f32
+    /// accumulators (the promotion's); on one warpgroup that is 256 registers a thread (it
+    /// spilled: 1100 bytes, ptxas 13.0), split it is 128.
+    pub(super) fn wgmma_split_n(&self, l: AccLayout, b_kmajor: bool) -> bool {
+        b_kmajor && self.k.warps == 8 && l.m == 64 && l.n.is_multiple_of(16)
     }
 
     /// Calls `each` on the element groups of one operand's copy, in a layout of up to
@@ -1164,15 +1183,32 @@ impl Lowering<'_> {
             unreachable!("wgmma reads swizzled stages")
         };
         let size = elem.size_bytes();
+        // Warpgroup `g` takes rows `64 (g % groups_m)` of each band and, split along N
+        // ([`Self::wgmma_split_n`]), columns `n_each (g / groups_m)` of a K-major B.
+        let (groups_m, n_each) = (l.warps_m / 4, l.n / l.warps_n);
+        assert!(l.warps_n == 1 || b_kmajor, "a wgmma tile splits along N only over a K-major B");
         let saved = std::mem::take(&mut self.cur);
         let group = self.bin_c(BinaryOp::Shr, self.warp, 2);
-        let group_rows = self.bin_c(BinaryOp::Mul, group, (64 * sa) as i64);
+        let (group_m, group_n) = match l.warps_n {
+            1 => (group, None),
+            _ => (
+                self.bin_c(BinaryOp::And, group, groups_m as i64 - 1),
+                Some(self.bin_c(BinaryOp::Shr, group, groups_m.trailing_zeros() as i64)),
+            ),
+        };
+        let group_rows = self.bin_c(BinaryOp::Mul, group_m, (64 * sa) as i64);
+        let group_cols = group_n.map(|g| self.bin_c(BinaryOp::Mul, g, (n_each * sb) as i64));
         let defs = std::mem::replace(&mut self.cur, saved);
         self.prologue.extend(defs);
         let a_base = self.bin(BinaryOp::Add, base, group_rows);
-        // One instruction per band of `16 warps` rows ([`AccLayout::interleave_m`]): band `i`
-        // holds the accumulator slots `i * n / 2 ..`, its A rows start `i * 16 warps` rows on.
-        let (band, per) = (16 * self.k.warps, (l.n / 2) as usize);
+        let b_base = match group_cols {
+            Some(cols) => self.bin(BinaryOp::Add, base, cols),
+            None => base,
+        };
+        // One instruction per band of `16 warps_m` rows ([`AccLayout::interleave_m`]): band `i`
+        // holds the accumulator slots `i * n_each / 2 ..`, its A rows start `i * 16 warps_m`
+        // rows on.
+        let (band, per) = (16 * l.warps_m, (n_each / 2) as usize);
         let bands = l.m / band;
         self.emit(Inst::WgmmaFence);
         let u64t = SType::Int { bits: 64, signed: false };
@@ -1185,7 +1221,7 @@ impl Lowering<'_> {
                 .collect();
             let (b_at, b_lbo) =
                 if b_kmajor { (b_off + (kb / sb) * n * sb + kb % sb, 16) } else { (b_off + k0 * sb, kk * sb) };
-            let b_at = self.bin_c(BinaryOp::Add, base, b_at as i64);
+            let b_at = self.bin_c(BinaryOp::Add, b_base, b_at as i64);
             let da: Vec<Reg> = a_at.iter().map(|_| self.reg(u64t)).collect();
             let db = self.reg(u64t);
             for (&dst, &offset) in da.iter().zip(&a_at) {
@@ -1198,7 +1234,7 @@ impl Lowering<'_> {
             for (i, &a) in da.iter().enumerate() {
                 let d: Vec<Reg> = (0..per).map(|_| self.reg(SType::F32)).collect();
                 let c = acc[i * per..(i + 1) * per].to_vec();
-                self.emit(Inst::Wgmma { d: d.clone(), c, a, b: db, n: l.n, ab: elem, trans_b, scale_d });
+                self.emit(Inst::Wgmma { d: d.clone(), c, a, b: db, n: n_each, ab: elem, trans_b, scale_d });
                 next.extend(d);
             }
             acc = next;
