@@ -16,12 +16,17 @@ pub struct WorldData {
     pub expected: Vec<Vec<f64>>,
     /// The longest sum behind an output element (scales the error bound).
     pub reduction_len: usize,
+    /// What the data lets the bound grow by beyond the operation's (`Operation::bound`), as a
+    /// normwise error: where an intermediate is quantized, the roundings a correct kernel may
+    /// take the other way than the f64 reference (the FP8 MoE blocks' SwiGLU output). 0 for
+    /// most operations.
+    pub slack: f64,
 }
 
 impl WorldData {
     /// The data of a single-device case: one rank.
     pub fn single(inputs: Vec<Vec<f64>>, expected: Vec<f64>, reduction_len: usize) -> WorldData {
-        WorldData { inputs: vec![inputs], expected: vec![expected], reduction_len }
+        WorldData { inputs: vec![inputs], expected: vec![expected], reduction_len, slack: 0.0 }
     }
 }
 

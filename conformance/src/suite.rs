@@ -198,7 +198,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         record.message = format!("backend `{}` has no world of ranks yet", backend.descriptor().name);
     } else if let (true, Some(kind)) = (case.distributed, kind) {
         let data = std::sync::Arc::new(case.op.prepare(case, &mut rng));
-        record.bound = case.op.bound(case, data.reduction_len);
+        record.bound = case.op.bound(case, data.reduction_len) + data.slack;
         let expected: Vec<f64> = data.expected.concat();
         record.schedules = schedules.max(1);
         record.pass = true;
@@ -253,7 +253,7 @@ pub fn run_case(case: &Case, index: usize, seed: u64, cfg: &RunConfig) -> Record
         record.error = Some(worst);
     } else {
         let p = case.op.prepare(case, &mut rng);
-        record.bound = case.op.bound(case, p.reduction_len);
+        record.bound = case.op.bound(case, p.reduction_len) + p.slack;
         let opts = LaunchOptions { seed: seed ^ index as u64, ..LaunchOptions::default() };
         let outcome = backend.open_device(0).and_then(|device| {
             let out = execute(case, backend, device.as_ref(), &p, &opts, cfg.target.clone())?;

@@ -53,7 +53,7 @@ impl Operation for AgGemmCase {
             expected.push(reference::gemm(&a, &b, m, n, k));
             inputs.push(vec![a[r * rows * k..(r + 1) * rows * k].to_vec(), b]);
         }
-        WorldData { inputs, expected, reduction_len: k }
+        WorldData { inputs, expected, reduction_len: k, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -34,7 +34,7 @@ impl Operation for AllGatherCase {
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
         let inputs: Vec<Vec<Vec<f64>>> = (0..case.world).map(|_| vec![random(case.shape[0], case.dtype, rng)]).collect();
         let all: Vec<f64> = inputs.iter().flat_map(|i| i[0].clone()).collect();
-        WorldData { expected: vec![all; case.world], inputs, reduction_len: 1 }
+        WorldData { expected: vec![all; case.world], inputs, reduction_len: 1, slack: 0.0 }
     }
 
     /// A copy: exact.

@@ -36,7 +36,7 @@ impl Operation for AllReduceCase {
         let (w, n) = (case.world, case.shape[0]);
         let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(n, case.dtype, rng)]).collect();
         let sum: Vec<f64> = (0..n).map(|i| inputs.iter().map(|x| x[0][i]).sum()).collect();
-        WorldData { expected: vec![sum; w], inputs, reduction_len: w }
+        WorldData { expected: vec![sum; w], inputs, reduction_len: w, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -239,7 +239,7 @@ impl Operation for EpCase {
                 })
                 .collect()
         };
-        WorldData { inputs, expected, reduction_len: k }
+        WorldData { inputs, expected, reduction_len: k, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -56,7 +56,7 @@ impl Operation for GemmRsCase {
         }
         let rows = m / w;
         let expected = (0..w).map(|r| total[r * rows * n..(r + 1) * rows * n].to_vec()).collect();
-        WorldData { inputs, expected, reduction_len: k * w }
+        WorldData { inputs, expected, reduction_len: k * w, slack: 0.0 }
     }
 
     fn setup_rank(

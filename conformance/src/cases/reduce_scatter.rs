@@ -46,7 +46,7 @@ impl Operation for ReduceScatterCase {
         let expected = (0..w)
             .map(|r| (0..chunk).map(|i| inputs.iter().map(|x| x[0][r * chunk + i]).sum()).collect())
             .collect();
-        WorldData { inputs, expected, reduction_len: w }
+        WorldData { inputs, expected, reduction_len: w, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -33,7 +33,7 @@ impl Operation for RingShiftCase {
         let w = case.world;
         let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(case.shape[0], case.dtype, rng)]).collect();
         let expected = (0..w).map(|r| inputs[(r + w - 1) % w][0].clone()).collect();
-        WorldData { expected, inputs, reduction_len: 1 }
+        WorldData { expected, inputs, reduction_len: 1, slack: 0.0 }
     }
 
     /// A copy: exact.
