@@ -100,6 +100,43 @@ fn tensor(name: &str, address: u64, bytes: usize) -> Buffer {
     Buffer { name: name.to_string(), address, bytes }
 }
 
+/// A MoE block's experts on the caller's tensors: `count` of them, `w1` `[count, 2 ffn,
+/// hidden]` and `w2` `[count, hidden, ffn]` of `es`-byte elements; with `scales` (f32, a scale
+/// per 128 x 128 block: `[count, 2 ffn/128, ceil(hidden/128)]` and `[count, ceil(hidden/128),
+/// ffn/128]`) FP8 ones, a byte an element.
+struct ExpertTensors {
+    w1: Buffer,
+    w2: Buffer,
+    scales: Option<(Buffer, Buffer)>,
+}
+
+impl ExpertTensors {
+    fn new(
+        (w1, w2): (u64, u64),
+        scales: Option<(u64, u64)>,
+        (count, hidden, ffn): (usize, usize, usize),
+        es: usize,
+    ) -> ExpertTensors {
+        let wes = if scales.is_some() { 1 } else { es };
+        let (hb, fb) = (hidden.div_ceil(128), ffn / 128);
+        ExpertTensors {
+            w1: tensor("w1", w1, count * 2 * ffn * hidden * wes),
+            w2: tensor("w2", w2, count * hidden * ffn * wes),
+            scales: scales.map(|(s1, s2)| {
+                (tensor("w1_scale", s1, count * 2 * fb * hb * 4), tensor("w2_scale", s2, count * hb * fb * 4))
+            }),
+        }
+    }
+
+    fn experts(&self) -> trident_kernels::moe_block::Experts<'_> {
+        use trident_kernels::moe_block::Experts;
+        match &self.scales {
+            Some((s1, s2)) => Experts::fp8((&self.w1, s1), (&self.w2, s2)),
+            None => Experts::from((&self.w1, &self.w2)),
+        }
+    }
+}
+
 /// Puts `with` (the caller's tensors) in an operation's buffer `places` for one call, so that
 /// its kernels write the results there; returns what the places held, which the same call with
 /// them puts back.
@@ -550,36 +587,26 @@ impl GpuWorld {
         stream: u64,
         scales: Option<(u64, u64)>,
     ) -> PyResult<()> {
-        use trident_kernels::moe_block::{EpMoeBlock, Experts};
+        use trident_kernels::moe_block::EpMoeBlock;
         let d = dtype(dtype_name)?;
         let shape = EpShape { t_max, hidden, experts, top_k };
         let es = d.size_bytes() as usize;
         let block = EpMoeBlock::new(d, ffn);
         let block = if high_throughput { block.high_throughput() } else { block };
         let block = if scales.is_some() { block.fp8() } else { block };
-        // FP8 experts: a byte an element, and their block scales.
-        let wes = if scales.is_some() { 1 } else { es };
-        let (hb, fb) = (hidden.div_ceil(128), ffn / 128);
         self.op(py, stream, move |ctx, ops| {
             let el = experts / ctx.world_size();
             let key = format!("moe/{d}/{high_throughput}/{}/{ffn}/{shape:?}", scales.is_some());
             let bufs = state(ops, key, || block.buffers(ctx, shape))?;
             let own = lend([bufs.out_mut()], [tensor("out", out, tokens * hidden * es)]);
-            let (w1, w2) = (tensor("w1", w1, el * 2 * ffn * hidden * wes), tensor("w2", w2, el * hidden * ffn * wes));
-            let s = scales.map(|(s1, s2)| {
-                (tensor("w1_scale", s1, el * (2 * ffn / 128) * hb * 4), tensor("w2_scale", s2, el * hb * fb * 4))
-            });
-            let experts = match &s {
-                Some((s1, s2)) => Experts::fp8((&w1, s1), (&w2, s2)),
-                None => Experts::from((&w1, &w2)),
-            };
+            let ws = ExpertTensors::new((w1, w2), scales, (el, hidden, ffn), es);
             let r = block.enqueue(
                 ctx,
                 bufs,
                 &tensor("x", x, tokens * hidden * es),
                 &tensor("topk", topk, tokens * top_k * 4),
                 &tensor("weights", weights, tokens * top_k * 4),
-                experts,
+                ws.experts(),
                 tokens,
             );
             lend([bufs.out_mut()], own);
@@ -615,38 +642,24 @@ impl GpuWorld {
         stream: u64,
         scales: Option<(u64, u64)>,
     ) -> PyResult<()> {
-        use trident_kernels::moe_block::Experts;
         use trident_kernels::moe_tp::TpMoeBlock;
         let d = dtype(dtype_name)?;
         let shape = EpShape { t_max, hidden, experts, top_k };
         let es = d.size_bytes() as usize;
         let block = TpMoeBlock::new(d, ffn_shard);
         let block = if scales.is_some() { block.fp8() } else { block };
-        // FP8 shards: a byte an element, and their block scales.
-        let wes = if scales.is_some() { 1 } else { es };
-        let (hb, fb) = (hidden.div_ceil(128), ffn_shard / 128);
         self.op(py, stream, move |ctx, ops| {
             let key = format!("moe-tp/{d}/{ffn_shard}/{shape:?}/{}", scales.is_some());
             let bufs = state(ops, key, || block.buffers(ctx, shape))?;
             let own = lend([&mut bufs.out], [tensor("out", out, tokens * hidden * es)]);
-            let (w1, w2) = (
-                tensor("w1", w1, experts * 2 * ffn_shard * hidden * wes),
-                tensor("w2", w2, experts * hidden * ffn_shard * wes),
-            );
-            let s = scales.map(|(s1, s2)| {
-                (tensor("w1_scale", s1, experts * 2 * fb * hb * 4), tensor("w2_scale", s2, experts * hb * fb * 4))
-            });
-            let shards = match &s {
-                Some((s1, s2)) => Experts::fp8((&w1, s1), (&w2, s2)),
-                None => Experts::from((&w1, &w2)),
-            };
+            let shards = ExpertTensors::new((w1, w2), scales, (experts, hidden, ffn_shard), es);
             let r = block.enqueue(
                 ctx,
                 bufs,
                 &tensor("x", x, tokens * hidden * es),
                 &tensor("topk", topk, tokens * top_k * 4),
                 &tensor("weights", weights, tokens * top_k * 4),
-                shards,
+                shards.experts(),
                 tokens,
             );
             lend([&mut bufs.out], own);
