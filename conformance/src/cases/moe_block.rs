@@ -42,8 +42,12 @@ struct MoeBlockCase;
 /// output too with `round_y` (to bf16 where `d` is FP8). With `d` FP8 also what a correct
 /// kernel's roundings of the SwiGLU output may do to it ([`flip_reach`]; zeros otherwise).
 fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) -> (Vec<f64>, Reach) {
-    let act = swiglu(FFN, &|row| (0..h).map(|c| w1[row * h + c] * x[c]).sum());
-    let reach = if d.is_fp8() { flip_reach(x, w1, w2, h, &act) } else { (vec![0.0; h], vec![0.0; h]) };
+    // Each row of w1 times x, and the sum of its terms' magnitudes.
+    let products: Vec<(f64, f64)> = (0..2 * FFN)
+        .map(|row| (0..h).fold((0.0, 0.0), |(v, a), c| (v + w1[row * h + c] * x[c], a + (w1[row * h + c] * x[c]).abs())))
+        .collect();
+    let act = swiglu(FFN, &|row| products[row].0);
+    let reach = if d.is_fp8() { flip_reach(&products, w2, h, &act) } else { (vec![0.0; h], vec![0.0; h]) };
     let act = if d.is_fp8() { fake_quantized(&act) } else { round_to(&act, d) };
     let y: Vec<f64> = (0..h).map(|i| (0..FFN).map(|j| w2[i * FFN + j] * act[j]).sum()).collect();
     match round_y {
@@ -57,13 +61,12 @@ fn expert(x: &[f64], w1: &[f64], w2: &[f64], h: usize, d: DType, round_y: bool) 
 type Reach = (Vec<f64>, Vec<f64>);
 
 /// The standard deviation of a gate/up product's error on the tensor cores, as a fraction of
-/// its absolute sum: their FP8 accumulation keeps about 14 bits within each 128 of K; twice
-/// that, for margin.
+/// its absolute sum: their FP8 accumulation keeps about 14 bits within each 128 of K.
 const FP8_ACCUMULATION: f64 = 1.0 / 16384.0;
 
 /// What a correct kernel's E4M3 roundings of one expert's SwiGLU output `act` (before
-/// quantization; the row `x` and the expert's `w1` and `w2` as [`expert`] takes them) may do
-/// to its output, when it computes the products less exactly than the f64 reference (the
+/// quantization; `products` each row of the expert's `w1` times the token, with its terms'
+/// absolute sum, and `w2` as [`expert`] takes it) may do to its output, when it computes the products less exactly than the f64 reference (the
 /// tensor cores: Gaussian error of `FP8_ACCUMULATION` of each product's absolute sum, carried
 /// through SwiGLU, and through the block maximum into the scale): element j rounds the other
 /// way with probability p_j (the chance its error crosses the nearer rounding midpoint), which
@@ -71,21 +74,19 @@ const FP8_ACCUMULATION: f64 = 1.0 / 16384.0;
 /// output column, the mean of that move over the elements and its variance (independent
 /// elements). About one SwiGLU output in 200 flips on an H100, which moves a single token's
 /// output by up to a few percent; `WorldData::slack` of the FP8 blocks comes from these.
-fn flip_reach(x: &[f64], w1: &[f64], w2: &[f64], h: usize, act: &[f64]) -> (Vec<f64>, Vec<f64>) {
+fn flip_reach(products: &[(f64, f64)], w2: &[f64], h: usize, act: &[f64]) -> Reach {
     // Each SwiGLU output's error (one standard deviation), from its gate's and up's.
     let sigma: Vec<f64> = (0..FFN)
         .map(|j| {
             let gate_row = swiglu_gate_row(j);
-            let dot = |row: usize| -> (f64, f64) {
-                (0..h).fold((0.0, 0.0), |(v, a), c| (v + w1[row * h + c] * x[c], a + (w1[row * h + c] * x[c]).abs()))
-            };
-            let ((g, ag), (u, au)) = (dot(gate_row), dot(gate_row + SWIGLU_BLOCK as usize));
+            let ((g, ag), (u, au)) = (products[gate_row], products[gate_row + SWIGLU_BLOCK as usize]);
             let sig = 1.0 / (1.0 + (-g).exp());
             let dsilu = sig * (1.0 + g * (1.0 - sig));
             FP8_ACCUMULATION * ((dsilu * u * ag).powi(2) + (g * sig * au).powi(2)).sqrt()
         })
         .collect();
-    let e4m3: Vec<f64> = (0..=126u64).map(|c| crate::ops::values::decode(c, DType::F8E4M3FN).f()).collect();
+    // The non-negative E4M3FN values (codes 0 to 126), in order.
+    let e4m3 = &e4m3_values()[..127];
     let (mut mean, mut var) = (vec![0.0; h], vec![0.0; h]);
     for (b, block) in act.chunks(QUANT_BLOCK).enumerate() {
         let at = b * QUANT_BLOCK;
@@ -305,7 +306,7 @@ impl Operation for MoeBlockCase {
             })
             .collect::<Vec<_>>();
         // The FP8 blocks' bound grows by what legitimate rounding flips can do, normwise as the
-        // suite measures: their mean move plus five standard deviations. About 0 where no
+        // suite measures: their mean move plus three standard deviations. About 0 where no
         // SwiGLU output lies near a rounding midpoint.
         let norm = expected.iter().flatten().map(|x| x * x).sum::<f64>().sqrt().max(1e-30);
         let slack = (flips.0.sqrt() + 3.0 * flips.1.sqrt()) / norm;
@@ -569,16 +570,8 @@ impl Benchmark for MoeBlockCase {
         }
         for (name, block) in blocks {
             let mut bufs = block.buffers(ctx, shape)?;
-            ctx.fill(bufs.out(), &poison(d))?;
-            ctx.barrier()?;
-            let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
-                block.enqueue(ctx, bufs, &x, &topk_b, &weights, (&w1, &w2), tokens)?;
-                ctx.synchronize()?;
-                ctx.barrier()
-            };
-            call(&mut bufs)?;
-            t.error(check(bufs.out())?);
-            t.time(name, &mut || call(&mut bufs))?;
+            let enqueue = |b: &mut EpMoeBuffers| block.enqueue(ctx, b, &x, &topk_b, &weights, (&w1, &w2), tokens);
+            checked_and_timed(t, name, (&mut bufs, EpMoeBuffers::out), d, &enqueue, &check)?;
         }
         // The FP8 blocks where H is whole 128-channel blocks (the tensor-parallel one also
         // needs whole 128-column blocks of each rank's shard of F).
@@ -631,28 +624,13 @@ impl Benchmark for MoeBlockCase {
         let (tw1, tw2) = shards.as_ref().map_or((&w1, &w2), |(a, b)| (a, b));
         let block = TpMoeBlock::new(d, fl);
         let mut bufs = block.buffers(ctx, shape)?;
-        ctx.fill(&bufs.out, &poison(d))?;
-        ctx.barrier()?;
-        let call = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
-            block.enqueue(ctx, bufs, &x, &topk_b, &weights, (tw1, tw2), tokens)?;
-            ctx.synchronize()?;
-            ctx.barrier()
-        };
-        call(&mut bufs)?;
-        t.error(check(&bufs.out)?);
-        t.time("moe-tp/block", &mut || call(&mut bufs))?;
+        let enqueue = |b: &mut TpMoeBuffers| block.enqueue(ctx, b, &x, &topk_b, &weights, (tw1, tw2), tokens);
+        checked_and_timed(t, "moe-tp/block", (&mut bufs, tp_out), d, &enqueue, &check)?;
         // The same work one stage after the other (the host meets the ranks in between).
         let inputs = (&x, &topk_b, &weights);
-        let sequential = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
-            block.enqueue_as(ctx, bufs, inputs, (tw1, tw2), tokens, TpSteps::Sequential)?;
-            ctx.synchronize()?;
-            ctx.barrier()
-        };
-        ctx.fill(&bufs.out, &poison(d))?;
-        ctx.barrier()?;
-        sequential(&mut bufs)?;
-        t.error(check(&bufs.out)?);
-        t.time(TP_SEQUENTIAL, &mut || sequential(&mut bufs))?;
+        let sequential =
+            |b: &mut TpMoeBuffers| block.enqueue_as(ctx, b, inputs, (tw1, tw2), tokens, TpSteps::Sequential);
+        checked_and_timed(t, TP_SEQUENTIAL, (&mut bufs, tp_out), d, &sequential, &check)?;
         if w == 1 {
             tp_machinery(t, (&block, &mut bufs), (tw1, tw2), &check_with)?;
         }
@@ -761,7 +739,8 @@ impl Fp8Place {
     /// Elements of `w1` (`which` 0) or `w2` (1) on this rank.
     fn len(&self, which: u64) -> usize {
         let e = if self.shards == 1 { self.el } else { self.experts };
-        e * 2usize.pow((which == 0) as u32) * self.h * (self.f / self.shards)
+        let rows = if which == 0 { 2 } else { 1 };
+        e * rows * self.h * (self.f / self.shards)
     }
 
     /// Scale blocks of `w1` or `w2` on this rank.
@@ -884,16 +863,10 @@ impl Fp8Run<'_> {
         let block = EpMoeBlock::new(self.case.dtype, self.case.dims[4]).fp8();
         let block = if name == EP_HT_FP8 { block.high_throughput() } else { block };
         let mut bufs = block.buffers(ctx, self.shape)?;
-        ctx.fill(bufs.out(), &poison(self.case.dtype))?;
-        ctx.barrier()?;
-        let call = |bufs: &mut EpMoeBuffers| -> Result<(), BackendError> {
-            block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0])?;
-            ctx.synchronize()?;
-            ctx.barrier()
-        };
-        call(&mut bufs)?;
-        t.error(self.error(ctx, bufs.out(), true)?);
-        t.time(name, &mut || call(&mut bufs))
+        let enqueue =
+            |b: &mut EpMoeBuffers| block.enqueue(ctx, b, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0]);
+        let error = |out: &Buffer| self.error(ctx, out, true);
+        checked_and_timed(t, name, (&mut bufs, EpMoeBuffers::out), self.case.dtype, &enqueue, &error)
     }
 
     /// The tensor-parallel FP8 block ([`TP_FP8`]) on this rank's shards of every expert
@@ -904,17 +877,40 @@ impl Fp8Run<'_> {
         let Fp8Experts { w1, w2, s1, s2 } = shards;
         let block = TpMoeBlock::new(self.case.dtype, self.case.dims[4] / self.case.world).fp8();
         let mut bufs = block.buffers(ctx, self.shape)?;
-        ctx.fill(&bufs.out, &poison(self.case.dtype))?;
-        ctx.barrier()?;
-        let call = |bufs: &mut TpMoeBuffers| -> Result<(), BackendError> {
-            block.enqueue(ctx, bufs, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0])?;
-            ctx.synchronize()?;
-            ctx.barrier()
-        };
-        call(&mut bufs)?;
-        t.error(self.error(ctx, &bufs.out, false)?);
-        t.time(TP_FP8, &mut || call(&mut bufs))
+        let enqueue =
+            |b: &mut TpMoeBuffers| block.enqueue(ctx, b, x, topk_b, weights, Experts::fp8((w1, s1), (w2, s2)), self.case.dims[0]);
+        let error = |out: &Buffer| self.error(ctx, out, false);
+        checked_and_timed(t, TP_FP8, (&mut bufs, tp_out), self.case.dtype, &enqueue, &error)
     }
+}
+
+/// A variant of the benchmark on `bufs` (`out` its output): the output poisoned (`d`), one
+/// call (`enqueue`, then the host waits and meets the ranks) checked by `error`, then the same
+/// call timed as `name`.
+fn checked_and_timed<B>(
+    t: &mut Timer,
+    name: &str,
+    (bufs, out): (&mut B, fn(&B) -> &Buffer),
+    d: DType,
+    enqueue: &dyn Fn(&mut B) -> Result<(), BackendError>,
+    error: &dyn Fn(&Buffer) -> Result<f64, BackendError>,
+) -> Result<(), BackendError> {
+    let ctx = t.ctx;
+    ctx.fill(out(bufs), &poison(d))?;
+    ctx.barrier()?;
+    let call = |bufs: &mut B| -> Result<(), BackendError> {
+        enqueue(bufs)?;
+        ctx.synchronize()?;
+        ctx.barrier()
+    };
+    call(bufs)?;
+    t.error(error(out(bufs))?);
+    t.time(name, &mut || call(bufs))
+}
+
+/// The tensor-parallel block's output.
+fn tp_out(bufs: &TpMoeBuffers) -> &Buffer {
+    &bufs.out
 }
 
 /// The benchmark's tensor-parallel variants beside the block.
@@ -993,14 +989,14 @@ mod tests {
     #[test]
     fn flip_reach_counts_the_outputs_at_rounding_midpoints() {
         let h = 4;
-        let x = vec![0.5, -0.25, 0.75, 1.0];
-        let w1: Vec<f64> = (0..2 * FFN * h).map(|i| ((i * 7919) % 13) as f64 / 13.0 - 0.5).collect();
+        // Each gate/up product's value and its terms' absolute sum.
+        let products: Vec<(f64, f64)> = (0..2 * FFN).map(|r| (((r * 7919) % 13) as f64 / 13.0 - 0.5, 1.0)).collect();
         // w2 reads SwiGLU output 1 into column 0 and output 2 into column 1.
         let mut w2 = vec![0.0; h * FFN];
         (w2[1], w2[FFN + 2]) = (1.0, 1.0);
         let mut act = vec![0.0; FFN];
         (act[0], act[1], act[2]) = (1.0, 13.5 / 448.0, 12.0 / 448.0);
-        let (mean, var) = flip_reach(&x, &w1, &w2, h, &act);
+        let (mean, var) = flip_reach(&products, &w2, h, &act);
         // The move is one E4M3 step (1 at 13) times the scale 1/448; s = 13.5 sits on the
         // midpoint, so its rounding (to even: 14) goes to 13 with probability 1/2.
         let step = 1.0 / 448.0;
