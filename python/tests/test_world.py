@@ -69,6 +69,35 @@ def swiglu_mlp(w1, w2, x, ffn):
     return w2 @ act
 
 
+def moe_inputs(g, ranks, shape):
+    """Each rank's tokens (``[T, H]`` float16), routes (`routes`) and routing weights
+    (``[T, k]`` float32) for a MoE block of `shape` ``(T, H, experts, k)``."""
+    tokens, hidden, experts, k = shape
+    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
+    topks = routes(g, ranks, tokens, experts, k)
+    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    return xs, topks, weights
+
+
+def fp8_experts(g, count, rows, cols):
+    """`count` FP8 matrices of ``rows x cols`` (fan-in `cols`): their E4M3FN codes, their
+    float32 scales per 128 x 128 block, and the f64 values they stand for."""
+    values, codes = to_e4m3(g.uniform(-448, 448, (count, rows, cols)))
+    scales = (g.uniform(0.5, 2.0, (count, rows // 128, cols // 128)) * 2 / (448 * np.sqrt(cols))).astype(np.float32)
+    full = np.repeat(np.repeat(scales.astype(np.float64), 128, axis=1), 128, axis=2)
+    return codes, scales, values * full
+
+
+def fp8_swiglu_mlp(w1, w2, x):
+    """One FP8 expert in f64 (`w1` and `w2` the values its codes and scales stand for): the
+    token quantized as dispatch or the route does, the SwiGLU output as the gate/up epilogue
+    does, then ``w2 act`` unrounded."""
+    gate_rows = [(j // 128) * 256 + j % 128 for j in range(w1.shape[0] // 2)]
+    xq = quantized(x)
+    gate, up = w1[gate_rows] @ xq, w1[[j + 128 for j in gate_rows]] @ xq
+    return w2 @ quantized(gate / (1 + np.exp(-gate)) * up)
+
+
 def routed_sum(out_of, topks, weights, xs, r):
     """Rank r's ``[T, H]`` in f64: each token's routed experts' outputs (`out_of(e, x)`) summed
     with their weights."""
@@ -90,9 +119,7 @@ def test_tp_moe_block(ranks):
     g = np.random.default_rng()
     tokens, hidden, k, experts, shard = 4, 32, 2, 3, 128
     ffn = shard * ranks
-    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
-    topks = routes(g, ranks, tokens, experts, k)
-    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    xs, topks, weights = moe_inputs(g, ranks, (tokens, hidden, experts, k))
     # Whole experts (gate/up interleaved by 128 over F), then each rank's columns of them.
     w1 = (g.uniform(-1, 1, (experts, 2 * ffn, hidden)) * 2 / np.sqrt(hidden)).astype(np.float16)
     w2 = (g.uniform(-1, 1, (experts, hidden, ffn)) * 2 / np.sqrt(ffn)).astype(np.float16)
@@ -200,18 +227,10 @@ def test_ep_moe_block_fp8(ranks, high_throughput):
     g = np.random.default_rng()
     tokens, hidden, k, per_rank, ffn = 4, 128, 2, 2, 128
     experts = per_rank * ranks
-    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
-    topks = routes(g, ranks, tokens, experts, k)
-    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    xs, topks, weights = moe_inputs(g, ranks, (tokens, hidden, experts, k))
 
-    def fp8_weights(rows, cols):
-        values, codes = to_e4m3(g.uniform(-448, 448, (per_rank, rows, cols)))
-        scales = (g.uniform(0.5, 2.0, (per_rank, rows // 128, cols // 128)) * 2 / (448 * np.sqrt(cols))).astype(np.float32)
-        full = np.repeat(np.repeat(scales.astype(np.float64), 128, axis=1), 128, axis=2)
-        return codes, scales, values * full
-
-    w1 = [fp8_weights(2 * ffn, hidden) for _ in range(ranks)]
-    w2 = [fp8_weights(hidden, ffn) for _ in range(ranks)]
+    w1 = [fp8_experts(g, per_rank, 2 * ffn, hidden) for _ in range(ranks)]
+    w2 = [fp8_experts(g, per_rank, hidden, ffn) for _ in range(ranks)]
     world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
     outs = world.ep_moe(
         xs, topks, weights, [w[0] for w in w1], [w[0] for w in w2], experts, high_throughput=high_throughput,
@@ -220,11 +239,7 @@ def test_ep_moe_block_fp8(ranks, high_throughput):
 
     def expert(e, x):
         r, l = e // per_rank, e % per_rank
-        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
-        xq = quantized(x)
-        gate, up = w1[r][2][l][gate_rows] @ xq, w1[r][2][l][[j + 128 for j in gate_rows]] @ xq
-        act = quantized(gate / (1 + np.exp(-gate)) * up)
-        return (w2[r][2][l] @ act).astype(np.float16).astype(np.float64)
+        return fp8_swiglu_mlp(w1[r][2][l], w2[r][2][l], x).astype(np.float16).astype(np.float64)
 
     for r, out in enumerate(outs):
         want = routed_sum(expert, topks, weights, xs, r)
@@ -241,17 +256,9 @@ def test_tp_moe_block_fp8(ranks):
     g = np.random.default_rng()
     tokens, hidden, k, experts, shard = 4, 128, 2, 3, 128
     ffn = shard * ranks
-    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
-    topks = routes(g, ranks, tokens, experts, k)
-    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    xs, topks, weights = moe_inputs(g, ranks, (tokens, hidden, experts, k))
 
-    def fp8_weights(rows, cols):
-        values, codes = to_e4m3(g.uniform(-448, 448, (experts, rows, cols)))
-        scales = (g.uniform(0.5, 2.0, (experts, rows // 128, cols // 128)) * 2 / (448 * np.sqrt(cols))).astype(np.float32)
-        full = np.repeat(np.repeat(scales.astype(np.float64), 128, axis=1), 128, axis=2)
-        return codes, scales, values * full
-
-    (c1, s1, w1), (c2, s2, w2) = fp8_weights(2 * ffn, hidden), fp8_weights(hidden, ffn)
+    (c1, s1, w1), (c2, s2, w2) = fp8_experts(g, experts, 2 * ffn, hidden), fp8_experts(g, experts, hidden, ffn)
     rows = lambda a, r, n: a[:, n * r : n * (r + 1)]
     cols = lambda a, r, n: a[:, :, n * r : n * (r + 1)]
     world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))
@@ -262,10 +269,7 @@ def test_tp_moe_block_fp8(ranks):
     )
 
     def expert(e, x):
-        gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
-        xq = quantized(x)
-        gate, up = w1[e][gate_rows] @ xq, w1[e][[j + 128 for j in gate_rows]] @ xq
-        return w2[e] @ quantized(gate / (1 + np.exp(-gate)) * up)
+        return fp8_swiglu_mlp(w1[e], w2[e], x)
 
     for r, out in enumerate(outs):
         want = routed_sum(expert, topks, weights, xs, r)
@@ -283,9 +287,7 @@ def test_ep_moe_block(ranks, high_throughput):
     g = np.random.default_rng()
     tokens, hidden, k, per_rank, ffn = 4, 32, 2, 2, 128
     experts = per_rank * ranks
-    xs = [g.uniform(-1, 1, (tokens, hidden)).astype(np.float16) for _ in range(ranks)]
-    topks = routes(g, ranks, tokens, experts, k)
-    weights = [g.uniform(0, 1, (tokens, k)).astype(np.float32) for _ in range(ranks)]
+    xs, topks, weights = moe_inputs(g, ranks, (tokens, hidden, experts, k))
     w1s = [(g.uniform(-1, 1, (per_rank, 2 * ffn, hidden)) * 2 / np.sqrt(hidden)).astype(np.float16) for _ in range(ranks)]
     w2s = [(g.uniform(-1, 1, (per_rank, hidden, ffn)) * 2 / np.sqrt(ffn)).astype(np.float16) for _ in range(ranks)]
     world = CpuWorld(ranks, seed=int(g.integers(1 << 32)))

@@ -183,30 +183,46 @@ for l in range(per):
         worst = max(worst, ((deq - row).abs() / amax.clamp_min(1e-30)).max().item())
 report("ep_dispatch fp8: rows dequantized against the tokens (per-128 amax)", worst, 2.0**-4)
 
+def swiglu(w1, xt):
+    """silu(gate) * up of an expert's `w1` (gate and up rows interleaved by 128) times `xt`,
+    in float64."""
+    rows = [(j // 128) * 256 + j % 128 for j in range(w1.shape[0] // 2)]
+    g, u = w1[rows] @ xt, w1[[r + 128 for r in rows]] @ xt
+    return g / (1 + torch.exp(-g)) * u
+
+
+def routed_want(topk, weights, expert_out):
+    """Each token's sum over its experts (`topk`, -1 none) of `weights` times
+    `expert_out(e, t)`, in float64: the MoE blocks' reference."""
+    want = torch.zeros(tokens, hidden, dtype=torch.float64)
+    for t in range(tokens):
+        for j in range(k):
+            e = int(topk[t, j])
+            if e >= 0:
+                want[t] += float(weights[t, j]) * expert_out(e, t)
+    return want
+
+
 # The expert-parallel MoE block (both exchanges): every rank's experts gathered to the host,
 # the whole MoE in float64 with the block's bf16 roundings (SwiGLU output, expert output).
 ffn = 128
 w1 = (torch.rand(per, 2 * ffn, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(torch.bfloat16)
 w2 = (torch.rand(per, hidden, ffn, device="cuda") * 2 - 1).div(ffn**0.5).to(torch.bfloat16)
 w1s, w2s = everyone(w1), everyone(w2)
-gate_rows = [(j // 128) * 256 + j % 128 for j in range(ffn)]
+
+
+def ep_expert(e, xt):
+    a, b = w1s[e // per][e % per], w2s[e // per][e % per]
+    return (b @ swiglu(a, xt).to(torch.bfloat16).double()).to(torch.bfloat16).double()
+
+
 for ht in (False, True):
     x = torch.randn(tokens, hidden, device="cuda").to(torch.bfloat16)
     topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(tokens)])
     topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
     weights = torch.rand(tokens, k, device="cuda")
     out = torch.ops.trident.ep_moe(x, topk, weights, w1, w2, experts, t_max, ht)
-    want = torch.zeros(tokens, hidden, dtype=torch.float64)
-    for t in range(tokens):
-        for j in range(k):
-            e = int(topk[t, j])
-            if e < 0:
-                continue
-            a, b = w1s[e // per][e % per], w2s[e // per][e % per]
-            xt = x[t].double().cpu()
-            g, u = a[gate_rows] @ xt, a[[r + 128 for r in gate_rows]] @ xt
-            act = (g / (1 + torch.exp(-g)) * u).to(torch.bfloat16).double()
-            want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
+    want = routed_want(topk, weights, lambda e, t: ep_expert(e, x[t].double().cpu()))
     report(f"ep_moe ({'high-throughput' if ht else 'low-latency'}) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
 
 # The FP8 expert-parallel block: E4M3FN experts with a scale per 128 x 128 block; the
@@ -234,17 +250,14 @@ topk = torch.stack([torch.randperm(experts, device="cuda")[:k] for _ in range(to
 topk[torch.rand(tokens, k, device="cuda") < 0.2] = -1
 weights = torch.rand(tokens, k, device="cuda")
 out = torch.ops.trident.ep_moe(x, topk, weights, q1, q2, experts, t_max, False, s1, s2)
-want = torch.zeros(tokens, hidden, dtype=torch.float64)
-for t in range(tokens):
-    xq = fake_quantized(x[t].cpu())
-    for j in range(k):
-        e = int(topk[t, j])
-        if e < 0:
-            continue
-        a, b = e1s[e // per][e % per], e2s[e // per][e % per]
-        g, u = a[gate_rows] @ xq, a[[r + 128 for r in gate_rows]] @ xq
-        act = fake_quantized(g / (1 + torch.exp(-g)) * u)
-        want[t] += float(weights[t, j]) * (b @ act).to(torch.bfloat16).double()
+
+
+def ep_fp8_expert(e, t):
+    a, b = e1s[e // per][e % per], e2s[e // per][e % per]
+    return (b @ fake_quantized(swiglu(a, fake_quantized(x[t].cpu())))).to(torch.bfloat16).double()
+
+
+want = routed_want(topk, weights, ep_fp8_expert)
 report(f"ep_moe FP8 (low-latency) {tokens}x{hidden} top-{k} of {experts}", rel(out, want), 2e-2)
 
 # The tensor-parallel MoE block (two calls: the buffers' halves alternate): this rank's
@@ -254,7 +267,6 @@ shard, tp_experts = 128, 6
 w1 = (torch.rand(tp_experts, 2 * shard, hidden, device="cuda") * 2 - 1).div(hidden**0.5).to(torch.bfloat16)
 w2 = (torch.rand(tp_experts, hidden, shard, device="cuda") * 2 - 1).div((shard * world) ** 0.5).to(torch.bfloat16)
 full_w1, full_w2 = torch.cat(everyone(w1), dim=1), torch.cat(everyone(w2), dim=2)
-gate_rows = [(j // 128) * 256 + j % 128 for j in range(shard * world)]
 
 
 def tp_inputs():
@@ -265,17 +277,9 @@ def tp_inputs():
 
 
 def tp_want(x, topk, weights):
-    want = torch.zeros(tokens, hidden, dtype=torch.float64)
-    for t in range(tokens):
-        xt = x[t].double().cpu()
-        for j in range(k):
-            e = int(topk[t, j])
-            if e < 0:
-                continue
-            g, u = full_w1[e][gate_rows] @ xt, full_w1[e][[r + 128 for r in gate_rows]] @ xt
-            act = (g / (1 + torch.exp(-g)) * u).to(torch.bfloat16).double()
-            want[t] += float(weights[t, j]) * (full_w2[e] @ act)
-    return want
+    return routed_want(
+        topk, weights, lambda e, t: full_w2[e] @ swiglu(full_w1[e], x[t].double().cpu()).to(torch.bfloat16).double()
+    )
 
 
 for call in range(2):
@@ -294,15 +298,7 @@ fp8_w1 = torch.cat([full(q, s) for q, s in zip(everyone(tq1), everyone(ts1))], d
 fp8_w2 = torch.cat([full(q, s) for q, s in zip(everyone(tq2), everyone(ts2))], dim=2)
 x, topk, weights = tp_inputs()
 out = torch.ops.trident.tp_moe(x, topk, weights, tq1, tq2, tp_experts, t_max, ts1, ts2)
-want = torch.zeros(tokens, hidden, dtype=torch.float64)
-for t in range(tokens):
-    xq = fake_quantized(x[t].cpu())
-    for j in range(k):
-        e = int(topk[t, j])
-        if e < 0:
-            continue
-        g, u = fp8_w1[e][gate_rows] @ xq, fp8_w1[e][[r + 128 for r in gate_rows]] @ xq
-        want[t] += float(weights[t, j]) * (fp8_w2[e] @ fake_quantized(g / (1 + torch.exp(-g)) * u))
+want = routed_want(topk, weights, lambda e, t: fp8_w2[e] @ fake_quantized(swiglu(fp8_w1[e], fake_quantized(x[t].cpu()))))
 report(f"tp_moe FP8 {tokens}x{hidden} top-{k} of {tp_experts}, F {shard} x {world}", rel(out, want), 2e-2)
 
 # The tensor-parallel block in a CUDA graph (no launch of it depends on the call), replayed 20
