@@ -130,8 +130,16 @@ pub fn launch_grid(
 /// that `waits` leaves an eighth of the multiprocessors (at least one) to what it waits for:
 /// spinning programs on every multiprocessor would keep a gather's kernels, or the copy kernels
 /// a driver may run for a copy within one device, from ever starting (measured: AG-GEMM in a
-/// loopback world of 4 ranks timed out waiting for a copy-engine gather).
+/// loopback world of 4 ranks timed out waiting for a copy-engine gather). Where ranks share
+/// the device, a waiting kernel's programs count as a multiprocessor each, however many fit on
+/// one: the hardware spreads a grid's programs over the multiprocessors before it stacks them,
+/// so the sharing ranks' spinning programs would otherwise sit on every multiprocessor, and a
+/// kernel whose program needs a whole multiprocessor (a GEMM's registers), queued on a rank
+/// whose peers wait for it, would never start (seen: the EP MoE block's combine at 7 tokens x
+/// top-3, 21 programs on each of 7 waiting ranks, timed out in the loopback world of 8 on the
+/// H100).
 pub fn persistent_grid(grid: [u32; 3], sharing: u32, per_mp: u64, mps: u32, waits: bool) -> [u32; 3] {
+    let per_mp = if waits && sharing > 1 { 1 } else { per_mp };
     let mps = if waits && mps > 1 { mps - (mps / 8).max(1) } else { mps };
     let fit = (per_mp * mps as u64 / sharing.max(1) as u64).max(1);
     let yz = (grid[1] as u64 * grid[2] as u64).max(1);
@@ -175,6 +183,11 @@ mod tests {
         assert_eq!(persistent_grid([1000, 1, 1], 4, 1, 132, false), [33, 1, 1]);
         assert_eq!(persistent_grid([1000, 1, 1], 4, 1, 132, true), [29, 1, 1]);
         assert_eq!(persistent_grid([1000, 1, 1], 1, 1, 132, true), [116, 1, 1]);
+        // Waiting programs of ranks sharing the device leave multiprocessors without any of
+        // them, however many would fit on one; one rank's keep the occupancy.
+        assert_eq!(persistent_grid([21, 1, 1], 8, 16, 132, true), [14, 1, 1]);
+        assert_eq!(persistent_grid([21, 1, 1], 8, 16, 132, false), [21, 1, 1]);
+        assert_eq!(persistent_grid([1000, 1, 1], 1, 16, 132, true), [1000, 1, 1]);
         // Never more programs than asked, never none.
         assert_eq!(persistent_grid([10, 1, 1], 1, 1, 132, true), [10, 1, 1]);
         assert_eq!(persistent_grid([1000, 1, 1], 8, 1, 1, true), [1, 1, 1]);
