@@ -170,6 +170,10 @@ pub struct TargetDesc {
     /// sm_89+'s `cvt.rn.f16x2.e4m3x2` and `cvt.rn.satfinite.e4m3x2.f32`, and their E5M2 forms);
     /// without them the lowering converts with integer and f32 instructions.
     pub fp8_convert: bool,
+    /// f32 atomic adds of 2 or 4 consecutive elements in one instruction
+    /// ([`crate::simt::Inst::VAtomic`]: sm_90's `red.global.add.v2.f32` and `.v4.f32`, PTX ISA
+    /// 8.1); without them each element is its own atomic.
+    pub vector_atomic_add: bool,
     /// A barrier that also ORs a predicate over the program (`bar.red.or.pred`); without it
     /// `protocol::expand` builds the OR from shared memory and three barriers.
     pub barrier_reduce: bool,
@@ -400,6 +404,7 @@ pub const SM_80: TargetDesc = TargetDesc {
     async_copies: &[AsyncCopy::CpAsyncGroups],
     clock: Clock::GlobalTimerNs,
     fp8_convert: false,
+    vector_atomic_add: false,
     barrier_reduce: true,
     scope_names: NVIDIA_SCOPES,
     isa_version: Some(PTX_ISA),
@@ -415,6 +420,8 @@ pub const SM_90: TargetDesc = TargetDesc {
     shared_bytes: 227 << 10,
     async_copies: &[AsyncCopy::CpAsyncGroups, AsyncCopy::Tma],
     fp8_convert: true,
+    vector_atomic_add: true,
+    isa_version: Some(PTX_ISA_SM_90),
     reference: false,
     ..SM_80
 };
@@ -447,6 +454,7 @@ pub const GFX90A: TargetDesc = TargetDesc {
     clock: Clock::RealTime100Mhz,
     // gfx942's `v_cvt_pk_f32_fp8` and kin convert the FNUZ formats, not OCP's.
     fp8_convert: false,
+    vector_atomic_add: false,
     barrier_reduce: false,
     scope_names: AMD_SCOPES,
     isa_version: None,
@@ -460,6 +468,10 @@ pub const GFX942: TargetDesc = TargetDesc { name: "gfx942", arch: "CDNA3", ..GFX
 /// PTX ISA version the NVIDIA targets declare: 8.0 is the first with `sm_90a` and is accepted
 /// by CUDA 12.0+ drivers (the test machine's CUDA 13.0 driver JIT accepts up to 9.0).
 const PTX_ISA: &str = "8.0";
+
+/// PTX ISA version the Hopper targets declare: 8.1 for `red` with vector types
+/// ([`TargetDesc::vector_atomic_add`]); CUDA 12.1+ drivers.
+const PTX_ISA_SM_90: &str = "8.1";
 
 // The registry: adding a target is its description above and its line here.
 inventory::submit! { SM_80 }

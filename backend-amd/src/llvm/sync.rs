@@ -9,6 +9,7 @@ impl Writer<'_> {
             Inst::Shuffle { dst, src, lane_xor } => self.shuffle(*dst, *src, *lane_xor)?,
             Inst::Barrier => self.barrier(),
             Inst::GroupOrder { .. } => return err("consumer ping-pong is Hopper's (sm_90a)"),
+            Inst::VAtomic { .. } => return err("vector atomic adds are sm_90's (`vector_atomic_add` is off for AMD targets)"),
             Inst::BarrierAny { .. } => {
                 return err("BarrierAny reached the AMD writer (protocol::expand builds it from LDS for this target)")
             }

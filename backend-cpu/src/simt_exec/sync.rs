@@ -32,7 +32,7 @@ impl Exec<'_> {
                     return contract(format!("atomic load with {sem} semantics"));
                 }
                 let d = dtype(k.ty(*dst));
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("atomic load", false), &|_, cur| cur)?;
+                self.atomic_lanes(Some(*dst), (*addr, 0), *pred, *sem, d, ("atomic load", false), &|_, cur| cur)?;
             }
             Inst::AtomicStore { addr, value, pred, sem, .. } => {
                 if sem.acquires() {
@@ -40,7 +40,7 @@ impl Exec<'_> {
                 }
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
-                self.atomic_lanes(None, *addr, *pred, *sem, d, ("atomic store", true), &|i, _| {
+                self.atomic_lanes(None, (*addr, 0), *pred, *sem, d, ("atomic store", true), &|i, _| {
                     elem_bits(&v.data, i, d)
                 })?;
             }
@@ -48,7 +48,23 @@ impl Exec<'_> {
                 let d = dtype(k.ty(*value));
                 let v = self.get(*value)?;
                 let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, elem_bits(&v.data, i, d));
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("atomic", true), &f)?;
+                self.atomic_lanes(Some(*dst), (*addr, 0), *pred, *sem, d, ("atomic", true), &f)?;
+            }
+            Inst::VAtomic { op, addr, values, pred, sem, .. } => {
+                let d = dtype(k.ty(values[0]));
+                let size = d.size_bytes() as u64;
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let whole = size * values.len() as u64;
+                for (i, &at) in self.get(*addr)?.ptrs().iter().enumerate() {
+                    if p.as_ref().is_none_or(|p| p.ints()[i] != 0) && at % whole != 0 {
+                        return fault(format!("vector atomic at {at:#x} not aligned to {whole} bytes"));
+                    }
+                }
+                for (j, v) in values.iter().enumerate() {
+                    let v = self.get(*v)?;
+                    let f = |i: usize, cur: u64| crate::interp::atomic_apply(*op, d, cur, elem_bits(&v.data, i, d));
+                    self.atomic_lanes(None, (*addr, j as u64 * size), *pred, *sem, d, ("vector atomic", true), &f)?;
+                }
             }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, .. } => {
                 let d = dtype(k.ty(*desired));
@@ -60,7 +76,7 @@ impl Exec<'_> {
                         cur
                     }
                 };
-                self.atomic_lanes(Some(*dst), *addr, *pred, *sem, d, ("cas", true), &f)?;
+                self.atomic_lanes(Some(*dst), (*addr, 0), *pred, *sem, d, ("cas", true), &f)?;
             }
             // Copies complete at once here (the GPU's asynchrony is covered by the waits and
             // barriers the lowering places; the GPU conformance run checks them).
@@ -183,7 +199,7 @@ impl Exec<'_> {
     pub(super) fn atomic_lanes(
         &mut self,
         dst: Option<Reg>,
-        addr: Reg,
+        (addr, offset): (Reg, u64),
         pred: Option<Reg>,
         sem: MemSemantic,
         d: DType,
@@ -193,7 +209,7 @@ impl Exec<'_> {
         self.hooks.yield_point(&mut self.view)?;
         let lanes = self.lanes;
         let size = d.size_bytes() as usize;
-        let a = self.get(addr)?;
+        let ptrs: Vec<u64> = self.get(addr)?.ptrs().iter().map(|p| p + offset).collect();
         let p = pred.map(|p| self.get(p)).transpose()?;
         let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
         if sem.releases() {
@@ -207,7 +223,7 @@ impl Exec<'_> {
             }
         }
         for &i in &active {
-            let at = a.ptrs()[i];
+            let at = ptrs[i];
             if sem.releases() {
                 self.view.race_release(at);
             } else {
@@ -224,13 +240,13 @@ impl Exec<'_> {
         for &i in &active {
             old[i] = self
                 .view
-                .rmw(self.mem, a.ptrs()[i], size, |cur| f(i, cur))
+                .rmw(self.mem, ptrs[i], size, |cur| f(i, cur))
                 .or_else(|e| fault(format!("{what}: {}", e.0)))?;
         }
         if sem.acquires() {
             self.view.acquire(self.mem);
             for &i in &active {
-                self.view.race_acquire(a.ptrs()[i]);
+                self.view.race_acquire(ptrs[i]);
             }
         }
         if let Some(dst) = dst {

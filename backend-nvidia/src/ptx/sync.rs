@@ -53,6 +53,22 @@ impl Writer<'_> {
                 let (d, a, v) = (self.n(*dst).to_string(), self.n(*addr).to_string(), self.n(*value).to_string());
                 line!(self, "{guard}atom.{sem}.{scope}.global.{name}.{ty} {d}, [{a}], {v}");
             }
+            Inst::VAtomic { op, addr, values, pred, sem, scope } => {
+                let f32s = values.iter().all(|v| self.k.ty(*v) == SType::F32);
+                if !self.target.vector_atomic_add || *op != AtomicOp::Add || !f32s || !matches!(values.len(), 2 | 4) {
+                    return Err(EmitError(format!(
+                        "a vector atomic `{op}` of {} values on {} (`red.add.v2/.v4.f32` needs sm_90)",
+                        values.len(),
+                        self.target.name
+                    )));
+                }
+                let (sem, scope) = (sem_name(*sem), scope_name(*scope));
+                let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
+                let a = self.n(*addr).to_string();
+                let vs: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
+                let n = values.len();
+                line!(self, "{guard}red.{sem}.{scope}.global.add.v{n}.f32 [{a}], {{{}}}", vs.join(", "));
+            }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, scope } => {
                 let ty = match class(self.k.ty(*desired)) {
                     Class::R | Class::F => "b32",

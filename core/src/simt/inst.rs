@@ -167,6 +167,19 @@ pub enum Inst {
         sem: MemSemantic,
         scope: Scope,
     },
+    /// Global atomic reduction of `values` (2 or 4, f32, [`AtomicOp::Add`]) into consecutive
+    /// elements at `addr` (aligned to the whole vector), old values not returned: one
+    /// instruction where the target has it ([`crate::target::TargetDesc::vector_atomic_add`],
+    /// sm_90's `red.global.add.v2/.v4.f32`). The lowering emits it only for an atomic whose
+    /// result is unused.
+    VAtomic {
+        op: AtomicOp,
+        addr: Reg,
+        values: Vec<Reg>,
+        pred: Option<Reg>,
+        sem: MemSemantic,
+        scope: Scope,
+    },
     /// Global compare-and-swap: `dst` gets the old value; `desired` is stored where the old value
     /// equals `expected` (bitwise).
     AtomicCas {
@@ -597,6 +610,7 @@ impl Inst {
             | Inst::BarrierAny { .. }
             | Inst::GroupOrder { .. }
             | Inst::Atomic { .. }
+            | Inst::VAtomic { .. }
             | Inst::AtomicCas { .. }
             | Inst::AtomicLoad { .. }
             | Inst::AtomicStore { .. }
@@ -711,6 +725,13 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         Inst::Atomic { addr, value, pred, .. } => {
             f(addr);
             f(value);
+            opt(pred, f)
+        }
+        Inst::VAtomic { addr, values, pred, .. } => {
+            f(addr);
+            for r in values.iter_mut() {
+                f(r)
+            }
             opt(pred, f)
         }
         Inst::AtomicCas { addr, expected, desired, pred, .. } => {

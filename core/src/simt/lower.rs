@@ -524,6 +524,11 @@ impl Lowering<'_> {
                     vec![r]
                 } else {
                     let m = mask.map(|m| self.held(m));
+                    let w = self.vector_atomic_width(data.results[0], *ptr, (aop, sem), st);
+                    if w > 1 {
+                        self.tile_vector_atomic((&shape, *ptr), (&p, &v), m.as_deref(), w, (aop, sem, scope));
+                        return Ok(());
+                    }
                     self.tile_atomic(data.results[0], &shape, st, &p, m.as_deref(), &|dst, s, pred| Inst::Atomic {
                         dst,
                         op: aop,
@@ -957,5 +962,39 @@ mod tests {
         b.atomic_cas(out, 0i32, 1i32, MemSemantic::AcqRel, Scope::Gpu);
         let k = lower(&b.finish().unwrap(), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k, |i| matches!(i, Inst::AtomicCas { pred: Some(_), .. })), 1);
+    }
+
+    #[test]
+    fn unused_f32_atomic_adds_go_as_vectors_where_the_target_has_them() {
+        // 1024 f32 adds over 128 threads, 8 consecutive each: two `red.v4` a thread on sm_90a,
+        // each with its element fallback (alignment unknown); element atomics elsewhere or when
+        // the old values are used.
+        let build = |use_old: bool| {
+            let b = KernelBuilder::new("acc", LaunchAttrs::default());
+            let (x, acc) = (b.arg_ptr("x", DType::F32), b.arg_ptr("acc", DType::F32));
+            let offs = b.arange(0, 1024);
+            let m = offs.lt(1000);
+            let old = b.atomic(
+                AtomicOp::Add,
+                acc + offs,
+                b.load(x + offs, Some(m), None),
+                Some(m),
+                MemSemantic::Relaxed,
+                Scope::Gpu,
+            );
+            if use_old {
+                b.store(x + offs, old, Some(m));
+            }
+            b.finish().unwrap()
+        };
+        let count = |k: &Kernel, f: &dyn Fn(&Inst) -> bool| k.body.iter().filter(|i| f(i)).count();
+        let vector = |i: &Inst| matches!(i, Inst::VAtomic { values, pred: Some(_), .. } if values.len() == 4);
+        let element = |i: &Inst| matches!(i, Inst::Atomic { .. });
+        let k = lower(&build(false), &crate::target::SM_90A).unwrap();
+        assert_eq!((count(&k, &vector), count(&k, &element)), (2, 8));
+        for (f, t) in [(build(true), &crate::target::SM_90A), (build(false), &crate::target::SM_80)] {
+            let k = lower(&f, t).unwrap();
+            assert_eq!((count(&k, &vector), count(&k, &element)), (0, 8), "{}", t.name);
+        }
     }
 }

@@ -165,6 +165,9 @@ impl Printer<'_> {
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 format!("{} = atomic.{op}.{sem}.{scope} [{}], {}{}", self.def(*dst), r(addr), r(value), guard(*pred))
             }
+            Inst::VAtomic { op, addr, values, pred, sem, scope } => {
+                format!("atomic.{op}.{sem}.{scope} [{}], {}{}", r(addr), list(values), guard(*pred))
+            }
             Inst::AtomicCas { dst, addr, expected, desired, pred, sem, scope } => format!(
                 "{} = atomic.cas.{sem}.{scope} [{}], {}, {}{}",
                 self.def(*dst),

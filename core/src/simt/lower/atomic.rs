@@ -39,6 +39,71 @@ impl Lowering<'_> {
         own
     }
 
+    /// The elements of one thread an atomic of `op` with `sem` on f32 at `ptr` adds as one
+    /// instruction ([`Inst::VAtomic`]): 4 or 2 where the target has vector atomic adds, the old
+    /// values are unused (`result`) and the thread's slots are consecutive in memory as a vector
+    /// store's would be; else 1.
+    pub(super) fn vector_atomic_width(
+        &mut self,
+        result: Value,
+        ptr: Value,
+        (op, sem): (AtomicOp, MemSemantic),
+        t: SType,
+    ) -> u32 {
+        let relaxed = matches!(sem, MemSemantic::Relaxed | MemSemantic::Release);
+        if !self.target.vector_atomic_add
+            || self.used.contains(&result)
+            || op != AtomicOp::Add
+            || t != SType::F32
+            || !relaxed
+        {
+            return 1;
+        }
+        match self.vector_width(ptr, t) {
+            w if w >= 4 => 4,
+            w if w >= 2 => 2,
+            _ => 1,
+        }
+    }
+
+    /// A tile's f32 atomic add of `values` at pointers `p` (one per slot, `mask` per slot), old
+    /// values unused, `w` consecutive slots at a time ([`Lowering::vector_atomic_width`]): one
+    /// [`Inst::VAtomic`] per group where its first address is aligned to the group and every
+    /// element of it is unmasked, element atomics for the rest; only the owners of replicated
+    /// elements add.
+    pub(super) fn tile_vector_atomic(
+        &mut self,
+        (shape, ptr): (&[u32], Value),
+        (p, values): (&[Reg], &[Reg]),
+        mask: Option<&[Reg]>,
+        w: u32,
+        (op, sem, scope): (AtomicOp, MemSemantic, Scope),
+    ) {
+        let owner = self.owner(shape);
+        let owned = |l: &mut Self, pred: Option<Reg>| match (pred, owner) {
+            (None, o) => o,
+            (Some(x), None) => Some(x),
+            (Some(x), Some(o)) => Some(l.bin(BinaryOp::And, x, o)),
+        };
+        let pick = |h: &[Reg], s: usize| h[s.min(h.len() - 1)];
+        for g in (0..p.len()).step_by(w as usize) {
+            let group: Vec<usize> = (g..(g + w as usize).min(p.len())).collect();
+            let masks: Option<Vec<Reg>> = mask.map(|m| group.iter().map(|&s| pick(m, s)).collect());
+            let vs: Vec<Reg> = group.iter().map(|&s| pick(values, s)).collect();
+            let ok = self.vector_guard(ptr, p[g], w * shared_size(SType::F32), masks.as_deref());
+            let pred = owned(self, ok);
+            self.emit(Inst::VAtomic { op, addr: p[g], values: vs, pred, sem, scope });
+            let Some(ok) = ok else { continue };
+            let not_ok = self.not(ok);
+            for (i, &s) in group.iter().enumerate() {
+                let fallback = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
+                let pred = owned(self, Some(fallback));
+                let dst = self.reg(SType::F32);
+                self.emit(Inst::Atomic { dst, op, addr: p[s], value: pick(values, s), pred, sem, scope });
+            }
+        }
+    }
+
     /// A tile atomic of element type `t` at pointers `p` (one per slot): `make(dst, slot,
     /// pred)` is the instruction of one slot. Returns the old values, in the tile's layout.
     pub(super) fn tile_atomic(
