@@ -506,7 +506,7 @@ impl Lowering<'_> {
                 // A tensor-core accumulator added into memory (a split-K GEMM's partial tile):
                 // each thread's elements where they are, as `store_from_mma` stores them.
                 if let Some((l, regs)) = self.mma_held.get(value).cloned() {
-                    if self.rematerializable(*ptr) && mask.is_none_or(|m| self.rematerializable(m)) {
+                    if self.reloadable(*ptr, op) && mask.is_none_or(|m| self.reloadable(m, op)) {
                         let olds = self.atomic_from_mma(data.results[0], (aop, sem, scope), *ptr, *mask, l, &regs);
                         self.mma_held.insert(data.results[0], (l, olds));
                         return Ok(());
@@ -962,6 +962,34 @@ mod tests {
         b.atomic_cas(out, 0i32, 1i32, MemSemantic::AcqRel, Scope::Gpu);
         let k = lower(&b.finish().unwrap(), &crate::target::SM_90A).unwrap();
         assert_eq!(count(&k, |i| matches!(i, Inst::AtomicCas { pred: Some(_), .. })), 1);
+    }
+
+    /// A tensor-core accumulator added into rows picked by a loaded index (the MoE
+    /// reduce-scatter epilogue's shape) stays in its layout: no conversion through shared
+    /// memory, the indices read again at each element's row, column pairs as 2-wide vector
+    /// atomics on sm_90a (element atomics on sm_80).
+    #[test]
+    fn accumulators_add_into_gathered_rows_where_they_are() {
+        let b = KernelBuilder::new("scatter", LaunchAttrs::default());
+        let (x, y) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16));
+        let (rows, acc) = (b.arg_ptr("rows", DType::I32), b.arg_ptr("acc", DType::F32));
+        let (i, k) = (b.arange(0, 64), b.arange(0, 32));
+        let xa = b.load(x + i.expand_dims(1) * 32i32 + k.expand_dims(0), None, None);
+        let ya = b.load(y + k.expand_dims(1) * 64i32 + i.expand_dims(0), None, None);
+        let out = b.dot(xa, ya, b.zeros(&[64, 64], DType::F32), InputPrecision::Ieee);
+        let row = b.load(rows + i, None, None);
+        let at = acc + row.expand_dims(1) * 64i32 + i.expand_dims(0);
+        b.atomic(AtomicOp::Add, at, out, None, MemSemantic::Relaxed, Scope::Sys);
+        let f = b.finish().unwrap();
+        use crate::simt::count;
+        let pairs = |i: &Inst| matches!(i, Inst::VAtomic { values, .. } if values.len() == 2);
+        let k = lower(&f, &crate::target::SM_90A).unwrap();
+        assert!(count(&k.body, &pairs) > 0);
+        let f32_to_shared = |i: &Inst| matches!(i, Inst::SharedStore { value, .. } if k.ty(*value) == SType::F32);
+        assert_eq!(count(&k.body, &f32_to_shared), 0);
+        let k = lower(&f, &crate::target::SM_80).unwrap();
+        assert_eq!(count(&k.body, &pairs), 0);
+        assert!(count(&k.body, &|i| matches!(i, Inst::Atomic { .. })) > 0);
     }
 
     #[test]

@@ -50,13 +50,7 @@ impl Lowering<'_> {
         (op, sem): (AtomicOp, MemSemantic),
         t: SType,
     ) -> u32 {
-        let relaxed = matches!(sem, MemSemantic::Relaxed | MemSemantic::Release);
-        if !self.target.vector_atomic_add
-            || self.used.contains(&result)
-            || op != AtomicOp::Add
-            || t != SType::F32
-            || !relaxed
-        {
+        if !self.vector_atomic_ok(result, (op, sem), t) {
             return 1;
         }
         match self.vector_width(ptr, t) {
@@ -64,6 +58,18 @@ impl Lowering<'_> {
             w if w >= 2 => 2,
             _ => 1,
         }
+    }
+
+    /// An atomic of `op` with `sem` on `t` may go as [`Inst::VAtomic`]s: the target has vector
+    /// atomic adds, `op` is an f32 add without acquire semantics, and its old values (`result`)
+    /// are unused.
+    pub(super) fn vector_atomic_ok(&self, result: Value, (op, sem): (AtomicOp, MemSemantic), t: SType) -> bool {
+        let relaxed = matches!(sem, MemSemantic::Relaxed | MemSemantic::Release);
+        self.target.vector_atomic_add
+            && !self.used.contains(&result)
+            && op == AtomicOp::Add
+            && t == SType::F32
+            && relaxed
     }
 
     /// A tile's f32 atomic add of `values` at pointers `p` (one per slot, `mask` per slot), old

@@ -118,7 +118,7 @@ impl Lowering<'_> {
     /// index math over loads with rematerializable pointers and masks (moved by broadcasts and
     /// reshapes), each load in `at`'s block with nothing between it and `at` that writes
     /// memory or synchronizes, so the second read sees what the first did.
-    fn reloadable(&mut self, v: Value, at: Op) -> bool {
+    pub(super) fn reloadable(&mut self, v: Value, at: Op) -> bool {
         if self.rematerializable(v) {
             return true;
         }
@@ -148,12 +148,14 @@ impl Lowering<'_> {
         i < j
             && ops[i + 1..j].iter().all(|&o| {
                 let k = &self.func.ops[o].kind;
-                // Pure ops (the elementary functions and `pow` among them), and reads.
+                // Pure ops (the elementary functions and `pow` among them, a peer's address),
+                // and reads.
                 effect_free(k)
                     || matches!(
                         k,
                         OpKind::Unary { .. }
                             | OpKind::Binary { .. }
+                            | OpKind::SymmAt { .. }
                             | OpKind::Load { .. }
                             | OpKind::DescLoad { .. }
                             | OpKind::Dot { .. }
@@ -227,11 +229,18 @@ impl Lowering<'_> {
         regs: &[Reg],
     ) -> Vec<Reg> {
         let used = self.used.contains(&result);
+        let t = self.k.ty(regs[0]);
+        let pairs =
+            l.column_pairs() && self.vector_atomic_ok(result, (op, sem), t) && self.contiguity.get(ptr).contiguity >= 2;
+        if pairs {
+            self.atomic_pairs_from_mma((op, sem, scope), ptr, mask, l, regs);
+            return Vec::new();
+        }
         let mut olds = Vec::with_capacity(regs.len());
         for (s, &value) in regs.iter().enumerate() {
             let c = self.mma_coords(l, s as u32);
-            let addr = self.eval(ptr, &c);
-            let pred = mask.map(|m| self.eval(m, &c));
+            let addr = self.eval_loaded(ptr, &c);
+            let pred = mask.map(|m| self.eval_loaded(m, &c));
             let t = self.k.ty(value);
             let dst = self.reg(t);
             self.emit(Inst::Atomic { dst, op, addr, value, pred, sem, scope });
@@ -244,6 +253,34 @@ impl Lowering<'_> {
             });
         }
         olds
+    }
+
+    /// [`Lowering::atomic_from_mma`] of f32 adds whose old values are unused, each column pair
+    /// of the accumulator layout as one 2-wide [`Inst::VAtomic`] where aligned and unmasked,
+    /// element atomics otherwise (as [`Lowering::store_from_mma`] stores pairs).
+    fn atomic_pairs_from_mma(
+        &mut self,
+        (op, sem, scope): (AtomicOp, MemSemantic, Scope),
+        ptr: Value,
+        mask: Option<Value>,
+        l: AccLayout,
+        regs: &[Reg],
+    ) {
+        for g in (0..l.slots()).step_by(2) {
+            let (c0, c1) = (self.mma_coords(l, g), self.mma_coords(l, g + 1));
+            let (p0, p1) = (self.eval_loaded(ptr, &c0), self.eval_loaded(ptr, &c1));
+            let masks = mask.map(|m| [self.eval_loaded(m, &c0), self.eval_loaded(m, &c1)]);
+            let (v0, v1) = (regs[g as usize], regs[g as usize + 1]);
+            let ok = self.vector_guard(ptr, p0, 8, masks.as_ref().map(|m| &m[..]));
+            self.emit(Inst::VAtomic { op, addr: p0, values: vec![v0, v1], pred: ok, sem, scope });
+            let Some(ok) = ok else { continue };
+            let not_ok = self.not(ok);
+            for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {
+                let pred = self.fallback(not_ok, masks.map(|m| m[i]));
+                let dst = self.reg(SType::F32);
+                self.emit(Inst::Atomic { dst, op, addr: p, value: v, pred: Some(pred), sem, scope });
+            }
+        }
     }
 
     /// True when `v` is the constant 0 (a scalar or a splat of one).
