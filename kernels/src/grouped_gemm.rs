@@ -292,6 +292,12 @@ pub struct GroupedGemm {
     /// Consumer ping-pong in the scheduled descriptor form (`LaunchAttrs::pingpong`): two
     /// groups of `warps` consumer warps take the tiles in turn (128 x 128 on 4 warps).
     pub pingpong: bool,
+    /// With `chunk_ends`: the walk takes C's columns in bands of this many column tiles, every
+    /// chunk's groups over one band before the next band (0: one band, the whole width). For
+    /// the reduce-scatter epilogue, whose f32 accumulator is larger than L2 at prefill shapes:
+    /// a token's k rows, in k experts' tiles, then add into the same band of its accumulator
+    /// row while it is still in L2, at the price of reading A once per band.
+    pub band_tiles: u32,
 }
 
 
@@ -316,6 +322,7 @@ impl GroupedGemm {
             scheduled: false,
             pingpong: false,
             fp8_out: DType::BF16,
+            band_tiles: 0,
         }
     }
 
@@ -497,7 +504,11 @@ impl GroupedGemm {
         )
         .to_lowercase()
             + if pingpong { "_pingpong" } else { "" }
-            + if self.dtype.is_fp8() && self.fp8_out == DType::F16 { "_to_f16" } else { "" };
+            + if self.dtype.is_fp8() && self.fp8_out == DType::F16 { "_to_f16" } else { "" }
+            + &match self.band_tiles {
+                0 => String::new(),
+                t => format!("_band{t}"),
+            };
         let attrs = LaunchAttrs {
             warps: self.warps,
             stages: self.stages,
@@ -634,7 +645,37 @@ impl GroupedGemm {
         let b = kn.b;
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
-        b.for_range(0, chunks, 1, &[pid, zero], |ci, st| {
+        if self.band_tiles == 0 {
+            self.walk_band(kn, (a, da, db), (groups, ready), (experts, chunks, t_max), (tiles_n, zero, zero), ([pid, zero], programs));
+            return;
+        }
+        // Column bands, each walked over every chunk; tile numbers run on over the bands.
+        let band = tiles_n.min(self.band_tiles as i32).max(1);
+        let bands = (tiles_n + (band - 1)) / band;
+        b.for_range(0, bands, 1, &[pid, zero], |bi, st| {
+            let first = bi * band;
+            let width = band.min(tiles_n - first);
+            let st = [st[0], st[1]];
+            self.walk_band(kn, (a, da, db), (groups, ready), (experts, chunks, t_max), (width, first, zero), (st, programs))
+        });
+    }
+
+    /// [`GroupedGemm::walk_chunks`] over the `tiles_n` column tiles from `first_tn` on (`zero`
+    /// the constant 0), from the program's next tile number and the band's first tile number
+    /// `st`; returns them after the band.
+    #[allow(clippy::type_complexity)]
+    fn walk_band<'b>(
+        &self,
+        kn: &Kernel<'b>,
+        (a, da, db): (Tile<'b>, Option<Tile<'b>>, Option<Tile<'b>>),
+        (groups, ready): (Tile<'b>, Option<(Tile<'b>, Tile<'b>)>),
+        (experts, chunks, t_max): (Tile<'b>, Tile<'b>, Tile<'b>),
+        (tiles_n, first_tn, zero): (Tile<'b>, Tile<'b>, Tile<'b>),
+        (st, programs): ([Tile<'b>; 2], Tile<'b>),
+    ) -> Vec<Tile<'b>> {
+        let b = kn.b;
+        let banded = self.band_tiles != 0;
+        b.for_range(0, chunks, 1, &st, |ci, st| {
             let (chunk, groups, a, da) = match ready {
                 Some((ready, target)) => {
                     let chunk = (ci + b.rank()) % chunks;
@@ -650,13 +691,15 @@ impl GroupedGemm {
                 let (next, start, tile_base) = (s[0], s[1], s[2]);
                 let end = b.load(groups + (chunk * experts + e), None, None);
                 let rows = end - start;
-                let (after, last) = group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|tile| {
-                    self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), tile);
-                });
+                let (after, last) =
+                    group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|(tm, tn)| {
+                        let tn = if banded { first_tn + tn } else { tn };
+                        self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), (tm, tn));
+                    });
                 vec![after, end, last]
             });
             vec![after[0], after[2]]
-        });
+        })
     }
 
     /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e` (of A's

@@ -81,6 +81,9 @@ pub struct TpMoeBlock {
     pub max_programs: u32,
     /// FP8 (see the module's text): hidden size a multiple of 128.
     pub fp8: bool,
+    /// The down GEMM's column bands (`GroupedGemm::band_tiles`; 0: none): its additions into
+    /// the accumulator kept to a band of columns at a time, for accumulators larger than L2.
+    pub down_band: u32,
 }
 
 /// A rank's buffers of the block (symmetric ones allocated collectively).
@@ -170,7 +173,7 @@ pub enum TpGemm<'a> {
 
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
-        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false }
+        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false, down_band: 0 }
     }
 
     /// This block with FP8 rows and shards (see the module's text).
@@ -412,7 +415,7 @@ impl TpMoeBlock {
         let up_epilogue = Epilogue { swiglu: true, quantize: self.fp8, ..Epilogue::default() };
         let up = GroupedGemm { wait: true, ..base }.with_epilogue(up_epilogue);
         let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
-        (up, down)
+        (up, GroupedGemm { band_tiles: self.down_band, ..down })
     }
 
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,

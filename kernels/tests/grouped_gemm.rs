@@ -172,6 +172,30 @@ fn grouped_gemms_match_float64() {
     }
 }
 
+/// The chunk walk in column bands (`band_tiles`): every group over one band of column tiles
+/// before the next band, the last band narrower; the same products as without bands.
+#[test]
+fn the_chunk_walk_runs_in_column_bands() {
+    trident_backend_cpu::link();
+    let simt = SimtBackend;
+    let runs: [(&dyn Backend, Option<&str>); 2] = [(&CpuBackend, None), (&simt, Some("sm_90a"))];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    for (backend, target) in runs {
+        let dev = backend.open_device(0).unwrap();
+        let mut l = DeviceCtx::new(backend, dev.as_ref(), LaunchOptions::default());
+        l.target = target.map(str::to_string);
+        let base = GroupedGemm { chunk_ends: true, ..GroupedGemm::new(DType::BF16, Layout::Contiguous, BLayout::NK) };
+        for band_tiles in [1, 3] {
+            let op = GroupedGemm { band_tiles, ..base };
+            // 200 columns: four tiles of 64, bands of 1 or of 3 and 1.
+            for (experts, n, k, total, pattern) in [(5, 200, 40, 150, 0), (3, 64, 24, 70, 1)] {
+                let rows = counts(experts, total, pattern, &mut rng);
+                check(&op, &l, experts, n, k, &rows, &mut rng);
+            }
+        }
+    }
+}
+
 /// The descriptor form on sm_90a (cpu-simt): TMA boxes over every expert's rows and `wgmma`
 /// (B `[E, N, K]` transposed into the `dot`, so K-major), checked to be what the lowering
 /// made, then against float64 on the same routings; K not a multiple of 8 keeps the portable

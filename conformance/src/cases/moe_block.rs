@@ -650,6 +650,7 @@ impl Benchmark for MoeBlockCase {
             TP_FP8 => Some("moe-tp/block"),
             TP_AG_GATE_UP => Some("grouped/gate-up"),
             TP_DOWN_RS => Some("grouped/down"),
+            v if v.starts_with(TP_DOWN_RS) => Some("grouped/down"),
             _ => None,
         }
     }
@@ -961,6 +962,20 @@ fn tp_machinery(
     gemm(bufs, TpGemm::DownReduceScatter)?;
     t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
     t.time(TP_DOWN_RS, &mut || gemm(bufs, TpGemm::DownReduceScatter))?;
+    // The same in column bands of 4 and 8 tiles (a token's additions while its accumulator row's
+    // band is in L2; A read once per band), each checked first.
+    for band in [4, 8] {
+        let banded = TpMoeBlock { down_band: band, ..*block };
+        let run = |bufs: &TpMoeBuffers| -> Result<(), BackendError> {
+            banded.enqueue_gemm(ctx, bufs, experts_w, TpGemm::DownReduceScatter)?;
+            ctx.synchronize()
+        };
+        ctx.fill(&bufs.acc, &[0])?;
+        ctx.fill(&bufs.done, &[0])?;
+        run(bufs)?;
+        t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
+        t.time(&format!("{TP_DOWN_RS}-band{band}"), &mut || run(bufs))?;
+    }
     // The plain down: each row weighted and stored; a token's rows summed here.
     let c = ctx.alloc(bufs.chunk_rows() * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
     ctx.fill(&c, &poison(d))?;
