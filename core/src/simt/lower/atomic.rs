@@ -96,17 +96,15 @@ impl Lowering<'_> {
             let group: Vec<usize> = (g..(g + w as usize).min(p.len())).collect();
             let masks: Option<Vec<Reg>> = mask.map(|m| group.iter().map(|&s| pick(m, s)).collect());
             let vs: Vec<Reg> = group.iter().map(|&s| pick(values, s)).collect();
-            let ok = self.vector_guard(ptr, p[g], w * shared_size(SType::F32), masks.as_deref());
-            let pred = owned(self, ok);
-            self.emit(Inst::VAtomic { op, addr: p[g], values: vs, pred, sem, scope });
-            let Some(ok) = ok else { continue };
-            let not_ok = self.not(ok);
-            for (i, &s) in group.iter().enumerate() {
-                let fallback = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
-                let pred = owned(self, Some(fallback));
-                let dst = self.reg(SType::F32);
-                self.emit(Inst::Atomic { dst, op, addr: p[s], value: pick(values, s), pred, sem, scope });
-            }
+            self.vector_group(
+                (ptr, p[g], w * shared_size(SType::F32), group.len()),
+                masks.as_deref(),
+                &|l, ok| Inst::VAtomic { op, addr: p[g], values: vs.clone(), pred: owned(l, ok), sem, scope },
+                &|l, i, fallback| {
+                    let pred = owned(l, Some(fallback));
+                    Inst::Atomic { dst: l.reg(SType::F32), op, addr: p[group[i]], value: vs[i], pred, sem, scope }
+                },
+            );
         }
     }
 

@@ -203,16 +203,13 @@ impl Lowering<'_> {
                 self.emit(Inst::Store { addr: p1, value: v1, pred: masks.map(|m| m[1]) });
                 continue;
             }
-            let Some(ok) = self.vector_guard(ptr, p0, 2 * size, masks.as_ref().map(|m| &m[..])) else {
-                self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: None });
-                continue;
-            };
-            self.emit(Inst::VStore { addr: p0, values: vec![v0, v1], pred: Some(ok) });
-            let not_ok = self.not(ok);
-            for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {
-                let pred = self.fallback(not_ok, masks.map(|m| m[i]));
-                self.emit(Inst::Store { addr: p, value: v, pred: Some(pred) });
-            }
+            let (ps, vs) = ([p0, p1], [v0, v1]);
+            self.vector_group(
+                (ptr, p0, 2 * size, 2),
+                masks.as_ref().map(|m| &m[..]),
+                &|_, pred| Inst::VStore { addr: p0, values: vs.to_vec(), pred },
+                &|_, i, pred| Inst::Store { addr: ps[i], value: vs[i], pred: Some(pred) },
+            );
         }
     }
 
@@ -270,16 +267,21 @@ impl Lowering<'_> {
             let (c0, c1) = (self.mma_coords(l, g), self.mma_coords(l, g + 1));
             let (p0, p1) = (self.eval_loaded(ptr, &c0), self.eval_loaded(ptr, &c1));
             let masks = mask.map(|m| [self.eval_loaded(m, &c0), self.eval_loaded(m, &c1)]);
-            let (v0, v1) = (regs[g as usize], regs[g as usize + 1]);
-            let ok = self.vector_guard(ptr, p0, 8, masks.as_ref().map(|m| &m[..]));
-            self.emit(Inst::VAtomic { op, addr: p0, values: vec![v0, v1], pred: ok, sem, scope });
-            let Some(ok) = ok else { continue };
-            let not_ok = self.not(ok);
-            for (i, (p, v)) in [(p0, v0), (p1, v1)].into_iter().enumerate() {
-                let pred = self.fallback(not_ok, masks.map(|m| m[i]));
-                let dst = self.reg(SType::F32);
-                self.emit(Inst::Atomic { dst, op, addr: p, value: v, pred: Some(pred), sem, scope });
-            }
+            let (ps, vs) = ([p0, p1], [regs[g as usize], regs[g as usize + 1]]);
+            self.vector_group(
+                (ptr, p0, 8, 2),
+                masks.as_ref().map(|m| &m[..]),
+                &|_, pred| Inst::VAtomic { op, addr: p0, values: vs.to_vec(), pred, sem, scope },
+                &|l, i, pred| Inst::Atomic {
+                    dst: l.reg(SType::F32),
+                    op,
+                    addr: ps[i],
+                    value: vs[i],
+                    pred: Some(pred),
+                    sem,
+                    scope,
+                },
+            );
         }
     }
 

@@ -91,6 +91,29 @@ impl Lowering<'_> {
         Some(ms[1..].iter().fold(ms[0], |acc, &m| self.bin(BinaryOp::And, acc, m)))
     }
 
+    /// A group of `n` consecutive elements of pointer tile `ptr` from `addr` on, `bytes` in all,
+    /// as one instruction (`vector(guard)`), guarded as [`Lowering::vector_guard`] says, and
+    /// element `i`'s own instruction (`element(i, pred)`) where the guard fails: a vector store,
+    /// or a vector atomic, with its element fallback.
+    pub(super) fn vector_group(
+        &mut self,
+        (ptr, addr, bytes, n): (Value, Reg, u32, usize),
+        masks: Option<&[Reg]>,
+        vector: &dyn Fn(&mut Self, Option<Reg>) -> Inst,
+        element: &dyn Fn(&mut Self, usize, Reg) -> Inst,
+    ) {
+        let ok = self.vector_guard(ptr, addr, bytes, masks);
+        let inst = vector(self, ok);
+        self.emit(inst);
+        let Some(ok) = ok else { return };
+        let not_ok = self.not(ok);
+        for i in 0..n {
+            let pred = self.fallback(not_ok, masks.map(|ms| ms[i]));
+            let inst = element(self, i, pred);
+            self.emit(inst);
+        }
+    }
+
     /// `ok` for a vector group: its first address is aligned to the group and every mask is set.
     pub(super) fn group_ok(&mut self, addr: Reg, bytes: u32, masks: Option<&[Reg]>) -> Reg {
         let ok = self.reg(SType::Pred);
@@ -175,16 +198,12 @@ impl Lowering<'_> {
             }
             let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
             let values: Vec<Reg> = group.iter().map(|&s| pick(&v, s)).collect();
-            let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(t), masks.as_deref()) else {
-                self.emit(Inst::VStore { addr: p[g], values, pred: None });
-                continue;
-            };
-            self.emit(Inst::VStore { addr: p[g], values, pred: Some(ok) });
-            let not_ok = self.not(ok);
-            for (i, &s) in group.iter().enumerate() {
-                let pred = self.fallback(not_ok, masks.as_ref().map(|ms| ms[i]));
-                self.emit(Inst::Store { addr: p[s], value: pick(&v, s), pred: Some(pred) });
-            }
+            self.vector_group(
+                (ptr, p[g], w * shared_size(t), group.len()),
+                masks.as_deref(),
+                &|_, pred| Inst::VStore { addr: p[g], values: values.clone(), pred },
+                &|_, i, pred| Inst::Store { addr: p[group[i]], value: values[i], pred: Some(pred) },
+            );
         }
     }
 
