@@ -645,8 +645,39 @@ impl GroupedGemm {
         let b = kn.b;
         let (pid, programs) = (b.program_id_x(), b.num_programs(Axis::X));
         let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
-        if self.band_tiles == 0 {
-            self.walk_band(kn, (a, da, db), (groups, ready), (experts, chunks, t_max), (tiles_n, zero, zero), ([pid, zero], programs));
+        // Every chunk over the `tiles_n` column tiles from `first_tn` on (the whole width
+        // without bands), from the program's next tile number and the first tile's number
+        // `st`; returns them after the walk.
+        let banded = self.band_tiles != 0;
+        let walk = |st: &[Tile<'b>], (tiles_n, first_tn): (Tile<'b>, Tile<'b>)| {
+            b.for_range(0, chunks, 1, st, |ci, st| {
+                let (chunk, groups, a, da) = match ready {
+                    Some((ready, target)) => {
+                        let chunk = (ci + b.rank()) % chunks;
+                        let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
+                        let a = a.consume_token(tok);
+                        let da = db.is_some().then(|| kn.a_desc(a, self.block_m, self.k_step()));
+                        (chunk, groups.consume_token(tok), a, da)
+                    }
+                    None => (ci, groups, a, da),
+                };
+                let base = chunk * t_max;
+                let after = b.for_range(0, experts, 1, &[st[0], zero, st[1]], |e, s| {
+                    let (next, start, tile_base) = (s[0], s[1], s[2]);
+                    let end = b.load(groups + (chunk * experts + e), None, None);
+                    let rows = end - start;
+                    let (after, last) =
+                        group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|(tm, tn)| {
+                            let tn = if banded { first_tn + tn } else { tn };
+                            self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), (tm, tn));
+                        });
+                    vec![after, end, last]
+                });
+                vec![after[0], after[2]]
+            })
+        };
+        if !banded {
+            walk(&[pid, zero], (tiles_n, zero));
             return;
         }
         // Column bands, each walked over every chunk; tile numbers run on over the bands.
@@ -654,52 +685,8 @@ impl GroupedGemm {
         let bands = (tiles_n + (band - 1)) / band;
         b.for_range(0, bands, 1, &[pid, zero], |bi, st| {
             let first = bi * band;
-            let width = band.min(tiles_n - first);
-            let st = [st[0], st[1]];
-            self.walk_band(kn, (a, da, db), (groups, ready), (experts, chunks, t_max), (width, first, zero), (st, programs))
+            walk(st, (band.min(tiles_n - first), first))
         });
-    }
-
-    /// [`GroupedGemm::walk_chunks`] over the `tiles_n` column tiles from `first_tn` on (`zero`
-    /// the constant 0), from the program's next tile number and the band's first tile number
-    /// `st`; returns them after the band.
-    #[allow(clippy::type_complexity)]
-    fn walk_band<'b>(
-        &self,
-        kn: &Kernel<'b>,
-        (a, da, db): (Tile<'b>, Option<Tile<'b>>, Option<Tile<'b>>),
-        (groups, ready): (Tile<'b>, Option<(Tile<'b>, Tile<'b>)>),
-        (experts, chunks, t_max): (Tile<'b>, Tile<'b>, Tile<'b>),
-        (tiles_n, first_tn, zero): (Tile<'b>, Tile<'b>, Tile<'b>),
-        (st, programs): ([Tile<'b>; 2], Tile<'b>),
-    ) -> Vec<Tile<'b>> {
-        let b = kn.b;
-        let banded = self.band_tiles != 0;
-        b.for_range(0, chunks, 1, &st, |ci, st| {
-            let (chunk, groups, a, da) = match ready {
-                Some((ready, target)) => {
-                    let chunk = (ci + b.rank()) % chunks;
-                    let tok = b.wait(ready + chunk, 1, CmpOp::Ge, target, Scope::Sys, MemSemantic::Acquire);
-                    let a = a.consume_token(tok);
-                    let da = db.is_some().then(|| kn.a_desc(a, self.block_m, self.k_step()));
-                    (chunk, groups.consume_token(tok), a, da)
-                }
-                None => (ci, groups, a, da),
-            };
-            let base = chunk * t_max;
-            let after = b.for_range(0, experts, 1, &[st[0], zero, st[1]], |e, s| {
-                let (next, start, tile_base) = (s[0], s[1], s[2]);
-                let end = b.load(groups + (chunk * experts + e), None, None);
-                let rows = end - start;
-                let (after, last) =
-                    group_tiles(b, (next, tile_base), (rows, self.block_m, tiles_n, programs), &|(tm, tn)| {
-                        let tn = if banded { first_tn + tn } else { tn };
-                        self.tile(kn, a, da.zip(db), (e, chunk), (base + start, rows), (tm, tn));
-                    });
-                vec![after, end, last]
-            });
-            vec![after[0], after[2]]
-        })
     }
 
     /// Output tile (`tm`, `tn`) of group `first ..` (`rows` of them) on B's expert `e` (of A's
