@@ -956,15 +956,10 @@ fn tp_machinery(
     // with the same main loop (the order is one suspect).
     t.time("grouped/gate-up", &mut || gemm(bufs, TpGemm::GateUp))?;
     t.time(TP_AG_GATE_UP, &mut || gemm(bufs, TpGemm::AgGateUp))?;
-    // The reduce-scatter epilogue into a cleared accumulator (f32, each token's row).
-    ctx.fill(&bufs.acc, &[0])?;
-    ctx.fill(&bufs.done, &[0])?;
-    gemm(bufs, TpGemm::DownReduceScatter)?;
-    t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
-    t.time(TP_DOWN_RS, &mut || gemm(bufs, TpGemm::DownReduceScatter))?;
-    // The same in column bands of 4 and 8 tiles (a token's additions while its accumulator row's
-    // band is in L2; A read once per band), each checked first.
-    for band in [4, 8] {
+    // The reduce-scatter epilogue into a cleared accumulator (f32, each token's row), checked
+    // then timed; then the same in column bands of 4 and 8 tiles (a token's additions while its
+    // accumulator row's band is in L2; A read once per band).
+    for band in [0, 4, 8] {
         let banded = TpMoeBlock { down_band: band, ..*block };
         let run = |bufs: &TpMoeBuffers| -> Result<(), BackendError> {
             banded.enqueue_gemm(ctx, bufs, experts_w, TpGemm::DownReduceScatter)?;
@@ -974,7 +969,11 @@ fn tp_machinery(
         ctx.fill(&bufs.done, &[0])?;
         run(bufs)?;
         t.error(check_with(&|tok, c| read_entry(ctx, &bufs.acc, tok * h + c, DType::F32))?);
-        t.time(&format!("{TP_DOWN_RS}-band{band}"), &mut || run(bufs))?;
+        let name = match band {
+            0 => TP_DOWN_RS.to_string(),
+            _ => format!("{TP_DOWN_RS}-band{band}"),
+        };
+        t.time(&name, &mut || run(bufs))?;
     }
     // The plain down: each row weighted and stored; a token's rows summed here.
     let c = ctx.alloc(bufs.chunk_rows() * h * d.size_bytes() as usize, "moe_tp_plain_down")?;

@@ -503,8 +503,9 @@ impl Lowering<'_> {
             }
             OpKind::Atomic { op: aop, ptr, value, mask, sem, scope } => {
                 let (aop, sem, scope) = (*aop, *sem, *scope);
-                // A tensor-core accumulator added into memory (a split-K GEMM's partial tile):
-                // each thread's elements where they are, as `store_from_mma` stores them.
+                // A tensor-core accumulator added into memory (a split-K GEMM's partial tile,
+                // the reduce-scatter epilogue's weighted rows): each thread's elements where
+                // they are, the pointer evaluated (or its loads read again) at their coordinates.
                 if let Some((l, regs)) = self.mma_held.get(value).cloned() {
                     if self.reloadable(*ptr, op) && mask.is_none_or(|m| self.reloadable(m, op)) {
                         let olds = self.atomic_from_mma(data.results[0], (aop, sem, scope), *ptr, *mask, l, &regs);
