@@ -65,6 +65,10 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 /// largest TMA box has 256 rows.
 pub const CHUNK_PAD: usize = 256;
 
+/// Accumulators (bytes) above which the down GEMM walks column bands by default: half the
+/// 50 MB L2 of an H100 or H200, so that a band's rows stay in L2 between a token's additions.
+pub const BAND_ABOVE: usize = 24 << 20;
+
 /// The route's (token, k-slot) pairs per program: its grid is the chunk's capacity over this (at
 /// most `max_programs`): DeepSeek-V3's decode (128 tokens, top-8) on 64 programs, prefill on all
 /// 132; every program takes part in three meets, so few of them where there is little to do.
@@ -81,9 +85,10 @@ pub struct TpMoeBlock {
     pub max_programs: u32,
     /// FP8 (see the module's text): hidden size a multiple of 128.
     pub fp8: bool,
-    /// The down GEMM's column bands (`GroupedGemm::band_tiles`; 0: none): its additions into
-    /// the accumulator kept to a band of columns at a time, for accumulators larger than L2.
-    pub down_band: u32,
+    /// The down GEMM's column bands (`GroupedGemm::band_tiles`; `Some(0)`: none): its additions
+    /// into the accumulator kept to a band of columns at a time. `None` picks by the
+    /// accumulator's size ([`TpMoeBlock::band_for`]).
+    pub down_band: Option<u32>,
 }
 
 /// A rank's buffers of the block (symmetric ones allocated collectively).
@@ -173,7 +178,7 @@ pub enum TpGemm<'a> {
 
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
-        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false, down_band: 0 }
+        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false, down_band: None }
     }
 
     /// This block with FP8 rows and shards (see the module's text).
@@ -406,16 +411,30 @@ impl TpMoeBlock {
         b.finish()
     }
 
+    /// The down GEMM's column bands for `shape` when none is set: 4 column tiles where the f32
+    /// accumulator (`[T_max, H]`) is larger than [`BAND_ABOVE`], none below. Measured on an
+    /// H100 (a581f9b, `results/h100-session47`): against the unbanded walk, bands of 4 took
+    /// the reduce-scatter GEMM from 0.79x to 0.88x of the plain down GEMM at DeepSeek-V3's
+    /// prefill (112 MiB accumulator) and from 0.91x to 0.95x at Mixtral's (64 MiB); at
+    /// Qwen3's (16 MiB, inside L2) they cost 2%, and at decode sizes they change nothing.
+    pub fn band_for(shape: EpShape) -> u32 {
+        if shape.t_max * shape.hidden * 4 > BAND_ABOVE {
+            4
+        } else {
+            0
+        }
+    }
+
     /// The two grouped GEMMs for this rank's target: gate/up with SwiGLU waiting for the
     /// chunks, and down with the reduce-scatter epilogue.
-    fn gemms(&self, ctx: &dyn RankCtx) -> (GroupedGemm, GroupedGemm) {
+    fn gemms(&self, ctx: &dyn RankCtx, shape: EpShape) -> (GroupedGemm, GroupedGemm) {
         let base = GroupedGemm::for_target(self.payload(), Layout::Contiguous, BLayout::NK, ctx.gpu_target());
         let base = GroupedGemm { scheduled: false, chunk_ends: true, fp8_out: self.dtype, ..base };
         let base = if self.fp8 { base.with_scales(Scales::Block, false) } else { base };
         let up_epilogue = Epilogue { swiglu: true, quantize: self.fp8, ..Epilogue::default() };
         let up = GroupedGemm { wait: true, ..base }.with_epilogue(up_epilogue);
         let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
-        (up, GroupedGemm { band_tiles: self.down_band, ..down })
+        (up, GroupedGemm { band_tiles: self.down_band.unwrap_or_else(|| Self::band_for(shape)), ..down })
     }
 
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
@@ -569,7 +588,7 @@ impl TpMoeBlock {
         let (w, f) = (ctx.world_size(), self.ffn_shard);
         let rows = w * bufs.chunk_rows();
         let (g_rows, g_ends, g_token, g_weight) = (&bufs.rows, &bufs.ends, &bufs.row_token, &bufs.row_weight);
-        let (up, down) = self.gemms(ctx);
+        let (up, down) = self.gemms(ctx, bufs.shape);
         if up.block_m as usize > CHUNK_PAD {
             return Err(self.problem(format!("gate/up tiles of {} rows: at most the chunks' padding, {CHUNK_PAD}", up.block_m)));
         }
@@ -605,3 +624,21 @@ impl TpMoeBlock {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bands where the f32 accumulator outgrows L2 (DeepSeek-V3's and Mixtral's prefill), none
+    /// where it fits (Qwen3-30B-A3B's prefill, every decode shape); none set by default.
+    #[test]
+    fn bands_follow_the_accumulator_size() {
+        let shape = |t_max, hidden| EpShape { t_max, hidden, experts: 8, top_k: 2 };
+        assert_eq!(TpMoeBlock::band_for(shape(4096, 7168)), 4);
+        assert_eq!(TpMoeBlock::band_for(shape(4096, 4096)), 4);
+        assert_eq!(TpMoeBlock::band_for(shape(2048, 2048)), 0);
+        assert_eq!(TpMoeBlock::band_for(shape(128, 7168)), 0);
+        let block = TpMoeBlock::new(DType::BF16, 256);
+        assert_eq!(block.down_band, None);
+    }
+}

@@ -957,10 +957,11 @@ fn tp_machinery(
     t.time("grouped/gate-up", &mut || gemm(bufs, TpGemm::GateUp))?;
     t.time(TP_AG_GATE_UP, &mut || gemm(bufs, TpGemm::AgGateUp))?;
     // The reduce-scatter epilogue into a cleared accumulator (f32, each token's row), checked
-    // then timed; then the same in column bands of 4 and 8 tiles (a token's additions while its
-    // accumulator row's band is in L2; A read once per band).
+    // then timed, with no bands (the block picks bands by the accumulator's size:
+    // `TpMoeBlock::band_for`); then the same in column bands of 4 and 8 tiles (a token's
+    // additions while its accumulator row's band is in L2; A read once per band).
     for band in [0, 4, 8] {
-        let banded = TpMoeBlock { down_band: band, ..*block };
+        let banded = TpMoeBlock { down_band: Some(band), ..*block };
         let run = |bufs: &TpMoeBuffers| -> Result<(), BackendError> {
             banded.enqueue_gemm(ctx, bufs, experts_w, TpGemm::DownReduceScatter)?;
             ctx.synchronize()
