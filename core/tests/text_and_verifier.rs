@@ -57,19 +57,21 @@ fn canonical_text_is_a_fixed_point() {
     assert_eq!(text::print(&f), SCALE);
 }
 
-/// The launch attributes printed only when set (`fast_math`, `warp_specialize`, `persistent`)
-/// parse, print and round-trip.
+/// The launch attributes printed only when set (`fast_math`, `warp_specialize`, `persistent`,
+/// `inter_node`, `pingpong`, `signalled_before`) parse, print and round-trip.
 #[test]
 fn optional_launch_attributes_round_trip() {
     let src = SCALE.replace(
         "cooperative = false}",
-        "cooperative = false, fast_math = true, warp_specialize = true, persistent = true}",
+        "cooperative = false, fast_math = true, warp_specialize = true, persistent = true, inter_node = true, \
+         pingpong = true, signalled_before = true}",
     );
     let f = text::parse(&src).unwrap();
-    assert!(f.attrs.fast_math && f.attrs.warp_specialize && f.attrs.persistent);
+    let a = f.attrs;
+    assert!(a.fast_math && a.warp_specialize && a.persistent && a.inter_node && a.pingpong && a.signalled_before);
     assert_eq!(text::print(&f), src);
     let plain = text::parse(SCALE).unwrap();
-    assert!(!plain.attrs.warp_specialize && !plain.attrs.persistent);
+    assert!(!plain.attrs.warp_specialize && !plain.attrs.persistent && !plain.attrs.signalled_before);
 }
 
 fn verify_error(src: &str) -> trident_core::VerifyError {

@@ -7,7 +7,7 @@
 
 use trident_core::abi::HiddenArgs;
 use trident_core::backend::{Artifact, Backend, BackendError, Device, KernelArg};
-use trident_core::ir::CmpOp;
+use trident_core::ir::{CmpOp, LaunchAttrs};
 
 use crate::diagnostics::Allocations;
 use crate::health::DeviceHealth;
@@ -117,11 +117,22 @@ pub fn launch_grid(
     mps: u32,
     occupancy: &dyn Fn() -> Result<u64, BackendError>,
 ) -> Result<[u32; 3], BackendError> {
-    let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, mps, waits) } else { grid };
+    let room = leaves_room(&kernel.attrs, waits, sharing);
+    let grid = if kernel.attrs.persistent { persistent_grid(grid, sharing, occupancy()?, mps, room) } else { grid };
     if kernel.attrs.cooperative || (waits && sharing > 1) {
         check_resident(kernel, grid, sharing, occupancy()?, mps)?;
     }
     Ok(grid)
+}
+
+/// Whether a persistent launch leaves room for what it waits for ([`persistent_grid`]'s
+/// `waits`): a kernel that waits does, unless every producer of its signals ran before it on
+/// its stream or runs on another device (`LaunchAttrs::signalled_before`) and no other rank
+/// shares the device. Measured at a581f9b on an H100: the tensor-parallel MoE block's waiting
+/// gate/up GEMM ran 116 programs for 132 multiprocessors at world 1, 4-6% slower than the
+/// same GEMM without the wait.
+pub fn leaves_room(attrs: &LaunchAttrs, waits: bool, sharing: u32) -> bool {
+    waits && (sharing > 1 || !attrs.signalled_before)
 }
 
 /// The grid a launch of a persistent kernel (`LaunchAttrs::persistent`) runs: along x, at
@@ -175,7 +186,18 @@ pub fn check_resident(
 
 #[cfg(test)]
 mod tests {
-    use super::persistent_grid;
+    use super::{leaves_room, persistent_grid, LaunchAttrs};
+
+    #[test]
+    fn a_kernel_signalled_before_keeps_every_multiprocessor_on_a_device_of_its_own() {
+        let (plain, before) =
+            (LaunchAttrs::default(), LaunchAttrs { signalled_before: true, ..LaunchAttrs::default() });
+        assert!(leaves_room(&plain, true, 1));
+        assert!(!leaves_room(&before, true, 1));
+        assert!(leaves_room(&before, true, 2));
+        assert!(!leaves_room(&plain, false, 4));
+        assert_eq!(persistent_grid([1000, 1, 1], 1, 1, 132, leaves_room(&before, true, 1)), [132, 1, 1]);
+    }
 
     #[test]
     fn persistent_grids_share_the_device_and_leave_room_for_what_a_waiting_kernel_waits_for() {

@@ -116,7 +116,7 @@ impl HtBuffers {
 
 impl HighThroughputAllToAll {
     pub fn new(dtype: DType) -> HighThroughputAllToAll {
-        HighThroughputAllToAll { dtype, block: 1024, max_programs: 132, quantize: false }
+        HighThroughputAllToAll { dtype, block: 1024, max_programs: crate::STREAMING_PROGRAMS, quantize: false }
     }
 
     /// Dispatch quantizes to E4M3FN with a scale per 128 channels (see `quantize`).

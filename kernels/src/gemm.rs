@@ -265,12 +265,10 @@ impl Gemm {
             LaunchAttrs {
                 warps: self.warps,
                 stages: self.stages,
-                cooperative: false,
-                fast_math: false,
                 warp_specialize,
                 persistent: self.persistent,
-                inter_node: false,
                 pingpong: self.pingpong && warp_specialize && self.persistent,
+                ..LaunchAttrs::default()
             },
         );
         let ptr = |name: &str| {

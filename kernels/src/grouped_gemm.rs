@@ -298,6 +298,10 @@ pub struct GroupedGemm {
     /// a token's k rows, in k experts' tiles, then add into the same band of its accumulator
     /// row while it is still in L2, at the price of reading A once per band.
     pub band_tiles: u32,
+    /// With `wait`: every chunk's signal is set by work enqueued before the GEMM on its stream
+    /// or by other devices (`LaunchAttrs::signalled_before`): where a rank has the GPU to
+    /// itself, the persistent grid takes every multiprocessor.
+    pub signalled_before: bool,
 }
 
 
@@ -323,6 +327,7 @@ impl GroupedGemm {
             pingpong: false,
             fp8_out: DType::BF16,
             band_tiles: 0,
+            signalled_before: false,
         }
     }
 
@@ -515,6 +520,7 @@ impl GroupedGemm {
             persistent: true,
             warp_specialize,
             pingpong,
+            signalled_before: self.wait && self.signalled_before,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&name, attrs);

@@ -70,8 +70,9 @@ pub const CHUNK_PAD: usize = 256;
 pub const BAND_ABOVE: usize = 24 << 20;
 
 /// The route's (token, k-slot) pairs per program: its grid is the chunk's capacity over this (at
-/// most `max_programs`): DeepSeek-V3's decode (128 tokens, top-8) on 64 programs, prefill on all
-/// 132; every program takes part in three meets, so few of them where there is little to do.
+/// most `max_programs`): DeepSeek-V3's decode (128 tokens, top-8) on 64 programs, prefill on
+/// what is resident of 2048; every program takes part in three meets, so few of them where
+/// there is little to do.
 const PAIRS_PER_PROGRAM: usize = 16;
 
 /// The block's meta-parameters: the element type (bf16 or f16), each rank's shard of the
@@ -178,7 +179,7 @@ pub enum TpGemm<'a> {
 
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
-        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: 132, fp8: false, down_band: None }
+        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: crate::STREAMING_PROGRAMS, fp8: false, down_band: None }
     }
 
     /// This block with FP8 rows and shards (see the module's text).
@@ -432,7 +433,9 @@ impl TpMoeBlock {
         let base = GroupedGemm { scheduled: false, chunk_ends: true, fp8_out: self.dtype, ..base };
         let base = if self.fp8 { base.with_scales(Scales::Block, false) } else { base };
         let up_epilogue = Epilogue { swiglu: true, quantize: self.fp8, ..Epilogue::default() };
-        let up = GroupedGemm { wait: true, ..base }.with_epilogue(up_epilogue);
+        // The chunks' signals come from the route, enqueued before on the same stream, or from
+        // peers: the waiting GEMM need not leave multiprocessors free on a GPU of its own.
+        let up = GroupedGemm { wait: true, signalled_before: true, ..base }.with_epilogue(up_epilogue);
         let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
         (up, GroupedGemm { band_tiles: self.down_band.unwrap_or_else(|| Self::band_for(shape)), ..down })
     }

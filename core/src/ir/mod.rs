@@ -270,6 +270,13 @@ pub struct LaunchAttrs {
     /// `docs/DECISIONS.md`, "Consumer ping-pong"). A kernel whose tile loop the lowering
     /// cannot run so is refused.
     pub pingpong: bool,
+    /// Every signal the kernel waits for on its own device is set by work enqueued before it
+    /// on the same stream (or by other devices): nothing that must run beside it on this
+    /// device produces one. Where a rank has its device to itself, a persistent launch of it
+    /// then keeps every multiprocessor instead of leaving an eighth free for a producer
+    /// (`gpu_runtime::persistent_grid`). Host orchestration that sets it promises the order;
+    /// ranks sharing a device still leave room for each other.
+    pub signalled_before: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -283,6 +290,7 @@ impl Default for LaunchAttrs {
             persistent: false,
             inter_node: false,
             pingpong: false,
+            signalled_before: false,
         }
     }
 }

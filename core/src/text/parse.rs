@@ -433,6 +433,7 @@ impl Parser<'_> {
                         "persistent" => attrs.persistent = self.boolean()?,
                         "inter_node" => attrs.inter_node = self.boolean()?,
                         "pingpong" => attrs.pingpong = self.boolean()?,
+                        "signalled_before" => attrs.signalled_before = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {
