@@ -180,6 +180,32 @@ def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
     return do_bench(run, return_mode="median")
 
 
+def flash_decode_ms(batch: int, q_len: int, heads_q: int, heads_kv: int, head_dim: int, length: int) -> float:
+    """Decoding attention as PyTorch serves it: `scaled_dot_product_attention` with grouped
+    query heads on `[B, H, S, D]` tensors (one new token per sequence: no mask)."""
+    if q_len != 1:
+        raise ValueError("the baseline times one new token per sequence")
+    dt = torch.bfloat16
+    q = torch.randn(batch, heads_q, q_len, head_dim, device="cuda", dtype=dt)
+    k = torch.randn(batch, heads_kv, length, head_dim, device="cuda", dtype=dt)
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return do_bench(lambda: sdpa(q, k, v, enable_gqa=True), return_mode="median")
+
+
+def flash_attn_decode_ms(batch: int, q_len: int, heads_q: int, heads_kv: int, head_dim: int, length: int) -> float:
+    """FlashAttention's decoding kernel (`flash_attn_with_kvcache`, split-KV) on `[B, S, H, D]`
+    caches, where the package is installed."""
+    from flash_attn import flash_attn_with_kvcache
+
+    dt = torch.bfloat16
+    q = torch.randn(batch, q_len, heads_q, head_dim, device="cuda", dtype=dt)
+    k = torch.randn(batch, length, heads_kv, head_dim, device="cuda", dtype=dt)
+    v = torch.randn_like(k)
+    lens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
+    return do_bench(lambda: flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True), return_mode="median")
+
+
 def timed(results: dict, line: str, run) -> None:
     """Records `run()`'s time for the case `line`, or prints why there is none (a torch or
     cuBLAS without the operation, or a failed check, leaves the column empty)."""
@@ -209,6 +235,10 @@ def main(cases_path: str, out_path: str) -> None:
                 timed(results, line, lambda: grouped_mm_swiglu_ms(*dims[:5]))
             else:
                 timed(results, line, lambda: grouped_mm_ms(*dims, fp8=dtype.startswith("f8")))
+            continue
+        if name == "flash_decode":
+            timed(results, line, lambda: flash_decode_ms(*dims))
+            timed(results, "flash-attn " + line, lambda: flash_attn_decode_ms(*dims))
             continue
         if name.startswith("scaled_gemm_"):
             timed(results, line, lambda: scaled_mm_ms(name[len("scaled_gemm_"):], *dims))

@@ -106,6 +106,11 @@ enum Workload {
     /// `use_fast_accum`; with a sixth dim of 1, FP8 with DeepSeek-V3's block scales (no
     /// baseline: against the FP8 peak).
     GroupedGemm,
+    /// Flash decoding (`trident_kernels::flash_decode`), dims `[B, Nq, Hq, Hkv, D, S]`: every
+    /// sequence `S` keys long in a contiguous cache, against `scaled_dot_product_attention`
+    /// (GQA) on `[B, H, S, D]` tensors (and FlashAttention's `flash_attn_with_kvcache` where
+    /// it is installed). Memory-bound: rated by the cache's bytes against HBM.
+    FlashDecode,
 }
 
 impl Workload {
@@ -125,6 +130,7 @@ impl Workload {
             Workload::ScaledGemm(Scaling::Row, true) => "scaled_gemm_row_promoted",
             Workload::ScaledGemm(Scaling::Block, _) => "scaled_gemm_block",
             Workload::GroupedGemm => "grouped_gemm",
+            Workload::FlashDecode => "flash_decode",
         }
     }
 }
@@ -167,6 +173,11 @@ impl Case {
                 (2.0 * t * d[1] * d[2], (t * d[2] + d[0] * d[1] * d[2]) * s + t * cols * out)
             }
             Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
+            // Q K^T and P V over every key; K and V read once, the queries and outputs besides.
+            Workload::FlashDecode => {
+                let (b, nq, hq, hkv, hd, len) = (d[0], d[1], d[2], d[3], d[4], d[5]);
+                (4.0 * b * nq * hq * len * hd, (2.0 * b * len * hkv * hd + 2.0 * b * nq * hq * hd) * s)
+            }
         }
     }
 
@@ -182,7 +193,10 @@ impl Case {
 
     /// Whether the case is a GEMM (rated in FLOP/s, bounded by compute).
     fn is_gemm(&self) -> bool {
-        !matches!(self.workload, Workload::VectorAdd | Workload::Softmax | Workload::SoftmaxFast)
+        !matches!(
+            self.workload,
+            Workload::VectorAdd | Workload::Softmax | Workload::SoftmaxFast | Workload::FlashDecode
+        )
     }
 
     /// The roofline time in ms: the larger of compute and memory time at the device's peaks.
@@ -258,6 +272,13 @@ fn cases() -> Vec<Case> {
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0]),
         c(GroupedGemm, DType::F8E4M3FN, &[16, 1536, 2048, 1024, 1]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0, 1]),
+        // Flash decoding, one new token per sequence (LLaMA-3-8B's heads: 32 query heads over
+        // 8 KV heads of 128; 70B's: 64 over 8): one sequence of 128K keys, 8 of 8K, 32 of 4K,
+        // 4 of 32K.
+        c(FlashDecode, DType::BF16, &[1, 1, 32, 8, 128, 131072]),
+        c(FlashDecode, DType::BF16, &[8, 1, 32, 8, 128, 8192]),
+        c(FlashDecode, DType::BF16, &[32, 1, 32, 8, 128, 4096]),
+        c(FlashDecode, DType::BF16, &[4, 1, 64, 8, 128, 32768]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0, 1]),
         // The gate/up GEMMs with SwiGLU fused (6th dimension 2; B's gate and up rows
         // interleaved), against `torch._grouped_mm` then `silu(gate) * up`.
@@ -558,6 +579,7 @@ fn run_case(
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
         Workload::GroupedGemm => return grouped_gemm(cuda, &l, case, (reps, only_configs), &mut rng),
+        Workload::FlashDecode => flash_decode(cuda, &l, case, reps, &mut rng)?,
         Workload::ScaledGemm(scaling, promote) => {
             return scaled_gemm(cuda, &l, case, (scaling, promote), (reps, only_configs), &mut rng)
         }
@@ -1131,6 +1153,61 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
     let config =
         format!("{w} ranks on one GPU; gather then GEMM {sequential:.3} ms: overlap {:.3}x", sequential / overlapped);
     Ok(Measured { ms, error, config })
+}
+
+/// Flash decoding over a contiguous cache of `S` keys per sequence, checked on 16 sampled
+/// (sequence, token, head) rows against f64 (normwise per row, the worst).
+fn flash_decode(
+    cuda: &Enqueuing,
+    l: &DeviceCtx,
+    case: &Case,
+    reps: usize,
+    rng: &mut rand::rngs::StdRng,
+) -> Result<(Stats, f64), BackendError> {
+    use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
+    let (d, dims) = (case.dtype, &case.dims);
+    let (b, nq, hq, hkv, hd, len) = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]);
+    let shape = DecodeShape { batch: b, q_len: nq, heads_q: hq, heads_kv: hkv, head_dim: hd, cache_len: len };
+    let q = random(b * nq * hq * hd, d, rng);
+    let (k, v) = (random(b * len * hkv * hd, d, rng), random(b * len * hkv * hd, d, rng));
+    let (qb, kb, vb) = (upload(cuda, "q", &q, d)?, upload(cuda, "k", &k, d)?, upload(cuda, "v", &v, d)?);
+    let lens = upload(cuda, "lens", &vec![len as f64; b], DType::I32)?;
+    let op = FlashDecode::for_shape(d, &shape);
+    let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
+    let out = cuda.alloc(b * nq * hq * hd * d.size_bytes() as usize, "out")?;
+    cuda.fill(&out, &poison(d))?;
+    let es = d.size_bytes() as usize;
+    time(
+        cuda,
+        reps,
+        || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape),
+        || {
+            let mut worst = 0.0f64;
+            for _ in 0..16 {
+                let row = rng_row(b * nq * hq);
+                let (seq, i, h) = (row / (nq * hq), row / hq % nq, row % hq);
+                let mut raw = vec![0u8; hd * es];
+                cuda.read(&out, row * hd * es, &mut raw)?;
+                let got = decode(&raw, d);
+                // Query token i sees the keys up to its position, len - nq + i.
+                let qv = &q[row * hd..(row + 1) * hd];
+                let at = |j: usize| ((seq * len + j) * hkv + h / (hq / hkv)) * hd;
+                let scores: Vec<f64> = (0..=len - nq + i)
+                    .map(|j| qv.iter().zip(&k[at(j)..at(j) + hd]).map(|(x, y)| x * y).sum::<f64>() / (hd as f64).sqrt())
+                    .collect();
+                let m = scores.iter().copied().fold(f64::MIN, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                let want: Vec<f64> = (0..hd)
+                    .map(|c| w.iter().enumerate().map(|(j, wj)| wj * v[at(j) + c]).sum::<f64>() / total)
+                    .collect();
+                let err: f64 = got.iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum::<f64>().sqrt();
+                let norm: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt();
+                worst = worst.max(err / norm.max(f64::MIN_POSITIVE));
+            }
+            Ok(worst)
+        },
+    )
 }
 
 fn rng_row(n: usize) -> usize {

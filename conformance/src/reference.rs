@@ -197,6 +197,46 @@ pub fn ulps(y: f64, r: f64, d: DType) -> u64 {
     (key(y) - key(cr)).unsigned_abs() as u64
 }
 
+/// Decoding attention (`trident_kernels::flash_decode`'s definition) in f64: `q [B, Nq, Hq, D]`,
+/// the cache's key and value of sequence `b`'s key `j` at `kv(b, j)` (an element offset of a
+/// `D`-vector, per KV head `h` added as `h D`), `lens [B]`; query token `i` of sequence `b`
+/// attends to the keys `0 ..= lens[b] - Nq + i` with scores `q . k / sqrt(D)`; zeros where it
+/// sees none. Returns `out [B, Nq, Hq, D]`.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_attention(
+    q: &[f64],
+    (k, v): (&[f64], &[f64]),
+    kv: &dyn Fn(usize, usize) -> usize,
+    lens: &[usize],
+    (nq, hq, hkv, d): (usize, usize, usize, usize),
+) -> Vec<f64> {
+    let g = hq / hkv;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0.0; lens.len() * nq * hq * d];
+    for (b, &len) in lens.iter().enumerate() {
+        for i in 0..nq {
+            let Some(last) = (len + i).checked_sub(nq) else { continue };
+            for h in 0..hq {
+                let qv = &q[((b * nq + i) * hq + h) * d..][..d];
+                let at = |j: usize| kv(b, j) + (h / g) * d;
+                let scores: Vec<f64> = (0..=last)
+                    .map(|j| scale * qv.iter().zip(&k[at(j)..][..d]).map(|(x, y)| x * y).sum::<f64>())
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+                let total: f64 = w.iter().sum();
+                let o = &mut out[((b * nq + i) * hq + h) * d..][..d];
+                for (j, wj) in w.iter().enumerate() {
+                    for (x, y) in o.iter_mut().zip(&v[at(j)..][..d]) {
+                        *x += wj / total * y;
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

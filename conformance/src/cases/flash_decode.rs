@@ -1,0 +1,103 @@
+//! Flash decoding over a contiguous and a paged KV cache.
+
+use crate::host::random;
+use crate::reference;
+use crate::registry::{Operation, Registered, WorldData};
+use crate::suite::Case;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use trident_core::backend::{BackendError, Buffer};
+use trident_core::ir::DType;
+use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
+use trident_kernels::DeviceCtx;
+
+struct FlashDecodeCase;
+
+/// A case's shape: `[B, Nq, Hq, Hkv, D, S, page, first length]`.
+fn decode_shape(s: &[usize]) -> DecodeShape {
+    DecodeShape { batch: s[0], q_len: s[1], heads_q: s[2], heads_kv: s[3], head_dim: s[4], cache_len: s[5] }
+}
+
+fn paged(case: &Case) -> bool {
+    case.variant == "paged"
+}
+
+/// Pages in a paged case's pool: every sequence's, and as many again unused.
+fn pool_pages(s: &[usize]) -> usize {
+    2 * s[0] * (s[5] / s[6])
+}
+
+impl Operation for FlashDecodeCase {
+    fn name(&self) -> &'static str {
+        "flash_decode"
+    }
+
+    fn variants(&self, _dtype: DType) -> &'static [&'static str] {
+        &["contiguous", "paged"]
+    }
+
+    fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
+        let mut t = vec![case.dtype, case.dtype, case.dtype, DType::I32, DType::I32];
+        t.truncate(inputs);
+        t
+    }
+
+    fn distributed(&self) -> bool {
+        false
+    }
+
+    /// Sequence lengths 1, 5 of which 4 new tokens (causality is most of the result), 17 (and
+    /// the cache's whole 128), 1027 with 3 new tokens and 4099; query heads per KV head 1, 2,
+    /// 4 and 16; head dimensions 64 and 128; pages of 16 to 256 keys.
+    fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
+        vec![
+            vec![1, 1, 1, 1, 64, 64, 16, 1],
+            vec![1, 4, 4, 2, 64, 64, 16, 5],
+            vec![2, 1, 8, 2, 64, 128, 32, 17],
+            vec![1, 3, 16, 1, 128, 1088, 64, 1027],
+            vec![1, 1, 2, 1, 64, 4352, 256, 4099],
+        ]
+    }
+
+    fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
+        let s = &case.shape;
+        let (b, nq, hq, hkv, d, cap, page) = (s[0], s[1], s[2], s[3], s[4], s[5], s[6]);
+        let q = random(b * nq * hq * d, case.dtype, rng);
+        let lens: Vec<usize> = (0..b).map(|i| if i == 0 { s[7] } else { rng.gen_range(nq..=cap) }).collect();
+        let mut inputs = vec![q.clone()];
+        let expected;
+        if paged(case) {
+            // Each sequence's pages drawn from a shuffled pool twice its size.
+            let pages = pool_pages(s);
+            let mut order: Vec<usize> = (0..pages).collect();
+            order.shuffle(rng);
+            let per_seq = cap / page;
+            let table: Vec<usize> = order[..b * per_seq].to_vec();
+            let (k, v) = (random(pages * page * hkv * d, case.dtype, rng), random(pages * page * hkv * d, case.dtype, rng));
+            let kv = |seq: usize, j: usize| ((table[seq * per_seq + j / page] * page + j % page) * hkv) * d;
+            expected = reference::decode_attention(&q, (&k, &v), &kv, &lens, (nq, hq, hkv, d));
+            inputs.extend([k, v, lens.iter().map(|&x| x as f64).collect(), table.iter().map(|&x| x as f64).collect()]);
+        } else {
+            let (k, v) = (random(b * cap * hkv * d, case.dtype, rng), random(b * cap * hkv * d, case.dtype, rng));
+            let kv = |seq: usize, j: usize| ((seq * cap + j) * hkv) * d;
+            expected = reference::decode_attention(&q, (&k, &v), &kv, &lens, (nq, hq, hkv, d));
+            inputs.extend([k, v, lens.iter().map(|&x| x as f64).collect()]);
+        }
+        // An output row is a weighted mean of value rows, whose error does not grow with the
+        // keys' number as a dot product's does: the bound of a product over the head dimension.
+        WorldData::single(inputs, expected, d)
+    }
+
+    fn run_device(&self, case: &Case, l: &DeviceCtx, ins: &[Buffer], out: &Buffer) -> Result<(), BackendError> {
+        let s = &case.shape;
+        let shape = decode_shape(s);
+        let op = FlashDecode::for_shape(case.dtype, &shape);
+        let op = if paged(case) { op.paged(s[6] as u32) } else { op };
+        let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
+        let result = op.run(l, (&ins[0], &ins[1], &ins[2]), &ins[3], ins.get(4), &work, out, &shape);
+        l.device.free(&work)?;
+        result
+    }
+}
+
+inventory::submit! { Registered(&FlashDecodeCase) }

@@ -1,0 +1,370 @@
+//! Flash decoding: grouped-query attention of a few new query tokens per sequence against a
+//! long KV cache, split along the cache over programs (split-KV) so that the whole GPU streams
+//! it, then a combine of the splits' partial results by their log-sum-exp.
+//!
+//! Shapes: `q [B, Nq, Hq, D]`, `out [B, Nq, Hq, D]`, `lens [B]` (i32: each sequence's length,
+//! its `Nq` new tokens included). The cache is contiguous, `k, v [B, S, Hkv, D]` (`S` the
+//! capacity per sequence), or paged ([`FlashDecode::page`]): `k, v [pages, P, Hkv, D]` and a
+//! block table `table [B, S / P]` (i32) naming the page of each sequence's `P` keys from `P j`
+//! on, as serving engines keep them. Query head `h` reads KV head `h / (Hq / Hkv)`.
+//!
+//! Query token `i` of sequence `b` sits at position `lens[b] - Nq + i` and attends causally to
+//! the keys `0 ..= lens[b] - Nq + i` with the scores `q . k / sqrt(D)`. A query that sees no
+//! key (`lens[b] < Nq`) gets zeros.
+//!
+//! **Split** (grid `[B Hkv, splits]`): program `(b Hkv + h, s)` takes the `G = Hq / Hkv` query
+//! heads of KV head `h` for all `Nq` tokens as one tile of `Nq G` rows (row `i G + g`, padded to
+//! `block_m`) and the keys `s chunk .. (s + 1) chunk` in blocks of `block_n`: scores in f32,
+//! online softmax (running maximum, sum and f32 accumulator; the probabilities rounded to the
+//! element type for the product with V, as FlashAttention does), then writes its rows'
+//! normalized partial output (`part [B Hkv, splits, block_m, D]` f32) and log-sum-exp
+//! (`lse [B Hkv, splits, block_m]` f32, `-inf` where the split saw no key).
+//!
+//! **Combine** (grid `[B Hkv, Nq G]`): each row's output is the splits' partial outputs weighed
+//! by `exp(lse_s - max lse)`, over their sum.
+
+use crate::{require_bytes, require_i32, DeviceCtx};
+use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
+use trident_core::{Function, KernelBuilder, VerifyError};
+
+/// A decoding problem's extents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct DecodeShape {
+    pub batch: usize,
+    /// New query tokens per sequence.
+    pub q_len: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    /// Keys per sequence at most (`S`): the contiguous cache's capacity, or the block table's
+    /// pages per sequence times the page size.
+    pub cache_len: usize,
+}
+
+impl DecodeShape {
+    /// Query heads per KV head (`G`).
+    pub fn group(&self) -> usize {
+        self.heads_q / self.heads_kv.max(1)
+    }
+
+    /// Rows of a program's query tile (`Nq G`).
+    pub fn rows(&self) -> usize {
+        self.q_len * self.group()
+    }
+}
+
+/// The kernels' meta-parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FlashDecode {
+    pub dtype: DType,
+    pub head_dim: u32,
+    /// Query rows per program (at least `Nq G`, a power of two, at least 16).
+    pub block_m: u32,
+    /// Keys per step.
+    pub block_n: u32,
+    pub warps: u32,
+    /// Paged cache of this many keys a page (a multiple of `block_n`); `None`: contiguous.
+    pub page: Option<u32>,
+    /// Splits at most (the combine's tile; a power of two).
+    pub max_splits: u32,
+    /// `exp` through the hardware's approximation.
+    pub fast_math: bool,
+}
+
+/// Programs the split stage aims for: enough for every multiprocessor of an H100 or H200 a few
+/// times over, so that the cache streams at the memory's speed.
+const TARGET_PROGRAMS: usize = 132 * 4;
+
+impl FlashDecode {
+    /// The specialization for `shape` (contiguous cache).
+    pub fn for_shape(dtype: DType, shape: &DecodeShape) -> FlashDecode {
+        let block_m = shape.rows().max(16).next_power_of_two() as u32;
+        FlashDecode {
+            dtype,
+            head_dim: shape.head_dim as u32,
+            block_m,
+            block_n: 64,
+            warps: 4,
+            page: None,
+            max_splits: 64,
+            fast_math: false,
+        }
+    }
+
+    /// This specialization over a paged cache of `page` keys a page.
+    pub fn paged(self, page: u32) -> FlashDecode {
+        FlashDecode { page: Some(page), block_n: self.block_n.min(page), ..self }
+    }
+
+    /// The number of splits for `shape` and the keys each takes (a multiple of `block_n`).
+    pub fn splits(&self, shape: &DecodeShape) -> (usize, usize) {
+        let bn = self.block_n as usize;
+        let blocks = shape.cache_len.div_ceil(bn).max(1);
+        let heads = (shape.batch * shape.heads_kv).max(1);
+        let want = TARGET_PROGRAMS.div_ceil(heads).clamp(1, self.max_splits as usize).min(blocks);
+        let chunk = blocks.div_ceil(want) * bn;
+        (shape.cache_len.div_ceil(chunk).max(1), chunk)
+    }
+
+    fn name(&self, stage: &str) -> String {
+        let page = self.page.map(|p| format!("_paged{p}")).unwrap_or_default();
+        format!("flash_decode_{stage}_{}_d{}_{}x{}{page}", self.dtype, self.head_dim, self.block_m, self.block_n)
+            .to_lowercase()
+    }
+
+    /// The split stage.
+    pub fn build_split(&self) -> Result<Function, VerifyError> {
+        let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&self.name("split"), attrs);
+        let d = self.dtype;
+        // Rows of `D` elements start 16-byte aligned (`run` checks the buffers): vector loads.
+        let ptr = |name: &str| b.arg_ptr_aligned(name, d, 16);
+        let (q, k, v) = (ptr("q"), ptr("k"), ptr("v"));
+        let lens = b.arg_ptr("lens", DType::I32);
+        let table = self.page.map(|_| b.arg_ptr("table", DType::I32));
+        let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
+        let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
+        let (cache_len, chunk, scale) = (b.arg("cache_len", DType::I32), b.arg("chunk", DType::I32), b.arg("scale", DType::F32));
+        let (bm, bn, hd) = (self.block_m, self.block_n, self.head_dim);
+        let (bh, s) = (b.program_id_x(), b.program_id(Axis::Y));
+        let splits = b.num_programs(Axis::Y);
+        let (batch, h) = (bh / heads_kv, bh % heads_kv);
+        let len = b.load(lens + batch, None, None);
+        let heads_q = heads_kv * group;
+        // Rows `i G + g`: token i, query head `h G + g`.
+        let r = b.arange(0, bm as i64);
+        let (tok, head) = (r / group, h * group + r % group);
+        let row_ok = r.lt(q_len * group);
+        let pos = len - q_len + tok;
+        let dd = b.arange(0, hd as i64);
+        let q_rows = (batch * q_len + tok) * heads_q + head;
+        let qt = b.load_or(q + (q_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), row_ok.expand_dims(1), 0.0);
+        let (start, end) = (s * chunk, (s * chunk + chunk).min(len).min(cache_len));
+        let m0 = b.full(&[bm], f64::NEG_INFINITY, DType::F32);
+        let (l0, acc0) = (b.zeros(&[bm], DType::F32), b.zeros(&[bm, hd], DType::F32));
+        let jn = b.arange(0, bn as i64);
+        let out = b.for_range(start, end, bn as i32, &[m0, l0, acc0], |j0, c| {
+            let (m, l, acc) = (c[0], c[1], c[2]);
+            let keys = jn + j0;
+            let key_ok = keys.lt(end);
+            // The keys' rows: `(b S + j) Hkv + h` in a contiguous cache; in a paged one, the
+            // block's page (a block never crosses a page) and the keys' slots in it.
+            let key_rows = match (table, self.page) {
+                (Some(table), Some(p)) => {
+                    let pages_per_seq = cache_len / p as i32;
+                    let page = b.load(table + (batch * pages_per_seq + j0 / p as i32), None, None);
+                    (page * p as i32 + keys % p as i32) * heads_kv + h
+                }
+                _ => (batch * cache_len + keys) * heads_kv + h,
+            };
+            // K's rows as stored (the head dimension contiguous: vector loads), transposed for
+            // the product.
+            let kt = b.load_or(k + (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), key_ok.expand_dims(1), 0.0).t();
+            let scores = b.dot(qt, kt, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
+            let seen = keys.expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
+            let scores = seen.select(scores, f64::NEG_INFINITY);
+            let m_new = m.max(scores.max_along(1));
+            // A row that has seen no key yet keeps -inf: its terms are exp(-inf) = 0.
+            let m_use = m_new.eq(f64::NEG_INFINITY).select(0.0f32, m_new);
+            let alpha = (m - m_use).exp();
+            let p = (scores - m_use.expand_dims(1)).exp();
+            let l = l * alpha + p.sum(1);
+            let vt = b.load_or(v + (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), key_ok.expand_dims(1), 0.0);
+            let acc = b.dot(p.cast(d), vt, acc * alpha.expand_dims(1), InputPrecision::Ieee);
+            vec![m_new, l, acc]
+        });
+        let (m, l, acc) = (out[0], out[1], out[2]);
+        let some = l.gt(0.0f32);
+        let o = some.expand_dims(1).select(acc / l.max(f32::MIN_POSITIVE).expand_dims(1), 0.0f32);
+        let at = bh * splits + s;
+        b.store(part + ((at * bm as i32 + r) * hd as i32).expand_dims(1) + dd.expand_dims(0), o, None);
+        b.store(lse + (at * bm as i32 + r), some.select(m + l.max(f32::MIN_POSITIVE).log(), f64::NEG_INFINITY), None);
+        b.finish()
+    }
+
+    /// The combine stage.
+    pub fn build_combine(&self) -> Result<Function, VerifyError> {
+        let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
+        let b = KernelBuilder::new(&self.name("combine"), attrs);
+        let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
+        let out = b.arg_ptr("out", self.dtype);
+        let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
+        let splits = b.arg("splits", DType::I32);
+        let (bm, hd, ns) = (self.block_m as i32, self.head_dim, self.max_splits);
+        let (bh, r) = (b.program_id_x(), b.program_id(Axis::Y));
+        let (batch, h) = (bh / heads_kv, bh % heads_kv);
+        let sv = b.arange(0, ns as i64);
+        let s_ok = sv.lt(splits);
+        let rows = (bh * splits + sv) * bm + r;
+        let lses = b.load_or(lse + rows, s_ok, f64::NEG_INFINITY);
+        let m = lses.max_along(0);
+        let m_use = m.eq(f64::NEG_INFINITY).select(0.0f32, m);
+        let w = (lses - m_use).exp();
+        let dd = b.arange(0, hd as i64);
+        let parts = b.load_or(part + (rows * hd as i32).expand_dims(1) + dd.expand_dims(0), s_ok.expand_dims(1), 0.0);
+        let total = w.sum(0);
+        let o = (parts * w.expand_dims(1)).sum(0);
+        let o = total.gt(0.0f32).select(o / total.max(f32::MIN_POSITIVE), 0.0f32);
+        let (tok, head) = (r / group, h * group + r % group);
+        let heads_q = heads_kv * group;
+        b.store(out + ((batch * q_len + tok) * heads_q + head) * hd as i32 + dd, o.cast(self.dtype), None);
+        b.finish()
+    }
+
+    /// Attention of `q` against the cache `k`, `v` (and the block table `table` where paged)
+    /// into `out`, through the scratch `work` ([`FlashDecode::work_bytes`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &self,
+        l: &DeviceCtx,
+        (q, k, v): (&Buffer, &Buffer, &Buffer),
+        lens: &Buffer,
+        table: Option<&Buffer>,
+        work: &Buffer,
+        out: &Buffer,
+        shape: &DecodeShape,
+    ) -> Result<(), BackendError> {
+        self.check(shape, table.is_some())?;
+        let es = self.dtype.size_bytes() as usize;
+        let (rows, g) = (shape.rows(), shape.group());
+        require_bytes(q, shape.batch * rows * shape.heads_kv * shape.head_dim * es, "q")?;
+        require_bytes(out, shape.batch * rows * shape.heads_kv * shape.head_dim * es, "out")?;
+        require_bytes(lens, shape.batch * 4, "lens")?;
+        let kv_bytes = match (self.page, table) {
+            (Some(_), Some(t)) => {
+                require_bytes(t, shape.batch * shape.cache_len / self.page.unwrap_or(1) as usize * 4, "table")?;
+                0
+            }
+            _ => shape.batch * shape.cache_len * shape.heads_kv * shape.head_dim * es,
+        };
+        require_bytes(k, kv_bytes, "k")?;
+        require_bytes(v, kv_bytes, "v")?;
+        require_bytes(work, self.work_bytes(shape), "work")?;
+        if shape.batch == 0 || rows == 0 {
+            return Ok(());
+        }
+        let (splits, chunk) = self.splits(shape);
+        let (part, lse) = (work.arg(), work.arg_at(self.part_bytes(shape)));
+        let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        let split = l.compile(format!("{self:?} split"), || self.build_split())?;
+        let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
+        args.extend(table.map(|t| t.arg()));
+        args.extend([part, lse]);
+        args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
+        args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
+        let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
+        l.launch(&split, [heads, splits as u32, 1], &args)?;
+        let combine = l.compile(format!("{self:?} combine"), || self.build_combine())?;
+        let args = [
+            part,
+            lse,
+            out.arg(),
+            int(shape.q_len, "q_len")?,
+            int(shape.heads_kv, "heads_kv")?,
+            int(g, "group")?,
+            int(splits, "splits")?,
+        ];
+        l.launch(&combine, [heads, rows as u32, 1], &args)
+    }
+
+    /// Rows of the splits' partial results: a tile's for every (sequence, KV head, split).
+    fn part_rows(&self, shape: &DecodeShape) -> usize {
+        shape.batch * shape.heads_kv * self.splits(shape).0 * self.block_m as usize
+    }
+
+    /// Bytes of the partial outputs (`part`, f32), after which the log-sum-exps start.
+    fn part_bytes(&self, shape: &DecodeShape) -> usize {
+        self.part_rows(shape) * self.head_dim as usize * 4
+    }
+
+    /// Scratch bytes of [`FlashDecode::run`]: the splits' partial outputs and log-sum-exps.
+    pub fn work_bytes(&self, shape: &DecodeShape) -> usize {
+        self.part_bytes(shape) + self.part_rows(shape) * 4
+    }
+
+    /// A typed error unless this specialization serves `shape`.
+    pub fn check(&self, shape: &DecodeShape, paged: bool) -> Result<(), BackendError> {
+        let problem = |m: String| Err(BackendError::Host(format!("flash decoding: {m}")));
+        if shape.heads_kv == 0 || !shape.heads_q.is_multiple_of(shape.heads_kv) {
+            return problem(format!("{} query heads do not group over {} KV heads", shape.heads_q, shape.heads_kv));
+        }
+        if shape.head_dim != self.head_dim as usize {
+            return problem(format!("head dimension {} for a kernel of {}", shape.head_dim, self.head_dim));
+        }
+        if shape.rows() > self.block_m as usize {
+            return problem(format!("{} query rows (tokens x group) for a tile of {}", shape.rows(), self.block_m));
+        }
+        if self.splits(shape).0 > self.max_splits as usize {
+            return problem(format!("{} splits for a combine of {}", self.splits(shape).0, self.max_splits));
+        }
+        match (self.page, paged) {
+            (Some(p), true) if p == 0 || !p.is_multiple_of(self.block_n) || !shape.cache_len.is_multiple_of(p as usize) => problem(format!(
+                "pages of {p} keys: a multiple of the {}-key block, dividing the {} keys per sequence",
+                self.block_n, shape.cache_len
+            )),
+            (Some(_), false) => problem("a paged kernel needs its block table".into()),
+            (None, true) => problem("a block table given to the contiguous kernel".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "flash_decode_split",
+        operation: "flash_decode",
+        distributed: false,
+        build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_split(),
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "flash_decode_combine",
+        operation: "flash_decode",
+        distributed: false,
+        build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_combine(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> DecodeShape {
+        DecodeShape { batch: 2, q_len: 2, heads_q: 8, heads_kv: 2, head_dim: 64, cache_len: 1024 }
+    }
+
+    /// Shapes a specialization cannot serve are typed errors that say what does not fit.
+    #[test]
+    fn misfits_are_refused_with_what_does_not_fit() {
+        let op = FlashDecode::for_shape(DType::BF16, &shape());
+        assert!(op.check(&shape(), false).is_ok());
+        let err = |s: DecodeShape, paged: bool, op: FlashDecode| op.check(&s, paged).unwrap_err().to_string();
+        assert!(err(DecodeShape { heads_q: 7, ..shape() }, false, op).contains("7 query heads do not group over 2"));
+        assert!(err(DecodeShape { head_dim: 128, ..shape() }, false, op).contains("head dimension 128"));
+        assert!(err(DecodeShape { q_len: 9, ..shape() }, false, op).contains("36 query rows"));
+        assert!(err(shape(), true, op).contains("block table given to the contiguous kernel"));
+        assert!(err(shape(), false, op.paged(16)).contains("needs its block table"));
+        assert!(err(shape(), true, op.paged(48)).contains("pages of 48 keys"));
+        assert!(op.paged(64).check(&shape(), true).is_ok());
+    }
+
+    /// The splits cover the cache in whole blocks, enough of them to fill the GPU where the
+    /// cache is long, one where it is short.
+    #[test]
+    fn splits_cover_the_cache() {
+        let op = FlashDecode::for_shape(DType::BF16, &shape());
+        for (len, heads) in [(64, 1), (1024, 2), (4099, 1), (131072, 8), (131072, 64)] {
+            let s = DecodeShape { cache_len: len, heads_kv: heads, heads_q: heads, batch: 1, ..shape() };
+            let (splits, chunk) = op.splits(&s);
+            assert_eq!(chunk % op.block_n as usize, 0);
+            assert!(splits * chunk >= len && (splits - 1) * chunk < len, "{len}: {splits} x {chunk}");
+            assert!(splits <= op.max_splits as usize);
+        }
+        let long = DecodeShape { cache_len: 131072, heads_kv: 8, heads_q: 64, batch: 1, ..shape() };
+        assert_eq!(op.splits(&long).0 * 8, 512);
+    }
+}
