@@ -154,6 +154,11 @@ impl<'f> Contiguity<'f> {
                 let r = result.expect("reshape has a result");
                 if self.last(*x) == self.last(r) {
                     g(*x)
+                } else if self.last(r) == 1 {
+                    // A new last dimension of 1 (`x[:, None]`): runs of one element, each
+                    // keeping what is known of every element of `x` (a row index times a
+                    // row length stays a multiple of it).
+                    AxisInfo::NONE.with_div(at_runs(g(*x), 1, 1))
                 } else {
                     AxisInfo::NONE
                 }
@@ -303,6 +308,10 @@ mod tests {
             (x + i + 1i32, 4, 64),                                   // runs start off by one element
             (plain + i, 4, 64),                                      // no fact: the element size
             (x + rows * k + b.arange(0, 32).expand_dims(0), 16, 32), // row starts k*4*r bytes
+            // A row index times a constant row length, then `[:, None]`: every row start a
+            // multiple of 64 elements; the row index alone, then `[:, None]`: nothing known.
+            (x + (b.arange(0, 8) * 64i32).expand_dims(1) + b.arange(0, 32).expand_dims(0), 16, 32),
+            (x + b.arange(0, 8).expand_dims(1) + b.arange(0, 32).expand_dims(0), 4, 32),
         ];
         let vals: Vec<(Value, u32, u32)> = cases.iter().map(|(t, d, c)| (t.value(), *d, *c)).collect();
         let f = b.finish().unwrap();
