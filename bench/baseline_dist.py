@@ -13,6 +13,8 @@ through `torch.matmul`:
   also the matmul alone (`cublas <case>`) and the all_gather alone (`nccl <case>`);
 * `gemm_rs M N K`: A_r (M x K/W) @ B_r (K/W x N), then reduce_scatter of the M x N partial
   products (each rank keeps M/W rows); also the matmul and the reduce_scatter alone;
+* `gemm_ar M N K`: A_r (M x K/W) @ B_r (K/W x N), then all_reduce of the M x N partial
+  products (every rank keeps all of it); also the matmul and the all_reduce alone;
 * `allreduce N`: all_reduce (sum) of N elements;
 * `reduce_scatter C`: reduce_scatter_tensor (sum) of W x C elements per rank, C kept;
 * `allgather C`: all_gather_into_tensor of C elements per rank.
@@ -143,6 +145,14 @@ def main(cases_path, out_path):
 
             parts = {"cublas": gemm, "nccl": scatter}
             pipeline = lambda: (gemm(), scatter())
+        elif name == "gemm_ar":
+            m, n, k = dims
+            a, b = rand(m, k // w), rand(k // w, n)
+            c = torch.empty(m, n, device=device, dtype=dt)
+            gemm = lambda: torch.matmul(a, b, out=c)
+            reduce = lambda: dist.all_reduce(c)
+            parts = {"cublas": gemm, "nccl": reduce}
+            pipeline = lambda: (gemm(), reduce())
         elif name == "allreduce":
             x = rand(dims[0])
             parts, pipeline = {}, lambda: dist.all_reduce(x)
