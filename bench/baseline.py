@@ -180,6 +180,109 @@ def scaled_mm_ms(scaling: str, m: int, n: int, k: int) -> float:
     return do_bench(run, return_mode="median")
 
 
+@triton.jit
+def _decode_split(q, k, v, part, lse, length, chunk, scale, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr,
+                  D: tl.constexpr, BN: tl.constexpr, SPLITS: tl.constexpr):
+    # One KV head's G query heads (padded to GP rows) over one chunk of the cache [B, S, HKV, D].
+    bh, s = tl.program_id(0), tl.program_id(1)
+    b, h = bh // HKV, bh % HKV
+    g, d = tl.arange(0, GP), tl.arange(0, D)
+    qt = tl.load(q + (b * HKV * G + h * G + g)[:, None] * D + d[None, :], mask=(g < G)[:, None], other=0.0)
+    m = tl.full([GP], float("-inf"), tl.float32)
+    l = tl.zeros([GP], tl.float32)
+    acc = tl.zeros([GP, D], tl.float32)
+    start = s * chunk
+    end = tl.minimum(start + chunk, length)
+    for j0 in range(start, end, BN):
+        j = j0 + tl.arange(0, BN)
+        ok = j < end
+        rows = ((b * length + j) * HKV + h) * D
+        kt = tl.load(k + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        sc = tl.dot(qt, tl.trans(kt)) * scale
+        sc = tl.where(ok[None, :], sc, float("-inf"))
+        mn = tl.maximum(m, tl.max(sc, 1))
+        p = tl.exp(sc - mn[:, None])
+        alpha = tl.exp(m - mn)
+        vt = tl.load(v + rows[:, None] + d[None, :], mask=ok[:, None], other=0.0)
+        l = l * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt)
+        m = mn
+    at = (bh * SPLITS + s) * GP + g
+    tl.store(part + at[:, None] * D + d[None, :], acc / l[:, None])
+    tl.store(lse + at, m + tl.log(l))
+
+
+@triton.jit
+def _decode_combine(part, lse, out, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+                    SPLITS: tl.constexpr, SP: tl.constexpr):
+    bh, g = tl.program_id(0), tl.program_id(1)
+    s, d = tl.arange(0, SP), tl.arange(0, D)
+    at = (bh * SPLITS + s) * GP + g
+    x = tl.load(lse + at, mask=s < SPLITS, other=float("-inf"))
+    w = tl.exp(x - tl.max(x, 0))
+    parts = tl.load(part + at[:, None] * D + d[None, :], mask=(s < SPLITS)[:, None], other=0.0)
+    o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out + (bh * G + g) * D + d, o.to(out.dtype.element_ty))
+
+
+def triton_decode(q, k, v, splits: int):
+    """Split-KV decoding attention in Triton (one new token: `q [B, Hq, D]`, caches `[B, S, Hkv,
+    D]`), written for this baseline: FlashDecoding's two kernels."""
+    batch, heads_q, dim = q.shape
+    length, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    gp = max(16, triton.next_power_of_2(group))
+    bn = 64
+    chunk = triton.cdiv(triton.cdiv(length, splits), bn) * bn
+    splits = triton.cdiv(length, chunk)
+    part = torch.empty(batch * heads_kv * splits * gp, dim, device=q.device, dtype=torch.float32)
+    lse = torch.empty(batch * heads_kv * splits * gp, device=q.device, dtype=torch.float32)
+    out = torch.empty_like(q)
+    _decode_split[(batch * heads_kv, splits)](q, k, v, part, lse, length, chunk, dim ** -0.5, heads_kv, group, gp, dim, bn,
+                                              splits)
+    _decode_combine[(batch * heads_kv, group)](part, lse, out, heads_kv, group, gp, dim, splits,
+                                               triton.next_power_of_2(splits))
+    return out
+
+
+def triton_decode_ms(batch: int, q_len: int, heads_q: int, heads_kv: int, head_dim: int, length: int) -> float:
+    """The Triton split-KV kernel above, checked against SDPA first (max abs error printed),
+    with about four programs per multiprocessor of a 132-SM GPU."""
+    if q_len != 1:
+        raise ValueError("the baseline times one new token per sequence")
+    dt = torch.bfloat16
+    q = torch.randn(batch, heads_q, head_dim, device="cuda", dtype=dt)
+    k = torch.randn(batch, length, heads_kv, head_dim, device="cuda", dtype=dt)
+    v = torch.randn_like(k)
+    splits = max(1, min(64, triton.cdiv(528, batch * heads_kv)))
+    got = triton_decode(q, k, v, splits).float()
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.unsqueeze(2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), enable_gqa=True).squeeze(2)
+    print(f"baseline triton split-KV decode: max abs error {(got - want).abs().max().item():.2e} against SDPA in f32",
+          flush=True)
+    return do_bench(lambda: triton_decode(q, k, v, splits), return_mode="median")
+
+
+def sdpa_backends(q, k, v) -> str:
+    """Which of SDPA's backends run this problem, each timed alone: the default dispatch takes the
+    first that supports it (it may fall back to the math path)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    said = []
+    for name in ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION", "MATH"):
+        backend = getattr(SDPBackend, name, None)
+        if backend is None:
+            continue
+        try:
+            with sdpa_kernel(backend):
+                ms = do_bench(lambda: sdpa(q, k, v, enable_gqa=True), return_mode="median")
+            said.append(f"{name.lower()} {ms:.3f} ms")
+        except Exception:  # this backend does not take the problem
+            said.append(f"{name.lower()} -")
+    return ", ".join(said)
+
+
 def flash_decode_ms(batch: int, q_len: int, heads_q: int, heads_kv: int, head_dim: int, length: int) -> float:
     """Decoding attention as PyTorch serves it: `scaled_dot_product_attention` with grouped
     query heads on `[B, H, S, D]` tensors (one new token per sequence: no mask)."""
@@ -190,6 +293,8 @@ def flash_decode_ms(batch: int, q_len: int, heads_q: int, heads_kv: int, head_di
     k = torch.randn(batch, heads_kv, length, head_dim, device="cuda", dtype=dt)
     v = torch.randn_like(k)
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    print(f"baseline SDPA backends for flash_decode {batch} {q_len} {heads_q} {heads_kv} {head_dim} {length}: "
+          f"{sdpa_backends(q, k, v)}", flush=True)
     return do_bench(lambda: sdpa(q, k, v, enable_gqa=True), return_mode="median")
 
 
@@ -239,6 +344,7 @@ def main(cases_path: str, out_path: str) -> None:
         if name == "flash_decode":
             timed(results, line, lambda: flash_decode_ms(*dims))
             timed(results, "flash-attn " + line, lambda: flash_attn_decode_ms(*dims))
+            timed(results, "triton " + line, lambda: triton_decode_ms(*dims))
             continue
         if name.startswith("scaled_gemm_"):
             timed(results, line, lambda: scaled_mm_ms(name[len("scaled_gemm_"):], *dims))

@@ -272,13 +272,15 @@ fn cases() -> Vec<Case> {
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0]),
         c(GroupedGemm, DType::F8E4M3FN, &[16, 1536, 2048, 1024, 1]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 4096, 7168, 1024, 0, 1]),
-        // Flash decoding, one new token per sequence (LLaMA-3-8B's heads: 32 query heads over
-        // 8 KV heads of 128; 70B's: 64 over 8): one sequence of 128K keys, 8 of 8K, 32 of 4K,
-        // 4 of 32K.
+        // Flash decoding, one new token per sequence, heads 32/8 (LLaMA-3-8B), 64/8 (70B) and
+        // 96/12 of 128: batch 1, 8, 32 and 64, keys 1K to 128K per sequence.
         c(FlashDecode, DType::BF16, &[1, 1, 32, 8, 128, 131072]),
         c(FlashDecode, DType::BF16, &[8, 1, 32, 8, 128, 8192]),
         c(FlashDecode, DType::BF16, &[32, 1, 32, 8, 128, 4096]),
+        c(FlashDecode, DType::BF16, &[64, 1, 32, 8, 128, 1024]),
         c(FlashDecode, DType::BF16, &[4, 1, 64, 8, 128, 32768]),
+        c(FlashDecode, DType::BF16, &[1, 1, 96, 12, 128, 131072]),
+        c(FlashDecode, DType::BF16, &[8, 1, 96, 12, 128, 32768]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0, 1]),
         // The gate/up GEMMs with SwiGLU fused (6th dimension 2; B's gate and up rows
         // interleaved), against `torch._grouped_mm` then `silu(gate) * up`.
