@@ -194,7 +194,10 @@ impl From<String> for Failure {
 fn run(mut cmd: Command) -> Result<(), Failure> {
     let shown = format!("{cmd:?}").replace('"', "");
     eprintln!("xtask: {shown}");
+    let started = std::time::Instant::now();
     let status = cmd.status().map_err(|e| format!("could not start {shown}: {e}"))?;
+    // Each step's time, so that CI's budget (20 minutes on 2 cores) can be read from its log.
+    eprintln!("xtask: ({:.0} s)", started.elapsed().as_secs_f64());
     if status.success() {
         Ok(())
     } else {
@@ -605,7 +608,7 @@ fn main() -> ExitCode {
             };
             // Every collective recorded once and replayed 4 times at world 4 (each half of every
             // double buffer twice; the chaos pass hunts schedules), and re-armed after a planted
-            // timeout at every world.
+            // timeout at worlds 1 to 3.
             let replay = TestArgs {
                 world: Some("4".into()),
                 replay: Some("4".into()),
@@ -613,11 +616,12 @@ fn main() -> ExitCode {
                 json: Some(workspace_root().join("target/conformance-cpu-replay.json")),
                 ..a.clone()
             };
-            // The planted timeout and re-arm to world 4: the same host and device code at 8
-            // ranks, whose cases (44 s of CI's 2 cores) the plain pass runs.
+            // The planted timeout and re-arm to world 3, the first odd world: the same host and
+            // device code at 4 and 8 ranks, whose cases the plain pass runs (CI took 1115-1217 s
+            // of its 1200 s target with world 4 here at 662a915 and f59fb06).
             let rearm = TestArgs {
                 rearm: true,
-                max_world: Some("4".into()),
+                max_world: Some("3".into()),
                 no_unit: true,
                 json: Some(workspace_root().join("target/conformance-cpu-rearm.json")),
                 ..a.clone()
