@@ -15,7 +15,7 @@
 //! `e mod 2` of `partial` (`crate::epoch`): recorded once, a call replays.
 
 use crate::gemm::Gemm;
-use crate::gemm_rs::{GemmRs, ReduceTiles};
+use crate::gemm_rs::{GemmRs, GemmRsBuffers, ReduceTiles};
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
 use trident_core::ir::{CommScope, DType, LaunchAttrs, SignalOp};
@@ -26,31 +26,6 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 pub struct GemmAr {
     pub gemm: Gemm,
     pub reduce: ReduceTiles,
-}
-
-/// Symmetric state for an `m x n` result.
-pub struct GemmArBuffers {
-    /// Two halves of `[world][m][n]` partial products, written by every rank (symmetric).
-    pub partial: Buffer,
-    /// `[m / block_m][world]` u64 arrival counters (symmetric).
-    pub arrived: Buffer,
-    /// The GEMM's and the reduction's epoch words (`crate::epoch`).
-    pub epochs: Buffer,
-    pub m: usize,
-    pub n: usize,
-    /// Calls enqueued from this host.
-    pub calls: u64,
-    /// The GEMM's tile height: the largest power of two dividing `m`, at most the GEMM's.
-    pub block_m: u32,
-}
-
-impl GemmArBuffers {
-    /// Collective: arrival counters and epochs back to zero on every rank (after a timed-out
-    /// wait).
-    pub fn rearm(&mut self, ctx: &dyn RankCtx) -> Result<(), BackendError> {
-        self.calls = 0;
-        crate::epoch::rearm(ctx, &[&self.arrived, &self.epochs])
-    }
 }
 
 impl GemmAr {
@@ -75,8 +50,9 @@ impl GemmAr {
         GemmRs { gemm: self.gemm, reduce: self.reduce }
     }
 
-    /// Collective: buffers for an `m x n` result.
-    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmArBuffers, BackendError> {
+    /// Collective: buffers for an `m x n` result (GEMM-RS's, every rank keeping all `m` rows:
+    /// `partial` two halves of `[world][m][n]`, `arrived` `[m / block_m][world]`).
+    pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
         let w = ctx.world_size();
         if m == 0 || !m.is_multiple_of(16) {
             return Err(self.problem(format!("M = {m} rows: a positive multiple of 16 is needed")));
@@ -84,7 +60,7 @@ impl GemmAr {
         let block_m = (1u32 << m.trailing_zeros().min(31)).min(self.gemm.block_m);
         let es = self.gemm.dtype.size_bytes() as usize;
         require_i32(2 * w * m * n, "the partial products of every rank")?;
-        Ok(GemmArBuffers {
+        Ok(GemmRsBuffers {
             partial: ctx.symm_alloc(crate::epoch::halves_bytes(w * m * n, es), "gemm_ar_partial")?,
             arrived: ctx.symm_alloc((m / block_m as usize) * w * 8, "gemm_ar_arrived")?,
             epochs: crate::epoch::words(ctx, 2, "gemm_ar_epochs")?,
@@ -130,7 +106,7 @@ impl GemmAr {
     pub fn run(
         &self,
         ctx: &dyn RankCtx,
-        bufs: &mut GemmArBuffers,
+        bufs: &mut GemmRsBuffers,
         (a, b): (&Buffer, &Buffer),
         out: &Buffer,
         k: usize,
@@ -144,7 +120,7 @@ impl GemmAr {
     pub fn enqueue(
         &self,
         ctx: &dyn RankCtx,
-        bufs: &mut GemmArBuffers,
+        bufs: &mut GemmRsBuffers,
         (a, b): (&Buffer, &Buffer),
         out: &Buffer,
         k: usize,
@@ -161,8 +137,6 @@ impl GemmAr {
         let bm = bufs.block_m;
         let tiles_n = cdiv(n, self.gemm.block_n as usize);
         let gemm = ctx.compile(&format!("{self:?}/gemm/{bm}"), &|| self.build_gemm(bm))?;
-        let reduction = self.reduction();
-        let reduce = ctx.compile(&format!("{self:?}/reduce/{bm}"), &|| reduction.build_reduce(bm))?;
         let gemm_args = [
             a.arg(),
             b.arg(),
@@ -174,20 +148,8 @@ impl GemmAr {
             KernelArg::i32(k32),
         ];
         ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
-        // The reduction over all M rows (GEMM-RS's with one "rank's rows" = M); each call adds
-        // one to a row block's counter per column tile.
-        let reduce_args = [
-            bufs.partial.arg(),
-            bufs.arrived.arg(),
-            out.arg(),
-            crate::epoch::state_arg(&bufs.epochs, 1),
-            KernelArg::i32(n32),
-            KernelArg::i32(m32),
-            KernelArg::u64(tiles_n as u64),
-        ];
-        let rb = self.reduce.rows.min(bm) as usize;
-        let grid = ((m / rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32;
-        ctx.launch(0, &reduce, [grid, 1, 1], &reduce_args)?;
+        // The reduction over all M rows (GEMM-RS's with one "rank's rows" = M).
+        self.reduction().enqueue_reduce(ctx, &format!("{self:?}"), bufs, out, m)?;
         bufs.calls += 1;
         Ok(())
     }

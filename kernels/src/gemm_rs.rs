@@ -45,11 +45,13 @@ pub struct GemmRs {
     pub reduce: ReduceTiles,
 }
 
-/// Symmetric state for an `m x n` result.
+/// Symmetric state for an `m x n` result (GEMM-RS's, and GEMM + AllReduce's:
+/// [`crate::gemm_ar`], whose every rank keeps all `m` rows).
 pub struct GemmRsBuffers {
-    /// Two halves of `[world][m / world][n]` partial tiles, written by every rank (symmetric).
+    /// Two halves of `[world][rows kept per rank][n]` partial tiles, written by every rank
+    /// (symmetric): `m / world` rows for GEMM-RS, `m` for GEMM + AllReduce.
     pub partial: Buffer,
-    /// `[row blocks per rank][world]` u64 arrival counters (symmetric).
+    /// `[row blocks kept per rank][world]` u64 arrival counters (symmetric).
     pub arrived: Buffer,
     /// The GEMM's and the reduction's epoch words (`crate::epoch`).
     pub epochs: Buffer,
@@ -57,7 +59,8 @@ pub struct GemmRsBuffers {
     pub n: usize,
     /// Calls enqueued from this host.
     pub calls: u64,
-    /// The GEMM's tile height: a power of two dividing `m / world`, so no tile spans two owners.
+    /// The GEMM's tile height: a power of two dividing the rows kept per rank, so no tile spans
+    /// two owners.
     pub block_m: u32,
 }
 
@@ -222,6 +225,31 @@ impl GemmRs {
         ((rows / rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32
     }
 
+    /// Enqueues the reduction of `rows` rows per rank into `out` (after the GEMM whose every
+    /// call adds one to a row block's counter per column tile); GEMM + AllReduce's too, with
+    /// `rows` = M. `key` names the compiled specialization's owner.
+    pub(crate) fn enqueue_reduce(
+        &self,
+        ctx: &dyn RankCtx,
+        key: &str,
+        bufs: &GemmRsBuffers,
+        out: &Buffer,
+        rows: usize,
+    ) -> Result<(), BackendError> {
+        let (n, bm) = (bufs.n, bufs.block_m);
+        let reduce = ctx.compile(&format!("{key}/reduce/{bm}"), &|| self.build_reduce(bm))?;
+        let reduce_args = [
+            bufs.partial.arg(),
+            bufs.arrived.arg(),
+            out.arg(),
+            crate::epoch::state_arg(&bufs.epochs, 1),
+            KernelArg::i32(require_i32(n, "n")?),
+            KernelArg::i32(require_i32(rows, "rows_per_rank")?),
+            KernelArg::u64(cdiv(n, self.gemm.block_n as usize) as u64),
+        ];
+        ctx.launch(0, &reduce, [self.reduce_grid(rows, n, bm), 1, 1], &reduce_args)
+    }
+
     /// `out` (`m/W x n`, this rank's rows) = rows of `sum_p a_p @ b_p`; `a` is `m x k_r`, `b`
     /// `k_r x n`. Returns when every rank finished.
     pub fn run(
@@ -262,7 +290,6 @@ impl GemmRs {
         let rows = require_i32(m / w, "rows_per_rank")?;
         let spec = self.specialized([a, b, &bufs.partial], n, k);
         let gemm = ctx.compile(&format!("{spec:?}/gemm/{bm}"), &|| spec.build_gemm(bm))?;
-        let reduce = ctx.compile(&format!("{self:?}/reduce/{bm}"), &|| self.build_reduce(bm))?;
         let gemm_args = [
             a.arg(),
             b.arg(),
@@ -275,17 +302,7 @@ impl GemmRs {
             KernelArg::i32(rows),
         ];
         ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
-        // Each call adds one to a row block's counter per column tile of its GEMM.
-        let reduce_args = [
-            bufs.partial.arg(),
-            bufs.arrived.arg(),
-            out.arg(),
-            crate::epoch::state_arg(&bufs.epochs, 1),
-            KernelArg::i32(n32),
-            KernelArg::i32(rows),
-            KernelArg::u64(tiles_n as u64),
-        ];
-        ctx.launch(0, &reduce, [self.reduce_grid(m / w, n, bm), 1, 1], &reduce_args)?;
+        self.enqueue_reduce(ctx, &format!("{self:?}"), bufs, out, m / w)?;
         bufs.calls += 1;
         Ok(())
     }

@@ -12,7 +12,8 @@ use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_kernels::gemm::Gemm;
 use trident_core::world::RankCtx;
-use trident_kernels::gemm_ar::{GemmAr, GemmArBuffers};
+use trident_kernels::gemm_ar::GemmAr;
+use trident_kernels::gemm_rs::GemmRsBuffers;
 
 struct GemmArCase;
 
@@ -152,7 +153,7 @@ impl Benchmark for GemmArCase {
 /// A rank's GEMM + AllReduce: the operation, its buffers, operands and output.
 struct GemmArRank {
     op: GemmAr,
-    bufs: GemmArBuffers,
+    bufs: GemmRsBuffers,
     a: Buffer,
     b: Buffer,
     out: Buffer,
