@@ -52,14 +52,40 @@ pub struct ProgramCtx {
     pub num_ranks: u32,
 }
 
+/// What a wait waits for, word by word (64-bit words).
+#[derive(Clone, Copy, Debug)]
+pub enum WordTest {
+    /// A signal: `word <cmp> value`.
+    Cmp(CmpOp, u64),
+    /// A flagged word (`load_flagged`): its high 32 bits equal the flag.
+    Flag(u32),
+}
+
+impl WordTest {
+    pub fn holds(self, word: u64) -> bool {
+        match self {
+            WordTest::Cmp(cmp, value) => cmp.holds(word, value),
+            WordTest::Flag(flag) => (word >> 32) as u32 == flag,
+        }
+    }
+
+    /// What was expected and what `seen` is, for a diagnostic.
+    pub fn describe(self, seen: u64) -> String {
+        match self {
+            WordTest::Cmp(cmp, value) => format!("expected {cmp} {value}, seen {seen}"),
+            WordTest::Flag(flag) => format!("expected flag {flag}, seen flag {}", seen >> 32),
+        }
+    }
+}
+
 /// What the environment of a program provides beyond memory.
 pub trait Hooks {
     /// A communication op is about to run: other tasks may run first, and buffered stores or
     /// transfers may be published early.
     fn yield_point(&self, view: &mut ProgramView) -> R<()>;
-    /// Returns once every signal at `addrs` satisfies `signal <cmp> value`; a fault with the
-    /// diagnostic when that can never happen.
-    fn wait(&self, view: &ProgramView, addrs: &[u64], cmp: CmpOp, value: u64) -> R<()>;
+    /// Returns once every word at `addrs` (signals, or flagged words) satisfies `test`; a fault
+    /// with the diagnostic when that can never happen.
+    fn wait(&self, view: &ProgramView, addrs: &[u64], test: WordTest) -> R<()>;
     /// `symm_at`: the address of the symmetric object at `addr` on `rank`.
     fn translate(&self, addr: u64, rank: i64) -> R<u64>;
     /// `barrier_all`: every rank's program reaches this point.
@@ -81,15 +107,16 @@ impl Hooks for DirectHooks<'_> {
         Ok(())
     }
 
-    fn wait(&self, _: &ProgramView, addrs: &[u64], cmp: CmpOp, value: u64) -> R<()> {
+    fn wait(&self, _: &ProgramView, addrs: &[u64], test: WordTest) -> R<()> {
         let view = self.mem.view();
         for (i, &a) in addrs.iter().enumerate() {
             let (r, o) = access(view.locate(a, 8))?;
             let seen = r.load(o, 8);
-            if !cmp.holds(seen, value) {
+            if !test.holds(seen) {
                 return fault(format!(
-                    "wait can never complete: signal {i} of {} at {a:#x} is {seen}, waiting for {cmp} {value}, and no other program or rank can write it",
-                    addrs.len()
+                    "wait can never complete: word {i} of {} at {a:#x}: {}, and no other program or rank can write it",
+                    addrs.len(),
+                    test.describe(seen)
                 ));
             }
         }
@@ -350,7 +377,7 @@ impl<'a> Program<'a> {
                 let addrs: Vec<u64> = (0..n as u64).map(|i| base.wrapping_add(8 * i)).collect();
                 let want = self.val(*value)?.scalar_i64() as u64;
                 self.deliver_before_blocking()?;
-                self.hooks.wait(&self.view, &addrs, *cmp, want)?;
+                self.hooks.wait(&self.view, &addrs, WordTest::Cmp(*cmp, want))?;
                 if sem.acquires() {
                     self.view.acquire(self.mem);
                     for a in &addrs {
@@ -364,11 +391,29 @@ impl<'a> Program<'a> {
                 let addr = self.scalar_ptr(*sig)?;
                 let want = self.val(*value)?.scalar_i64() as u64;
                 self.deliver_before_blocking()?;
-                self.hooks.wait(&self.view, &[addr], *cmp, want)?;
+                self.hooks.wait(&self.view, &[addr], WordTest::Cmp(*cmp, want))?;
                 self.view.acquire(self.mem);
                 self.view.race_acquire(addr);
                 let seen = access(self.view.rmw(self.mem, addr, 8, |old| old))?;
                 Val { ty: rty(0), data: Data::I(vec![seen as i64]) }
+            }
+            OpKind::LoadFlagged { ptr, flag, mask } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let pv = self.val(*ptr)?;
+                let d = pv.ty.elem.pointee().unwrap_or(DType::U64);
+                let ptrs = pv.ptrs().to_vec();
+                let mask = self.mask(*mask)?.map(|m| m.to_vec());
+                let on = |i: usize| mask.as_ref().is_none_or(|m| m[i] != 0);
+                let flag = self.val(*flag)?.scalar_i64() as u32;
+                let addrs: Vec<u64> = ptrs.iter().enumerate().filter(|(i, _)| on(*i)).map(|(_, p)| *p).collect();
+                self.deliver_before_blocking()?;
+                self.hooks.wait(&self.view, &addrs, WordTest::Flag(flag))?;
+                // Relaxed atomic reads of the words themselves: nothing else is acquired.
+                let mut words = Vec::with_capacity(ptrs.len());
+                for (i, &p) in ptrs.iter().enumerate() {
+                    words.push(if on(i) { access(self.view.rmw(self.mem, p, 8, |cur| cur))? } else { 0 });
+                }
+                Val { ty: rty(0), data: bits_to_data(d, &words) }
             }
             OpKind::Atomic { op, ptr, value, mask, sem, .. } => {
                 self.hooks.yield_point(&mut self.view)?;

@@ -10,7 +10,7 @@
 //! violation whichever order they ran in (parked programs let their siblings run, so the sibling
 //! always gets to write the signal, and the signal's writer is recorded).
 
-use crate::interp::{fault, Hooks, Program, ProgramCtx, R};
+use crate::interp::{fault, Hooks, Program, ProgramCtx, WordTest, R};
 use crate::memory::{Memory, Writer};
 use crate::race::{Races, VClock};
 use crate::sched::{Blocker, Sched, TaskId};
@@ -185,9 +185,9 @@ impl Inner {
     }
 
     /// A readiness test for `signal <cmp> value` on every address (newest values).
-    fn signals_ready(mem: &Memory, addrs: &[u64], cmp: CmpOp, value: u64) -> bool {
+    fn signals_ready(mem: &Memory, addrs: &[u64], test: WordTest) -> bool {
         let view = mem.view();
-        addrs.iter().all(|&a| view.locate(a, 8).map(|(r, o)| cmp.holds(r.load(o, 8), value)).unwrap_or(false))
+        addrs.iter().all(|&a| view.locate(a, 8).map(|(r, o)| test.holds(r.load(o, 8))).unwrap_or(false))
     }
 }
 
@@ -754,7 +754,7 @@ fn run_stream_op(inner: &Arc<Inner>, s: &Arc<Stream>, task: TaskId, op: StreamOp
                     r.acquire(addr, &mut lock(&s.clock));
                 }
             };
-            if Inner::signals_ready(&inner.mem, &[addr], cmp, value) {
+            if Inner::signals_ready(&inner.mem, &[addr], WordTest::Cmp(cmp, value)) {
                 acquired(());
                 return Ok(());
             }
@@ -767,7 +767,7 @@ fn run_stream_op(inner: &Arc<Inner>, s: &Arc<Stream>, task: TaskId, op: StreamOp
                     task,
                     Blocker {
                         bounded: true,
-                        ready: Box::new(move || Inner::signals_ready(&m1, &[addr], cmp, value)),
+                        ready: Box::new(move || Inner::signals_ready(&m1, &[addr], WordTest::Cmp(cmp, value))),
                         describe: Box::new(move || {
                             let seen = m2.view().locate(addr, 8).map(|(r, o)| r.load(o, 8)).unwrap_or(0);
                             format!(
@@ -978,7 +978,7 @@ impl Hooks for WorldHooks<'_> {
         self.inner.sched.yield_now(self.task).or_else(fault)
     }
 
-    fn wait(&self, view: &ProgramView, addrs: &[u64], cmp: CmpOp, value: u64) -> R<()> {
+    fn wait(&self, view: &ProgramView, addrs: &[u64], test: WordTest) -> R<()> {
         let mem = &self.inner.mem;
         {
             let v = mem.view();
@@ -986,7 +986,7 @@ impl Hooks for WorldHooks<'_> {
                 v.locate(a, 8).or_else(|e| fault(e.0))?;
             }
         }
-        if !Inner::signals_ready(mem, addrs, cmp, value) {
+        if !Inner::signals_ready(mem, addrs, test) {
             let (m1, m2) = (mem.clone(), mem.clone());
             let (a1, a2) = (addrs.to_vec(), addrs.to_vec());
             let places: Vec<String> = addrs.iter().map(|a| self.inner.describe_addr(*a)).collect();
@@ -994,7 +994,7 @@ impl Hooks for WorldHooks<'_> {
                 (self.launch.rank, self.launch.kernel.kernel.clone(), self.launch.id, view.writer.program);
             self.park(Blocker {
                 bounded: true,
-                ready: Box::new(move || Inner::signals_ready(&m1, &a1, cmp, value)),
+                ready: Box::new(move || Inner::signals_ready(&m1, &a1, test)),
                 describe: Box::new(move || {
                     let v = m2.view();
                     let pending: Vec<String> = a2
@@ -1002,7 +1002,7 @@ impl Hooks for WorldHooks<'_> {
                         .zip(&places)
                         .filter_map(|(a, place)| {
                             let seen = v.locate(*a, 8).map(|(r, o)| r.load(o, 8)).unwrap_or(0);
-                            (!cmp.holds(seen, value)).then(|| format!("{place}: expected {cmp} {value}, seen {seen}"))
+                            (!test.holds(seen)).then(|| format!("{place}: {}", test.describe(seen)))
                         })
                         .collect();
                     format!("rank {rank}, launch #{launch} `{kernel}`, program {pid:?}: wait on {}", pending.join("; "))

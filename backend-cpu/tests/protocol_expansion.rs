@@ -135,3 +135,47 @@ fn a_wait_on_more_signals_than_threads_waits_for_all_of_them() {
         assert_eq!(i32s(&raw), [1], "{target}");
     }
 }
+
+/// `load_flagged` as the GPUs run it: each of 2 programs polls 64 words of which the first 50
+/// are unmasked, until each one's high 32 bits are the flag 5. With one word's flag stale (4)
+/// the launch ends within the bound with the diagnostic naming that word and both flags; with
+/// every flag current it returns the words themselves, and 0 for the masked-off elements.
+#[test]
+fn flagged_words_are_polled_until_their_flag_matches() {
+    link();
+    let b = KernelBuilder::new("flagged", LaunchAttrs::default());
+    let (words, out) = (b.arg_ptr("words", DType::U64), b.arg_ptr("out", DType::U64));
+    let offs = b.program_id_x() * 64i32 + b.arange(0, 64);
+    let mask = b.arange(0, 64).lt(50i32);
+    let got = b.load_flagged(words + offs, 5u32, Some(mask));
+    b.store(out + offs, got, None);
+    let f = b.finish().unwrap();
+    let word = |i: usize, flag: u64| (flag << 32) | ((i as u64 * 2_654_435_761) & 0xffff_ffff);
+    for target in TARGETS {
+        let backend = SimtBackend;
+        let k = backend.compile(&f, Some(target)).unwrap();
+        let dev = backend.open_device(0).unwrap();
+        let w = dev.alloc(8 * 128, "words").unwrap();
+        let o = dev.alloc(8 * 128, "out").unwrap();
+        let mut ws: Vec<u64> = (0..128).map(|i| word(i, 5)).collect();
+        ws[101] = word(101, 4);
+        // Past the mask (element 60 of program 1): never read, so a stale flag there is fine.
+        ws[124] = word(124, 4);
+        let bytes = |f: &[u64]| f.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        dev.write(&w, 0, &bytes(&ws)).unwrap();
+        let opts = LaunchOptions { wait_bound: Duration::from_millis(50), ..LaunchOptions::default() };
+        let e = dev.launch(&k, [2, 1, 1], &[w.arg(), o.arg()], &opts).expect_err("a stale flag passed").to_string();
+        for needle in ["timed out", "flagged word", "`words`[101]", "expected flag 5", "seen flag 4"] {
+            assert!(e.contains(needle), "{target}: the diagnostic lacks `{needle}`: {e}");
+        }
+        ws[101] = word(101, 5);
+        dev.write(&w, 0, &bytes(&ws)).unwrap();
+        dev.fill(&o, &[0xab]).unwrap();
+        dev.launch(&k, [2, 1, 1], &[w.arg(), o.arg()], &opts).unwrap();
+        let mut raw = vec![0u8; 8 * 128];
+        dev.read(&o, 0, &mut raw).unwrap();
+        let got: Vec<u64> = raw.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+        let want: Vec<u64> = (0..128).map(|i| if i % 64 < 50 { ws[i] } else { 0 }).collect();
+        assert_eq!(got, want, "{target}");
+    }
+}

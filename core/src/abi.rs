@@ -107,6 +107,9 @@ pub mod diag {
     /// kernels' names).
     pub const KERNEL: usize = 9;
     pub const WORDS: usize = 10;
+    /// The [`CMP`] word of a flagged word's wait (`load_flagged`): its high 32 bits, the flag,
+    /// were to equal [`EXPECTED`]; [`SEEN`] holds the flag seen.
+    pub const CMP_FLAG: u64 = 0x100;
 
     /// The tag of kernel `name` in a wait record: FNV-1a of the name (never 0, so that a record
     /// written by an older lowering, without the word, is told apart).
@@ -123,8 +126,10 @@ pub mod diag {
     pub struct Record {
         pub rank: u64,
         pub program: [u32; 3],
-        /// Address of the signal.
+        /// Address of the signal (of the flagged word).
         pub signal: u64,
+        /// The wait was a flagged word's (`load_flagged`): `expected` and `seen` are flags.
+        pub flagged: bool,
         pub cmp: CmpOp,
         pub expected: u64,
         pub seen: u64,
@@ -145,6 +150,7 @@ pub mod diag {
                 rank: w(RANK),
                 program: [w(PROGRAM_X) as u32, w(PROGRAM_Y) as u32, w(PROGRAM_Z) as u32],
                 signal: w(SIGNAL),
+                flagged: w(CMP) == CMP_FLAG,
                 cmp: CmpOp::ALL.get(w(CMP) as usize).copied().unwrap_or(CmpOp::Ge),
                 expected: w(EXPECTED),
                 seen: w(SEEN),
@@ -155,6 +161,12 @@ pub mod diag {
         /// The diagnostic line, with the signal named as `place` (a buffer and index where the
         /// runtime knows it).
         pub fn message(&self, place: &str, bound: std::time::Duration) -> String {
+            if self.flagged {
+                return format!(
+                    "wait timed out after {bound:?} on rank {}: flagged word {place} expected flag {}, seen flag {}; every program of the launch was stopped",
+                    self.rank, self.expected, self.seen
+                );
+            }
             format!(
                 "wait timed out after {bound:?} on rank {}: signal {place} expected {} {}, seen {}; every program of the launch was stopped",
                 self.rank, self.cmp, self.expected, self.seen

@@ -300,6 +300,17 @@ impl KernelBuilder {
         self.push1(OpKind::Atomic { op, ptr: ptr.v, value: value.v, mask, sem, scope }, rt)
     }
 
+    /// The words at `ptr` (64-bit integers) once every unmasked one's flag, its high 32 bits,
+    /// equals `flag` (an `i32` or `u32` scalar): the receiving side of the low-latency protocol.
+    /// Masked-off elements are 0.
+    pub fn load_flagged<'b>(&'b self, ptr: Tile<'b>, flag: impl IntoTile<'b>, mask: Option<Tile<'b>>) -> Tile<'b> {
+        let pt = ptr.ty();
+        let flag = flag.into_tile(self, Some(Elem::Num(DType::U32)));
+        let mask = mask.map(|m| m.broadcast_to(&pt.shape).v);
+        let d = pt.elem.pointee().unwrap_or(DType::U64);
+        self.push1(OpKind::LoadFlagged { ptr: ptr.v, flag: flag.v, mask }, Type::tile(Elem::Num(d), &pt.shape))
+    }
+
     pub fn atomic_cas<'b>(
         &'b self,
         ptr: Tile<'b>,

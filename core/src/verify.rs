@@ -641,6 +641,19 @@ impl<'a> Verifier<'a> {
                 self.i32_scalar("rank", *rank)?;
                 self.results_are(results, &[])?;
             }
+            OpKind::LoadFlagged { ptr, flag, mask } => {
+                let pt = self.ty(*ptr)?.clone();
+                let d = match pt.elem.pointee() {
+                    Some(d @ (DType::U64 | DType::I64)) => d,
+                    _ => return self.fail("ptr", format!("expected pointers to 64-bit integer words, found `{pt}`")),
+                };
+                let ft = self.ty(*flag)?;
+                if !ft.is_scalar() || !matches!(ft.dtype(), Some(DType::I32 | DType::U32)) {
+                    return self.fail("flag", format!("expected an `i32` or `u32` scalar, found `{ft}`"));
+                }
+                self.mask(*mask, &pt.shape)?;
+                self.results_are(results, &[Type::tile(Elem::Num(d), &pt.shape)])?;
+            }
             OpKind::SignalWaitUntil { sig, value, .. } => {
                 self.signal_ptr("sig", *sig)?;
                 self.u64_scalar("value", *value)?;

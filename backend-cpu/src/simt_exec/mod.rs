@@ -6,7 +6,7 @@
 //! Registered as backend `cpu-simt` with the GPU targets (`sm_90a`, `sm_80`, `gfx942`, ..): the
 //! lowering for that target, run at its warp or wave size.
 
-use crate::interp::{elem_bits, DirectHooks, Fault, Hooks};
+use crate::interp::{elem_bits, DirectHooks, Fault, Hooks, WordTest};
 use crate::memory::Memory;
 use crate::memory::Writer;
 use crate::value::*;

@@ -104,11 +104,33 @@ impl Exec<'_> {
                 let (b, c, v) = (self.get(*base)?, self.uniform(*count)?, self.get(*value)?);
                 let want = v.ints()[0] as u64;
                 let addrs: Vec<u64> = (0..c.max(0) as u64).map(|i| b.ptrs()[0].wrapping_add(8 * i)).collect();
-                self.hooks.wait(&self.view, &addrs, *cmp, want)?;
+                self.hooks.wait(&self.view, &addrs, WordTest::Cmp(*cmp, want))?;
                 self.view.acquire(self.mem);
                 for &a in &addrs {
                     self.view.race_acquire(a);
                 }
+            }
+            // The scheduler's wait on every active lane's word, then each word read as a relaxed
+            // atomic load (the data is in the word with its flag: nothing else is acquired).
+            Inst::WaitFlag { dst, addr, pred, flag } => {
+                self.hooks.yield_point(&mut self.view)?;
+                let (a, f) = (self.get(*addr)?, self.get(*flag)?);
+                let p = pred.map(|p| self.get(p)).transpose()?;
+                let active: Vec<usize> = (0..lanes).filter(|i| p.as_ref().is_none_or(|p| p.ints()[*i] != 0)).collect();
+                let addrs: Vec<u64> = active.iter().map(|&i| a.ptrs()[i]).collect();
+                if let Some(&first) = active.first() {
+                    self.hooks.wait(&self.view, &addrs, WordTest::Flag(f.ints()[first] as u32))?;
+                }
+                let d = dtype(k.ty(*dst));
+                self.atomic_lanes(
+                    Some(*dst),
+                    (*addr, 0),
+                    *pred,
+                    MemSemantic::Relaxed,
+                    d,
+                    ("load_flagged", false),
+                    &|_, cur| cur,
+                )?;
             }
             _ => return fault(format!("`{inst:?}` is not a sync instruction")),
         }

@@ -496,6 +496,15 @@ pub enum OpKind {
         group: Group,
         nbi: bool,
     },
+    /// Loads a tile of 64-bit words once every unmasked word's flag (its high 32 bits) equals
+    /// `flag` (the low-latency protocol: the data travels in the same word as its flag). Each
+    /// word is polled with relaxed atomic loads at system scope, bounded by the wait bound like
+    /// `wait`; masked-off elements give 0.
+    LoadFlagged {
+        ptr: Value,
+        flag: Value,
+        mask: Option<Value>,
+    },
     /// Waits for one signal and returns its value (`u64`).
     SignalWaitUntil {
         sig: Value,
@@ -553,6 +562,7 @@ impl OpKind {
             OpKind::Get { .. } => "get",
             OpKind::PutSignal { .. } => "put_signal",
             OpKind::SignalWaitUntil { .. } => "signal_wait_until",
+            OpKind::LoadFlagged { .. } => "load_flagged",
             OpKind::Fence => "fence",
             OpKind::Quiet => "quiet",
             OpKind::BarrierAll { .. } => "barrier_all",
@@ -632,6 +642,10 @@ impl OpKind {
                 ("rank", *rank),
             ]),
             OpKind::SignalWaitUntil { sig, value, .. } => v.extend([("sig", *sig), ("value", *value)]),
+            OpKind::LoadFlagged { ptr, flag, mask } => {
+                v.extend([("ptr", *ptr), ("flag", *flag)]);
+                v.extend(mask.map(|m| ("mask", m)));
+            }
         }
         v
     }
@@ -660,6 +674,7 @@ impl OpKind {
                 | OpKind::Get { .. }
                 | OpKind::PutSignal { .. }
                 | OpKind::SignalWaitUntil { .. }
+                | OpKind::LoadFlagged { .. }
                 | OpKind::Fence
                 | OpKind::Quiet
                 | OpKind::BarrierAll { .. }

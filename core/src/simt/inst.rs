@@ -468,6 +468,19 @@ pub enum Inst {
         cmp: CmpOp,
         value: Reg,
     },
+    /// Each thread where `pred` holds (every thread without one) polls the 64-bit word at `addr`
+    /// (relaxed, system scope) until its flag, the high 32 bits, equals `flag` (32 bits), or
+    /// until `__wait_bound_ns` passed or another program aborted, with the diagnostics of
+    /// [`Inst::WaitSignals`] (the word's address as the signal, the flag expected and seen);
+    /// `dst` gets the word, 0 where `pred` is false. Then all threads meet; if the abort flag is
+    /// raised, the program returns. A protocol instruction: [`protocol::expand`] rewrites it
+    /// for GPU writers; cpu-simt's worlds run it on their scheduler.
+    WaitFlag {
+        dst: Reg,
+        addr: Reg,
+        pred: Option<Reg>,
+        flag: Reg,
+    },
     /// A device function of the vendor SHMEM library (the inter-node lowering), with
     /// `call.operands()` operands in order; only threads where `pred` holds call it (the
     /// `Block` forms: every thread of the program, together).
@@ -618,6 +631,7 @@ impl Inst {
             | Inst::Fence { .. }
             | Inst::Signal { .. }
             | Inst::WaitSignals { .. }
+            | Inst::WaitFlag { .. }
             | Inst::DeviceCall { .. } => Family::Sync,
             Inst::Specialized { .. }
             | Inst::Exit
@@ -809,6 +823,11 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             f(base);
             f(count);
             f(value)
+        }
+        Inst::WaitFlag { addr, pred, flag, .. } => {
+            f(addr);
+            opt(pred, f);
+            f(flag)
         }
         Inst::DeviceCall { args, pred, .. } => {
             for r in args.iter_mut() {

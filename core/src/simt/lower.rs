@@ -682,6 +682,20 @@ impl Lowering<'_> {
                 self.emit(Inst::Const { dst: t, value: Literal::Int(0) });
                 vec![t]
             }
+            // Every thread polls its own slots (replicas of a wrapped layout poll the same word:
+            // loads, no effect); each slot is one bounded wait of the protocol expansion.
+            OpKind::LoadFlagged { ptr, flag, mask } => {
+                let (p, f) = (self.held(*ptr), self.held(*flag)[0]);
+                let m = mask.map(|m| self.held(m));
+                let mut out = Vec::with_capacity(p.len());
+                for (s, &addr) in p.iter().enumerate() {
+                    let dst = self.reg(st);
+                    let pred = m.as_ref().map(|m| m[s.min(m.len() - 1)]);
+                    self.emit(Inst::WaitFlag { dst, addr, pred, flag: f });
+                    out.push(dst);
+                }
+                out
+            }
             OpKind::SignalWaitUntil { sig, cmp, value } => {
                 let (b, v) = (self.held(*sig)[0], self.held(*value)[0]);
                 let one = self.iconst(1);

@@ -172,10 +172,11 @@ impl Kernel {
         self.regs[r.0 as usize]
     }
 
-    /// True when some program may spin on a signal (`WaitSignals` anywhere in the body): such a
-    /// kernel needs whatever it waits for to make progress while it occupies the GPU.
+    /// True when some program may spin on a signal or a flagged word (`WaitSignals` or
+    /// `WaitFlag` anywhere in the body): such a kernel needs whatever it waits for to make
+    /// progress while it occupies the GPU.
     pub fn waits(&self) -> bool {
-        count(&self.body, &|i| matches!(i, Inst::WaitSignals { .. })) > 0
+        count(&self.body, &|i| matches!(i, Inst::WaitSignals { .. } | Inst::WaitFlag { .. })) > 0
     }
 
     /// The vendor library's device functions the kernel calls (empty unless some communication

@@ -260,6 +260,9 @@ impl Printer<'_> {
             Inst::WaitSignals { base, count, cmp, value } => {
                 format!("wait_signals [{}] x {} until {cmp} {}", r(base), r(count), r(value))
             }
+            Inst::WaitFlag { dst, addr, pred, flag } => {
+                format!("{} = wait_flag [{}] until hi == {}{}", self.def(*dst), r(addr), r(flag), guard(*pred))
+            }
             Inst::Origin { op, what, loc } => {
                 format!("// op #{op} {what}{}", loc.map(|l| format!(" at {l}")).unwrap_or_default())
             }

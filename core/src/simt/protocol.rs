@@ -120,7 +120,16 @@ fn collect_constants(body: &[Inst], out: &mut Vec<(Reg, i64)>) {
 
 /// True when `k` still holds a protocol instruction (a writer refuses such a kernel).
 pub fn has_protocol(body: &[Inst]) -> bool {
-    count(body, &|i| matches!(i, Inst::SymmAt { .. } | Inst::WaitSignals { .. })) > 0
+    count(body, &|i| matches!(i, Inst::SymmAt { .. } | Inst::WaitSignals { .. } | Inst::WaitFlag { .. })) > 0
+}
+
+/// What a bounded poll waits for.
+#[derive(Clone, Copy)]
+enum Until {
+    /// A signal: `word <cmp> want`, read with acquire semantics.
+    Signal { cmp: CmpOp, want: Reg },
+    /// A flagged word: its high 32 bits equal `flag` (u64), read relaxed.
+    Flag { flag: Reg },
 }
 
 struct Expander<'a> {
@@ -157,6 +166,7 @@ impl Expander<'_> {
             match inst {
                 Inst::SymmAt { dst, ptr, rank } => self.symm_at(&mut out, dst, ptr, rank),
                 Inst::WaitSignals { base, count, cmp, value } => self.wait(&mut out, base, count, cmp, value),
+                Inst::WaitFlag { dst, addr, pred, flag } => self.wait_flag(&mut out, dst, addr, pred, flag),
                 _ => {
                     for b in inst.bodies_mut() {
                         *b = self.block(std::mem::take(b));
@@ -220,7 +230,8 @@ impl Expander<'_> {
 
     /// The bounded wait of [`Inst::WaitSignals`] (see the module docs).
     fn wait(&mut self, out: &mut Vec<Inst>, base: Reg, count: Reg, cmp: CmpOp, value: Reg) {
-        let (dg, bound) = (self.hidden(Hidden::Diag), self.hidden(Hidden::WaitBoundNs));
+        // The hidden parameters the poll reads, first (registers numbered as they always were).
+        let _ = (self.hidden(Hidden::Diag), self.hidden(Hidden::WaitBoundNs));
         let tid = self.reg(I32);
         out.push(Inst::Special { dst: tid, which: Special::ThreadId });
         let count = if self.k.ty(count) == I32 {
@@ -240,6 +251,37 @@ impl Expander<'_> {
         let addr = self.reg(SType::Ptr);
         out.push(Inst::AddrOffset { dst: addr, base, offset: signal, scale: 8 });
         let want = self.widen_u64(out, value);
+        self.poll(out, tid, addr, mine, Until::Signal { cmp, want }, None);
+        let pass = std::mem::replace(out, outer);
+        // A count known to fit the threads (a single signal, as most waits) takes one pass
+        // without the loop: its registers stay as before (gfx90a's waiting GEMMs spilled
+        // scalar registers with the loop around every wait).
+        let known = self.constants.iter().find(|(r, _)| *r == count).map(|(_, v)| *v);
+        if known.is_some_and(|c| c <= self.k.threads() as i64) {
+            out.push(Inst::Binary { dst: first_signal, op: BinaryOp::Add, a: zero_i, b: zero_i });
+            out.extend(pass);
+            return;
+        }
+        out.push(Inst::Loop {
+            iv: first_signal,
+            lo: zero_i,
+            hi: count,
+            step,
+            phis: Vec::new(),
+            inits: Vec::new(),
+            body: pass,
+            nexts: Vec::new(),
+            results: Vec::new(),
+        });
+    }
+
+    /// The bounded poll of one word per thread (see the module docs): threads where `mine`
+    /// holds read the word at `addr` until it satisfies `until`, the bound passes or another
+    /// program aborts; then the program stops if the abort flag is raised. `word`, when given,
+    /// receives the word each thread read last (0 where `mine` was false).
+    /// `tid` is the thread's index.
+    fn poll(&mut self, out: &mut Vec<Inst>, tid: Reg, addr: Reg, mine: Reg, until: Until, word: Option<Reg>) {
+        let (dg, bound) = (self.hidden(Hidden::Diag), self.hidden(Hidden::WaitBoundNs));
         let zero = self.konst(out, U64, 0);
         let t0 = self.reg(U64);
         out.push(Inst::Clock { dst: t0 });
@@ -251,8 +293,21 @@ impl Expander<'_> {
         cond_body.push(Inst::BarrierAny { dst: any, pred: pending });
         let mut b = Vec::new();
         let seen = self.reg(U64);
-        b.push(Inst::AtomicLoad { dst: seen, addr, pred: Some(pending), sem: MemSemantic::Acquire, scope: Scope::Sys });
-        let ok = self.cmp(&mut b, cmp, seen, want);
+        let sem = match until {
+            Until::Signal { .. } => MemSemantic::Acquire,
+            Until::Flag { .. } => MemSemantic::Relaxed,
+        };
+        b.push(Inst::AtomicLoad { dst: seen, addr, pred: Some(pending), sem, scope: Scope::Sys });
+        // What the record reports: the signal, or the word's flag.
+        let (ok, expected, shown, code) = match until {
+            Until::Signal { cmp, want } => (self.cmp(&mut b, cmp, seen, want), want, seen, diag::cmp_code(cmp)),
+            Until::Flag { flag } => {
+                let hi = self.reg(U64);
+                let k32 = self.konst(&mut b, U64, 32);
+                b.push(Inst::Binary { dst: hi, op: BinaryOp::Shr, a: seen, b: k32 });
+                (self.cmp(&mut b, CmpOp::Eq, hi, flag), flag, hi, diag::CMP_FLAG)
+            }
+        };
         let flag = self.reg(U64);
         b.push(Inst::AtomicLoad {
             dst: flag,
@@ -298,9 +353,9 @@ impl Expander<'_> {
             fields.push((word, self.widen_u64(&mut b, p)));
         }
         fields.push((diag::SIGNAL, self.widen_u64(&mut b, addr)));
-        fields.push((diag::EXPECTED, want));
-        fields.push((diag::SEEN, seen));
-        fields.push((diag::CMP, self.konst(&mut b, U64, diag::cmp_code(cmp) as i64)));
+        fields.push((diag::EXPECTED, expected));
+        fields.push((diag::SEEN, shown));
+        fields.push((diag::CMP, self.konst(&mut b, U64, code as i64)));
         let tag = diag::kernel_tag(&self.k.name) as i64;
         fields.push((diag::KERNEL, self.konst(&mut b, U64, tag)));
         for (word, v) in fields {
@@ -317,16 +372,20 @@ impl Expander<'_> {
         let stop = self.bin(&mut b, BinaryOp::Or, done, late);
         let not_stop = self.bin(&mut b, BinaryOp::Xor, stop, yes);
         let next = self.bin(&mut b, BinaryOp::And, pending, not_stop);
-        let result = self.reg(SType::Pred);
-        out.push(Inst::While {
-            phis: vec![pending],
-            inits: vec![mine],
-            cond_body,
-            cond: any,
-            body: b,
-            nexts: vec![next],
-            results: vec![result],
-        });
+        let mut phis = vec![pending];
+        let mut inits = vec![mine];
+        let mut nexts = vec![next];
+        let mut results = vec![self.reg(SType::Pred)];
+        // The word read last by a thread that was still waiting (0 where it never waited).
+        if let Some(dst) = word {
+            let (carried, latest) = (self.reg(U64), self.reg(U64));
+            b.push(Inst::Select { dst: latest, cond: pending, on_true: seen, on_false: carried });
+            phis.push(carried);
+            inits.push(zero);
+            nexts.push(latest);
+            results.push(dst);
+        }
+        out.push(Inst::While { phis, inits, cond_body, cond: any, body: b, nexts, results });
 
         // Thread 0 decides for everyone whether the program stops here.
         let zero32 = self.konst(out, I32, 0);
@@ -350,27 +409,30 @@ impl Expander<'_> {
             else_yields: Vec::new(),
             results: Vec::new(),
         });
-        let pass = std::mem::replace(out, outer);
-        // A count known to fit the threads (a single signal, as most waits) takes one pass
-        // without the loop: its registers stay as before (gfx90a's waiting GEMMs spilled
-        // scalar registers with the loop around every wait).
-        let known = self.constants.iter().find(|(r, _)| *r == count).map(|(_, v)| *v);
-        if known.is_some_and(|c| c <= self.k.threads() as i64) {
-            out.push(Inst::Binary { dst: first_signal, op: BinaryOp::Add, a: zero_i, b: zero_i });
-            out.extend(pass);
-            return;
-        }
-        out.push(Inst::Loop {
-            iv: first_signal,
-            lo: zero_i,
-            hi: count,
-            step,
-            phis: Vec::new(),
-            inits: Vec::new(),
-            body: pass,
-            nexts: Vec::new(),
-            results: Vec::new(),
-        });
+    }
+
+    /// A flagged word ([`Inst::WaitFlag`]): the bounded poll until its high 32 bits equal the
+    /// flag (zero-extended), relaxed; `dst` gets the word.
+    fn wait_flag(&mut self, out: &mut Vec<Inst>, dst: Reg, addr: Reg, pred: Option<Reg>, flag: Reg) {
+        let tid = self.reg(I32);
+        out.push(Inst::Special { dst: tid, which: Special::ThreadId });
+        let mine = match pred {
+            Some(p) => p,
+            None => self.konst(out, SType::Pred, 1),
+        };
+        let flag = match self.k.ty(flag) {
+            SType::Int { bits: 32, signed: true } => {
+                let u = self.reg(SType::Int { bits: 32, signed: false });
+                out.push(Inst::Cast { dst: u, src: flag });
+                u
+            }
+            _ => flag,
+        };
+        let flag = self.widen_u64(out, flag);
+        let word = self.reg(U64);
+        self.poll(out, tid, addr, mine, Until::Flag { flag }, Some(word));
+        // An `i64` result: the same bits (integer casts wrap).
+        out.push(if self.k.ty(dst) == U64 { Inst::Mov { dst, src: word } } else { Inst::Cast { dst, src: word } });
     }
 
     fn word(&mut self, out: &mut Vec<Inst>, record: Reg, word: usize) -> Reg {

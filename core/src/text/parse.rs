@@ -681,6 +681,12 @@ impl Parser<'_> {
                 let scope = self.keyed("scope", "scope", Scope::parse)?;
                 OpKind::Atomic { op, ptr, value, mask, sem, scope }
             }
+            "load_flagged" => {
+                let ptr = self.value()?;
+                let flag = self.next_value()?;
+                let mask = if self.comma_keyword("mask") { Some(self.value()?) } else { None };
+                OpKind::LoadFlagged { ptr, flag, mask }
+            }
             "atomic_cas" => {
                 let ptr = self.value()?;
                 let expected = self.next_value()?;

@@ -231,6 +231,11 @@ impl Printer<'_> {
                 let _ = write!(s, ", sem {sem}, scope {scope}");
                 s
             }
+            OpKind::LoadFlagged { ptr, flag, mask } => {
+                let mut s = format!("load_flagged {}, {}", n(ptr), n(flag));
+                masked(&mut s, mask);
+                s
+            }
             OpKind::AtomicCas { ptr, expected, desired, sem, scope } => {
                 format!("atomic_cas {}, {}, {}, sem {sem}, scope {scope}", n(ptr), n(expected), n(desired))
             }
