@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 31's checks on the GPU machine, in one call, over `bundle/` (cargo xtask bundle): the
-# flash decoding and GEMM + AllReduce conformance cases in the loopback world of 1/2/4/8 ranks
+# flash decoding, GEMM + AllReduce and low-latency AllGather conformance cases in the loopback world of 1/2/4/8 ranks
 # and in NVSHMEM worlds of 1/2/4 processes (CONFORMANCE=0 leaves them out); compute-sanitizer
 # (memcheck, racecheck, synccheck) on both at world 2 (SANITIZE=0 leaves it out); then
 # `trident bench --only flash_decode` against SDPA and the Triton split-KV kernel
@@ -11,7 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror|SUMMARY'
-KERNELS=${KERNELS:-flash_decode gemm_ar}
+KERNELS=${KERNELS:-flash_decode gemm_ar allgather_ll}
 if [ "${CONFORMANCE:-1}" = 1 ]; then
   for k in $KERNELS; do
     step "loopback-$k" 240 $B/trident test --backend nvidia --kernel "$k" --json "$O/logs/loopback-$k.json"
@@ -19,8 +19,10 @@ if [ "${CONFORMANCE:-1}" = 1 ]; then
   (
     nvshmem_env
     for W in ${WORLDS:-1 2 4}; do
-      step "nvshmem-gemm_ar-world$W" 120 $B/trident launch -n $W -- $B/trident test --backend nvidia --processes \
-        --kernel gemm_ar --json "$O/logs/nvshmem-world$W.json"
+      for k in gemm_ar allgather_ll; do
+        step "nvshmem-$k-world$W" 120 $B/trident launch -n $W -- $B/trident test --backend nvidia --processes \
+          --kernel "$k" --json "$O/logs/nvshmem-$k-world$W.json"
+      done
     done
   )
 fi
