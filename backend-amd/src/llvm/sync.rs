@@ -100,7 +100,7 @@ impl Writer<'_> {
                     Ok(None)
                 })?;
             }
-            Inst::SymmAt { .. } | Inst::WaitSignals { .. } => {
+            Inst::SymmAt { .. } | Inst::WaitSignals { .. } | Inst::WaitFlag { .. } => {
                 return err("a protocol instruction reached the writer (run simt::protocol::expand first)")
             }
             Inst::Fence { scope: sc } => self.line(format!("fence{} acq_rel", scope(*sc))),

@@ -81,7 +81,7 @@ impl Writer<'_> {
                 let (sem, scope) = (sem_name(*sem), scope_name(*scope));
                 line!(self, "{guard}atom.{sem}.{scope}.global.cas.{ty} {d}, [{a}], {e}, {n}");
             }
-            Inst::SymmAt { .. } | Inst::WaitSignals { .. } => {
+            Inst::SymmAt { .. } | Inst::WaitSignals { .. } | Inst::WaitFlag { .. } => {
                 return Err(EmitError(
                     "a protocol instruction reached the writer (run simt::protocol::expand first)".into(),
                 ))

@@ -530,14 +530,15 @@ impl Lowering<'_> {
                         self.tile_vector_atomic((&shape, *ptr), (&p, &v), m.as_deref(), w, (aop, sem, scope));
                         return Ok(());
                     }
-                    self.tile_atomic(data.results[0], &shape, st, &p, m.as_deref(), &|dst, s, pred| Inst::Atomic {
-                        dst,
-                        op: aop,
-                        addr: p[s],
-                        value: v[s],
-                        pred,
-                        sem,
-                        scope,
+                    // An exchange whose old values are unused is an atomic store (`st.relaxed.sys`
+                    // where the sender of the low-latency protocol writes a flagged word).
+                    let store = aop == AtomicOp::Xchg
+                        && !self.used.contains(&data.results[0])
+                        && matches!(sem, MemSemantic::Relaxed | MemSemantic::Release)
+                        && matches!(shared_size(st), 4 | 8);
+                    self.tile_atomic(data.results[0], &shape, st, &p, m.as_deref(), &|dst, s, pred| match store {
+                        true => Inst::AtomicStore { addr: p[s], value: v[s], pred, sem, scope },
+                        false => Inst::Atomic { dst, op: aop, addr: p[s], value: v[s], pred, sem, scope },
                     })
                 }
             }
