@@ -42,6 +42,10 @@ fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
             // What a variant is compared with ran in the same case.
             let compared: Vec<&str> = times.iter().filter_map(|(name, _)| b.compared_with(name)).collect();
             assert!(compared.iter().all(|o| times.iter().any(|(n, _)| n == o)), "{} {times:?}", case.key());
+            if op.name() == "allgather" {
+                // The low-latency form beside the push and the copy engine.
+                assert!(times.iter().any(|(n, _)| n == "allgather/ll"), "{times:?}");
+            }
             if op.name() == "moe_block" {
                 // The tensor-parallel block against its sequential form, the three FP8 blocks
                 // against the bf16 ones; at world 1 the tensor-parallel block's two grouped

@@ -10,6 +10,11 @@ use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::CmpOp;
 use trident_core::world::RankCtx;
 use trident_kernels::allgather::{AllGather, AllGatherCe, GatherBuffers};
+use trident_kernels::allgather_ll::{AllGatherLl, LlBuffers};
+
+/// The largest gathered message the benchmark times the low-latency form at (its words double
+/// the bytes moved: it is for messages up to about a megabyte).
+const LL_UP_TO: usize = 1 << 20;
 
 struct AllGatherCase;
 
@@ -59,20 +64,28 @@ impl Operation for AllGatherCase {
     }
 }
 
-/// AllGather of `dims[0]` elements per rank, copy engine and in-kernel push; checked exactly.
+/// AllGather of `dims[0]` elements per rank, copy engine, in-kernel push and, up to
+/// [`LL_UP_TO`] gathered, the low-latency protocol; checked exactly.
 impl Benchmark for AllGatherCase {
-    /// 64 KB to 32 MB gathered.
+    /// 8 KB to 32 MB gathered.
     fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
-        [64usize, 1024, 8192, 32768].map(|kb| vec![(kb * 1024 / 2 / world).max(1)]).to_vec()
+        [8usize, 64, 1024, 8192, 32768].map(|kb| vec![(kb * 1024 / 2 / world).max(1)]).to_vec()
     }
 
     fn small_shape(&self, _world: usize) -> Vec<usize> {
         vec![100]
     }
 
-    /// The copy engine's and the push kernel's double buffers.
+    /// The copy engine's and the push kernel's double buffers, and the low-latency form's
+    /// flagged words (8 bytes per 4 of data, two halves) where it runs.
     fn heap_bytes(&self, case: &DistCase) -> usize {
-        2 * trident_kernels::epoch::halves_bytes(case.world * case.dims[0], case.dtype.size_bytes() as usize)
+        let bytes = case.dims[0] * case.dtype.size_bytes() as usize;
+        let ll = if LL_UP_TO >= bytes * case.world && bytes.is_multiple_of(4) {
+            trident_kernels::epoch::halves_bytes(case.world * bytes / 4, 8) + 4096
+        } else {
+            0
+        };
+        2 * trident_kernels::epoch::halves_bytes(case.world * case.dims[0], case.dtype.size_bytes() as usize) + ll
     }
 
     fn bus_bytes(&self, case: &DistCase) -> f64 {
@@ -118,6 +131,15 @@ impl Benchmark for AllGatherCase {
         push.run(ctx, &mut push_bufs, &src)?;
         check(t, &push_bufs.result(push_bufs.calls))?;
         t.time("allgather/kernel", &mut || push.run(ctx, &mut push_bufs, &src))?;
+        if LL_UP_TO >= chunk * es * w && (chunk * es).is_multiple_of(4) {
+            let ll = AllGatherLl::default();
+            let mut ll_bufs = LlBuffers::new(ctx, d, chunk)?;
+            ctx.fill(&ll_bufs.out, &poison(d))?;
+            ctx.barrier()?;
+            ll.run(ctx, &mut ll_bufs, &src)?;
+            check(t, &ll_bufs.out)?;
+            t.time("allgather/ll", &mut || ll.run(ctx, &mut ll_bufs, &src))?;
+        }
         Ok(())
     }
 }
