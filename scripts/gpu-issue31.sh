@@ -41,6 +41,10 @@ TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
 if [ "${BENCH:-1}" = 1 ]; then
   KEEP='flash_decode|gemm_ar|rror|failed' KEEP_LINES=60 step bench-flash-decode 300 $B/trident bench \
     --only flash_decode --baseline-cmd "$PY bench/baseline.py" --json "$O/bench-flash-decode.json"
+  # The AllGather forms (copy engine, push, low-latency) in the loopback world of 4 ranks on
+  # the GPU: report only (the ranks share the GPU's memory system, no NVLink).
+  KEEP='allgather|rror|failed' KEEP_LINES=40 step bench-allgather-world4 150 $B/trident bench --world 4 \
+    --only allgather --json "$O/bench-allgather-world4.json"
   KEEP='gemm_ar|rror|failed' KEEP_LINES=60 step bench-gemm-ar 300 $B/trident bench --world 1 --only gemm_ar \
     --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-gemm-ar.json"
 fi
