@@ -670,6 +670,7 @@ fn main() -> ExitCode {
                 .and_then(|_| {
                     test(&TestArgs {
                         world: Some("2".into()),
+                        max_world: None,
                         race: true,
                         json: Some(workspace_root().join("target/conformance-cpu-simt-race.json")),
                         ..simt(hopper)
