@@ -1369,6 +1369,7 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     let device = trident_backend_nvidia::runtime::CudaDevice::open(0).map(|d| d.device_name()).unwrap_or_default();
     let (records, text) = dist_report::report(&rows, &base, &format!("{gpus} x {device}"));
     println!("{layout}\n{text}");
+    record_gather_crossovers(&rows, &format!("{device} / {}", if gpus == w { "peer" } else { "loopback" }), w);
     let failed = rows.iter().any(|(_, m)| m.is_err());
     if let Some(p) = &args.json {
         let doc = serde_json::json!({
@@ -1385,6 +1386,37 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The AllGather forms' crossovers measured in `rows` (every `allgather` case that ran), into
+/// the tuning cache where `allgather_auto::auto` reads them for this device, transport and world.
+fn record_gather_crossovers(
+    rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
+    topology: &str,
+    w: usize,
+) {
+    use trident_kernels::allgather_auto::{GatherCrossovers, GatherForm};
+    let mut times = Vec::new();
+    for (case, m) in rows.iter().filter(|(c, _)| c.name == "allgather") {
+        let Ok((variants, _)) = m else { return };
+        let gathered = case.dims[0] * case.dtype.size_bytes() as usize * case.world;
+        for (v, ms) in variants {
+            let form = match v.as_str() {
+                "allgather/ll" => GatherForm::LowLatency,
+                "allgather/kernel" => GatherForm::Push,
+                "allgather/ce" => GatherForm::CopyEngine,
+                _ => continue,
+            };
+            times.push((gathered, form, *ms));
+        }
+    }
+    let Some(x) = GatherCrossovers::from_measurements(&times) else { return };
+    let key = GatherCrossovers::tuning_key(topology, w);
+    let mut cache = trident_kernels::tuning::TuningCache::load(trident_kernels::tuning::TuningCache::default_path());
+    match cache.record(&key, &trident_kernels::tuning::Tuned { config: x, ms: 0.0 }) {
+        Ok(()) => eprintln!("bench: {}: {x:?} recorded in {}", key.text(), cache.path.display()),
+        Err(e) => eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display()),
     }
 }
 

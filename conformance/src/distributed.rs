@@ -228,6 +228,9 @@ impl RankCtx for Steered<'_> {
     fn ranks_sharing_device(&self) -> usize {
         self.inner.ranks_sharing_device()
     }
+    fn topology(&self) -> String {
+        self.inner.topology()
+    }
     fn backend(&self) -> &dyn trident_core::backend::Backend {
         self.inner.backend()
     }

@@ -84,6 +84,9 @@ impl RankCtx for Capturing<'_> {
     fn ranks_sharing_device(&self) -> usize {
         self.inner.ranks_sharing_device()
     }
+    fn topology(&self) -> String {
+        self.inner.topology()
+    }
     fn backend(&self) -> &dyn Backend {
         self.inner.backend()
     }

@@ -42,6 +42,14 @@ pub trait RankCtx {
         self.world_size()
     }
 
+    /// Where the world runs, for keys of measured choices (the tuning cache): the device's name
+    /// and how ranks reach each other, `NVIDIA H200 / peer` (a GPU per rank, NVLink or PCIe),
+    /// `/ loopback` (ranks sharing a GPU), `/ processes` (a world of processes, NVSHMEM).
+    /// `cpu world` by default.
+    fn topology(&self) -> String {
+        "cpu world".into()
+    }
+
     /// Whether launches are being recorded (`crate::capture`) rather than run: an operation
     /// whose launch arguments change from call to call refuses to be recorded.
     fn capturing(&self) -> bool {

@@ -598,6 +598,17 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         self.shared.sharing[self.local()] as usize
     }
 
+    fn topology(&self) -> String {
+        let transport = if self.shared.streams.len() < self.shared.opts.ranks {
+            "processes"
+        } else if self.ranks_sharing_device() > 1 {
+            "loopback"
+        } else {
+            "peer"
+        };
+        format!("{} / {transport}", self.device().device_name())
+    }
+
     fn backend(&self) -> &dyn Backend {
         self.device().compiler()
     }

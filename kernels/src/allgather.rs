@@ -110,6 +110,13 @@ impl AllGather {
         cdiv(chunk.max(1), self.block as usize).min(self.max_programs.max(1) as usize) as u32
     }
 
+    /// The form to run for a chunk of `chunk` elements of `dtype` per rank in `ctx`'s world:
+    /// low-latency, push or copy engine, by the gathered bytes and the crossovers measured for
+    /// this device, transport and world (`crate::allgather_auto`).
+    pub fn auto(ctx: &dyn RankCtx, dtype: DType, chunk: usize) -> crate::allgather_auto::GatherForm {
+        crate::allgather_auto::auto(ctx, dtype, chunk)
+    }
+
     /// The default grid cap: 8 ranks sharing one H200 (12 resident programs per multiprocessor, 132
     /// of them) can all be resident, as a waiting kernel must be.
     pub const MAX_PROGRAMS: u32 = 128;
