@@ -1369,7 +1369,9 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     let device = trident_backend_nvidia::runtime::CudaDevice::open(0).map(|d| d.device_name()).unwrap_or_default();
     let (records, text) = dist_report::report(&rows, &base, &format!("{gpus} x {device}"));
     println!("{layout}\n{text}");
-    record_gather_crossovers(&rows, &format!("{device} / {}", if gpus == w { "peer" } else { "loopback" }), w);
+    let topology = format!("{device} / {}", if gpus == w { "peer" } else { "loopback" });
+    record_gather_crossovers(&rows, &topology, w);
+    record_allreduce_crossover(&rows, &topology, w);
     let failed = rows.iter().any(|(_, m)| m.is_err());
     if let Some(p) = &args.json {
         let doc = serde_json::json!({
@@ -1411,10 +1413,42 @@ fn record_gather_crossovers(
             times.push((gathered, form, *ms));
         }
     }
-    let Some(x) = GatherCrossovers::from_measurements(&times) else { return };
-    let key = GatherCrossovers::tuning_key(topology, w);
+    if let Some(x) = GatherCrossovers::from_measurements(&times) {
+        record_crossover(&GatherCrossovers::tuning_key(topology, w), x);
+    }
+}
+
+/// The AllReduce crossover measured in `rows` (every `allreduce` case), into the tuning cache
+/// where `AllReduce::auto` reads it for this device, transport and world.
+fn record_allreduce_crossover(
+    rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
+    topology: &str,
+    w: usize,
+) {
+    use trident_kernels::allreduce::Algorithm;
+    use trident_kernels::allreduce_auto::AllReduceCrossover;
+    let mut times = Vec::new();
+    for (case, m) in rows.iter().filter(|(c, _)| c.name == "allreduce") {
+        let Ok((variants, _)) = m else { return };
+        let bytes = case.dims[0] * case.dtype.size_bytes() as usize;
+        for (v, ms) in variants {
+            let a = match v.as_str() {
+                "allreduce/one_shot" => Algorithm::OneShot,
+                "allreduce/two_shot" => Algorithm::TwoShot,
+                _ => continue,
+            };
+            times.push((bytes, a, *ms));
+        }
+    }
+    if let Some(x) = AllReduceCrossover::from_measurements(&times) {
+        record_crossover(&AllReduceCrossover::tuning_key(topology, w), x);
+    }
+}
+
+/// Records a measured crossover under `key` in the tuning cache, saying where.
+fn record_crossover<C: serde::Serialize + std::fmt::Debug>(key: &trident_kernels::tuning::TuningKey, x: C) {
     let mut cache = trident_kernels::tuning::TuningCache::load(trident_kernels::tuning::TuningCache::default_path());
-    match cache.record(&key, &trident_kernels::tuning::Tuned { config: x, ms: 0.0 }) {
+    match cache.record(key, &trident_kernels::tuning::Tuned { config: &x, ms: 0.0 }) {
         Ok(()) => eprintln!("bench: {}: {x:?} recorded in {}", key.text(), cache.path.display()),
         Err(e) => eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display()),
     }

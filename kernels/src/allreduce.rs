@@ -70,6 +70,14 @@ impl AllReduceBuffers {
 }
 
 impl AllReduce {
+    /// The AllReduce for `n` elements of `dtype` in `ctx`'s world: one-shot or two-shot by the
+    /// bytes and the crossover measured for this device, transport and world
+    /// (`crate::allreduce_auto`).
+    pub fn auto(ctx: &dyn RankCtx, dtype: DType, n: usize) -> AllReduce {
+        let bytes = n * dtype.size_bytes() as usize;
+        AllReduce::new(dtype, crate::allreduce_auto::AllReduceCrossover::for_world(ctx).algorithm(bytes))
+    }
+
     pub fn new(dtype: DType, algorithm: Algorithm) -> AllReduce {
         AllReduce { dtype, block: 1024, algorithm, max_programs: crate::allgather::AllGather::MAX_PROGRAMS }
     }
