@@ -174,14 +174,28 @@ impl AllGatherLl {
         bufs: &mut LlBuffers,
         src: &Buffer,
     ) -> Result<(), BackendError> {
+        let out = bufs.out.clone();
+        self.enqueue_into(ctx, stream, bufs, src, &out)
+    }
+
+    /// As [`AllGatherLl::enqueue`], gathering into `out` (`[world][chunk]` elements, local: a
+    /// caller's tensor) instead of `bufs.out`.
+    pub fn enqueue_into(
+        &self,
+        ctx: &dyn RankCtx,
+        stream: StreamId,
+        bufs: &mut LlBuffers,
+        src: &Buffer,
+        out: &Buffer,
+    ) -> Result<(), BackendError> {
         let cw = bufs.chunk_words();
         require_bytes(src, cw * 4, "src")?;
         let w = ctx.world_size();
-        require_bytes(&bufs.out, w * cw * 4, "out")?;
+        require_bytes(out, w * cw * 4, "out")?;
         let kernel = ctx.compile(&format!("{self:?}"), &|| self.build())?;
         let args = [
             src.arg(),
-            bufs.out.arg(),
+            out.arg(),
             bufs.words.arg(),
             bufs.epochs.arg(),
             KernelArg::i32(require_i32(cw, "chunk words")?),
