@@ -54,6 +54,15 @@ impl DecodeShape {
     }
 }
 
+/// The two kernels of flash decoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DecodeStage {
+    /// Each split's partial output and log-sum-exp.
+    Split,
+    /// The splits combined by their log-sum-exps.
+    Combine,
+}
+
 /// The kernels' meta-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlashDecode {
@@ -225,6 +234,39 @@ impl FlashDecode {
         out: &Buffer,
         shape: &DecodeShape,
     ) -> Result<(), BackendError> {
+        for (stage, grid, args) in self.plan((q, k, v), lens, table, work, out, shape)? {
+            let kernel = l.compile(self.key(stage), || self.build(stage))?;
+            l.launch(&kernel, grid, &args)?;
+        }
+        Ok(())
+    }
+
+    /// The cache key of a stage's specialization.
+    pub fn key(&self, stage: DecodeStage) -> String {
+        format!("{self:?} {stage:?}")
+    }
+
+    /// A stage's kernel.
+    pub fn build(&self, stage: DecodeStage) -> Result<Function, VerifyError> {
+        match stage {
+            DecodeStage::Split => self.build_split(),
+            DecodeStage::Combine => self.build_combine(),
+        }
+    }
+
+    /// The launches of [`FlashDecode::run`] in order, each its stage, grid and arguments, after
+    /// checking the problem and the buffers (none for an empty batch): what a caller with a
+    /// stream of its own enqueues (the torch op).
+    #[allow(clippy::too_many_arguments)]
+    pub fn plan(
+        &self,
+        (q, k, v): (&Buffer, &Buffer, &Buffer),
+        lens: &Buffer,
+        table: Option<&Buffer>,
+        work: &Buffer,
+        out: &Buffer,
+        shape: &DecodeShape,
+    ) -> Result<Vec<(DecodeStage, [u32; 3], Vec<KernelArg>)>, BackendError> {
         self.check(shape, table.is_some())?;
         let es = self.dtype.size_bytes() as usize;
         let (rows, g) = (shape.rows(), shape.group());
@@ -242,22 +284,19 @@ impl FlashDecode {
         require_bytes(v, kv_bytes, "v")?;
         require_bytes(work, self.work_bytes(shape), "work")?;
         if shape.batch == 0 || rows == 0 {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let (splits, chunk) = self.splits(shape);
         let (part, lse) = (work.arg(), work.arg_at(self.part_bytes(shape)));
         let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
-        let split = l.compile(format!("{self:?} split"), || self.build_split())?;
         let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
         args.extend(table.map(|t| t.arg()));
-        args.extend([part, lse]);
+        args.extend([part.clone(), lse.clone()]);
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
         args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
         let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
-        l.launch(&split, [heads, splits as u32, 1], &args)?;
-        let combine = l.compile(format!("{self:?} combine"), || self.build_combine())?;
-        let args = [
+        let combine = vec![
             part,
             lse,
             out.arg(),
@@ -266,7 +305,10 @@ impl FlashDecode {
             int(g, "group")?,
             int(splits, "splits")?,
         ];
-        l.launch(&combine, [heads, rows as u32, 1], &args)
+        Ok(vec![
+            (DecodeStage::Split, [heads, splits as u32, 1], args),
+            (DecodeStage::Combine, [heads, rows as u32, 1], combine),
+        ])
     }
 
     /// Rows of the splits' partial results: a tile's for every (sequence, KV head, split).

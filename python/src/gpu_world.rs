@@ -37,7 +37,9 @@ use trident_gpu_runtime::world_env::WorldEnv;
 use trident_gpu_runtime::{GpuWorldOptions, RankSession};
 use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, GatherBuffers};
-use trident_kernels::allreduce::{Algorithm, AllReduce};
+use trident_kernels::allgather_auto::GatherForm;
+use trident_kernels::allgather_ll::{AllGatherLl, LlBuffers};
+use trident_kernels::allreduce::AllReduce;
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
 use trident_kernels::epoch::{state_arg, CopyLatest};
@@ -253,12 +255,19 @@ impl GpuWorld {
         self.provider.clone()
     }
 
-    /// AllGather (the in-kernel push): `out` (`size x n` elements) = every rank's `x` (`n`
-    /// elements of `dtype`), in rank order.
+    /// AllGather: `out` (`size x n` elements) = every rank's `x` (`n` elements of `dtype`), in
+    /// rank order: the low-latency protocol into `out` directly where `AllGather::auto` picks
+    /// it, else the in-kernel push (the copy engine's stream writes would not replay in a CUDA
+    /// graph).
     fn all_gather(&self, py: Python<'_>, x: u64, out: u64, n: usize, dtype_name: &str, stream: u64) -> PyResult<()> {
         let d = dtype(dtype_name)?;
         let (w, es) = (self.size, d.size_bytes() as usize);
         self.op(py, stream, move |ctx, ops| {
+            if AllGather::auto(ctx, d, n) == GatherForm::LowLatency {
+                let bufs = state(ops, format!("allgather_ll/{d}/{n}"), || LlBuffers::new(ctx, d, n))?;
+                let (src, dst) = (tensor("x", x, n * es), tensor("out", out, w * n * es));
+                return AllGatherLl::default().enqueue_into(ctx, 0, bufs, &src, &dst);
+            }
             let bufs = state(ops, format!("allgather/{d}/{n}"), || GatherBuffers::new(ctx, d, n))?;
             AllGather::new(d).enqueue(ctx, 0, bufs, &tensor("x", x, n * es))?;
             let dst = tensor("out", out, w * n * es);
@@ -266,14 +275,14 @@ impl GpuWorld {
         })
     }
 
-    /// AllReduce (sum; one-shot up to 256 KiB per rank, two-shot above): `out` = the sum over
-    /// ranks of `x` (`n` elements of `dtype`).
+    /// AllReduce (sum; one-shot or two-shot as `AllReduce::auto` picks: by default one-shot up
+    /// to 256 KiB per rank): `out` = the sum over ranks of `x` (`n` elements of `dtype`).
     fn all_reduce(&self, py: Python<'_>, x: u64, out: u64, n: usize, dtype_name: &str, stream: u64) -> PyResult<()> {
         let d = dtype(dtype_name)?;
         let es = d.size_bytes() as usize;
-        let algorithm = if n * es <= 256 << 10 { Algorithm::OneShot } else { Algorithm::TwoShot };
         self.op(py, stream, move |ctx, ops| {
-            let op = AllReduce::new(d, algorithm);
+            let op = AllReduce::auto(ctx, d, n);
+            let algorithm = op.algorithm;
             let bufs = state(ops, format!("allreduce/{d}/{n}/{algorithm:?}"), || op.buffers(ctx, n))?;
             op.enqueue(ctx, bufs, &tensor("x", x, n * es))?;
             let dst = tensor("out", out, n * es);

@@ -28,6 +28,8 @@ fn _trident(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch::check_waits, m)?)?;
     m.add_function(wrap_pyfunction!(library::scaled_gemm, m)?)?;
     m.add_function(wrap_pyfunction!(library::grouped_gemm, m)?)?;
+    m.add_function(wrap_pyfunction!(library::flash_decode, m)?)?;
+    m.add_function(wrap_pyfunction!(library::flash_decode_work_bytes, m)?)?;
     m.add_class::<gpu_world::GpuWorld>()?;
     m.add_function(wrap_pyfunction!(gpu_world::serve_rendezvous, m)?)?;
     m.add_function(wrap_pyfunction!(world::all_gather, m)?)?;

@@ -1,6 +1,7 @@
 //! The library's single-device kernels as Python ops on torch CUDA tensors: compiled once per
 //! specialization and target, launched on the caller's stream without waiting (as
-//! `kernel[grid]` is, `crate::launch`). Today: the scaled FP8 GEMM and the grouped GEMM.
+//! `kernel[grid]` is, `crate::launch`). Today: the scaled FP8 GEMM, the grouped GEMM and flash
+//! decoding.
 
 use crate::errors;
 use pyo3::prelude::*;
@@ -8,6 +9,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
+use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
 use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
@@ -153,4 +155,76 @@ pub fn grouped_gemm(
     let Some((grid, args)) = plan else { return Ok(()) };
     let art = py.detach(|| compiled(&format!("{op:?}"), &target, || op.build())).map_err(errors::backend)?;
     dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)
+}
+
+/// The flash decoding problem of the torch op: `(batch, q_len, heads_q, heads_kv, head_dim,
+/// cache_len)` and the page size of a paged cache.
+fn decode_op(
+    dtype_name: &str,
+    extents: (usize, usize, usize, usize, usize, usize),
+    page: Option<u32>,
+) -> PyResult<(FlashDecode, DecodeShape)> {
+    let dtype = DType::parse(dtype_name)
+        .filter(|d| matches!(d, DType::BF16 | DType::F16))
+        .ok_or_else(|| errors::argument(format!("flash_decode: `{dtype_name}` tensors: bf16 or f16")))?;
+    let (batch, q_len, heads_q, heads_kv, head_dim, cache_len) = extents;
+    let shape = DecodeShape { batch, q_len, heads_q, heads_kv, head_dim, cache_len };
+    let op = FlashDecode::for_shape(dtype, &shape);
+    let op = match page {
+        Some(p) => op.paged(p),
+        None => op,
+    };
+    op.check(&shape, page.is_some()).map_err(|e| errors::argument(e.to_string()))?;
+    Ok((op, shape))
+}
+
+/// Bytes of scratch the flash decoding op needs for this problem (`flash_decode`'s `work`).
+#[pyfunction]
+pub fn flash_decode_work_bytes(
+    dtype_name: &str,
+    extents: (usize, usize, usize, usize, usize, usize),
+    page: Option<u32>,
+) -> PyResult<usize> {
+    let (op, shape) = decode_op(dtype_name, extents, page)?;
+    Ok(op.work_bytes(&shape))
+}
+
+/// Flash decoding (`trident_kernels::flash_decode`): `out` = attention of `q` against the
+/// cache `k`, `v` (`kv_bytes` each: contiguous, or paged with the block table `table` and
+/// `page` keys a page), `lens` the sequences' lengths, through the scratch `work`; by address
+/// on CUDA device `device`, enqueued on `stream`.
+#[pyfunction]
+#[allow(clippy::too_many_arguments)]
+pub fn flash_decode(
+    py: Python<'_>,
+    pointers: (u64, u64, u64, u64, Option<u64>, u64, u64),
+    kv_bytes: usize,
+    extents: (usize, usize, usize, usize, usize, usize),
+    page: Option<u32>,
+    dtype_name: &str,
+    device: i64,
+    stream: u64,
+) -> PyResult<()> {
+    let (op, shape) = decode_op(dtype_name, extents, page)?;
+    let (q, k, v, lens, table, work, out) = pointers;
+    let es = op.dtype.size_bytes() as usize;
+    let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
+    let tokens = shape.batch * shape.q_len * shape.heads_q * shape.head_dim * es;
+    let table = match (page, table) {
+        (Some(p), Some(t)) => Some(buf("block_table", t, shape.batch * shape.cache_len / p as usize * 4)),
+        (None, None) => None,
+        _ => return Err(errors::argument("flash_decode: a block table and a page size together, or neither")),
+    };
+    let kv = kv_bytes;
+    let (qb, kb, vb) = (buf("q", q, tokens), buf("k_cache", k, kv), buf("v_cache", v, kv));
+    let (lens, work, out) =
+        (buf("lens", lens, shape.batch * 4), buf("work", work, op.work_bytes(&shape)), buf("out", out, tokens));
+    let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
+    let dev = crate::launch::gpu(device)?;
+    let target = target_of(dev.arch());
+    for (stage, grid, args) in plan {
+        let art = py.detach(|| compiled(&op.key(stage), &target, || op.build(stage))).map_err(errors::backend)?;
+        dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;
+    }
+    Ok(())
 }

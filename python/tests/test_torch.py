@@ -293,3 +293,55 @@ def test_fp8_grouped_gemm_with_row_scales_against_float64(k):
         start += r
     with pytest.raises(trident.ArgumentError, match="scale_a and scale_b"):
         trident.ops.grouped_mm(a, b, offs)
+
+
+def _decode_reference(q, k, v, lens):
+    """Causal GQA attention of q's tokens (the newest of each sequence) in float64."""
+    batch, q_len, heads_q, d = q.shape
+    group = heads_q // k.shape[2]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        n = int(lens[b])
+        kb = k[b, :n].double().repeat_interleave(group, dim=1)  # [n, Hq, D]
+        vb = v[b, :n].double().repeat_interleave(group, dim=1)
+        for i in range(q_len):
+            pos = n - q_len + i
+            if pos < 0:
+                continue
+            s = torch.einsum("hd,nhd->hn", q[b, i].double(), kb[: pos + 1]) / math.sqrt(d)
+            out[b, i] = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), vb[: pos + 1])
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page", [None, 16, 256])
+def test_flash_decode_against_float64(dtype, page):
+    import trident.ops
+
+    # GQA 4:1, two new tokens, sequences of different lengths (one shorter than the tokens,
+    # one whole cache), a cache not a multiple of the key block.
+    batch, q_len, heads_q, heads_kv, d, cap = 3, 2, 8, 2, 128, 4096 + 256
+    lens = torch.tensor([1, 4099, cap], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, q_len, heads_q, d, device="cuda").to(dtype)
+    k = torch.randn(batch, cap, heads_kv, d, device="cuda").to(dtype)
+    v = torch.randn(batch, cap, heads_kv, d, device="cuda").to(dtype)
+    if page is None:
+        out = torch.ops.trident.flash_decode(q, k, v, lens)
+    else:
+        # The pages of every sequence shuffled through one pool.
+        per = cap // page
+        order = torch.randperm(batch * per, device="cuda")
+        table = order.reshape(batch, per).to(torch.int32)
+        kp = torch.empty(batch * per, page, heads_kv, d, device="cuda", dtype=dtype)
+        vp = torch.empty_like(kp)
+        kp[order] = k.reshape(batch * per, page, heads_kv, d)
+        vp[order] = v.reshape(batch * per, page, heads_kv, d)
+        out = torch.ops.trident.flash_decode(q, kp, vp, lens, table)
+    torch.cuda.synchronize()
+    want = _decode_reference(q, k, v, lens)
+    err = (out.double() - want).abs().max().item()
+    assert err <= 2e-2, err
+    # The first sequence's first token sees no key: zeros.
+    assert out[0, 0].abs().max().item() == 0
+    with pytest.raises(trident.ArgumentError, match="int32"):
+        trident.ops.flash_decode(q, k, v, lens.long())

@@ -5,6 +5,7 @@
     c = trident.ops.grouped_mm(a, b, offs)                # a [T, K], b [E, N, K], offs int32 [E]
     c = trident.ops.grouped_mm_masked(a, b, counts)       # a [E, T_max, K], counts int32 [E]
     h = trident.ops.grouped_mm(a, trident.ops.interleave_gate_up(w13), offs, swiglu=True)
+    o = trident.ops.flash_decode(q, k_cache, v_cache, lens)             # or block_table=...
 
 ``scaled_mm``: ``(a * scale_a) @ (b * scale_b).T`` in bf16, with `a` ``[M, K]`` and `b`
 ``[N, K]`` FP8 (``torch.float8_e4m3fn`` or ``float8_e5m2``, both row-major, i.e. K-major as FP8
@@ -33,6 +34,15 @@ that layout once from the usual ``[gate; up]`` halves, vLLM's ``w13``), N a mult
 ``c`` has N/2 columns, ``silu(a @ gate.T) * (a @ up.T)`` (computed in f32, after the scales,
 before the weights). With FP8 operands ``scale_b`` follows ``b``'s rows: interleave it too
 (``interleave_gate_up(scale_b[:, :, None])[:, :, 0]``).
+
+``flash_decode``: grouped-query attention of the ``Nq`` newest tokens of each sequence against
+its KV cache, split along the cache over the GPU and combined by log-sum-exp: ``q``
+``[B, Nq, Hq, D]``, caches ``[B, S, Hkv, D]`` (contiguous) or ``[pages, P, Hkv, D]`` with
+``block_table`` int32 ``[B, S / P]`` naming each sequence's pages (P a power of two, at least
+16), ``lens``
+int32 ``[B]`` each sequence's length, its new tokens included; bf16 or f16, ``Hq`` a multiple
+of ``Hkv``, ``D`` 64 or 128. Query token ``i`` sits at position ``lens[b] - Nq + i`` and
+attends causally (scale ``1/sqrt(D)``); a query that sees no key gets zeros.
 """
 
 import torch
@@ -179,6 +189,68 @@ def grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None, s
     return _grouped(a, b, counts, "masked", b_layout, scale_a, scale_b, swiglu, weights)
 
 
+_DECODE = {torch.bfloat16: "bf16", torch.float16: "f16"}
+
+
+def flash_decode(q, k_cache, v_cache, lens, block_table=None):
+    """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
+    if q.dtype not in _DECODE or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ArgumentError(f"flash_decode: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: all bfloat16 or float16")
+    if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ArgumentError(
+            f"flash_decode: q {tuple(q.shape)}, caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)}: "
+            "q [B, Nq, Hq, D], caches [B, S, Hkv, D] or [pages, P, Hkv, D], the same"
+        )
+    batch, q_len, heads_q, d = q.shape
+    heads_kv = k_cache.shape[2]
+    if k_cache.shape[3] != d or lens.dtype != torch.int32 or lens.shape != (batch,):
+        raise ArgumentError(f"flash_decode: head dims {d}/{k_cache.shape[3]}, lens {lens.dtype} {tuple(lens.shape)}: equal, int32 [B]")
+    page = None
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            raise ArgumentError(f"flash_decode: a contiguous cache of {k_cache.shape[0]} sequences for a batch of {batch}")
+        cache_len = k_cache.shape[1]
+    else:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ArgumentError(f"flash_decode: block_table {block_table.dtype} {tuple(block_table.shape)}: int32 [B, S / P]")
+        page = k_cache.shape[1]
+        if page < 16 or page & (page - 1):
+            raise ArgumentError(f"flash_decode: pages of {page} keys: a power of two, at least 16")
+        cache_len = block_table.shape[1] * page
+    tensors = (q, k_cache, v_cache, lens) + ((block_table,) if block_table is not None else ())
+    if any(not t.is_cuda or t.get_device() != q.get_device() for t in tensors):
+        raise ArgumentError("flash_decode: every tensor on the same CUDA device")
+    if any(not t.is_contiguous() for t in tensors):
+        raise ArgumentError("flash_decode: every tensor contiguous")
+    extents = (batch, q_len, heads_q, heads_kv, d, cache_len)
+    name = _DECODE[q.dtype]
+    # Scratch from torch's allocator: it follows the stream (and a CUDA graph's memory pool).
+    work = torch.empty(_trident.flash_decode_work_bytes(name, extents, page), dtype=torch.uint8, device=q.device)
+    out = torch.empty_like(q)
+    _trident.flash_decode(
+        (
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            lens.data_ptr(),
+            block_table.data_ptr() if block_table is not None else None,
+            work.data_ptr(),
+            out.data_ptr(),
+        ),
+        k_cache.numel() * k_cache.element_size(),
+        extents,
+        page,
+        name,
+        q.get_device(),
+        torch.cuda.current_stream(q.device).cuda_stream,
+    )
+    return out
+
+
+def _fake_flash_decode(q, k_cache, v_cache, lens, block_table=None):
+    return torch.empty_like(q)
+
+
 def _out_dtype(a):
     return torch.bfloat16 if a.dtype in _FP8 else a.dtype
 
@@ -218,6 +290,9 @@ def _define():
     )
     lib.impl("grouped_mm_masked", grouped_mm_masked, "CUDA")
     torch.library.register_fake("trident::grouped_mm_masked", lib=lib)(_fake_grouped_mm_masked)
+    lib.define("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor lens, Tensor? block_table=None) -> Tensor")
+    lib.impl("flash_decode", flash_decode, "CUDA")
+    torch.library.register_fake("trident::flash_decode", lib=lib)(_fake_flash_decode)
 
 
 _define()
