@@ -63,6 +63,9 @@ pub enum DecodeStage {
     Combine,
 }
 
+/// One launch of flash decoding: its stage, grid and arguments.
+pub type DecodeLaunch = (DecodeStage, [u32; 3], Vec<KernelArg>);
+
 /// The kernels' meta-parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FlashDecode {
@@ -266,7 +269,7 @@ impl FlashDecode {
         work: &Buffer,
         out: &Buffer,
         shape: &DecodeShape,
-    ) -> Result<Vec<(DecodeStage, [u32; 3], Vec<KernelArg>)>, BackendError> {
+    ) -> Result<Vec<DecodeLaunch>, BackendError> {
         self.check(shape, table.is_some())?;
         let es = self.dtype.size_bytes() as usize;
         let (rows, g) = (shape.rows(), shape.group());
