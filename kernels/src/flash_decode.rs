@@ -295,7 +295,7 @@ impl FlashDecode {
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
         args.extend(table.map(|t| t.arg()));
-        args.extend([part.clone(), lse.clone()]);
+        args.extend([part, lse]);
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
         args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
         let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
