@@ -113,10 +113,13 @@ impl Hooks for DirectHooks<'_> {
             let (r, o) = access(view.locate(a, 8))?;
             let seen = r.load(o, 8);
             if !test.holds(seen) {
+                let (what, state) = match test {
+                    WordTest::Cmp(cmp, value) => ("signal", format!("is {seen}, waiting for {cmp} {value}")),
+                    WordTest::Flag(flag) => ("flagged word", format!("has flag {}, waiting for flag {flag}", seen >> 32)),
+                };
                 return fault(format!(
-                    "wait can never complete: word {i} of {} at {a:#x}: {}, and no other program or rank can write it",
-                    addrs.len(),
-                    test.describe(seen)
+                    "wait can never complete: {what} {i} of {} at {a:#x} {state}, and no other program or rank can write it",
+                    addrs.len()
                 ));
             }
         }
