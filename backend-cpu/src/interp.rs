@@ -115,7 +115,9 @@ impl Hooks for DirectHooks<'_> {
             if !test.holds(seen) {
                 let (what, state) = match test {
                     WordTest::Cmp(cmp, value) => ("signal", format!("is {seen}, waiting for {cmp} {value}")),
-                    WordTest::Flag(flag) => ("flagged word", format!("has flag {}, waiting for flag {flag}", seen >> 32)),
+                    WordTest::Flag(flag) => {
+                        ("flagged word", format!("has flag {}, waiting for flag {flag}", seen >> 32))
+                    }
                 };
                 return fault(format!(
                     "wait can never complete: {what} {i} of {} at {a:#x} {state}, and no other program or rank can write it",

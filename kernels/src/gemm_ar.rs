@@ -10,6 +10,15 @@
 //! rest of the GEMM: a row block is summed as soon as every rank computed it. For the
 //! decode-sized M this targets (32 to 256 rows) the W copies of the partial product are small.
 //!
+//! **Split K.** At decode-sized M an output of `M x N` has few tiles (M = 32, N = 5120: 40 tiles
+//! of 64 x 128) for a long K (25600), so the GEMM would run on a third of the GPU's
+//! multiprocessors; [`GemmAr::for_problem`] splits K into `splits` slices of whole K tiles, so
+//! that about two waves of programs fill the GPU, and each slice's partial product is sent like
+//! a rank's: `partial` holds `[world][splits][M][N]`, a row block's counter gets `splits` per
+//! column tile, and the reduction sums the `world x splits` partials in order (every rank the
+//! same bits). Each slice's partial is rounded to the element type before the f32 sum, as a
+//! rank's always was.
+//!
 //! M must be a multiple of 16 (the GEMM's row tile is the largest power of two dividing it, at
 //! most the GEMM's own): a typed error otherwise. Epochs on the device and call `e` in half
 //! `e mod 2` of `partial` (`crate::epoch`): recorded once, a call replays.
@@ -18,7 +27,7 @@ use crate::gemm::Gemm;
 use crate::gemm_rs::{GemmRs, GemmRsBuffers, ReduceTiles};
 use crate::{cdiv, require_bytes, require_i32};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
-use trident_core::ir::{CommScope, DType, LaunchAttrs, SignalOp};
+use trident_core::ir::{Axis, CommScope, DType, LaunchAttrs, SignalOp};
 use trident_core::world::RankCtx;
 use trident_core::{Function, KernelBuilder, VerifyError};
 
@@ -26,19 +35,58 @@ use trident_core::{Function, KernelBuilder, VerifyError};
 pub struct GemmAr {
     pub gemm: Gemm,
     pub reduce: ReduceTiles,
+    /// Slices of K, each a partial product of its own (1: none).
+    pub splits: u32,
 }
+
+/// Programs the split GEMM aims for: two waves over the 132 multiprocessors of an H100 or
+/// H200.
+const TARGET_PROGRAMS: usize = 2 * 132;
+
+/// The most slices of K: each one's partial crosses the links and is summed.
+const MAX_SPLITS: usize = 8;
 
 impl GemmAr {
     pub fn new(dtype: DType) -> GemmAr {
         let rs = GemmRs::new(dtype);
-        GemmAr { gemm: rs.gemm, reduce: rs.reduce }
+        GemmAr { gemm: rs.gemm, reduce: rs.reduce, splits: 1 }
     }
 
     /// GEMM-RS's choices for this rank's world ([`GemmRs::for_world`]): the GEMM's tiles of
-    /// the target, the reduction persistent where ranks share the GPU.
+    /// the target, the reduction persistent where ranks share the GPU; K not split.
     pub fn for_world(ctx: &dyn RankCtx, dtype: DType) -> GemmAr {
         let rs = GemmRs::for_world(ctx, dtype);
-        GemmAr { gemm: rs.gemm, reduce: rs.reduce }
+        GemmAr { gemm: rs.gemm, reduce: rs.reduce, splits: 1 }
+    }
+
+    /// For an `m x n x k` problem in this rank's world: the GEMM's tiles for M
+    /// (`Gemm::for_problem`, pointer operands: its epilogue stores into other ranks' buffers),
+    /// and K split into slices of whole K tiles until about [`TARGET_PROGRAMS`] programs run
+    /// (at most [`MAX_SPLITS`], each slice at least 4 K tiles).
+    pub fn for_problem(ctx: &dyn RankCtx, dtype: DType, mnk: (usize, usize, usize)) -> GemmAr {
+        GemmAr::for_world(ctx, dtype).split_for(ctx.gpu_target(), mnk)
+    }
+
+    /// This op with the GEMM's tiles and the K slices of [`GemmAr::for_problem`] on `target`.
+    pub fn split_for(self, target: Option<&trident_core::target::TargetDesc>, (m, n, k): (usize, usize, usize)) -> GemmAr {
+        let gemm = Gemm::for_problem(self.gemm.dtype, target, m).pointer_operands();
+        let bm = (1usize << m.trailing_zeros().min(31)).min(gemm.block_m as usize).max(1);
+        let tiles = (m / bm).max(1) * cdiv(n, gemm.block_n as usize);
+        let k_tiles = cdiv(k, gemm.block_k as usize);
+        let want = TARGET_PROGRAMS.div_ceil(tiles).min(MAX_SPLITS).min((k_tiles / 4).max(1));
+        let op = GemmAr { gemm, splits: 1, ..self };
+        GemmAr { splits: op.slices(k, want.max(1) as u32), ..op }
+    }
+
+    /// Elements of K per slice for `splits` slices: whole K tiles.
+    fn k_chunk(&self, k: usize, splits: u32) -> usize {
+        let bk = self.gemm.block_k as usize;
+        cdiv(cdiv(k.max(1), splits.max(1) as usize), bk) * bk
+    }
+
+    /// The slices `splits` asks for once each is whole K tiles (none empty).
+    fn slices(&self, k: usize, splits: u32) -> u32 {
+        cdiv(k.max(1), self.k_chunk(k, splits)) as u32
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -51,7 +99,7 @@ impl GemmAr {
     }
 
     /// Collective: buffers for an `m x n` result (GEMM-RS's, every rank keeping all `m` rows:
-    /// `partial` two halves of `[world][m][n]`, `arrived` `[m / block_m][world]`).
+    /// `partial` two halves of `[world][splits][m][n]`, `arrived` `[m / block_m][world]`).
     pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
         let w = ctx.world_size();
         if m == 0 || !m.is_multiple_of(16) {
@@ -59,41 +107,60 @@ impl GemmAr {
         }
         let block_m = (1u32 << m.trailing_zeros().min(31)).min(self.gemm.block_m);
         let es = self.gemm.dtype.size_bytes() as usize;
-        require_i32(2 * w * m * n, "the partial products of every rank")?;
+        let s = self.splits.max(1) as usize;
+        require_i32(2 * w * s * m * n, "the partial products of every rank")?;
         Ok(GemmRsBuffers {
-            partial: ctx.symm_alloc(crate::epoch::halves_bytes(w * m * n, es), "gemm_ar_partial")?,
+            partial: ctx.symm_alloc(crate::epoch::halves_bytes(w * s * m * n, es), "gemm_ar_partial")?,
             arrived: ctx.symm_alloc((m / block_m as usize) * w * 8, "gemm_ar_arrived")?,
             epochs: crate::epoch::words(ctx, 2, "gemm_ar_epochs")?,
             m,
             n,
             calls: 0,
             block_m,
+            splits: s,
         })
     }
 
-    /// The GEMM whose epilogue pushes each tile to every rank.
+    /// The GEMM whose epilogue pushes each tile to every rank (with [`GemmAr::splits`] > 1,
+    /// program `(t, s)` computes tile t over K slice s, of `k_chunk` elements, and sends it as
+    /// partial `me x splits + s`).
     pub fn build_gemm(&self, block_m: u32) -> Result<Function, VerifyError> {
         let g = Gemm { block_m, ..self.gemm };
-        let (bm, bn) = (g.block_m, g.block_n);
+        let (bm, bn, splits) = (g.block_m, g.block_n, self.splits.max(1));
+        let split = if splits > 1 { format!("_k{splits}") } else { String::new() };
         let b = KernelBuilder::new(
-            &format!("gemm_ar_gemm_{}_{bm}x{bn}x{}", g.dtype, g.block_k),
+            &format!("gemm_ar_gemm_{}_{bm}x{bn}x{}{split}", g.dtype, g.block_k),
             LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() },
         );
         let (a, bp, partials) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));
         let (arrived, epochs) = (b.arg_ptr("arrived", DType::U64), b.arg_ptr("epochs", DType::U64));
         let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        // The K slice's length, whole K tiles (split only).
+        let chunk = (splits > 1).then(|| b.arg_multiple_of("k_chunk", DType::I32, g.block_k));
         let call = crate::epoch::Epoch::begin(&b, epochs);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
-        let partial = call.half(partials, world * m * n);
+        let partial = match splits {
+            1 => call.half(partials, world * m * n),
+            s => call.half(partials, world * s as i32 * m * n),
+        };
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
         let (block, tile_n) = crate::gemm::grouped_tile(pid, m / bm as i32, tiles_n);
         let rows = (block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
         let cols = (tile_n * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-        let acc = g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k)).cast(g.dtype);
+        // This program's slice of K: A's columns and B's rows from k0 on, `len` of them.
+        let (a0, b0, len, source) = match chunk {
+            None => (a, bp, k, me),
+            Some(c) => {
+                let s = b.program_id(Axis::Y);
+                let k0 = s * c;
+                (a + k0, bp + k0 * n, c.min(k - k0), me * splits as i32 + s)
+            }
+        };
+        let acc = g.tile_product(&b, (a0, k), (b0, n), rows, cols, (m, n, len)).cast(g.dtype);
         let mask = rows.lt(m) & cols.lt(n);
         b.for_range(0, world, 1, &[], |i, _| {
             let p = (me + 1 + i) % world;
-            b.store(b.symm_at(partial, p) + ((me * m + rows) * n + cols), acc, Some(mask));
+            b.store(b.symm_at(partial, p) + ((source * m + rows) * n + cols), acc, Some(mask));
             b.notify(arrived + (block * world + me), p, 1u64, SignalOp::Add, CommScope::IntraNode);
             vec![]
         });
@@ -136,8 +203,16 @@ impl GemmAr {
         }
         let bm = bufs.block_m;
         let tiles_n = cdiv(n, self.gemm.block_n as usize);
-        let gemm = ctx.compile(&format!("{self:?}/gemm/{bm}"), &|| self.build_gemm(bm))?;
-        let gemm_args = [
+        // The buffers say how many slices (made for this op's `splits`).
+        let op = GemmAr { splits: bufs.splits as u32, ..*self };
+        if op.splits > 1 && op.slices(k, op.splits) != op.splits {
+            return Err(self.problem(format!(
+                "K = {k} does not make {} slices of whole {}-element K tiles (make the buffers with GemmAr::for_problem for this K)",
+                op.splits, self.gemm.block_k
+            )));
+        }
+        let gemm = ctx.compile(&format!("{op:?}/gemm/{bm}"), &|| op.build_gemm(bm))?;
+        let mut gemm_args = vec![
             a.arg(),
             b.arg(),
             bufs.partial.arg(),
@@ -147,7 +222,11 @@ impl GemmAr {
             KernelArg::i32(n32),
             KernelArg::i32(k32),
         ];
-        ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
+        if op.splits > 1 {
+            gemm_args.push(KernelArg::i32(require_i32(op.k_chunk(k, op.splits), "the K slice")?));
+        }
+        let grid = [((m / bm as usize) * tiles_n) as u32, op.splits, 1];
+        ctx.launch(0, &gemm, grid, &gemm_args)?;
         // The reduction over all M rows (GEMM-RS's with one "rank's rows" = M).
         self.reduction().enqueue_reduce(ctx, &format!("{self:?}"), bufs, out, m)?;
         bufs.calls += 1;
@@ -157,4 +236,24 @@ impl GemmAr {
 
 inventory::submit! {
     crate::Catalogued { name: "gemm_ar_gemm", operation: "gemm_ar", distributed: true, build: |d| GemmAr::new(d).build_gemm(64) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GemmAr;
+    use trident_core::ir::DType;
+
+    /// Decode-sized M on the H100/H200 splits K until about two waves of programs run; a short
+    /// K or a large M is not split; the conformance case's long K is split on the CPU too.
+    #[test]
+    fn k_is_split_where_the_tiles_are_few() {
+        let h = trident_core::target::lookup("sm_90a").ok();
+        let split = |mnk| GemmAr::new(DType::BF16).split_for(h, mnk).splits;
+        assert_eq!(split((32, 5120, 25600)), 7);
+        assert_eq!(split((128, 5120, 25600)), 4);
+        assert_eq!(split((128, 8192, 3584)), 3);
+        assert_eq!(split((4096, 8192, 8192)), 1);
+        assert_eq!(split((32, 5120, 256)), 1);
+        assert!(GemmAr::new(DType::F32).split_for(None, (32, 40, 1000)).splits > 1);
+    }
 }

@@ -62,6 +62,9 @@ pub struct GemmRsBuffers {
     /// The GEMM's tile height: a power of two dividing the rows kept per rank, so no tile spans
     /// two owners.
     pub block_m: u32,
+    /// Partial products each rank sends of every tile: 1, or GEMM + AllReduce's K splits (the
+    /// partial buffer then holds `[world][splits][rows][n]`).
+    pub splits: usize,
 }
 
 impl GemmRsBuffers {
@@ -116,6 +119,7 @@ impl GemmRs {
             n,
             calls: 0,
             block_m,
+            splits: 1,
         })
     }
 
@@ -180,11 +184,18 @@ impl GemmRs {
     /// waits until every rank's partial of its GEMM row block arrived, then sums the W partial
     /// tiles in f32.
     pub fn build_reduce(&self, block_m: u32) -> Result<Function, VerifyError> {
+        self.build_reduce_of(block_m, 1)
+    }
+
+    /// [`GemmRs::build_reduce`] over `splits` partial products from each rank (GEMM + AllReduce's
+    /// K splits): every row block's `world x splits` partials summed in order.
+    pub fn build_reduce_of(&self, block_m: u32, splits: u32) -> Result<Function, VerifyError> {
         let dt = self.gemm.dtype;
         let r = self.reduce;
         let (rb, rn) = (r.rows.min(block_m), r.cols);
+        let split = if splits > 1 { format!("_x{splits}") } else { String::new() };
         let b = KernelBuilder::new(
-            &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}{}", if r.persistent { "_persistent" } else { "" }),
+            &format!("gemm_rs_reduce_{dt}_{rb}x{rn}_of_{block_m}{split}{}", if r.persistent { "_persistent" } else { "" }),
             LaunchAttrs { warps: r.warps, persistent: r.persistent, ..LaunchAttrs::default() },
         );
         let (partials, arrived, out) =
@@ -193,7 +204,8 @@ impl GemmRs {
         let (n, rows_per_rank, per_call) =
             (b.arg("n", DType::I32), b.arg("rows_per_rank", DType::I32), b.arg("per_call", DType::U64));
         let call = crate::epoch::Epoch::begin(&b, epochs);
-        let (partial, target) = (call.half(partials, rows_per_rank * b.num_ranks() * n), call.times(per_call));
+        let sources = if splits > 1 { b.num_ranks() * splits as i32 } else { b.num_ranks() };
+        let (partial, target) = (call.half(partials, rows_per_rank * sources * n), call.times(per_call));
         let (world, pid, programs) = (b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
         let tiles_n = (n + (rn as i32 - 1)) / rn as i32;
         // `rows_per_rank` is a multiple of the GEMM's row block, which `rb` divides.
@@ -207,7 +219,9 @@ impl GemmRs {
             let cols = ((t % tiles_n) * rn as i32 + b.arange(0, rn as i64)).expand_dims(0);
             let mask = rows.lt(rows_per_rank) & cols.lt(n);
             let acc = b.zeros(&[rb, rn], DType::F32);
-            let sum = b.for_range(0, world, 1, &[acc], |src, c| {
+            // (The same IR as before splits existed where there are none.)
+            let count = if splits > 1 { sources } else { world };
+            let sum = b.for_range(0, count, 1, &[acc], |src, c| {
                 let tile = b.load_or(partial + ((src * rows_per_rank + rows) * n + cols), mask, 0.0);
                 vec![c[0] + tile.cast(DType::F32)]
             })[0];
@@ -237,7 +251,8 @@ impl GemmRs {
         rows: usize,
     ) -> Result<(), BackendError> {
         let (n, bm) = (bufs.n, bufs.block_m);
-        let reduce = ctx.compile(&format!("{key}/reduce/{bm}"), &|| self.build_reduce(bm))?;
+        let splits = bufs.splits as u32;
+        let reduce = ctx.compile(&format!("{key}/reduce/{bm}/{splits}"), &|| self.build_reduce_of(bm, splits))?;
         let reduce_args = [
             bufs.partial.arg(),
             bufs.arrived.arg(),
@@ -245,7 +260,7 @@ impl GemmRs {
             crate::epoch::state_arg(&bufs.epochs, 1),
             KernelArg::i32(require_i32(n, "n")?),
             KernelArg::i32(require_i32(rows, "rows_per_rank")?),
-            KernelArg::u64(cdiv(n, self.gemm.block_n as usize) as u64),
+            KernelArg::u64((cdiv(n, self.gemm.block_n as usize) * bufs.splits) as u64),
         ];
         ctx.launch(0, &reduce, [self.reduce_grid(rows, n, bm), 1, 1], &reduce_args)
     }

@@ -29,7 +29,8 @@ impl Operation for GemmArCase {
     /// M, N, K per rank: decode-sized M (16, 48: row tiles of 16; 128), N not a multiple of
     /// the column tile.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        vec![vec![16, 64, 32], vec![48, 80, 24], vec![128, 48, 40]]
+        // The last: a long K, split into slices (`GemmAr::for_problem`).
+        vec![vec![16, 64, 32], vec![48, 80, 24], vec![128, 48, 40], vec![32, 40, 1000]]
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
@@ -54,7 +55,7 @@ impl Operation for GemmArCase {
         out_len: usize,
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let (m, n, k) = (case.shape[0], case.shape[1], case.shape[2]);
-        let op = GemmAr::for_world(ctx, case.dtype);
+        let op = GemmAr::for_problem(ctx, case.dtype, (m, n, k));
         let bufs = op.buffers(ctx, m, n)?;
         let out = ctx.alloc(out_len * case.dtype.size_bytes() as usize, "out")?;
         Ok(Box::new(GemmArRank { op, bufs, a: ins[0].clone(), b: ins[1].clone(), out, k, out_len }))
@@ -135,7 +136,7 @@ impl Benchmark for GemmArCase {
             })
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xa4 ^ r as u64);
-        let op = GemmAr::for_world(ctx, d);
+        let op = GemmAr::for_problem(ctx, d, (m, n, k));
         let mut bufs = op.buffers(ctx, m, n)?;
         ctx.fill(&out, &poison(d))?;
         op.run(ctx, &mut bufs, (&a, &b), &out, k)?;
