@@ -342,8 +342,21 @@ impl Gemm {
         (row0, col0): (Tile<'b>, Tile<'b>),
         k: Tile<'b>,
     ) -> Tile<'b> {
+        let zero = b.constant(trident_core::ir::Literal::Int(0), DType::I32);
+        self.desc_product_over(b, (da, db), (row0, col0), (zero, k))
+    }
+
+    /// [`Gemm::desc_product`] over the K range `lo..hi` only (`lo` a multiple of `block_k`; a
+    /// slice of a split K).
+    pub fn desc_product_over<'b>(
+        &self,
+        b: &'b KernelBuilder,
+        (da, db): (Tile<'b>, Tile<'b>),
+        (row0, col0): (Tile<'b>, Tile<'b>),
+        (lo, hi): (Tile<'b>, Tile<'b>),
+    ) -> Tile<'b> {
         let acc = b.zeros(&[self.block_m, self.block_n], self.accumulator());
-        let out = b.for_range(0, k, self.block_k as i32, &[acc], |k0, carried: &[Tile]| {
+        let out = b.for_range(lo, hi, self.block_k as i32, &[acc], |k0, carried: &[Tile]| {
             let (ta, tb) = (b.desc_load(da, [row0, k0]), b.desc_load(db, [k0, col0]));
             vec![b.dot(ta, tb, carried[0], self.dot_precision())]
         });

@@ -69,7 +69,9 @@ impl GemmAr {
 
     /// This op with the GEMM's tiles and the K slices of [`GemmAr::for_problem`] on `target`.
     pub fn split_for(self, target: Option<&trident_core::target::TargetDesc>, (m, n, k): (usize, usize, usize)) -> GemmAr {
-        let gemm = Gemm::for_problem(self.gemm.dtype, target, m).pointer_operands();
+        // One program per tile, no TMA store (the epilogue stores into other ranks' buffers).
+        let gemm = Gemm::for_problem(self.gemm.dtype, target, m);
+        let gemm = Gemm { tma_store: false, warp_specialize: false, persistent: false, ..gemm };
         let bm = (1usize << m.trailing_zeros().min(31)).min(gemm.block_m as usize).max(1);
         let tiles = (m / bm).max(1) * cdiv(n, gemm.block_n as usize);
         let k_tiles = cdiv(k, gemm.block_k as usize);
@@ -132,9 +134,15 @@ impl GemmAr {
             &format!("gemm_ar_gemm_{}_{bm}x{bn}x{}{split}", g.dtype, g.block_k),
             LaunchAttrs { warps: g.warps, stages: g.stages, ..LaunchAttrs::default() },
         );
-        let (a, bp, partials) = (b.arg_ptr("a", g.dtype), b.arg_ptr("b", g.dtype), b.arg_ptr("partial", g.dtype));
+        // With `divisible` (`Gemm::specialized`): 16-byte facts, and A and B through
+        // descriptors where the target has them (TMA copies on sm_90a), as GEMM-RS's GEMM.
+        let ptr =
+            |name: &str| if g.divisible { b.arg_ptr_aligned(name, g.dtype, 16) } else { b.arg_ptr(name, g.dtype) };
+        let int =
+            |name: &str| if g.divisible { b.arg_multiple_of(name, DType::I32, 16) } else { b.arg(name, DType::I32) };
+        let (a, bp, partials) = (ptr("a"), ptr("b"), ptr("partial"));
         let (arrived, epochs) = (b.arg_ptr("arrived", DType::U64), b.arg_ptr("epochs", DType::U64));
-        let (m, n, k) = (b.arg("m", DType::I32), b.arg("n", DType::I32), b.arg("k", DType::I32));
+        let (m, n, k) = (b.arg("m", DType::I32), int("n"), int("k"));
         // The K slice's length, whole K tiles (split only).
         let chunk = (splits > 1).then(|| b.arg_multiple_of("k_chunk", DType::I32, g.block_k));
         let call = crate::epoch::Epoch::begin(&b, epochs);
@@ -147,16 +155,33 @@ impl GemmAr {
         let (block, tile_n) = crate::gemm::grouped_tile(pid, m / bm as i32, tiles_n);
         let rows = (block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
         let cols = (tile_n * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
-        // This program's slice of K: A's columns and B's rows from k0 on, `len` of them.
-        let (a0, b0, len, source) = match chunk {
-            None => (a, bp, k, me),
+        // This program's slice of K: `k0 .. k0 + len`.
+        let (k0, len, source) = match chunk {
+            None => (None, k, me),
             Some(c) => {
                 let s = b.program_id(Axis::Y);
                 let k0 = s * c;
-                (a + k0, bp + k0 * n, c.min(k - k0), me * splits as i32 + s)
+                (Some(k0), c.min(k - k0), me * splits as i32 + s)
             }
         };
-        let acc = g.tile_product(&b, (a0, k), (b0, n), rows, cols, (m, n, len)).cast(g.dtype);
+        let acc = if g.divisible && g.descriptors {
+            // The whole A and B as descriptors (parameters: TMA copies), the K loop over the
+            // slice.
+            let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+            let da = b.make_desc(a, [m, k], [k, one], [bm, g.block_k]);
+            let db = b.make_desc(bp, [k, n], [n, one], [g.block_k, bn]);
+            let at = (block * bm as i32, tile_n * bn as i32);
+            match k0 {
+                None => g.desc_product(&b, (da, db), at, k),
+                Some(k0) => g.desc_product_over(&b, (da, db), at, (k0, k0 + len)),
+            }
+        } else {
+            match k0 {
+                None => g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k)),
+                Some(k0) => g.tile_product(&b, (a + k0, k), (bp + k0 * n, n), rows, cols, (m, n, len)),
+            }
+        }
+        .cast(g.dtype);
         let mask = rows.lt(m) & cols.lt(n);
         b.for_range(0, world, 1, &[], |i, _| {
             let p = (me + 1 + i) % world;
@@ -203,8 +228,9 @@ impl GemmAr {
         }
         let bm = bufs.block_m;
         let tiles_n = cdiv(n, self.gemm.block_n as usize);
-        // The buffers say how many slices (made for this op's `splits`).
-        let op = GemmAr { splits: bufs.splits as u32, ..*self };
+        // The buffers say how many slices (made for this op's `splits`); the GEMM specialized
+        // for its arguments' divisibility.
+        let op = GemmAr { splits: bufs.splits as u32, gemm: self.gemm.specialized([a, b, &bufs.partial], n, k), ..*self };
         if op.splits > 1 && op.slices(k, op.splits) != op.splits {
             return Err(self.problem(format!(
                 "K = {k} does not make {} slices of whole {}-element K tiles (make the buffers with GemmAr::for_problem for this K)",
