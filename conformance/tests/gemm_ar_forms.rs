@@ -1,7 +1,7 @@
 //! GEMM + AllReduce's split GEMM on sm_90a as the H100/H200 run it: with divisible arguments and
-//! row tiles of 64 (M a multiple of 64) A and B arrive by TMA and multiply on `wgmma` also over
-//! a slice of K (the K loop from a slice's start, not 0), as the unsplit GEMM does; without,
-//! through pointers. (M = 32 has row tiles of 32, below `wgmma`'s 64: `mma.sync`.)
+//! row tiles of 64 (M = 32 too: one row block under a tile of 64) A and B arrive by TMA and
+//! multiply on `wgmma` also over a slice of K (the K loop from a slice's start, not 0), as the
+//! unsplit GEMM does; without, through pointers.
 
 use trident_core::backend;
 use trident_core::ir::DType;
@@ -25,4 +25,8 @@ fn the_split_gemm_reads_by_tma_and_multiplies_on_wgmma() {
     assert!(text.contains("wgmma.mma_async"), "no wgmma in the split GEMM");
     let pointers = ptx(&op, 64);
     assert!(!pointers.contains("cp.async.bulk.tensor"));
+    // M = 32: the tile of 64 rows the launch picks for it.
+    let op = GemmAr::new(DType::BF16).split_for(h, (32, 5120, 25600));
+    let divisible = GemmAr { gemm: Gemm { divisible: true, ..op.gemm }, ..op };
+    assert!(ptx(&divisible, 64).contains("wgmma.mma_async"));
 }

@@ -152,7 +152,9 @@ impl GemmAr {
             s => call.half(partials, world * s as i32 * m * n),
         };
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let (block, tile_n) = crate::gemm::grouped_tile(pid, m / bm as i32, tiles_n);
+        // Row tiles: `m / bm`, or one where M is a single row block below the tile (rows past M
+        // masked, A's read as zeros).
+        let (block, tile_n) = crate::gemm::grouped_tile(pid, (m + (bm as i32 - 1)) / bm as i32, tiles_n);
         let rows = (block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
         let cols = (tile_n * bn as i32 + b.arange(0, bn as i64)).expand_dims(0);
         // This program's slice of K: `k0 .. k0 + len`.
@@ -237,7 +239,10 @@ impl GemmAr {
                 op.splits, self.gemm.block_k
             )));
         }
-        let gemm = ctx.compile(&format!("{op:?}/gemm/{bm}"), &|| op.build_gemm(bm))?;
+        // M a single row block below 64 rows (16 or 32): the GEMM's tile of 64 rows over it
+        // (`wgmma`'s smallest; its one row block counted as M's), rows past M masked.
+        let tile = if m == bm as usize && bm < 64 && self.gemm.block_m >= 64 { 64 } else { bm };
+        let gemm = ctx.compile(&format!("{op:?}/gemm/{tile}"), &|| op.build_gemm(tile))?;
         let mut gemm_args = vec![
             a.arg(),
             b.arg(),
@@ -251,7 +256,7 @@ impl GemmAr {
         if op.splits > 1 {
             gemm_args.push(KernelArg::i32(require_i32(op.k_chunk(k, op.splits), "the K slice")?));
         }
-        let grid = [((m / bm as usize) * tiles_n) as u32, op.splits, 1];
+        let grid = [(cdiv(m, tile as usize) * tiles_n) as u32, op.splits, 1];
         ctx.launch(0, &gemm, grid, &gemm_args)?;
         // The reduction over all M rows (GEMM-RS's with one "rank's rows" = M).
         self.reduction().enqueue_reduce(ctx, &format!("{self:?}"), bufs, out, m)?;
