@@ -30,8 +30,9 @@ impl Operation for GemmArCase {
     /// the column tile.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
         // The last two: a long K, split into slices (`GemmAr::for_problem`), through pointers
-        // (N = 40) and through descriptors where the target has them (N = 48, K = 1024).
-        vec![vec![16, 64, 32], vec![48, 80, 24], vec![128, 48, 40], vec![32, 40, 1000], vec![32, 48, 1024]]
+        // with a short last slice (N = 40, K = 520) and through descriptors where the target
+        // has them (N = 48, K = 1024: two slices of 128-wide K tiles on sm_90a).
+        vec![vec![16, 64, 32], vec![48, 80, 24], vec![128, 48, 40], vec![32, 40, 520], vec![32, 48, 1024]]
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {

@@ -24,9 +24,9 @@ pub struct Args {
     /// Only cases at this world size (ranks).
     #[arg(long)]
     world: Option<usize>,
-    /// Only cases at worlds of at most this many ranks (CI runs sm_90a's SIMT lowering to 4 and
-    /// the other SIMT targets to 3: their code does not change with the world beyond that; the
-    /// reference backend runs every world).
+    /// Only cases at worlds of at most this many ranks (CI runs the SIMT lowering to 3: a
+    /// kernel's code does not change with the world beyond that; the reference backend runs
+    /// every world).
     #[arg(long, conflicts_with = "world")]
     max_world: Option<usize>,
     /// Run every distributed case under N different schedules and visibility delays.
