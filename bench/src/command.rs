@@ -1370,8 +1370,7 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     let (records, text) = dist_report::report(&rows, &base, &format!("{gpus} x {device}"));
     println!("{layout}\n{text}");
     let topology = format!("{device} / {}", if gpus == w { "peer" } else { "loopback" });
-    record_gather_crossovers(&rows, &topology, w);
-    record_allreduce_crossover(&rows, &topology, w);
+    record_crossovers(&rows, &topology, w);
     let failed = rows.iter().any(|(_, m)| m.is_err());
     if let Some(p) = &args.json {
         let doc = serde_json::json!({
@@ -1391,56 +1390,57 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     }
 }
 
-/// The AllGather forms' crossovers measured in `rows` (every `allgather` case that ran), into
-/// the tuning cache where `allgather_auto::auto` reads them for this device, transport and world.
-fn record_gather_crossovers(
+/// Every case of operation `op` in `rows` as `(bytes, form, ms)`, its bytes as `bytes_of` says
+/// and its variants' forms as `form_of` names them (other variants left out); `None` when a
+/// case of it failed.
+fn measured<F>(
+    rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
+    op: &str,
+    bytes_of: impl Fn(&trident_conformance::dist_bench::DistCase) -> usize,
+    form_of: impl Fn(&str) -> Option<F>,
+) -> Option<Vec<(usize, F, f64)>> {
+    let mut times = Vec::new();
+    for (case, m) in rows.iter().filter(|(c, _)| c.name == op) {
+        let (variants, _) = m.as_ref().ok()?;
+        for (v, ms) in variants {
+            times.extend(form_of(v).map(|f| (bytes_of(case), f, *ms)));
+        }
+    }
+    Some(times)
+}
+
+/// The AllGather forms' crossovers (by gathered bytes) and the AllReduce's (by a rank's bytes)
+/// measured in `rows`, into the tuning cache where `AllGather::auto` and `AllReduce::auto` read
+/// them for this device, transport and world.
+fn record_crossovers(
     rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
     topology: &str,
     w: usize,
 ) {
     use trident_kernels::allgather_auto::{GatherCrossovers, GatherForm};
-    let mut times = Vec::new();
-    for (case, m) in rows.iter().filter(|(c, _)| c.name == "allgather") {
-        let Ok((variants, _)) = m else { return };
-        let gathered = case.dims[0] * case.dtype.size_bytes() as usize * case.world;
-        for (v, ms) in variants {
-            let form = match v.as_str() {
-                "allgather/ll" => GatherForm::LowLatency,
-                "allgather/kernel" => GatherForm::Push,
-                "allgather/ce" => GatherForm::CopyEngine,
-                _ => continue,
-            };
-            times.push((gathered, form, *ms));
-        }
-    }
-    if let Some(x) = GatherCrossovers::from_measurements(&times) {
-        record_crossover(&GatherCrossovers::tuning_key(topology, w), x);
-    }
-}
-
-/// The AllReduce crossover measured in `rows` (every `allreduce` case), into the tuning cache
-/// where `AllReduce::auto` reads it for this device, transport and world.
-fn record_allreduce_crossover(
-    rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
-    topology: &str,
-    w: usize,
-) {
     use trident_kernels::allreduce::Algorithm;
     use trident_kernels::allreduce_auto::AllReduceCrossover;
-    let mut times = Vec::new();
-    for (case, m) in rows.iter().filter(|(c, _)| c.name == "allreduce") {
-        let Ok((variants, _)) = m else { return };
-        let bytes = case.dims[0] * case.dtype.size_bytes() as usize;
-        for (v, ms) in variants {
-            let a = match v.as_str() {
-                "allreduce/one_shot" => Algorithm::OneShot,
-                "allreduce/two_shot" => Algorithm::TwoShot,
-                _ => continue,
-            };
-            times.push((bytes, a, *ms));
-        }
+    let bytes = |c: &trident_conformance::dist_bench::DistCase| c.dims[0] * c.dtype.size_bytes() as usize;
+    let gather = measured(
+        rows,
+        "allgather",
+        |c| bytes(c) * c.world,
+        |v| match v {
+            "allgather/ll" => Some(GatherForm::LowLatency),
+            "allgather/kernel" => Some(GatherForm::Push),
+            "allgather/ce" => Some(GatherForm::CopyEngine),
+            _ => None,
+        },
+    );
+    if let Some(x) = gather.as_deref().and_then(GatherCrossovers::from_measurements) {
+        record_crossover(&GatherCrossovers::tuning_key(topology, w), x);
     }
-    if let Some(x) = AllReduceCrossover::from_measurements(&times) {
+    let reduce = measured(rows, "allreduce", bytes, |v| match v {
+        "allreduce/one_shot" => Some(Algorithm::OneShot),
+        "allreduce/two_shot" => Some(Algorithm::TwoShot),
+        _ => None,
+    });
+    if let Some(x) = reduce.as_deref().and_then(AllReduceCrossover::from_measurements) {
         record_crossover(&AllReduceCrossover::tuning_key(topology, w), x);
     }
 }

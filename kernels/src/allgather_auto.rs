@@ -4,10 +4,11 @@
 //! ([`crate::allgather::AllGatherCe`]: no SMs, the links' full bandwidth).
 //!
 //! The crossovers ([`GatherCrossovers`]) are per device, world size and transport between ranks
-//! (`RankCtx::topology`), read from the tuning cache (`crate::tuning`, operation `allgather`),
-//! where `trident bench --world W` records the ones it measured; until then the defaults below.
+//! (`RankCtx::topology`), read from the tuning cache (`crate::tuning`, operation `allgather`,
+//! once per process), where `trident bench --world W` records the ones it measured; until then
+//! the defaults below.
 
-use crate::tuning::{TuningCache, TuningKey};
+use crate::tuning::{crossover, TuningCache, TuningKey};
 use serde::{Deserialize, Serialize};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
@@ -52,19 +53,16 @@ impl GatherCrossovers {
     /// size measured (the low-latency form against both, the push against the copy engine);
     /// `None` when nothing was measured.
     pub fn from_measurements(times: &[(usize, GatherForm, f64)]) -> Option<GatherCrossovers> {
-        let mut sizes: Vec<usize> = times.iter().map(|t| t.0).collect();
-        sizes.sort_unstable();
-        sizes.dedup();
-        if sizes.is_empty() {
+        if times.is_empty() {
             return None;
         }
+        let sizes = || times.iter().map(|t| t.0);
         let time = |s: usize, f: GatherForm| times.iter().find(|t| t.0 == s && t.1 == f).map(|t| t.2);
-        let up_to = |wins: &dyn Fn(usize) -> bool| sizes.iter().take_while(|s| wins(**s)).last().copied().unwrap_or(0);
-        let ll_up_to = up_to(&|s| match time(s, GatherForm::LowLatency) {
+        let ll_up_to = crossover(sizes(), |s| match time(s, GatherForm::LowLatency) {
             Some(ll) => [GatherForm::Push, GatherForm::CopyEngine].iter().all(|f| time(s, *f).is_none_or(|t| ll <= t)),
             None => false,
         });
-        let push_up_to = up_to(&|s| match (time(s, GatherForm::Push), time(s, GatherForm::CopyEngine)) {
+        let push_up_to = crossover(sizes(), |s| match (time(s, GatherForm::Push), time(s, GatherForm::CopyEngine)) {
             (Some(p), Some(c)) => p <= c,
             (Some(_), None) => true,
             _ => false,
@@ -81,7 +79,7 @@ impl GatherCrossovers {
     /// The crossovers recorded for this world in the tuning cache, else [`Self::DEFAULT`].
     pub fn for_world(ctx: &dyn RankCtx) -> GatherCrossovers {
         let key = Self::tuning_key(&ctx.topology(), ctx.world_size());
-        TuningCache::load(TuningCache::default_path()).get::<GatherCrossovers>(&key).map_or(Self::DEFAULT, |t| t.config)
+        TuningCache::shared().get::<GatherCrossovers>(&key).map_or(Self::DEFAULT, |t| t.config)
     }
 }
 

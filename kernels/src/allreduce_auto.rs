@@ -3,11 +3,11 @@
 //! then all-gather: twice the steps, the bytes of a ring) above.
 //!
 //! The crossover is per device, world size and transport (`RankCtx::topology`), read from the
-//! tuning cache (`crate::tuning`, operation `allreduce`), where `trident bench --world W` records
-//! the one it measured; until then [`AllReduceCrossover::DEFAULT`].
+//! tuning cache (`crate::tuning`, operation `allreduce`, once per process), where `trident bench
+//! --world W` records the one it measured; until then [`AllReduceCrossover::DEFAULT`].
 
 use crate::allreduce::Algorithm;
-use crate::tuning::{TuningCache, TuningKey};
+use crate::tuning::{crossover, TuningCache, TuningKey};
 use serde::{Deserialize, Serialize};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
@@ -35,18 +35,12 @@ impl AllReduceCrossover {
     /// was at least as fast at every size measured; `None` when no size has both.
     pub fn from_measurements(times: &[(usize, Algorithm, f64)]) -> Option<AllReduceCrossover> {
         let time = |s: usize, a: Algorithm| times.iter().find(|t| t.0 == s && t.1 == a).map(|t| t.2);
-        let mut sizes: Vec<usize> = times
-            .iter()
-            .map(|t| t.0)
-            .filter(|s| time(*s, Algorithm::OneShot).is_some() && time(*s, Algorithm::TwoShot).is_some())
-            .collect();
-        sizes.sort_unstable();
-        sizes.dedup();
+        let both = |s: &usize| time(*s, Algorithm::OneShot).is_some() && time(*s, Algorithm::TwoShot).is_some();
+        let sizes: Vec<usize> = times.iter().map(|t| t.0).filter(both).collect();
         if sizes.is_empty() {
             return None;
         }
-        let wins = |s: usize| time(s, Algorithm::OneShot) <= time(s, Algorithm::TwoShot);
-        let one_shot_up_to = sizes.iter().take_while(|s| wins(**s)).last().copied().unwrap_or(0);
+        let one_shot_up_to = crossover(sizes, |s| time(s, Algorithm::OneShot) <= time(s, Algorithm::TwoShot));
         Some(AllReduceCrossover { one_shot_up_to })
     }
 
@@ -58,7 +52,7 @@ impl AllReduceCrossover {
     /// The crossover recorded for this world in the tuning cache, else [`Self::DEFAULT`].
     pub fn for_world(ctx: &dyn RankCtx) -> AllReduceCrossover {
         let key = Self::tuning_key(&ctx.topology(), ctx.world_size());
-        TuningCache::load(TuningCache::default_path()).get::<AllReduceCrossover>(&key).map_or(Self::DEFAULT, |t| t.config)
+        TuningCache::shared().get::<AllReduceCrossover>(&key).map_or(Self::DEFAULT, |t| t.config)
     }
 }
 

@@ -193,10 +193,9 @@ impl Gemm {
     /// on stderr, once per shape, which it took and why.
     pub fn tuned(l: &DeviceCtx, dtype: DType, mnk: (usize, usize, usize)) -> Gemm {
         use crate::tuning::TuningCache;
-        use std::sync::{Mutex, OnceLock};
-        static CACHE: OnceLock<TuningCache> = OnceLock::new();
+        use std::sync::Mutex;
         static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
-        let cache = CACHE.get_or_init(|| TuningCache::load(TuningCache::default_path()));
+        let cache = TuningCache::shared();
         let base = Gemm::for_problem(dtype, l.gpu_target(), mnk.0);
         let key = Gemm::tuning_key(&l.device.name(), dtype, mnk);
         let (g, why) = match cache.get::<GemmConfig>(&key) {

@@ -72,6 +72,13 @@ impl TuningCache {
         TuningCache { path, entries }
     }
 
+    /// The cache at [`TuningCache::default_path`], read once per process (what operations
+    /// choose by at run time: a recording is seen by the next process).
+    pub fn shared() -> &'static TuningCache {
+        static SHARED: std::sync::OnceLock<TuningCache> = std::sync::OnceLock::new();
+        SHARED.get_or_init(|| TuningCache::load(TuningCache::default_path()))
+    }
+
     /// The configuration tuned for `key`, if one was recorded and parses as a `C`.
     pub fn get<C: DeserializeOwned>(&self, key: &TuningKey) -> Option<Tuned<C>> {
         let v = self.entries.get(&key.text())?;
@@ -92,6 +99,15 @@ impl TuningCache {
         std::fs::write(&tmp, text)?;
         std::fs::rename(&tmp, &self.path)
     }
+}
+
+/// Where a measured crossover ends: the largest of the distinct `sizes` up to which `wins` held
+/// at every size measured (0 when it did not at the smallest). Sizes are sorted here.
+pub fn crossover(sizes: impl IntoIterator<Item = usize>, wins: impl Fn(usize) -> bool) -> usize {
+    let mut sizes: Vec<usize> = sizes.into_iter().collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes.into_iter().take_while(|s| wins(*s)).last().unwrap_or(0)
 }
 
 #[cfg(test)]
