@@ -31,6 +31,15 @@ fn chunk_of(case: &Case) -> usize {
     }
 }
 
+/// Gathers per call of the suite: [`BACK_TO_BACK`] for `wrap`, else 1.
+fn gathers_of(case: &Case) -> usize {
+    if case.variant == "wrap" {
+        BACK_TO_BACK
+    } else {
+        1
+    }
+}
+
 impl Operation for AllGatherLlCase {
     fn name(&self) -> &'static str {
         "allgather_ll"
@@ -53,7 +62,7 @@ impl Operation for AllGatherLlCase {
     /// Each rank's input: its chunk of every back-to-back gather, one after the other; its
     /// output: gather g's every chunk in rank order, for each gather g.
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
-        let (chunk, gathers) = (chunk_of(case), if case.variant == "wrap" { BACK_TO_BACK } else { 1 });
+        let (chunk, gathers) = (chunk_of(case), gathers_of(case));
         let inputs: Vec<Vec<Vec<f64>>> =
             (0..case.world).map(|_| vec![random(chunk * gathers, case.dtype, rng)]).collect();
         let all: Vec<f64> = (0..gathers)
@@ -78,7 +87,7 @@ impl Operation for AllGatherLlCase {
         let first = if case.variant == "wrap" { WRAP_FIRST } else { 1 };
         let chunk = chunk_of(case);
         let bufs = LlBuffers::starting_at(ctx, case.dtype, chunk, first)?;
-        let gathers = if case.variant == "wrap" { BACK_TO_BACK } else { 1 };
+        let gathers = gathers_of(case);
         let out = ctx.alloc(out_len * case.dtype.size_bytes() as usize, "allgather_ll_results")?;
         Ok(Box::new(LlRank { bufs, src: ins[0].clone(), out, out_len, gathers }))
     }
