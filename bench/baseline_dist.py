@@ -15,6 +15,9 @@ through `torch.matmul`:
   products (each rank keeps M/W rows); also the matmul and the reduce_scatter alone;
 * `gemm_ar M N K`: A_r (M x K/W) @ B_r (K/W x N), then all_reduce of the M x N partial
   products (every rank keeps all of it); also the matmul and the all_reduce alone;
+* `flash_decode_dist B Hq Hkv D L`: one new token per sequence against the rank's L/W keys
+  (attention with its log-sum-exp), all_gather of the f32 partials and log-sum-exps, their
+  combine; also the shard's attention (`cublas <case>`) and the all_gather alone (`nccl <case>`);
 * `allreduce N`: all_reduce (sum) of N elements;
 * `reduce_scatter C`: reduce_scatter_tensor (sum) of W x C elements per rank, C kept;
 * `allgather C`: all_gather_into_tensor of C elements per rank.
@@ -153,6 +156,39 @@ def main(cases_path, out_path):
             reduce = lambda: dist.all_reduce(c)
             parts = {"cublas": gemm, "nccl": reduce}
             pipeline = lambda: (gemm(), reduce())
+        elif name == "flash_decode_dist":
+            b, hq, hkv, d, length = dims
+            g = hq // hkv
+            # One new token per sequence sees every key: its G query heads of a KV head are G
+            # query rows against that head, so the attention with its log-sum-exp (FlashAttention
+            # through SDPA's own entry point, the math path where that is missing) runs on the
+            # shard without repeating K and V.
+            q = rand(b, hkv, g, d)
+            k, v = rand(b, hkv, length // w, d), rand(b, hkv, length // w, d)
+            part = torch.empty(b * hkv * g * (d + 1), device=device, dtype=torch.float32)
+            parts_all = torch.empty(w, b * hkv * g * (d + 1), device=device, dtype=torch.float32)
+
+            def attend():
+                try:
+                    o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+                except RuntimeError:
+                    s = (q.float() @ k.float().transpose(-1, -2)) / d**0.5
+                    lse = torch.logsumexp(s, -1)
+                    o = torch.softmax(s, -1) @ v.float()
+                part[: b * hkv * g * d] = o.float().flatten()
+                part[b * hkv * g * d :] = lse.float().flatten()
+
+            def gather():
+                dist.all_gather_into_tensor(parts_all, part)
+
+            def combine():
+                o = parts_all[:, : b * hkv * g * d].view(w, b * hkv * g, d)
+                lse = parts_all[:, b * hkv * g * d :]
+                weight = torch.softmax(lse, 0)
+                return (o * weight[..., None]).sum(0).to(dt)
+
+            parts = {"cublas": attend, "nccl": gather}
+            pipeline = lambda: (attend(), gather(), combine())
         elif name == "allreduce":
             x = rand(dims[0])
             parts, pipeline = {}, lambda: dist.all_reduce(x)

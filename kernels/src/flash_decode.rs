@@ -21,7 +21,15 @@
 //! (`lse [B Hkv, splits, block_m]` f32, `-inf` where the split saw no key).
 //!
 //! **Combine** (grid `[B Hkv, Nq G]`): each row's output is the splits' partial outputs weighed
-//! by `exp(lse_s - max lse)`, over their sum.
+//! by `exp(lse_s - max lse)`, over their sum. The kernel reads its partials through strides
+//! ([`Partials`]), so that the same kernel combines one GPU's splits and the ranks' partials
+//! of distributed flash decoding (`crate::flash_decode_dist`); its partial form
+//! ([`DecodeStage::CombinePartial`]) writes a row's combined output in f32 with its
+//! log-sum-exp instead of the output, for the exchange between ranks.
+//!
+//! **Key offset.** The split stage's `key_offset` is the position of the cache's first key
+//! in the sequence (0 on one GPU): a rank holding keys `o .. o + S` of every sequence runs it
+//! with `o`, the lengths and query positions staying the sequence's.
 
 use crate::{require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, KernelArg};
@@ -59,8 +67,27 @@ impl DecodeShape {
 pub enum DecodeStage {
     /// Each split's partial output and log-sum-exp.
     Split,
-    /// The splits combined by their log-sum-exps.
+    /// The splits combined by their log-sum-exps into the output.
     Combine,
+    /// The splits combined into an f32 partial output and its log-sum-exp per row (`[B Hkv,
+    /// Nq G]` rows of `D`, then `[B Hkv, Nq G]` log-sum-exps): a rank's part of distributed
+    /// flash decoding.
+    CombinePartial,
+}
+
+/// Where a combine reads its partials: partial `s` of row `r` of (sequence, KV head) `bh` is
+/// `part`'s `D` f32 from element `bh part_bh + s part_s + r D` on, its log-sum-exp `lse`'s
+/// element `bh lse_bh + s lse_s + r`.
+#[derive(Clone, Debug)]
+pub struct Partials {
+    pub part: KernelArg,
+    pub lse: KernelArg,
+    /// Partials per row.
+    pub count: usize,
+    pub part_bh: usize,
+    pub part_s: usize,
+    pub lse_bh: usize,
+    pub lse_s: usize,
 }
 
 /// One launch of flash decoding: its stage, grid and arguments.
@@ -138,6 +165,7 @@ impl FlashDecode {
         let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
         let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
         let (cache_len, chunk, scale) = (b.arg("cache_len", DType::I32), b.arg("chunk", DType::I32), b.arg("scale", DType::F32));
+        let key_offset = b.arg("key_offset", DType::I32);
         let (bm, bn, hd) = (self.block_m, self.block_n, self.head_dim);
         let (bh, s) = (b.program_id_x(), b.program_id(Axis::Y));
         let splits = b.num_programs(Axis::Y);
@@ -152,7 +180,8 @@ impl FlashDecode {
         let dd = b.arange(0, hd as i64);
         let q_rows = (batch * q_len + tok) * heads_q + head;
         let qt = b.load_or(q + (q_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), row_ok.expand_dims(1), 0.0);
-        let (start, end) = (s * chunk, (s * chunk + chunk).min(len).min(cache_len));
+        // This cache's keys of the sequence: its first `len - key_offset`.
+        let (start, end) = (s * chunk, (s * chunk + chunk).min(len - key_offset).min(cache_len));
         let m0 = b.full(&[bm], f64::NEG_INFINITY, DType::F32);
         let (l0, acc0) = (b.zeros(&[bm], DType::F32), b.zeros(&[bm, hd], DType::F32));
         let jn = b.arange(0, bn as i64);
@@ -174,7 +203,7 @@ impl FlashDecode {
             // the product.
             let kt = b.load_or(k + (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), key_ok.expand_dims(1), 0.0).t();
             let scores = b.dot(qt, kt, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
-            let seen = keys.expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
+            let seen = (keys + key_offset).expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
             let scores = seen.select(scores, f64::NEG_INFINITY);
             let m_new = m.max(scores.max_along(1));
             // A row that has seen no key yet keeps -inf: its terms are exp(-inf) = 0.
@@ -195,32 +224,45 @@ impl FlashDecode {
         b.finish()
     }
 
-    /// The combine stage.
-    pub fn build_combine(&self) -> Result<Function, VerifyError> {
+    /// The combine stage: into the output, or (`partial`) into f32 rows and log-sum-exps.
+    pub fn build_combine(&self, partial: bool) -> Result<Function, VerifyError> {
         let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
-        let b = KernelBuilder::new(&self.name("combine"), attrs);
+        let b = KernelBuilder::new(&self.name(if partial { "combine_partial" } else { "combine" }), attrs);
         let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
-        let out = b.arg_ptr("out", self.dtype);
+        let out = b.arg_ptr("out", if partial { DType::F32 } else { self.dtype });
+        let out_lse = partial.then(|| b.arg_ptr("out_lse", DType::F32));
         let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
         let splits = b.arg("splits", DType::I32);
-        let (bm, hd, ns) = (self.block_m as i32, self.head_dim, self.max_splits);
+        let (part_bh, part_s) = (b.arg("part_bh", DType::I32), b.arg("part_s", DType::I32));
+        let (lse_bh, lse_s) = (b.arg("lse_bh", DType::I32), b.arg("lse_s", DType::I32));
+        let (hd, ns) = (self.head_dim, self.max_splits);
         let (bh, r) = (b.program_id_x(), b.program_id(Axis::Y));
         let (batch, h) = (bh / heads_kv, bh % heads_kv);
         let sv = b.arange(0, ns as i64);
         let s_ok = sv.lt(splits);
-        let rows = (bh * splits + sv) * bm + r;
-        let lses = b.load_or(lse + rows, s_ok, f64::NEG_INFINITY);
+        let lses = b.load_or(lse + (bh * lse_bh + sv * lse_s + r), s_ok, f64::NEG_INFINITY);
         let m = lses.max_along(0);
         let m_use = m.eq(f64::NEG_INFINITY).select(0.0f32, m);
         let w = (lses - m_use).exp();
         let dd = b.arange(0, hd as i64);
-        let parts = b.load_or(part + (rows * hd as i32).expand_dims(1) + dd.expand_dims(0), s_ok.expand_dims(1), 0.0);
+        let rows = bh * part_bh + sv * part_s + r * hd as i32;
+        let parts = b.load_or(part + rows.expand_dims(1) + dd.expand_dims(0), s_ok.expand_dims(1), 0.0);
         let total = w.sum(0);
         let o = (parts * w.expand_dims(1)).sum(0);
-        let o = total.gt(0.0f32).select(o / total.max(f32::MIN_POSITIVE), 0.0f32);
-        let (tok, head) = (r / group, h * group + r % group);
-        let heads_q = heads_kv * group;
-        b.store(out + ((batch * q_len + tok) * heads_q + head) * hd as i32 + dd, o.cast(self.dtype), None);
+        let some = total.gt(0.0f32);
+        let o = some.select(o / total.max(f32::MIN_POSITIVE), 0.0f32);
+        match out_lse {
+            Some(out_lse) => {
+                let at = bh * (q_len * group) + r;
+                b.store(out + at * hd as i32 + dd, o, None);
+                b.store(out_lse + at, some.select(m_use + total.max(f32::MIN_POSITIVE).log(), f64::NEG_INFINITY), None);
+            }
+            None => {
+                let (tok, head) = (r / group, h * group + r % group);
+                let heads_q = heads_kv * group;
+                b.store(out + ((batch * q_len + tok) * heads_q + head) * hd as i32 + dd, o.cast(self.dtype), None);
+            }
+        }
         b.finish()
     }
 
@@ -253,7 +295,8 @@ impl FlashDecode {
     pub fn build(&self, stage: DecodeStage) -> Result<Function, VerifyError> {
         match stage {
             DecodeStage::Split => self.build_split(),
-            DecodeStage::Combine => self.build_combine(),
+            DecodeStage::Combine => self.build_combine(false),
+            DecodeStage::CombinePartial => self.build_combine(true),
         }
     }
 
@@ -270,11 +313,32 @@ impl FlashDecode {
         out: &Buffer,
         shape: &DecodeShape,
     ) -> Result<Vec<DecodeLaunch>, BackendError> {
+        let es = self.dtype.size_bytes() as usize;
+        require_bytes(out, shape.batch * shape.rows() * shape.heads_kv * shape.head_dim * es, "out")?;
+        let Some(split) = self.split_launch((q, k, v), lens, table, work, shape, 0)? else {
+            return Ok(Vec::new());
+        };
+        let combine = self.combine_launch(&self.split_partials(work, shape), out, false, shape)?;
+        Ok(vec![split, combine])
+    }
+
+    /// The split stage's launch over a cache whose first key is the sequence's `key_offset`
+    /// (0 on one GPU), its partials into `work` ([`FlashDecode::split_partials`]), after
+    /// checking the problem and the buffers; `None` for an empty batch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn split_launch(
+        &self,
+        (q, k, v): (&Buffer, &Buffer, &Buffer),
+        lens: &Buffer,
+        table: Option<&Buffer>,
+        work: &Buffer,
+        shape: &DecodeShape,
+        key_offset: usize,
+    ) -> Result<Option<DecodeLaunch>, BackendError> {
         self.check(shape, table.is_some())?;
         let es = self.dtype.size_bytes() as usize;
         let (rows, g) = (shape.rows(), shape.group());
         require_bytes(q, shape.batch * rows * shape.heads_kv * shape.head_dim * es, "q")?;
-        require_bytes(out, shape.batch * rows * shape.heads_kv * shape.head_dim * es, "out")?;
         require_bytes(lens, shape.batch * 4, "lens")?;
         let kv_bytes = match (self.page, table) {
             (Some(_), Some(t)) => {
@@ -287,31 +351,65 @@ impl FlashDecode {
         require_bytes(v, kv_bytes, "v")?;
         require_bytes(work, self.work_bytes(shape), "work")?;
         if shape.batch == 0 || rows == 0 {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let (splits, chunk) = self.splits(shape);
-        let (part, lse) = (work.arg(), work.arg_at(self.part_bytes(shape)));
         let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
         args.extend(table.map(|t| t.arg()));
-        args.extend([part, lse]);
+        args.extend([work.arg(), work.arg_at(self.part_bytes(shape))]);
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
         args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
+        args.push(int(key_offset, "the cache's first key")?);
         let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
-        let combine = vec![
-            part,
-            lse,
-            out.arg(),
-            int(shape.q_len, "q_len")?,
-            int(shape.heads_kv, "heads_kv")?,
-            int(g, "group")?,
-            int(splits, "splits")?,
-        ];
-        Ok(vec![
-            (DecodeStage::Split, [heads, splits as u32, 1], args),
-            (DecodeStage::Combine, [heads, rows as u32, 1], combine),
-        ])
+        Ok(Some((DecodeStage::Split, [heads, splits as u32, 1], args)))
+    }
+
+    /// The split stage's partials in `work`: `[B Hkv, splits, block_m]` rows.
+    pub fn split_partials(&self, work: &Buffer, shape: &DecodeShape) -> Partials {
+        let (splits, bm, hd) = (self.splits(shape).0, self.block_m as usize, self.head_dim as usize);
+        Partials {
+            part: work.arg(),
+            lse: work.arg_at(self.part_bytes(shape)),
+            count: splits,
+            part_bh: splits * bm * hd,
+            part_s: bm * hd,
+            lse_bh: splits * bm,
+            lse_s: bm,
+        }
+    }
+
+    /// Bytes of a combine's partial form ([`DecodeStage::CombinePartial`]): `[B Hkv, Nq G]`
+    /// rows of `D` f32, then as many log-sum-exps.
+    pub fn partial_block_bytes(&self, shape: &DecodeShape) -> usize {
+        shape.batch * shape.heads_kv * shape.rows() * (shape.head_dim + 1) * 4
+    }
+
+    /// A combine's launch of `from` into `out`: the output (`[B, Nq, Hq, D]`) or, `partial`,
+    /// an f32 block ([`FlashDecode::partial_block_bytes`]).
+    pub fn combine_launch(&self, from: &Partials, out: &Buffer, partial: bool, shape: &DecodeShape) -> Result<DecodeLaunch, BackendError> {
+        if from.count > self.max_splits as usize {
+            return Err(BackendError::Host(format!(
+                "flash decoding: {} partials per row for a combine of {}",
+                from.count, self.max_splits
+            )));
+        }
+        let (rows, g) = (shape.rows(), shape.group());
+        let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
+        let mut args = vec![from.part, from.lse, out.arg()];
+        let stage = if partial {
+            require_bytes(out, self.partial_block_bytes(shape), "the partial output")?;
+            args.push(out.arg_at(shape.batch * shape.heads_kv * rows * shape.head_dim * 4));
+            DecodeStage::CombinePartial
+        } else {
+            require_bytes(out, shape.batch * rows * shape.heads_kv * shape.head_dim * self.dtype.size_bytes() as usize, "out")?;
+            DecodeStage::Combine
+        };
+        args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?, int(from.count, "partials")?]);
+        args.extend([int(from.part_bh, "part_bh")?, int(from.part_s, "part_s")?, int(from.lse_bh, "lse_bh")?, int(from.lse_s, "lse_s")?]);
+        let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
+        Ok((stage, [heads, rows as u32, 1], args))
     }
 
     /// Rows of the splits' partial results: a tile's for every (sequence, KV head, split).
@@ -370,7 +468,7 @@ inventory::submit! {
         name: "flash_decode_combine",
         operation: "flash_decode",
         distributed: false,
-        build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_combine(),
+        build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_combine(false),
     }
 }
 

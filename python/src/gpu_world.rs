@@ -43,6 +43,9 @@ use trident_kernels::allreduce::AllReduce;
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
 use trident_kernels::epoch::{state_arg, CopyLatest};
+use trident_kernels::flash_decode::DecodeShape;
+use trident_kernels::flash_decode_dist::DistFlashDecode;
+use trident_kernels::gemm_ar::GemmAr;
 use trident_kernels::gemm_rs::GemmRs;
 use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
 
@@ -366,6 +369,70 @@ impl GpuWorld {
             let (a, b, o) =
                 (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, (m / w) * n * es));
             op.enqueue(ctx, bufs, &a, &b, &o, k)
+        })
+    }
+
+    /// GEMM + AllReduce: `out` (`m x n`, on every rank) = the sum over ranks of `a @ b` (`a`
+    /// `m x k`, `b` `k x n` on each rank: K split over ranks), each tile pushed to every rank
+    /// as it is computed.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_ar(
+        &self,
+        py: Python<'_>,
+        a: u64,
+        b: u64,
+        out: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let es = d.size_bytes() as usize;
+        self.op(py, stream, move |ctx, ops| {
+            let op = GemmAr::for_problem(ctx, d, (m, n, k));
+            let bufs = state(ops, format!("gemm_ar/{d}/{m}x{n}x{k}"), || op.buffers(ctx, m, n))?;
+            let (a, b, o) = (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, m * n * es));
+            op.enqueue(ctx, bufs, (&a, &b), &o, k)
+        })
+    }
+
+    /// Distributed flash decoding: `out` (`[B, Nq, Hq, D]`, on every rank) = the attention of
+    /// `q` (every rank's the same) over every rank's shard of the KV cache: this rank's `k`,
+    /// `v` (`kv_bytes` each) hold keys `rank S .. (rank + 1) S` of every sequence (`S` =
+    /// `extents.5`), contiguous or paged (`table`, pages of `page` keys); `lens` (`[B]` i32)
+    /// are the sequences' lengths over all shards.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (q, k, v, lens, table, out, kv_bytes, extents, page, dtype_name, stream))]
+    fn flash_decode(
+        &self,
+        py: Python<'_>,
+        q: u64,
+        k: u64,
+        v: u64,
+        lens: u64,
+        table: Option<u64>,
+        out: u64,
+        kv_bytes: usize,
+        extents: (usize, usize, usize, usize, usize, usize),
+        page: Option<u32>,
+        dtype_name: &str,
+        stream: u64,
+    ) -> PyResult<()> {
+        let d = dtype(dtype_name)?;
+        let (batch, q_len, heads_q, heads_kv, head_dim, cache_len) = extents;
+        let shape = DecodeShape { batch, q_len, heads_q, heads_kv, head_dim, cache_len };
+        let op = DistFlashDecode::for_shape(d, &shape);
+        let op = page.map_or(op, |p| op.paged(p));
+        op.local.check(&shape, table.is_some()).map_err(|e| errors::argument(e.to_string()))?;
+        let tokens = batch * q_len * heads_q * head_dim * d.size_bytes() as usize;
+        self.op(py, stream, move |ctx, ops| {
+            let bufs = state(ops, format!("flash_decode_dist/{op:?}/{shape:?}"), || op.buffers(ctx, &shape))?;
+            let table = table.map(|t| tensor("block_table", t, batch * cache_len / page.unwrap_or(1) as usize * 4));
+            let (q, k, v) = (tensor("q", q, tokens), tensor("k_cache", k, kv_bytes), tensor("v_cache", v, kv_bytes));
+            let (lens, out) = (tensor("lens", lens, batch * 4), tensor("out", out, tokens));
+            op.enqueue(ctx, 0, bufs, (&q, &k, &v), &lens, table.as_ref(), &out)
         })
     }
 

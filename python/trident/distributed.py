@@ -337,6 +337,71 @@ def gemm_rs(a, b):
     return out
 
 
+def gemm_ar(a, b):
+    """``sum over ranks of a @ b`` on every rank, each tile pushed to every rank as it is
+    computed (decode-sized M): `a` is ``[m, k_r]``, `b` is ``[k_r, n]`` (K split over ranks);
+    returns ``[m, n]``."""
+    import torch
+
+    w, etype = _check("gemm_ar", a, 2)
+    _check("gemm_ar", b, 2)
+    if b.dtype != a.dtype or b.shape[0] != a.shape[1]:
+        raise ArgumentError(f"gemm_ar: A {tuple(a.shape)} {a.dtype} and B {tuple(b.shape)} {b.dtype}")
+    m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    w.gemm_ar(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, etype, _stream())
+    return out
+
+
+def flash_decode(q, k_shard, v_shard, lens, block_table=None):
+    """Distributed flash decoding: the attention of `q` ``[B, Nq, Hq, D]`` (the same on every
+    rank) over a KV cache sharded along the sequence: rank r's `k_shard`, `v_shard` hold keys
+    ``r S .. (r + 1) S`` of every sequence, ``[B, S, Hkv, D]``, or pages ``[pages, P, Hkv, D]``
+    with `block_table` ``[B, S / P]`` (int32) naming them; `lens` ``[B]`` (int32) are the
+    sequences' lengths over all shards, their last Nq keys the queries' own (causal). Each
+    rank attends over its shard, the partial outputs and log-sum-exps go to every rank
+    through the low-latency AllGather, and every rank returns the whole ``[B, Nq, Hq, D]``."""
+    import torch
+
+    w, etype = _check("flash_decode", q, 4)
+    for t in (k_shard, v_shard, lens) + ((block_table,) if block_table is not None else ()):
+        _check("flash_decode", t)
+    if k_shard.dtype != q.dtype or v_shard.shape != k_shard.shape or k_shard.dim() != 4:
+        raise ArgumentError(
+            f"flash_decode: q {q.dtype}, shards {tuple(k_shard.shape)} {k_shard.dtype} / {tuple(v_shard.shape)}: "
+            "the same type, [B, S, Hkv, D] or [pages, P, Hkv, D], the same"
+        )
+    batch, q_len, heads_q, d = q.shape
+    if k_shard.shape[3] != d or lens.dtype != torch.int32 or lens.shape != (batch,):
+        raise ArgumentError(f"flash_decode: head dims {d}/{k_shard.shape[3]}, lens {lens.dtype} {tuple(lens.shape)}: equal, int32 [B]")
+    page = None
+    if block_table is None:
+        if k_shard.shape[0] != batch:
+            raise ArgumentError(f"flash_decode: a contiguous shard of {k_shard.shape[0]} sequences for a batch of {batch}")
+        shard_len = k_shard.shape[1]
+    else:
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ArgumentError(f"flash_decode: block_table {block_table.dtype} {tuple(block_table.shape)}: int32 [B, S / P]")
+        page = k_shard.shape[1]
+        shard_len = block_table.shape[1] * page
+    extents = (batch, q_len, heads_q, k_shard.shape[2], d, shard_len)
+    out = torch.empty_like(q)
+    w.flash_decode(
+        q.data_ptr(),
+        k_shard.data_ptr(),
+        v_shard.data_ptr(),
+        lens.data_ptr(),
+        block_table.data_ptr() if block_table is not None else None,
+        out.data_ptr(),
+        k_shard.numel() * k_shard.element_size(),
+        extents,
+        page,
+        etype,
+        _stream(),
+    )
+    return out
+
+
 def _topk_i32(what, topk, tokens):
     import torch
 
@@ -603,6 +668,8 @@ __all__ = [
     "reduce_scatter",
     "ag_gemm",
     "gemm_rs",
+    "gemm_ar",
+    "flash_decode",
     "ep_dispatch",
     "ep_combine",
     "ep_dispatch_ht",

@@ -1,5 +1,5 @@
 """trident's distributed ops as torch ops: ``torch.ops.trident.all_gather``, ``all_reduce``,
-``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_ht``, ``ep_combine_ht``, ``ep_moe``, ``tp_moe`` (CUDA implementations: ``trident.distributed``;
+``reduce_scatter``, ``ag_gemm``, ``gemm_rs``, ``gemm_ar``, ``flash_decode_dist``, ``ep_dispatch``, ``ep_combine``, ``ep_dispatch_ht``, ``ep_combine_ht``, ``ep_moe``, ``tp_moe`` (CUDA implementations: ``trident.distributed``;
 fake implementations for ``torch.compile``, which traces them as opaque calls).
 
 Defined through ``torch.library.Library`` rather than ``torch.library.custom_op``, whose
@@ -20,6 +20,8 @@ SCHEMAS = {
     "reduce_scatter": "reduce_scatter(Tensor x) -> Tensor",
     "ag_gemm": "ag_gemm(Tensor a_shard, Tensor b) -> Tensor",
     "gemm_rs": "gemm_rs(Tensor a, Tensor b) -> Tensor",
+    "gemm_ar": "gemm_ar(Tensor a, Tensor b) -> Tensor",
+    "flash_decode_dist": "flash_decode_dist(Tensor q, Tensor k_shard, Tensor v_shard, Tensor lens, Tensor? block_table=None) -> Tensor",
     "ep_dispatch": "ep_dispatch(Tensor x, Tensor topk, int num_experts, int t_max, bool fp8=False) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "ep_combine": "ep_combine(Tensor y, Tensor topk, Tensor weights, Tensor recv_src, Tensor layout, "
@@ -61,6 +63,14 @@ def _fake_gemm_rs(a, b):
     return a.new_empty((a.shape[0] // _size(), b.shape[1]))
 
 
+def _fake_gemm_ar(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]))
+
+
+def _fake_flash_decode_dist(q, k_shard, v_shard, lens, block_table=None):
+    return torch.empty_like(q)
+
+
 def _fake_ep_dispatch(x, topk, num_experts, t_max, fp8=False):
     size = _size()
     el, rows, hidden = num_experts // size, size * t_max, x.shape[1]
@@ -96,6 +106,10 @@ def _fake_tp_moe(x, topk, weights, w1, w2, num_experts, t_max, w1_scale=None, w2
 
 _REGISTERED = False
 
+# Ops whose function in ``trident.distributed`` has another name: ``flash_decode_dist``
+# beside the one-GPU ``torch.ops.trident.flash_decode``.
+_FUNCTIONS = {"flash_decode_dist": "flash_decode"}
+
 
 def library():
     """The process's ``torch.library.Library("trident", "DEF")``: every trident op is defined
@@ -114,6 +128,6 @@ def register():
     lib = library()
     for name, schema in SCHEMAS.items():
         lib.define(schema)
-        lib.impl(name, getattr(distributed, name), "CUDA")
+        lib.impl(name, getattr(distributed, _FUNCTIONS.get(name, name)), "CUDA")
         torch.library.register_fake(f"trident::{name}", lib=lib)(globals()[f"_fake_{name}"])
     _REGISTERED = True

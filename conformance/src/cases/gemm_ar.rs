@@ -10,12 +10,16 @@ use crate::registry::{faster, Benchmark, Operation, RankOp, Registered, WorldDat
 use crate::suite::Case;
 use rand::SeedableRng;
 use trident_core::backend::{BackendError, Buffer};
+use trident_kernels::allreduce::{AllReduce, AllReduceBuffers};
 use trident_kernels::gemm::Gemm;
 use trident_core::world::RankCtx;
 use trident_kernels::gemm_ar::GemmAr;
 use trident_kernels::gemm_rs::GemmRsBuffers;
 
 struct GemmArCase;
+
+/// The benchmark's GEMM then AllReduce, one after the other.
+const SEQUENTIAL: &str = "gemm+allreduce";
 
 impl Operation for GemmArCase {
     fn name(&self) -> &'static str {
@@ -105,6 +109,10 @@ impl Benchmark for GemmArCase {
         variant == "gemm_ar"
     }
 
+    fn compared_with(&self, variant: &str) -> Option<&'static str> {
+        (variant == "gemm_ar").then_some(SEQUENTIAL)
+    }
+
     /// The GEMM (trident's or cuBLAS's) and NCCL's all-reduce.
     fn parts(
         &self,
@@ -149,6 +157,20 @@ impl Benchmark for GemmArCase {
             gemm.enqueue(ctx, 0, (&a, &b, &c), (m, n, k))?;
             ctx.synchronize()
         })?;
+        // The same work one step after the other: the GEMM, then trident's AllReduce of its
+        // product (the algorithm `auto` picks), every rank meeting the others in between.
+        let reduce = AllReduce::auto(ctx, d, m * n);
+        let mut reduce_bufs = reduce.buffers(ctx, m * n)?;
+        let sequential = |bufs: &mut AllReduceBuffers| -> Result<(), BackendError> {
+            gemm.enqueue(ctx, 0, (&a, &b, &c), (m, n, k))?;
+            ctx.synchronize()?;
+            ctx.barrier()?;
+            reduce.run(ctx, bufs, &c)
+        };
+        ctx.fill(&reduce_bufs.result(reduce_bufs.calls + 1), &poison(d))?;
+        sequential(&mut reduce_bufs)?;
+        t.error(sampled(ctx, &reduce_bufs.result(reduce_bufs.calls), (m, n), d, 128, &mut rng, &want)?);
+        t.time(SEQUENTIAL, &mut || sequential(&mut reduce_bufs))?;
         Ok(())
     }
 }
