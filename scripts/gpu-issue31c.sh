@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 31's distributed flash decoding on the GPU machine, over `bundle/` and the wheel in
+# bundle/wheels, in two calls (PART=a, PART=b) of under ten minutes each:
+# a: the conformance case flash_decode_dist in the loopback world of 1/2/4/8 ranks and in
+#    NVSHMEM worlds of 2 and 4 processes (intra- and inter-node scope); compute-sanitizer
+#    (memcheck, racecheck, synccheck) on it at world 2; the torchrun test of the torch ops
+#    (gemm_ar and flash_decode_dist among them).
+# b: `trident bench --world 1` of flash_decode_dist and gemm_ar against the torchrun baseline
+#    (SDPA's flash attention with its log-sum-exp + NCCL, cuBLAS + NCCL), then the loopback
+#    world of 8 ranks (report only: the ranks share the GPU) of flash_decode_dist, gemm_ar and
+#    allgather, each beside its steps run one after the other.
+# Writes $OUT/summary.txt, logs/ and the benchmark reports.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/step.sh
+KEEP='^conformance:|FAIL|skipped|rror|SUMMARY|PASS|passed|failed'
+TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
+if [ "${PART:-a}" = a ]; then
+  step loopback-flash_decode_dist 150 $B/trident test --backend nvidia --kernel flash_decode_dist \
+    --json "$O/logs/loopback-flash_decode_dist.json"
+  (
+    nvshmem_env
+    for W in 2 4; do
+      step "nvshmem-world$W" 100 $B/trident launch -n $W -- $B/trident test --backend nvidia --processes \
+        --kernel flash_decode_dist --dtype bf16 --json "$O/logs/nvshmem-world$W.json"
+    done
+    step nvshmem-internode-world2 100 $B/trident launch -n 2 -- $B/trident test --backend nvidia --processes \
+      --inter-node --kernel flash_decode_dist --dtype bf16 --json "$O/logs/nvshmem-internode-world2.json"
+  )
+  export TRIDENT_WAIT_BOUND_MS=60000
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize-$tool" 120 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 86 \
+      --print-limit 20 $B/trident test --backend nvidia --world 2 --kernel flash_decode_dist --dtype bf16
+  done
+  unset TRIDENT_WAIT_BOUND_MS
+  PYTHON=/opt/torch/.venv/bin/python
+  TP=/tmp/trident-py; rm -rf $TP
+  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
+  (
+    nvshmem_env
+    export PYTHONPATH=$TP
+    KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
+      step pytest 240 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
+  )
+else
+  KEEP='flash_decode_dist|gemm_ar|rror|failed|skipped' KEEP_LINES=60 step bench-world1 240 $B/trident bench --world 1 \
+    --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \
+    --json "$O/bench-flash-decode-dist-world1.json"
+  for k in flash_decode_dist gemm_ar allgather; do
+    KEEP="$k|rror|failed" KEEP_LINES=40 step "bench-world8-$k" 200 $B/trident bench --world 8 --only $k \
+      --json "$O/bench-$k-world8.json"
+  done
+fi
+cat "$S"
