@@ -165,7 +165,7 @@ def main(cases_path, out_path):
             # shard without repeating K and V.
             q = rand(b, hkv, g, d)
             k, v = rand(b, hkv, length // w, d), rand(b, hkv, length // w, d)
-            part = torch.empty(b * hkv * g * (d + 1), device=device, dtype=torch.float32)
+            mine = torch.empty(b * hkv * g * (d + 1), device=device, dtype=torch.float32)
             parts_all = torch.empty(w, b * hkv * g * (d + 1), device=device, dtype=torch.float32)
 
             def attend():
@@ -175,11 +175,11 @@ def main(cases_path, out_path):
                     s = (q.float() @ k.float().transpose(-1, -2)) / d**0.5
                     lse = torch.logsumexp(s, -1)
                     o = torch.softmax(s, -1) @ v.float()
-                part[: b * hkv * g * d] = o.float().flatten()
-                part[b * hkv * g * d :] = lse.float().flatten()
+                mine[: b * hkv * g * d] = o.float().flatten()
+                mine[b * hkv * g * d :] = lse.float().flatten()
 
             def gather():
-                dist.all_gather_into_tensor(parts_all, part)
+                dist.all_gather_into_tensor(parts_all, mine)
 
             def combine():
                 o = parts_all[:, : b * hkv * g * d].view(w, b * hkv * g, d)

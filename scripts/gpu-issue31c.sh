@@ -9,6 +9,8 @@
 #    (SDPA's flash attention with its log-sum-exp + NCCL, cuBLAS + NCCL), then the loopback
 #    world of 8 ranks (report only: the ranks share the GPU) of flash_decode_dist, gemm_ar and
 #    allgather, each beside its steps run one after the other.
+# c: the flash decoding sweep against SDPA and Triton, the world-1 distributed bench again,
+#    GEMM-AR at world 8, the torch ops' test again.
 # Writes $OUT/summary.txt, logs/ and the benchmark reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +43,26 @@ if [ "${PART:-a}" = a ]; then
     export PYTHONPATH=$TP
     KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
       step pytest 240 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
+  )
+elif [ "$PART" = c ]; then
+  # The flash decoding sweep (keys per step x warps) against SDPA and Triton; the distributed
+  # form at world 1 against the torchrun baseline; GEMM-AR in the loopback world of 8 beside
+  # GEMM then AllReduce; the torch ops' test again.
+  KEEP='flash_decode|rror|failed' KEEP_LINES=80 step bench-flash-decode 300 $B/trident bench \
+    --only flash_decode --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" --json "$O/bench-flash-decode.json"
+  KEEP='flash_decode_dist|rror|failed|skipped' KEEP_LINES=40 step bench-world1 150 $B/trident bench --world 1 \
+    --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \
+    --json "$O/bench-flash-decode-dist-world1.json"
+  KEEP='gemm_ar|rror|failed' KEEP_LINES=40 step bench-world8-gemm_ar 120 $B/trident bench --world 8 --only gemm_ar \
+    --json "$O/bench-gemm_ar-world8.json"
+  PYTHON=/opt/torch/.venv/bin/python
+  TP=/tmp/trident-py; rm -rf $TP
+  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
+  (
+    nvshmem_env
+    export PYTHONPATH=$TP
+    KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
+      step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
   )
 else
   KEEP='flash_decode_dist|gemm_ar|rror|failed|skipped' KEEP_LINES=60 step bench-world1 240 $B/trident bench --world 1 \

@@ -581,7 +581,7 @@ fn run_case(
         Workload::AgGemmW1 | Workload::GemmRsW1 => return overlap_cost(cuda, &l, case, reps, &mut rng),
         Workload::AgGemmLoopback => return loopback_overlap(drv, case, reps),
         Workload::GroupedGemm => return grouped_gemm(cuda, &l, case, (reps, only_configs), &mut rng),
-        Workload::FlashDecode => flash_decode(cuda, &l, case, reps, &mut rng)?,
+        Workload::FlashDecode => return flash_decode(cuda, &l, case, (reps, only_configs), &mut rng),
         Workload::ScaledGemm(scaling, promote) => {
             return scaled_gemm(cuda, &l, case, (scaling, promote), (reps, only_configs), &mut rng)
         }
@@ -1158,14 +1158,16 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
 }
 
 /// Flash decoding over a contiguous cache of `S` keys per sequence, checked on 16 sampled
-/// (sequence, token, head) rows against f64 (normwise per row, the worst).
+/// (sequence, token, head) rows against f64 (normwise per row, the worst): a sweep of the
+/// keys per step and the warps per program (`64n/4w` is `FlashDecode::for_shape`'s), the
+/// fastest reported.
 fn flash_decode(
     cuda: &Enqueuing,
     l: &DeviceCtx,
     case: &Case,
-    reps: usize,
+    (reps, only_configs): (usize, &[String]),
     rng: &mut rand::rngs::StdRng,
-) -> Result<(Stats, f64), BackendError> {
+) -> Result<Measured, BackendError> {
     use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
     let (d, dims) = (case.dtype, &case.dims);
     let (b, nq, hq, hkv, hd, len) = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]);
@@ -1174,42 +1176,45 @@ fn flash_decode(
     let (k, v) = (random(b * len * hkv * hd, d, rng), random(b * len * hkv * hd, d, rng));
     let (qb, kb, vb) = (upload(cuda, "q", &q, d)?, upload(cuda, "k", &k, d)?, upload(cuda, "v", &v, d)?);
     let lens = upload(cuda, "lens", &vec![len as f64; b], DType::I32)?;
-    let op = FlashDecode::for_shape(d, &shape);
-    let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
     let out = cuda.alloc(b * nq * hq * hd * d.size_bytes() as usize, "out")?;
-    cuda.fill(&out, &poison(d))?;
     let es = d.size_bytes() as usize;
-    time(
-        cuda,
-        reps,
-        || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape),
-        || {
-            let mut worst = 0.0f64;
-            for _ in 0..16 {
-                let row = rng_row(b * nq * hq);
-                let (seq, i, h) = (row / (nq * hq), row / hq % nq, row % hq);
-                let mut raw = vec![0u8; hd * es];
-                cuda.read(&out, row * hd * es, &mut raw)?;
-                let got = decode(&raw, d);
-                // Query token i sees the keys up to its position, len - nq + i.
-                let qv = &q[row * hd..(row + 1) * hd];
-                let at = |j: usize| ((seq * len + j) * hkv + h / (hq / hkv)) * hd;
-                let scores: Vec<f64> = (0..=len - nq + i)
-                    .map(|j| qv.iter().zip(&k[at(j)..at(j) + hd]).map(|(x, y)| x * y).sum::<f64>() / (hd as f64).sqrt())
-                    .collect();
-                let m = scores.iter().copied().fold(f64::MIN, f64::max);
-                let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                let total: f64 = w.iter().sum();
-                let want: Vec<f64> = (0..hd)
-                    .map(|c| w.iter().enumerate().map(|(j, wj)| wj * v[at(j) + c]).sum::<f64>() / total)
-                    .collect();
-                let err: f64 = got.iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum::<f64>().sqrt();
-                let norm: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt();
-                worst = worst.max(err / norm.max(f64::MIN_POSITIVE));
-            }
-            Ok(worst)
-        },
-    )
+    let check = || -> Result<f64, BackendError> {
+        let mut worst = 0.0f64;
+        for _ in 0..16 {
+            let row = rng_row(b * nq * hq);
+            let (seq, i, h) = (row / (nq * hq), row / hq % nq, row % hq);
+            let mut raw = vec![0u8; hd * es];
+            cuda.read(&out, row * hd * es, &mut raw)?;
+            let got = decode(&raw, d);
+            // Query token i sees the keys up to its position, len - nq + i.
+            let qv = &q[row * hd..(row + 1) * hd];
+            let at = |j: usize| ((seq * len + j) * hkv + h / (hq / hkv)) * hd;
+            let scores: Vec<f64> = (0..=len - nq + i)
+                .map(|j| qv.iter().zip(&k[at(j)..at(j) + hd]).map(|(x, y)| x * y).sum::<f64>() / (hd as f64).sqrt())
+                .collect();
+            let m = scores.iter().copied().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+            let total: f64 = w.iter().sum();
+            let want: Vec<f64> =
+                (0..hd).map(|c| w.iter().enumerate().map(|(j, wj)| wj * v[at(j) + c]).sum::<f64>() / total).collect();
+            let err: f64 = got.iter().zip(&want).map(|(g, w)| (g - w).powi(2)).sum::<f64>().sqrt();
+            let norm: f64 = want.iter().map(|w| w * w).sum::<f64>().sqrt();
+            worst = worst.max(err / norm.max(f64::MIN_POSITIVE));
+        }
+        Ok(worst)
+    };
+    let mut sweep = Sweep::new(case, reps, only_configs);
+    let default = FlashDecode::for_shape(d, &shape);
+    for (block_n, warps) in [(64, 4), (128, 4), (64, 8), (128, 8), (256, 8)] {
+        let op = FlashDecode { block_n, warps, ..default };
+        let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
+        cuda.fill(&out, &poison(d))?;
+        let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
+        let r = sweep.try_config(cuda, format!("{block_n}n/{warps}w"), run, check);
+        cuda.free(&work)?;
+        r?;
+    }
+    sweep.result()
 }
 
 fn rng_row(n: usize) -> usize {

@@ -44,7 +44,7 @@ pub struct GemmAr {
 const TARGET_PROGRAMS: usize = 2 * 132;
 
 /// The most slices of K: each one's partial crosses the links and is summed.
-const MAX_SPLITS: usize = 8;
+pub const MAX_SPLITS: usize = 8;
 
 impl GemmAr {
     pub fn new(dtype: DType) -> GemmAr {

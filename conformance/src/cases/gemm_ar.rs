@@ -89,10 +89,11 @@ impl Benchmark for GemmArCase {
         vec![32, 48, 32 * world]
     }
 
-    /// Every rank's partial products, a double buffer.
+    /// Every rank's partial products of each K slice (at most `MAX_SPLITS`), a double buffer.
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let es = case.dtype.size_bytes() as usize;
-        trident_kernels::epoch::halves_bytes(case.world * case.dims[0] * case.dims[1], es)
+        let slices = trident_kernels::gemm_ar::MAX_SPLITS;
+        trident_kernels::epoch::halves_bytes(case.world * slices * case.dims[0] * case.dims[1], es)
     }
 
     /// An all-reduce's bus bytes (nccl-tests): `2 (W - 1) / W` of the result.

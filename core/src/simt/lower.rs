@@ -137,6 +137,9 @@ struct Lowering<'f> {
     const_ints: HashMap<Reg, i64>,
     /// Values that some op or block uses (a result nobody reads needs no delivery).
     used: std::collections::HashSet<Value>,
+    /// Transposes read only K-major by `dot`s (`dot.rs`, `kmajor_operand`): the tile
+    /// transposed, by the transpose's result, or `None`.
+    kmajor: HashMap<Value, Option<Value>>,
     /// While a software-pipelined loop body is lowered: where its loop-invariant
     /// rematerializations go (`index.rs`, `eval`).
     hoist: Option<Hoist>,
@@ -218,6 +221,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         const_ints: HashMap::default(),
         hoist: None,
         used: used_values(func),
+        kmajor: HashMap::default(),
         bulk_pending: false,
     };
     let mut head = Vec::new();
@@ -442,7 +446,10 @@ impl Lowering<'_> {
             OpKind::Reshape(x) | OpKind::Broadcast(x) | OpKind::Transpose { x, .. } => {
                 let v = data.results[0];
                 let src_shape = self.func.ty(*x).shape.clone();
-                if self.rematerializable(v) {
+                if self.kmajor_operand(v).is_some() {
+                    // Its `dot`s read the tile itself.
+                    Vec::new()
+                } else if self.rematerializable(v) {
                     self.own_slots(v, &shape)
                 } else {
                     let src = self.held(*x);

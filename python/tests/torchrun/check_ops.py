@@ -104,27 +104,31 @@ def decode_want(q, ks, vs, lens):
 
 
 # Distributed flash decoding: the KV cache sharded along the sequence, contiguous and paged.
-shard, page = 192, 64
-for paged in (False, True):
-    torch.manual_seed(77)  # the queries and lengths: the same on every rank
-    q = torch.randn(2, 2, 8, 64, device="cuda").to(torch.bfloat16)
-    lens = torch.tensor([world * shard, 3 + world * shard // 2], dtype=torch.int32, device="cuda")
-    torch.manual_seed(1000 + rank)
-    k, v = (torch.randn(2, shard, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
-    want = decode_want(q, everyone(k), everyone(v), lens.cpu())
-    poison(tuple(q.shape), torch.bfloat16)
-    if paged:
-        # The shard's pages in a pool twice its size, in shuffled order.
-        order = torch.randperm(4 * shard // page, device="cuda").to(torch.int32)
-        table = order[: 2 * shard // page].view(2, shard // page).contiguous()
-        pool = torch.randn(4 * shard // page, page, 2, 64, device="cuda").to(torch.bfloat16)
-        kp, vp = pool.clone(), pool.clone()
-        kp[table.flatten().long()] = k.view(-1, page, 2, 64)
-        vp[table.flatten().long()] = v.view(-1, page, 2, 64)
-        got = torch.ops.trident.flash_decode_dist(q, kp, vp, lens, table)
-    else:
-        got = torch.ops.trident.flash_decode_dist(q, k, v, lens)
-    report(f"torch.ops.trident.flash_decode_dist {'paged' if paged else 'contiguous'} 2x{world * shard}", rel(got, want), 1e-2)
+def check_flash_decode_dist(shard=192, page=64):
+    for paged in (False, True):
+        torch.manual_seed(77)  # the queries and lengths: the same on every rank
+        q = torch.randn(2, 2, 8, 64, device="cuda").to(torch.bfloat16)
+        lens = torch.tensor([world * shard, 3 + world * shard // 2], dtype=torch.int32, device="cuda")
+        torch.manual_seed(1000 + rank)
+        k, v = (torch.randn(2, shard, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
+        want = decode_want(q, everyone(k), everyone(v), lens.cpu())
+        poison(tuple(q.shape), torch.bfloat16)
+        if paged:
+            # The shard's pages in a pool twice its size, in shuffled order.
+            order = torch.randperm(4 * shard // page, device="cuda").to(torch.int32)
+            table = order[: 2 * shard // page].view(2, shard // page).contiguous()
+            pool = torch.randn(4 * shard // page, page, 2, 64, device="cuda").to(torch.bfloat16)
+            kp, vp = pool.clone(), pool.clone()
+            kp[table.flatten().long()] = k.view(-1, page, 2, 64)
+            vp[table.flatten().long()] = v.view(-1, page, 2, 64)
+            got = torch.ops.trident.flash_decode_dist(q, kp, vp, lens, table)
+        else:
+            got = torch.ops.trident.flash_decode_dist(q, k, v, lens)
+        form = "paged" if paged else "contiguous"
+        report(f"torch.ops.trident.flash_decode_dist {form} 2x{world * shard}", rel(got, want), 1e-2)
+
+
+check_flash_decode_dist()
 
 # A CUDA graph of the ops, replayed 100 times on new inputs copied into its static inputs.
 x = torch.randn(4096, device="cuda")

@@ -309,16 +309,18 @@ impl Lowering<'_> {
         b_off: u32,
         base: Reg,
         mut acc: Vec<Reg>,
+        b_kmajor: bool,
     ) -> Vec<Reg> {
         let atom = l.atom;
         let (ti, tj) = l.tiles();
         let ce = atom.c_elems as usize;
-        let ldmatrix = self.target.matrix_load && atom.name == crate::target::MMA_SYNC_M16N8K16.name;
+        let ldmatrix = self.ldmatrix(l);
+        debug_assert!(ldmatrix || !b_kmajor, "B stored K-major is read by `ldmatrix` only");
         let (a_lane, b_lane) =
-            if ldmatrix { self.ldmatrix_lanes(l, strides) } else { (self.iconst(0), self.iconst(0)) };
+            if ldmatrix { self.ldmatrix_lanes(l, strides, b_kmajor) } else { (self.iconst(0), self.iconst(0)) };
         for k0 in (0..kk).step_by(atom.k as usize) {
             let (a_frags, b_frags) = if ldmatrix {
-                self.ldmatrix_fragments(l, strides, b_off, base, k0, a_lane, b_lane)
+                self.ldmatrix_fragments(l, strides, b_off, base, k0, (a_lane, b_lane), b_kmajor)
             } else {
                 let w = self.warp_origin(l);
                 let k = self.iconst(k0 as i64);
@@ -438,8 +440,14 @@ impl Lowering<'_> {
             .collect()
     }
 
-    /// Per-lane row offsets of `ldmatrix` for A (`x4`) and B (`x4.trans`) (elements).
-    fn ldmatrix_lanes(&mut self, l: AccLayout, strides: [u32; 2]) -> (Reg, Reg) {
+    /// Whether the fragments of `l`'s atom come from `ldmatrix` on this target.
+    pub(super) fn ldmatrix(&self, l: AccLayout) -> bool {
+        self.target.matrix_load && l.atom.name == crate::target::MMA_SYNC_M16N8K16.name
+    }
+
+    /// Per-lane row offsets of `ldmatrix` for A (`x4`) and B (`x4.trans`; `x4` where B is
+    /// stored K-major, `[N, K]`) (elements).
+    fn ldmatrix_lanes(&mut self, l: AccLayout, strides: [u32; 2], b_kmajor: bool) -> (Reg, Reg) {
         let (a_stride, b_stride) = (strides[0], strides[1]);
         let p = self.mma_position(l);
         let lo = self.bin_c(BinaryOp::And, self.lane, 7);
@@ -455,6 +463,15 @@ impl Lowering<'_> {
         let a_row = self.bin(BinaryOp::Add, row0, r16);
         let a_lane = self.bin_c(BinaryOp::Mul, a_row, a_stride as i64);
         let a_lane = self.bin(BinaryOp::Add, a_lane, c16);
+        if b_kmajor {
+            // Matrix `q = lane / 8` of an `x4`: columns `8 (q / 2) ..` of the pair of
+            // instruction tiles, K `8 (q % 2) ..`; the lane gives its row (a column of B).
+            let b_col = self.bin(BinaryOp::Add, col0, c16);
+            let n = self.bin(BinaryOp::Add, b_col, lo);
+            let b_lane = self.bin_c(BinaryOp::Mul, n, b_stride as i64);
+            let b_lane = self.bin(BinaryOp::Add, b_lane, mid);
+            return (a_lane, b_lane);
+        }
         let b_lane = self.bin_c(BinaryOp::Mul, r16, b_stride as i64);
         let b_col = self.bin(BinaryOp::Add, col0, c16);
         let b_lane = self.bin(BinaryOp::Add, b_lane, b_col);
@@ -470,8 +487,8 @@ impl Lowering<'_> {
         b_off: u32,
         base: Reg,
         k0: u32,
-        a_lane: Reg,
-        b_lane: Reg,
+        (a_lane, b_lane): (Reg, Reg),
+        b_kmajor: bool,
     ) -> (Vec<Vec<Reg>>, Vec<Vec<Reg>>) {
         let (ti, tj) = l.tiles();
         let an = l.atom.n;
@@ -488,17 +505,58 @@ impl Lowering<'_> {
         let mut b_frags: Vec<Vec<Reg>> = Vec::new();
         for jj in (0..tj).step_by(2) {
             let two = jj + 1 < tj;
-            let e = self.bin_c(BinaryOp::Add, b_lane, (k0 * strides[1] + jj * an) as i64);
+            let at = if b_kmajor { jj * an * strides[1] + k0 } else { k0 * strides[1] + jj * an };
+            let e = self.bin_c(BinaryOp::Add, b_lane, at as i64);
             let off = self.shared_offset(e, 2, b_off);
             let off = self.bin(BinaryOp::Add, off, base);
             let dsts: Vec<Reg> = (0..if two { 4 } else { 2 }).map(|_| self.reg(I32)).collect();
-            self.emit(Inst::MatrixLoad { dsts: dsts.clone(), offset: off, trans: true });
+            self.emit(Inst::MatrixLoad { dsts: dsts.clone(), offset: off, trans: !b_kmajor });
             b_frags.push(dsts[..2].to_vec());
             if two {
                 b_frags.push(dsts[2..].to_vec());
             }
         }
         (a_frags, b_frags)
+    }
+
+    /// `x` where `v` is the transpose of a 2-D tile `x` of 16-bit floats read only as the B
+    /// operand of `dot`s on `mma.sync` through `ldmatrix` (`dot(q, k.t())`): those stage `x`
+    /// as it is held (`[N, K]` row-major) and read it K-major, and the transpose itself lowers
+    /// to nothing. `None` for any other value.
+    pub(super) fn kmajor_operand(&mut self, v: Value) -> Option<Value> {
+        if let Some(r) = self.kmajor.get(&v) {
+            return *r;
+        }
+        let r = self.find_kmajor_operand(v);
+        self.kmajor.insert(v, r);
+        r
+    }
+
+    fn find_kmajor_operand(&mut self, v: Value) -> Option<Value> {
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return None };
+        let OpKind::Transpose { x, perm } = &self.func.ops[op].kind else { return None };
+        let (x, ty) = (*x, self.func.ty(*x));
+        if perm.as_slice() != [1, 0] || !matches!(ty.elem.dtype(), Some(DType::F16 | DType::BF16)) {
+            return None;
+        }
+        if self.rematerializable(v) || self.func.blocks.iter().any(|(_, b)| b.yields.contains(&v)) {
+            return None;
+        }
+        let users: Vec<Op> = self
+            .func
+            .ops
+            .iter()
+            .filter(|(_, d)| d.kind.operands().iter().any(|(_, u)| *u == v))
+            .map(|(o, _)| o)
+            .collect();
+        let all_b = !users.is_empty()
+            && users.into_iter().all(|u| match &self.func.ops[u].kind {
+                OpKind::Dot { a, b, acc, .. } if *b == v && *a != v && *acc != v => {
+                    self.dot_mma_layout(u).is_some_and(|l| self.ldmatrix(l))
+                }
+                _ => false,
+            });
+        all_b.then_some(x)
     }
 
     /// The accumulator layout of a `dot` on the target's matrix atom, when there is one: f16/bf16
@@ -651,7 +709,14 @@ impl Lowering<'_> {
         let input = mma_input(ea, eb).expect("checked by `dot_mma_layout`");
         let ab = SType::of(input);
         let kk = at.shape[1];
-        let (mut ar, mut br) = (self.held(a), self.held(b));
+        // B the transpose of a tile held row-major (`[N, K]`, as attention's keys are): staged
+        // as it is held and read by `ldmatrix` without `.trans`, never transposed in registers.
+        let kmajor = self.kmajor_operand(b);
+        let (b_src, b_shape) = match kmajor {
+            Some(x) => (x, self.func.ty(x).shape.clone()),
+            None => (b, bt.shape.clone()),
+        };
+        let (mut ar, mut br) = (self.held(a), self.held(b_src));
         // FP8 operands go to the atom as f16: every FP8 value is exact in f16, and so is the
         // product of two in the atom's f32 accumulator.
         for (regs, e) in [(&mut ar, ea), (&mut br, eb)] {
@@ -663,16 +728,16 @@ impl Lowering<'_> {
         }
         let c = self.held_mma(acc, l);
         // Rows padded by 16 bytes (see `stage_padded`).
-        let (a_stride, b_stride) = (kk + 8, bt.shape[1] + 8);
+        let (a_stride, b_stride) = (kk + 8, b_shape[1] + 8);
         let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
-        let o = self.shared_alloc("dot.operands", a_bytes + kk * b_stride * 2, 128);
+        let o = self.shared_alloc("dot.operands", a_bytes + b_shape[0] * b_stride * 2, 128);
         self.emit(Inst::Barrier);
         let sa = self.stage_padded(&ar, &at.shape, o);
-        let sb = self.stage_padded(&br, &bt.shape, o + a_bytes);
+        let sb = self.stage_padded(&br, &b_shape, o + a_bytes);
         debug_assert_eq!((sa, sb), (a_stride, b_stride));
         self.emit(Inst::Barrier);
         let base = self.iconst(o as i64);
-        let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c);
+        let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c, kmajor.is_some());
         self.shared_free(o);
         out
     }

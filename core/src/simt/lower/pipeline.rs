@@ -779,7 +779,7 @@ impl Lowering<'_> {
             let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, sl);
             let base = stage_of(self, j);
             let (strides, b_off) = sl.padded();
-            let acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone());
+            let acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone(), false);
             self.commit_step(&fetched, next_base);
             self.emit(Inst::Barrier);
             acc
@@ -804,7 +804,7 @@ impl Lowering<'_> {
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
                 let (strides, b_off) = sl.padded();
-                self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone())
+                self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone(), false)
             }
         };
         let j1 = self.bin_c(BinaryOp::Add, j, 1);
