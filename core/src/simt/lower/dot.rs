@@ -109,9 +109,23 @@ impl Lowering<'_> {
         }
         let operands: Vec<Value> = data.kind.operands().into_iter().map(|(_, v)| v).collect();
         let l = operands.iter().find_map(|v| self.mma_held.get(v).map(|(l, _)| *l))?;
-        let fits =
-            operands.iter().all(|v| self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l) || self.reloadable(*v, op));
+        let fits = operands.iter().all(|v| {
+            self.mma_held.get(v).is_some_and(|(hl, _)| *hl == l)
+                || self.reloadable(*v, op)
+                || self.row_broadcast(*v, l).is_some()
+        });
         fits.then_some(l)
+    }
+
+    /// `y` where `v` is an accumulator-shaped tile broadcast along its rows from `y` (`[M, 1]`,
+    /// a value per row: online softmax's running maximum, its rescaling factor). Such an
+    /// operand of an elementwise op in the accumulator layout is read per row from shared
+    /// memory (`M` values) instead of converting the accumulator (`M N`).
+    pub(super) fn row_broadcast(&self, v: Value, l: AccLayout) -> Option<Value> {
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return None };
+        let OpKind::Broadcast(y) = &self.func.ops[op].kind else { return None };
+        let fits = self.func.ty(v).shape.as_slice() == [l.m, l.n] && self.func.ty(*y).shape.as_slice() == [l.m, 1];
+        fits.then_some(*y)
     }
 
     /// `v` is rematerializable, or can be read again from memory at op `at`'s coordinates:
@@ -170,18 +184,42 @@ impl Lowering<'_> {
         let kind = data.kind.clone();
         let result = data.results[0];
         let operands: Vec<Value> = kind.operands().into_iter().map(|(_, v)| v).collect();
+        // Row broadcasts (not held in the layout, not reloadable): their `[M, 1]` sources
+        // staged in shared memory once, read at each slot's row.
+        let mut rows: HashMap<Value, u32> = HashMap::default();
+        for &v in &operands {
+            if self.mma_held.contains_key(&v) || rows.contains_key(&v) || self.reloadable(v, op) {
+                continue;
+            }
+            let Some(y) = self.row_broadcast(v, l) else { continue };
+            let src = self.held(y);
+            let size = shared_size(self.k.ty(src[0]));
+            let o = self.shared_alloc("acc.rows", l.m * size, 16);
+            self.emit(Inst::Barrier);
+            self.stage_in_shared(&src, &[l.m, 1], o);
+            self.emit(Inst::Barrier);
+            rows.insert(v, o);
+        }
+        let mut at_row: HashMap<(Value, Reg), Reg> = HashMap::default();
         let mut out = Vec::with_capacity(l.slots() as usize);
         for slot in 0..l.slots() {
             let c = self.mma_coords(l, slot);
             let srcs: Vec<Reg> = operands
                 .iter()
-                .map(|v| match self.mma_held.get(v) {
-                    Some((_, regs)) => regs[slot as usize],
-                    None => self.eval_loaded(*v, &c),
+                .map(|v| match (self.mma_held.get(v), rows.get(v)) {
+                    (Some((_, regs)), _) => regs[slot as usize],
+                    (None, Some(&o)) => *at_row.entry((*v, c[0])).or_insert_with(|| {
+                        let t = stype(self.func.ty(*v));
+                        self.shared_load(t, c[0], o)
+                    }),
+                    (None, None) => self.eval_loaded(*v, &c),
                 })
                 .collect();
             let dst = self.elementwise(&kind, result, &srcs);
             out.push(dst);
+        }
+        for o in rows.into_values() {
+            self.shared_free(o);
         }
         self.mma_held.insert(result, (l, out));
     }
@@ -590,6 +628,18 @@ impl Lowering<'_> {
         let ValueDef::Result { op, .. } = self.func.values[next].def else { return None };
         match &self.func.ops[op].kind {
             OpKind::Dot { acc, .. } if *acc == arg => self.dot_mma_layout(op),
+            // The accumulator rescaled per row before the product (online softmax's
+            // `acc * alpha[:, None]`): computed in the layout too (`row_broadcast`).
+            OpKind::Dot { acc, .. } => {
+                let l = self.dot_mma_layout(op)?;
+                let ValueDef::Result { op: e, .. } = self.func.values[*acc].def else { return None };
+                let kind = &self.func.ops[e].kind;
+                let operands: Vec<Value> = kind.operands().into_iter().map(|(_, v)| v).collect();
+                let rescaled = matches!(kind, OpKind::Binary { .. })
+                    && operands.contains(&arg)
+                    && operands.iter().all(|&v| v == arg || self.row_broadcast(v, l).is_some());
+                rescaled.then_some(l)
+            }
             _ => None,
         }
     }
@@ -625,12 +675,16 @@ impl Lowering<'_> {
     /// An accumulator-layout tile in the blocked layout of its shape, through shared memory.
     pub(super) fn mma_to_blocked(&mut self, l: AccLayout, regs: &[Reg]) -> Vec<Reg> {
         let shape = [l.m, l.n];
+        // The accumulator's f32, or what an elementwise op computed from it in the layout (a
+        // cast to the operand type of the next product).
+        let t = self.k.ty(regs[0]);
+        let size = shared_size(t);
         self.emit(Inst::Barrier);
-        let o = self.shared_alloc("acc.relayout", l.m * l.n * 4, 16);
+        let o = self.shared_alloc("acc.relayout", l.m * l.n * size, 16);
         for (s, &r) in regs.iter().enumerate() {
             let c = self.mma_coords(l, s as u32);
             let f = self.flatten(&c, &shape);
-            let off = self.shared_offset(f, 4, o);
+            let off = self.shared_offset(f, size, o);
             self.emit(Inst::SharedStore { offset: off, value: r, pred: None });
         }
         self.emit(Inst::Barrier);
@@ -639,7 +693,7 @@ impl Lowering<'_> {
             .map(|s| {
                 let c = self.slot_coords(&shape, s);
                 let f = self.flatten(&c, &shape);
-                self.shared_load(SType::F32, f, o)
+                self.shared_load(t, f, o)
             })
             .collect();
         self.shared_free(o);
