@@ -64,6 +64,32 @@ elif [ "$PART" = c ]; then
     KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
       step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
   )
+elif [ "$PART" = d ]; then
+  # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
+  # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1
+  # against the torchrun baseline, the torch ops' test.
+  export TRIDENT_WAIT_BOUND_MS=60000
+  for tool in memcheck racecheck synccheck; do
+    step "sanitize-$tool" 120 /usr/local/cuda/bin/compute-sanitizer --tool $tool --error-exitcode 86 \
+      --print-limit 20 $B/trident test --backend nvidia --world 2 --kernel flash_decode --dtype bf16
+  done
+  unset TRIDENT_WAIT_BOUND_MS
+  KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 240 $B/trident bench \
+    --only flash_decode --config 64n/ --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
+    --json "$O/bench-flash-decode.json"
+  KEEP='flash_decode_dist|rror|failed|skipped' KEEP_LINES=40 DROP='^baseline' step bench-world1 150 $B/trident bench \
+    --world 1 --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \
+    --json "$O/bench-flash-decode-dist-world1.json"
+  PYTHON=/opt/torch/.venv/bin/python
+  TP=/tmp/trident-py; rm -rf $TP
+  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
+  (
+    nvshmem_env
+    export PYTHONPATH=$TP
+    KEEP='FAIL|rror|passed|failed|flash_decode' KEEP_LINES=40 \
+      step pytest 150 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py \
+      python/tests/test_torch.py -k "flash_decode or distributed"
+  )
 else
   KEEP='flash_decode_dist|gemm_ar|rror|failed|skipped' KEEP_LINES=60 step bench-world1 240 $B/trident bench --world 1 \
     --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \

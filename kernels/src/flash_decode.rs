@@ -123,8 +123,10 @@ impl FlashDecode {
             dtype,
             head_dim: shape.head_dim as u32,
             block_m,
+            // The fastest of `trident bench --only flash_decode`'s sweep at every shape of it
+            // (keys per step 64/128/256 x 4/8 warps; results/h100-session49/issue31c-c).
             block_n: 64,
-            warps: 4,
+            warps: 8,
             page: None,
             max_splits: 64,
             fast_math: false,

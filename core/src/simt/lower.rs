@@ -140,6 +140,9 @@ struct Lowering<'f> {
     /// Transposes read only K-major by `dot`s (`dot.rs`, `kmajor_operand`): the tile
     /// transposed, by the transpose's result, or `None`.
     kmajor: HashMap<Value, Option<Value>>,
+    /// Row broadcasts not lowered where they stand (`deferrable`), by result: lowered on
+    /// first need in the blocked layout.
+    deferred: HashMap<Value, Op>,
     /// While a software-pipelined loop body is lowered: where its loop-invariant
     /// rematerializations go (`index.rs`, `eval`).
     hoist: Option<Hoist>,
@@ -222,6 +225,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         hoist: None,
         used: used_values(func),
         kmajor: HashMap::default(),
+        deferred: HashMap::default(),
         bulk_pending: false,
     };
     let mut head = Vec::new();
@@ -358,6 +362,12 @@ impl Lowering<'_> {
         if let Some(r) = self.vals.get(&v) {
             return r.clone();
         }
+        if let Some(op) = self.deferred.remove(&v) {
+            // A row broadcast an op of its block needs in the blocked layout after all: lowered
+            // here, later in the same block than it stood.
+            self.lower_op(op).expect("a broadcast lowers without error");
+            return self.vals[&v].clone();
+        }
         let (l, regs) = self.mma_held[&v].clone();
         self.mma_to_blocked(l, &regs)
     }
@@ -406,6 +416,65 @@ impl Lowering<'_> {
     }
 
     fn op(&mut self, op: Op) -> Result<(), LowerError> {
+        if self.deferrable(op) {
+            self.deferred.insert(self.func.ops[op].results[0], op);
+            return Ok(());
+        }
+        self.lower_op(op)
+    }
+
+    /// A row broadcast (`[M, 1]` to `[M, N]`) that only elementwise ops of its block read: those
+    /// computed in an accumulator layout read its rows from shared memory
+    /// (`dot.rs`, `elementwise_in_mma`), so it is lowered only where one needs it blocked.
+    fn deferrable(&mut self, op: Op) -> bool {
+        let data = &self.func.ops[op];
+        let OpKind::Broadcast(y) = data.kind else { return false };
+        let v = data.results[0];
+        let (vs, ys) = (&self.func.ty(v).shape, &self.func.ty(y).shape);
+        if vs.len() != 2 || ys.as_slice() != [vs[0], 1] || self.rematerializable(v) {
+            return false;
+        }
+        let Some(block) = self.func.blocks.iter().find(|(_, b)| b.ops.contains(&op)).map(|(_, b)| b) else {
+            return false;
+        };
+        if block.yields.contains(&v) {
+            return false;
+        }
+        let users: Vec<(Op, &OpKind)> = self
+            .func
+            .ops
+            .iter()
+            .filter(|(_, d)| d.kind.operands().iter().any(|(_, u)| *u == v))
+            .map(|(o, d)| (o, &d.kind))
+            .collect();
+        !users.is_empty()
+            && users.iter().all(|(o, k)| {
+                block.ops.contains(o)
+                    && matches!(
+                        k,
+                        OpKind::Unary { .. }
+                            | OpKind::Binary { .. }
+                            | OpKind::Cmp { .. }
+                            | OpKind::Select { .. }
+                            | OpKind::Cast(_)
+                    )
+            })
+    }
+
+    /// The accumulator layout and registers of `x` where a reduction along its rows can run
+    /// there (`reduce.rs`, `reduce_rows_mma`): a float sum, maximum or minimum along axis 1 of
+    /// a whole accumulator-shaped f32 tile not also held blocked.
+    fn rows_in_mma(&self, rop: ReduceOp, axis: u32, x: Value) -> Option<(AccLayout, Vec<Reg>)> {
+        let (l, regs) = self.mma_held.get(&x)?;
+        let fits = axis == 1
+            && matches!(rop, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
+            && !self.vals.contains_key(&x)
+            && self.func.ty(x).shape.as_slice() == [l.m, l.n]
+            && regs.iter().all(|r| self.k.ty(*r) == SType::F32);
+        fits.then(|| (*l, regs.clone()))
+    }
+
+    fn lower_op(&mut self, op: Op) -> Result<(), LowerError> {
         self.origin(op);
         if let Some(l) = self.mma_elementwise(op) {
             self.elementwise_in_mma(op, l);
@@ -553,7 +622,10 @@ impl Lowering<'_> {
                 self.emit(Inst::Barrier);
                 Vec::new()
             }
-            OpKind::Reduce { op: rop, axis, x } => self.reduce(*rop, *axis as usize, *x, &shape, st),
+            OpKind::Reduce { op: rop, axis, x } => match self.rows_in_mma(*rop, *axis, *x) {
+                Some((l, regs)) => self.reduce_rows_mma(*rop, l, &regs, st),
+                None => self.reduce(*rop, *axis as usize, *x, &shape, st),
+            },
             OpKind::Dot { a, b, acc, .. } => match self.dot_mma_layout(op) {
                 Some(l) => {
                     let regs = self.dot_mma(*a, *b, *acc, l);

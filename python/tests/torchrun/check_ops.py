@@ -76,60 +76,6 @@ for op in ("ag_gemm", "gemm_rs"):
             got = torch.ops.trident.gemm_rs(a, b)
         report(f"torch.ops.trident.{op} {m}x{n}x{k} call {call}", rel(got, want), 1e-2)
 
-# GEMM + AllReduce at decode-sized M (16 and 48 rows; K split over ranks).
-for m_ar in (16, 48):
-    a = torch.randn(m_ar, 256, device="cuda").to(torch.bfloat16)
-    b = (torch.randn(256, 320, device="cuda") / 16).to(torch.bfloat16)
-    want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b)))
-    poison((m_ar, 320), torch.bfloat16)
-    report(f"torch.ops.trident.gemm_ar {m_ar}x320x{256 * world}", rel(torch.ops.trident.gemm_ar(a, b), want), 1e-2)
-
-
-def decode_want(q, ks, vs, lens):
-    """Attention of `q` [B, Nq, Hq, D] over the shards `ks`, `vs` (each [B, S, Hkv, D],
-    float64 on the host) joined along the sequence, causal for the new tokens."""
-    k, v = torch.cat(ks, 1), torch.cat(vs, 1)
-    b, nq, hq, d = q.shape
-    g = hq // k.shape[2]
-    out = torch.zeros(b, nq, hq, d, dtype=torch.float64)
-    for s in range(b):
-        for i in range(nq):
-            last = int(lens[s]) - nq + i
-            if last < 0:
-                continue
-            kk, vv = k[s, : last + 1].repeat_interleave(g, 1), v[s, : last + 1].repeat_interleave(g, 1)
-            p = torch.softmax((kk * q[s, i].double().cpu()).sum(-1) / d**0.5, 0)
-            out[s, i] = (p[..., None] * vv).sum(0)
-    return out
-
-
-# Distributed flash decoding: the KV cache sharded along the sequence, contiguous and paged.
-def check_flash_decode_dist(shard=192, page=64):
-    for paged in (False, True):
-        torch.manual_seed(77)  # the queries and lengths: the same on every rank
-        q = torch.randn(2, 2, 8, 64, device="cuda").to(torch.bfloat16)
-        lens = torch.tensor([world * shard, 3 + world * shard // 2], dtype=torch.int32, device="cuda")
-        torch.manual_seed(1000 + rank)
-        k, v = (torch.randn(2, shard, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
-        want = decode_want(q, everyone(k), everyone(v), lens.cpu())
-        poison(tuple(q.shape), torch.bfloat16)
-        if paged:
-            # The shard's pages in a pool twice its size, in shuffled order.
-            order = torch.randperm(4 * shard // page, device="cuda").to(torch.int32)
-            table = order[: 2 * shard // page].view(2, shard // page).contiguous()
-            pool = torch.randn(4 * shard // page, page, 2, 64, device="cuda").to(torch.bfloat16)
-            kp, vp = pool.clone(), pool.clone()
-            kp[table.flatten().long()] = k.view(-1, page, 2, 64)
-            vp[table.flatten().long()] = v.view(-1, page, 2, 64)
-            got = torch.ops.trident.flash_decode_dist(q, kp, vp, lens, table)
-        else:
-            got = torch.ops.trident.flash_decode_dist(q, k, v, lens)
-        form = "paged" if paged else "contiguous"
-        report(f"torch.ops.trident.flash_decode_dist {form} 2x{world * shard}", rel(got, want), 1e-2)
-
-
-check_flash_decode_dist()
-
 # A CUDA graph of the ops, replayed 100 times on new inputs copied into its static inputs.
 x = torch.randn(4096, device="cuda")
 a = torch.randn(m // world, k, device="cuda").to(torch.bfloat16)
@@ -381,6 +327,61 @@ for i in range(20):
     torch.cuda.synchronize()
     worst = max(worst, rel(y_tp, tp_want(x, topk, weights)))
 report("CUDA graph x20: tp_moe", worst, 2e-2)
+
+# (Last, so that the checks above draw the random inputs they always drew.)
+# GEMM + AllReduce at decode-sized M (16 and 48 rows; K split over ranks).
+for m_ar in (16, 48):
+    a = torch.randn(m_ar, 256, device="cuda").to(torch.bfloat16)
+    b = (torch.randn(256, 320, device="cuda") / 16).to(torch.bfloat16)
+    want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b)))
+    poison((m_ar, 320), torch.bfloat16)
+    report(f"torch.ops.trident.gemm_ar {m_ar}x320x{256 * world}", rel(torch.ops.trident.gemm_ar(a, b), want), 1e-2)
+
+
+def decode_want(q, ks, vs, lens):
+    """Attention of `q` [B, Nq, Hq, D] over the shards `ks`, `vs` (each [B, S, Hkv, D],
+    float64 on the host) joined along the sequence, causal for the new tokens."""
+    k, v = torch.cat(ks, 1), torch.cat(vs, 1)
+    b, nq, hq, d = q.shape
+    g = hq // k.shape[2]
+    out = torch.zeros(b, nq, hq, d, dtype=torch.float64)
+    for s in range(b):
+        for i in range(nq):
+            last = int(lens[s]) - nq + i
+            if last < 0:
+                continue
+            kk, vv = k[s, : last + 1].repeat_interleave(g, 1), v[s, : last + 1].repeat_interleave(g, 1)
+            p = torch.softmax((kk * q[s, i].double().cpu()).sum(-1) / d**0.5, 0)
+            out[s, i] = (p[..., None] * vv).sum(0)
+    return out
+
+
+# Distributed flash decoding: the KV cache sharded along the sequence, contiguous and paged.
+def check_flash_decode_dist(shard=192, page=64):
+    for paged in (False, True):
+        torch.manual_seed(77)  # the queries and lengths: the same on every rank
+        q = torch.randn(2, 2, 8, 64, device="cuda").to(torch.bfloat16)
+        lens = torch.tensor([world * shard, 3 + world * shard // 2], dtype=torch.int32, device="cuda")
+        torch.manual_seed(1000 + rank)
+        k, v = (torch.randn(2, shard, 2, 64, device="cuda").to(torch.bfloat16) for _ in range(2))
+        want = decode_want(q, everyone(k), everyone(v), lens.cpu())
+        poison(tuple(q.shape), torch.bfloat16)
+        if paged:
+            # The shard's pages in a pool twice its size, in shuffled order.
+            order = torch.randperm(4 * shard // page, device="cuda").to(torch.int32)
+            table = order[: 2 * shard // page].view(2, shard // page).contiguous()
+            pool = torch.randn(4 * shard // page, page, 2, 64, device="cuda").to(torch.bfloat16)
+            kp, vp = pool.clone(), pool.clone()
+            kp[table.flatten().long()] = k.view(-1, page, 2, 64)
+            vp[table.flatten().long()] = v.view(-1, page, 2, 64)
+            got = torch.ops.trident.flash_decode_dist(q, kp, vp, lens, table)
+        else:
+            got = torch.ops.trident.flash_decode_dist(q, k, v, lens)
+        form = "paged" if paged else "contiguous"
+        report(f"torch.ops.trident.flash_decode_dist {form} 2x{world * shard}", rel(got, want), 1e-2)
+
+
+check_flash_decode_dist()
 
 # Errors are typed.
 try:

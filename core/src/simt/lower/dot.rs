@@ -755,6 +755,28 @@ impl Lowering<'_> {
         stride
     }
 
+    /// Stages a tile held in the accumulator layout `l` row-major at `base` with rows of
+    /// `stride` elements (as [`Lowering::stage_padded`] does from the blocked layout): each
+    /// thread stores its slots where they are, adjacent column pairs as one vector store.
+    fn stage_padded_from_mma(&mut self, l: AccLayout, regs: &[Reg], base: u32, stride: u32) -> u32 {
+        let size = shared_size(self.k.ty(regs[0]));
+        let pairs = l.column_pairs();
+        let step = if pairs { 2 } else { 1 };
+        for g in (0..l.slots()).step_by(step) {
+            let c = self.mma_coords(l, g);
+            let row = self.bin_c(BinaryOp::Mul, c[0], stride as i64);
+            let e = self.bin(BinaryOp::Add, row, c[1]);
+            let off = self.shared_offset(e, size, base);
+            if pairs {
+                let values = vec![regs[g as usize], regs[g as usize + 1]];
+                self.emit(Inst::SharedVStore { offset: off, values });
+            } else {
+                self.emit(Inst::SharedStore { offset: off, value: regs[g as usize], pred: None });
+            }
+        }
+        stride
+    }
+
     /// `acc + a @ b` on tensor cores: A (`[M, K]`) and B (`[K, N]`) are staged row-major in
     /// shared memory (rows padded), then `mma_steps` runs the K tile.
     pub(super) fn dot_mma(&mut self, a: Value, b: Value, acc: Value, l: AccLayout) -> Vec<Reg> {
@@ -770,7 +792,19 @@ impl Lowering<'_> {
             Some(x) => (x, self.func.ty(x).shape.clone()),
             None => (b, bt.shape.clone()),
         };
-        let (mut ar, mut br) = (self.held(a), self.held(b_src));
+        // An A computed in an accumulator layout (attention's probabilities, cast to the
+        // operand type) is staged from there: no conversion to the blocked layout first.
+        let a_mma = match (self.vals.contains_key(&a), self.mma_held.get(&a)) {
+            (false, Some((la, regs))) if ea.fp8().is_none() && [la.m, la.n] == [at.shape[0], at.shape[1]] => {
+                Some((*la, regs.clone()))
+            }
+            _ => None,
+        };
+        let mut ar = match &a_mma {
+            Some(_) => Vec::new(),
+            None => self.held(a),
+        };
+        let mut br = self.held(b_src);
         // FP8 operands go to the atom as f16: every FP8 value is exact in f16, and so is the
         // product of two in the atom's f32 accumulator.
         for (regs, e) in [(&mut ar, ea), (&mut br, eb)] {
@@ -786,7 +820,10 @@ impl Lowering<'_> {
         let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
         let o = self.shared_alloc("dot.operands", a_bytes + b_shape[0] * b_stride * 2, 128);
         self.emit(Inst::Barrier);
-        let sa = self.stage_padded(&ar, &at.shape, o);
+        let sa = match &a_mma {
+            Some((la, regs)) => self.stage_padded_from_mma(*la, regs, o, a_stride),
+            None => self.stage_padded(&ar, &at.shape, o),
+        };
         let sb = self.stage_padded(&br, &b_shape, o + a_bytes);
         debug_assert_eq!((sa, sb), (a_stride, b_stride));
         self.emit(Inst::Barrier);

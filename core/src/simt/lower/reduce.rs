@@ -147,4 +147,61 @@ impl Lowering<'_> {
         self.shared_free(o);
         out
     }
+
+    /// A float `sum`, `max` or `min` along the rows (axis 1) of a tile held in the accumulator
+    /// layout `l` (online softmax's row maximum and sum of a score tile), without converting
+    /// it: each thread folds its slots of a row, shuffles combine the lanes the atom spreads a
+    /// row's columns over, and shared memory (a partial per warp along N and row) the warps,
+    /// delivering the result in the blocked layout of `[M]`.
+    pub(super) fn reduce_rows_mma(&mut self, rop: ReduceOp, l: AccLayout, regs: &[Reg], rt: SType) -> Vec<Reg> {
+        let rshape = [l.m];
+        // 1. Within the thread, by row.
+        let mut parts: BTreeMap<u32, (Reg, Reg)> = BTreeMap::new();
+        for (s, &r) in regs.iter().enumerate() {
+            let c = self.mma_coords(l, s as u32);
+            let row = l.offset(s as u32)[0];
+            let next = match parts.remove(&row) {
+                Some(p) => self.combine(rop, p, (r, r)),
+                None => (r, c[0]),
+            };
+            parts.insert(row, next);
+        }
+        // 2. Across the lanes holding a row's columns: the lane bits of the map's column.
+        let masks: Vec<u32> = l.atom.c.col.iter().flat_map(|f| (0..f.bits).map(move |b| 1 << (f.shift + b))).collect();
+        for p in parts.values_mut() {
+            for &xor in &masks {
+                let v2 = self.reg(SType::F32);
+                self.emit(Inst::Shuffle { dst: v2, src: p.0, lane_xor: xor });
+                *p = self.combine(rop, *p, (v2, v2));
+            }
+        }
+        // 3. Across the warps along N, into the blocked layout of the rows.
+        let o = self.shared_alloc("reduce.rows", l.warps_n * l.m * 4, 16);
+        let wn = self.bin_c(BinaryOp::Shr, self.warp, log2(l.warps_m));
+        let wrow = self.bin_c(BinaryOp::Mul, wn, l.m as i64);
+        self.emit(Inst::Barrier);
+        for (v, row) in parts.values() {
+            let f = self.bin(BinaryOp::Add, *row, wrow);
+            let off = self.shared_offset(f, 4, o);
+            self.emit(Inst::SharedStore { offset: off, value: *v, pred: None });
+        }
+        self.emit(Inst::Barrier);
+        let slots = self.layout(&rshape).slots();
+        let mut out = Vec::with_capacity(slots as usize);
+        for s in 0..slots {
+            let f = self.slot_coords(&rshape, s)[0];
+            let mut acc: Option<(Reg, Reg)> = None;
+            for w in 0..l.warps_n {
+                let e = self.bin_c(BinaryOp::Add, f, (w * l.m) as i64);
+                let v = self.shared_load(SType::F32, e, o);
+                acc = Some(match acc {
+                    Some(a) => self.combine(rop, a, (v, v)),
+                    None => (v, v),
+                });
+            }
+            out.push(self.narrow_int(acc.expect("at least one warp").0, rt));
+        }
+        self.shared_free(o);
+        out
+    }
 }
