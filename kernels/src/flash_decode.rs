@@ -124,9 +124,13 @@ impl FlashDecode {
             head_dim: shape.head_dim as u32,
             block_m,
             // The fastest of `trident bench --only flash_decode`'s sweep at every shape of it
-            // (keys per step 64/128/256 x 4/8 warps; results/h100-session49/issue31c-c).
-            block_n: 64,
-            warps: 8,
+            // (keys per step 64/128/256 x 4/8 warps, tiles of 16 rows;
+            // results/h100-session49/issue31c-c, lowering-ab). Larger tiles (more than 16 query
+            // rows per KV head) take 32 keys a step and 4 warps: at 64 keys their score and
+            // output tiles spill registers on gfx90a and gfx942 (the AMD atoms spread a
+            // thread's accumulator over more rows, each row's factor held once).
+            block_n: if block_m > 16 { 32 } else { 64 },
+            warps: if block_m > 16 { 4 } else { 8 },
             page: None,
             max_splits: 64,
             fast_math: false,

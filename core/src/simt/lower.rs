@@ -461,19 +461,6 @@ impl Lowering<'_> {
             })
     }
 
-    /// The accumulator layout and registers of `x` where a reduction along its rows can run
-    /// there (`reduce.rs`, `reduce_rows_mma`): a float sum, maximum or minimum along axis 1 of
-    /// a whole accumulator-shaped f32 tile not also held blocked.
-    fn rows_in_mma(&self, rop: ReduceOp, axis: u32, x: Value) -> Option<(AccLayout, Vec<Reg>)> {
-        let (l, regs) = self.mma_held.get(&x)?;
-        let fits = axis == 1
-            && matches!(rop, ReduceOp::Sum | ReduceOp::Max | ReduceOp::Min)
-            && !self.vals.contains_key(&x)
-            && self.func.ty(x).shape.as_slice() == [l.m, l.n]
-            && regs.iter().all(|r| self.k.ty(*r) == SType::F32);
-        fits.then(|| (*l, regs.clone()))
-    }
-
     fn lower_op(&mut self, op: Op) -> Result<(), LowerError> {
         self.origin(op);
         if let Some(l) = self.mma_elementwise(op) {
@@ -622,10 +609,7 @@ impl Lowering<'_> {
                 self.emit(Inst::Barrier);
                 Vec::new()
             }
-            OpKind::Reduce { op: rop, axis, x } => match self.rows_in_mma(*rop, *axis, *x) {
-                Some((l, regs)) => self.reduce_rows_mma(*rop, l, &regs, st),
-                None => self.reduce(*rop, *axis as usize, *x, &shape, st),
-            },
+            OpKind::Reduce { op: rop, axis, x } => self.reduce(*rop, *axis as usize, *x, &shape, st),
             OpKind::Dot { a, b, acc, .. } => match self.dot_mma_layout(op) {
                 Some(l) => {
                     let regs = self.dot_mma(*a, *b, *acc, l);
