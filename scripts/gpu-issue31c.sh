@@ -17,6 +17,19 @@ cd "$(dirname "$0")/.."
 source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror|SUMMARY|PASS|passed|failed'
 TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
+# The wheel installed for the torch venv, then pytest (LIMIT seconds) on ARGS with NVSHMEM for
+# the worlds of processes; $KEEP and $DROP pick the summary's lines as `step` does.
+torch_tests() {
+  local limit=$1; shift
+  PYTHON=/opt/torch/.venv/bin/python
+  TP=/tmp/trident-py; rm -rf $TP
+  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
+  (
+    nvshmem_env
+    export PYTHONPATH=$TP
+    step pytest "$limit" $PYTHON -m pytest -q -rs -s -p no:cacheprovider "$@"
+  )
+}
 if [ "${PART:-a}" = a ]; then
   step loopback-flash_decode_dist 150 $B/trident test --backend nvidia --kernel flash_decode_dist \
     --json "$O/logs/loopback-flash_decode_dist.json"
@@ -35,15 +48,7 @@ if [ "${PART:-a}" = a ]; then
       --print-limit 20 $B/trident test --backend nvidia --world 2 --kernel flash_decode_dist --dtype bf16
   done
   unset TRIDENT_WAIT_BOUND_MS
-  PYTHON=/opt/torch/.venv/bin/python
-  TP=/tmp/trident-py; rm -rf $TP
-  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
-  (
-    nvshmem_env
-    export PYTHONPATH=$TP
-    KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
-      step pytest 240 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
-  )
+  KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' torch_tests 240 python/tests/test_distributed_gpu.py
 elif [ "$PART" = c ]; then
   # The flash decoding sweep (keys per step x warps) against SDPA and Triton; the distributed
   # form at world 1 against the torchrun baseline; GEMM-AR in the loopback world of 8 beside
@@ -55,15 +60,7 @@ elif [ "$PART" = c ]; then
     --json "$O/bench-flash-decode-dist-world1.json"
   KEEP='gemm_ar|rror|failed' KEEP_LINES=40 step bench-world8-gemm_ar 120 $B/trident bench --world 8 --only gemm_ar \
     --json "$O/bench-gemm_ar-world8.json"
-  PYTHON=/opt/torch/.venv/bin/python
-  TP=/tmp/trident-py; rm -rf $TP
-  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
-  (
-    nvshmem_env
-    export PYTHONPATH=$TP
-    KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' \
-      step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py
-  )
+  KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' torch_tests 120 python/tests/test_distributed_gpu.py
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1
@@ -80,16 +77,7 @@ elif [ "$PART" = d ]; then
   KEEP='flash_decode_dist|rror|failed|skipped' KEEP_LINES=40 DROP='^baseline' step bench-world1 150 $B/trident bench \
     --world 1 --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \
     --json "$O/bench-flash-decode-dist-world1.json"
-  PYTHON=/opt/torch/.venv/bin/python
-  TP=/tmp/trident-py; rm -rf $TP
-  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
-  (
-    nvshmem_env
-    export PYTHONPATH=$TP
-    KEEP='FAIL|rror|passed|failed|flash_decode' KEEP_LINES=40 \
-      step pytest 150 $PYTHON -m pytest -q -rs -s -p no:cacheprovider python/tests/test_distributed_gpu.py \
-      python/tests/test_torch.py -k "flash_decode or distributed"
-  )
+  KEEP='FAIL|rror|passed|failed|flash_decode' KEEP_LINES=40 torch_tests 150 python/tests/test_distributed_gpu.py python/tests/test_torch.py -k "flash_decode or distributed"
 else
   KEEP='flash_decode_dist|gemm_ar|rror|failed|skipped' KEEP_LINES=60 step bench-world1 240 $B/trident bench --world 1 \
     --only flash_decode_dist --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" \

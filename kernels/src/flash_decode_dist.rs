@@ -19,7 +19,7 @@
 //! without a gather to one rank, which the LL protocol gains little from.
 
 use crate::allgather_ll::{AllGatherLl, LlBuffers};
-use crate::flash_decode::{DecodeShape, FlashDecode, Partials};
+use crate::flash_decode::{DecodeLaunch, DecodeShape, FlashDecode, Partials};
 use crate::require_i32;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -126,11 +126,16 @@ impl DistFlashDecode {
             return Ok(false);
         };
         let local = op.combine_launch(&op.split_partials(&bufs.work, &shape), &bufs.block, true, &shape)?;
-        for (stage, grid, args) in [split, local] {
-            let kernel = ctx.compile(&op.key(stage), &|| op.build(stage))?;
-            ctx.launch(stream, &kernel, grid, &args)?;
-        }
+        self.launch(ctx, stream, split)?;
+        self.launch(ctx, stream, local)?;
         Ok(true)
+    }
+
+    /// Compiles (on first use) and enqueues one of flash decoding's launches.
+    fn launch(&self, ctx: &dyn RankCtx, stream: StreamId, (stage, grid, args): DecodeLaunch) -> Result<(), BackendError> {
+        let op = &self.local;
+        let kernel = ctx.compile(&op.key(stage), &|| op.build(stage))?;
+        ctx.launch(stream, &kernel, grid, &args)
     }
 
     /// The second step: the low-latency AllGather of the ranks' partials into `bufs.gathered`.
@@ -158,9 +163,7 @@ impl DistFlashDecode {
             lse_bh: shape.rows(),
             lse_s: block,
         };
-        let (stage, grid, args) = op.combine_launch(&ranks, out, false, &shape)?;
-        let kernel = ctx.compile(&op.key(stage), &|| op.build(stage))?;
-        ctx.launch(stream, &kernel, grid, &args)
+        self.launch(ctx, stream, op.combine_launch(&ranks, out, false, &shape)?)
     }
 
     /// As [`DistFlashDecode::enqueue`] on stream 0; returns when this rank's output is complete

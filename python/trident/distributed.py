@@ -366,25 +366,11 @@ def flash_decode(q, k_shard, v_shard, lens, block_table=None):
     w, etype = _check("flash_decode", q, 4)
     for t in (k_shard, v_shard, lens) + ((block_table,) if block_table is not None else ()):
         _check("flash_decode", t)
-    if k_shard.dtype != q.dtype or v_shard.shape != k_shard.shape or k_shard.dim() != 4:
-        raise ArgumentError(
-            f"flash_decode: q {q.dtype}, shards {tuple(k_shard.shape)} {k_shard.dtype} / {tuple(v_shard.shape)}: "
-            "the same type, [B, S, Hkv, D] or [pages, P, Hkv, D], the same"
-        )
-    batch, q_len, heads_q, d = q.shape
-    if k_shard.shape[3] != d or lens.dtype != torch.int32 or lens.shape != (batch,):
-        raise ArgumentError(f"flash_decode: head dims {d}/{k_shard.shape[3]}, lens {lens.dtype} {tuple(lens.shape)}: equal, int32 [B]")
-    page = None
-    if block_table is None:
-        if k_shard.shape[0] != batch:
-            raise ArgumentError(f"flash_decode: a contiguous shard of {k_shard.shape[0]} sequences for a batch of {batch}")
-        shard_len = k_shard.shape[1]
-    else:
-        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ArgumentError(f"flash_decode: block_table {block_table.dtype} {tuple(block_table.shape)}: int32 [B, S / P]")
-        page = k_shard.shape[1]
-        shard_len = block_table.shape[1] * page
-    extents = (batch, q_len, heads_q, k_shard.shape[2], d, shard_len)
+    if k_shard.dtype != q.dtype or v_shard.dtype != q.dtype:
+        raise ArgumentError(f"flash_decode: q {q.dtype}, shards {k_shard.dtype}/{v_shard.dtype}: the same type")
+    from .ops import decode_extents
+
+    extents, page = decode_extents("flash_decode", q, k_shard, v_shard, lens, block_table)
     out = torch.empty_like(q)
     w.flash_decode(
         q.data_ptr(),

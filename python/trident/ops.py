@@ -192,37 +192,44 @@ def grouped_mm_masked(a, b, counts, b_layout="nk", scale_a=None, scale_b=None, s
 _DECODE = {torch.bfloat16: "bf16", torch.float16: "f16"}
 
 
-def flash_decode(q, k_cache, v_cache, lens, block_table=None):
-    """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    if q.dtype not in _DECODE or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ArgumentError(f"flash_decode: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: all bfloat16 or float16")
+def decode_extents(what, q, k_cache, v_cache, lens, block_table):
+    """Decoding attention's extents ``(B, Nq, Hq, Hkv, D, S)`` and page size (``None`` for a
+    contiguous cache) from its tensors' shapes (``trident.distributed.flash_decode``'s too, `S`
+    a shard's keys); ``ArgumentError`` naming `what` where they do not fit together."""
     if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ArgumentError(
-            f"flash_decode: q {tuple(q.shape)}, caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)}: "
+            f"{what}: q {tuple(q.shape)}, caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)}: "
             "q [B, Nq, Hq, D], caches [B, S, Hkv, D] or [pages, P, Hkv, D], the same"
         )
     batch, q_len, heads_q, d = q.shape
     heads_kv = k_cache.shape[2]
     if k_cache.shape[3] != d or lens.dtype != torch.int32 or lens.shape != (batch,):
-        raise ArgumentError(f"flash_decode: head dims {d}/{k_cache.shape[3]}, lens {lens.dtype} {tuple(lens.shape)}: equal, int32 [B]")
+        raise ArgumentError(f"{what}: head dims {d}/{k_cache.shape[3]}, lens {lens.dtype} {tuple(lens.shape)}: equal, int32 [B]")
     page = None
     if block_table is None:
         if k_cache.shape[0] != batch:
-            raise ArgumentError(f"flash_decode: a contiguous cache of {k_cache.shape[0]} sequences for a batch of {batch}")
+            raise ArgumentError(f"{what}: a contiguous cache of {k_cache.shape[0]} sequences for a batch of {batch}")
         cache_len = k_cache.shape[1]
     else:
         if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
-            raise ArgumentError(f"flash_decode: block_table {block_table.dtype} {tuple(block_table.shape)}: int32 [B, S / P]")
+            raise ArgumentError(f"{what}: block_table {block_table.dtype} {tuple(block_table.shape)}: int32 [B, S / P]")
         page = k_cache.shape[1]
         if page < 16 or page & (page - 1):
-            raise ArgumentError(f"flash_decode: pages of {page} keys: a power of two, at least 16")
+            raise ArgumentError(f"{what}: pages of {page} keys: a power of two, at least 16")
         cache_len = block_table.shape[1] * page
+    return (batch, q_len, heads_q, heads_kv, d, cache_len), page
+
+
+def flash_decode(q, k_cache, v_cache, lens, block_table=None):
+    """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
+    if q.dtype not in _DECODE or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ArgumentError(f"flash_decode: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: all bfloat16 or float16")
+    extents, page = decode_extents("flash_decode", q, k_cache, v_cache, lens, block_table)
     tensors = (q, k_cache, v_cache, lens) + ((block_table,) if block_table is not None else ())
     if any(not t.is_cuda or t.get_device() != q.get_device() for t in tensors):
         raise ArgumentError("flash_decode: every tensor on the same CUDA device")
     if any(not t.is_contiguous() for t in tensors):
         raise ArgumentError("flash_decode: every tensor contiguous")
-    extents = (batch, q_len, heads_q, heads_kv, d, cache_len)
     name = _DECODE[q.dtype]
     # Scratch from torch's allocator: it follows the stream (and a CUDA graph's memory pool).
     work = torch.empty(_trident.flash_decode_work_bytes(name, extents, page), dtype=torch.uint8, device=q.device)

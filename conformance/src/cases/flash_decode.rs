@@ -13,18 +13,28 @@ use trident_kernels::DeviceCtx;
 
 struct FlashDecodeCase;
 
-/// A case's shape: `[B, Nq, Hq, Hkv, D, S, page, first length]`.
-fn decode_shape(s: &[usize]) -> DecodeShape {
+/// A case's shape: `[B, Nq, Hq, Hkv, D, S, page, first length]` (`flash_decode_dist`'s too,
+/// `S` a shard's keys per sequence).
+pub(crate) fn decode_shape(s: &[usize]) -> DecodeShape {
     DecodeShape { batch: s[0], q_len: s[1], heads_q: s[2], heads_kv: s[3], head_dim: s[4], cache_len: s[5] }
 }
 
-fn paged(case: &Case) -> bool {
+pub(crate) fn paged(case: &Case) -> bool {
     case.variant == "paged"
 }
 
 /// Pages in a paged case's pool: every sequence's, and as many again unused.
-fn pool_pages(s: &[usize]) -> usize {
+pub(crate) fn pool_pages(s: &[usize]) -> usize {
     2 * s[0] * (s[5] / s[6])
+}
+
+/// A block table of shape `s`: each sequence's `S / P` pages drawn from a shuffled pool of
+/// [`pool_pages`].
+pub(crate) fn block_table(s: &[usize], rng: &mut rand::rngs::StdRng) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..pool_pages(s)).collect();
+    order.shuffle(rng);
+    order.truncate(s[0] * (s[5] / s[6]));
+    order
 }
 
 impl Operation for FlashDecodeCase {
@@ -68,11 +78,8 @@ impl Operation for FlashDecodeCase {
         let expected;
         if paged(case) {
             // Each sequence's pages drawn from a shuffled pool twice its size.
-            let pages = pool_pages(s);
-            let mut order: Vec<usize> = (0..pages).collect();
-            order.shuffle(rng);
-            let per_seq = cap / page;
-            let table: Vec<usize> = order[..b * per_seq].to_vec();
+            let (pages, per_seq) = (pool_pages(s), cap / page);
+            let table = block_table(s, rng);
             let (k, v) = (random(pages * page * hkv * d, case.dtype, rng), random(pages * page * hkv * d, case.dtype, rng));
             let kv = |seq: usize, j: usize| ((table[seq * per_seq + j / page] * page + j % page) * hkv) * d;
             expected = reference::decode_attention(&q, (&k, &v), &kv, &lens, (nq, hq, hkv, d));

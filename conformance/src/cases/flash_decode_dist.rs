@@ -5,9 +5,9 @@ use crate::dist_bench::{read_entry, upload_with, value, DistCase, Timer};
 use crate::distributed::{download, upload};
 use crate::host::{poison, random};
 use crate::reference;
+use super::flash_decode::{block_table, decode_shape, paged, pool_pages};
 use crate::registry::{faster, Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -16,22 +16,6 @@ use trident_kernels::flash_decode::DecodeShape;
 use trident_kernels::flash_decode_dist::{DistDecodeBuffers, DistFlashDecode};
 
 struct FlashDecodeDistCase;
-
-/// A case's shape: `[B, Nq, Hq, Hkv, D, S, page, first length]`, `S` a shard's keys per
-/// sequence (the sequence holds `W S` at most), the first sequence's length given, the others'
-/// drawn.
-fn shard_shape(s: &[usize]) -> DecodeShape {
-    DecodeShape { batch: s[0], q_len: s[1], heads_q: s[2], heads_kv: s[3], head_dim: s[4], cache_len: s[5] }
-}
-
-fn paged(case: &Case) -> bool {
-    case.variant == "paged"
-}
-
-/// Pages in a rank's pool: its shard's, and as many again unused.
-fn pool_pages(s: &[usize]) -> usize {
-    2 * s[0] * (s[5] / s[6])
-}
 
 impl Operation for FlashDecodeDistCase {
     fn name(&self) -> &'static str {
@@ -72,13 +56,7 @@ impl Operation for FlashDecodeDistCase {
         // Each rank's keys in its own region of one array: a pool of pages with its block table
         // (drawn from the shuffled pool), or its contiguous `[B, S]` keys.
         let region = if paged(case) { pool_pages(s) * page } else { b * shard } * hkv * d;
-        let tables: Vec<Vec<usize>> = (0..w)
-            .map(|_| {
-                let mut order: Vec<usize> = (0..pool_pages(s)).collect();
-                order.shuffle(rng);
-                order[..b * per_seq].to_vec()
-            })
-            .collect();
+        let tables: Vec<Vec<usize>> = (0..w).map(|_| block_table(s, rng)).collect();
         let (k, v) = (random(w * region, case.dtype, rng), random(w * region, case.dtype, rng));
         let kv = |seq: usize, j: usize| {
             let (r, jl) = (j / shard, j % shard);
@@ -108,7 +86,7 @@ impl Operation for FlashDecodeDistCase {
         out_len: usize,
     ) -> Result<Box<dyn RankOp>, BackendError> {
         let s = &case.shape;
-        let shape = shard_shape(s);
+        let shape = decode_shape(s);
         let op = DistFlashDecode::for_shape(case.dtype, &shape);
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
         let bufs = op.buffers(ctx, &shape)?;

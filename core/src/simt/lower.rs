@@ -137,6 +137,8 @@ struct Lowering<'f> {
     const_ints: HashMap<Reg, i64>,
     /// Values that some op or block uses (a result nobody reads needs no delivery).
     used: std::collections::HashSet<Value>,
+    /// The ops that read each value.
+    users: HashMap<Value, Vec<Op>>,
     /// Transposes read only K-major by `dot`s (`dot.rs`, `kmajor_operand`): the tile
     /// transposed, by the transpose's result, or `None`.
     kmajor: HashMap<Value, Option<Value>>,
@@ -224,6 +226,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         const_ints: HashMap::default(),
         hoist: None,
         used: used_values(func),
+        users: users_of(func),
         kmajor: HashMap::default(),
         deferred: HashMap::default(),
         bulk_pending: false,
@@ -440,18 +443,12 @@ impl Lowering<'_> {
         if block.yields.contains(&v) {
             return false;
         }
-        let users: Vec<(Op, &OpKind)> = self
-            .func
-            .ops
-            .iter()
-            .filter(|(_, d)| d.kind.operands().iter().any(|(_, u)| *u == v))
-            .map(|(o, d)| (o, &d.kind))
-            .collect();
+        let users = self.users.get(&v).map_or(&[][..], |u| u.as_slice());
         !users.is_empty()
-            && users.iter().all(|(o, k)| {
+            && users.iter().all(|o| {
                 block.ops.contains(o)
                     && matches!(
-                        k,
+                        self.func.ops[*o].kind,
                         OpKind::Unary { .. }
                             | OpKind::Binary { .. }
                             | OpKind::Cmp { .. }
@@ -861,6 +858,17 @@ impl Lowering<'_> {
             self.vals.insert(r, regs);
         }
     }
+}
+
+/// The ops that read each value (an op once per operand it reads it as).
+fn users_of(func: &Function) -> HashMap<Value, Vec<Op>> {
+    let mut users: HashMap<Value, Vec<Op>> = HashMap::default();
+    for (o, d) in func.ops.iter() {
+        for (_, v) in d.kind.operands() {
+            users.entry(v).or_default().push(o);
+        }
+    }
+    users
 }
 
 /// Every value some op reads or some block yields.

@@ -580,13 +580,7 @@ impl Lowering<'_> {
         if self.rematerializable(v) || self.func.blocks.iter().any(|(_, b)| b.yields.contains(&v)) {
             return None;
         }
-        let users: Vec<Op> = self
-            .func
-            .ops
-            .iter()
-            .filter(|(_, d)| d.kind.operands().iter().any(|(_, u)| *u == v))
-            .map(|(o, _)| o)
-            .collect();
+        let users = self.users.get(&v).cloned().unwrap_or_default();
         let all_b = !users.is_empty()
             && users.into_iter().all(|u| match &self.func.ops[u].kind {
                 OpKind::Dot { a, b, acc, .. } if *b == v && *a != v && *acc != v => {
