@@ -11,6 +11,7 @@
 #    allgather, each beside its steps run one after the other.
 # c: the flash decoding sweep against SDPA and Triton, the world-1 distributed bench again,
 #    GEMM-AR at world 8, the torch ops' test again.
+# e: the flash decoding sweep alone (CONFIG: `--config`'s filter), every configuration's line.
 # Writes $OUT/summary.txt, logs/ and the benchmark reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,12 @@ elif [ "$PART" = c ]; then
   KEEP='gemm_ar|rror|failed' KEEP_LINES=40 step bench-world8-gemm_ar 120 $B/trident bench --world 8 --only gemm_ar \
     --json "$O/bench-gemm_ar-world8.json"
   KEEP='PASS|FAIL|rror|passed|failed' KEEP_LINES=60 DROP='PASS (all_|reduce|CUDA|symm|ep_|tp_|ag_|gemm_rs|torch.ops.trident.(ag|gemm_rs))' torch_tests 120 python/tests/test_distributed_gpu.py
+elif [ "$PART" = e ]; then
+  # The split stage's memory pipeline: the whole flash decoding sweep (keys per step x warps x
+  # the next block prefetched x the wave the splits fill) against SDPA and Triton.
+  KEEP='flash_decode|rror|failed' KEEP_LINES=200 step bench-flash-decode 480 $B/trident bench \
+    --only flash_decode ${CONFIG:+--config $CONFIG} --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
+    --json "$O/bench-flash-decode.json"
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1

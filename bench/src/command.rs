@@ -1205,12 +1205,34 @@ fn flash_decode(
     };
     let mut sweep = Sweep::new(case, reps, only_configs);
     let default = FlashDecode::for_shape(d, &shape);
-    for (block_n, warps) in [(64, 4), (128, 4), (64, 8), (128, 8), (256, 8)] {
-        let op = FlashDecode { block_n, warps, ..default };
+    // Keys per step, warps, the next block prefetched, and the wave the splits fill (`Np`: N
+    // programs; none: the default target).
+    let variants = [
+        (64, 4, false, 0),
+        (128, 4, false, 0),
+        (64, 8, false, 0),
+        (128, 8, false, 0),
+        (256, 8, false, 0),
+        (64, 8, false, 396),
+        (64, 4, true, 0),
+        (64, 8, true, 0),
+        (128, 8, true, 0),
+        (64, 8, true, 264),
+        (64, 8, true, 396),
+        (64, 4, true, 396),
+        (64, 4, true, 528),
+    ];
+    for (block_n, warps, prefetch, wave) in variants {
+        let op = FlashDecode { block_n, warps, prefetch, wave, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
         let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
-        let r = sweep.try_config(cuda, format!("{block_n}n/{warps}w"), run, check);
+        let name = format!(
+            "{block_n}n/{warps}w{}{}",
+            if prefetch { "/pf" } else { "" },
+            if wave > 0 { format!("/{wave}p") } else { String::new() }
+        );
+        let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;
     }

@@ -109,6 +109,13 @@ pub struct FlashDecode {
     pub max_splits: u32,
     /// `exp` through the hardware's approximation.
     pub fast_math: bool,
+    /// Each step loads the next block's keys and values before it computes on the ones the
+    /// last step loaded (software pipelining by one block, through registers).
+    pub prefetch: bool,
+    /// Split-stage programs resident on the device at once (programs per multiprocessor times
+    /// multiprocessors; [`FlashDecode::for_device`]): the splits fill whole waves of them. 0:
+    /// unknown, the splits aim at [`TARGET_PROGRAMS`]. Not part of the kernels' code.
+    pub wave: u32,
 }
 
 /// Programs the split stage aims for: enough for every multiprocessor of an H100 or H200 a few
@@ -134,6 +141,8 @@ impl FlashDecode {
             page: None,
             max_splits: 64,
             fast_math: false,
+            prefetch: false,
+            wave: 0,
         }
     }
 
@@ -147,9 +156,24 @@ impl FlashDecode {
         let bn = self.block_n as usize;
         let blocks = shape.cache_len.div_ceil(bn).max(1);
         let heads = (shape.batch * shape.heads_kv).max(1);
-        let want = TARGET_PROGRAMS.div_ceil(heads).clamp(1, self.max_splits as usize).min(blocks);
-        let chunk = blocks.div_ceil(want) * bn;
-        (shape.cache_len.div_ceil(chunk).max(1), chunk)
+        let at = |want: usize| {
+            let chunk = blocks.div_ceil(want) * bn;
+            (shape.cache_len.div_ceil(chunk).max(1), chunk)
+        };
+        let most = (self.max_splits as usize).min(blocks).max(1);
+        if self.wave == 0 {
+            return at(TARGET_PROGRAMS.div_ceil(heads).clamp(1, most));
+        }
+        // The split count whose programs fill their last wave best (the fewest splits of the
+        // best): a program's time is about the same in every wave, so a last wave a third full
+        // costs as much as a full one.
+        let wave = self.wave as usize;
+        let fill = |splits: usize| {
+            let programs = heads * splits;
+            programs as f64 / (programs.div_ceil(wave) * wave) as f64
+        };
+        let best = (1..=most).map(|w| at(w)).fold(at(1), |b, c| if fill(c.0) > fill(b.0) + 1e-9 { c } else { b });
+        best
     }
 
     fn name(&self, stage: &str) -> String {
@@ -191,36 +215,67 @@ impl FlashDecode {
         let m0 = b.full(&[bm], f64::NEG_INFINITY, DType::F32);
         let (l0, acc0) = (b.zeros(&[bm], DType::F32), b.zeros(&[bm, hd], DType::F32));
         let jn = b.arange(0, bn as i64);
-        let out = b.for_range(start, end, bn as i32, &[m0, l0, acc0], |j0, c| {
-            let (m, l, acc) = (c[0], c[1], c[2]);
-            let keys = jn + j0;
-            let key_ok = keys.lt(end);
-            // The keys' rows: `(b S + j) Hkv + h` in a contiguous cache; in a paged one, the
-            // block's page (a block never crosses a page) and the keys' slots in it.
-            let key_rows = match (table, self.page) {
-                (Some(table), Some(p)) => {
-                    let pages_per_seq = cache_len / p as i32;
-                    let page = b.load(table + (batch * pages_per_seq + j0 / p as i32), None, None);
-                    (page * p as i32 + keys % p as i32) * heads_kv + h
-                }
-                _ => (batch * cache_len + keys) * heads_kv + h,
+        // The keys of the block from `j0` on, which of them the split has, and where their rows
+        // start: `(b S + j) Hkv + h` in a contiguous cache; in a paged one, the block's page (a
+        // block never crosses a page; the table is read only for a block with keys) and the
+        // keys' slots in it. K's and V's rows as stored: the head dimension contiguous.
+        macro_rules! block {
+            ($j0:expr) => {{
+                let j0 = $j0;
+                let keys = jn + j0;
+                let key_rows = match (table, self.page) {
+                    (Some(table), Some(p)) => {
+                        let pages_per_seq = cache_len / p as i32;
+                        let page = b.load_or(table + (batch * pages_per_seq + j0 / p as i32), j0.lt(end), 0);
+                        (page * p as i32 + keys % p as i32) * heads_kv + h
+                    }
+                    _ => (batch * cache_len + keys) * heads_kv + h,
+                };
+                (keys, keys.lt(end), (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0))
+            }};
+        }
+        // One step of the online softmax over the block `keys` (`ok`: those the split has) with
+        // its keys `kb` and values `vb` (an expression, evaluated after the scores).
+        macro_rules! step {
+            ($m:expr, $l:expr, $acc:expr, ($keys:expr, $ok:expr), $kb:expr, $vb:expr) => {{
+                let (m, l, acc, keys, key_ok) = ($m, $l, $acc, $keys, $ok);
+                let scores = b.dot(qt, $kb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
+                let seen = (keys + key_offset).expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
+                let scores = seen.select(scores, f64::NEG_INFINITY);
+                let m_new = m.max(scores.max_along(1));
+                // A row that has seen no key yet keeps -inf: its terms are exp(-inf) = 0.
+                let m_use = m_new.eq(f64::NEG_INFINITY).select(0.0f32, m_new);
+                let alpha = (m - m_use).exp();
+                let p = (scores - m_use.expand_dims(1)).exp();
+                let l = l * alpha + p.sum(1);
+                let acc = b.dot(p.cast(d), $vb, acc * alpha.expand_dims(1), InputPrecision::Ieee);
+                vec![m_new, l, acc]
+            }};
+        }
+        macro_rules! load {
+            ($at:expr, $ok:expr) => {
+                b.load_or($at, $ok.expand_dims(1), 0.0)
             };
-            // K's rows as stored (the head dimension contiguous: vector loads), transposed for
-            // the product.
-            let kt = b.load_or(k + (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), key_ok.expand_dims(1), 0.0).t();
-            let scores = b.dot(qt, kt, b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
-            let seen = (keys + key_offset).expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
-            let scores = seen.select(scores, f64::NEG_INFINITY);
-            let m_new = m.max(scores.max_along(1));
-            // A row that has seen no key yet keeps -inf: its terms are exp(-inf) = 0.
-            let m_use = m_new.eq(f64::NEG_INFINITY).select(0.0f32, m_new);
-            let alpha = (m - m_use).exp();
-            let p = (scores - m_use.expand_dims(1)).exp();
-            let l = l * alpha + p.sum(1);
-            let vt = b.load_or(v + (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0), key_ok.expand_dims(1), 0.0);
-            let acc = b.dot(p.cast(d), vt, acc * alpha.expand_dims(1), InputPrecision::Ieee);
-            vec![m_new, l, acc]
-        });
+        }
+        let out = if self.prefetch {
+            // The next block's K and V loaded at the top of each step, carried into the next:
+            // one block's loads are in flight while the step computes on the last one's.
+            let (_, ok, at) = block!(start);
+            let (k0, v0) = (load!(k + at, ok), load!(v + at, ok));
+            b.for_range(start, end, bn as i32, &[m0, l0, acc0, k0, v0], |j0, c| {
+                let (_, ok, at) = block!(j0 + bn as i32);
+                let next = [load!(k + at, ok), load!(v + at, ok)];
+                let (keys, key_ok, _) = block!(j0);
+                let mut carried = step!(c[0], c[1], c[2], (keys, key_ok), c[3], c[4]);
+                carried.extend(next);
+                carried
+            })
+        } else {
+            b.for_range(start, end, bn as i32, &[m0, l0, acc0], |j0, c| {
+                let (keys, ok, at) = block!(j0);
+                step!(c[0], c[1], c[2], (keys, ok), load!(k + at, ok), load!(v + at, ok))
+            })
+        };
         let (m, l, acc) = (out[0], out[1], out[2]);
         let some = l.gt(0.0f32);
         let o = some.expand_dims(1).select(acc / l.max(f32::MIN_POSITIVE).expand_dims(1), 0.0f32);
@@ -294,7 +349,7 @@ impl FlashDecode {
 
     /// The cache key of a stage's specialization.
     pub fn key(&self, stage: DecodeStage) -> String {
-        format!("{self:?} {stage:?}")
+        format!("{:?} {stage:?}", FlashDecode { wave: 0, ..*self })
     }
 
     /// A stage's kernel.
