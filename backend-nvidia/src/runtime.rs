@@ -675,6 +675,10 @@ impl Device for CudaDevice {
         self.enqueue(kernel, grid, args, opts)?;
         self.finish(&kernel.kernel, opts)
     }
+
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        Driver::resident_programs(self, kernel)
+    }
 }
 
 fn stream_err(what: &str, e: result::DriverError) -> BackendError {
@@ -735,6 +739,21 @@ impl Driver for CudaDevice {
 
     fn device_name(&self) -> String {
         self.name.clone()
+    }
+
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
+        self.current()?;
+        let f = self.function(kernel, module)?;
+        // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
+        let per = unsafe {
+            result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, module.shared_bytes as usize)
+        }
+        .map_err(|e| BackendError::Launch {
+            kernel: kernel.kernel.clone(),
+            message: format!("cuOccupancyMaxActiveBlocksPerMultiprocessor: {e:?}"),
+        })?;
+        Ok(Some(per.max(0) as u64 * self.sms as u64))
     }
 
     fn health(&self) -> &DeviceHealth {

@@ -374,6 +374,9 @@ impl Device for Enqueuing {
     fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
         self.drv.read(buffer, offset, out)
     }
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        trident_gpu_runtime::Driver::resident_programs(self.drv.as_ref(), kernel)
+    }
     fn launch(&self, k: &Artifact, grid: [u32; 3], args: &[KernelArg], o: &LaunchOptions) -> Result<(), BackendError> {
         check_launch(k, grid, args, u32::MAX as u64)?;
         let hidden = self.hidden.args(self.drv.as_ref(), o.wait_bound)?;
@@ -1206,21 +1209,20 @@ fn flash_decode(
     let mut sweep = Sweep::new(case, reps, only_configs);
     let default = FlashDecode::for_shape(d, &shape);
     // Keys per step, warps, the next block prefetched, and the wave the splits fill (`Np`: N
-    // programs; none: the default target).
+    // programs; none: the programs resident on the device at once).
     let variants = [
         (64, 4, false, 0),
         (128, 4, false, 0),
         (64, 8, false, 0),
         (128, 8, false, 0),
         (256, 8, false, 0),
-        (64, 8, false, 396),
+        (64, 8, false, 132),
         (64, 4, true, 0),
         (64, 8, true, 0),
         (128, 8, true, 0),
-        (64, 8, true, 264),
-        (64, 8, true, 396),
-        (64, 4, true, 396),
-        (64, 4, true, 528),
+        (128, 4, true, 0),
+        (64, 8, true, 132),
+        (64, 4, true, 264),
     ];
     for (block_n, warps, prefetch, wave) in variants {
         let op = FlashDecode { block_n, warps, prefetch, wave, ..default };

@@ -391,6 +391,14 @@ pub trait Device: Send + Sync {
         self.write(buffer, 0, &fill_bytes(buffer, pattern)?)
     }
 
+    /// Programs of `kernel` resident on the device at once (per multiprocessor at the kernel's
+    /// registers and shared memory, times the multiprocessors), where the backend can tell:
+    /// what host code sizes a grid by so that it fills whole waves (flash decoding's splits).
+    /// `None` by default.
+    fn resident_programs(&self, _kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
+
     /// Runs `kernel` over `grid` programs and waits for it to finish.
     fn launch(
         &self,

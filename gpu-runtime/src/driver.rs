@@ -55,6 +55,13 @@ pub trait Driver: Device + Send + Sync + 'static {
     ) -> Result<(), BackendError>;
     /// The device's name for reports ("NVIDIA H200", "AMD gfx942").
     fn device_name(&self) -> String;
+
+    /// Programs of `kernel` resident on the device at once (per multiprocessor at the kernel's
+    /// registers and shared memory, times the multiprocessors), where the driver can tell:
+    /// what host code sizes a grid by so that it fills whole waves. `None` by default.
+    fn resident_programs(&self, _kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        Ok(None)
+    }
     /// Whether this device can still be used, or which stuck work made it unusable.
     fn health(&self) -> &DeviceHealth;
     /// The hardware work queues the device's streams share (`crate::queues`); by default every

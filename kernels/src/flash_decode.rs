@@ -146,6 +146,18 @@ impl FlashDecode {
         }
     }
 
+    /// This specialization with its splits filling whole waves of the split stage's programs on
+    /// `l`'s device, where the backend can tell how many are resident at once (compiling the
+    /// split stage to ask); itself where it cannot, or where [`FlashDecode::wave`] is set.
+    pub fn for_device(self, l: &DeviceCtx) -> Result<FlashDecode, BackendError> {
+        if self.wave != 0 {
+            return Ok(self);
+        }
+        let kernel = l.compile(self.key(DecodeStage::Split), || self.build_split())?;
+        let wave = l.resident_programs(&kernel)?.unwrap_or(0).min(u32::MAX as u64) as u32;
+        Ok(FlashDecode { wave, ..self })
+    }
+
     /// This specialization over a paged cache of `page` keys a page.
     pub fn paged(self, page: u32) -> FlashDecode {
         FlashDecode { page: Some(page), block_n: self.block_n.min(page), ..self }
@@ -340,8 +352,9 @@ impl FlashDecode {
         out: &Buffer,
         shape: &DecodeShape,
     ) -> Result<(), BackendError> {
-        for (stage, grid, args) in self.plan((q, k, v), lens, table, work, out, shape)? {
-            let kernel = l.compile(self.key(stage), || self.build(stage))?;
+        let op = self.for_device(l)?;
+        for (stage, grid, args) in op.plan((q, k, v), lens, table, work, out, shape)? {
+            let kernel = l.compile(op.key(stage), || op.build(stage))?;
             l.launch(&kernel, grid, &args)?;
         }
         Ok(())
@@ -483,9 +496,12 @@ impl FlashDecode {
         self.part_rows(shape) * self.head_dim as usize * 4
     }
 
-    /// Scratch bytes of [`FlashDecode::run`]: the splits' partial outputs and log-sum-exps.
+    /// Scratch bytes of [`FlashDecode::run`]: the splits' partial outputs and log-sum-exps, for
+    /// as many splits as the cache's blocks or the combine allow, whatever the device's wave.
     pub fn work_bytes(&self, shape: &DecodeShape) -> usize {
-        self.part_bytes(shape) + self.part_rows(shape) * 4
+        let blocks = shape.cache_len.div_ceil(self.block_n as usize).max(1);
+        let splits = blocks.min(self.max_splits as usize).max(self.splits(shape).0);
+        shape.batch * shape.heads_kv * splits * self.block_m as usize * (self.head_dim as usize + 1) * 4
     }
 
     /// A typed error unless this specialization serves `shape`.

@@ -74,6 +74,12 @@ impl<'a> DeviceCtx<'a> {
         trident_core::target::lookup(name).ok()
     }
 
+    /// Programs of `kernel` resident on the device at once, where the backend can tell
+    /// ([`trident_core::backend::Device::resident_programs`]).
+    pub fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        self.device.resident_programs(kernel)
+    }
+
     pub fn launch(&self, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
         self.device.launch(kernel, grid, args, &self.opts)
     }

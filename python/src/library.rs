@@ -6,10 +6,10 @@
 use crate::errors;
 use pyo3::prelude::*;
 use std::sync::OnceLock;
-use trident_core::backend::{Artifact, BackendError, Buffer};
+use trident_core::backend::{Artifact, BackendError, Buffer, Device};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
-use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
+use trident_kernels::flash_decode::{DecodeShape, DecodeStage, FlashDecode};
 use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
@@ -219,9 +219,13 @@ pub fn flash_decode(
     let (qb, kb, vb) = (buf("q", q, tokens), buf("k_cache", k, kv), buf("v_cache", v, kv));
     let (lens, work, out) =
         (buf("lens", lens, shape.batch * 4), buf("work", work, op.work_bytes(&shape)), buf("out", out, tokens));
-    let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
+    // The splits fill whole waves of the split stage's resident programs on this GPU.
+    let split = py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
+    let wave = Device::resident_programs(dev.as_ref(), &split).map_err(errors::backend)?;
+    let op = FlashDecode { wave: wave.unwrap_or(0).min(u32::MAX as u64) as u32, ..op };
+    let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
     for (stage, grid, args) in plan {
         let art = py.detach(|| compiled(&op.key(stage), &target, || op.build(stage))).map_err(errors::backend)?;
         dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;
