@@ -68,6 +68,23 @@ elif [ "$PART" = e ]; then
   KEEP='flash_decode|rror|failed' KEEP_LINES=200 step bench-flash-decode 480 $B/trident bench \
     --only flash_decode ${CONFIG:+--config $CONFIG} --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
     --json "$O/bench-flash-decode.json"
+elif [ "$PART" = f ]; then
+  # Where the split stage's time goes: Nsight Compute's scheduler, warp-state and instruction
+  # sections on one launch of it (1 x 32/8 heads x 128K keys), and the SASS of its loop
+  # (bundle/fd-*.cubin, made by ptxas where the bundle was made).
+  NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for c in ${CONFIGS:-64n/8w/pf}; do
+    tag=$(echo $c | tr / _)
+    KEEP='Duration|Throughput|Issue Slots|Issued Warp|No Eligible|Eligible Warps|Active Warps|Warp Cycles|Executed Ipc|Occupancy|Registers|Block Limit|Executed Instructions|Shared Memory' \
+      KEEP_LINES=60 step "ncu-$tag" 200 "$NCU" --kernel-name regex:flash_decode_split --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
+      --section InstructionStats --section MemoryWorkloadAnalysis --section LaunchStats \
+      $B/trident bench --only "flash_decode bf16 1 1 32 8 128 131072" --config "$c" --reps 1
+  done
+  for f in bundle/fd-*.cubin; do
+    /usr/local/cuda/bin/cuobjdump -sass "$f" > "$O/logs/$(basename $f .cubin).sass" 2>&1
+    echo "$f: $(grep -c '^        /\*[0-9a-f]*\*/' "$O/logs/$(basename $f .cubin).sass") SASS instructions" >> "$S"
+  done
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1

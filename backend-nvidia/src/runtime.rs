@@ -747,7 +747,11 @@ impl Driver for CudaDevice {
         let f = self.function(kernel, module)?;
         // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
         let per = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, module.shared_bytes as usize)
+            result::occupancy::max_active_block_per_multiprocessor(
+                f,
+                module.threads as i32,
+                module.shared_bytes as usize,
+            )
         }
         .map_err(|e| BackendError::Launch {
             kernel: kernel.kernel.clone(),

@@ -1212,17 +1212,13 @@ fn flash_decode(
     // programs; none: the programs resident on the device at once).
     let variants = [
         (64, 4, false, 0),
-        (128, 4, false, 0),
         (64, 8, false, 0),
         (128, 8, false, 0),
-        (256, 8, false, 0),
-        (64, 8, false, 132),
+        (64, 8, false, 792),
         (64, 4, true, 0),
         (64, 8, true, 0),
         (128, 8, true, 0),
-        (128, 4, true, 0),
-        (64, 8, true, 132),
-        (64, 4, true, 264),
+        (64, 8, true, 528),
     ];
     for (block_n, warps, prefetch, wave) in variants {
         let op = FlashDecode { block_n, warps, prefetch, wave, ..default };

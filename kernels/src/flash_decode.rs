@@ -587,4 +587,29 @@ mod tests {
         let long = DecodeShape { cache_len: 131072, heads_kv: 8, heads_q: 64, batch: 1, ..shape() };
         assert_eq!(op.splits(&long).0 * 8, 512);
     }
+
+    /// With the device's wave known, the splits fill whole waves: one wave of 264 programs
+    /// over 8 heads is 33 splits; 512 heads take the split count whose waves are fullest; the
+    /// scratch bound holds whatever the wave.
+    #[test]
+    fn splits_fill_whole_waves() {
+        let op = FlashDecode { wave: 264, ..FlashDecode::for_shape(DType::BF16, &shape()) };
+        let long = DecodeShape { cache_len: 131072, heads_kv: 8, heads_q: 32, batch: 1, ..shape() };
+        assert_eq!(op.splits(&long).0, 33);
+        let many = DecodeShape { batch: 64, cache_len: 1024, ..long };
+        let (splits, _) = op.splits(&many);
+        let programs = 512 * splits;
+        let waves = programs.div_ceil(264);
+        for s in 1..=16usize {
+            let p = 512 * s;
+            assert!(p as f64 / (p.div_ceil(264) * 264) as f64 <= programs as f64 / (waves * 264) as f64 + 1e-9);
+        }
+        for wave in [0, 1, 132, 264, 396, 100_000] {
+            let o = FlashDecode { wave, ..op };
+            for s in [long, many] {
+                assert!(o.splits(&s).0 <= op.max_splits as usize);
+                assert!(FlashDecode { wave: 0, ..op }.work_bytes(&s) >= o.part_bytes(&s) + o.part_rows(&s) * 4);
+            }
+        }
+    }
 }

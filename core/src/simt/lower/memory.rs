@@ -80,6 +80,23 @@ impl Lowering<'_> {
         }
     }
 
+    /// The one predicate of a masked vector access of `bytes` (an element group of pointer tile
+    /// `ptr`, `masks` its elements' masks) when the facts prove the group aligned and the mask
+    /// `mask` equal over it (e.g. a row mask broadcast along the row): the first element's
+    /// mask, the whole group in or out, no scalar path. `None` otherwise.
+    pub(super) fn uniform_guard(
+        &self,
+        ptr: Value,
+        mask: Option<Value>,
+        bytes: u32,
+        masks: Option<&[Reg]>,
+    ) -> Option<Reg> {
+        let (mask, ms) = (mask?, masks?);
+        let n = ms.len() as u32;
+        (n > 1 && self.contiguity.get(ptr).divisibility >= bytes && self.contiguity.get(mask).constancy >= n)
+            .then_some(ms[0])
+    }
+
     /// The guard of a vector access of `bytes` at `addr` (an element group of pointer tile
     /// `ptr`): its masks, and the alignment test unless the pointer's divisibility facts prove
     /// it; `None` when nothing needs testing (no scalar fallback then).
@@ -157,6 +174,14 @@ impl Lowering<'_> {
                 continue;
             }
             let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
+            if let Some(ok) = self.uniform_guard(ptr, mask, w * shared_size(st), masks.as_deref()) {
+                // Aligned, and wholly in or out of the mask: one access, no scalar path.
+                let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
+                let others = o.as_ref().map(|o| group.iter().map(|&s| pick(o, s)).collect()).unwrap_or_default();
+                self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: Some(ok), others });
+                out.extend(vec_dsts);
+                continue;
+            }
             let Some(ok) = self.vector_guard(ptr, p[g], w * shared_size(st), masks.as_deref()) else {
                 let vec_dsts: Vec<Reg> = group.iter().map(|_| self.reg(st)).collect();
                 self.emit(Inst::VLoad { dsts: vec_dsts.clone(), addr: p[g], pred: None, others: Vec::new() });
@@ -198,6 +223,10 @@ impl Lowering<'_> {
             }
             let masks: Option<Vec<Reg>> = m.as_ref().map(|m| group.iter().map(|&s| pick(m, s)).collect());
             let values: Vec<Reg> = group.iter().map(|&s| pick(&v, s)).collect();
+            if let Some(ok) = self.uniform_guard(ptr, mask, w * shared_size(t), masks.as_deref()) {
+                self.emit(Inst::VStore { addr: p[g], values, pred: Some(ok) });
+                continue;
+            }
             self.vector_group(
                 (ptr, p[g], w * shared_size(t), group.len()),
                 masks.as_deref(),
