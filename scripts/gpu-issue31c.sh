@@ -12,6 +12,8 @@
 # c: the flash decoding sweep against SDPA and Triton, the world-1 distributed bench again,
 #    GEMM-AR at world 8, the torch ops' test again.
 # e: the flash decoding sweep alone (CONFIG: `--config`'s filter), every configuration's line.
+# f: Nsight Compute on flash decoding's split stage, and the SASS of bundle/fd-*.cubin.
+# g: the loopback worlds of 1 and 8, the ops, the flash decoding sweep, the torch op's tests.
 # Writes $OUT/summary.txt, logs/ and the benchmark reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -85,6 +87,18 @@ elif [ "$PART" = f ]; then
     /usr/local/cuda/bin/cuobjdump -sass "$f" > "$O/logs/$(basename $f .cubin).sass" 2>&1
     echo "$f: $(grep -c '^        /\*[0-9a-f]*\*/' "$O/logs/$(basename $f .cubin).sass") SASS instructions" >> "$S"
   done
+elif [ "$PART" = g ]; then
+  # After the lowering's uniform vector guards and the prefetching split stage: every case in
+  # the loopback worlds of 1 and 8 ranks, the differential test of the ops, the flash decoding
+  # sweep against SDPA and Triton, the torch op's tests.
+  for w in 1 8; do
+    step "conformance-world$w" 150 $B/trident test --backend nvidia --world $w --json "$O/logs/conformance-world$w.json"
+  done
+  step ops 200 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
+  KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 200 $B/trident bench \
+    --only flash_decode --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
+    --json "$O/bench-flash-decode.json"
+  KEEP='FAIL|rror|passed|failed' KEEP_LINES=20 torch_tests 120 python/tests/test_torch.py -k flash_decode
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1

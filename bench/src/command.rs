@@ -1162,7 +1162,7 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
 
 /// Flash decoding over a contiguous cache of `S` keys per sequence, checked on 16 sampled
 /// (sequence, token, head) rows against f64 (normwise per row, the worst): a sweep of the
-/// keys per step and the warps per program (`64n/4w` is `FlashDecode::for_shape`'s), the
+/// keys per step, the warps per program, prefetching and the splits' unit of programs, the
 /// fastest reported.
 fn flash_decode(
     cuda: &Enqueuing,
@@ -1208,17 +1208,17 @@ fn flash_decode(
     };
     let mut sweep = Sweep::new(case, reps, only_configs);
     let default = FlashDecode::for_shape(d, &shape);
-    // Keys per step, warps, the next block prefetched, and the wave the splits fill (`Np`: N
-    // programs; none: the programs resident on the device at once).
+    // Keys per step, warps, the next block prefetched, and the unit of programs the splits
+    // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
+    // `64n/8w/pf` is `FlashDecode::for_shape`'s.
     let variants = [
         (64, 4, false, 0),
         (64, 8, false, 0),
         (128, 8, false, 0),
-        (64, 8, false, 792),
         (64, 4, true, 0),
         (64, 8, true, 0),
         (128, 8, true, 0),
-        (64, 8, true, 528),
+        (64, 8, true, 264),
     ];
     for (block_n, warps, prefetch, wave) in variants {
         let op = FlashDecode { block_n, warps, prefetch, wave, ..default };

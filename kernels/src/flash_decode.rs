@@ -112,8 +112,8 @@ pub struct FlashDecode {
     /// Each step loads the next block's keys and values before it computes on the ones the
     /// last step loaded (software pipelining by one block, through registers).
     pub prefetch: bool,
-    /// Split-stage programs resident on the device at once (programs per multiprocessor times
-    /// multiprocessors; [`FlashDecode::for_device`]): the splits fill whole waves of them. 0:
+    /// The split stage's programs come in whole multiples of this many where they can
+    /// ([`FlashDecode::for_device`]: twice the programs resident on the device at once). 0:
     /// unknown, the splits aim at [`TARGET_PROGRAMS`]. Not part of the kernels' code.
     pub wave: u32,
 }
@@ -131,8 +131,9 @@ impl FlashDecode {
             head_dim: shape.head_dim as u32,
             block_m,
             // The fastest of `trident bench --only flash_decode`'s sweep at every shape of it
-            // (keys per step 64/128/256 x 4/8 warps, tiles of 16 rows;
-            // results/h100-session49/issue31c-c, lowering-ab). Larger tiles (more than 16 query
+            // (keys per step 64/128/256 x 4/8 warps, the next block prefetched or not, tiles of
+            // 16 rows; results/h100-session49/issue31c-c, lowering-ab, h100-session50/sweep).
+            // Larger tiles (more than 16 query
             // rows per KV head) take 32 keys a step and 4 warps: at 64 keys their score and
             // output tiles spill registers on gfx90a and gfx942 (the AMD atoms spread a
             // thread's accumulator over more rows, each row's factor held once).
@@ -141,7 +142,10 @@ impl FlashDecode {
             page: None,
             max_splits: 64,
             fast_math: false,
-            prefetch: false,
+            // Prefetching costs a tile of K and one of V in registers (118 rather than 80 on
+            // sm_90a at 16 x 64 and 8 warps: two programs per multiprocessor rather than
+            // three) and is still 3-47% faster; larger tiles would spill.
+            prefetch: block_m == 16,
             wave: 0,
         }
     }
@@ -154,8 +158,17 @@ impl FlashDecode {
             return Ok(self);
         }
         let kernel = l.compile(self.key(DecodeStage::Split), || self.build_split())?;
-        let wave = l.resident_programs(&kernel)?.unwrap_or(0).min(u32::MAX as u64) as u32;
-        Ok(FlashDecode { wave, ..self })
+        Ok(self.with_resident(l.resident_programs(&kernel)?))
+    }
+
+    /// This specialization for a device that holds `resident` split-stage programs at once
+    /// (`None`: unknown). The splits fill whole pairs of waves: on an H100 one wave of 256
+    /// programs of 4096 keys took 0.364 ms where two of 512 of 2048 took 0.216, and over every
+    /// shape of the sweep pairs of waves came within 4% of the best split count measured
+    /// (results/h100-session50/sweep).
+    pub fn with_resident(self, resident: Option<u64>) -> FlashDecode {
+        let wave = resident.map(|r| (2 * r).min(u32::MAX as u64) as u32).unwrap_or(0);
+        FlashDecode { wave, ..self }
     }
 
     /// This specialization over a paged cache of `page` keys a page.
@@ -184,8 +197,7 @@ impl FlashDecode {
             let programs = heads * splits;
             programs as f64 / (programs.div_ceil(wave) * wave) as f64
         };
-        let best = (1..=most).map(|w| at(w)).fold(at(1), |b, c| if fill(c.0) > fill(b.0) + 1e-9 { c } else { b });
-        best
+        (1..=most).map(at).fold(at(1), |b, c| if fill(c.0) > fill(b.0) + 1e-9 { c } else { b })
     }
 
     fn name(&self, stage: &str) -> String {
@@ -604,6 +616,8 @@ mod tests {
             let p = 512 * s;
             assert!(p as f64 / (p.div_ceil(264) * 264) as f64 <= programs as f64 / (waves * 264) as f64 + 1e-9);
         }
+        assert_eq!(op.with_resident(Some(132)).wave, 264);
+        assert_eq!(op.with_resident(None).wave, 0);
         for wave in [0, 1, 132, 264, 396, 100_000] {
             let o = FlashDecode { wave, ..op };
             for s in [long, many] {

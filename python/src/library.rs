@@ -224,7 +224,7 @@ pub fn flash_decode(
     // The splits fill whole waves of the split stage's resident programs on this GPU.
     let split = py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
     let wave = Device::resident_programs(dev.as_ref(), &split).map_err(errors::backend)?;
-    let op = FlashDecode { wave: wave.unwrap_or(0).min(u32::MAX as u64) as u32, ..op };
+    let op = op.with_resident(wave);
     let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
     for (stage, grid, args) in plan {
         let art = py.detach(|| compiled(&op.key(stage), &target, || op.build(stage))).map_err(errors::backend)?;
