@@ -19,8 +19,9 @@
 //! same bits). Each slice's partial is rounded to the element type before the f32 sum, as a
 //! rank's always was.
 //!
-//! M must be a multiple of 16 (the GEMM's row tile is the largest power of two dividing it, at
-//! most the GEMM's own): a typed error otherwise. Epochs on the device and call `e` in half
+//! Any M: the row block (the GEMM's row tile, and what a signal counts) is the largest power of
+//! two dividing M rounded up to 16, at most the GEMM's own tile; the last row block's rows past
+//! M are masked in the GEMM and in the reduction. Epochs on the device and call `e` in half
 //! `e mod 2` of `partial` (`crate::epoch`): recorded once, a call replays.
 
 use crate::gemm::Gemm;
@@ -72,8 +73,8 @@ impl GemmAr {
         // One program per tile, no TMA store (the epilogue stores into other ranks' buffers).
         let gemm = Gemm::for_problem(self.gemm.dtype, target, m);
         let gemm = Gemm { tma_store: false, warp_specialize: false, persistent: false, ..gemm };
-        let bm = (1usize << m.trailing_zeros().min(31)).min(gemm.block_m as usize).max(1);
-        let tiles = (m / bm).max(1) * cdiv(n, gemm.block_n as usize);
+        let bm = row_block(m.max(1), gemm.block_m) as usize;
+        let tiles = cdiv(m, bm).max(1) * cdiv(n, gemm.block_n as usize);
         let k_tiles = cdiv(k, gemm.block_k as usize);
         let want = TARGET_PROGRAMS.div_ceil(tiles).min(MAX_SPLITS).min((k_tiles / 4).max(1));
         let op = GemmAr { gemm, splits: 1, ..self };
@@ -104,16 +105,16 @@ impl GemmAr {
     /// `partial` two halves of `[world][splits][m][n]`, `arrived` `[m / block_m][world]`).
     pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
         let w = ctx.world_size();
-        if m == 0 || !m.is_multiple_of(16) {
-            return Err(self.problem(format!("M = {m} rows: a positive multiple of 16 is needed")));
+        if m == 0 {
+            return Err(self.problem("M = 0 rows: nothing to reduce".into()));
         }
-        let block_m = (1u32 << m.trailing_zeros().min(31)).min(self.gemm.block_m);
+        let block_m = row_block(m, self.gemm.block_m);
         let es = self.gemm.dtype.size_bytes() as usize;
         let s = self.splits.max(1) as usize;
         require_i32(2 * w * s * m * n, "the partial products of every rank")?;
         Ok(GemmRsBuffers {
             partial: ctx.symm_alloc(crate::epoch::halves_bytes(w * s * m * n, es), "gemm_ar_partial")?,
-            arrived: ctx.symm_alloc((m / block_m as usize) * w * 8, "gemm_ar_arrived")?,
+            arrived: ctx.symm_alloc(cdiv(m, block_m as usize) * w * 8, "gemm_ar_arrived")?,
             epochs: crate::epoch::words(ctx, 2, "gemm_ar_epochs")?,
             m,
             n,
@@ -239,9 +240,9 @@ impl GemmAr {
                 op.splits, self.gemm.block_k
             )));
         }
-        // M a single row block below 64 rows (16 or 32): the GEMM's tile of 64 rows over it
+        // M a single row block below 64 rows (1 to 32): the GEMM's tile of 64 rows over it
         // (`wgmma`'s smallest; its one row block counted as M's), rows past M masked.
-        let tile = if m == bm as usize && bm < 64 && self.gemm.block_m >= 64 { 64 } else { bm };
+        let tile = if m <= bm as usize && bm < 64 && self.gemm.block_m >= 64 { 64 } else { bm };
         let gemm = ctx.compile(&format!("{op:?}/gemm/{tile}"), &|| op.build_gemm(tile))?;
         let mut gemm_args = vec![
             a.arg(),
@@ -263,6 +264,13 @@ impl GemmAr {
         bufs.calls += 1;
         Ok(())
     }
+}
+
+/// The row block of an `m`-row GEMM + AllReduce: the largest power of two dividing `m` rounded
+/// up to 16, at most `tile`.
+fn row_block(m: usize, tile: u32) -> u32 {
+    let padded = m.div_ceil(16) * 16;
+    (1u32 << padded.trailing_zeros().min(31)).min(tile)
 }
 
 inventory::submit! {

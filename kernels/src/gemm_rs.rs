@@ -208,8 +208,9 @@ impl GemmRs {
         let (partial, target) = (call.half(partials, rows_per_rank * sources * n), call.times(per_call));
         let (world, pid, programs) = (b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
         let tiles_n = (n + (rn as i32 - 1)) / rn as i32;
-        // `rows_per_rank` is a multiple of the GEMM's row block, which `rb` divides.
-        let tiles = (rows_per_rank / rb as i32) * tiles_n;
+        // Row tiles of `rb` rows over `rows_per_rank` (GEMM-RS: a multiple of the GEMM's row
+        // block, which `rb` divides; GEMM + AllReduce: any M, the last tile's rows past M masked).
+        let tiles = ((rows_per_rank + (rb as i32 - 1)) / rb as i32) * tiles_n;
         b.for_range(pid, tiles, programs, &[], |t, _| {
             let sub = t / tiles_n;
             let block = sub / (block_m / rb) as i32;
@@ -236,7 +237,7 @@ impl GemmRs {
     /// caps a persistent grid at what the GPU holds).
     fn reduce_grid(&self, rows: usize, n: usize, block_m: u32) -> u32 {
         let rb = self.reduce.rows.min(block_m) as usize;
-        ((rows / rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32
+        (cdiv(rows, rb) * cdiv(n, self.reduce.cols as usize)).max(1) as u32
     }
 
     /// Enqueues the reduction of `rows` rows per rank into `out` (after the GEMM whose every

@@ -30,13 +30,23 @@ impl Operation for GemmArCase {
         true
     }
 
-    /// M, N, K per rank: decode-sized M (16, 48: row tiles of 16; 128), N not a multiple of
-    /// the column tile.
+    /// M, N, K per rank: decode-sized M (16, 48: row tiles of 16; 128; M not a multiple of 16:
+    /// 1, 7 and 40, the last row block's rows past M masked), N not a multiple of the column
+    /// tile.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        // The last two: a long K, split into slices (`GemmAr::for_problem`), through pointers
+        // The last three: a long K, split into slices (`GemmAr::for_problem`), through pointers
         // with a short last slice (N = 40, K = 520) and through descriptors where the target
-        // has them (N = 48, K = 1024: two slices of 128-wide K tiles on sm_90a).
-        vec![vec![16, 64, 32], vec![48, 80, 24], vec![128, 48, 40], vec![32, 40, 520], vec![32, 48, 1024]]
+        // has them (N = 48, K = 1024: two slices of 128-wide K tiles on sm_90a; M = 7 too).
+        vec![
+            vec![16, 64, 32],
+            vec![48, 80, 24],
+            vec![128, 48, 40],
+            vec![1, 40, 24],
+            vec![40, 48, 32],
+            vec![32, 40, 520],
+            vec![32, 48, 1024],
+            vec![7, 48, 1024],
+        ]
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {

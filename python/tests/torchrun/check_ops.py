@@ -329,8 +329,8 @@ for i in range(20):
 report("CUDA graph x20: tp_moe", worst, 2e-2)
 
 # (Last, so that the checks above draw the random inputs they always drew.)
-# GEMM + AllReduce at decode-sized M (16 and 48 rows; K split over ranks).
-for m_ar in (16, 48):
+# GEMM + AllReduce at decode-sized M (16, 48 and 5 rows; K split over ranks).
+for m_ar in (16, 48, 5):
     a = torch.randn(m_ar, 256, device="cuda").to(torch.bfloat16)
     b = (torch.randn(256, 320, device="cuda") / 16).to(torch.bfloat16)
     want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b)))
