@@ -13,7 +13,8 @@
 #    GEMM-AR at world 8, the torch ops' test again.
 # e: the flash decoding sweep alone (CONFIG: `--config`'s filter), every configuration's line.
 # f: Nsight Compute on flash decoding's split stage, and the SASS of bundle/fd-*.cubin.
-# g: the loopback worlds of 1 and 8, the ops, the flash decoding sweep, the torch op's tests.
+# g: the loopback worlds of 1 and 8, the ops, the flash decoding sweep (prefetching forms), the
+#    torch ops' tests (the torchrun check among them).
 # Writes $OUT/summary.txt, logs/ and the benchmark reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,11 +95,12 @@ elif [ "$PART" = g ]; then
   for w in 1 8; do
     step "conformance-world$w" 150 $B/trident test --backend nvidia --world $w --json "$O/logs/conformance-world$w.json"
   done
-  step ops 200 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
-  KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 200 $B/trident bench \
-    --only flash_decode --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
+  step ops 150 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
+  KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 150 $B/trident bench \
+    --only flash_decode --config /pf --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
     --json "$O/bench-flash-decode.json"
-  KEEP='FAIL|rror|passed|failed' KEEP_LINES=20 torch_tests 120 python/tests/test_torch.py -k flash_decode
+  KEEP='FAIL|rror|passed|failed|gemm_ar' KEEP_LINES=30 torch_tests 160 python/tests/test_distributed_gpu.py \
+    python/tests/test_torch.py -k "flash_decode or distributed"
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1
