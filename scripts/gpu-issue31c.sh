@@ -89,9 +89,9 @@ elif [ "$PART" = f ]; then
     echo "$f: $(grep -c '^        /\*[0-9a-f]*\*/' "$O/logs/$(basename $f .cubin).sass") SASS instructions" >> "$S"
   done
 elif [ "$PART" = g ]; then
-  # After the lowering's uniform vector guards and the prefetching split stage: every case in
-  # the loopback worlds of 1 and 8 ranks, the differential test of the ops, the flash decoding
-  # sweep against SDPA and Triton, the torch op's tests.
+  # After the lowering's uniform vector guards, the prefetching split stage and GEMM-AR at any
+  # M: every case at world 1, GEMM-AR and flash decoding in the loopback world of 8, the
+  # differential test of the ops, flash decoding against SDPA and Triton, the torch ops' tests.
   step conformance-world1 120 $B/trident test --backend nvidia --world 1 --json "$O/logs/conformance-world1.json"
   for k in gemm_ar flash_decode; do
     step "conformance-world8-$k" 60 $B/trident test --backend nvidia --world 8 --kernel $k
