@@ -14,7 +14,7 @@
 # e: the flash decoding sweep alone (CONFIG: `--config`'s filter), every configuration's line.
 # f: Nsight Compute on flash decoding's split stage, and the SASS of bundle/fd-*.cubin.
 # g: the loopback world of 1 (and of 8 for gemm_ar), the flash decoding sweep (prefetching forms), the
-#    torch ops' tests (the torchrun check among them).
+#    torch ops' tests (the torchrun check among them) with TORCH=1.
 # Writes $OUT/summary.txt, logs/ and the benchmark reports.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,8 +97,8 @@ elif [ "$PART" = g ]; then
   KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 100 $B/trident bench \
     --only flash_decode --config 64n/8w/pf --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
     --json "$O/bench-flash-decode.json"
-  KEEP='FAIL|rror|passed|failed|gemm_ar' KEEP_LINES=30 torch_tests 100 python/tests/test_distributed_gpu.py \
-    python/tests/test_torch.py -k "flash_decode or distributed"
+  [ "${TORCH:-0}" = 1 ] && KEEP='FAIL|rror|passed|failed|gemm_ar' KEEP_LINES=30 torch_tests 100 \
+    python/tests/test_distributed_gpu.py python/tests/test_torch.py -k "flash_decode or distributed"
 elif [ "$PART" = d ]; then
   # After the accumulator-layout softmax: compute-sanitizer on flash decoding, its benchmark
   # (64 keys per step, 4 and 8 warps) against SDPA and Triton, the distributed form at world 1
