@@ -222,7 +222,8 @@ pub fn flash_decode(
     let dev = crate::launch::gpu(device)?;
     let target = target_of(dev.arch());
     // The splits fill whole waves of the split stage's resident programs on this GPU.
-    let split = py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
+    let split =
+        py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
     let wave = Device::resident_programs(dev.as_ref(), &split).map_err(errors::backend)?;
     let op = op.with_resident(wave);
     let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
