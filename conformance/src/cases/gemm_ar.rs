@@ -35,8 +35,8 @@ impl Operation for GemmArCase {
     /// tile.
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
         // The last three: a long K, split into slices (`GemmAr::for_problem`), through pointers
-        // with a short last slice (N = 40, K = 520) and through descriptors where the target
-        // has them (N = 48, K = 1024: two slices of 128-wide K tiles on sm_90a; M = 7 too).
+        // with a short last slice (N = 40, K = 520; M = 7 too) and through descriptors where the
+        // target has them (N = 48, K = 1024: two slices of 128-wide K tiles on sm_90a).
         vec![
             vec![16, 64, 32],
             vec![48, 80, 24],
@@ -44,8 +44,8 @@ impl Operation for GemmArCase {
             vec![1, 40, 24],
             vec![40, 48, 32],
             vec![32, 40, 520],
+            vec![7, 40, 520],
             vec![32, 48, 1024],
-            vec![7, 48, 1024],
         ]
     }
 
