@@ -35,6 +35,14 @@ pub struct Args {
     /// Two JSON reports (two vendors, two commits) side by side, instead of running anything.
     #[arg(long, num_args = 2, value_names = ["A.json", "B.json"])]
     compare: Option<Vec<String>>,
+    /// One report (or two side by side) as SVG pictures, one per workload: each case's speed
+    /// against its baseline and Triton and the fraction of the roofline floor reached, into
+    /// `--plot-dir` (default: `plots` beside the first report), instead of running anything.
+    #[arg(long, num_args = 1..=2, value_names = ["REPORT.json", "OTHER.json"])]
+    plot: Option<Vec<String>>,
+    /// Where `--plot` writes its pictures.
+    #[arg(long, requires = "plot")]
+    plot_dir: Option<String>,
     /// Print the cases, one per line (`name dtype dims...`), and exit.
     #[arg(long)]
     cases: bool,
@@ -1241,6 +1249,39 @@ fn rng_row(n: usize) -> usize {
     rand::thread_rng().gen_range(0..n)
 }
 
+/// `trident bench --plot REPORT.json [OTHER.json]`: the reports' pictures
+/// ([`crate::plot`]), each report named by its file's stem in the legend.
+fn plot(paths: &[String], dir: Option<&str>) -> ExitCode {
+    let reports: Result<Vec<_>, String> = paths.iter().map(|p| crate::plot::read(p)).collect();
+    let reports = match reports {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let first = std::path::Path::new(&paths[0]);
+    let dir = dir.map(std::path::PathBuf::from).unwrap_or_else(|| first.with_file_name("plots"));
+    let stem =
+        |p: &String| std::path::Path::new(p).file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    let mut names: Vec<String> = paths.iter().map(stem).collect();
+    if names.len() == 2 && names[0] == names[1] {
+        names = vec!["A".into(), "B".into()];
+    }
+    match crate::plot::plot(&reports, &names, &dir) {
+        Ok(files) => {
+            for f in files {
+                println!("{}", f.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// `trident bench --compare A.json B.json`: two reports (two vendors, two commits) side by side
 /// per case: each one's time, its ratio to its own baseline, and the roofline floor.
 fn compare(a: &str, b: &str) -> ExitCode {
@@ -1482,6 +1523,9 @@ fn record_crossover<C: serde::Serialize + std::fmt::Debug>(key: &trident_kernels
 /// `trident bench`: the benchmark `args` select. (Modules load eagerly, so that the loopback
 /// case's kernels can spin while others launch: `CudaDevice::open` sees to it.)
 pub fn main(args: Args) -> ExitCode {
+    if let Some(paths) = args.plot.as_deref() {
+        return plot(paths, args.plot_dir.as_deref());
+    }
     if let Some([a, b]) = args.compare.as_deref() {
         return compare(a, b);
     }

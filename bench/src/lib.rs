@@ -8,3 +8,4 @@
 pub mod command;
 pub mod dist_report;
 pub mod overlap;
+pub mod plot;
