@@ -12,6 +12,7 @@ pub mod distributed;
 pub mod host;
 pub mod npy;
 pub mod ops;
+pub mod progress;
 pub mod reference;
 pub mod registry;
 pub mod suite;

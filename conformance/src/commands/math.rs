@@ -238,15 +238,18 @@ pub fn main(a: Args) -> ExitCode {
         "function", "mode", "max ulp", "at x", "not corr. round.", "> 1 ulp", "vs host"
     );
     let mut failed = false;
-    for fast in if a.fast { vec![false, true] } else { vec![false] } {
+    let modes = if a.fast { vec![false, true] } else { vec![false] };
+    let progress = crate::progress::Progress::new(modes.len() * list.len(), "functions");
+    for fast in modes {
         for &op in &list {
+            progress.step(&format!("{op}{}", if fast { " (fast)" } else { "" }));
             let t = std::time::Instant::now();
             let row = match &a.backend {
                 None => host(&a, op, fast, threads),
                 Some(b) => match device(&a, b, op, fast, threads) {
                     Ok(r) => r,
                     Err(e) => {
-                        println!("{op}: skipped: {e}");
+                        progress.line(|| println!("{op}: skipped: {e}"));
                         if e.contains("no device") || e.contains("No device") || e.contains("no CUDA") {
                             continue;
                         }
@@ -268,22 +271,25 @@ pub fn main(a: Args) -> ExitCode {
             if !fast && (row.max_ulp > 2 || row.mismatches > 0) {
                 failed = true;
             }
-            println!(
-                "{:<10} {:>5} {:>8} {:>14e} {:>16} {:>12} {:>11} {:>9.1e} {:>9.1e}  ({:.1} s)",
-                row.op,
-                if fast { "fast" } else { "exact" },
-                row.max_ulp,
-                row.worst_input,
-                row.not_correctly_rounded,
-                row.over_one_ulp,
-                vs_host,
-                row.domain_max_abs,
-                row.domain_max_rel,
-                t.elapsed().as_secs_f64()
-            );
+            progress.line(|| {
+                println!(
+                    "{:<10} {:>5} {:>8} {:>14e} {:>16} {:>12} {:>11} {:>9.1e} {:>9.1e}  ({:.1} s)",
+                    row.op,
+                    if fast { "fast" } else { "exact" },
+                    row.max_ulp,
+                    row.worst_input,
+                    row.not_correctly_rounded,
+                    row.over_one_ulp,
+                    vs_host,
+                    row.domain_max_abs,
+                    row.domain_max_rel,
+                    t.elapsed().as_secs_f64()
+                )
+            });
             rows.push(row);
         }
     }
+    drop(progress);
     if let Some(p) = &a.json {
         if let Err(e) = std::fs::write(p, serde_json::to_string_pretty(&rows).unwrap_or_default() + "\n") {
             eprintln!("error: writing {}: {e}", p.display());

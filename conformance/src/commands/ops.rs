@@ -252,8 +252,10 @@ pub fn main(a: Args) -> ExitCode {
         selected.len()
     );
     let mut outcomes: Vec<Outcome> = Vec::new();
+    let progress = crate::progress::Progress::new(selected.len(), "ops");
     for (index, c) in &selected {
         let o = runner.run(c, *index);
+        progress.step(&format!("{} {}", o.op, o.dtype));
         // A refusal must be one the matrix lists; a listed one is not a failure.
         let listed = column.and_then(|col| matrix.get(c, col)).is_some_and(|x| x.is_some());
         let verdict = match (&o.status, c.fast) {
@@ -263,11 +265,14 @@ pub fn main(a: Args) -> ExitCode {
             (Status::Fail, _) => format!("FAIL: {}", o.message),
         };
         if o.status != Status::Pass || a.op.is_some() {
-            println!("{:<22} {:<5} max {:>3} ulp {:>6} elements  {verdict}", o.op, o.dtype, o.max_ulp, o.checked);
-            let _ = std::io::stdout().flush();
+            progress.line(|| {
+                println!("{:<22} {:<5} max {:>3} ulp {:>6} elements  {verdict}", o.op, o.dtype, o.max_ulp, o.checked);
+                let _ = std::io::stdout().flush();
+            });
         }
         outcomes.push(o);
     }
+    drop(progress);
     let failed: Vec<&Outcome> = outcomes
         .iter()
         .zip(&selected)

@@ -340,6 +340,7 @@ pub fn main(args: Args) -> ExitCode {
         );
     }
     let mut records: Vec<Record> = Vec::new();
+    let progress = crate::progress::Progress::new(selected.len(), "cases");
     for (index, case) in &selected {
         let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or((0, 0));
         let mut r = run_case(case, *index, seed, &cfg);
@@ -374,21 +375,25 @@ pub fn main(args: Args) -> ExitCode {
             r.backend = "amd".into();
         }
         if !(quiet && r.pass) {
-            println!(
-                "{tag}{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
-                r.kernel,
-                r.variant,
-                r.dtype,
-                case.shape_text(),
-                r.world,
-                err,
-                r.bound,
-                r.time_ms
-            );
+            progress.line(|| {
+                println!(
+                    "{tag}{:<12} {:<8} {:<5} {:<14} {:>5} {:>10} {:>8.0e} {:>9.2}  {verdict}",
+                    r.kernel,
+                    r.variant,
+                    r.dtype,
+                    case.shape_text(),
+                    r.world,
+                    err,
+                    r.bound,
+                    r.time_ms
+                );
+                let _ = std::io::stdout().flush();
+            });
         }
-        let _ = std::io::stdout().flush();
+        progress.step(&format!("{} {} world {}", r.kernel, r.dtype, r.world));
         records.push(r);
     }
+    drop(progress);
     drop(cfg);
     if let Some(path) = args.json.as_ref().filter(|_| !quiet) {
         let text = serde_json::to_string_pretty(&records).unwrap_or_default();
