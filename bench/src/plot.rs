@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Point {
     pub case: String,
+    /// Times in ms: trident's, the baseline's and Triton's.
+    pub ms: [Option<f64>; 3],
     /// Baseline time over trident's.
     pub vs_baseline: Option<f64>,
     pub vs_triton: Option<f64>,
@@ -35,6 +37,7 @@ pub fn read(path: &str) -> Result<(String, Vec<Point>), String> {
         .filter_map(|r| {
             Some(Point {
                 case: r["case"].as_str()?.to_string(),
+                ms: ["trident_ms", "baseline_ms", "triton_ms"].map(|k| r[k].as_f64().filter(|&t| t > 0.0)),
                 vs_baseline: ratio(r, "baseline_ms"),
                 vs_triton: ratio(r, "triton_ms"),
                 of_floor: ratio(r, "floor_ms"),
@@ -70,8 +73,99 @@ pub fn plot(reports: &[(String, Vec<Point>)], names: &[String], dir: &Path) -> R
         let path = dir.join(format!("{workload}.svg"));
         draw(&path, &workload, &cases, reports, names).map_err(|e| format!("{}: {e}", path.display()))?;
         files.push(path);
+        if cases.iter().all(|c| gemm_flops(c).is_some()) {
+            let path = dir.join(format!("{workload}-tflops.svg"));
+            draw_tflops(&path, &workload, &cases, reports, names).map_err(|e| format!("{}: {e}", path.display()))?;
+            files.push(path);
+        }
     }
     Ok(files)
+}
+
+/// `2 M N K` of a dense GEMM case (`gemm DTYPE M N K`, `scaled_gemm ...` likewise); `None` for
+/// any other case.
+pub fn gemm_flops(case: &str) -> Option<f64> {
+    let words: Vec<&str> = case.split_whitespace().collect();
+    if !matches!(words.first(), Some(&("gemm" | "scaled_gemm"))) || words.len() < 5 {
+        return None;
+    }
+    let dims: Option<Vec<f64>> = words[words.len() - 3..].iter().map(|w| w.parse::<f64>().ok()).collect();
+    dims.map(|d| 2.0 * d[0] * d[1] * d[2])
+}
+
+/// A GEMM workload's TFLOP/s by shape: trident's, the baseline's and Triton's, per report.
+fn draw_tflops(
+    path: &Path,
+    workload: &str,
+    cases: &[String],
+    reports: &[(String, Vec<Point>)],
+    names: &[String],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let find = |r: &[Point], c: &str| r.iter().find(|p| p.case == c).cloned();
+    let rate = |c: &str, ms: f64| gemm_flops(c).map(|f| f / ms / 1e9).unwrap_or(0.0);
+    let mut top = 1.0f64;
+    for (_, r) in reports {
+        for c in cases {
+            for ms in find(r, c).map(|p| p.ms).unwrap_or_default().into_iter().flatten() {
+                top = top.max(rate(c, ms) * 1.1);
+            }
+        }
+    }
+    let n = cases.len();
+    let root = SVGBackend::new(path, ((320 + 60 * n as u32).max(640), 620)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let devices: Vec<&str> = reports.iter().map(|(d, _)| d.as_str()).collect();
+    let labels: Vec<String> = cases.iter().map(|c| c.strip_prefix(workload).unwrap_or(c).trim().to_string()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("{workload}: TFLOP/s by shape ({})", devices.join(" | ")), ("sans-serif", 16))
+        .margin(12)
+        .x_label_area_size(190)
+        .y_label_area_size(60)
+        .build_cartesian_2d((0..n).into_segmented(), 0f64..top)?;
+    chart
+        .configure_mesh()
+        .x_labels(n.max(1))
+        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .y_desc("TFLOP/s (2 M N K / time)")
+        .draw()?;
+    for (k, (_, r)) in reports.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let name = names.get(k).cloned().unwrap_or_default();
+        for (which, what) in ["trident", "baseline", "Triton"].into_iter().enumerate() {
+            let pts: Vec<(usize, f64)> = cases
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| find(r, c).and_then(|p| p.ms[which]).map(|ms| (i, rate(c, ms))))
+                .collect();
+            if pts.is_empty() {
+                continue;
+            }
+            let at = |i: usize, v: f64| (SegmentValue::CenterOf(i), v);
+            let label = format!("{name} {what}");
+            let series = match which {
+                0 => chart.draw_series(pts.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.filled())))?,
+                1 => chart.draw_series(pts.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.stroke_width(2))))?,
+                _ => chart.draw_series(pts.iter().map(|&(i, v)| TriangleMarker::new(at(i, v), 6, color.filled())))?,
+            };
+            series.label(label).legend(move |(x, y)| match which {
+                0 => Circle::new((x, y), 5, color.filled()).into_dyn(),
+                1 => Circle::new((x, y), 5, color.stroke_width(2)).into_dyn(),
+                _ => TriangleMarker::new((x, y), 6, color.filled()).into_dyn(),
+            });
+        }
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
 }
 
 fn draw(
@@ -193,7 +287,11 @@ mod tests {
         assert_eq!(ra.1[1].vs_triton, None);
         let files = plot(&[ra, read(&b).unwrap()], &["A".into(), "B".into()], &dir.join("plots")).unwrap();
         let names: Vec<String> = files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
-        assert_eq!(names, ["flash_decode.svg", "gemm.svg"]);
+        assert_eq!(names, ["flash_decode.svg", "gemm.svg", "gemm-tflops.svg"]);
+        assert_eq!(gemm_flops("gemm bf16 256 8192 8192"), Some(2.0 * 256.0 * 8192.0 * 8192.0));
+        assert_eq!(gemm_flops("flash_decode bf16 1 1 32 8 128 131072"), None);
+        let tflops = std::fs::read_to_string(&files[2]).unwrap();
+        assert!(tflops.contains("A trident") && tflops.contains("B baseline") && tflops.contains("A Triton"));
         let gemm = std::fs::read_to_string(&files[1]).unwrap();
         assert!(gemm.contains("bf16 4096 4096 4096") && gemm.contains("bf16 256 8192 8192"));
         assert!(
