@@ -133,10 +133,10 @@ impl FlashDecode {
             // The fastest of `trident bench --only flash_decode`'s sweep at every shape of it
             // (keys per step 64/128/256 x 4/8 warps, the next block prefetched or not, tiles of
             // 16 rows; results/h100-session49/issue31c-c, lowering-ab, h100-session50/sweep).
-            // Larger tiles (more than 16 query
-            // rows per KV head) take 32 keys a step and 4 warps: at 64 keys their score and
-            // output tiles spill registers on gfx90a and gfx942 (the AMD atoms spread a
-            // thread's accumulator over more rows, each row's factor held once).
+            // Larger tiles (more than 16 query rows per KV head) take 32 keys a step and 4
+            // warps: at 64 keys their score and output tiles spill registers on gfx90a and
+            // gfx942 (the AMD atoms spread a thread's accumulator over more rows, each row's
+            // factor held once).
             block_n: if block_m > 16 { 32 } else { 64 },
             warps: if block_m > 16 { 4 } else { 8 },
             page: None,
@@ -165,7 +165,7 @@ impl FlashDecode {
     /// (`None`: unknown). The splits fill whole pairs of waves: on an H100 one wave of 256
     /// programs of 4096 keys took 0.364 ms where two of 512 of 2048 took 0.216, and over every
     /// shape of the sweep pairs of waves came within 4% of the best split count measured
-    /// (results/h100-session50/sweep).
+    /// (results/h100-session50/sweep-ncu).
     pub fn with_resident(self, resident: Option<u64>) -> FlashDecode {
         let wave = resident.map(|r| (2 * r).min(u32::MAX as u64) as u32).unwrap_or(0);
         FlashDecode { wave, ..self }
