@@ -560,18 +560,7 @@ pub(crate) fn launch_raw(
         kernel: kernel.kernel.clone(),
         message: format!("{what}: {e:?}"),
     };
-    let occupancy = || {
-        // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
-        unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(
-                f,
-                module.threads as i32,
-                module.shared_bytes as usize,
-            )
-        }
-        .map(|n| n.max(0) as u64)
-        .map_err(|e| fail("cuOccupancyMaxActiveBlocksPerMultiprocessor", e))
-    };
+    let occupancy = || per_multiprocessor(kernel, module, f);
     let grid = launch_grid(kernel, grid, module.waits, sharing, sms, &occupancy)?;
     let (g, b) = ((grid[0], grid[1], grid[2]), (module.threads, 1, 1));
     if kernel.attrs.cooperative {
@@ -584,6 +573,20 @@ pub(crate) fn launch_raw(
     // copies before the call returns.
     unsafe { result::launch_kernel(f, g, b, module.shared_bytes, stream, &mut params) }
         .map_err(|e| fail("cuLaunchKernel", e))
+}
+
+/// Programs of `kernel` (loaded as `f` from `module`) resident on one multiprocessor at once, at
+/// the block size and shared memory it is launched with.
+fn per_multiprocessor(kernel: &Artifact, module: &PtxModule, f: sys::CUfunction) -> Result<u64, BackendError> {
+    // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
+    unsafe {
+        result::occupancy::max_active_block_per_multiprocessor(f, module.threads as i32, module.shared_bytes as usize)
+    }
+    .map(|n| n.max(0) as u64)
+    .map_err(|e| BackendError::Launch {
+        kernel: kernel.kernel.clone(),
+        message: format!("cuOccupancyMaxActiveBlocksPerMultiprocessor: {e:?}"),
+    })
 }
 
 /// The 8-byte parameter slot of a kernel argument, as `cuLaunchKernel` reads it: an address, or
@@ -745,19 +748,7 @@ impl Driver for CudaDevice {
         let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         self.current()?;
         let f = self.function(kernel, module)?;
-        // SAFETY: `f` is a loaded function; the block size is the one it is launched with.
-        let per = unsafe {
-            result::occupancy::max_active_block_per_multiprocessor(
-                f,
-                module.threads as i32,
-                module.shared_bytes as usize,
-            )
-        }
-        .map_err(|e| BackendError::Launch {
-            kernel: kernel.kernel.clone(),
-            message: format!("cuOccupancyMaxActiveBlocksPerMultiprocessor: {e:?}"),
-        })?;
-        Ok(Some(per.max(0) as u64 * self.sms as u64))
+        Ok(Some(per_multiprocessor(kernel, module, f)? * self.sms as u64))
     }
 
     fn health(&self) -> &DeviceHealth {
