@@ -65,17 +65,50 @@ fn workloads(reports: &[(String, Vec<Point>)]) -> BTreeMap<String, Vec<String>> 
 
 const COLORS: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
 
-/// Writes `<dir>/<workload>.svg` for every workload of `reports` (one or two); returns the files.
+/// How a series' points are drawn.
+#[derive(Clone, Copy)]
+enum Marker {
+    Filled,
+    Hollow,
+    Triangle,
+}
+
+/// One series of a picture: its legend, marker, colour, and (case index, value) points.
+struct Series {
+    label: String,
+    marker: Marker,
+    color: RGBColor,
+    points: Vec<(usize, f64)>,
+}
+
+/// Writes `<dir>/<workload>.svg` for every workload of `reports` (one or two), and
+/// `<workload>-tflops.svg` for dense GEMMs; returns the files.
 pub fn plot(reports: &[(String, Vec<Point>)], names: &[String], dir: &Path) -> Result<Vec<PathBuf>, String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let devices: Vec<&str> = reports.iter().map(|(d, _)| d.as_str()).collect();
+    let devices = devices.join(" | ");
     let mut files = Vec::new();
     for (workload, cases) in workloads(reports) {
-        let path = dir.join(format!("{workload}.svg"));
-        draw(&path, &workload, &cases, reports, names).map_err(|e| format!("{}: {e}", path.display()))?;
-        files.push(path);
+        let mut pictures = vec![(
+            format!("{workload}.svg"),
+            format!("{workload}: speed against the same run's baseline ({devices})"),
+            "time of the other / trident's time (above 1: trident faster)",
+            speed_series(&cases, reports, names),
+            true,
+        )];
         if cases.iter().all(|c| gemm_flops(c).is_some()) {
-            let path = dir.join(format!("{workload}-tflops.svg"));
-            draw_tflops(&path, &workload, &cases, reports, names).map_err(|e| format!("{}: {e}", path.display()))?;
+            pictures.push((
+                format!("{workload}-tflops.svg"),
+                format!("{workload}: TFLOP/s by shape ({devices})"),
+                "TFLOP/s (2 M N K / time)",
+                tflops_series(&cases, reports, names),
+                false,
+            ));
+        }
+        for (file, title, y_desc, series, unit_line) in pictures {
+            let path = dir.join(file);
+            draw(&path, (&title, y_desc), (&workload, &cases), &series, unit_line)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             files.push(path);
         }
     }
@@ -93,105 +126,61 @@ pub fn gemm_flops(case: &str) -> Option<f64> {
     dims.map(|d| 2.0 * d[0] * d[1] * d[2])
 }
 
-/// A GEMM workload's TFLOP/s by shape: trident's, the baseline's and Triton's, per report.
-fn draw_tflops(
-    path: &Path,
-    workload: &str,
+/// The series of each report over `cases`: `value` of each case's point (skipped where `None`),
+/// one series per (legend suffix, marker) of `kinds`, empty series left out.
+fn series_of(
     cases: &[String],
     reports: &[(String, Vec<Point>)],
     names: &[String],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let find = |r: &[Point], c: &str| r.iter().find(|p| p.case == c).cloned();
-    let rate = |c: &str, ms: f64| gemm_flops(c).map(|f| f / ms / 1e9).unwrap_or(0.0);
-    let mut top = 1.0f64;
-    for (_, r) in reports {
-        for c in cases {
-            for ms in find(r, c).map(|p| p.ms).unwrap_or_default().into_iter().flatten() {
-                top = top.max(rate(c, ms) * 1.1);
+    kinds: &[(&str, Marker)],
+    value: impl Fn(usize, &str, &Point) -> Option<f64>,
+) -> Vec<Series> {
+    let mut out = Vec::new();
+    for (k, (_, r)) in reports.iter().enumerate() {
+        let name = names.get(k).cloned().unwrap_or_default();
+        for (which, &(suffix, marker)) in kinds.iter().enumerate() {
+            let points: Vec<(usize, f64)> = cases
+                .iter()
+                .enumerate()
+                .filter_map(|(i, c)| r.iter().find(|p| &p.case == c).and_then(|p| value(which, c, p)).map(|v| (i, v)))
+                .collect();
+            if !points.is_empty() {
+                out.push(Series { label: format!("{name} {suffix}"), marker, color: COLORS[k % COLORS.len()], points });
             }
         }
     }
+    out
+}
+
+/// Speed against the baseline and Triton, and the fraction of the roofline floor.
+fn speed_series(cases: &[String], reports: &[(String, Vec<Point>)], names: &[String]) -> Vec<Series> {
+    let kinds =
+        [("vs baseline", Marker::Filled), ("vs Triton", Marker::Triangle), ("of the roofline floor", Marker::Hollow)];
+    series_of(cases, reports, names, &kinds, |which, _, p| [p.vs_baseline, p.vs_triton, p.of_floor][which])
+}
+
+/// TFLOP/s of trident, the baseline and Triton.
+fn tflops_series(cases: &[String], reports: &[(String, Vec<Point>)], names: &[String]) -> Vec<Series> {
+    let kinds = [("trident", Marker::Filled), ("baseline", Marker::Hollow), ("Triton", Marker::Triangle)];
+    series_of(cases, reports, names, &kinds, |which, c, p| Some(gemm_flops(c)? / p.ms[which]? / 1e9))
+}
+
+/// One picture: `series` over the `cases` of `workload` (labelled without the workload's name),
+/// from 0 to a tenth above the largest value, with the line at 1 where `unit_line`.
+fn draw(
+    path: &Path,
+    (title, y_desc): (&str, &str),
+    (workload, cases): (&str, &[String]),
+    series: &[Series],
+    unit_line: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let top = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.1 * 1.1))
+        .fold(if unit_line { 1.2 } else { 1.0 }, f64::max);
     let n = cases.len();
     let root = SVGBackend::new(path, ((320 + 60 * n as u32).max(640), 620)).into_drawing_area();
     root.fill(&WHITE)?;
-    let devices: Vec<&str> = reports.iter().map(|(d, _)| d.as_str()).collect();
-    let labels: Vec<String> = cases.iter().map(|c| c.strip_prefix(workload).unwrap_or(c).trim().to_string()).collect();
-    let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{workload}: TFLOP/s by shape ({})", devices.join(" | ")), ("sans-serif", 16))
-        .margin(12)
-        .x_label_area_size(190)
-        .y_label_area_size(60)
-        .build_cartesian_2d((0..n).into_segmented(), 0f64..top)?;
-    chart
-        .configure_mesh()
-        .x_labels(n.max(1))
-        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
-        .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
-            _ => String::new(),
-        })
-        .y_desc("TFLOP/s (2 M N K / time)")
-        .draw()?;
-    for (k, (_, r)) in reports.iter().enumerate() {
-        let color = COLORS[k % COLORS.len()];
-        let name = names.get(k).cloned().unwrap_or_default();
-        for (which, what) in ["trident", "baseline", "Triton"].into_iter().enumerate() {
-            let pts: Vec<(usize, f64)> = cases
-                .iter()
-                .enumerate()
-                .filter_map(|(i, c)| find(r, c).and_then(|p| p.ms[which]).map(|ms| (i, rate(c, ms))))
-                .collect();
-            if pts.is_empty() {
-                continue;
-            }
-            let at = |i: usize, v: f64| (SegmentValue::CenterOf(i), v);
-            let label = format!("{name} {what}");
-            let series = match which {
-                0 => chart.draw_series(pts.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.filled())))?,
-                1 => chart.draw_series(pts.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.stroke_width(2))))?,
-                _ => chart.draw_series(pts.iter().map(|&(i, v)| TriangleMarker::new(at(i, v), 6, color.filled())))?,
-            };
-            series.label(label).legend(move |(x, y)| match which {
-                0 => Circle::new((x, y), 5, color.filled()).into_dyn(),
-                1 => Circle::new((x, y), 5, color.stroke_width(2)).into_dyn(),
-                _ => TriangleMarker::new((x, y), 6, color.filled()).into_dyn(),
-            });
-        }
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
-    root.present()?;
-    Ok(())
-}
-
-fn draw(
-    path: &Path,
-    workload: &str,
-    cases: &[String],
-    reports: &[(String, Vec<Point>)],
-    names: &[String],
-) -> Result<(), Box<dyn std::error::Error>> {
-    let find = |r: &[Point], c: &str| r.iter().find(|p| p.case == c).cloned();
-    let mut top = 1.2f64;
-    for (_, r) in reports {
-        for c in cases {
-            if let Some(p) = find(r, c) {
-                for v in [p.vs_baseline, p.vs_triton, p.of_floor].into_iter().flatten() {
-                    top = top.max(v * 1.1);
-                }
-            }
-        }
-    }
-    let n = cases.len();
-    let width = (320 + 60 * n as u32).max(640);
-    let root = SVGBackend::new(path, (width, 620)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let devices: Vec<&str> = reports.iter().map(|(d, _)| d.as_str()).collect();
-    let title = format!("{workload}: speed against the same run's baseline ({})", devices.join(" | "));
     let labels: Vec<String> = cases.iter().map(|c| c.strip_prefix(workload).unwrap_or(c).trim().to_string()).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 16))
@@ -207,44 +196,34 @@ fn draw(
             SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
             _ => String::new(),
         })
-        .y_desc("time of the other / trident's time (above 1: trident faster)")
+        .y_desc(y_desc)
         .draw()?;
-    chart.draw_series(LineSeries::new(
-        [(SegmentValue::Exact(0), 1.0), (SegmentValue::Last, 1.0)],
-        BLACK.stroke_width(1),
-    ))?;
-    for (k, (_, r)) in reports.iter().enumerate() {
-        let color = COLORS[k % COLORS.len()];
-        let name = names.get(k).cloned().unwrap_or_default();
-        let at = |i: usize, v: f64| (SegmentValue::CenterOf(i), v);
-        let series = |pick: fn(&Point) -> Option<f64>| -> Vec<(usize, f64)> {
-            cases.iter().enumerate().filter_map(|(i, c)| find(r, c).and_then(|p| pick(&p)).map(|v| (i, v))).collect()
+    if unit_line {
+        chart.draw_series(LineSeries::new(
+            [(SegmentValue::Exact(0), 1.0), (SegmentValue::Last, 1.0)],
+            BLACK.stroke_width(1),
+        ))?;
+    }
+    for s in series {
+        let (marker, color) = (s.marker, s.color);
+        let shape = move |at: (SegmentValue<usize>, f64)| match marker {
+            Marker::Filled => Circle::new(at, 5, color.filled()).into_dyn(),
+            Marker::Hollow => Circle::new(at, 5, color.stroke_width(2)).into_dyn(),
+            Marker::Triangle => TriangleMarker::new(at, 6, color.filled()).into_dyn(),
         };
-        let base = series(|p| p.vs_baseline);
-        if !base.is_empty() {
-            chart
-                .draw_series(base.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.filled())))?
-                .label(format!("{name} vs baseline"))
-                .legend(move |(x, y)| Circle::new((x, y), 5, color.filled()));
-        }
-        let triton = series(|p| p.vs_triton);
-        if !triton.is_empty() {
-            chart
-                .draw_series(triton.iter().map(|&(i, v)| TriangleMarker::new(at(i, v), 6, color.filled())))?
-                .label(format!("{name} vs Triton"))
-                .legend(move |(x, y)| TriangleMarker::new((x, y), 6, color.filled()));
-        }
-        let floor = series(|p| p.of_floor);
-        if !floor.is_empty() {
-            chart
-                .draw_series(floor.iter().map(|&(i, v)| Circle::new(at(i, v), 5, color.stroke_width(2))))?
-                .label(format!("{name} of the roofline floor"))
-                .legend(move |(x, y)| Circle::new((x, y), 5, color.stroke_width(2)));
-        }
+        let legend = move |(x, y): (i32, i32)| match marker {
+            Marker::Filled => Circle::new((x, y), 5, color.filled()).into_dyn(),
+            Marker::Hollow => Circle::new((x, y), 5, color.stroke_width(2)).into_dyn(),
+            Marker::Triangle => TriangleMarker::new((x, y), 6, color.filled()).into_dyn(),
+        };
+        chart
+            .draw_series(s.points.iter().map(|&(i, v)| shape((SegmentValue::CenterOf(i), v))))?
+            .label(s.label.clone())
+            .legend(legend);
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
+        .position(if unit_line { SeriesLabelPosition::UpperRight } else { SeriesLabelPosition::LowerRight })
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .draw()?;
