@@ -1,4 +1,4 @@
-//! Progress of a long run (the suite, `ops`, `math`, the benchmark's cases): a bar on stderr
+//! Progress of a long run (the suite, `ops`, `math`): a bar on stderr
 //! when it is a terminal, nothing otherwise, so that logs (CI's) keep only their plain
 //! per-case lines. `TRIDENT_NO_PROGRESS=1` turns the bar off on a terminal too.
 
