@@ -243,10 +243,15 @@ impl FlashDecode {
         // start: `(b S + j) Hkv + h` in a contiguous cache; in a paged one, the block's page (a
         // block never crosses a page; the table is read only for a block with keys) and the
         // keys' slots in it. K's and V's rows as stored: the head dimension contiguous.
-        macro_rules! block {
+        macro_rules! keys {
             ($j0:expr) => {{
-                let j0 = $j0;
-                let keys = jn + j0;
+                let keys = jn + $j0;
+                (keys, keys.lt(end))
+            }};
+        }
+        macro_rules! rows {
+            ($j0:expr, $keys:expr) => {{
+                let (j0, keys) = ($j0, $keys);
                 let key_rows = match (table, self.page) {
                     (Some(table), Some(p)) => {
                         let pages_per_seq = cache_len / p as i32;
@@ -255,7 +260,14 @@ impl FlashDecode {
                     }
                     _ => (batch * cache_len + keys) * heads_kv + h,
                 };
-                (keys, keys.lt(end), (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0))
+                (key_rows * hd as i32).expand_dims(1) + dd.expand_dims(0)
+            }};
+        }
+        macro_rules! block {
+            ($j0:expr) => {{
+                let j0 = $j0;
+                let (keys, ok) = keys!(j0);
+                (keys, ok, rows!(j0, keys))
             }};
         }
         // One step of the online softmax over the block `keys` (`ok`: those the split has) with
@@ -289,7 +301,9 @@ impl FlashDecode {
             b.for_range(start, end, bn as i32, &[m0, l0, acc0, k0, v0], |j0, c| {
                 let (_, ok, at) = block!(j0 + bn as i32);
                 let next = [load!(k + at, ok), load!(v + at, ok)];
-                let (keys, key_ok, _) = block!(j0);
+                // This step's keys only: its rows (and in a paged cache its page) were read
+                // by the last step's prefetch.
+                let (keys, key_ok) = keys!(j0);
                 let mut carried = step!(c[0], c[1], c[2], (keys, key_ok), c[3], c[4]);
                 carried.extend(next);
                 carried
