@@ -21,14 +21,24 @@ fn ag_gemm_and_the_sequential_pipeline_agree_and_are_timed() {
 }
 
 /// Every registered benchmark, at its small shape, checks and times every variant in the CPU
-/// world (interpreter at 1, 2 and 3 ranks, cpu-simt's sm_90a lowering at 1 and 2; world 1 has
+/// world (interpreter at 1 and 3 ranks, cpu-simt's sm_90a lowering at 1 and 2; world 1 has
 /// the MoE block's machinery parts): each variant has a time, at least one is the whole
-/// operation, and the sampled error is within bf16's bound.
+/// operation, and the sampled error is within bf16's bound. The interpreter's worlds and the
+/// lowering's are two tests, which the harness runs side by side.
 #[test]
 fn every_distributed_benchmark_case_checks_and_times_in_the_cpu_world() {
+    every_distributed_benchmark_case(&[(1, None), (3, None)]);
+}
+
+#[test]
+fn every_distributed_benchmark_case_checks_and_times_through_the_sm90a_lowering() {
+    every_distributed_benchmark_case(&[(1, Some("sm_90a")), (2, Some("sm_90a"))]);
+}
+
+fn every_distributed_benchmark_case(worlds: &[(usize, Option<&'static str>)]) {
     use trident_conformance::dist_bench::{combine, run, DistCase};
     trident_conformance::link_backends();
-    for (world, simt) in [(1, None), (3, None), (1, Some("sm_90a")), (2, Some("sm_90a"))] {
+    for &(world, simt) in worlds {
         for op in trident_conformance::registry::operations() {
             let Some(b) = op.benchmark() else { continue };
             let case = DistCase { name: op.name(), dtype: DType::BF16, dims: b.small_shape(world), world };

@@ -1,7 +1,7 @@
 //! `trident test`: runs the conformance suite and prints a table; `--json` writes records.
 
 use crate::cli::{self, usage};
-use crate::suite::{all_cases, run_case, Record, RunConfig};
+use crate::suite::{all_cases, run_case, Case, Record, RunConfig};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -83,13 +83,48 @@ pub struct Args {
     /// them as in the loopback world, which the header says).
     #[arg(long)]
     peer: bool,
+    /// Cases run at once, each on its own host thread (default: the host's cores on cpu,
+    /// cpu-simt and amd; one on nvidia, whose cases share the GPU). The table and the report
+    /// keep the suite's order; a case's result does not depend on this (its inputs and
+    /// schedules come from the seed and its index).
+    #[arg(long)]
+    jobs: Option<usize>,
 }
+
+/// Stack of a worker thread running cases (the main thread's size).
+const WORKER_STACK_BYTES: usize = 8 << 20;
 
 /// Ranks a world may have (the CPU and loopback worlds' limit).
 const MAX_WORLD: usize = 64;
 
-/// Code objects compiled and checked, and those that failed, in `--backend amd`.
-type AmdCounts = Arc<Mutex<(usize, usize)>>;
+/// `--backend amd` without an AMD GPU: the target whose code objects are compiled and checked,
+/// and what the device part of each line says.
+struct Amd {
+    target: &'static trident_core::target::TargetDesc,
+    device: String,
+}
+
+impl Amd {
+    /// cpu-simt for the target with every compile first checked as a code object, and the
+    /// code objects (checked, failed) so far, counted for the one case that runs on it.
+    fn backend(&self) -> (trident_core::backend::Checked, Arc<Mutex<(usize, usize)>>) {
+        let counts = Arc::new(Mutex::new((0usize, 0usize)));
+        let (counter, t) = (counts.clone(), self.target);
+        let check =
+            trident_core::backend::CompileCheck(Arc::new(move |f: &trident_core::Function, _: Option<&str>| {
+                let r = trident_backend_amd::AmdBackend::compile_checked(f, t);
+                let mut n = counter.lock().unwrap_or_else(|e| e.into_inner());
+                if r.is_ok() {
+                    n.0 += 1;
+                } else {
+                    n.1 += 1;
+                }
+                r.map(|_| ())
+            }));
+        let simt = trident_core::backend::lookup("cpu-simt").expect("cpu-simt is linked");
+        (trident_core::backend::Checked { inner: (simt.create)(), check }, counts)
+    }
+}
 
 /// `trident test`: runs the suite as `args` say.
 pub fn main(args: Args) -> ExitCode {
@@ -120,6 +155,17 @@ pub fn main(args: Args) -> ExitCode {
     if args.chaos == 0 {
         return usage("--chaos 0: give the number of schedules per distributed case, at least 1");
     }
+    // Cases of the CPU backends run side by side; a GPU's, one at a time.
+    let on_host = matches!(desc.name, "cpu" | "cpu-simt" | "amd");
+    let jobs = match args.jobs {
+        Some(0) => return usage("--jobs 0: give the number of cases run at once, at least 1"),
+        Some(n) if n > 1 && !on_host => {
+            return usage(format!("--jobs {n}: cases run one at a time on {} (they share the device)", desc.name))
+        }
+        Some(n) => n,
+        None if on_host => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => 1,
+    };
     if args.race && !matches!(desc.name, "cpu" | "cpu-simt") {
         return usage(format!("--race: the race detector runs in the CPU world (cpu, cpu-simt), not on {}", desc.name));
     }
@@ -228,14 +274,12 @@ pub fn main(args: Args) -> ExitCode {
             }
         }
     }
-    let mut backend = (desc.create)();
+    let backend = (desc.create)();
     let mut target = args.target.clone();
-    let mut compile_check = None;
     // `amd` without an AMD GPU: every kernel's code object is compiled and checked
     // (`trident_backend_amd::metadata::check`), and the same SIMT program runs on `cpu-simt`
     // for the target; each line says which of the three parts ran.
-    // (target, device verdict, code objects (checked, failed) so far)
-    let mut amd: Option<(String, String, AmdCounts)> = None;
+    let mut amd: Option<Amd> = None;
     if desc.name == "amd" {
         let present = trident_gpu_runtime::discovery::amd_targets();
         let device = match backend.open_device(0) {
@@ -251,25 +295,8 @@ pub fn main(args: Args) -> ExitCode {
         };
         let name = desc.resolve_target(args.target.as_deref()).unwrap_or("gfx942");
         let Ok(t) = trident_core::target::lookup(name) else { return usage(format!("unknown target {name}")) };
-        // Code objects compiled and checked, and those that failed, so far.
-        let checked = Arc::new(Mutex::new((0usize, 0usize)));
-        let counter = checked.clone();
-        let check =
-            trident_core::backend::CompileCheck(Arc::new(move |f: &trident_core::Function, _: Option<&str>| {
-                let r = trident_backend_amd::AmdBackend::compile_checked(f, t);
-                let mut n = counter.lock().unwrap_or_else(|e| e.into_inner());
-                if r.is_ok() {
-                    n.0 += 1;
-                } else {
-                    n.1 += 1;
-                }
-                r.map(|_| ())
-            }));
-        let simt = trident_core::backend::lookup("cpu-simt").expect("cpu-simt is linked");
-        backend = Box::new(trident_core::backend::Checked { inner: (simt.create)(), check: check.clone() });
-        compile_check = Some(check);
         target = Some(name.to_string());
-        amd = Some((name.to_string(), device, checked));
+        amd = Some(Amd { target: t, device });
     } else if let Err(e @ trident_core::backend::BackendError::NoDevice { .. }) = backend.open_device(0) {
         // A backend whose driver or device is absent skips every case, visibly.
         println!("trident conformance: backend {}: skipped: {e}", desc.name);
@@ -307,19 +334,32 @@ pub fn main(args: Args) -> ExitCode {
             }
         }
     }
-    let cfg = RunConfig {
-        backend: backend.as_ref(),
-        target,
-        schedules: args.chaos,
-        race: args.race,
-        compile_check,
-        world,
-        inter_node: args.inter_node,
-        calls: match (args.replay, args.rearm) {
-            (Some(n), _) => crate::distributed::Calls::Replayed(n),
-            (None, true) => crate::distributed::Calls::Rearmed(2),
-            (None, false) => crate::distributed::Calls::Direct(2),
-        },
+    let calls = match (args.replay, args.rearm) {
+        (Some(n), _) => crate::distributed::Calls::Replayed(n),
+        (None, true) => crate::distributed::Calls::Rearmed(2),
+        (None, false) => crate::distributed::Calls::Direct(2),
+    };
+    // One case: its record and, on `amd`, its code objects (checked, failed).
+    let run_one = |case: &Case, index: usize| -> (Record, (usize, usize)) {
+        let config = |backend, compile_check| RunConfig {
+            backend,
+            target: target.clone(),
+            schedules: args.chaos,
+            race: args.race,
+            compile_check,
+            world: world.clone(),
+            inter_node: args.inter_node,
+            calls,
+        };
+        match &amd {
+            Some(a) => {
+                let (checked, counts) = a.backend();
+                let r = run_case(case, index, seed, &config(&checked, Some(checked.check.clone())));
+                let n = *counts.lock().unwrap_or_else(|e| e.into_inner());
+                (r, n)
+            }
+            None => (run_case(case, index, seed, &config(backend.as_ref(), None)), (0, 0)),
+        }
     };
     // In a world of processes every rank judges every case; rank 0 prints the table, the others
     // their failures and their summary.
@@ -341,9 +381,7 @@ pub fn main(args: Args) -> ExitCode {
     }
     let mut records: Vec<Record> = Vec::new();
     let progress = crate::progress::Progress::new(selected.len(), "cases");
-    for (index, case) in &selected {
-        let before = amd.as_ref().map(|(_, _, n)| *n.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or((0, 0));
-        let mut r = run_case(case, *index, seed, &cfg);
+    let mut report = |case: &Case, mut r: Record, (compiled, failed): (usize, usize)| {
         let err = r.error.map(|e| format!("{e:.2e}")).unwrap_or_else(|| "-".into());
         let mut verdict = match (r.pass, r.skipped, r.schedules) {
             (_, true, _) => format!("skipped: {}", r.message),
@@ -351,15 +389,13 @@ pub fn main(args: Args) -> ExitCode {
             (true, _, n) => format!("ok ({n} schedules)"),
             (false, _, n) => format!("FAIL ({} of {n} schedules): {}", r.failed_schedules, r.message),
         };
-        if let Some((t, device, n)) = &amd {
-            let now = *n.lock().unwrap_or_else(|e| e.into_inner());
-            let (compiled, failed) = (now.0 - before.0, now.1 - before.1);
+        if let Some(a) = &amd {
             let code = if failed > 0 {
                 format!("code objects: {failed} FAILED")
             } else if compiled > 0 {
                 format!("compiled+checked ({compiled} kernel{})", if compiled == 1 { "" } else { "s" })
             } else {
-                "compiled+checked (kernels cached from earlier cases)".to_string()
+                "compiled+checked (kernels cached by the case's world)".to_string()
             };
             let run = if r.pass {
                 "pass"
@@ -369,7 +405,9 @@ pub fn main(args: Args) -> ExitCode {
                 "FAIL"
             };
             verdict = format!(
-                "{code} | cpu-simt[{t}] {run} | {device}{}",
+                "{code} | cpu-simt[{}] {run} | {}{}",
+                a.target.name,
+                a.device,
                 if r.pass { String::new() } else { format!(" | {}", r.message) }
             );
             r.backend = "amd".into();
@@ -392,9 +430,42 @@ pub fn main(args: Args) -> ExitCode {
         }
         progress.step(&format!("{} {} world {}", r.kernel, r.dtype, r.world));
         records.push(r);
+    };
+    if jobs <= 1 {
+        for (index, case) in &selected {
+            let (r, counts) = run_one(case, *index);
+            report(case, r, counts);
+        }
+    } else {
+        // Workers take the next case; results are reported in the suite's order as they come.
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            for _ in 0..jobs.min(selected.len()) {
+                let (send, next, selected, run_one) = (send.clone(), &next, &selected, &run_one);
+                let worker = std::thread::Builder::new().stack_size(WORKER_STACK_BYTES).spawn_scoped(s, move || loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some((index, case)) = selected.get(i) else { break };
+                    if send.send((i, run_one(case, *index))).is_err() {
+                        break;
+                    }
+                });
+                if let Err(e) = worker {
+                    println!("trident conformance: starting a worker thread: {e}");
+                }
+            }
+            drop(send);
+            let (mut done, mut reported) = (std::collections::BTreeMap::new(), 0);
+            for (i, result) in receive {
+                done.insert(i, result);
+                while let Some((r, counts)) = done.remove(&reported) {
+                    report(&selected[reported].1, r, counts);
+                    reported += 1;
+                }
+            }
+        });
     }
     drop(progress);
-    drop(cfg);
     if let Some(path) = args.json.as_ref().filter(|_| !quiet) {
         let text = serde_json::to_string_pretty(&records).unwrap_or_default();
         if let Err(e) = std::fs::write(path, text + "\n") {
@@ -418,7 +489,7 @@ pub fn main(args: Args) -> ExitCode {
     let skipped = records.iter().filter(|r| r.skipped).count();
     let failed = records.iter().filter(|r| !r.pass && !r.skipped).count();
     let what = match &amd {
-        Some((t, _, _)) => format!(" (code objects compiled and checked, and cpu-simt[{t}]; no device run)"),
+        Some(a) => format!(" (code objects compiled and checked, and cpu-simt[{}]; no device run)", a.target.name),
         None => String::new(),
     };
     println!(
