@@ -84,6 +84,11 @@ pub struct Args {
     /// started under torchrun (`bench/baseline_dist.py`: NCCL and cuBLAS through PyTorch).
     #[arg(long, value_name = "W")]
     world: Option<usize>,
+    /// With --world: after each case's timing, run it once more with every kernel compiled for
+    /// tracing and write each variant's timeline to DIR/<case>/<variant>.json (a Perfetto /
+    /// Chrome trace: one process per rank, one track per multiprocessor slot) and .svg.
+    #[arg(long, value_name = "DIR", requires = "world")]
+    trace: Option<String>,
 }
 
 /// What a single-device case times: a typed list, so that a misspelt case is a compile error
@@ -1417,6 +1422,11 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
             other => other.map_err(|e| e.to_string()),
         };
         eprintln!("bench: {} ({:.1} s): {measured:?}", case.key(), t.elapsed().as_secs_f64());
+        if let (Some(dir), Ok((times, _))) = (&args.trace, &measured) {
+            if let Err(e) = write_traces(dir, case, (w, args.reps, seed), times) {
+                eprintln!("bench: {}: tracing: {e}", case.key());
+            }
+        }
         rows.push((case.clone(), measured));
     }
     let after = baseline(args.baseline_cmd.as_deref(), &keys, "after")
@@ -1454,6 +1464,66 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// Events per traced launch (`--trace`): a program records a few per wait and tile.
+const TRACE_CAPACITY: usize = 1 << 15;
+/// Launches traced per rank (buffers made before the run; later ones record nothing).
+const TRACE_LAUNCHES: usize = 384;
+
+/// `case` run once more in the peer world of `w` ranks with every kernel traced (`reps`
+/// repetitions, each variant's last one kept); each variant's timeline written to
+/// `dir/<case>/<variant>.{json,svg}`, its traced time beside the untraced `times` of the same
+/// run.
+fn write_traces(
+    dir: &str,
+    case: &trident_conformance::dist_bench::DistCase,
+    (w, reps, seed): (usize, usize, u64),
+    times: &[(String, f64)],
+) -> Result<(), String> {
+    use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
+    use trident_conformance::dist_bench::{combine, run_traced};
+    use trident_kernels::trace::{perfetto, svg, Timeline};
+    let mut opts = GpuWorldOptions::new(w);
+    opts.heap_bytes = case.heap_bytes();
+    let c = case.clone();
+    let ranks =
+        GpuWorld::run_peer(opts, move |ctx| run_traced(ctx, &c, (reps, seed), (TRACE_CAPACITY, TRACE_LAUNCHES)))
+            .map_err(|e| e.to_string())?;
+    let traced_times = combine(&ranks.iter().map(|r| r.times.clone()).collect::<Vec<_>>());
+    let safe = |s: &str| {
+        s.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect::<String>()
+    };
+    let folder = std::path::Path::new(dir).join(safe(&case.key()));
+    std::fs::create_dir_all(&folder).map_err(|e| format!("{}: {e}", folder.display()))?;
+    let variants: Vec<String> =
+        ranks.first().map(|r| r.variants.iter().map(|(n, _)| n.clone()).collect()).unwrap_or_default();
+    for name in variants {
+        let timeline = Timeline::of(
+            ranks
+                .iter()
+                .map(|r| r.variants.iter().find(|(n, _)| *n == name).map(|(_, l)| l.clone()).unwrap_or_default()),
+        );
+        let (json_path, svg_path) =
+            (folder.join(format!("{}.json", safe(&name))), folder.join(format!("{}.svg", safe(&name))));
+        let json = serde_json::to_string(&perfetto::to_json(&timeline)).unwrap_or_default();
+        std::fs::write(&json_path, json).map_err(|e| e.to_string())?;
+        let title = format!("{} / {name} ({w} ranks)", case.key());
+        std::fs::write(&svg_path, svg::render(&timeline, &title)).map_err(|e| e.to_string())?;
+        let ms = |list: &[(String, f64)]| list.iter().find(|(n, _)| *n == name).map(|(_, t)| *t);
+        let when = match (ms(&traced_times), ms(times)) {
+            (Some(t), Some(u)) => format!("traced {t:.4} ms, untraced {u:.4} ms ({:+.1}%)", (t / u - 1.0) * 100.0),
+            _ => "not timed".to_string(),
+        };
+        eprintln!(
+            "bench: trace {}: {} launches, {} programs, {} events dropped; {when}",
+            json_path.display(),
+            timeline.launches.len(),
+            timeline.programs().0.len(),
+            timeline.dropped()
+        );
+    }
+    Ok(())
 }
 
 /// Every case of operation `op` in `rows` as `(bytes, form, ms)`, its bytes as `bytes_of` says

@@ -55,6 +55,10 @@ pub struct Args {
     /// NVSHMEM's device functions).
     #[arg(long)]
     inter_node: bool,
+    /// Compile the kernel with a timeline (`trident_core::trace::instrument`: one more
+    /// parameter, the trace buffer, and the events the lowering records in it).
+    #[arg(long)]
+    trace: bool,
     /// List kernel names.
     #[arg(long)]
     list: bool,
@@ -141,6 +145,9 @@ pub fn main(a: Args) -> ExitCode {
             Err(e) => return usage(e),
         };
         func.attrs.inter_node |= a.inter_node;
+        if a.trace {
+            func = trident_core::trace::instrument(func);
+        }
         let b = (d.create)();
         (|| -> Result<String, String> {
             if a.backend == "amd" && (a.time || a.asm) {
@@ -269,13 +276,23 @@ fn emit_all(a: &Args, dir: &std::path::Path) -> ExitCode {
                         .filter(|t| t.contains("call nvshmem")),
                     _ => None,
                 };
-                Ok((art, inter))
+                // On nvidia, bf16 kernels also compiled with a timeline (`trace::instrument`).
+                let traced = match (desc.name, d) {
+                    ("nvidia", DType::BF16) => Some(
+                        b.compile(&trident_core::trace::instrument(f), a.target.as_deref())
+                            .map_err(|e| e.to_string())?
+                            .text,
+                    ),
+                    _ => None,
+                };
+                Ok((art, inter, traced))
             });
             match r {
-                Ok((art, inter)) => {
+                Ok((art, inter, traced)) => {
                     let ext = if desc.name == "amd" { "ll" } else { "ptx" };
                     let mut files = vec![(dir.join(format!("{name}_{d}.{ext}")), art.text)];
                     files.extend(inter.map(|t| (dir.join(format!("{name}_{d}_inter_node.{ext}")), t)));
+                    files.extend(traced.map(|t| (dir.join(format!("{name}_{d}_trace.{ext}")), t)));
                     for (path, text) in files {
                         if let Err(e) = std::fs::write(&path, text) {
                             eprintln!("error: writing {}: {e}", path.display());

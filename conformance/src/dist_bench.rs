@@ -22,6 +22,7 @@ use std::time::Instant;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
 use trident_core::world::RankCtx;
+use trident_kernels::trace::{Launch, Traced};
 
 /// Bytes copied before every timed repetition to evict L2 (50 MB on the H200), as
 /// `triton.testing.do_bench` does.
@@ -163,6 +164,9 @@ pub struct Timer<'a> {
     flush: Buffer,
     reps: usize,
     out: RankTimes,
+    /// Where the timed repetition's launches are traced ([`run_traced`]), and each variant's.
+    trace: Option<&'a Traced<'a>>,
+    traces: Vec<(String, Vec<Launch>)>,
 }
 
 impl<'a> Timer<'a> {
@@ -170,7 +174,7 @@ impl<'a> Timer<'a> {
         // The CPU world has no L2 to speak of: a token copy keeps the protocol's steps.
         let bytes = if ctx.backend().descriptor().name.starts_with("cpu") { 1 << 16 } else { FLUSH_BYTES };
         let flush = ctx.alloc(bytes, "bench.l2_flush")?;
-        Ok(Timer { ctx, flush, reps: reps.max(1), out: RankTimes::default() })
+        Ok(Timer { ctx, flush, reps: reps.max(1), out: RankTimes::default(), trace: None, traces: Vec::new() })
     }
 
     /// Runs `op` once more to warm up (its checked run went first), then times it.
@@ -183,9 +187,17 @@ impl<'a> Timer<'a> {
             ctx.copy(0, &self.flush, half, &self.flush, 0, half)?;
             ctx.synchronize()?;
             ctx.barrier()?;
+            let traced_from = self.trace.map(|t| t.launch_count());
             let t = Instant::now();
             op()?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
+            if let (Some(tr), Some(from)) = (self.trace, traced_from) {
+                // The last repetition's launches are the variant's trace.
+                ctx.synchronize()?;
+                let mut launches = tr.collect()?;
+                self.traces.retain(|(n, _)| n != name);
+                self.traces.push((name.to_string(), launches.split_off(from.min(launches.len()))));
+            }
         }
         self.out.variants.push((name.to_string(), ms));
         Ok(())
@@ -211,6 +223,30 @@ pub fn run(ctx: &dyn RankCtx, case: &DistCase, reps: usize, seed: u64) -> Result
     let mut t = Timer::new(ctx, reps)?;
     benchmark.run(&mut t, case, seed)?;
     Ok(t.out)
+}
+
+/// A run of [`run_traced`] on one rank: each variant's last timed repetition's launches, in
+/// the order the variants ran, and the times of the traced repetitions.
+pub struct RankTraces {
+    pub variants: Vec<(String, Vec<Launch>)>,
+    pub times: RankTimes,
+}
+
+/// Runs `case` on this rank as [`run`] does, every kernel compiled with tracing
+/// (`trident_kernels::trace`: `capacity` events per launch, `launches` launches, buffers made
+/// before any work): `trident bench --trace`.
+pub fn run_traced(
+    ctx: &dyn RankCtx,
+    case: &DistCase,
+    (reps, seed): (usize, u64),
+    (capacity, launches): (usize, usize),
+) -> Result<RankTraces, BackendError> {
+    let traced = Traced::new(ctx, capacity, launches)?;
+    let benchmark = case.benchmark()?;
+    let mut t = Timer::new(&traced, reps)?;
+    t.trace = Some(&traced);
+    benchmark.run(&mut t, case, seed)?;
+    Ok(RankTraces { variants: t.traces, times: t.out })
 }
 
 /// The error of a case whose `what` does not split over its ranks.

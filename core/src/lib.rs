@@ -17,6 +17,7 @@ pub mod math;
 pub mod simt;
 pub mod target;
 pub mod text;
+pub mod trace;
 pub mod verify;
 pub mod world;
 

@@ -431,7 +431,7 @@ fn ptx_check() -> Result<(), Failure> {
     if let Some(e) = errors.first() {
         return Err(format!("{} of {} PTX modules rejected; the first: {e}", errors.len(), jobs.len()).into());
     }
-    eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a, its communicating kernels also at inter-node scope; every op case for sm_80 and sm_90a)", jobs.len());
+    eprintln!("xtask: ptxas assembled {} PTX modules (the catalogue for sm_80, sm_90, sm_90a, its communicating kernels also at inter-node scope, its bf16 kernels also traced; every op case for sm_80 and sm_90a)", jobs.len());
     gemm_forms_check(&ptxas, &root)
 }
 

@@ -43,6 +43,12 @@ impl Writer<'_> {
                         self.line(format!("{v} = load i32, ptr addrspace(4) {q}, align 4, !invariant.load !0"));
                         v
                     }
+                    Special::SmId => {
+                        // HW_ID (hardware register 4) bits 8..15: CU, SH and SE of the wave
+                        // (`s_getreg_b32` with size 7 at offset 8: (7 - 1) << 11 | 8 << 6 | 4).
+                        self.declare("declare i32 @llvm.amdgcn.s.getreg(i32 immarg)");
+                        self.call("i32", "llvm.amdgcn.s.getreg", &["i32 12804".to_string()])
+                    }
                 };
                 self.alias(*dst, v);
             }

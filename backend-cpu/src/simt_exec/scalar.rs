@@ -19,6 +19,8 @@ impl Exec<'_> {
                     Special::ThreadId => (0..lanes as i64).collect(),
                     Special::ProgramId(a) => vec![self.pid[a.index()] as i64; lanes],
                     Special::NumPrograms(a) => vec![self.grid[a.index()] as i64; lanes],
+                    // One multiprocessor: timelines place programs by their times alone.
+                    Special::SmId => vec![0; lanes],
                 };
                 self.set(*dst, Data::I(v));
             }

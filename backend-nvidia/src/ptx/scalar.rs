@@ -23,6 +23,7 @@ impl Writer<'_> {
                     Special::ThreadId => "%tid.x".to_string(),
                     Special::ProgramId(a) => format!("%ctaid.{}", axis(*a)),
                     Special::NumPrograms(a) => format!("%nctaid.{}", axis(*a)),
+                    Special::SmId => "%smid".to_string(),
                 };
                 let d = self.n(*dst).to_string();
                 line!(self, "mov.u32 {d}, {sreg}");

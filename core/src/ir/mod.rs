@@ -277,6 +277,11 @@ pub struct LaunchAttrs {
     /// (`gpu_runtime::persistent_grid`). Host orchestration that sets it promises the order;
     /// ranks sharing a device still leave room for each other.
     pub signalled_before: bool,
+    /// The kernel records a timeline of each program (`crate::trace`): its last parameter is
+    /// the trace buffer (`ptr<u64>`, added by `trace::instrument`), and the lowering records
+    /// the program's start and end, each wait begun and satisfied, each notify and each
+    /// persistent tile's epilogue there. Off, nothing of it is emitted.
+    pub trace: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -291,6 +296,7 @@ impl Default for LaunchAttrs {
             inter_node: false,
             pingpong: false,
             signalled_before: false,
+            trace: false,
         }
     }
 }

@@ -387,6 +387,16 @@ pub enum Inst {
     Clock {
         dst: Reg,
     },
+    /// One thread of the program (of its side of a warp-specialized region, of its consumer
+    /// group) records an event of the timeline (`crate::trace`) with `label` and the argument
+    /// `arg` (any integer or address; 0 without one). Only in kernels with
+    /// `LaunchAttrs::trace`; [`super::trace::expand`] rewrites it into primitives at the end of
+    /// the lowering, so no writer sees it.
+    TraceEvent {
+        kind: crate::trace::EventKind,
+        label: u16,
+        arg: Option<Reg>,
+    },
     /// Atomic load of `dst`'s type (32 or 64 bits) with a memory semantic (relaxed or acquire)
     /// at a scope; lanes with a false `pred` get 0 and access nothing.
     AtomicLoad {
@@ -586,7 +596,8 @@ impl Inst {
             | Inst::Pack { .. }
             | Inst::Fma { .. }
             | Inst::Mov { .. }
-            | Inst::Clock { .. } => Family::Scalar,
+            | Inst::Clock { .. }
+            | Inst::TraceEvent { .. } => Family::Scalar,
             Inst::Load { .. }
             | Inst::Store { .. }
             | Inst::VLoad { .. }
@@ -671,6 +682,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::Origin { .. }
         | Inst::Fence { .. } => {}
         Inst::Specialized { pingpong: Some(g), .. } => f(g),
+        Inst::TraceEvent { arg, .. } => opt(arg, f),
         Inst::Unary { src, .. }
         | Inst::Cast { src, .. }
         | Inst::Bitcast { src, .. }

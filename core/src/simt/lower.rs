@@ -50,6 +50,7 @@ use super::layout::{same_elements, AccLayout, Blocked};
 use super::{Hidden, Inst, Kernel, Reg, RegSplit, SType, Special};
 use crate::ir::*;
 use crate::target::{AsyncCopy, TargetDesc};
+use crate::trace::EventKind;
 use std::collections::BTreeMap;
 /// The lowering's maps key on registers and values: a fast hash (SipHash showed in profiles).
 type HashMap<K, V> = super::passes::FastMap<K, V>;
@@ -151,6 +152,8 @@ struct Lowering<'f> {
     /// A TMA store's bulk copy may still read its shared staging copy (`tma_store` leaves the
     /// wait to the next store or the program's end).
     bulk_pending: bool,
+    /// A traced kernel's label of each wait and notify op (`crate::trace::label_indices`).
+    trace_labels: HashMap<Op, u16>,
 }
 
 /// Loop-invariant code motion for rematerialized values: inside a pipelined K loop, a value that
@@ -230,6 +233,11 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         kmajor: HashMap::default(),
         deferred: HashMap::default(),
         bulk_pending: false,
+        trace_labels: if func.attrs.trace {
+            crate::trace::label_indices(func).into_iter().collect()
+        } else {
+            HashMap::default()
+        },
     };
     let mut head = Vec::new();
     l.tid = l.reg(I32);
@@ -268,7 +276,9 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     } else {
         l.prologue.push(Inst::Binary { dst: l.warp, op: BinaryOp::Shr, a: l.tid, b: shift });
     }
+    l.trace(EventKind::Start, 0, None);
     l.block(func.body)?;
+    l.trace(EventKind::End, 0, None);
     if l.group.is_some() && !l.pingpong_used {
         return Err(LowerError::Unsupported {
             op: "kernel".into(),
@@ -287,6 +297,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     head.append(&mut l.cur);
     l.k.body = head;
     super::passes::clean(&mut l.k);
+    super::trace::expand(&mut l.k);
     l.k.shared_bytes = l.smem.high;
     l.k.shared_objects = std::mem::take(&mut l.smem.objects);
     if l.k.shared_bytes > target.shared_bytes {
@@ -319,6 +330,34 @@ impl Lowering<'_> {
             Some(last @ Inst::Origin { .. }) => *last = mark,
             _ => self.cur.push(mark),
         }
+    }
+
+    /// A timeline event (`crate::trace`) here, in a traced kernel; nothing otherwise.
+    fn trace(&mut self, kind: EventKind, label: u16, arg: Option<Reg>) {
+        if self.func.attrs.trace {
+            self.emit(Inst::TraceEvent { kind, label, arg });
+        }
+    }
+
+    /// The event of the wait or notify `op` on the signal `sig` (at address `addr`): its label,
+    /// and as argument the signal's index from its parameter where it comes from one without
+    /// `symm_at` (a chunk's number, a tile's counter).
+    fn trace_signal(&mut self, op: Op, kind: EventKind, sig: Value, addr: Reg) {
+        if !self.func.attrs.trace {
+            return;
+        }
+        let label = self.trace_labels.get(&op).copied().unwrap_or(0);
+        let base = self.root_param(sig).and_then(|p| self.vals.get(&self.func.params[p as usize].value)).map(|r| r[0]);
+        let arg = base.filter(|_| self.k.ty(addr) == SType::Ptr).map(|base| {
+            let (a, b) = (self.reg(U64), self.reg(U64));
+            self.emit(Inst::Bitcast { dst: a, src: addr });
+            self.emit(Inst::Bitcast { dst: b, src: base });
+            let bytes = self.bin(BinaryOp::Sub, a, b);
+            let three = self.reg(U64);
+            self.emit(Inst::Const { dst: three, value: Literal::Int(3) });
+            self.bin(BinaryOp::Shr, bytes, three)
+        });
+        self.emit(Inst::TraceEvent { kind, label, arg });
     }
 
     /// The threads layouts spread over (a producer warp of warp specialization is not one).
@@ -729,16 +768,19 @@ impl Lowering<'_> {
                     let target = self.symm_at(s0, r);
                     self.release_then_signal(target, v, *sop);
                 }
+                self.trace_signal(op, EventKind::Notify, *sig, s0);
                 Vec::new()
             }
             OpKind::Wait { sigs, count, cmp, value, .. } => {
                 let (b, c, v) = (self.held(*sigs)[0], self.held(*count)[0], self.held(*value)[0]);
+                self.trace_signal(op, EventKind::WaitBegin, *sigs, b);
                 self.emit(Inst::WaitSignals { base: b, count: c, cmp: *cmp, value: v });
                 // What the wait acquired is read by TMA too (an AG-GEMM's gathered rows): the
                 // async proxy is ordered after it.
                 if self.target.has_async_copy(AsyncCopy::Tma) {
                     self.emit(Inst::FenceProxyAsyncGlobal);
                 }
+                self.trace_signal(op, EventKind::WaitEnd, *sigs, b);
                 let t = self.reg(U64);
                 self.emit(Inst::Const { dst: t, value: Literal::Int(0) });
                 vec![t]
@@ -760,7 +802,9 @@ impl Lowering<'_> {
             OpKind::SignalWaitUntil { sig, cmp, value } => {
                 let (b, v) = (self.held(*sig)[0], self.held(*value)[0]);
                 let one = self.iconst(1);
+                self.trace_signal(op, EventKind::WaitBegin, *sig, b);
                 self.emit(Inst::WaitSignals { base: b, count: one, cmp: *cmp, value: v });
+                self.trace_signal(op, EventKind::WaitEnd, *sig, b);
                 let seen = self.reg(U64);
                 self.emit(Inst::Load { dst: seen, addr: b, pred: None, other: None });
                 vec![seen]

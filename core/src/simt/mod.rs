@@ -45,6 +45,7 @@ pub mod print;
 pub mod protocol;
 pub mod smem;
 pub mod tma;
+pub mod trace;
 
 pub use inst::{for_each_use, Family, Inst, RegSplit};
 pub use lower::{lower, LowerError};
@@ -108,6 +109,9 @@ pub enum Special {
     ProgramId(Axis),
     /// Programs along an axis (`%nctaid`).
     NumPrograms(Axis),
+    /// The multiprocessor the program runs on (`%smid`; AMD: the CU, SH and SE bits of the
+    /// hardware id; cpu-simt: 0), for timelines (`crate::trace`).
+    SmId,
 }
 
 // The launch ABI (hidden parameters, wait record) lives in `crate::abi`; the lowering and the

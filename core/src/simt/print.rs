@@ -111,6 +111,7 @@ impl Printer<'_> {
                     Special::ThreadId => "thread_id".to_string(),
                     Special::ProgramId(a) => format!("program_id.{a}"),
                     Special::NumPrograms(a) => format!("num_programs.{a}"),
+                    Special::SmId => "sm_id".to_string(),
                 };
                 format!("{} = {w}", self.def(*dst))
             }
@@ -248,6 +249,10 @@ impl Printer<'_> {
             ),
             Inst::Pack { dst, lo, hi } => format!("{} = pack {}, {}", self.def(*dst), r(lo), r(hi)),
             Inst::Clock { dst } => format!("{} = clock", self.def(*dst)),
+            Inst::TraceEvent { kind, label, arg } => match arg {
+                Some(a) => format!("trace {} label {label} arg {}", kind.name(), r(a)),
+                None => format!("trace {} label {label}", kind.name()),
+            },
             Inst::Exit => "exit".to_string(),
             Inst::SymmAt { dst, ptr, rank } => format!("{} = symm_at {}, rank {}", self.def(*dst), r(ptr), r(rank)),
             Inst::Fence { scope } => format!("fence.{scope}"),

@@ -434,6 +434,7 @@ impl Parser<'_> {
                         "inter_node" => attrs.inter_node = self.boolean()?,
                         "pingpong" => attrs.pingpong = self.boolean()?,
                         "signalled_before" => attrs.signalled_before = self.boolean()?,
+                        "trace" => attrs.trace = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

@@ -240,6 +240,7 @@ impl Lowering<'_> {
     /// The epilogue of tile number `t`: the tile loop's ops but the K loop, with the products
     /// `acc` (zeros for an empty K loop) in place of its result and the tile variable bound.
     fn tile_epilogue(&mut self, f: &Flat, p: &Persistent, t: Reg, acc: &[Reg]) -> Result<(), LowerError> {
+        self.trace(crate::trace::EventKind::Epilogue, 0, Some(t));
         let saved_tile = self.tile_ops_before(f, p, t, false)?;
         self.tile_ops_after(f, p, acc, saved_tile)
     }

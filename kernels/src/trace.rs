@@ -1,0 +1,398 @@
+//! Timelines of GPU kernels from host code (issue 32): a rank context that compiles every
+//! kernel with tracing ([`Traced`]), and what its launches recorded ([`Timeline`]), exported as
+//! a Perfetto / Chrome trace ([`perfetto`]) or drawn as an SVG ([`svg`]).
+//!
+//! ```text
+//! let traced = Traced::new(ctx, 1 << 15, 64)?; // events per launch, launches
+//! op.run(&traced, ...)?;                      // every kernel compiled with `+trace`
+//! traced.synchronize()?;
+//! let launches = traced.collect()?;           // this rank's launches and their events
+//! ```
+//!
+//! Each launch gets its own buffer (`trident_core::trace` gives the format), made up front, so
+//! an event is read with its kernel's labels and nothing is allocated while work is timed;
+//! launches past the pool share one buffer of no capacity (their events count as dropped). The ranks of a loopback world share the
+//! GPU's clock; ranks on different GPUs are aligned at their first event (see `DECISIONS.md`).
+
+pub mod perfetto;
+pub mod svg;
+
+use std::sync::Mutex;
+use trident_core::backend::{Artifact, Backend, BackendError, Buffer, KernelArg};
+use trident_core::ir::CmpOp;
+use trident_core::trace::{buffer_bytes, decode, header, instrument, labels, Recorded};
+use trident_core::world::{RankCtx, StreamId};
+use trident_core::{Function, VerifyError};
+
+/// A rank context whose kernels record timelines; everything else is `inner`'s.
+pub struct Traced<'a> {
+    inner: &'a dyn RankCtx,
+    /// The labels of every kernel compiled so far, by kernel name.
+    labels: Mutex<Vec<(String, Vec<String>)>>,
+    /// Buffers made up front (a launch takes the next: nothing is allocated or written while
+    /// work is timed), headers written.
+    pool: Vec<Buffer>,
+    /// The launches so far and the buffer each took.
+    launches: Mutex<Vec<(String, Buffer)>>,
+    /// Where launches past the pool record nothing (a header of no capacity).
+    overflow: Buffer,
+}
+
+/// One launch's events.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    pub rank: usize,
+    /// Order of the launch on its rank.
+    pub index: usize,
+    pub kernel: String,
+    pub labels: Vec<String>,
+    pub recorded: Recorded,
+}
+
+/// What every rank's launches recorded.
+#[derive(Clone, Debug, Default)]
+pub struct Timeline {
+    pub launches: Vec<Launch>,
+}
+
+impl Timeline {
+    /// The ranks' launches together (each rank's from [`Traced::collect`]).
+    pub fn of(ranks: impl IntoIterator<Item = Vec<Launch>>) -> Timeline {
+        Timeline { launches: ranks.into_iter().flatten().collect() }
+    }
+
+    /// Events dropped by full buffers, over every launch.
+    pub fn dropped(&self) -> u64 {
+        self.launches.iter().map(|l| l.recorded.dropped).sum()
+    }
+
+    /// The earliest event's time (the origin of exported times).
+    pub fn origin_ns(&self) -> u64 {
+        self.launches.iter().flat_map(|l| l.recorded.events.iter().map(|e| e.time_ns)).min().unwrap_or(0)
+    }
+}
+
+impl<'a> Traced<'a> {
+    /// `inner` with every kernel traced: `launches` buffers of `capacity` events each, made
+    /// now; launches past them record nothing (their events count as dropped).
+    pub fn new(inner: &'a dyn RankCtx, capacity: usize, launches: usize) -> Result<Traced<'a>, BackendError> {
+        let made = |capacity: usize, name: &str| -> Result<Buffer, BackendError> {
+            let b = inner.alloc(buffer_bytes(capacity), name)?;
+            inner.write(&b, 0, &header(capacity))?;
+            Ok(b)
+        };
+        let pool = (0..launches).map(|_| made(capacity, "__trace")).collect::<Result<Vec<_>, _>>()?;
+        Ok(Traced {
+            inner,
+            labels: Mutex::new(Vec::new()),
+            pool,
+            launches: Mutex::new(Vec::new()),
+            overflow: made(0, "__trace_overflow")?,
+        })
+    }
+
+    /// Launches traced so far.
+    pub fn launch_count(&self) -> usize {
+        self.launches.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// This rank's launches so far with their events (after a `synchronize`).
+    pub fn collect(&self) -> Result<Vec<Launch>, BackendError> {
+        let launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
+        let labels = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(launches.len());
+        for (index, (kernel, buffer)) in launches.iter().enumerate() {
+            let mut bytes = vec![0u8; buffer.bytes];
+            self.inner.read(buffer, 0, &mut bytes)?;
+            let recorded =
+                decode(&bytes).map_err(|e| BackendError::Host(format!("the trace of `{kernel}` launch {index}: {e}")))?;
+            let names = labels.iter().find(|(k, _)| k == kernel).map(|(_, l)| l.clone()).unwrap_or_default();
+            out.push(Launch { rank: self.inner.rank(), index, kernel: kernel.clone(), labels: names, recorded });
+        }
+        Ok(out)
+    }
+
+    /// The buffer the next launch of `kernel` records into.
+    fn buffer_for(&self, kernel: &str) -> Buffer {
+        let mut launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
+        let b = self.pool.get(launches.len()).unwrap_or(&self.overflow).clone();
+        launches.push((kernel.to_string(), b.clone()));
+        b
+    }
+}
+
+impl RankCtx for Traced<'_> {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn world_size(&self) -> usize {
+        self.inner.world_size()
+    }
+    fn backend(&self) -> &dyn Backend {
+        self.inner.backend()
+    }
+    fn target(&self) -> Option<String> {
+        self.inner.target()
+    }
+    fn gpu_target(&self) -> Option<&'static trident_core::target::TargetDesc> {
+        self.inner.gpu_target()
+    }
+    fn ranks_sharing_device(&self) -> usize {
+        self.inner.ranks_sharing_device()
+    }
+    fn topology(&self) -> String {
+        self.inner.topology()
+    }
+    fn capturing(&self) -> bool {
+        self.inner.capturing()
+    }
+    fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
+        let artifact = self.inner.compile(&format!("{key}+trace"), &|| Ok(instrument(build()?)))?;
+        let mut labels_of = self.labels.lock().unwrap_or_else(|e| e.into_inner());
+        if !labels_of.iter().any(|(k, _)| *k == artifact.kernel) {
+            // The labels come from the function the artifact was built from (built again: the
+            // artifact keeps its signature, not its ops).
+            let f = instrument(build().map_err(|e| BackendError::Host(e.to_string()))?);
+            labels_of.push((artifact.kernel.clone(), labels(&f)));
+        }
+        Ok(artifact)
+    }
+    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.inner.alloc(bytes, name)
+    }
+    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
+        self.inner.symm_alloc(bytes, name)
+    }
+    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
+        self.inner.peer(buffer, rank)
+    }
+    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
+        self.inner.write(buffer, offset, data)
+    }
+    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
+        self.inner.read(buffer, offset, out)
+    }
+    fn launch(&self, stream: StreamId, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
+        if !kernel.attrs.trace {
+            return self.inner.launch(stream, kernel, grid, args);
+        }
+        let buffer = self.buffer_for(&kernel.kernel);
+        let mut all = args.to_vec();
+        all.push(KernelArg::Ptr(buffer.address));
+        self.inner.launch(stream, kernel, grid, &all)
+    }
+    fn copy(
+        &self,
+        stream: StreamId,
+        dst: &Buffer,
+        dst_offset: usize,
+        src: &Buffer,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<(), BackendError> {
+        self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes)
+    }
+    fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
+        self.inner.write_signal(stream, signal, offset, value)
+    }
+    fn wait_signal(
+        &self,
+        stream: StreamId,
+        signal: &Buffer,
+        offset: usize,
+        cmp: CmpOp,
+        value: u64,
+    ) -> Result<(), BackendError> {
+        self.inner.wait_signal(stream, signal, offset, cmp, value)
+    }
+    fn synchronize(&self) -> Result<(), BackendError> {
+        self.inner.synchronize()
+    }
+    fn barrier(&self) -> Result<(), BackendError> {
+        self.inner.barrier()
+    }
+    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
+        self.inner.rearm_barrier_all()
+    }
+    fn follow_stream(&self, external: u64) -> Result<(), BackendError> {
+        self.inner.follow_stream(external)
+    }
+    fn join_stream(&self, external: u64) -> Result<(), BackendError> {
+        self.inner.join_stream(external)
+    }
+}
+
+/// One program of one launch, from its events: what [`perfetto`] and [`svg`] draw.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProgramSpan {
+    pub rank: usize,
+    /// Index into [`Timeline::launches`].
+    pub launch: usize,
+    pub program: u32,
+    pub sm: u32,
+    /// Track of the program on its rank: programs of one multiprocessor that overlap in time
+    /// get different slots ([`Timeline::programs`] numbers the tracks per rank).
+    pub track: usize,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Waits: label, argument, begun, satisfied.
+    pub waits: Vec<(u16, u32, u64, u64)>,
+    /// Notifies: label, argument, time.
+    pub notifies: Vec<(u16, u32, u64)>,
+    /// Persistent tiles: tile number, main loop begun (the previous epilogue or the start),
+    /// epilogue begun.
+    pub tiles: Vec<(u32, u64, u64)>,
+}
+
+/// A track of a rank: a multiprocessor's resident slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Track {
+    pub rank: usize,
+    pub sm: u32,
+    pub slot: usize,
+}
+
+impl Timeline {
+    /// Every program's span and events, and the tracks they are placed on (per rank, by
+    /// multiprocessor, then slot; a program's track is its index among its rank's).
+    pub fn programs(&self) -> (Vec<ProgramSpan>, Vec<Vec<Track>>) {
+        use trident_core::trace::EventKind;
+        let mut spans: Vec<ProgramSpan> = Vec::new();
+        for (li, l) in self.launches.iter().enumerate() {
+            let mut by_program: std::collections::BTreeMap<u32, Vec<&trident_core::trace::Event>> = Default::default();
+            for e in &l.recorded.events {
+                by_program.entry(e.program).or_default().push(e);
+            }
+            for (program, mut events) in by_program {
+                events.sort_by_key(|e| e.time_ns);
+                let (first, last) = (events[0].time_ns, events[events.len() - 1].time_ns);
+                let start = events.iter().find(|e| e.kind == EventKind::Start).map_or(first, |e| e.time_ns);
+                let end = events.iter().rev().find(|e| e.kind == EventKind::End).map_or(last, |e| e.time_ns);
+                let mut span = ProgramSpan {
+                    rank: l.rank,
+                    launch: li,
+                    program,
+                    sm: events[0].sm,
+                    track: 0,
+                    start_ns: start,
+                    end_ns: end.max(start),
+                    waits: Vec::new(),
+                    notifies: Vec::new(),
+                    tiles: Vec::new(),
+                };
+                let mut open: Vec<&trident_core::trace::Event> = Vec::new();
+                let mut tile_from = start;
+                for e in &events {
+                    match e.kind {
+                        EventKind::WaitBegin => open.push(e),
+                        EventKind::WaitEnd => {
+                            if let Some(i) = open.iter().rposition(|b| b.label == e.label && b.arg == e.arg) {
+                                let b = open.remove(i);
+                                span.waits.push((e.label, e.arg, b.time_ns, e.time_ns));
+                            }
+                        }
+                        EventKind::Notify => span.notifies.push((e.label, e.arg, e.time_ns)),
+                        EventKind::Epilogue => {
+                            span.tiles.push((e.arg, tile_from, e.time_ns));
+                            tile_from = e.time_ns;
+                        }
+                        EventKind::Start | EventKind::End => {}
+                    }
+                }
+                // A wait that never ended (the program stopped in it) lasts to the span's end.
+                span.waits.extend(open.iter().map(|b| (b.label, b.arg, b.time_ns, span.end_ns)));
+                spans.push(span);
+            }
+        }
+        // Tracks: per rank and multiprocessor, the lowest slot free when the program starts.
+        spans.sort_by_key(|s| (s.rank, s.sm, s.start_ns, s.launch, s.program));
+        let ranks = spans.iter().map(|s| s.rank + 1).max().unwrap_or(0);
+        let mut tracks: Vec<Vec<Track>> = vec![Vec::new(); ranks];
+        let mut free_at: std::collections::HashMap<(usize, u32), Vec<u64>> = Default::default();
+        for s in &mut spans {
+            let slots = free_at.entry((s.rank, s.sm)).or_default();
+            let slot = match slots.iter().position(|&t| t <= s.start_ns) {
+                Some(i) => i,
+                None => {
+                    slots.push(0);
+                    slots.len() - 1
+                }
+            };
+            slots[slot] = s.end_ns;
+            let track = Track { rank: s.rank, sm: s.sm, slot };
+            s.track = match tracks[s.rank].iter().position(|t| *t == track) {
+                Some(i) => i,
+                None => {
+                    tracks[s.rank].push(track);
+                    tracks[s.rank].len() - 1
+                }
+            };
+        }
+        // Tracks in (multiprocessor, slot) order, programs renumbered to match.
+        for (rank, list) in tracks.iter_mut().enumerate() {
+            let mut order: Vec<usize> = (0..list.len()).collect();
+            order.sort_by_key(|&i| (list[i].sm, list[i].slot));
+            let mut new_index = vec![0; list.len()];
+            for (new, &old) in order.iter().enumerate() {
+                new_index[old] = new;
+            }
+            for s in spans.iter_mut().filter(|s| s.rank == rank) {
+                s.track = new_index[s.track];
+            }
+            *list = order.iter().map(|&i| list[i].clone()).collect();
+        }
+        (spans, tracks)
+    }
+
+    /// The label text of `label` in launch `launch`.
+    pub fn label(&self, launch: usize, label: u16) -> &str {
+        self.launches.get(launch).and_then(|l| l.labels.get(label as usize)).map_or("", |s| s.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trident_core::trace::{Event, EventKind};
+
+    fn ev(time_ns: u64, program: u32, sm: u32, kind: EventKind, label: u16, arg: u32) -> Event {
+        Event { time_ns, program, sm, kind, label, arg }
+    }
+
+    /// Two programs of one multiprocessor that overlap get two slots; a third after the first
+    /// reuses its slot; waits pair up, tiles run from epilogue to epilogue.
+    #[test]
+    fn programs_get_tracks_and_their_phases() {
+        let events = vec![
+            ev(0, 0, 5, EventKind::Start, 0, 0),
+            ev(10, 0, 5, EventKind::WaitBegin, 1, 3),
+            ev(30, 0, 5, EventKind::WaitEnd, 1, 3),
+            ev(60, 0, 5, EventKind::Epilogue, 0, 7),
+            ev(90, 0, 5, EventKind::Epilogue, 0, 9),
+            ev(100, 0, 5, EventKind::End, 0, 0),
+            ev(50, 1, 5, EventKind::Start, 0, 0),
+            ev(70, 1, 5, EventKind::Notify, 2, 1),
+            ev(120, 1, 5, EventKind::End, 0, 0),
+            ev(105, 2, 5, EventKind::Start, 0, 0),
+            ev(110, 2, 5, EventKind::End, 0, 0),
+        ];
+        let launch = Launch {
+            rank: 0,
+            index: 0,
+            kernel: "k".into(),
+            labels: vec!["".into(), "wait %ready".into(), "notify %done".into()],
+            recorded: trident_core::trace::Recorded { events, dropped: 0 },
+        };
+        let t = Timeline::of([vec![launch]]);
+        let (spans, tracks) = t.programs();
+        assert_eq!(tracks[0].len(), 2);
+        let p = |n: u32| spans.iter().find(|s| s.program == n).unwrap();
+        assert_eq!((p(0).start_ns, p(0).end_ns, p(0).track), (0, 100, 0));
+        assert_eq!(p(1).track, 1);
+        assert_eq!(p(2).track, 0);
+        assert_eq!(p(0).waits, vec![(1, 3, 10, 30)]);
+        assert_eq!(p(0).tiles, vec![(7, 0, 60), (9, 60, 90)]);
+        assert_eq!(p(1).notifies, vec![(2, 1, 70)]);
+        assert_eq!(t.label(0, 1), "wait %ready");
+    }
+}
