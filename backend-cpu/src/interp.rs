@@ -11,6 +11,7 @@ use crate::view::{ProgramView, Transfer};
 use trident_core::backend::KernelArg;
 use trident_core::ir::*;
 use trident_core::math::{self, native::Native};
+use trident_core::trace::EventKind;
 
 /// A failure inside a program, located at an op.
 #[derive(Debug)]
@@ -94,6 +95,17 @@ pub trait Hooks {
     fn signal_written(&self, _view: &ProgramView, _addr: u64, _value: u64) {}
     /// The program finished and published everything (race detection collects its clock).
     fn program_done(&self, _view: &mut ProgramView) {}
+    /// The clock of timelines (`trident_core::trace`), in nanoseconds: the host's monotonic
+    /// clock by default; a world's virtual time.
+    fn clock_ns(&self) -> u64 {
+        host_clock_ns()
+    }
+}
+
+/// Nanoseconds of the host's monotonic clock since its first reading.
+pub fn host_clock_ns() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }
 
 /// The hooks of a single-device launch: one rank, programs run one after another, so a wait
@@ -147,6 +159,8 @@ pub struct Program<'a> {
     env: Vec<Option<Val>>,
     view: ProgramView,
     hooks: &'a dyn Hooks,
+    /// A traced kernel's trace buffer and the labels of its waits and notifies.
+    trace: Option<(u64, std::collections::HashMap<Op, u16>)>,
 }
 
 impl<'a> Program<'a> {
@@ -159,7 +173,7 @@ impl<'a> Program<'a> {
         view: ProgramView,
         hooks: &'a dyn Hooks,
     ) -> R<()> {
-        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()], view, hooks };
+        let mut p = Program { func, mem, ctx, env: vec![None; func.values.len()], view, hooks, trace: None };
         for (param, arg) in func.params.iter().zip(args) {
             let ty = func.ty(param.value).clone();
             let data = match *arg {
@@ -168,6 +182,14 @@ impl<'a> Program<'a> {
             };
             p.env[param.value.index()] = Some(Val { ty, data });
         }
+        if func.attrs.trace {
+            if let (Some(KernelArg::Ptr(buffer)), true) =
+                (args.get(func.params.len() - 1), func.params.len() <= args.len())
+            {
+                p.trace = Some((*buffer, trident_core::trace::label_indices(func)));
+            }
+        }
+        p.record(EventKind::Start, None)?;
         if let Err(f) = p.block(func.body) {
             // A program that stopped (a wait that timed out, as a GPU's ends its program) has
             // still finished when its launch has: what it stored is visible, and ordered before
@@ -176,12 +198,42 @@ impl<'a> Program<'a> {
             p.hooks.program_done(&mut p.view);
             return Err(f);
         }
+        p.record(EventKind::End, None)?;
         // The program's threads may retire at different times: others may run before its last
         // buffered stores and transfers become visible.
         p.hooks.yield_point(&mut p.view)?;
         access(p.view.finish(mem))?;
         p.hooks.program_done(&mut p.view);
         Ok(())
+    }
+
+    /// A timeline event of a traced kernel (`trident_core::trace`'s format), at the hooks'
+    /// clock; with `signal` the wait's or notify's op, its signal value and address. Nothing
+    /// for an untraced kernel.
+    fn record(&mut self, kind: EventKind, signal: Option<(Op, Value, u64)>) -> R<()> {
+        use trident_core::trace::{kind_word, EVENT_WORDS, HEADER_WORDS};
+        let Some((buffer, labels)) = &self.trace else { return Ok(()) };
+        let (label, arg) = match signal {
+            Some((op, sig, addr)) => {
+                let base = trident_core::trace::signal_base(self.func, sig)
+                    .and_then(|i| self.env[self.func.params[i as usize].value.index()].as_ref())
+                    .and_then(|v| v.ptrs().first().copied());
+                (labels.get(&op).copied().unwrap_or(0), base.map_or(0, |b| addr.wrapping_sub(b) / 8))
+            }
+            None => (0, 0),
+        };
+        let view = self.mem.view();
+        let (region, at) = access(view.locate(*buffer, 16))?;
+        let slot = region.rmw(at, 8, |n| n + 1);
+        if slot >= region.load(at + 8, 8) {
+            return Ok(());
+        }
+        let [x, y, z] = self.ctx.pid;
+        let [nx, ny, _] = self.ctx.grid;
+        let program = x as u64 + y as u64 * nx as u64 + z as u64 * nx as u64 * ny as u64;
+        let words = [self.hooks.clock_ns(), program, kind_word(kind, label) | (arg & 0xffff_ffff) << 32];
+        let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        access(self.mem.write_bytes(buffer + 8 * (HEADER_WORDS + EVENT_WORDS * slot as usize) as u64, &bytes))
     }
 
     fn val(&self, v: Value) -> R<&Val> {
@@ -319,13 +371,14 @@ impl<'a> Program<'a> {
             OpKind::Notify { sig, rank, value, op: sop, .. } => {
                 self.hooks.yield_point(&mut self.view)?;
                 let r = self.val(*rank)?.scalar_i64();
-                let addr = self.hooks.translate(self.scalar_ptr(*sig)?, r)?;
+                let local = self.scalar_ptr(*sig)?;
+                let addr = self.hooks.translate(local, r)?;
                 let v = self.val(*value)?.scalar_i64() as u64;
                 // Program barrier, release, then one thread writes the signal.
                 access(self.view.release_all(self.mem))?;
                 self.view.race_release(addr);
                 self.write_signal(addr, *sop, v)?;
-                return Ok(());
+                return self.record(EventKind::Notify, Some((op, *sig, local)));
             }
             OpKind::Put { dst, src, bytes, rank, nbi, .. } => {
                 self.hooks.yield_point(&mut self.view)?;
@@ -381,8 +434,10 @@ impl<'a> Program<'a> {
                 }
                 let addrs: Vec<u64> = (0..n as u64).map(|i| base.wrapping_add(8 * i)).collect();
                 let want = self.val(*value)?.scalar_i64() as u64;
+                self.record(EventKind::WaitBegin, Some((op, *sigs, base)))?;
                 self.deliver_before_blocking()?;
                 self.hooks.wait(&self.view, &addrs, WordTest::Cmp(*cmp, want))?;
+                self.record(EventKind::WaitEnd, Some((op, *sigs, base)))?;
                 if sem.acquires() {
                     self.view.acquire(self.mem);
                     for a in &addrs {
@@ -395,8 +450,10 @@ impl<'a> Program<'a> {
                 self.hooks.yield_point(&mut self.view)?;
                 let addr = self.scalar_ptr(*sig)?;
                 let want = self.val(*value)?.scalar_i64() as u64;
+                self.record(EventKind::WaitBegin, Some((op, *sig, addr)))?;
                 self.deliver_before_blocking()?;
                 self.hooks.wait(&self.view, &[addr], WordTest::Cmp(*cmp, want))?;
+                self.record(EventKind::WaitEnd, Some((op, *sig, addr)))?;
                 self.view.acquire(self.mem);
                 self.view.race_acquire(addr);
                 let seen = access(self.view.rmw(self.mem, addr, 8, |old| old))?;

@@ -242,6 +242,11 @@ impl Sched {
         (st.abort.clone(), st.switches)
     }
 
+    /// Hand-overs of the baton so far: the world's virtual time.
+    pub fn switches(&self) -> u64 {
+        self.lock().switches
+    }
+
     /// The report of a deadlock, once one happened.
     pub fn aborted(&self) -> Option<String> {
         self.lock().abort.clone()

@@ -973,6 +973,12 @@ impl WorldHooks<'_> {
 }
 
 impl Hooks for WorldHooks<'_> {
+    /// Virtual time: a microsecond per hand-over of the scheduler's baton, so that a timeline
+    /// of the world (`trident_core::trace`) shows the order of events, not the host's speed.
+    fn clock_ns(&self) -> u64 {
+        self.inner.sched.switches() * 1000
+    }
+
     fn yield_point(&self, view: &mut ProgramView) -> R<()> {
         view.perturb(&self.inner.mem).or_else(|e| fault(e.0))?;
         self.inner.sched.yield_now(self.task).or_else(fault)

@@ -8,19 +8,21 @@ use trident_core::ir::DType;
 use trident_core::trace::EventKind;
 use trident_kernels::trace::Timeline;
 
-/// AG-GEMM and GEMM-RS at their small shapes in a CPU world of 2 ranks on sm_90a's lowering.
+/// AG-GEMM and GEMM-RS at their small shapes in a CPU world of 2 ranks, on sm_90a's lowering
+/// (the host's clock) and on the tile interpreter (the world's virtual time).
 #[test]
 fn traced_overlap_kernels_record_every_program() {
     trident_conformance::link_backends();
-    for name in ["ag_gemm", "gemm_rs"] {
+    for (name, simt) in [("ag_gemm", Some("sm_90a")), ("gemm_rs", Some("sm_90a")), ("ag_gemm", None), ("gemm_rs", None)]
+    {
         let op = trident_conformance::registry::operations().into_iter().find(|o| o.name() == name).unwrap();
         let b = op.benchmark().unwrap();
         let world = 2;
         let case = DistCase { name: op.name(), dtype: DType::BF16, dims: b.small_shape(world), world };
-        let opts = WorldOptions { simt_target: Some("sm_90a"), ..WorldOptions::new(world, rand::random()) };
+        let opts = WorldOptions { simt_target: simt, ..WorldOptions::new(world, rand::random()) };
         let (c, seed) = (case.clone(), rand::random());
         let out = CpuWorld::run(opts, move |ctx| run_traced(ctx, &c, (1, seed), (1 << 12, 64)))
-            .unwrap_or_else(|e| panic!("{}: {e}", case.key()));
+            .unwrap_or_else(|e| panic!("{} {simt:?}: {e}", case.key()));
         let ranks: Vec<_> = out.results.iter().map(|r| r.variants.clone()).collect();
         for r in &out.results {
             assert!(r.times.error <= 1e-2, "{}: error {}", case.key(), r.times.error);
@@ -43,6 +45,9 @@ fn traced_overlap_kernels_record_every_program() {
                 assert!(!programs.is_empty(), "{name} {variant} {}: no events", l.kernel);
                 for p in programs {
                     let of = |k: EventKind| l.recorded.events.iter().filter(|e| e.program == p && e.kind == k).count();
+                    let times: Vec<u64> =
+                        l.recorded.events.iter().filter(|e| e.program == p).map(|e| e.time_ns).collect();
+                    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{name} {simt:?} {variant} p{p}: {times:?}");
                     // A persistent program runs on one side per region: its start and end are
                     // the uniform code's.
                     assert_eq!(
@@ -72,7 +77,7 @@ fn traced_overlap_kernels_record_every_program() {
             .flat_map(|(_, ls)| ls.iter().flat_map(|l| l.recorded.events.iter().map(|e| e.kind)))
             .collect();
         let kind = if name == "ag_gemm" { EventKind::WaitEnd } else { EventKind::Notify };
-        assert!(all.contains(&kind), "{name}: no {kind:?} recorded");
+        assert!(all.contains(&kind), "{name} {simt:?}: no {kind:?} recorded");
     }
 }
 

@@ -121,6 +121,24 @@ pub fn signal_param(f: &Function, mut v: Value) -> Option<u32> {
     None
 }
 
+/// The parameter a signal pointer is an offset of, without `symm_at` (the signal is this
+/// rank's): what an event's argument, the signal's index, is counted from.
+pub fn signal_base(f: &Function, mut v: Value) -> Option<u32> {
+    for _ in 0..64 {
+        match f.values[v].def {
+            ValueDef::Param(i) => return Some(i),
+            ValueDef::Result { op, .. } => match f.ops[op].kind {
+                OpKind::AddPtr { ptr, .. } => v = ptr,
+                OpKind::ConsumeToken { value, .. } => v = value,
+                OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
+                _ => return None,
+            },
+            ValueDef::BlockArg { .. } => return None,
+        }
+    }
+    None
+}
+
 fn signal_ops(f: &Function) -> Vec<(Op, String)> {
     let name = |v: Value| match signal_param(f, v) {
         Some(i) => format!("%{}", f.params[i as usize].name),

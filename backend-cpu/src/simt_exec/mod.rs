@@ -301,12 +301,6 @@ impl Mbarrier {
     }
 }
 
-/// Nanoseconds of a monotonic clock ([`Inst::Clock`]).
-fn clock_ns() -> u64 {
-    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    START.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
-}
-
 /// A fault of one program, placed at the tile-IR op whose instructions were running
 /// ([`Inst::Origin`]).
 #[derive(Debug)]

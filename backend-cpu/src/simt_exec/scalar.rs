@@ -149,7 +149,7 @@ impl Exec<'_> {
                 self.set(*dst, Data::P(v));
             }
             Inst::Clock { dst } => {
-                let ns = clock_ns();
+                let ns = self.hooks.clock_ns();
                 self.set(*dst, Data::I(vec![ns as i64; lanes]));
             }
             Inst::Pack { dst, lo, hi } => {

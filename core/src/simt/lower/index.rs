@@ -352,7 +352,7 @@ impl Lowering<'_> {
     }
 
     /// The parameter a pointer value is derived from by pointer arithmetic (through tokens).
-    pub(super) fn root_param(&self, mut v: Value) -> Option<u32> {
+    fn root_param(&self, mut v: Value) -> Option<u32> {
         loop {
             match self.func.values[v].def {
                 ValueDef::Param(i) => return Some(i),
