@@ -2,7 +2,7 @@
 # Issue 32's traces on the GPU machine, over `bundle/` (and the wheel in bundle/wheels), in one
 # call of under ten minutes, after a validation of what changed since the last GPU run:
 # 1. every conformance case at world 1, GEMM-AR in the loopback world of 8, flash decoding
-#    against SDPA and Triton, the torch ops' tests (TORCH=1);
+#    against SDPA and Triton (FD=0: not), the torch ops' tests (TORCH=1);
 # 2. AG-GEMM and GEMM-RS (LLaMA-3.1-8B's per-rank shapes) in the loopback world of 4 ranks,
 #    timed, then run again traced (`trident bench --trace`): every variant's timeline as a
 #    Perfetto trace and an SVG under $OUT/traces, the traced time beside the untraced.
@@ -14,8 +14,8 @@ KEEP='^conformance:|FAIL|skipped|rror|SUMMARY|PASS|passed|failed'
 if [ "${VALIDATE:-1}" = 1 ]; then
   step conformance-world1 150 $B/trident test --backend nvidia --world 1 --json "$O/logs/conformance-world1.json"
   step conformance-world8-gemm_ar 60 $B/trident test --backend nvidia --world 8 --kernel gemm_ar
-  KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 100 $B/trident bench \
-    --only flash_decode --config 64n/8w/pf --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
+  [ "${FD:-1}" = 1 ] && KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 100 \
+    $B/trident bench --only flash_decode --config 64n/8w/pf --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
     --json "$O/bench-flash-decode.json"
   if [ "${TORCH:-0}" = 1 ]; then
     PYTHON=/opt/torch/.venv/bin/python
