@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Issue 32's traces on the GPU machine, over `bundle/` (and the wheel in bundle/wheels), in one
-# call of under ten minutes, after a validation of what changed since the last GPU run:
-# 1. every conformance case at world 1, GEMM-AR in the loopback world of 8, flash decoding
-#    against SDPA and Triton (FD=0: not), the torch ops' tests (TORCH=1);
-# 2. AG-GEMM and GEMM-RS (LLaMA-3.1-8B's per-rank shapes) in the loopback world of 4 ranks,
+# call of under ten minutes, then a validation of what changed since the last GPU run:
+# 1. AG-GEMM and GEMM-RS (LLaMA-3.1-8B's per-rank shapes) in the loopback world of 4 ranks,
 #    timed, then run again traced (`trident bench --trace`): every variant's timeline as a
-#    Perfetto trace and an SVG under $OUT/traces, the traced time beside the untraced.
+#    Perfetto trace and an SVG under $OUT/traces, the traced time beside the untraced;
+# 2. (VALIDATE=1) every conformance case at world 1, GEMM-AR in the loopback world of 8, flash
+#    decoding against SDPA and Triton (FD=0: not), the torch ops' tests (TORCH=1).
 # Writes $OUT/summary.txt, logs/ and the reports; tar the traces to bring them back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
 KEEP='^conformance:|FAIL|skipped|rror|SUMMARY|PASS|passed|failed'
+for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
+  k=${c%% *}
+  KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
+    --trace "$O/traces" --json "$O/bench-$k-world4.json"
+done
 if [ "${VALIDATE:-1}" = 1 ]; then
   step conformance-world1 150 $B/trident test --backend nvidia --world 1 --json "$O/logs/conformance-world1.json"
   step conformance-world8-gemm_ar 60 $B/trident test --backend nvidia --world 8 --kernel gemm_ar
@@ -26,9 +31,4 @@ if [ "${VALIDATE:-1}" = 1 ]; then
         python/tests/test_distributed_gpu.py python/tests/test_torch.py -k "flash_decode or distributed" )
   fi
 fi
-for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
-  k=${c%% *}
-  KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
-    --trace "$O/traces" --json "$O/bench-$k-world4.json"
-done
 cat "$S"
