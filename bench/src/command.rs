@@ -1467,9 +1467,10 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
 }
 
 /// Events per traced launch (`--trace`): a program records a few per wait and tile.
-const TRACE_CAPACITY: usize = 1 << 15;
-/// Launches traced per rank (buffers made before the run; later ones record nothing).
-const TRACE_LAUNCHES: usize = 384;
+const TRACE_CAPACITY: usize = 1 << 16;
+/// Launches traced per rank and repetition, stream operations' two markers included (buffers
+/// made before the run and emptied between repetitions; later ones record nothing).
+const TRACE_LAUNCHES: usize = 96;
 
 /// `case` run once more in the peer world of `w` ranks with every kernel traced (`reps`
 /// repetitions, each variant's last one kept); each variant's timeline written to

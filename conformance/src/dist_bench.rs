@@ -186,17 +186,20 @@ impl<'a> Timer<'a> {
         for _ in 0..self.reps {
             ctx.copy(0, &self.flush, half, &self.flush, 0, half)?;
             ctx.synchronize()?;
+            if let Some(tr) = self.trace {
+                // Each repetition records from the pool's first buffer on.
+                tr.reset()?;
+            }
             ctx.barrier()?;
-            let traced_from = self.trace.map(|t| t.launch_count());
             let t = Instant::now();
             op()?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
-            if let (Some(tr), Some(from)) = (self.trace, traced_from) {
+            if let Some(tr) = self.trace {
                 // The last repetition's launches are the variant's trace.
                 ctx.synchronize()?;
-                let mut launches = tr.collect()?;
+                let launches = tr.collect()?;
                 self.traces.retain(|(n, _)| n != name);
-                self.traces.push((name.to_string(), launches.split_off(from.min(launches.len()))));
+                self.traces.push((name.to_string(), launches));
             }
         }
         self.out.variants.push((name.to_string(), ms));
@@ -233,8 +236,9 @@ pub struct RankTraces {
 }
 
 /// Runs `case` on this rank as [`run`] does, every kernel compiled with tracing
-/// (`trident_kernels::trace`: `capacity` events per launch, `launches` launches, buffers made
-/// before any work): `trident bench --trace`.
+/// (`trident_kernels::trace`: `capacity` events per launch, `launches` launches per
+/// repetition, buffers made before any work and reset between repetitions): `trident bench
+/// --trace`.
 pub fn run_traced(
     ctx: &dyn RankCtx,
     case: &DistCase,

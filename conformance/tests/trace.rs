@@ -33,12 +33,18 @@ fn traced_overlap_kernels_record_every_program() {
             let timeline = Timeline::of(
                 ranks.iter().map(|r| r.iter().find(|(n, _)| n == variant).map(|(_, l)| l.clone()).unwrap()),
             );
-            if timeline.launches.is_empty() {
+            // The copy-engine gather's copies, between their markers, on their streams.
+            if variant.contains("_ce") || variant == "gather" {
+                let copies = timeline.stream_spans();
+                assert!(copies.iter().any(|c| c.2.starts_with("copy ")), "{name} {simt:?} {variant}: {copies:?}");
+                assert!(copies.iter().all(|c| c.3 <= c.4), "{copies:?}");
+            }
+            if timeline.launches.iter().all(|l| l.stream_op.is_some()) {
                 // A copy-engine variant launches no kernel.
                 continue;
             }
             assert_eq!(timeline.dropped(), 0, "{name} {variant}");
-            for l in &timeline.launches {
+            for l in timeline.launches.iter().filter(|l| l.stream_op.is_none()) {
                 let mut programs: Vec<u32> = l.recorded.events.iter().map(|e| e.program).collect();
                 programs.sort();
                 programs.dedup();

@@ -20,7 +20,7 @@ pub mod svg;
 use std::sync::Mutex;
 use trident_core::backend::{Artifact, Backend, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
-use trident_core::trace::{buffer_bytes, decode, header, instrument, labels, Recorded};
+use trident_core::trace::{buffer_bytes, decode, header, instrument, labels, Recorded, EVENT_WORDS, HEADER_WORDS};
 use trident_core::world::{RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
 
@@ -34,20 +34,32 @@ pub struct Traced<'a> {
     pool: Vec<Buffer>,
     /// The launches so far and the buffer each took.
     launches: Mutex<Vec<(String, Buffer)>>,
+    /// Stream operations between two marker launches: stream, what, the markers' launches.
+    stream_ops: Mutex<Vec<(StreamId, String, usize, usize)>>,
     /// Where launches past the pool record nothing (a header of no capacity).
     overflow: Buffer,
 }
 
-/// One launch's events.
+/// One launch's events, or one stream operation's.
 #[derive(Clone, Debug)]
 pub struct Launch {
     pub rank: usize,
-    /// Order of the launch on its rank.
+    /// Order of the launch on its rank (a stream operation's: its first marker's).
     pub index: usize,
+    /// The kernel, or what the stream operation did (`copy 4.0 MB`, `stream wait`).
     pub kernel: String,
     pub labels: Vec<String>,
     pub recorded: Recorded,
+    /// A stream operation on this stream: its span is the end of the marker kernel launched
+    /// before it on the stream to the start of the one launched after it (program 0's `End`
+    /// then `Start` events); not a kernel's programs.
+    pub stream_op: Option<StreamId>,
 }
+
+/// The marker kernel's name: an empty traced kernel of one program launched on a stream
+/// before and after a copy or a stream wait, so that the operation is timed by the clock the
+/// kernels' events use.
+pub const MARKER: &str = "trace_marker";
 
 /// What every rank's launches recorded.
 #[derive(Clone, Debug, Default)]
@@ -87,8 +99,22 @@ impl<'a> Traced<'a> {
             labels: Mutex::new(Vec::new()),
             pool,
             launches: Mutex::new(Vec::new()),
+            stream_ops: Mutex::new(Vec::new()),
             overflow: made(0, "__trace_overflow")?,
         })
+    }
+
+    /// Forgets the launches so far and empties their buffers, so that the next launches record
+    /// from the pool's first buffer on (between repetitions, with this rank's streams idle).
+    pub fn reset(&self) -> Result<(), BackendError> {
+        let mut launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
+        for b in self.pool.iter().take(launches.len()) {
+            self.inner.write(b, 0, &header((b.bytes / 8 - HEADER_WORDS) / EVENT_WORDS))?;
+        }
+        self.inner.write(&self.overflow, 0, &header(0))?;
+        launches.clear();
+        self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Ok(())
     }
 
     /// Launches traced so far.
@@ -96,20 +122,80 @@ impl<'a> Traced<'a> {
         self.launches.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
-    /// This rank's launches so far with their events (after a `synchronize`).
+    /// This rank's launches so far with their events (after a `synchronize`): the kernels', and
+    /// each stream operation's from its two markers.
     pub fn collect(&self) -> Result<Vec<Launch>, BackendError> {
-        let launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
-        let labels = self.labels.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::with_capacity(launches.len());
+        let launches = self.launches.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let labels = self.labels.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut read = Vec::with_capacity(launches.len());
         for (index, (kernel, buffer)) in launches.iter().enumerate() {
             let mut bytes = vec![0u8; buffer.bytes];
             self.inner.read(buffer, 0, &mut bytes)?;
-            let recorded =
-                decode(&bytes).map_err(|e| BackendError::Host(format!("the trace of `{kernel}` launch {index}: {e}")))?;
-            let names = labels.iter().find(|(k, _)| k == kernel).map(|(_, l)| l.clone()).unwrap_or_default();
-            out.push(Launch { rank: self.inner.rank(), index, kernel: kernel.clone(), labels: names, recorded });
+            read.push(
+                decode(&bytes).map_err(|e| BackendError::Host(format!("the trace of `{kernel}` launch {index}: {e}")))?,
+            );
         }
+        let rank = self.inner.rank();
+        let mut out: Vec<Launch> = launches
+            .iter()
+            .zip(&read)
+            .enumerate()
+            .filter(|(_, ((kernel, _), _))| kernel != MARKER)
+            .map(|(index, ((kernel, _), recorded))| Launch {
+                rank,
+                index,
+                kernel: kernel.clone(),
+                labels: labels.iter().find(|(k, _)| k == kernel).map(|(_, l)| l.clone()).unwrap_or_default(),
+                recorded: recorded.clone(),
+                stream_op: None,
+            })
+            .collect();
+        use trident_core::trace::{Event, EventKind};
+        let at = |launch: usize, kind: EventKind| {
+            read.get(launch).and_then(|r| r.events.iter().find(|e| e.kind == kind)).cloned()
+        };
+        for (stream, what, before, after) in self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            // From the first marker's end to the second's start, on the first's multiprocessor.
+            let (Some(from), Some(to)) = (at(*before, EventKind::End), at(*after, EventKind::Start)) else { continue };
+            let events = vec![
+                Event { kind: EventKind::Start, ..from.clone() },
+                Event { kind: EventKind::End, time_ns: to.time_ns.max(from.time_ns), ..from },
+            ];
+            out.push(Launch {
+                rank,
+                index: *before,
+                kernel: what.clone(),
+                labels: vec![String::new()],
+                recorded: Recorded { events, dropped: 0 },
+                stream_op: Some(*stream),
+            });
+        }
+        out.sort_by_key(|l| l.index);
         Ok(out)
+    }
+
+    /// Launches the marker kernel on `stream`; its launch's index.
+    fn marker(&self, stream: StreamId) -> Result<usize, BackendError> {
+        let k = self.compile(MARKER, &|| {
+            trident_core::KernelBuilder::new(MARKER, trident_core::ir::LaunchAttrs { warps: 1, ..Default::default() })
+                .finish()
+        })?;
+        self.launch(stream, &k, [1, 1, 1], &[])?;
+        Ok(self.launch_count() - 1)
+    }
+
+    /// `op` on `stream` between two markers, noted as `what`.
+    fn bracketed(
+        &self,
+        stream: StreamId,
+        what: String,
+        op: impl FnOnce() -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        let before = self.marker(stream)?;
+        op()?;
+        let after = self.marker(stream)?;
+        self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).push((stream, what, before, after));
+        Ok(())
     }
 
     /// The buffer the next launch of `kernel` records into.
@@ -190,7 +276,8 @@ impl RankCtx for Traced<'_> {
         src_offset: usize,
         bytes: usize,
     ) -> Result<(), BackendError> {
-        self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes)
+        let what = format!("copy {:.2} MB", bytes as f64 / 1e6);
+        self.bracketed(stream, what, || self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes))
     }
     fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
         self.inner.write_signal(stream, signal, offset, value)
@@ -203,7 +290,9 @@ impl RankCtx for Traced<'_> {
         cmp: CmpOp,
         value: u64,
     ) -> Result<(), BackendError> {
-        self.inner.wait_signal(stream, signal, offset, cmp, value)
+        self.bracketed(stream, format!("stream wait {cmp} {value}"), || {
+            self.inner.wait_signal(stream, signal, offset, cmp, value)
+        })
     }
     fn synchronize(&self) -> Result<(), BackendError> {
         self.inner.synchronize()
@@ -258,7 +347,7 @@ impl Timeline {
     pub fn programs(&self) -> (Vec<ProgramSpan>, Vec<Vec<Track>>) {
         use trident_core::trace::EventKind;
         let mut spans: Vec<ProgramSpan> = Vec::new();
-        for (li, l) in self.launches.iter().enumerate() {
+        for (li, l) in self.launches.iter().enumerate().filter(|(_, l)| l.stream_op.is_none()) {
             let mut by_program: std::collections::BTreeMap<u32, Vec<&trident_core::trace::Event>> = Default::default();
             for e in &l.recorded.events {
                 by_program.entry(e.program).or_default().push(e);
@@ -344,6 +433,18 @@ impl Timeline {
         (spans, tracks)
     }
 
+    /// Every stream operation: rank, stream, what, start, end (from its markers).
+    pub fn stream_spans(&self) -> Vec<(usize, StreamId, &str, u64, u64)> {
+        self.launches
+            .iter()
+            .filter_map(|l| {
+                let s = l.stream_op?;
+                let (a, b) = (l.recorded.events.first()?, l.recorded.events.last()?);
+                Some((l.rank, s, l.kernel.as_str(), a.time_ns, b.time_ns))
+            })
+            .collect()
+    }
+
     /// The label text of `label` in launch `launch`.
     pub fn label(&self, launch: usize, label: u16) -> &str {
         self.launches.get(launch).and_then(|l| l.labels.get(label as usize)).map_or("", |s| s.as_str())
@@ -382,6 +483,7 @@ mod tests {
             kernel: "k".into(),
             labels: vec!["".into(), "wait %ready".into(), "notify %done".into()],
             recorded: trident_core::trace::Recorded { events, dropped: 0 },
+            stream_op: None,
         };
         let t = Timeline::of([vec![launch]]);
         let (spans, tracks) = t.programs();

@@ -22,6 +22,20 @@ pub fn to_json(timeline: &Timeline) -> Value {
             events.push(json!({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": i, "args": {"sort_index": i}}));
         }
     }
+    // Stream operations (copies, stream waits) on a track per stream, after the rank's
+    // multiprocessor tracks.
+    let streams = timeline.stream_spans();
+    let mut named: Vec<(usize, usize)> = Vec::new();
+    for &(rank, stream, what, from, to) in &streams {
+        let tid = tracks.get(rank).map_or(0, |t| t.len()) + stream;
+        if !named.contains(&(rank, stream)) {
+            named.push((rank, stream));
+            events.push(json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": format!("stream {stream}")}}));
+            events.push(json!({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": tid, "args": {"sort_index": tid}}));
+        }
+        events.push(json!({"ph": "X", "name": what, "cat": "stream", "pid": rank, "tid": tid,
+                           "ts": us(from), "dur": (to.saturating_sub(from)) as f64 / 1e3}));
+    }
     for s in &spans {
         let launch = &timeline.launches[s.launch];
         let slice = |name: String, from: u64, to: u64, args: Value| {
@@ -72,6 +86,7 @@ mod tests {
             kernel: "ag_gemm".into(),
             labels: vec!["".into(), "wait %ready".into()],
             recorded: Recorded { events, dropped: 2 },
+            stream_op: None,
         };
         let j = super::to_json(&Timeline::of([vec![l]]));
         let ev = j["traceEvents"].as_array().unwrap();

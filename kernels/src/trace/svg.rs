@@ -1,7 +1,7 @@
 //! A [`Timeline`] drawn as an SVG: a row per track (a multiprocessor's resident slot), ranks
 //! one under the other, time to the right. Each program is a bar coloured by its kernel; its
-//! waits are red over it, persistent tiles are separated by ticks at their epilogues, notifies
-//! are marks above. Perfetto is not reachable from every machine; this is.
+//! waits are red over it, persistent tiles are separated by ticks at their epilogues; a rank's
+//! stream operations (copies, stream waits) are orange on a row per stream under its tracks. Perfetto is not reachable from every machine; this is.
 
 use super::Timeline;
 use std::fmt::Write;
@@ -23,15 +23,24 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
     let end = spans.iter().map(|s| s.end_ns).max().unwrap_or(origin).max(origin + 1);
     let x = |t: u64| LEFT + (t.saturating_sub(origin)) as f64 / (end - origin) as f64 * WIDTH;
     // First row of each rank, with a gap of two rows between ranks.
+    // Streams with operations, per rank: rows after the rank's tracks.
+    let streams = timeline.stream_spans();
+    let stream_rows = |rank: usize| {
+        let mut v: Vec<usize> = streams.iter().filter(|x| x.0 == rank).map(|x| x.1).collect();
+        v.sort();
+        v.dedup();
+        v
+    };
     let mut first_row = Vec::with_capacity(tracks.len());
     let mut rows = 0usize;
-    for list in &tracks {
+    for (rank, list) in tracks.iter().enumerate() {
         first_row.push(rows);
-        rows += list.len() + 2;
+        rows += list.len() + stream_rows(rank).len() + 2;
     }
     let height = TOP + rows as f64 * ROW + 40.0;
     let kernels: Vec<&str> = {
-        let mut k: Vec<&str> = timeline.launches.iter().map(|l| l.kernel.as_str()).collect();
+        let mut k: Vec<&str> =
+            timeline.launches.iter().filter(|l| l.stream_op.is_none()).map(|l| l.kernel.as_str()).collect();
         k.sort();
         k.dedup();
         k
@@ -53,6 +62,12 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
         lx += 20.0 + 7.0 * k.len() as f64;
     }
     let _ = writeln!(s, r##"<rect x="{lx}" y="22" width="10" height="8" fill="#d62728"/><text x="{}" y="30">wait</text>"##, lx + 13.0);
+    let lx = lx + 50.0;
+    let _ = writeln!(
+        s,
+        r##"<rect x="{lx}" y="22" width="10" height="8" fill="#ff7f0e"/><text x="{}" y="30">copy / stream wait</text>"##,
+        lx + 13.0
+    );
     for (rank, &row) in first_row.iter().enumerate() {
         let y = TOP + row as f64 * ROW;
         let _ = writeln!(s, r#"<text x="4" y="{}">rank {rank}</text>"#, y + 10.0);
@@ -93,6 +108,19 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
             let _ = writeln!(s, r##"<line x1="{a:.2}" x2="{a:.2}" y1="{y:.1}" y2="{:.1}" stroke="#222" stroke-width="0.6"/>"##, y + ROW - 1.0);
         }
     }
+    for &(rank, stream, what, from, to) in &streams {
+        let Some(&row) = first_row.get(rank) else { continue };
+        let k = stream_rows(rank).iter().position(|&x| x == stream).unwrap_or(0);
+        let y = TOP + (row + tracks[rank].len() + k) as f64 * ROW;
+        let (a, b) = (x(from), x(to));
+        let _ = writeln!(
+            s,
+            r##"<rect x="{a:.2}" y="{y:.1}" width="{:.2}" height="{:.1}" fill="#ff7f0e"><title>stream {stream}: {}</title></rect>"##,
+            (b - a).max(0.5),
+            ROW - 1.0,
+            escape(what)
+        );
+    }
     // Time axis.
     let axis_y = TOP + rows as f64 * ROW;
     let span_us = (end - origin) as f64 / 1e3;
@@ -128,7 +156,7 @@ mod tests {
     fn a_program_and_its_wait_are_drawn() {
         let e = |t, kind| Event { time_ns: t, program: 0, sm: 0, kind, label: 1, arg: 0 };
         let events = vec![e(0, EventKind::Start), e(10, EventKind::WaitBegin), e(20, EventKind::WaitEnd), e(40, EventKind::End)];
-        let l = Launch { rank: 0, index: 0, kernel: "gemm<rs>".into(), labels: vec!["".into(), "wait".into()], recorded: Recorded { events, dropped: 0 } };
+        let l = Launch { rank: 0, index: 0, kernel: "gemm<rs>".into(), labels: vec!["".into(), "wait".into()], recorded: Recorded { events, dropped: 0 }, stream_op: None };
         let svg = super::render(&Timeline::of([vec![l]]), "t");
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("gemm&lt;rs&gt; p0 SM 0"));
