@@ -69,6 +69,11 @@ pub struct Args {
     /// ... --processes`): NVSHMEM's symmetric heap on `nvidia`.
     #[arg(long)]
     pub(crate) processes: bool,
+    /// With --world: compile the kernel with a timeline and write every rank's programs (each
+    /// call's) to this Perfetto / Chrome trace, and the same drawn beside it as `.svg` (the CPU
+    /// world: its virtual time; the first schedule with --chaos).
+    #[arg(long, value_name = "OUT.json", requires = "world")]
+    pub(crate) trace: Option<PathBuf>,
 }
 
 /// A scalar argument: a number, or one the rank or the call gives.

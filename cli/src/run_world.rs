@@ -29,20 +29,38 @@ struct Plan {
     values: Vec<ArgValue>,
     calls: usize,
     seed: u64,
+    /// Every call traced (`--trace`).
+    trace: bool,
 }
 
-/// One rank's outcome: each buffer's name, type, first and last bytes; each call's host time.
+/// One rank's outcome: each buffer's name, type, first and last bytes; each call's host time;
+/// with `--trace`, every call's launch and its events.
 struct RankOut {
     buffers: Vec<(String, DType, Vec<u8>, Vec<u8>)>,
     call_ms: Vec<f64>,
+    launches: Vec<trident_kernels::trace::Launch>,
 }
 
 fn host(e: String) -> BackendError {
     BackendError::Host(e)
 }
 
-/// The plan on one rank.
+/// The plan on one rank (traced with `--trace`).
 fn rank_main(ctx: &dyn RankCtx, plan: &Plan) -> Result<RankOut, BackendError> {
+    if !plan.trace {
+        return rank_calls(ctx, plan);
+    }
+    let traced = trident_kernels::trace::Traced::new(ctx, TRACE_CAPACITY, plan.calls)?;
+    let mut out = rank_calls(&traced, plan)?;
+    out.launches = traced.collect()?;
+    Ok(out)
+}
+
+/// Events per traced call (`--trace`).
+const TRACE_CAPACITY: usize = 1 << 16;
+
+/// The plan's calls on one rank.
+fn rank_calls(ctx: &dyn RankCtx, plan: &Plan) -> Result<RankOut, BackendError> {
     let (rank, world) = (ctx.rank(), ctx.world_size());
     let kernel = ctx.compile(&format!("run:{}", plan.func.name), &|| Ok(plan.func.clone()))?;
     let mut bufs: Vec<Option<(Buffer, Vec<u8>)>> = Vec::new();
@@ -85,7 +103,7 @@ fn rank_main(ctx: &dyn RankCtx, plan: &Plan) -> Result<RankOut, BackendError> {
             buffers.push((name.clone(), *dtype, first, last));
         }
     }
-    Ok(RankOut { buffers, call_ms })
+    Ok(RankOut { buffers, call_ms, launches: Vec::new() })
 }
 
 /// The first difference between two runs' outcomes: rank and buffer.
@@ -103,7 +121,7 @@ pub fn main(
     grid: [u32; 3],
     values: Vec<ArgValue>,
 ) -> ExitCode {
-    let plan = Arc::new(Plan { func, grid, values, calls: a.repeat + 1, seed: a.seed });
+    let plan = Arc::new(Plan { func, grid, values, calls: a.repeat + 1, seed: a.seed, trace: a.trace.is_some() });
     let cpu = matches!(desc.name, "cpu" | "cpu-simt");
     if (a.chaos != 1 || a.race) && !cpu {
         return usage(format!("--chaos and --race run in the CPU world (cpu, cpu-simt), not on {}", desc.name));
@@ -130,7 +148,7 @@ pub fn main(
             let out = world.run(&|ctx| rank_main(ctx, &plan))?;
             // This process writes its own rank's buffers; the others theirs.
             let mut all: Vec<RankOut> =
-                (0..rank).map(|_| RankOut { buffers: Vec::new(), call_ms: Vec::new() }).collect();
+                (0..rank).map(|_| RankOut { buffers: Vec::new(), call_ms: Vec::new(), launches: Vec::new() }).collect();
             all.push(out);
             return Ok((
                 all,
@@ -201,6 +219,27 @@ pub fn main(
                 }
             }
         }
+    }
+    if let Some(path) = &a.trace {
+        use trident_kernels::trace::{perfetto, svg, Timeline};
+        let timeline = Timeline::of(outs.iter().map(|o| o.launches.clone()));
+        let json = serde_json::to_string(&perfetto::to_json(&timeline)).unwrap_or_default();
+        let svg_path = path.with_extension("svg");
+        let title = format!("@{} in {how}", plan.func.name);
+        if let Err(e) =
+            std::fs::write(path, json).and_then(|_| std::fs::write(&svg_path, svg::render(&timeline, &title)))
+        {
+            eprintln!("error: writing the trace {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!(
+            "trace: {} ({} launches, {} programs, {} events dropped) and {}",
+            path.display(),
+            timeline.launches.len(),
+            timeline.programs().0.len(),
+            timeline.dropped(),
+            svg_path.display()
+        );
     }
     let slowest: Vec<f64> = (0..plan.calls)
         .map(|c| outs.iter().filter_map(|o| o.call_ms.get(c)).fold(0.0, |m: f64, x| m.max(*x)))

@@ -147,8 +147,21 @@ fn a_distributed_tile_kernel_runs_in_a_world_and_a_planted_race_is_named() {
     for backend in backends {
         let out = dir.join(backend.join("_"));
         let out_dir = out.display().to_string();
-        let mut args =
-            vec!["examples/allgather_ring.tile", "--world", "4", "--chaos", "8", "--repeat", "1", "--out", &out_dir];
+        // Traced: the gathered bytes are the same, and every rank's waits are on the timeline.
+        let trace = out.join("trace.json").display().to_string();
+        let mut args = vec![
+            "examples/allgather_ring.tile",
+            "--world",
+            "4",
+            "--chaos",
+            "8",
+            "--repeat",
+            "1",
+            "--out",
+            &out_dir,
+            "--trace",
+            &trace,
+        ];
         args.extend(backend);
         args.extend([
             "--arg",
@@ -170,6 +183,17 @@ fn a_distributed_tile_kernel_runs_in_a_world_and_a_planted_race_is_named() {
             let got: Vec<f32> = got.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             assert_eq!(got, want, "{backend:?}: rank {r} gathered");
         }
+        let json: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&trace).expect("the trace written")).expect("trace JSON");
+        let events = json["traceEvents"].as_array().expect("trace events");
+        for r in 0..w {
+            // Two calls, one program each; W - 1 waits per call.
+            let of =
+                |name: &str| events.iter().filter(|e| e["pid"] == r && e["ph"] == "X" && e["name"] == name).count();
+            assert_eq!(of("allgather_ring p0"), 2, "{backend:?} rank {r}");
+            assert_eq!(of("wait %ready"), 2 * (w - 1), "{backend:?} rank {r}");
+        }
+        assert!(out.join("trace.svg").exists(), "{backend:?}");
     }
     let out_dir = dir.join("planted").display().to_string();
     let o = tool(
