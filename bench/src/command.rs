@@ -1257,7 +1257,21 @@ fn rng_row(n: usize) -> usize {
 /// `trident bench --plot REPORT.json [OTHER.json]`: the reports' pictures
 /// ([`crate::plot`]), each report named by its file's stem in the legend.
 fn plot(paths: &[String], dir: Option<&str>) -> ExitCode {
-    let reports: Result<Vec<_>, String> = paths.iter().map(|p| crate::plot::read(p)).collect();
+    // Distributed reports (`--world W --json`) have their own pictures.
+    let world: Vec<Option<(String, Vec<crate::plot_world::WorldPoint>)>> = paths
+        .iter()
+        .map(|p| {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).ok()?).ok()?;
+            crate::plot_world::read(&v)
+        })
+        .collect();
+    let distributed = world.iter().filter(|w| w.is_some()).count();
+    if distributed > 0 && distributed < paths.len() {
+        eprintln!("error: --plot: a distributed report (--world) and a single-device one cannot share pictures");
+        return ExitCode::from(2);
+    }
+    let reports: Result<Vec<_>, String> =
+        if distributed > 0 { Ok(Vec::new()) } else { paths.iter().map(|p| crate::plot::read(p)).collect() };
     let reports = match reports {
         Ok(r) => r,
         Err(e) => {
@@ -1273,7 +1287,13 @@ fn plot(paths: &[String], dir: Option<&str>) -> ExitCode {
     if names.len() == 2 && names[0] == names[1] {
         names = vec!["A".into(), "B".into()];
     }
-    match crate::plot::plot(&reports, &names, &dir) {
+    let drawn = if distributed > 0 {
+        let world: Vec<_> = world.into_iter().flatten().collect();
+        crate::plot_world::plot(&world, &names, &dir)
+    } else {
+        crate::plot::plot(&reports, &names, &dir)
+    };
+    match drawn {
         Ok(files) => {
             for f in files {
                 println!("{}", f.display());

@@ -9,3 +9,4 @@ pub mod command;
 pub mod dist_report;
 pub mod overlap;
 pub mod plot;
+pub mod plot_world;
