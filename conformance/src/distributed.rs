@@ -237,6 +237,9 @@ impl RankCtx for Steered<'_> {
     fn target(&self) -> Option<String> {
         self.inner.target()
     }
+    fn resident_programs(&self, kernel: &trident_core::backend::Artifact) -> Result<Option<u64>, BackendError> {
+        self.inner.resident_programs(kernel)
+    }
     fn compile(
         &self,
         key: &str,

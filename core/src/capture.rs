@@ -93,6 +93,9 @@ impl RankCtx for Capturing<'_> {
     fn target(&self) -> Option<String> {
         self.inner.target()
     }
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        self.inner.resident_programs(kernel)
+    }
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
         self.inner.compile(key, build)
     }

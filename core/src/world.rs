@@ -56,6 +56,14 @@ pub trait RankCtx {
         false
     }
 
+    /// Programs of `kernel` this rank may count on running at once: what its device holds
+    /// (`Device::resident_programs`) over the ranks sharing it, where the world can tell (a
+    /// grid sized by it fills whole waves beside the other ranks' work). `None` by default.
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        let _ = kernel;
+        Ok(None)
+    }
+
     /// The artifact of the specialization `key`, built and compiled on first use on this rank.
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError>;
 

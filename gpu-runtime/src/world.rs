@@ -617,6 +617,11 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         self.device().target()
     }
 
+    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
+        let sharing = self.ranks_sharing_device().max(1) as u64;
+        Ok(Driver::resident_programs(self.device(), kernel)?.map(|r| (r / sharing).max(1)))
+    }
+
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
         if let Some(a) = self.compiled.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
             return Ok(a.clone());

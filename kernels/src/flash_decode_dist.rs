@@ -19,7 +19,7 @@
 //! without a gather to one rank, which the LL protocol gains little from.
 
 use crate::allgather_ll::{AllGatherLl, LlBuffers};
-use crate::flash_decode::{DecodeLaunch, DecodeShape, FlashDecode, Partials};
+use crate::flash_decode::{DecodeLaunch, DecodeShape, DecodeStage, FlashDecode, Partials};
 use crate::require_i32;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -120,7 +120,7 @@ impl DistFlashDecode {
     ) -> Result<bool, BackendError> {
         let shape = bufs.shape;
         self.check_world(ctx, &shape)?;
-        let op = &self.local;
+        let op = &self.for_rank(ctx)?;
         let first_key = ctx.rank() * shape.cache_len;
         let Some(split) = op.split_launch((q, k, v), lens, table, &bufs.work, &shape, first_key)? else {
             return Ok(false);
@@ -129,6 +129,19 @@ impl DistFlashDecode {
         self.launch(ctx, stream, split)?;
         self.launch(ctx, stream, local)?;
         Ok(true)
+    }
+
+    /// The local stage as this rank runs it: with its splits filling whole waves of the programs
+    /// the rank can count on (`RankCtx::resident_programs`: its device's over the ranks sharing
+    /// it), as `FlashDecode::for_device` does on one GPU; the fixed target where the world cannot
+    /// tell (the CPU world) or the wave was set.
+    pub fn for_rank(&self, ctx: &dyn RankCtx) -> Result<FlashDecode, BackendError> {
+        let op = self.local;
+        if op.wave != 0 {
+            return Ok(op);
+        }
+        let kernel = ctx.compile(&op.key(DecodeStage::Split), &|| op.build_split())?;
+        Ok(op.with_resident(ctx.resident_programs(&kernel)?))
     }
 
     /// Compiles (on first use) and enqueues one of flash decoding's launches.

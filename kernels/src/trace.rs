@@ -232,6 +232,9 @@ impl RankCtx for Traced<'_> {
     fn capturing(&self) -> bool {
         self.inner.capturing()
     }
+    fn resident_programs(&self, kernel: &trident_core::backend::Artifact) -> Result<Option<u64>, BackendError> {
+        self.inner.resident_programs(kernel)
+    }
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
         let artifact = self.inner.compile(&format!("{key}+trace"), &|| Ok(instrument(build()?)))?;
         let mut labels_of = self.labels.lock().unwrap_or_else(|e| e.into_inner());
