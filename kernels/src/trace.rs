@@ -38,6 +38,9 @@ pub struct Traced<'a> {
     stream_ops: Mutex<Vec<(StreamId, String, usize, usize)>>,
     /// Where launches past the pool record nothing (a header of no capacity).
     overflow: Buffer,
+    /// The marker kernel (compiled when the context is made: every rank at the same point of
+    /// its host code, as worlds that compile collectively need).
+    marker: Artifact,
 }
 
 /// One launch's events, or one stream operation's.
@@ -94,13 +97,18 @@ impl<'a> Traced<'a> {
             Ok(b)
         };
         let pool = (0..launches).map(|_| made(capacity, "__trace")).collect::<Result<Vec<_>, _>>()?;
+        let marker = inner.compile(&format!("{MARKER}+trace"), &|| {
+            let attrs = trident_core::ir::LaunchAttrs { warps: 1, ..Default::default() };
+            Ok(instrument(trident_core::KernelBuilder::new(MARKER, attrs).finish()?))
+        })?;
         Ok(Traced {
             inner,
-            labels: Mutex::new(Vec::new()),
+            labels: Mutex::new(vec![(MARKER.to_string(), vec![String::new()])]),
             pool,
             launches: Mutex::new(Vec::new()),
             stream_ops: Mutex::new(Vec::new()),
             overflow: made(0, "__trace_overflow")?,
+            marker,
         })
     }
 
@@ -176,11 +184,7 @@ impl<'a> Traced<'a> {
 
     /// Launches the marker kernel on `stream`; its launch's index.
     fn marker(&self, stream: StreamId) -> Result<usize, BackendError> {
-        let k = self.compile(MARKER, &|| {
-            trident_core::KernelBuilder::new(MARKER, trident_core::ir::LaunchAttrs { warps: 1, ..Default::default() })
-                .finish()
-        })?;
-        self.launch(stream, &k, [1, 1, 1], &[])?;
+        self.launch(stream, &self.marker, [1, 1, 1], &[])?;
         Ok(self.launch_count() - 1)
     }
 
