@@ -1,13 +1,17 @@
 //! A [`Timeline`] drawn as an SVG: a row per track (a multiprocessor's resident slot), ranks
 //! one under the other, time to the right. Each program is a bar coloured by its kernel; its
 //! waits are red over it, persistent tiles are separated by ticks at their epilogues; a rank's
-//! stream operations (copies, stream waits) are orange on a row per stream under its tracks. Perfetto is not reachable from every machine; this is.
+//! stream operations (copies, stream waits) are orange on a row per stream under its tracks.
+//! Perfetto is not reachable from every machine; this is.
 
 use super::Timeline;
 use std::fmt::Write;
 
-/// Pixels per track row.
-const ROW: f64 = 6.0;
+/// Pixels per track row, at most (the pitch).
+const ROW_MAX: f64 = 6.0;
+/// Height of all the rows together, at most (an 8-rank run of 132 SMs has 2000 tracks): rows
+/// get thinner, down to a pixel.
+const ROWS_HEIGHT: f64 = 2400.0;
 /// Width of the time axis in pixels.
 const WIDTH: f64 = 1400.0;
 /// Left margin (rank names).
@@ -37,7 +41,10 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
         first_row.push(rows);
         rows += list.len() + stream_rows(rank).len() + 2;
     }
-    let height = TOP + rows as f64 * ROW + 40.0;
+    let pitch = (ROWS_HEIGHT / rows.max(1) as f64).clamp(1.0, ROW_MAX);
+    // A bar's height: a pixel between rows while they are thick enough.
+    let bar = (pitch - 1.0).max(pitch * 0.8);
+    let height = TOP + rows as f64 * pitch + 40.0;
     let kernels: Vec<&str> = {
         let mut k: Vec<&str> =
             timeline.launches.iter().filter(|l| l.stream_op.is_none()).map(|l| l.kernel.as_str()).collect();
@@ -69,25 +76,25 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
         lx + 13.0
     );
     for (rank, &row) in first_row.iter().enumerate() {
-        let y = TOP + row as f64 * ROW;
+        let y = TOP + row as f64 * pitch;
         let _ = writeln!(s, r#"<text x="4" y="{}">rank {rank}</text>"#, y + 10.0);
         let _ = writeln!(
             s,
             r##"<line x1="{LEFT}" x2="{}" y1="{}" y2="{}" stroke="#ddd"/>"##,
             LEFT + WIDTH,
-            y - ROW,
-            y - ROW
+            y - pitch,
+            y - pitch
         );
     }
     for sp in &spans {
-        let y = TOP + (first_row[sp.rank] + sp.track) as f64 * ROW;
+        let y = TOP + (first_row[sp.rank] + sp.track) as f64 * pitch;
         let kernel = &timeline.launches[sp.launch].kernel;
         let (x0, x1) = (x(sp.start_ns), x(sp.end_ns));
         let _ = writeln!(
             s,
             r#"<rect x="{x0:.2}" y="{y:.1}" width="{:.2}" height="{:.1}" fill="{}"><title>{} p{} SM {}</title></rect>"#,
             (x1 - x0).max(0.5),
-            ROW - 1.0,
+            bar,
             colour(kernel),
             escape(kernel),
             sp.program,
@@ -99,30 +106,30 @@ pub fn render(timeline: &Timeline, title: &str) -> String {
                 s,
                 r##"<rect x="{a:.2}" y="{y:.1}" width="{:.2}" height="{:.1}" fill="#d62728"><title>{} [{arg}]</title></rect>"##,
                 (b - a).max(0.3),
-                ROW - 1.0,
+                bar,
                 escape(timeline.label(sp.launch, label))
             );
         }
         for &(_, _, at) in &sp.tiles {
             let a = x(at);
-            let _ = writeln!(s, r##"<line x1="{a:.2}" x2="{a:.2}" y1="{y:.1}" y2="{:.1}" stroke="#222" stroke-width="0.6"/>"##, y + ROW - 1.0);
+            let _ = writeln!(s, r##"<line x1="{a:.2}" x2="{a:.2}" y1="{y:.1}" y2="{:.1}" stroke="#222" stroke-width="0.6"/>"##, y + bar);
         }
     }
     for &(rank, stream, what, from, to) in &streams {
         let Some(&row) = first_row.get(rank) else { continue };
         let k = stream_rows(rank).iter().position(|&x| x == stream).unwrap_or(0);
-        let y = TOP + (row + tracks[rank].len() + k) as f64 * ROW;
+        let y = TOP + (row + tracks[rank].len() + k) as f64 * pitch;
         let (a, b) = (x(from), x(to));
         let _ = writeln!(
             s,
             r##"<rect x="{a:.2}" y="{y:.1}" width="{:.2}" height="{:.1}" fill="#ff7f0e"><title>stream {stream}: {}</title></rect>"##,
             (b - a).max(0.5),
-            ROW - 1.0,
+            bar,
             escape(what)
         );
     }
     // Time axis.
-    let axis_y = TOP + rows as f64 * ROW;
+    let axis_y = TOP + rows as f64 * pitch;
     let span_us = (end - origin) as f64 / 1e3;
     let step = nice_step(span_us / 10.0);
     let mut t = 0.0;
@@ -162,6 +169,17 @@ mod tests {
         assert!(svg.contains("gemm&lt;rs&gt; p0 SM 0"));
         assert_eq!(svg.matches("#d62728").count(), 2, "legend and one wait");
         assert_eq!(super::nice_step(3.2), 5.0);
+        // 3000 programs on 3000 multiprocessors: the rows thin down to a pixel (not 6).
+        let many: Vec<Event> = (0..3000u32)
+            .flat_map(|p| {
+                let e = move |t, kind| Event { time_ns: t, program: p, sm: p, kind, label: 0, arg: 0 };
+                [e(0, EventKind::Start), e(10, EventKind::End)]
+            })
+            .collect();
+        let l = Launch { rank: 0, index: 0, kernel: "k".into(), labels: vec!["".into()], recorded: Recorded { events: many, dropped: 0 }, stream_op: None };
+        let svg = super::render(&Timeline::of([vec![l]]), "t");
+        let height: f64 = svg.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+        assert!(height <= super::TOP + 3002.0 + 40.0 && height > super::TOP + 2000.0, "{height}");
         assert_eq!(super::nice_step(0.11), 0.2);
     }
 }
