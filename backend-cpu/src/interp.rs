@@ -215,7 +215,9 @@ impl<'a> Program<'a> {
         let Some((buffer, labels)) = &self.trace else { return Ok(()) };
         let (label, arg) = match signal {
             Some((op, sig, addr)) => {
-                let base = trident_core::trace::signal_base(self.func, sig)
+                let base = self
+                    .func
+                    .root_param(sig, false)
                     .and_then(|i| self.env[self.func.params[i as usize].value.index()].as_ref())
                     .and_then(|v| v.ptrs().first().copied());
                 (labels.get(&op).copied().unwrap_or(0), base.map_or(0, |b| addr.wrapping_sub(b) / 8))

@@ -102,45 +102,8 @@ pub fn label_indices(f: &Function) -> HashMap<Op, u16> {
     signal_ops(f).into_iter().enumerate().map(|(i, (op, _))| (op, (i + 1).min(u16::MAX as usize) as u16)).collect()
 }
 
-/// The parameter a signal pointer is computed from (by pointer arithmetic, `symm_at`, tokens,
-/// splats and broadcasts), if any.
-pub fn signal_param(f: &Function, mut v: Value) -> Option<u32> {
-    for _ in 0..64 {
-        match f.values[v].def {
-            ValueDef::Param(i) => return Some(i),
-            ValueDef::Result { op, .. } => match f.ops[op].kind {
-                OpKind::AddPtr { ptr, .. } => v = ptr,
-                OpKind::SymmAt { ptr, .. } => v = ptr,
-                OpKind::ConsumeToken { value, .. } => v = value,
-                OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
-                _ => return None,
-            },
-            ValueDef::BlockArg { .. } => return None,
-        }
-    }
-    None
-}
-
-/// The parameter a signal pointer is an offset of, without `symm_at` (the signal is this
-/// rank's): what an event's argument, the signal's index, is counted from.
-pub fn signal_base(f: &Function, mut v: Value) -> Option<u32> {
-    for _ in 0..64 {
-        match f.values[v].def {
-            ValueDef::Param(i) => return Some(i),
-            ValueDef::Result { op, .. } => match f.ops[op].kind {
-                OpKind::AddPtr { ptr, .. } => v = ptr,
-                OpKind::ConsumeToken { value, .. } => v = value,
-                OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
-                _ => return None,
-            },
-            ValueDef::BlockArg { .. } => return None,
-        }
-    }
-    None
-}
-
 fn signal_ops(f: &Function) -> Vec<(Op, String)> {
-    let name = |v: Value| match signal_param(f, v) {
+    let name = |v: Value| match f.root_param(v, true) {
         Some(i) => format!("%{}", f.params[i as usize].name),
         None => "a signal".to_string(),
     };

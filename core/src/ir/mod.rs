@@ -765,6 +765,24 @@ impl Function {
         op
     }
 
+    /// The parameter a pointer value is derived from by pointer arithmetic (through tokens,
+    /// splats and broadcasts, and with `through_symm_at` through `symm_at` too), if any.
+    pub fn root_param(&self, mut v: Value, through_symm_at: bool) -> Option<u32> {
+        loop {
+            match self.values[v].def {
+                ValueDef::Param(i) => return Some(i),
+                ValueDef::Result { op, .. } => match self.ops[op].kind {
+                    OpKind::AddPtr { ptr, .. } => v = ptr,
+                    OpKind::SymmAt { ptr, .. } if through_symm_at => v = ptr,
+                    OpKind::ConsumeToken { value, .. } => v = value,
+                    OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
+                    _ => return None,
+                },
+                ValueDef::BlockArg { .. } => return None,
+            }
+        }
+    }
+
     /// The parameter with the given name.
     pub fn param(&self, name: &str) -> Option<&Param> {
         self.params.iter().find(|p| p.name == name)

@@ -347,7 +347,9 @@ impl Lowering<'_> {
             return;
         }
         let label = self.trace_labels.get(&op).copied().unwrap_or(0);
-        let base = crate::trace::signal_base(self.func, sig)
+        let base = self
+            .func
+            .root_param(sig, false)
             .and_then(|p| self.vals.get(&self.func.params[p as usize].value))
             .map(|r| r[0]);
         let arg = base.filter(|_| self.k.ty(addr) == SType::Ptr).map(|base| {

@@ -344,27 +344,11 @@ impl Lowering<'_> {
         if !self.func.ty(ptr).is_scalar() {
             return false;
         }
-        let Some(p) = self.root_param(ptr) else { return false };
+        let Some(p) = self.func.root_param(ptr, false) else { return false };
         self.func.ops.iter().all(|(_, o)| match &o.kind {
             OpKind::AddPtr { .. } | OpKind::Load { .. } => true,
-            k => k.operands().into_iter().all(|(_, v)| self.root_param(v) != Some(p)),
+            k => k.operands().into_iter().all(|(_, v)| self.func.root_param(v, false) != Some(p)),
         })
-    }
-
-    /// The parameter a pointer value is derived from by pointer arithmetic (through tokens).
-    fn root_param(&self, mut v: Value) -> Option<u32> {
-        loop {
-            match self.func.values[v].def {
-                ValueDef::Param(i) => return Some(i),
-                ValueDef::Result { op, .. } => match self.func.ops[op].kind {
-                    OpKind::AddPtr { ptr, .. } => v = ptr,
-                    OpKind::ConsumeToken { value, .. } => v = value,
-                    OpKind::Splat(x) | OpKind::Broadcast(x) => v = x,
-                    _ => return None,
-                },
-                ValueDef::BlockArg { .. } => return None,
-            }
-        }
     }
 
     /// Coordinates in `src` of the element at `coords` in `dst` (same elements, row-major).
