@@ -176,6 +176,45 @@ impl Kernel {
         self.regs[r.0 as usize]
     }
 
+    /// A new register of type `t` (the passes that rewrite a lowered kernel add theirs so).
+    pub fn new_reg(&mut self, t: SType) -> Reg {
+        self.regs.push(t);
+        Reg(self.regs.len() as u32 - 1)
+    }
+
+    /// `dst = v` (an integer constant of type `t`) appended to `out`.
+    pub fn push_const(&mut self, out: &mut Vec<Inst>, t: SType, v: i64) -> Reg {
+        let dst = self.new_reg(t);
+        out.push(Inst::Const { dst, value: crate::ir::Literal::Int(v) });
+        dst
+    }
+
+    /// `dst = a op b` (of `a`'s type) appended to `out`.
+    pub fn push_binary(&mut self, out: &mut Vec<Inst>, op: crate::ir::BinaryOp, a: Reg, b: Reg) -> Reg {
+        let dst = self.new_reg(self.ty(a));
+        out.push(Inst::Binary { dst, op, a, b });
+        dst
+    }
+
+    /// `r` as a u64 appended to `out`: itself if it is one, an address's bits, an integer
+    /// converted.
+    pub fn push_u64(&mut self, out: &mut Vec<Inst>, r: Reg) -> Reg {
+        const U64: SType = SType::Int { bits: 64, signed: false };
+        match self.ty(r) {
+            U64 => r,
+            SType::Ptr => {
+                let dst = self.new_reg(U64);
+                out.push(Inst::Bitcast { dst, src: r });
+                dst
+            }
+            _ => {
+                let dst = self.new_reg(U64);
+                out.push(Inst::Cast { dst, src: r });
+                dst
+            }
+        }
+    }
+
     /// True when some program may spin on a signal or a flagged word (`WaitSignals` or
     /// `WaitFlag` anywhere in the body): such a kernel needs whatever it waits for to make
     /// progress while it occupies the GPU.

@@ -143,8 +143,7 @@ struct Expander<'a> {
 
 impl Expander<'_> {
     fn reg(&mut self, t: SType) -> Reg {
-        self.k.regs.push(t);
-        Reg(self.k.regs.len() as u32 - 1)
+        self.k.new_reg(t)
     }
 
     fn hidden(&mut self, h: Hidden) -> Reg {
@@ -179,15 +178,11 @@ impl Expander<'_> {
     }
 
     fn konst(&mut self, out: &mut Vec<Inst>, t: SType, v: i64) -> Reg {
-        let dst = self.reg(t);
-        out.push(Inst::Const { dst, value: Literal::Int(v) });
-        dst
+        self.k.push_const(out, t, v)
     }
 
     fn bin(&mut self, out: &mut Vec<Inst>, op: BinaryOp, a: Reg, b: Reg) -> Reg {
-        let dst = self.reg(self.k.ty(a));
-        out.push(Inst::Binary { dst, op, a, b });
-        dst
+        self.k.push_binary(out, op, a, b)
     }
 
     fn cmp(&mut self, out: &mut Vec<Inst>, op: CmpOp, a: Reg, b: Reg) -> Reg {
@@ -197,19 +192,7 @@ impl Expander<'_> {
     }
 
     fn widen_u64(&mut self, out: &mut Vec<Inst>, r: Reg) -> Reg {
-        match self.k.ty(r) {
-            t if t == U64 => r,
-            SType::Ptr => {
-                let dst = self.reg(U64);
-                out.push(Inst::Bitcast { dst, src: r });
-                dst
-            }
-            _ => {
-                let dst = self.reg(U64);
-                out.push(Inst::Cast { dst, src: r });
-                dst
-            }
-        }
+        self.k.push_u64(out, r)
     }
 
     /// `dst = ptr - heap_bases[__rank] + heap_bases[rank]`.

@@ -9,7 +9,7 @@
 //! the instructions off, so nothing of the kernel's control flow changes.
 
 use super::{count, Inst, Kernel, Reg, SType, Special, HIDDEN_PARAMS};
-use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, Literal, MemSemantic, Scope};
+use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, MemSemantic, Scope};
 use crate::trace::{kind_word, EVENT_WORDS, HEADER_WORDS};
 
 const I32: SType = SType::Int { bits: 32, signed: true };
@@ -48,43 +48,21 @@ struct Expander<'a> {
 
 impl Expander<'_> {
     fn reg(&mut self, t: SType) -> Reg {
-        self.k.regs.push(t);
-        Reg(self.k.regs.len() as u32 - 1)
+        self.k.new_reg(t)
     }
 
     fn konst(&mut self, out: &mut Vec<Inst>, t: SType, v: i64) -> Reg {
-        let dst = self.reg(t);
-        out.push(Inst::Const { dst, value: Literal::Int(v) });
-        dst
+        self.k.push_const(out, t, v)
     }
 
     fn bin(&mut self, out: &mut Vec<Inst>, op: BinaryOp, a: Reg, b: Reg) -> Reg {
-        let dst = self.reg(self.k.ty(a));
-        out.push(Inst::Binary { dst, op, a, b });
-        dst
+        self.k.push_binary(out, op, a, b)
     }
 
     fn special(&mut self, out: &mut Vec<Inst>, which: Special) -> Reg {
         let dst = self.reg(I32);
         out.push(Inst::Special { dst, which });
         dst
-    }
-
-    /// `r` as a u64 (zero- or sign-extended integers, addresses' bits).
-    fn u64(&mut self, out: &mut Vec<Inst>, r: Reg) -> Reg {
-        match self.k.ty(r) {
-            t if t == U64 => r,
-            SType::Ptr => {
-                let dst = self.reg(U64);
-                out.push(Inst::Bitcast { dst, src: r });
-                dst
-            }
-            _ => {
-                let dst = self.reg(U64);
-                out.push(Inst::Cast { dst, src: r });
-                dst
-            }
-        }
     }
 
     fn block(&mut self, body: Vec<Inst>, region: Region) -> Vec<Inst> {
@@ -175,9 +153,9 @@ impl Expander<'_> {
         let yx = self.bin(out, BinaryOp::Mul, py, nx);
         let sum = self.bin(out, BinaryOp::Add, px, yx);
         let linear = self.bin(out, BinaryOp::Add, sum, zy);
-        let program = self.u64(out, linear);
+        let program = self.k.push_u64(out, linear);
         let sm = self.special(out, Special::SmId);
-        let sm = self.u64(out, sm);
+        let sm = self.k.push_u64(out, sm);
         let k32 = self.konst(out, U64, 32);
         let sm_hi = self.bin(out, BinaryOp::Shl, sm, k32);
         let second = self.bin(out, BinaryOp::Or, program, sm_hi);
@@ -186,7 +164,7 @@ impl Expander<'_> {
         out.push(Inst::Store { addr: at1, value: second, pred: Some(ok) });
         let mut third = self.konst(out, U64, word as i64);
         if let Some(a) = arg {
-            let a = self.u64(out, a);
+            let a = self.k.push_u64(out, a);
             let hi = self.bin(out, BinaryOp::Shl, a, k32);
             third = self.bin(out, BinaryOp::Or, third, hi);
         }
