@@ -67,18 +67,18 @@ const COLORS: [RGBColor; 2] = [RGBColor(31, 119, 180), RGBColor(214, 39, 40)];
 
 /// How a series' points are drawn.
 #[derive(Clone, Copy)]
-enum Marker {
+pub(crate) enum Marker {
     Filled,
     Hollow,
     Triangle,
 }
 
 /// One series of a picture: its legend, marker, colour, and (case index, value) points.
-struct Series {
-    label: String,
-    marker: Marker,
-    color: RGBColor,
-    points: Vec<(usize, f64)>,
+pub(crate) struct Series {
+    pub(crate) label: String,
+    pub(crate) marker: Marker,
+    pub(crate) color: RGBColor,
+    pub(crate) points: Vec<(usize, f64)>,
 }
 
 /// Writes `<dir>/<workload>.svg` for every workload of `reports` (one or two), and
@@ -167,7 +167,7 @@ fn tflops_series(cases: &[String], reports: &[(String, Vec<Point>)], names: &[St
 
 /// One picture: `series` over the `cases` of `workload` (labelled without the workload's name),
 /// from 0 to a tenth above the largest value, with the line at 1 where `unit_line`.
-fn draw(
+pub(crate) fn draw(
     path: &Path,
     (title, y_desc): (&str, &str),
     (workload, cases): (&str, &[String]),

@@ -6,6 +6,7 @@
 //! bound of perfect overlap, max(compute, communication). Two reports are drawn side by side.
 
 use crate::dist_report::NVLINK_BYTES_PER_S;
+use crate::plot::{draw, Marker, Series};
 use plotters::prelude::*;
 use std::path::{Path, PathBuf};
 use trident_conformance::dist_bench::DistCase;
@@ -184,34 +185,34 @@ pub fn plot(reports: &[(String, Vec<WorldPoint>)], names: &[String], dir: &Path)
                 }
                 c
             };
-            let mut lines = Vec::new();
+            let mut series = Vec::new();
             for k in 0..reports.len() {
                 let name = names.get(k).cloned().unwrap_or_default();
                 let points = of_op(k);
-                let ratio = |f: &dyn Fn(&WorldPoint) -> Option<f64>| -> Vec<(f64, f64)> {
+                let ratio = |f: &dyn Fn(&WorldPoint) -> Option<f64>| -> Vec<(usize, f64)> {
                     cases
                         .iter()
                         .enumerate()
-                        .filter_map(|(i, c)| {
-                            points.iter().find(|p| &p.case.key() == c).and_then(|p| Some((i as f64, f(p)?)))
-                        })
+                        .filter_map(|(i, c)| points.iter().find(|p| &p.case.key() == c).and_then(|p| Some((i, f(p)?))))
                         .collect()
                 };
-                lines.push(Line {
+                series.push(Series {
                     label: format!("{name} trident: bound / time").trim().to_string(),
+                    marker: Marker::Filled,
                     color: COLORS[k % COLORS.len()],
-                    dashed: false,
                     points: ratio(&|p| Some(p.bound_ms? / p.best_fused_ms?)),
                 });
-                lines.push(Line {
+                series.push(Series {
                     label: format!("{name} vendor pipeline: bound / time").trim().to_string(),
+                    marker: Marker::Hollow,
                     color: RGBColor(214, 39, 40),
-                    dashed: true,
                     points: ratio(&|p| Some(p.bound_ms? / p.baseline_ms?)),
                 });
             }
             let title = format!("{op}: against perfect overlap, max(compute, communication) ({titles})");
-            draw_cases(&path, &title, &cases, &lines).map_err(|e| format!("{}: {e}", path.display()))?;
+            // Case labels in full (no workload prefix stripped), the line at 1: the bound.
+            draw(&path, (&title, "bound / time (1: perfect overlap)"), ("", &cases), &series, true)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
             files.push(path);
         }
     }
@@ -279,52 +280,6 @@ fn draw_sizes(
     } else {
         finish!(builder.build_cartesian_2d(x_range, 0f64..y1 * 1.15)?);
     }
-    root.present()?;
-    Ok(())
-}
-
-/// Ratios per case (categorical x), the line at 1 (the bound).
-fn draw_cases(path: &Path, title: &str, cases: &[String], lines: &[Line]) -> Result<(), Box<dyn std::error::Error>> {
-    let top = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1 * 1.1)).fold(1.2, f64::max);
-    let n = cases.len().max(1);
-    let root = SVGBackend::new(path, ((320 + 70 * n as u32).max(700), 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 15))
-        .margin(12)
-        .x_label_area_size(170)
-        .y_label_area_size(60)
-        .build_cartesian_2d((0..n).into_segmented(), 0f64..top)?;
-    chart
-        .configure_mesh()
-        .x_labels(n)
-        .x_label_style(("sans-serif", 12).into_font().transform(FontTransform::Rotate90))
-        .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => cases.get(*i).cloned().unwrap_or_default(),
-            _ => String::new(),
-        })
-        .y_desc("bound / time (1: perfect overlap)")
-        .draw()?;
-    chart.draw_series(LineSeries::new(
-        [(SegmentValue::Exact(0), 1.0), (SegmentValue::Last, 1.0)],
-        BLACK.stroke_width(1),
-    ))?;
-    for l in lines {
-        let (color, dashed) = (l.color, l.dashed);
-        let style = if dashed { color.stroke_width(2) } else { color.filled() };
-        chart
-            .draw_series(
-                l.points.iter().map(move |&(i, v)| Circle::new((SegmentValue::CenterOf(i as usize), v), 5, style)),
-            )?
-            .label(l.label.clone())
-            .legend(move |(x, y)| Circle::new((x, y), 5, style));
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()?;
     root.present()?;
     Ok(())
 }
