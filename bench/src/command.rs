@@ -9,6 +9,13 @@
 
 use rand::{Rng, SeedableRng};
 use std::process::ExitCode;
+
+/// A line on stderr above the progress bar, when one is drawn (the sweep's lines come from inside
+/// each case).
+macro_rules! note {
+    ($($t:tt)*) => { trident_conformance::progress::note(&format!($($t)*)) };
+}
+
 use std::sync::Arc;
 use trident_conformance::host::{decode, encode, poison, random};
 use trident_core::backend::{check_launch, Artifact, BackendError, Buffer, Device, KernelArg, LaunchOptions};
@@ -446,7 +453,7 @@ impl<'c> Sweep<'c> {
         }
         let (ms, error) = match time(cuda, self.reps, op, check) {
             Err(BackendError::Compile { message, .. }) => {
-                eprintln!("bench: {} config {name}: refused: {message}", self.case.key());
+                note!("bench: {} config {name}: refused: {message}", self.case.key());
                 self.refused.push(format!("{name}: {message}"));
                 return Ok(None);
             }
@@ -459,7 +466,7 @@ impl<'c> Sweep<'c> {
             )));
         }
         let (flops, _) = self.case.work();
-        eprintln!(
+        note!(
             "bench: {} config {name}: {:.3} ms ({:.1} TF/s, host enqueue {:.1} us)",
             self.case.key(),
             ms.median,
@@ -734,10 +741,10 @@ fn run_case(
             let key = Gemm::tuning_key(&cuda.name(), d, (m, n, k));
             match cache.record(&key, &Tuned { config: GemmConfig::of(&g), ms: gemm_ms }) {
                 Ok(()) => {
-                    eprintln!("bench: {}: {:?} recorded in {}", key.text(), GemmConfig::of(&g), cache.path.display())
+                    note!("bench: {}: {:?} recorded in {}", key.text(), GemmConfig::of(&g), cache.path.display())
                 }
                 Err(e) => {
-                    eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display())
+                    note!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display())
                 }
             }
             return Ok(measured);
@@ -1367,13 +1374,13 @@ fn baseline(cmd: Option<&str>, keys: &[String], when: &str) -> Option<serde_json
     let (list, out) = (dir.join("trident-bench-cases.txt"), dir.join(format!("trident-bench-baseline-{when}.json")));
     let text: String = keys.iter().map(|k| k.clone() + "\n").collect();
     std::fs::write(&list, text).ok()?;
-    eprintln!("bench: baseline ({when} trident): {cmd}");
+    note!("bench: baseline ({when} trident): {cmd}");
     let status = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!("{cmd} '{}' '{}'", list.display(), out.display()))
         .status();
     if !status.as_ref().is_ok_and(|s| s.success()) {
-        eprintln!("bench: baseline command failed ({status:?}); no baseline {when}");
+        note!("bench: baseline command failed ({status:?}); no baseline {when}");
         return None;
     }
     read_json(Some(&out.display().to_string()))
@@ -1422,14 +1429,16 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
     } else {
         format!("peer world: {w} ranks on {gpus} GPU(s): ranks share GPUs, so these are not communication figures")
     };
-    eprintln!("bench: {layout}");
+    note!("bench: {layout}");
     let keys: Vec<String> = selected.iter().map(|c| c.key()).collect();
     let before = baseline(args.baseline_cmd.as_deref(), &keys, "before")
         .or_else(|| read_json(args.baseline.as_deref()))
         .unwrap_or_default();
     let seed: u64 = rand::random();
     let mut rows = Vec::new();
+    let progress = trident_conformance::progress::Progress::new(selected.len(), "bench");
     for case in &selected {
+        progress.step(&case.key());
         let mut opts = GpuWorldOptions::new(w);
         opts.heap_bytes = case.heap_bytes();
         let (c, reps) = (case.clone(), args.reps);
@@ -1441,14 +1450,15 @@ fn world_main(args: &Args, w: usize) -> ExitCode {
             Ok((_, e)) if e > 1e-2 => Err(format!("error {e:.2e} over the bound 1e-2")),
             other => other.map_err(|e| e.to_string()),
         };
-        eprintln!("bench: {} ({:.1} s): {measured:?}", case.key(), t.elapsed().as_secs_f64());
+        note!("bench: {} ({:.1} s): {measured:?}", case.key(), t.elapsed().as_secs_f64());
         if let (Some(dir), Ok((times, _))) = (&args.trace, &measured) {
             if let Err(e) = write_traces(dir, case, (w, args.reps, seed), times) {
-                eprintln!("bench: {}: tracing: {e}", case.key());
+                note!("bench: {}: tracing: {e}", case.key());
             }
         }
         rows.push((case.clone(), measured));
     }
+    drop(progress);
     let after = baseline(args.baseline_cmd.as_deref(), &keys, "after")
         .or_else(|| read_json(args.baseline_after.as_deref()))
         .unwrap_or_default();
@@ -1536,7 +1546,7 @@ fn write_traces(
             (Some(t), Some(u)) => format!("traced {t:.4} ms, untraced {u:.4} ms ({:+.1}%)", (t / u - 1.0) * 100.0),
             _ => "not timed".to_string(),
         };
-        eprintln!(
+        note!(
             "bench: trace {}: {} launches, {} programs, {} events dropped; {when}",
             json_path.display(),
             timeline.launches.len(),
@@ -1606,8 +1616,8 @@ fn record_crossovers(
 fn record_crossover<C: serde::Serialize + std::fmt::Debug>(key: &trident_kernels::tuning::TuningKey, x: C) {
     let mut cache = trident_kernels::tuning::TuningCache::load(trident_kernels::tuning::TuningCache::default_path());
     match cache.record(key, &trident_kernels::tuning::Tuned { config: &x, ms: 0.0 }) {
-        Ok(()) => eprintln!("bench: {}: {x:?} recorded in {}", key.text(), cache.path.display()),
-        Err(e) => eprintln!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display()),
+        Ok(()) => note!("bench: {}: {x:?} recorded in {}", key.text(), cache.path.display()),
+        Err(e) => note!("bench: {}: the tuning cache {} cannot be written: {e}", key.text(), cache.path.display()),
     }
 }
 
@@ -1664,24 +1674,27 @@ pub fn main(args: Args) -> ExitCode {
     let run_baseline = |when: &str| baseline(args.baseline_cmd.as_deref(), &keys, when);
     let before = run_baseline("before").unwrap_or_else(|| read(&args.baseline));
     // Each case's figure as soon as it is measured (a run cut short keeps what it printed).
+    let progress = trident_conformance::progress::Progress::new(selected.len(), "bench");
     let measured: Vec<(Case, Result<Measured, BackendError>)> = selected
         .iter()
         .map(|c| {
+            progress.step(&c.key());
             let r = run_case(&drv, c, args.reps, &args.configs);
             let base = before.get(&c.key()).and_then(|v| v.as_f64());
             match &r {
-                Ok(m) => eprintln!(
+                Ok(m) => note!(
                     "bench: {}: {:.3} ms ({}), baseline before {}",
                     c.key(),
                     m.ms.median,
                     m.config,
                     base.map_or("-".into(), |b| format!("{b:.3} ms = {:.3}x", b / m.ms.median))
                 ),
-                Err(e) => eprintln!("bench: {}: {e}", c.key()),
+                Err(e) => note!("bench: {}: {e}", c.key()),
             }
             (c.clone(), r)
         })
         .collect();
+    drop(progress);
     let after = run_baseline("after").unwrap_or_else(|| read(&args.baseline_after));
     // A baseline timed before and after trident: the faster of the two is the one compared.
     let base_of = |key: &str| -> (Option<f64>, Option<f64>, Option<f64>) {

@@ -1,11 +1,28 @@
-//! Progress of a long run (the suite, `ops`, `math`): a bar on stderr
+//! Progress of a long run (the suite, `ops`, `math`, the benchmark's sweep): a bar on stderr
 //! when it is a terminal, nothing otherwise, so that logs (CI's) keep only their plain
 //! per-case lines. `TRIDENT_NO_PROGRESS=1` turns the bar off on a terminal too.
+//!
+//! A process has one terminal, so the bar drawn is also known process-wide: [`note`] prints a
+//! line to stderr above it from code that does not hold it (a benchmark's configuration lines,
+//! printed from deep inside each case's sweep).
 
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
+use std::sync::Mutex;
 
 pub struct Progress(Option<ProgressBar>);
+
+/// The bar drawn now, if any (the latest one made; cleared when it is dropped).
+static SHOWN: Mutex<Option<ProgressBar>> = Mutex::new(None);
+
+/// `line` on stderr, above the bar drawn now (if any), so that the bar is not torn.
+pub fn note(line: &str) {
+    let bar = SHOWN.lock().ok().and_then(|b| b.clone());
+    match bar {
+        Some(bar) => bar.suspend(|| eprintln!("{line}")),
+        None => eprintln!("{line}"),
+    }
+}
 
 impl Progress {
     /// A bar of `total` steps named `what`, where stderr is a terminal.
@@ -18,6 +35,9 @@ impl Progress {
             bar.set_style(style.progress_chars("=> "));
         }
         bar.set_prefix(what.to_string());
+        if let Ok(mut shown) = SHOWN.lock() {
+            *shown = Some(bar.clone());
+        }
         Progress(Some(bar))
     }
 
@@ -47,6 +67,9 @@ impl Drop for Progress {
     fn drop(&mut self) {
         if let Some(bar) = &self.0 {
             bar.finish_and_clear();
+            if let Ok(mut shown) = SHOWN.lock() {
+                *shown = None;
+            }
         }
     }
 }
@@ -66,5 +89,6 @@ mod tests {
             assert!(printed);
         }
         assert!(!Progress(None).shown());
+        super::note("a line with no bar drawn");
     }
 }
