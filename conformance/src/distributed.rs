@@ -219,27 +219,28 @@ impl Steered<'_> {
 }
 
 impl RankCtx for Steered<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn ranks_sharing_device(&self) -> usize {
-        self.inner.ranks_sharing_device()
-    }
-    fn topology(&self) -> String {
-        self.inner.topology()
-    }
-    fn backend(&self) -> &dyn trident_core::backend::Backend {
-        self.inner.backend()
-    }
-    fn target(&self) -> Option<String> {
-        self.inner.target()
-    }
-    fn resident_programs(&self, kernel: &trident_core::backend::Artifact) -> Result<Option<u64>, BackendError> {
-        self.inner.resident_programs(kernel)
-    }
+    trident_core::forward_rank_ctx!(
+        rank,
+        world_size,
+        ranks_sharing_device,
+        topology,
+        backend,
+        target,
+        resident_programs,
+        alloc,
+        symm_alloc,
+        peer,
+        write,
+        read,
+        write_signal,
+        wait_signal,
+        synchronize,
+        barrier,
+        rearm_barrier_all,
+        capturing,
+        follow_stream,
+        join_stream
+    );
     fn compile(
         &self,
         key: &str,
@@ -253,21 +254,6 @@ impl RankCtx for Steered<'_> {
             f.attrs.inter_node = true;
             Ok(f)
         })
-    }
-    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.alloc(bytes, name)
-    }
-    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.symm_alloc(bytes, name)
-    }
-    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
-        self.inner.peer(buffer, rank)
-    }
-    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.inner.write(buffer, offset, data)
-    }
-    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.inner.read(buffer, offset, out)
     }
     fn launch(
         &self,
@@ -290,33 +276,5 @@ impl RankCtx for Steered<'_> {
     ) -> Result<(), BackendError> {
         self.die();
         self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes)
-    }
-    fn write_signal(
-        &self,
-        stream: trident_core::world::StreamId,
-        signal: &Buffer,
-        offset: usize,
-        value: u64,
-    ) -> Result<(), BackendError> {
-        self.inner.write_signal(stream, signal, offset, value)
-    }
-    fn wait_signal(
-        &self,
-        stream: trident_core::world::StreamId,
-        signal: &Buffer,
-        offset: usize,
-        cmp: trident_core::ir::CmpOp,
-        value: u64,
-    ) -> Result<(), BackendError> {
-        self.inner.wait_signal(stream, signal, offset, cmp, value)
-    }
-    fn synchronize(&self) -> Result<(), BackendError> {
-        self.inner.synchronize()
-    }
-    fn barrier(&self) -> Result<(), BackendError> {
-        self.inner.barrier()
-    }
-    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
-        self.inner.rearm_barrier_all()
     }
 }

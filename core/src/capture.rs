@@ -10,10 +10,9 @@
 //! when enqueued), `synchronize` (nothing has run) and host barriers (the ranks' hosts do not
 //! meet in a replay). Compiling and allocating are allowed: they happen once, at capture.
 
-use crate::backend::{Artifact, Backend, BackendError, Buffer, KernelArg};
+use crate::backend::{Artifact, BackendError, Buffer, KernelArg};
 use crate::ir::CmpOp;
 use crate::world::{RankCtx, StreamId};
-use crate::{Function, VerifyError};
 use std::sync::Mutex;
 
 /// One recorded launch.
@@ -72,47 +71,23 @@ struct Capturing<'a> {
 }
 
 impl RankCtx for Capturing<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
+    crate::forward_rank_ctx!(
+        rank,
+        world_size,
+        ranks_sharing_device,
+        topology,
+        backend,
+        target,
+        resident_programs,
+        compile,
+        alloc,
+        symm_alloc,
+        peer,
+        write,
+        read
+    );
     fn capturing(&self) -> bool {
         true
-    }
-    fn ranks_sharing_device(&self) -> usize {
-        self.inner.ranks_sharing_device()
-    }
-    fn topology(&self) -> String {
-        self.inner.topology()
-    }
-    fn backend(&self) -> &dyn Backend {
-        self.inner.backend()
-    }
-    fn target(&self) -> Option<String> {
-        self.inner.target()
-    }
-    fn resident_programs(&self, kernel: &Artifact) -> Result<Option<u64>, BackendError> {
-        self.inner.resident_programs(kernel)
-    }
-    fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
-        self.inner.compile(key, build)
-    }
-    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.alloc(bytes, name)
-    }
-    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.symm_alloc(bytes, name)
-    }
-    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
-        self.inner.peer(buffer, rank)
-    }
-    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.inner.write(buffer, offset, data)
-    }
-    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.inner.read(buffer, offset, out)
     }
     fn launch(
         &self,

@@ -138,6 +138,154 @@ pub trait RankCtx {
     }
 }
 
+/// Implements the named [`RankCtx`] methods of a wrapper by forwarding each to its field `inner`
+/// (a `&dyn RankCtx`). Wrappers of a rank's context (capture, tracing, the suite's steering)
+/// change a few methods and pass the rest through; naming the passed ones keeps each wrapper's
+/// choice visible, and a method added to the trait is one arm here, not one copy per wrapper.
+///
+/// ```ignore
+/// impl RankCtx for Wrapper<'_> {
+///     trident_core::forward_rank_ctx!(rank, world_size, backend, target, alloc, read, write);
+///     fn launch(/* ... */) -> Result<(), BackendError> { /* the wrapper's own */ }
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_rank_ctx {
+    ($($method:ident),* $(,)?) => { $( $crate::forward_rank_ctx!(@ $method); )* };
+    (@ rank) => { fn rank(&self) -> usize { self.inner.rank() } };
+    (@ world_size) => { fn world_size(&self) -> usize { self.inner.world_size() } };
+    (@ backend) => { fn backend(&self) -> &dyn $crate::backend::Backend { self.inner.backend() } };
+    (@ target) => { fn target(&self) -> Option<String> { self.inner.target() } };
+    (@ gpu_target) => {
+        fn gpu_target(&self) -> Option<&'static $crate::target::TargetDesc> { self.inner.gpu_target() }
+    };
+    (@ ranks_sharing_device) => { fn ranks_sharing_device(&self) -> usize { self.inner.ranks_sharing_device() } };
+    (@ topology) => { fn topology(&self) -> String { self.inner.topology() } };
+    (@ capturing) => { fn capturing(&self) -> bool { self.inner.capturing() } };
+    (@ resident_programs) => {
+        fn resident_programs(
+            &self,
+            kernel: &$crate::backend::Artifact,
+        ) -> Result<Option<u64>, $crate::backend::BackendError> {
+            self.inner.resident_programs(kernel)
+        }
+    };
+    (@ compile) => {
+        fn compile(
+            &self,
+            key: &str,
+            build: &dyn Fn() -> Result<$crate::Function, $crate::VerifyError>,
+        ) -> Result<$crate::backend::Artifact, $crate::backend::BackendError> {
+            self.inner.compile(key, build)
+        }
+    };
+    (@ alloc) => {
+        fn alloc(&self, bytes: usize, name: &str) -> Result<$crate::backend::Buffer, $crate::backend::BackendError> {
+            self.inner.alloc(bytes, name)
+        }
+    };
+    (@ symm_alloc) => {
+        fn symm_alloc(
+            &self,
+            bytes: usize,
+            name: &str,
+        ) -> Result<$crate::backend::Buffer, $crate::backend::BackendError> {
+            self.inner.symm_alloc(bytes, name)
+        }
+    };
+    (@ peer) => {
+        fn peer(
+            &self,
+            buffer: &$crate::backend::Buffer,
+            rank: usize,
+        ) -> Result<$crate::backend::Buffer, $crate::backend::BackendError> {
+            self.inner.peer(buffer, rank)
+        }
+    };
+    (@ write) => {
+        fn write(
+            &self,
+            buffer: &$crate::backend::Buffer,
+            offset: usize,
+            data: &[u8],
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.write(buffer, offset, data)
+        }
+    };
+    (@ read) => {
+        fn read(
+            &self,
+            buffer: &$crate::backend::Buffer,
+            offset: usize,
+            out: &mut [u8],
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.read(buffer, offset, out)
+        }
+    };
+    (@ launch) => {
+        fn launch(
+            &self,
+            stream: $crate::world::StreamId,
+            kernel: &$crate::backend::Artifact,
+            grid: [u32; 3],
+            args: &[$crate::backend::KernelArg],
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.launch(stream, kernel, grid, args)
+        }
+    };
+    (@ copy) => {
+        fn copy(
+            &self,
+            stream: $crate::world::StreamId,
+            dst: &$crate::backend::Buffer,
+            dst_offset: usize,
+            src: &$crate::backend::Buffer,
+            src_offset: usize,
+            bytes: usize,
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes)
+        }
+    };
+    (@ write_signal) => {
+        fn write_signal(
+            &self,
+            stream: $crate::world::StreamId,
+            signal: &$crate::backend::Buffer,
+            offset: usize,
+            value: u64,
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.write_signal(stream, signal, offset, value)
+        }
+    };
+    (@ wait_signal) => {
+        fn wait_signal(
+            &self,
+            stream: $crate::world::StreamId,
+            signal: &$crate::backend::Buffer,
+            offset: usize,
+            cmp: $crate::ir::CmpOp,
+            value: u64,
+        ) -> Result<(), $crate::backend::BackendError> {
+            self.inner.wait_signal(stream, signal, offset, cmp, value)
+        }
+    };
+    (@ synchronize) => { fn synchronize(&self) -> Result<(), $crate::backend::BackendError> { self.inner.synchronize() } };
+    (@ barrier) => { fn barrier(&self) -> Result<(), $crate::backend::BackendError> { self.inner.barrier() } };
+    (@ rearm_barrier_all) => {
+        fn rearm_barrier_all(&self) -> Result<(), $crate::backend::BackendError> { self.inner.rearm_barrier_all() }
+    };
+    (@ follow_stream) => {
+        fn follow_stream(&self, external: u64) -> Result<(), $crate::backend::BackendError> {
+            self.inner.follow_stream(external)
+        }
+    };
+    (@ join_stream) => {
+        fn join_stream(&self, external: u64) -> Result<(), $crate::backend::BackendError> {
+            self.inner.join_stream(external)
+        }
+    };
+}
+
 /// What a [`KernelCache`] entry is for: the backend's name, the target and the key.
 type CacheKey = (&'static str, Option<String>, String);
 

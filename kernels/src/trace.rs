@@ -18,7 +18,7 @@ pub mod perfetto;
 pub mod svg;
 
 use std::sync::Mutex;
-use trident_core::backend::{Artifact, Backend, BackendError, Buffer, KernelArg};
+use trident_core::backend::{Artifact, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
 use trident_core::trace::{buffer_bytes, decode, header, instrument, labels, Recorded, EVENT_WORDS, HEADER_WORDS};
 use trident_core::world::{RankCtx, StreamId};
@@ -212,58 +212,28 @@ impl<'a> Traced<'a> {
 }
 
 impl RankCtx for Traced<'_> {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn world_size(&self) -> usize {
-        self.inner.world_size()
-    }
-    fn backend(&self) -> &dyn Backend {
-        self.inner.backend()
-    }
-    fn target(&self) -> Option<String> {
-        self.inner.target()
-    }
-    fn gpu_target(&self) -> Option<&'static trident_core::target::TargetDesc> {
-        self.inner.gpu_target()
-    }
-    fn ranks_sharing_device(&self) -> usize {
-        self.inner.ranks_sharing_device()
-    }
-    fn topology(&self) -> String {
-        self.inner.topology()
-    }
-    fn capturing(&self) -> bool {
-        self.inner.capturing()
-    }
-    fn resident_programs(&self, kernel: &trident_core::backend::Artifact) -> Result<Option<u64>, BackendError> {
-        self.inner.resident_programs(kernel)
-    }
+    trident_core::forward_rank_ctx!(
+        rank, world_size, backend, target, gpu_target, ranks_sharing_device, topology, capturing, resident_programs, alloc, symm_alloc, peer, write, read, write_signal, synchronize, barrier, rearm_barrier_all, follow_stream, join_stream
+    );
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
-        let artifact = self.inner.compile(&format!("{key}+trace"), &|| Ok(instrument(build()?)))?;
+        // The labels come from the function the artifact is built from (the artifact keeps its
+        // signature, not its ops): taken as it is built, or, when the world's kernel cache
+        // already held it (an earlier `Traced` of the same rank), from building it again.
+        let built = Mutex::new(None);
+        let artifact = self.inner.compile(&format!("{key}+trace"), &|| {
+            let f = instrument(build()?);
+            *built.lock().unwrap_or_else(|e| e.into_inner()) = Some(labels(&f));
+            Ok(f)
+        })?;
         let mut labels_of = self.labels.lock().unwrap_or_else(|e| e.into_inner());
         if !labels_of.iter().any(|(k, _)| *k == artifact.kernel) {
-            // The labels come from the function the artifact was built from (built again: the
-            // artifact keeps its signature, not its ops).
-            let f = instrument(build().map_err(|e| BackendError::Host(e.to_string()))?);
-            labels_of.push((artifact.kernel.clone(), labels(&f)));
+            let l = match built.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                Some(l) => l,
+                None => labels(&instrument(build().map_err(|e| BackendError::Host(e.to_string()))?)),
+            };
+            labels_of.push((artifact.kernel.clone(), l));
         }
         Ok(artifact)
-    }
-    fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.alloc(bytes, name)
-    }
-    fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError> {
-        self.inner.symm_alloc(bytes, name)
-    }
-    fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError> {
-        self.inner.peer(buffer, rank)
-    }
-    fn write(&self, buffer: &Buffer, offset: usize, data: &[u8]) -> Result<(), BackendError> {
-        self.inner.write(buffer, offset, data)
-    }
-    fn read(&self, buffer: &Buffer, offset: usize, out: &mut [u8]) -> Result<(), BackendError> {
-        self.inner.read(buffer, offset, out)
     }
     fn launch(&self, stream: StreamId, kernel: &Artifact, grid: [u32; 3], args: &[KernelArg]) -> Result<(), BackendError> {
         if !kernel.attrs.trace {
@@ -286,9 +256,6 @@ impl RankCtx for Traced<'_> {
         let what = format!("copy {:.2} MB", bytes as f64 / 1e6);
         self.bracketed(stream, what, || self.inner.copy(stream, dst, dst_offset, src, src_offset, bytes))
     }
-    fn write_signal(&self, stream: StreamId, signal: &Buffer, offset: usize, value: u64) -> Result<(), BackendError> {
-        self.inner.write_signal(stream, signal, offset, value)
-    }
     fn wait_signal(
         &self,
         stream: StreamId,
@@ -300,21 +267,6 @@ impl RankCtx for Traced<'_> {
         self.bracketed(stream, format!("stream wait {cmp} {value}"), || {
             self.inner.wait_signal(stream, signal, offset, cmp, value)
         })
-    }
-    fn synchronize(&self) -> Result<(), BackendError> {
-        self.inner.synchronize()
-    }
-    fn barrier(&self) -> Result<(), BackendError> {
-        self.inner.barrier()
-    }
-    fn rearm_barrier_all(&self) -> Result<(), BackendError> {
-        self.inner.rearm_barrier_all()
-    }
-    fn follow_stream(&self, external: u64) -> Result<(), BackendError> {
-        self.inner.follow_stream(external)
-    }
-    fn join_stream(&self, external: u64) -> Result<(), BackendError> {
-        self.inner.join_stream(external)
     }
 }
 
