@@ -1546,8 +1546,16 @@ fn write_traces(
             (Some(t), Some(u)) => format!("traced {t:.4} ms, untraced {u:.4} ms ({:+.1}%)", (t / u - 1.0) * 100.0),
             _ => "not timed".to_string(),
         };
+        let clocks = match timeline.clocks.iter().max_by_key(|c| c.uncertainty_ns) {
+            Some(worst) => format!(
+                "; clocks aligned to rank 0's (offsets {} ns, each within {} ns)",
+                timeline.clocks.iter().map(|c| c.offset_ns.to_string()).collect::<Vec<_>>().join(", "),
+                worst.uncertainty_ns
+            ),
+            None => String::new(),
+        };
         note!(
-            "bench: trace {}: {} launches, {} programs, {} events dropped; {when}",
+            "bench: trace {}: {} launches, {} programs, {} events dropped; {when}{clocks}",
             json_path.display(),
             timeline.launches.len(),
             timeline.programs().0.len(),

@@ -52,6 +52,7 @@ fn rank_main(ctx: &dyn RankCtx, plan: &Plan) -> Result<RankOut, BackendError> {
     }
     let traced = trident_kernels::trace::Traced::new(ctx, TRACE_CAPACITY, plan.calls)?;
     let mut out = rank_calls(&traced, plan)?;
+    traced.sync_clocks()?;
     out.launches = traced.collect()?;
     Ok(out)
 }

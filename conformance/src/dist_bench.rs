@@ -195,8 +195,10 @@ impl<'a> Timer<'a> {
             op()?;
             ms.push(t.elapsed().as_secs_f64() * 1e3);
             if let Some(tr) = self.trace {
-                // The last repetition's launches are the variant's trace.
+                // The last repetition's launches are the variant's trace, with the ranks' clocks
+                // measured against rank 0's where they are on different GPUs.
                 ctx.synchronize()?;
+                tr.sync_clocks()?;
                 let launches = tr.collect()?;
                 self.traces.retain(|(n, _)| n != name);
                 self.traces.push((name.to_string(), launches));

@@ -102,3 +102,38 @@ fn an_untraced_kernel_lowers_without_tracing() {
     assert_eq!(traced_f.params.len(), f.params.len() + 1);
     assert!(trident_core::text::print(&traced_f).contains("trace = true"));
 }
+
+/// The clock exchange (`Traced::measure_clocks`) in a CPU world of 4, on the interpreter and
+/// on sm_90a's lowering: every rank other than 0 gets an offset; the ranks share one clock, so
+/// each offset is zero to within its uncertainty (half the round trip) and a scheduler tick;
+/// the exchange's launches are not kept in the timeline. `sync_clocks` does nothing there (one
+/// device).
+#[test]
+fn clock_offsets_are_measured_between_ranks() {
+    use trident_core::world::RankCtx;
+    use trident_kernels::trace::Traced;
+    trident_conformance::link_backends();
+    for simt in [None, Some("sm_90a")] {
+        let world = 4;
+        let opts = WorldOptions { simt_target: simt, ..WorldOptions::new(world, rand::random()) };
+        let out = CpuWorld::run(opts, move |ctx| {
+            let traced = Traced::new(ctx, 64, 4)?;
+            traced.sync_clocks()?;
+            assert_eq!(traced.launch_count(), 0, "one device: no exchange");
+            traced.measure_clocks()?;
+            traced.measure_clocks()?;
+            traced.synchronize()?;
+            traced.collect()
+        })
+        .unwrap_or_else(|e| panic!("{simt:?}: {e}"));
+        let timeline = Timeline::of(out.results.iter().cloned());
+        assert!(timeline.launches.is_empty(), "{simt:?}: {:?}", timeline.launches);
+        let ranks: Vec<usize> = timeline.clocks.iter().map(|c| c.rank).collect();
+        assert_eq!(ranks, vec![1, 2, 3], "{simt:?}");
+        for c in &timeline.clocks {
+            // The world's virtual clock ticks 1000 ns per hand-over of the baton, and an event is
+            // recorded when its rank next holds the baton: a tick of slack.
+            assert!(c.offset_ns.unsigned_abs() <= c.uncertainty_ns + 1000, "{simt:?}: {c:?}");
+        }
+    }
+}

@@ -11,9 +11,13 @@
 //!
 //! Each launch gets its own buffer (`trident_core::trace` gives the format), made up front, so
 //! an event is read with its kernel's labels and nothing is allocated while work is timed;
-//! launches past the pool share one buffer of no capacity (their events count as dropped). The ranks of a loopback world share the
-//! GPU's clock; ranks on different GPUs are aligned at their first event (see `DECISIONS.md`).
+//! launches past the pool share one buffer of no capacity (their events count as dropped).
+//!
+//! The ranks of a loopback world share the GPU's clock. Ranks on different GPUs measure their
+//! clocks against rank 0's ([`Traced::sync_clocks`], the exchange of [`clock`]), and
+//! [`Timeline::of`] moves each rank's events onto rank 0's clock.
 
+pub mod clock;
 pub mod perfetto;
 pub mod svg;
 
@@ -21,6 +25,7 @@ use std::sync::Mutex;
 use trident_core::backend::{Artifact, BackendError, Buffer, KernelArg};
 use trident_core::ir::CmpOp;
 use trident_core::trace::{buffer_bytes, decode, header, instrument, labels, Recorded, EVENT_WORDS, HEADER_WORDS};
+pub use clock::ClockOffset;
 use trident_core::world::{RankCtx, StreamId};
 use trident_core::{Function, VerifyError};
 
@@ -41,6 +46,10 @@ pub struct Traced<'a> {
     /// The marker kernel (compiled when the context is made: every rank at the same point of
     /// its host code, as worlds that compile collectively need).
     marker: Artifact,
+    /// The clock exchange's kernel, symmetric signals and a buffer per round (made by the first
+    /// [`Traced::measure_clocks`]), and the last epoch it used.
+    clock: Mutex<Option<(Artifact, Buffer, Vec<Buffer>)>>,
+    clock_epoch: Mutex<u64>,
 }
 
 /// One launch's events, or one stream operation's.
@@ -64,16 +73,31 @@ pub struct Launch {
 /// kernels' events use.
 pub const MARKER: &str = "trace_marker";
 
-/// What every rank's launches recorded.
+/// What every rank's launches recorded, on rank 0's clock.
 #[derive(Clone, Debug, Default)]
 pub struct Timeline {
     pub launches: Vec<Launch>,
+    /// Each rank's clock against rank 0's, where it was measured (ranks on other GPUs); its
+    /// events' times have been moved by it.
+    pub clocks: Vec<ClockOffset>,
 }
 
 impl Timeline {
-    /// The ranks' launches together (each rank's from [`Traced::collect`]).
+    /// The ranks' launches together (each rank's from [`Traced::collect`]): the clock
+    /// exchange's launches, where [`Traced::sync_clocks`] ran them, give each rank's clock
+    /// offset ([`clock::offsets`]), which is taken off its events' times; they are not kept.
     pub fn of(ranks: impl IntoIterator<Item = Vec<Launch>>) -> Timeline {
-        Timeline { launches: ranks.into_iter().flatten().collect() }
+        let mut launches: Vec<Launch> = ranks.into_iter().flatten().collect();
+        let clocks = clock::offsets(&launches);
+        launches.retain(|l| l.kernel != clock::NAME);
+        for c in &clocks {
+            for l in launches.iter_mut().filter(|l| l.rank == c.rank) {
+                for e in &mut l.recorded.events {
+                    e.time_ns = (e.time_ns as i128 - c.offset_ns as i128).max(0) as u64;
+                }
+            }
+        }
+        Timeline { launches, clocks }
     }
 
     /// Events dropped by full buffers, over every launch.
@@ -109,7 +133,57 @@ impl<'a> Traced<'a> {
             stream_ops: Mutex::new(Vec::new()),
             overflow: made(0, "__trace_overflow")?,
             marker,
+            clock: Mutex::new(None),
+            clock_epoch: Mutex::new(0),
         })
+    }
+
+    /// Collective (every rank, at the same point of its host code): where the ranks are on more
+    /// than one device, measures this rank's clock against rank 0's ([`Traced::measure_clocks`]);
+    /// nothing where they all share one (one clock). Call it after the work to trace, before
+    /// [`Traced::collect`].
+    pub fn sync_clocks(&self) -> Result<(), BackendError> {
+        let w = self.inner.world_size();
+        if w == 1 || self.inner.ranks_sharing_device() >= w {
+            return Ok(());
+        }
+        self.measure_clocks()
+    }
+
+    /// Collective: [`clock::ROUNDS`] launches of the clock exchange ([`clock::KERNEL`]) on
+    /// stream 0, after this rank's work so far, recorded like any launch (into buffers of their
+    /// own, not the pool's); returns once they are done. [`Timeline::of`] turns them into
+    /// offsets.
+    pub fn measure_clocks(&self) -> Result<(), BackendError> {
+        let w = self.inner.world_size();
+        let mut state = self.clock.lock().unwrap_or_else(|e| e.into_inner());
+        if state.is_none() {
+            let f = trident_core::text::parse(clock::KERNEL)
+                .map(instrument)
+                .map_err(|e| BackendError::Host(format!("the clock kernel: {e}")))?;
+            let kernel = self.inner.compile(&format!("{}+trace", clock::NAME), &|| Ok(f.clone()))?;
+            self.labels.lock().unwrap_or_else(|e| e.into_inner()).push((kernel.kernel.clone(), labels(&f)));
+            let sig = self.inner.symm_alloc(8 * w, "__trace_clock")?;
+            let rounds = (0..clock::ROUNDS)
+                .map(|_| self.inner.alloc(buffer_bytes(4 * w), "__trace_clock_events"))
+                .collect::<Result<Vec<_>, _>>()?;
+            *state = Some((kernel, sig, rounds));
+        }
+        let Some((kernel, sig, rounds)) = state.as_ref() else { return Ok(()) };
+        self.inner.synchronize()?;
+        for b in rounds {
+            self.inner.write(b, 0, &header(4 * w))?;
+        }
+        // Every rank's signals exist (zeroed) before any rank's exchange writes a peer's.
+        self.inner.barrier()?;
+        let mut epoch = self.clock_epoch.lock().unwrap_or_else(|e| e.into_inner());
+        for b in rounds {
+            *epoch += 1;
+            let args = [KernelArg::Ptr(sig.address), KernelArg::u64(*epoch), KernelArg::Ptr(b.address)];
+            self.inner.launch(0, kernel, [1, 1, 1], &args)?;
+            self.launches.lock().unwrap_or_else(|e| e.into_inner()).push((kernel.kernel.clone(), b.clone()));
+        }
+        self.inner.synchronize()
     }
 
     /// Forgets the launches so far and empties their buffers, so that the next launches record

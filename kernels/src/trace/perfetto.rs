@@ -62,7 +62,8 @@ pub fn to_json(timeline: &Timeline) -> Value {
     json!({
         "traceEvents": events,
         "displayTimeUnit": "ns",
-        "otherData": {"dropped_events": timeline.dropped(), "launches": timeline.launches.len()},
+        "otherData": {"dropped_events": timeline.dropped(), "launches": timeline.launches.len(),
+                      "clock_offsets_ns": timeline.clocks},
     })
 }
 
