@@ -16,7 +16,8 @@ for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
   KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
     --trace "$O/traces" --json "$O/bench-$k-world4.json"
 done
-KEEP='trace|kernel|rror' step trace-ring 60 $B/trident run examples/allgather_ring.tile --backend nvidia --world 4 \
+# The clock exchange forced on one GPU (its offsets should be zero within their bound).
+TRIDENT_TRACE_CLOCKS=always KEEP='trace|kernel|rror' step trace-ring 60 $B/trident run examples/allgather_ring.tile --backend nvidia --world 4 \
   --repeat 1 --arg src=f32[3000] --arg out=f32[12000]:zeros:symm --arg ready=u64[4]:zeros:symm --arg chunk=3000 \
   --arg epoch=call --out "$O/ring-out" --trace "$O/traces/allgather_ring.json"
 rm -rf "$O/ring-out"

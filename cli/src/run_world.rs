@@ -241,6 +241,12 @@ pub fn main(
             timeline.dropped(),
             svg_path.display()
         );
+        for c in &timeline.clocks {
+            println!(
+                "trace: rank {}'s clock is {} ns from rank 0's (within {} ns)",
+                c.rank, c.offset_ns, c.uncertainty_ns
+            );
+        }
     }
     let slowest: Vec<f64> = (0..plan.calls)
         .map(|c| outs.iter().filter_map(|o| o.call_ms.get(c)).fold(0.0, |m: f64, x| m.max(*x)))

@@ -140,11 +140,13 @@ impl<'a> Traced<'a> {
 
     /// Collective (every rank, at the same point of its host code): where the ranks are on more
     /// than one device, measures this rank's clock against rank 0's ([`Traced::measure_clocks`]);
-    /// nothing where they all share one (one clock). Call it after the work to trace, before
+    /// nothing where they all share one (one clock), unless `TRIDENT_TRACE_CLOCKS=always` (to
+    /// see the exchange's bound on one GPU). Call it after the work to trace, before
     /// [`Traced::collect`].
     pub fn sync_clocks(&self) -> Result<(), BackendError> {
         let w = self.inner.world_size();
-        if w == 1 || self.inner.ranks_sharing_device() >= w {
+        let always = std::env::var("TRIDENT_TRACE_CLOCKS").is_ok_and(|v| v == "always");
+        if w == 1 || (self.inner.ranks_sharing_device() >= w && !always) {
             return Ok(());
         }
         self.measure_clocks()
