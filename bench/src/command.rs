@@ -1555,11 +1555,18 @@ fn write_traces(
             None => String::new(),
         };
         note!(
-            "bench: trace {}: {} launches, {} programs, {} events dropped; {when}{clocks}",
+            "bench: trace {}: {} launches, {} programs, {} events dropped; {when}{clocks}; clock steps of {} ns at least; waiting: {}",
             json_path.display(),
             timeline.launches.len(),
             timeline.programs().0.len(),
-            timeline.dropped()
+            timeline.dropped(),
+            timeline.clock_step_ns().map_or("-".into(), |s| s.to_string()),
+            timeline
+                .wait_shares()
+                .iter()
+                .map(|(k, share)| format!("{k} {:.1}%", share * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     Ok(())

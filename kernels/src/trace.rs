@@ -105,6 +105,16 @@ impl Timeline {
         self.launches.iter().map(|l| l.recorded.dropped).sum()
     }
 
+    /// The smallest nonzero step between two event times (after alignment): an upper bound on
+    /// the clock's granularity (`%globaltimer` advances in steps of its own, coarser than its
+    /// nanosecond unit). `None` with fewer than two distinct times.
+    pub fn clock_step_ns(&self) -> Option<u64> {
+        let mut times: Vec<u64> = self.launches.iter().flat_map(|l| l.recorded.events.iter().map(|e| e.time_ns)).collect();
+        times.sort_unstable();
+        times.dedup();
+        times.windows(2).map(|w| w[1] - w[0]).min()
+    }
+
     /// The earliest event's time (the origin of exported times).
     pub fn origin_ns(&self) -> u64 {
         self.launches.iter().flat_map(|l| l.recorded.events.iter().map(|e| e.time_ns)).min().unwrap_or(0)
@@ -468,6 +478,27 @@ impl Timeline {
         (spans, tracks)
     }
 
+    /// Of every kernel's program time (start to end, summed over programs), the share spent in
+    /// waits, by kernel name in order of first launch: how much of an overlap kernel's time its
+    /// programs idled for peers' data.
+    pub fn wait_shares(&self) -> Vec<(String, f64)> {
+        let (spans, _) = self.programs();
+        let mut out: Vec<(String, u64, u64)> = Vec::new();
+        for s in &spans {
+            let name = &self.launches[s.launch].kernel;
+            let waited: u64 = s.waits.iter().map(|w| w.3.saturating_sub(w.2)).sum();
+            let total = s.end_ns - s.start_ns;
+            match out.iter_mut().find(|(n, _, _)| n == name) {
+                Some(e) => {
+                    e.1 += waited;
+                    e.2 += total;
+                }
+                None => out.push((name.clone(), waited, total)),
+            }
+        }
+        out.into_iter().map(|(n, w, t)| (n, if t == 0 { 0.0 } else { w as f64 / t as f64 })).collect()
+    }
+
     /// Every stream operation: rank, stream, what, start, end (from its markers).
     pub fn stream_spans(&self) -> Vec<(usize, StreamId, &str, u64, u64)> {
         self.launches
@@ -531,5 +562,10 @@ mod tests {
         assert_eq!(p(0).tiles, vec![(7, 0, 60), (9, 60, 90)]);
         assert_eq!(p(1).notifies, vec![(2, 1, 70)]);
         assert_eq!(t.label(0, 1), "wait %ready");
+        assert_eq!(t.clock_step_ns(), Some(5));
+        // Programs 0..2 run 100 + 70 + 5 ns, of which 20 in a wait.
+        let shares = t.wait_shares();
+        assert_eq!(shares.len(), 1);
+        assert!((shares[0].1 - 20.0 / 175.0).abs() < 1e-12, "{shares:?}");
     }
 }
