@@ -220,24 +220,14 @@ impl Steered<'_> {
 
 impl RankCtx for Steered<'_> {
     trident_core::forward_rank_ctx!(
-        rank,
-        world_size,
-        ranks_sharing_device,
-        topology,
-        backend,
-        target,
-        resident_programs,
-        alloc,
-        symm_alloc,
-        peer,
-        write,
-        read,
+        identity,
+        memory,
+        capturing,
         write_signal,
         wait_signal,
         synchronize,
         barrier,
         rearm_barrier_all,
-        capturing,
         follow_stream,
         join_stream
     );

@@ -71,21 +71,7 @@ struct Capturing<'a> {
 }
 
 impl RankCtx for Capturing<'_> {
-    crate::forward_rank_ctx!(
-        rank,
-        world_size,
-        ranks_sharing_device,
-        topology,
-        backend,
-        target,
-        resident_programs,
-        compile,
-        alloc,
-        symm_alloc,
-        peer,
-        write,
-        read
-    );
+    crate::forward_rank_ctx!(identity, memory, compile);
     fn capturing(&self) -> bool {
         true
     }

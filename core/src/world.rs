@@ -139,19 +139,26 @@ pub trait RankCtx {
 }
 
 /// Implements the named [`RankCtx`] methods of a wrapper by forwarding each to its field `inner`
-/// (a `&dyn RankCtx`). Wrappers of a rank's context (capture, tracing, the suite's steering)
+/// (a `&dyn RankCtx`); `identity` names the rank's identity and placement (`rank`, `world_size`,
+/// `backend`, `target`, `ranks_sharing_device`, `topology`, `resident_programs`), `memory` its
+/// buffers (`alloc`, `symm_alloc`, `peer`, `write`, `read`). Wrappers of a rank's context (capture, tracing, the suite's steering)
 /// change a few methods and pass the rest through; naming the passed ones keeps each wrapper's
 /// choice visible, and a method added to the trait is one arm here, not one copy per wrapper.
 ///
 /// ```ignore
 /// impl RankCtx for Wrapper<'_> {
-///     trident_core::forward_rank_ctx!(rank, world_size, backend, target, alloc, read, write);
+///     trident_core::forward_rank_ctx!(identity, memory, compile, synchronize);
 ///     fn launch(/* ... */) -> Result<(), BackendError> { /* the wrapper's own */ }
 /// }
 /// ```
 #[macro_export]
 macro_rules! forward_rank_ctx {
     ($($method:ident),* $(,)?) => { $( $crate::forward_rank_ctx!(@ $method); )* };
+    // Groups: who the rank is and where it runs; its memory.
+    (@ identity) => {
+        $crate::forward_rank_ctx!(rank, world_size, backend, target, ranks_sharing_device, topology, resident_programs);
+    };
+    (@ memory) => { $crate::forward_rank_ctx!(alloc, symm_alloc, peer, write, read); };
     (@ rank) => { fn rank(&self) -> usize { self.inner.rank() } };
     (@ world_size) => { fn world_size(&self) -> usize { self.inner.world_size() } };
     (@ backend) => { fn backend(&self) -> &dyn $crate::backend::Backend { self.inner.backend() } };

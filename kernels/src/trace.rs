@@ -298,9 +298,8 @@ impl<'a> Traced<'a> {
 }
 
 impl RankCtx for Traced<'_> {
-    trident_core::forward_rank_ctx!(
-        rank, world_size, backend, target, gpu_target, ranks_sharing_device, topology, capturing, resident_programs, alloc, symm_alloc, peer, write, read, write_signal, synchronize, barrier, rearm_barrier_all, follow_stream, join_stream
-    );
+    trident_core::forward_rank_ctx!(identity, memory, gpu_target, capturing, write_signal);
+    trident_core::forward_rank_ctx!(synchronize, barrier, rearm_barrier_all, follow_stream, join_stream);
     fn compile(&self, key: &str, build: &dyn Fn() -> Result<Function, VerifyError>) -> Result<Artifact, BackendError> {
         // The labels come from the function the artifact is built from (the artifact keeps its
         // signature, not its ops): taken as it is built, or, when the world's kernel cache
