@@ -102,6 +102,22 @@ impl GemmRs {
         BackendError::Problem { kernel: "gemm_rs".into(), message }
     }
 
+    /// The GEMM's row tile for `rows` rows per rank: the largest power of two dividing them (at
+    /// most the GEMM's own), so that tiles are whole; where that is below 16 rows (`wgmma`'s and
+    /// the atoms' least), or short of the GEMM's tile while the shard is long (M = 28000 over 8
+    /// ranks: 3500 rows, whose largest power-of-two divisor is 4), the GEMM's tile (or the
+    /// power of two covering a shorter shard), its last tile per rank masked at the shard's
+    /// end: a tile never spans two owners either way.
+    pub fn row_block(&self, rows: usize) -> u32 {
+        let tile = self.gemm.block_m.max(16);
+        let exact = (1u32 << rows.max(1).trailing_zeros().min(31)).min(tile);
+        if exact == tile || (exact >= 16 && rows < 4 * tile as usize) {
+            exact
+        } else {
+            (rows.max(16).next_power_of_two().min(tile as usize)) as u32
+        }
+    }
+
     /// Collective: buffers for an `m x n` result; `m` must split evenly over the ranks.
     pub fn buffers(&self, ctx: &dyn RankCtx, m: usize, n: usize) -> Result<GemmRsBuffers, BackendError> {
         let w = ctx.world_size();
@@ -109,11 +125,11 @@ impl GemmRs {
             return Err(self.problem(format!("M = {m} rows cannot be split evenly over {w} ranks")));
         }
         let rows = m / w;
-        let block_m = (1u32 << rows.trailing_zeros().min(31)).min(self.gemm.block_m);
+        let block_m = self.row_block(rows);
         let es = self.gemm.dtype.size_bytes() as usize;
         Ok(GemmRsBuffers {
             partial: ctx.symm_alloc(crate::epoch::halves_bytes(m * n, es), "gemm_rs_partial")?,
-            arrived: ctx.symm_alloc((rows / block_m as usize) * w * 8, "gemm_rs_arrived")?,
+            arrived: ctx.symm_alloc(cdiv(rows, block_m as usize) * w * 8, "gemm_rs_arrived")?,
             epochs: crate::epoch::words(ctx, 2, "gemm_rs_epochs")?,
             m,
             n,
@@ -153,10 +169,12 @@ impl GemmRs {
         let partial = call.half(partials, m * n);
         let (me, world, pid) = (b.rank(), b.num_ranks(), b.program_id_x());
         let tiles_n = (n + (bn as i32 - 1)) / bn as i32;
-        let blocks_per_rank = rows_per_rank / bm as i32;
+        // Row tiles per owner: the last one masked at the shard's end where `bm` does not
+        // divide it (`GemmRs::row_block`).
+        let blocks_per_rank = (rows_per_rank + (bm as i32 - 1)) / bm as i32;
         // Tiles in the grouped raster order ([`crate::gemm::grouped_tile`]) over the rows of
         // tiles in owner order; swizzle: tiles owned by rank r+1 first, this rank's own last.
-        let (t, tile_n) = crate::gemm::grouped_tile(pid, m / bm as i32, tiles_n);
+        let (t, tile_n) = crate::gemm::grouped_tile(pid, world * blocks_per_rank, tiles_n);
         let owner = (me + 1 + t / blocks_per_rank) % world;
         let local_block = t % blocks_per_rank;
         let local_rows = (local_block * bm as i32 + b.arange(0, bm as i64)).expand_dims(1);
@@ -174,7 +192,7 @@ impl GemmRs {
             g.tile_product(&b, (a, k), (bp, n), rows, cols, (m, n, k))
         };
         let dst = b.symm_at(partial, owner) + ((me * rows_per_rank + local_rows) * n + cols);
-        b.store(dst, acc.cast(g.dtype), Some(rows.lt(m) & cols.lt(n)));
+        b.store(dst, acc.cast(g.dtype), Some(local_rows.lt(rows_per_rank) & cols.lt(n)));
         b.notify(arrived + (local_block * world + me), owner, 1u64, SignalOp::Add, CommScope::IntraNode);
         call.end(&b);
         b.finish()
@@ -317,7 +335,7 @@ impl GemmRs {
             KernelArg::i32(k32),
             KernelArg::i32(rows),
         ];
-        ctx.launch(0, &gemm, [((m / bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
+        ctx.launch(0, &gemm, [(w * cdiv(m / w, bm as usize) * tiles_n) as u32, 1, 1], &gemm_args)?;
         self.enqueue_reduce(ctx, &format!("{self:?}"), bufs, out, m / w)?;
         bufs.calls += 1;
         Ok(())
@@ -330,4 +348,32 @@ inventory::submit! {
 
 inventory::submit! {
     crate::Catalogued { name: "gemm_rs_reduce", operation: "gemm_rs", distributed: true, build: |d| GemmRs::new(d).build_reduce(64) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GemmRs;
+    use trident_core::ir::DType;
+
+    /// Shards that the GEMM's tile or a power of two of at least 16 divides keep whole tiles;
+    /// others (and long shards whose largest power-of-two divisor is a small tile) take the
+    /// GEMM's tile, or the power of two covering a short shard, masked at the shard's end.
+    #[test]
+    fn row_tiles_are_whole_or_masked_never_below_16() {
+        let op = GemmRs::for_target(DType::BF16, trident_core::target::lookup("sm_90a").ok());
+        let tile = op.gemm.block_m;
+        assert_eq!(tile, 128);
+        let rb = |rows| op.row_block(rows);
+        assert_eq!(rb(1024), 128);
+        assert_eq!(rb(48), 16);
+        assert_eq!(rb(64), 64);
+        assert_eq!(rb(3500), 128, "M 28000 over 8 ranks");
+        assert_eq!(rb(14000), 128, "M 28000 over 2 ranks: 16-row tiles would be slow");
+        assert_eq!(rb(24), 32);
+        assert_eq!(rb(7), 16);
+        for rows in 1..2000 {
+            let b = rb(rows);
+            assert!(b.is_power_of_two() && (16..=tile).contains(&b), "{rows}: {b}");
+        }
+    }
 }

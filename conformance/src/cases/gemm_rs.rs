@@ -32,7 +32,8 @@ impl Operation for GemmRsCase {
 
     /// M (over all ranks), N, K. GEMM-RS splits M over the ranks in power-of-two tiles, so M
     /// stays as it is where `M / world` is a power of two and becomes a multiple of `16 world`
-    /// otherwise.
+    /// otherwise; the last two shapes' shards (24 and 40 rows a rank) are no multiple of 16,
+    /// so each rank's last row tile is masked at its shard's end (`GemmRs::row_block`).
     fn shapes(&self, world: usize) -> Vec<Vec<usize>> {
         let split = |m: usize| {
             if m.is_multiple_of(world) && (m / world).is_power_of_two() {
@@ -41,7 +42,13 @@ impl Operation for GemmRsCase {
                 m.next_multiple_of(16 * world)
             }
         };
-        vec![vec![split(128), 64, 32], vec![split(64), 80, 24], vec![split(1152), 48, 32]]
+        vec![
+            vec![split(128), 64, 32],
+            vec![split(64), 80, 24],
+            vec![split(1152), 48, 32],
+            vec![24 * world, 40, 24],
+            vec![40 * world, 48, 32],
+        ]
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
