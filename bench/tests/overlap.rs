@@ -56,6 +56,10 @@ fn every_distributed_benchmark_case(worlds: &[(usize, Option<&'static str>)]) {
                 // The low-latency form beside the push and the copy engine.
                 assert!(times.iter().any(|(n, _)| n == "allgather/ll"), "{times:?}");
             }
+            if op.name() == "gemm_ar" && case.dims[0].is_multiple_of(world) {
+                // The two-shot form beside the one-shot where M splits over the ranks.
+                assert!(times.iter().any(|(n, _)| n == "gemm_ar/two-shot"), "{times:?}");
+            }
             if op.name() == "moe_block" {
                 // The tensor-parallel block against its sequential form, the three FP8 blocks
                 // against the bf16 ones; at world 1 the tensor-parallel block's two grouped

@@ -14,12 +14,20 @@ use trident_kernels::allreduce::{AllReduce, AllReduceBuffers};
 use trident_kernels::gemm::Gemm;
 use trident_core::world::RankCtx;
 use trident_kernels::gemm_ar::GemmAr;
+use trident_kernels::gemm_ar_two_shot::GemmArTwoShot;
 use trident_kernels::gemm_rs::GemmRsBuffers;
 
 struct GemmArCase;
 
 /// The benchmark's GEMM then AllReduce, one after the other.
 const SEQUENTIAL: &str = "gemm+allreduce";
+
+/// The benchmark's two-shot form (GEMM-RS, then the AllGather of the sums).
+const TWO_SHOT: &str = "gemm_ar/two-shot";
+
+/// The largest M the benchmark runs the one-shot form at: above it every rank would receive W
+/// copies of an `M x N` partial product (prefill-sized M is the two-shot form's).
+const ONE_SHOT_MAX_M: usize = 1024;
 
 impl Operation for GemmArCase {
     fn name(&self) -> &'static str {
@@ -86,24 +94,34 @@ impl Operation for GemmArCase {
 /// `sum_p A_p B_p`. Variants: the fused operation and its GEMM alone (the all-reduce alone is
 /// the baseline's NCCL figure).
 impl Benchmark for GemmArCase {
-    /// M, N, K (all ranks): decode-sized M through Qwen-32B-like layers (N 5120, K 25600), and
-    /// M 128 at 8192 x 3584 (issue 31's shapes; the prefill-sized 28000 x 7168 x 4096 needs
-    /// W copies of a 400 MB partial product and is left to the two-shot form).
+    /// M, N, K (all ranks): decode-sized M through Qwen-32B-like layers (N 5120, K 25600),
+    /// M 128 at 8192 x 3584, and the prefill-sized 28000 x 7168 x 4096 (issue 31's shapes), the
+    /// last in the two-shot form only (one shot would send W copies of a 400 MB partial product).
     fn shapes(&self, _world: usize) -> Vec<Vec<usize>> {
-        vec![vec![32, 5120, 25600], vec![64, 5120, 25600], vec![128, 5120, 25600], vec![256, 5120, 25600], vec![
-            128, 8192, 3584,
-        ]]
+        vec![
+            vec![32, 5120, 25600],
+            vec![64, 5120, 25600],
+            vec![128, 5120, 25600],
+            vec![256, 5120, 25600],
+            vec![128, 8192, 3584],
+            vec![28000, 7168, 4096],
+        ]
     }
 
     fn small_shape(&self, world: usize) -> Vec<usize> {
         vec![32, 48, 32 * world]
     }
 
-    /// Every rank's partial products of each K slice (at most `MAX_SPLITS`), a double buffer.
+    /// The one-shot form's partial products of every rank and K slice (at most `MAX_SPLITS`, a
+    /// double buffer; none above [`ONE_SHOT_MAX_M`]), then for the two-shot form and for the
+    /// sequential AllReduce two double buffers of `M x N` each.
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let es = case.dtype.size_bytes() as usize;
+        let (m, n) = (case.dims[0], case.dims[1]);
         let slices = trident_kernels::gemm_ar::MAX_SPLITS;
-        trident_kernels::epoch::halves_bytes(case.world * slices * case.dims[0] * case.dims[1], es)
+        let one_shot =
+            if m <= ONE_SHOT_MAX_M { trident_kernels::epoch::halves_bytes(case.world * slices * m * n, es) } else { 0 };
+        one_shot + 4 * trident_kernels::epoch::halves_bytes(m * n, es) + (1 << 20)
     }
 
     /// An all-reduce's bus bytes (nccl-tests): `2 (W - 1) / W` of the result.
@@ -117,11 +135,11 @@ impl Benchmark for GemmArCase {
     }
 
     fn is_fused(&self, variant: &str) -> bool {
-        variant == "gemm_ar"
+        variant == "gemm_ar" || variant == TWO_SHOT
     }
 
     fn compared_with(&self, variant: &str) -> Option<&'static str> {
-        (variant == "gemm_ar").then_some(SEQUENTIAL)
+        self.is_fused(variant).then_some(SEQUENTIAL)
     }
 
     /// The GEMM (trident's or cuBLAS's) and NCCL's all-reduce.
@@ -157,12 +175,23 @@ impl Benchmark for GemmArCase {
             })
         };
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xa4 ^ r as u64);
-        let op = GemmAr::for_problem(ctx, d, (m, n, k));
-        let mut bufs = op.buffers(ctx, m, n)?;
-        ctx.fill(&out, &poison(d))?;
-        op.run(ctx, &mut bufs, (&a, &b), &out, k)?;
-        t.error(sampled(ctx, &out, (m, n), d, 128, &mut rng, &want)?);
-        t.time("gemm_ar", &mut || op.run(ctx, &mut bufs, (&a, &b), &out, k))?;
+        if m <= ONE_SHOT_MAX_M {
+            let op = GemmAr::for_problem(ctx, d, (m, n, k));
+            let mut bufs = op.buffers(ctx, m, n)?;
+            ctx.fill(&out, &poison(d))?;
+            op.run(ctx, &mut bufs, (&a, &b), &out, k)?;
+            t.error(sampled(ctx, &out, (m, n), d, 128, &mut rng, &want)?);
+            t.time("gemm_ar", &mut || op.run(ctx, &mut bufs, (&a, &b), &out, k))?;
+        }
+        // Two shots where M splits over the ranks (GEMM-RS's shards).
+        if m.is_multiple_of(w) {
+            let op = GemmArTwoShot::for_world(ctx, d);
+            let mut bufs = op.buffers(ctx, m, n)?;
+            ctx.fill(&bufs.gather.result(bufs.gather.calls + 1), &poison(d))?;
+            op.run(ctx, &mut bufs, (&a, &b), k)?;
+            t.error(sampled(ctx, &bufs.result(), (m, n), d, 128, &mut rng, &want)?);
+            t.time(TWO_SHOT, &mut || op.run(ctx, &mut bufs, (&a, &b), k))?;
+        }
         let gemm = Gemm::for_target(d, ctx.gpu_target());
         t.time("gemm", &mut || {
             gemm.enqueue(ctx, 0, (&a, &b, &c), (m, n, k))?;
