@@ -1231,24 +1231,29 @@ fn flash_decode(
     // Keys per step, warps, the next block prefetched, and the unit of programs the splits
     // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
     // `64n/8w/pf` is `FlashDecode::for_shape`'s.
+    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`).
     let variants = [
-        (64, 4, false, 0),
-        (64, 8, false, 0),
-        (128, 8, false, 0),
-        (64, 4, true, 0),
-        (64, 8, true, 0),
-        (128, 8, true, 0),
-        (64, 8, true, 264),
+        (64, 4, false, 0, false),
+        (64, 8, false, 0, false),
+        (128, 8, false, 0, false),
+        (64, 4, true, 0, false),
+        (64, 8, true, 0, false),
+        (128, 8, true, 0, false),
+        (64, 8, true, 264, false),
+        (64, 8, true, 0, true),
+        (64, 8, false, 0, true),
+        (128, 8, true, 0, true),
     ];
-    for (block_n, warps, prefetch, wave) in variants {
-        let op = FlashDecode { block_n, warps, prefetch, wave, ..default };
+    for (block_n, warps, prefetch, wave, wide) in variants {
+        let op = FlashDecode { block_n, warps, prefetch, wave, wide, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
         let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
         let name = format!(
-            "{block_n}n/{warps}w{}{}",
+            "{block_n}n/{warps}w{}{}{}",
             if prefetch { "/pf" } else { "" },
-            if wave > 0 { format!("/{wave}p") } else { String::new() }
+            if wave > 0 { format!("/{wave}p") } else { String::new() },
+            if wide { "/w16" } else { "" }
         );
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;

@@ -116,6 +116,9 @@ pub struct FlashDecode {
     /// ([`FlashDecode::for_device`]: twice the programs resident on the device at once). 0:
     /// unknown, the splits aim at [`TARGET_PROGRAMS`]. Not part of the kernels' code.
     pub wave: u32,
+    /// The split stage's K and V blocks moved 16 bytes a thread (`LaunchAttrs::wide_vectors`:
+    /// eight 16-bit elements) rather than 8: half the load and shared-store instructions.
+    pub wide: bool,
 }
 
 /// Programs the split stage aims for: enough for every multiprocessor of an H100 or H200 a few
@@ -147,6 +150,7 @@ impl FlashDecode {
             // three) and is still 3-47% faster; larger tiles would spill.
             prefetch: block_m == 16,
             wave: 0,
+            wide: false,
         }
     }
 
@@ -208,7 +212,12 @@ impl FlashDecode {
 
     /// The split stage.
     pub fn build_split(&self) -> Result<Function, VerifyError> {
-        let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
+        let attrs = LaunchAttrs {
+            warps: self.warps,
+            fast_math: self.fast_math,
+            wide_vectors: self.wide,
+            ..LaunchAttrs::default()
+        };
         let b = KernelBuilder::new(&self.name("split"), attrs);
         let d = self.dtype;
         // Rows of `D` elements start 16-byte aligned (`run` checks the buffers): vector loads.
@@ -563,6 +572,18 @@ inventory::submit! {
         operation: "flash_decode",
         distributed: false,
         build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_split(),
+    }
+}
+
+inventory::submit! {
+    crate::Catalogued {
+        name: "flash_decode_split_wide",
+        operation: "flash_decode",
+        distributed: false,
+        build: |d| {
+            let shape = DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 };
+            FlashDecode { wide: true, ..FlashDecode::for_shape(d, &shape) }.build_split()
+        },
     }
 }
 

@@ -14,21 +14,21 @@ impl Writer<'_> {
                 self.load_line("global", *dst, &a, *pred);
             }
             Inst::VLoad { dsts, addr, pred, others } => {
-                let t = self.k.ty(dsts[0]);
                 for (d, o) in dsts.iter().zip(others) {
                     self.mov(*d, *o);
                 }
-                let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
                 let a = self.n(*addr).to_string();
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                line!(self, "{guard}ld.global.v{}.{} {{{}}}, [{a}]", dsts.len(), vec_type(t), names.join(", "));
+                // A predicated load keeps the others where it does not run: packed too.
+                let (ty, names) = self.vector_operands(dsts, pred.is_some())?;
+                line!(self, "{guard}ld.global.v{}.{ty} {{{}}}, [{a}]", names.len(), names.join(", "));
+                self.unpack(dsts, &names);
             }
             Inst::VStore { addr, values, pred } => {
-                let t = self.k.ty(values[0]);
-                let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
                 let a = self.n(*addr).to_string();
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
-                line!(self, "{guard}st.global.v{}.{} [{a}], {{{}}}", values.len(), vec_type(t), names.join(", "));
+                let (ty, names) = self.vector_operands(values, true)?;
+                line!(self, "{guard}st.global.v{}.{ty} [{a}], {{{}}}", names.len(), names.join(", "));
             }
             Inst::IsAligned { dst, addr, bytes } => {
                 let (d, a) = (self.n(*dst).to_string(), self.n(*addr).to_string());
@@ -52,20 +52,19 @@ impl Writer<'_> {
             Inst::AsyncCommit => self.line("cp.async.commit_group".into()),
             Inst::AsyncWait { pending } => line!(self, "cp.async.wait_group {pending}"),
             Inst::SharedVLoad { dsts, offset } => {
-                let t = self.k.ty(dsts[0]);
                 let addr = self.shared_addr(*offset)?;
-                let names: Vec<String> = dsts.iter().map(|d| self.n(*d).to_string()).collect();
-                line!(self, "ld.shared.v{}.{} {{{}}}, [{addr}]", dsts.len(), vec_type(t), names.join(", "));
+                let (ty, names) = self.vector_operands(dsts, false)?;
+                line!(self, "ld.shared.v{}.{ty} {{{}}}, [{addr}]", names.len(), names.join(", "));
+                self.unpack(dsts, &names);
             }
             Inst::SharedStore { offset, value, pred } => {
                 let addr = self.shared_addr(*offset)?;
                 self.store_line("shared", &addr, *value, *pred);
             }
             Inst::SharedVStore { offset, values } => {
-                let t = self.k.ty(values[0]);
                 let addr = self.shared_addr(*offset)?;
-                let names: Vec<String> = values.iter().map(|v| self.n(*v).to_string()).collect();
-                line!(self, "st.shared.v{}.{} [{addr}], {{{}}}", values.len(), vec_type(t), names.join(", "));
+                let (ty, names) = self.vector_operands(values, true)?;
+                line!(self, "st.shared.v{}.{ty} [{addr}], {{{}}}", names.len(), names.join(", "));
             }
             Inst::SharedLoad { dst, offset } => {
                 let addr = self.shared_addr(*offset)?;
@@ -78,6 +77,42 @@ impl Writer<'_> {
             _ => return Err(EmitError(format!("`{i:?}` is not a memory instruction"))),
         }
         Ok(())
+    }
+
+    /// The element type and operands of a vector access of `regs`: the registers themselves,
+    /// or, for more than four elements (PTX vectors have at most four: eight 16-bit values
+    /// are 16 bytes), 32-bit temporaries each holding two, packed from the registers where
+    /// `pack` (a store, or a predicated load keeping its others) and unpacked by [`Self::unpack`]
+    /// after a load.
+    fn vector_operands(&mut self, regs: &[Reg], pack: bool) -> Result<(&'static str, Vec<String>), EmitError> {
+        let t = self.k.ty(regs[0]);
+        if regs.len() <= 4 {
+            return Ok((vec_type(t), regs.iter().map(|r| self.n(*r).to_string()).collect()));
+        }
+        if regs.len() != 8 || class(t) != Class::H {
+            return Err(EmitError(format!("a vector access of {} values of {t:?} (16 bytes at most)", regs.len())));
+        }
+        let mut words = Vec::with_capacity(regs.len() / 2);
+        for pair in regs.chunks(2) {
+            let w = self.temp(Class::R).to_string();
+            if pack {
+                let (lo, hi) = (self.n(pair[0]), self.n(pair[1]));
+                line!(self, "mov.b32 {w}, {{{lo}, {hi}}}");
+            }
+            words.push(w);
+        }
+        Ok(("b32", words))
+    }
+
+    /// After a load into `words` ([`Self::vector_operands`]), the values into `regs`.
+    fn unpack(&mut self, regs: &[Reg], words: &[String]) {
+        if regs.len() <= 4 {
+            return;
+        }
+        for (pair, w) in regs.chunks(2).zip(words) {
+            let (lo, hi) = (self.n(pair[0]), self.n(pair[1]));
+            line!(self, "mov.b32 {{{lo}, {hi}}}, {w}");
+        }
     }
 
     /// `ld.<space>` of `dst`'s type from `addr` where `pred` holds; predicates travel as a byte

@@ -282,6 +282,10 @@ pub struct LaunchAttrs {
     /// the program's start and end, each wait begun and satisfied, each notify and each
     /// persistent tile's epilogue there. Off, nothing of it is emitted.
     pub trace: bool,
+    /// Tiles whose values of floating-point type are all 16-bit (a bf16 block of keys) take 8
+    /// contiguous elements a thread in their layout, 16-byte loads and stores, rather than 4
+    /// (the default of every shape). Integer, boolean and pointer tiles of the same shape follow.
+    pub wide_vectors: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -297,6 +301,7 @@ impl Default for LaunchAttrs {
             pingpong: false,
             signalled_before: false,
             trace: false,
+            wide_vectors: false,
         }
     }
 }

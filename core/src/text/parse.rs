@@ -435,6 +435,7 @@ impl Parser<'_> {
                         "pingpong" => attrs.pingpong = self.boolean()?,
                         "signalled_before" => attrs.signalled_before = self.boolean()?,
                         "trace" => attrs.trace = self.boolean()?,
+                        "wide_vectors" => attrs.wide_vectors = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

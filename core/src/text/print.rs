@@ -24,17 +24,18 @@ pub fn print(func: &Function) -> String {
         .collect();
     let a = func.attrs;
     // `fast_math`, `warp_specialize`, `persistent`, `inter_node`, `pingpong`,
-    // `signalled_before` and `trace` are printed only when set: they are the exception, and
-    // kernels written before they existed keep their text.
+    // `signalled_before`, `trace` and `wide_vectors` are printed only when set: they are the
+    // exception, and kernels written before they existed keep their text.
     let fast = format!(
-        "{}{}{}{}{}{}{}",
+        "{}{}{}{}{}{}{}{}",
         if a.fast_math { ", fast_math = true" } else { "" },
         if a.warp_specialize { ", warp_specialize = true" } else { "" },
         if a.persistent { ", persistent = true" } else { "" },
         if a.inter_node { ", inter_node = true" } else { "" },
         if a.pingpong { ", pingpong = true" } else { "" },
         if a.signalled_before { ", signalled_before = true" } else { "" },
-        if a.trace { ", trace = true" } else { "" }
+        if a.trace { ", trace = true" } else { "" },
+        if a.wide_vectors { ", wide_vectors = true" } else { "" }
     );
     let _ = writeln!(
         p.out,

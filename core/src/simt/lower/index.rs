@@ -6,7 +6,36 @@ use super::*;
 impl Lowering<'_> {
     pub(super) fn layout(&mut self, shape: &[u32]) -> Blocked {
         let (w, ws) = (self.k.warps, self.k.warp_size);
-        self.layouts.entry(shape.to_vec()).or_insert_with(|| Blocked::default_for(shape, w, ws)).clone()
+        if let Some(l) = self.layouts.get(shape) {
+            return l.clone();
+        }
+        let l = Blocked::with_vector(shape, w, ws, self.vector_of(shape));
+        self.layouts.insert(shape.to_vec(), l.clone());
+        l
+    }
+
+    /// Contiguous elements per thread of the layout of `shape` (one layout per shape in a
+    /// function): [`crate::simt::layout::MAX_VECTOR`], or with `LaunchAttrs::wide_vectors` 8
+    /// for a shape whose floating-point values are all 16-bit (a bf16 tile of keys: 16-byte
+    /// loads and stores). Integer, boolean and pointer tiles (offsets, masks, addresses of the
+    /// same shape) do not count: they are computed, not moved.
+    fn vector_of(&self, shape: &[u32]) -> u32 {
+        if !self.func.attrs.wide_vectors {
+            return crate::simt::layout::MAX_VECTOR;
+        }
+        let widest = self
+            .func
+            .values
+            .iter()
+            .filter_map(|(_, v)| match v.ty.elem {
+                Elem::Num(d) if d.is_float() && v.ty.shape == shape => Some(d.size_bytes()),
+                _ => None,
+            })
+            .max();
+        match widest {
+            Some(2) => 8,
+            _ => crate::simt::layout::MAX_VECTOR,
+        }
     }
 
     /// Slots a value of this type has in each thread (1 for scalars).
