@@ -19,6 +19,22 @@ use trident_kernels::gemm_rs::GemmRsBuffers;
 
 struct GemmArCase;
 
+/// Every rank's random `A_r` (`M x K`) and `B_r` (`K x N`) of a case of shape `[M, N, K]`, and
+/// the f64 sum over ranks of `A_r B_r` (`M x N`): what GEMM-RS and both GEMM + AllReduce forms
+/// compute.
+pub(crate) fn k_sharded_products(case: &Case, rng: &mut rand::rngs::StdRng) -> (Vec<Vec<Vec<f64>>>, Vec<f64>) {
+    let (w, d, s) = (case.world, case.dtype, &case.shape);
+    let (m, n, k) = (s[0], s[1], s[2]);
+    let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
+    let mut total = vec![0.0; m * n];
+    for x in &inputs {
+        for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
+            *t += v;
+        }
+    }
+    (inputs, total)
+}
+
 /// The benchmark's GEMM then AllReduce, one after the other.
 const SEQUENTIAL: &str = "gemm+allreduce";
 
@@ -58,16 +74,8 @@ impl Operation for GemmArCase {
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
-        let (w, d, s) = (case.world, case.dtype, &case.shape);
-        let (m, n, k) = (s[0], s[1], s[2]);
-        let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
-        let mut total = vec![0.0; m * n];
-        for x in &inputs {
-            for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
-                *t += v;
-            }
-        }
-        WorldData { inputs, expected: vec![total; w], reduction_len: k * w, slack: 0.0 }
+        let (inputs, total) = k_sharded_products(case, rng);
+        WorldData { inputs, expected: vec![total; case.world], reduction_len: case.shape[2] * case.world, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -2,8 +2,7 @@
 //! ends with the sum over ranks of `A_r B_r` (K sharded), in the gather's buffer of the call.
 
 use crate::distributed::download;
-use crate::host::{poison, random};
-use crate::reference;
+use crate::host::poison;
 use crate::registry::{Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
@@ -29,16 +28,8 @@ impl Operation for TwoShotCase {
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
-        let (w, d, s) = (case.world, case.dtype, &case.shape);
-        let (m, n, k) = (s[0], s[1], s[2]);
-        let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
-        let mut total = vec![0.0; m * n];
-        for x in &inputs {
-            for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
-                *t += v;
-            }
-        }
-        WorldData { inputs, expected: vec![total; w], reduction_len: k * w, slack: 0.0 }
+        let (inputs, total) = super::gemm_ar::k_sharded_products(case, rng);
+        WorldData { inputs, expected: vec![total; case.world], reduction_len: case.shape[2] * case.world, slack: 0.0 }
     }
 
     fn setup_rank(

@@ -5,8 +5,7 @@
 
 use crate::dist_bench::{sampled, shard_error, upload, value, DistCase, Timer};
 use crate::distributed::download;
-use crate::host::{poison, random};
-use crate::reference;
+use crate::host::poison;
 use crate::registry::{faster, Benchmark, Operation, RankOp, Registered, WorldData};
 use crate::suite::Case;
 use rand::SeedableRng;
@@ -52,15 +51,9 @@ impl Operation for GemmRsCase {
     }
 
     fn prepare(&self, case: &Case, rng: &mut rand::rngs::StdRng) -> WorldData {
-        let (w, d, s) = (case.world, case.dtype, &case.shape);
+        let (w, s) = (case.world, &case.shape);
         let (m, n, k) = (s[0], s[1], s[2]);
-        let inputs: Vec<Vec<Vec<f64>>> = (0..w).map(|_| vec![random(m * k, d, rng), random(k * n, d, rng)]).collect();
-        let mut total = vec![0.0; m * n];
-        for x in &inputs {
-            for (t, v) in total.iter_mut().zip(reference::gemm(&x[0], &x[1], m, n, k)) {
-                *t += v;
-            }
-        }
+        let (inputs, total) = super::gemm_ar::k_sharded_products(case, rng);
         let rows = m / w;
         let expected = (0..w).map(|r| total[r * rows * n..(r + 1) * rows * n].to_vec()).collect();
         WorldData { inputs, expected, reduction_len: k * w, slack: 0.0 }
