@@ -123,8 +123,13 @@ fn build(tools: &Tools, ir: &str, kernel: &str, cpu: &str, use_cache: bool) -> R
     }
     let io = |e: std::io::Error| CodeObjectError::Io(format!("{}: {e}", dir.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;
-    let stem = dir.join(format!("{kernel}-{cpu}-{key:016x}.{}", std::process::id()));
-    let (ll, obj, so) = (stem.with_extension("ll"), stem.with_extension("o"), stem.with_extension("so"));
+    // Files of this build alone: threads of one process (`trident test --jobs`) may build the
+    // same kernel at once, and one's clean-up must not remove the other's object before its link.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let build = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stem = format!("{kernel}-{cpu}-{key:016x}-{}-{build}", std::process::id());
+    let file = |ext: &str| dir.join(format!("{stem}.{ext}"));
+    let (ll, obj, so) = (file("ll"), file("o"), file("so"));
     std::fs::write(&ll, ir).map_err(io)?;
     let run = |tool: &'static str, cmd: &mut Command| -> Result<(), CodeObjectError> {
         let out = cmd.output().map_err(|e| CodeObjectError::Io(format!("{tool}: {e}")))?;

@@ -57,3 +57,24 @@ fn tool_errors_are_typed() {
     let e = codeobj::CodeObjectError::NoTools("no llc-19".into()).to_string();
     assert!(e.contains("install Debian's llvm-19 and lld-19") && e.contains("TRIDENT_LLVM_DIR"), "{e}");
 }
+
+/// Threads of one process building the same kernel at once (`trident test --jobs`) each get
+/// their code object: every build works in files of its own (one build's clean-up once removed
+/// another's object before its link: "ld.lld: target emulation unknown").
+#[test]
+fn the_same_kernel_builds_on_several_threads_at_once() {
+    let tools = match codeobj::tools() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("skipped: {e}");
+            return;
+        }
+    };
+    let (_, ir) = AmdBackend::llvm_ir(&kernel(), &trident_core::target::GFX942).unwrap_or_else(|e| panic!("{e}"));
+    let codes: Vec<Vec<u8>> = std::thread::scope(|s| {
+        let builds: Vec<_> =
+            (0..6).map(|_| s.spawn(|| codeobj::code_object_uncached(&tools, &ir, "same_kernel", "gfx942"))).collect();
+        builds.into_iter().map(|b| b.join().unwrap().unwrap_or_else(|e| panic!("{e}"))).collect()
+    });
+    assert!(codes.iter().all(|c| c == &codes[0] && c.starts_with(b"\x7fELF")));
+}
