@@ -163,9 +163,14 @@ impl Benchmark for AgGemmCase {
             t.error(e);
             Ok(())
         };
-        // Each variant: a checked run on poisoned C, then the timed runs.
-        let mut fused = vec![("ag_gemm/ce", ce_tiles, GatherMode::CopyEngine)];
-        if ce != ce_tiles {
+        // Each variant: a checked run on poisoned C, then the timed runs. One program per tile
+        // only where this rank has its device to itself: its programs wait for chunks, and with
+        // ranks sharing a GPU they cannot all be resident (the runtime refuses the launch).
+        let mut fused = Vec::new();
+        if ctx.ranks_sharing_device() == 1 || !ce.gemm.persistent {
+            fused.push(("ag_gemm/ce", ce_tiles, GatherMode::CopyEngine));
+        }
+        if ce.gemm.persistent {
             fused.push(("ag_gemm/ce-persistent", ce, GatherMode::CopyEngine));
         }
         fused.push(("ag_gemm/kernel", kernel, GatherMode::Kernel));
