@@ -1230,8 +1230,8 @@ fn flash_decode(
     let default = FlashDecode::for_shape(d, &shape);
     // Keys per step, warps, the next block prefetched, and the unit of programs the splits
     // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
-    // `64n/8w/pf` is `FlashDecode::for_shape`'s.
-    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`).
+    // `64n/8w/pf/w16` is `FlashDecode::for_shape`'s.
+    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's).
     let variants = [
         (64, 4, false, 0, false),
         (64, 8, false, 0, false),

@@ -150,7 +150,9 @@ impl FlashDecode {
             // three) and is still 3-47% faster; larger tiles would spill.
             prefetch: block_m == 16,
             wave: 0,
-            wide: false,
+            // 16-byte K and V loads: the fastest at every shape of the sweep with prefetching
+            // (H100, results/h100-session52: 3-5% over 8-byte loads, 120 registers).
+            wide: block_m == 16,
         }
     }
 
@@ -577,12 +579,12 @@ inventory::submit! {
 
 inventory::submit! {
     crate::Catalogued {
-        name: "flash_decode_split_wide",
+        name: "flash_decode_split_narrow",
         operation: "flash_decode",
         distributed: false,
         build: |d| {
             let shape = DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 };
-            FlashDecode { wide: true, ..FlashDecode::for_shape(d, &shape) }.build_split()
+            FlashDecode { wide: false, ..FlashDecode::for_shape(d, &shape) }.build_split()
         },
     }
 }

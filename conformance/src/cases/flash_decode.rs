@@ -43,8 +43,9 @@ impl Operation for FlashDecodeCase {
     }
 
     fn variants(&self, _dtype: DType) -> &'static [&'static str] {
-        // `wide`: contiguous, K and V moved 16 bytes a thread (`FlashDecode::wide`; 16-bit types).
-        &["contiguous", "paged", "wide"]
+        // `narrow`: contiguous, K and V moved 8 bytes a thread (`FlashDecode::wide` off; the
+        // default moves 16 at 16-row tiles of 16-bit types).
+        &["contiguous", "paged", "narrow"]
     }
 
     fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
@@ -101,7 +102,7 @@ impl Operation for FlashDecodeCase {
         let shape = decode_shape(s);
         let op = FlashDecode::for_shape(case.dtype, &shape);
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
-        let op = FlashDecode { wide: case.variant == "wide", ..op };
+        let op = if case.variant == "narrow" { FlashDecode { wide: false, ..op } } else { op };
         let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
         let result = op.run(l, (&ins[0], &ins[1], &ins[2]), &ins[3], ins.get(4), &work, out, &shape);
         l.device.free(&work)?;
