@@ -1598,7 +1598,7 @@ fn measured<F>(
 
 /// The AllGather forms' crossovers (by gathered bytes), the AllReduce's (by a rank's bytes) and
 /// GEMM + AllReduce's (by the result's bytes) measured in `rows`, into the tuning cache where
-/// `AllGather::auto`, `AllReduce::auto` and `GemmArForm::auto` read them for this device,
+/// `AllGather::auto`, `AllReduce::auto` and `gemm_ar_auto::auto` read them for this device,
 /// transport and world.
 fn record_crossovers(
     rows: &[(trident_conformance::dist_bench::DistCase, crate::dist_report::Measured)],
@@ -1631,16 +1631,15 @@ fn record_crossovers(
     if let Some(x) = reduce.as_deref().and_then(AllReduceCrossover::from_measurements) {
         record_crossover(&AllReduceCrossover::tuning_key(topology, w), x);
     }
-    use trident_kernels::gemm_ar_auto::{GemmArCrossover, GemmArForm};
     let result_bytes =
         |c: &trident_conformance::dist_bench::DistCase| c.dims[0] * c.dims[1] * c.dtype.size_bytes() as usize;
     let gemm_ar = measured(rows, "gemm_ar", result_bytes, |v| match v {
-        "gemm_ar" => Some(GemmArForm::OneShot),
-        "gemm_ar/two-shot" => Some(GemmArForm::TwoShot),
+        "gemm_ar" => Some(Algorithm::OneShot),
+        "gemm_ar/two-shot" => Some(Algorithm::TwoShot),
         _ => None,
     });
-    if let Some(x) = gemm_ar.as_deref().and_then(GemmArCrossover::from_measurements) {
-        record_crossover(&GemmArCrossover::tuning_key(topology, w), x);
+    if let Some(x) = gemm_ar.as_deref().and_then(AllReduceCrossover::from_measurements) {
+        record_crossover(&trident_kernels::gemm_ar_auto::tuning_key(topology, w), x);
     }
 }
 
