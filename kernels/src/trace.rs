@@ -46,10 +46,19 @@ pub struct Traced<'a> {
     /// The marker kernel (compiled when the context is made: every rank at the same point of
     /// its host code, as worlds that compile collectively need).
     marker: Artifact,
-    /// The clock exchange's kernel, symmetric signals and a buffer per round (made by the first
-    /// [`Traced::measure_clocks`]), and the last epoch it used.
-    clock: Mutex<Option<(Artifact, Buffer, Vec<Buffer>)>>,
-    clock_epoch: Mutex<u64>,
+    /// The clock exchange's state (made by the first [`Traced::measure_clocks`]).
+    clock: Mutex<Option<ClockExchange>>,
+}
+
+/// What [`Traced::measure_clocks`] keeps between calls.
+struct ClockExchange {
+    kernel: Artifact,
+    /// `[world]` u64 signals (symmetric).
+    signals: Buffer,
+    /// A trace buffer per round.
+    rounds: Vec<Buffer>,
+    /// The last round's epoch (what its signals carry).
+    epoch: u64,
 }
 
 /// One launch's events, or one stream operation's.
@@ -144,7 +153,6 @@ impl<'a> Traced<'a> {
             overflow: made(0, "__trace_overflow")?,
             marker,
             clock: Mutex::new(None),
-            clock_epoch: Mutex::new(0),
         })
     }
 
@@ -171,29 +179,27 @@ impl<'a> Traced<'a> {
         let mut state = self.clock.lock().unwrap_or_else(|e| e.into_inner());
         if state.is_none() {
             let f = trident_core::text::parse(clock::KERNEL)
-                .map(instrument)
                 .map_err(|e| BackendError::Host(format!("the clock kernel: {e}")))?;
-            let kernel = self.inner.compile(&format!("{}+trace", clock::NAME), &|| Ok(f.clone()))?;
-            self.labels.lock().unwrap_or_else(|e| e.into_inner()).push((kernel.kernel.clone(), labels(&f)));
-            let sig = self.inner.symm_alloc(8 * w, "__trace_clock")?;
+            // Traced like every kernel of this context (its labels recorded).
+            let kernel = self.compile(clock::NAME, &|| Ok(f.clone()))?;
+            let signals = self.inner.symm_alloc(8 * w, "__trace_clock")?;
             let rounds = (0..clock::ROUNDS)
                 .map(|_| self.inner.alloc(buffer_bytes(4 * w), "__trace_clock_events"))
                 .collect::<Result<Vec<_>, _>>()?;
-            *state = Some((kernel, sig, rounds));
+            *state = Some(ClockExchange { kernel, signals, rounds, epoch: 0 });
         }
-        let Some((kernel, sig, rounds)) = state.as_ref() else { return Ok(()) };
+        let Some(x) = state.as_mut() else { return Ok(()) };
         self.inner.synchronize()?;
-        for b in rounds {
+        for b in &x.rounds {
             self.inner.write(b, 0, &header(4 * w))?;
         }
         // Every rank's signals exist (zeroed) before any rank's exchange writes a peer's.
         self.inner.barrier()?;
-        let mut epoch = self.clock_epoch.lock().unwrap_or_else(|e| e.into_inner());
-        for b in rounds {
-            *epoch += 1;
-            let args = [KernelArg::Ptr(sig.address), KernelArg::u64(*epoch), KernelArg::Ptr(b.address)];
-            self.inner.launch(0, kernel, [1, 1, 1], &args)?;
-            self.launches.lock().unwrap_or_else(|e| e.into_inner()).push((kernel.kernel.clone(), b.clone()));
+        for b in &x.rounds {
+            x.epoch += 1;
+            let args = [KernelArg::Ptr(x.signals.address), KernelArg::u64(x.epoch), KernelArg::Ptr(b.address)];
+            self.inner.launch(0, &x.kernel, [1, 1, 1], &args)?;
+            self.launches.lock().unwrap_or_else(|e| e.into_inner()).push((x.kernel.kernel.clone(), b.clone()));
         }
         self.inner.synchronize()
     }
