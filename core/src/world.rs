@@ -141,9 +141,10 @@ pub trait RankCtx {
 /// Implements the named [`RankCtx`] methods of a wrapper by forwarding each to its field `inner`
 /// (a `&dyn RankCtx`); `identity` names the rank's identity and placement (`rank`, `world_size`,
 /// `backend`, `target`, `ranks_sharing_device`, `topology`, `resident_programs`), `memory` its
-/// buffers (`alloc`, `symm_alloc`, `peer`, `write`, `read`). Wrappers of a rank's context (capture, tracing, the suite's steering)
-/// change a few methods and pass the rest through; naming the passed ones keeps each wrapper's
-/// choice visible, and a method added to the trait is one arm here, not one copy per wrapper.
+/// buffers (`alloc`, `symm_alloc`, `peer`, `write`, `read`). Wrappers of a rank's context
+/// (capture, tracing, the suite's steering) change a few methods and pass the rest through;
+/// naming the passed ones keeps each wrapper's choice visible, and a method added to the trait
+/// is one arm here, not one copy per wrapper.
 ///
 /// ```ignore
 /// impl RankCtx for Wrapper<'_> {
