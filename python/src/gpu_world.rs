@@ -39,13 +39,15 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, GatherBuffers};
 use trident_kernels::allgather_auto::GatherForm;
 use trident_kernels::allgather_ll::{AllGatherLl, LlBuffers};
-use trident_kernels::allreduce::AllReduce;
+use trident_kernels::allreduce::{AllReduce, Algorithm};
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
 use trident_kernels::epoch::{state_arg, CopyLatest};
 use trident_kernels::flash_decode::DecodeShape;
 use trident_kernels::flash_decode_dist::DistFlashDecode;
 use trident_kernels::gemm_ar::GemmAr;
+use trident_kernels::gemm_ar_auto;
+use trident_kernels::gemm_ar_two_shot::GemmArTwoShot;
 use trident_kernels::gemm_rs::GemmRs;
 use trident_kernels::reduce_scatter::{ReduceScatter, ScatterAlgorithm};
 
@@ -373,9 +375,12 @@ impl GpuWorld {
     }
 
     /// GEMM + AllReduce: `out` (`m x n`, on every rank) = the sum over ranks of `a @ b` (`a`
-    /// `m x k`, `b` `k x n` on each rank: K split over ranks), each tile pushed to every rank
-    /// as it is computed.
+    /// `m x k`, `b` `k x n` on each rank: K split over ranks). `form`: `one_shot` (each tile
+    /// pushed to every rank as it is computed), `two_shot` (GEMM-RS, then the AllGather of the
+    /// reduced rows; M a multiple of the world size), or `None`: as `gemm_ar_auto::auto` picks
+    /// (one-shot up to 4 MB of result until `trident bench --world` measured the crossover).
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (a, b, out, m, n, k, dtype_name, stream, form = None))]
     fn gemm_ar(
         &self,
         py: Python<'_>,
@@ -387,13 +392,38 @@ impl GpuWorld {
         k: usize,
         dtype_name: &str,
         stream: u64,
+        form: Option<&str>,
     ) -> PyResult<()> {
         let d = dtype(dtype_name)?;
-        let es = d.size_bytes() as usize;
+        let (w, es) = (self.size, d.size_bytes() as usize);
+        let form = match form {
+            None => None,
+            Some("one_shot") => Some(Algorithm::OneShot),
+            Some("two_shot") if m.is_multiple_of(w) => Some(Algorithm::TwoShot),
+            Some("two_shot") => {
+                return Err(errors::argument(format!(
+                    "gemm_ar: the two-shot form needs M = {m} rows to split over {w} ranks"
+                )))
+            }
+            Some(other) => {
+                return Err(errors::argument(format!(
+                    "gemm_ar: form {other:?} is not one of \"one_shot\", \"two_shot\" (or None: chosen by size)"
+                )))
+            }
+        };
         self.op(py, stream, move |ctx, ops| {
+            let (a, b, o) = (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, m * n * es));
+            if form.unwrap_or_else(|| gemm_ar_auto::auto(ctx, d, (m, n))) == Algorithm::TwoShot {
+                let op = GemmArTwoShot::for_world(ctx, d);
+                let bufs = state(ops, format!("gemm_ar_two_shot/{d}/{m}x{n}"), || op.buffers(ctx, m, n))?;
+                op.enqueue(ctx, bufs, (&a, &b), k)?;
+                // The gather's half of this call, picked on the device (a replayed graph reads
+                // the right one).
+                let g = &bufs.gather;
+                return CopyLatest::new(d).enqueue(ctx, 0, &g.out, state_arg(&g.epochs, 0), &o, m * n, m * n);
+            }
             let op = GemmAr::for_problem(ctx, d, (m, n, k));
             let bufs = state(ops, format!("gemm_ar/{d}/{m}x{n}x{k}"), || op.buffers(ctx, m, n))?;
-            let (a, b, o) = (tensor("a", a, m * k * es), tensor("b", b, k * n * es), tensor("out", out, m * n * es));
             op.enqueue(ctx, bufs, (&a, &b), &o, k)
         })
     }

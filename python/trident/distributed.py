@@ -337,19 +337,26 @@ def gemm_rs(a, b):
     return out
 
 
-def gemm_ar(a, b):
-    """``sum over ranks of a @ b`` on every rank, each tile pushed to every rank as it is
-    computed (decode-sized M): `a` is ``[m, k_r]``, `b` is ``[k_r, n]`` (K split over ranks);
-    returns ``[m, n]``."""
+def gemm_ar(a, b, form=None):
+    """``sum over ranks of a @ b`` on every rank: `a` is ``[m, k_r]``, `b` is ``[k_r, n]`` (K
+    split over ranks); returns ``[m, n]``. `form`: ``"one_shot"`` (each tile pushed to every
+    rank as it is computed: decode-sized M), ``"two_shot"`` (GEMM-RS, then an AllGather of the
+    reduced rows: prefill-sized M, a multiple of the world size), or None: chosen by the
+    result's size (one-shot up to 4 MB until ``trident bench --world`` has measured the
+    crossover on this machine)."""
     import torch
 
     w, etype = _check("gemm_ar", a, 2)
     _check("gemm_ar", b, 2)
     if b.dtype != a.dtype or b.shape[0] != a.shape[1]:
         raise ArgumentError(f"gemm_ar: A {tuple(a.shape)} {a.dtype} and B {tuple(b.shape)} {b.dtype}")
+    if form not in (None, "one_shot", "two_shot"):
+        raise ArgumentError(f"gemm_ar: form {form!r} is not one of 'one_shot', 'two_shot' (or None: chosen by size)")
     m, k, n = a.shape[0], a.shape[1], b.shape[1]
+    if form == "two_shot" and m % w.size:
+        raise ArgumentError(f"gemm_ar: the two-shot form needs M = {m} rows to split over {w.size} ranks")
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    w.gemm_ar(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, etype, _stream())
+    w.gemm_ar(a.data_ptr(), b.data_ptr(), out.data_ptr(), m, n, k, etype, _stream(), form)
     return out
 
 

@@ -20,7 +20,7 @@ SCHEMAS = {
     "reduce_scatter": "reduce_scatter(Tensor x) -> Tensor",
     "ag_gemm": "ag_gemm(Tensor a_shard, Tensor b) -> Tensor",
     "gemm_rs": "gemm_rs(Tensor a, Tensor b) -> Tensor",
-    "gemm_ar": "gemm_ar(Tensor a, Tensor b) -> Tensor",
+    "gemm_ar": "gemm_ar(Tensor a, Tensor b, str? form=None) -> Tensor",
     "flash_decode_dist": "flash_decode_dist(Tensor q, Tensor k_shard, Tensor v_shard, Tensor lens, Tensor? block_table=None) -> Tensor",
     "ep_dispatch": "ep_dispatch(Tensor x, Tensor topk, int num_experts, int t_max, bool fp8=False) "
     "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
@@ -63,7 +63,7 @@ def _fake_gemm_rs(a, b):
     return a.new_empty((a.shape[0] // _size(), b.shape[1]))
 
 
-def _fake_gemm_ar(a, b):
+def _fake_gemm_ar(a, b, form=None):
     return a.new_empty((a.shape[0], b.shape[1]))
 
 

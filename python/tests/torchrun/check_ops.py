@@ -336,6 +336,17 @@ for m_ar in (16, 48, 5):
     want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b)))
     poison((m_ar, 320), torch.bfloat16)
     report(f"torch.ops.trident.gemm_ar {m_ar}x320x{256 * world}", rel(torch.ops.trident.gemm_ar(a, b), want), 1e-2)
+    # The two-shot form (GEMM-RS, then the AllGather of the sums) where M splits over the ranks.
+    if m_ar % world == 0:
+        poison((m_ar, 320), torch.bfloat16)
+        got = torch.ops.trident.gemm_ar(a, b, "two_shot")
+        report(f"torch.ops.trident.gemm_ar two_shot {m_ar}x320x{256 * world}", rel(got, want), 1e-2)
+        # A second call reads the gather's other half.
+        a = torch.randn(m_ar, 256, device="cuda").to(torch.bfloat16)
+        want = sum(ai @ bi for ai, bi in zip(everyone(a), everyone(b)))
+        poison((m_ar, 320), torch.bfloat16)
+        got = torch.ops.trident.gemm_ar(a, b, "two_shot")
+        report(f"torch.ops.trident.gemm_ar two_shot (second call) {m_ar}x320x{256 * world}", rel(got, want), 1e-2)
 
 
 def decode_want(q, ks, vs, lens):
