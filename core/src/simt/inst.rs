@@ -157,6 +157,20 @@ pub enum Inst {
     },
     /// Every thread of the program meets; shared-memory accesses before it are visible after it.
     Barrier,
+    /// A barrier whose only purpose is to order the earlier accesses of shared bytes `offset ..
+    /// offset + bytes` before the writes of the object that now takes them (a reuse barrier).
+    /// Lowering bookkeeping: [`crate::simt::barriers::elide`] makes it a `Barrier` where an
+    /// access of those bytes may not be behind one yet and drops it elsewhere; no writer sees it.
+    SharedReuse {
+        offset: u32,
+        bytes: u32,
+    },
+    /// The object at shared bytes `offset .. offset + bytes` is not accessed after this point
+    /// (lowering bookkeeping for [`crate::simt::barriers::elide`], which drops it).
+    SharedFree {
+        offset: u32,
+        bytes: u32,
+    },
     /// Global atomic read-modify-write of `value`'s type; `dst` gets the old value.
     Atomic {
         dst: Reg,
@@ -631,6 +645,8 @@ impl Inst {
             | Inst::BulkWait { .. } => Family::Matrix,
             Inst::Shuffle { .. }
             | Inst::Barrier
+            | Inst::SharedReuse { .. }
+            | Inst::SharedFree { .. }
             | Inst::BarrierAny { .. }
             | Inst::GroupOrder { .. }
             | Inst::Atomic { .. }
@@ -666,6 +682,8 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::Special { .. }
         | Inst::Const { .. }
         | Inst::Barrier
+        | Inst::SharedReuse { .. }
+        | Inst::SharedFree { .. }
         | Inst::AsyncCommit
         | Inst::AsyncWait { .. }
         | Inst::WgmmaFence

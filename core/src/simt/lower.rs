@@ -296,6 +296,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     head.append(&mut l.prologue);
     head.append(&mut l.cur);
     l.k.body = head;
+    super::barriers::elide(&mut l.k);
     super::passes::clean(&mut l.k);
     super::trace::expand(&mut l.k);
     l.k.shared_bytes = l.smem.high;
@@ -318,6 +319,9 @@ impl Lowering<'_> {
     }
 
     fn emit(&mut self, i: Inst) {
+        if matches!(i, Inst::Barrier | Inst::BarrierAny { .. }) {
+            self.smem.barrier();
+        }
         self.cur.push(i);
     }
 

@@ -36,6 +36,7 @@
 //!   between floats rounds to nearest even; to `i1` is `!= 0` (NaN gives 1); from `i1` is 1/0.
 //!   `Bitcast` reinterprets bits of the same width.
 
+pub mod barriers;
 pub mod contiguity;
 pub mod inst;
 pub mod layout;

@@ -159,6 +159,8 @@ impl Printer<'_> {
             Inst::SharedVLoad { dsts, offset } => format!("{} = shared.vload [{}]", self.defs(dsts), r(offset)),
             Inst::SharedVStore { offset, values } => format!("shared.vstore [{}], {}", r(offset), list(values)),
             Inst::Barrier => "barrier".to_string(),
+            Inst::SharedReuse { offset, bytes } => format!("barrier.reuse {offset}+{bytes}"),
+            Inst::SharedFree { offset, bytes } => format!("shared.free {offset}+{bytes}"),
             Inst::GroupOrder { id, arrive } => {
                 format!("group_order.{} {}", if *arrive { "arrive" } else { "wait" }, r(id))
             }

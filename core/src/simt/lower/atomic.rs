@@ -148,7 +148,7 @@ impl Lowering<'_> {
         let size = shared_size(t);
         let n: u32 = shape.iter().product();
         let o = self.shared_alloc("atomic.replicas", n * size, 16);
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         let offs: Vec<Reg> = (0..olds.len() as u32)
             .map(|s| {
                 let c = self.slot_coords(shape, s);
@@ -187,8 +187,8 @@ impl Lowering<'_> {
         };
         let old = self.reg(t);
         self.emit(make(old, Some(first)));
-        self.emit(Inst::Barrier);
         let o = self.shared_alloc("atomic.result", 8, 8);
+        self.shared_reuse(o);
         let off = self.iconst(o as i64);
         self.emit(Inst::SharedStore { offset: off, value: old, pred: Some(first) });
         self.emit(Inst::Barrier);

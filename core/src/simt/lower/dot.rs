@@ -18,7 +18,7 @@ impl Lowering<'_> {
         let a_bytes = (m * kk * shared_size(ea)).next_multiple_of(16);
         let o = self.shared_alloc("dot.operands", a_bytes + kk * n * shared_size(eb), 16);
         let a_bytes = o + a_bytes;
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         self.stage_in_shared(&ar, &at.shape, o);
         self.stage_in_shared(&br, &bt.shape, a_bytes);
         self.emit(Inst::Barrier);
@@ -195,7 +195,7 @@ impl Lowering<'_> {
             let src = self.held(y);
             let size = shared_size(self.k.ty(src[0]));
             let o = self.shared_alloc("acc.rows", l.m * size, 16);
-            self.emit(Inst::Barrier);
+            self.shared_reuse(o);
             self.stage_in_shared(&src, &[l.m, 1], o);
             self.emit(Inst::Barrier);
             rows.insert(v, o);
@@ -673,8 +673,8 @@ impl Lowering<'_> {
         // cast to the operand type of the next product).
         let t = self.k.ty(regs[0]);
         let size = shared_size(t);
-        self.emit(Inst::Barrier);
         let o = self.shared_alloc("acc.relayout", l.m * l.n * size, 16);
+        self.shared_reuse(o);
         for (s, &r) in regs.iter().enumerate() {
             let c = self.mma_coords(l, s as u32);
             let f = self.flatten(&c, &shape);
@@ -713,7 +713,7 @@ impl Lowering<'_> {
         let src = self.held(v);
         let src: Vec<Reg> = src.into_iter().map(|r| self.cast(r, SType::F32)).collect();
         let o = self.shared_alloc("acc.from_blocked", l.m * l.n * 4, 16);
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         self.stage_in_shared(&src, &shape, o);
         self.emit(Inst::Barrier);
         let out = (0..l.slots())
@@ -813,7 +813,7 @@ impl Lowering<'_> {
         let (a_stride, b_stride) = (kk + 8, b_shape[1] + 8);
         let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
         let o = self.shared_alloc("dot.operands", a_bytes + b_shape[0] * b_stride * 2, 128);
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         let sa = match &a_mma {
             Some((la, regs)) => self.stage_padded_from_mma(*la, regs, o, a_stride),
             None => self.stage_padded(&ar, &at.shape, o),

@@ -45,7 +45,7 @@ impl Lowering<'_> {
         let t = self.k.ty(src[0]);
         let n: u32 = src_shape.iter().product();
         let o = self.shared_alloc("relayout", n * shared_size(t), 16);
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         self.stage_in_shared(src, src_shape, o);
         self.emit(Inst::Barrier);
         let slots = self.layout(dst_shape).slots();

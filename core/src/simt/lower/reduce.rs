@@ -108,7 +108,7 @@ impl Lowering<'_> {
         let w = self.bin_c(BinaryOp::Shr, self.warp, log2(wstride));
         let w = self.bin_c(BinaryOp::And, w, l.warps_per_program[axis] as i64 - 1);
         let wrow = self.bin_c(BinaryOp::Mul, w, n_res as i64);
-        self.emit(Inst::Barrier);
+        self.shared_reuse(o);
         for ((v, i), s) in &parts {
             let mut c = self.slot_coords(&shape, *s);
             c.remove(axis);
