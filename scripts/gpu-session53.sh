@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Session 53's one call on the GPU machine, over `bundle/` (with `bundle/trident-base`, the binary
+# of the commit before the reuse-barrier elision, for the A/B):
+# 1. the elision on hardware: conformance at world 1 and in the loopback world of 2;
+# 2. flash decoding's split kernel with and without it (same machine, same call; 9 barriers a
+#    step against 16), then against SDPA and Triton with it;
+# 3. issue 32's traces: AG-GEMM and GEMM-RS in the loopback world of 4 (`trident bench --trace`);
+# 4. the torch op `gemm_ar` in both forms under torchrun (`TORCH=1`, the default).
+# Writes $OUT/summary.txt, logs/ and the reports; tar the traces and logs to bring them back.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/step.sh
+KEEP='^conformance:|FAIL|rror|SUMMARY'
+step conformance-world1 150 $B/trident test --backend nvidia --world 1 --json "$O/logs/conformance-world1.json"
+step conformance-world2 150 $B/trident test --backend nvidia --world 2
+FD="--only flash_decode --config 64n/8w/pf/w16 --reps 20"
+for bin in trident-base trident trident-base trident; do
+  KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step "fd-$bin" 60 $B/$bin bench $FD
+done
+KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step fd-baseline 150 $B/trident bench $FD \
+  --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" --json "$O/bench-flash-decode.json"
+for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
+  k=${c%% *}
+  KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
+    --trace "$O/traces" --json "$O/bench-$k-world4.json"
+done
+if [ "${TORCH:-1}" = 1 ]; then
+  PYTHON=/opt/torch/.venv/bin/python
+  TP=/tmp/trident-py; rm -rf $TP
+  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
+  ( nvshmem_env; export PYTHONPATH=$TP
+    KEEP='FAIL|rror|passed|failed|gemm_ar' KEEP_LINES=30 step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider \
+      python/tests/test_distributed_gpu.py )
+fi
+cat "$S"
