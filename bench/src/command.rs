@@ -1231,21 +1231,23 @@ fn flash_decode(
     // Keys per step, warps, the next block prefetched, and the unit of programs the splits
     // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
     // `64n/8w/pf/w16` is `FlashDecode::for_shape`'s.
-    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's).
+    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's). `/fm`: `exp`
+    // through the hardware's approximation (`FlashDecode::fast_math`).
     let variants = [
-        (64, 4, false, 0, false),
-        (64, 8, false, 0, false),
-        (128, 8, false, 0, false),
-        (64, 4, true, 0, false),
-        (64, 8, true, 0, false),
-        (128, 8, true, 0, false),
-        (64, 8, true, 264, false),
-        (64, 8, true, 0, true),
-        (64, 8, false, 0, true),
-        (128, 8, true, 0, true),
+        (64, 4, false, 0, false, false),
+        (64, 8, false, 0, false, false),
+        (128, 8, false, 0, false, false),
+        (64, 4, true, 0, false, false),
+        (64, 8, true, 0, false, false),
+        (128, 8, true, 0, false, false),
+        (64, 8, true, 264, false, false),
+        (64, 8, true, 0, true, false),
+        (64, 8, false, 0, true, false),
+        (128, 8, true, 0, true, false),
+        (64, 8, true, 0, true, true),
     ];
-    for (block_n, warps, prefetch, wave, wide) in variants {
-        let op = FlashDecode { block_n, warps, prefetch, wave, wide, ..default };
+    for (block_n, warps, prefetch, wave, wide, fast_math) in variants {
+        let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
         let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
@@ -1253,8 +1255,8 @@ fn flash_decode(
             "{block_n}n/{warps}w{}{}{}",
             if prefetch { "/pf" } else { "" },
             if wave > 0 { format!("/{wave}p") } else { String::new() },
-            if wide { "/w16" } else { "" }
-        );
+            if wide { "/w16" } else { "" },
+        ) + if fast_math { "/fm" } else { "" };
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;

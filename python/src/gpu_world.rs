@@ -39,7 +39,7 @@ use trident_kernels::ag_gemm::{AgGemm, GatherMode};
 use trident_kernels::allgather::{AllGather, GatherBuffers};
 use trident_kernels::allgather_auto::GatherForm;
 use trident_kernels::allgather_ll::{AllGatherLl, LlBuffers};
-use trident_kernels::allreduce::{AllReduce, Algorithm};
+use trident_kernels::allreduce::{Algorithm, AllReduce};
 use trident_kernels::ep_all_to_all::{EpShape, LowLatencyAllToAll, Part};
 use trident_kernels::ep_high_throughput::HighThroughputAllToAll;
 use trident_kernels::epoch::{state_arg, CopyLatest};
