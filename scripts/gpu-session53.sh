@@ -4,7 +4,8 @@
 # 1. the elision on hardware: conformance at world 1 and in the loopback world of 2;
 # 2. flash decoding's split kernel with and without it (same machine, same call; 9 barriers a
 #    step against 16), then against SDPA and Triton with it;
-# 3. issue 32's traces: AG-GEMM and GEMM-RS in the loopback world of 4 (`trident bench --trace`);
+# 3. issue 32's traces: AG-GEMM and GEMM-RS in the loopback world of 4 (`trident bench --trace`),
+#    and GEMM-RS with its reduction's next source prefetched against the base binary;
 # 4. the torch op `gemm_ar` in both forms under torchrun (`TORCH=1`, the default).
 # Writes $OUT/summary.txt, logs/ and the reports; tar the traces and logs to bring them back.
 set -uo pipefail
@@ -23,6 +24,11 @@ for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
   k=${c%% *}
   KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
     --trace "$O/traces" --json "$O/bench-$k-world4.json"
+done
+# GEMM-RS's reduction with its next source prefetched (this commit) against the base binary.
+for bin in trident-base trident; do
+  KEEP='^bench: gemm_rs|rror|failed' KEEP_LINES=12 step "rs-$bin" 120 $B/$bin bench --world 4 \
+    --only "gemm_rs bf16 8192 4096 14336" --reps 10
 done
 if [ "${TORCH:-1}" = 1 ]; then
   PYTHON=/opt/torch/.venv/bin/python
