@@ -29,6 +29,8 @@ done
 for bin in trident-base trident; do
   KEEP='^bench: gemm_rs|rror|failed' KEEP_LINES=12 step "rs-$bin" 120 $B/$bin bench --world 4 \
     --only "gemm_rs bf16 8192 4096 14336" --reps 10
+  KEEP='^bench: gemm_ar|rror|failed' KEEP_LINES=12 step "ar-$bin" 120 $B/$bin bench --world 1 \
+    --only "5120 25600" --reps 20
 done
 if [ "${TORCH:-1}" = 1 ]; then
   PYTHON=/opt/torch/.venv/bin/python
