@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 53's one call on the GPU machine, over `bundle/` (with `bundle/trident-base`, the binary
 # of the commit before the reuse-barrier elision, for the A/B):
-# 1. the elision on hardware: conformance at world 1 and in the loopback world of 2;
+# 1. the elision on hardware: conformance at world 1 (and in the loopback world of 2: WORLD2=1);
 # 2. flash decoding's split kernel with and without it (same machine, same call; 9 barriers a
 #    step against 16), then against SDPA and Triton with it;
 # 3. issue 32's traces: AG-GEMM and GEMM-RS in the loopback world of 4 (`trident bench --trace`),
@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 source scripts/step.sh
 KEEP='^conformance:|FAIL|rror|SUMMARY'
 step conformance-world1 150 $B/trident test --backend nvidia --world 1 --json "$O/logs/conformance-world1.json"
-step conformance-world2 150 $B/trident test --backend nvidia --world 2
+[ "${WORLD2:-0}" = 1 ] && step conformance-world2 150 $B/trident test --backend nvidia --world 2
 FD="--only flash_decode --config 64n/8w/pf/w16 --reps 20"
-for bin in trident-base trident trident-base trident; do
+for bin in trident-base trident; do
   KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step "fd-$bin" 60 $B/$bin bench $FD
 done
 KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step fd-baseline 150 $B/trident bench $FD \
