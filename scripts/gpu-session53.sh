@@ -18,7 +18,7 @@ FD="--only flash_decode --config 64n/8w/pf/w16 --reps 20"
 for bin in trident-base trident; do
   KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step "fd-$bin" 60 $B/$bin bench $FD
 done
-KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step fd-baseline 150 $B/trident bench $FD \
+[ "${FDB:-0}" = 1 ] && KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step fd-baseline 150 $B/trident bench $FD \
   --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" --json "$O/bench-flash-decode.json"
 for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
   k=${c%% *}
