@@ -3,7 +3,7 @@
 # of the commit before the reuse-barrier elision, for the A/B):
 # 1. the elision on hardware: conformance at world 1 (and in the loopback world of 2: WORLD2=1);
 # 2. flash decoding's split kernel with and without it (same machine, same call; 9 barriers a
-#    step against 16), then against SDPA and Triton with it;
+#    step against 16), then against SDPA and Triton with it (FDB=1);
 # 3. issue 32's traces: AG-GEMM and GEMM-RS in the loopback world of 4 (`trident bench --trace`),
 #    and GEMM-RS with its reduction's next source prefetched against the base binary;
 # 4. the torch op `gemm_ar` in both forms under torchrun (`TORCH=1`, the default).
