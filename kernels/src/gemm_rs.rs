@@ -237,21 +237,13 @@ impl GemmRs {
             let rows = (sub * rb as i32 + b.arange(0, rb as i64)).expand_dims(1);
             let cols = ((t % tiles_n) * rn as i32 + b.arange(0, rn as i64)).expand_dims(0);
             let mask = rows.lt(rows_per_rank) & cols.lt(n);
+            let acc = b.zeros(&[rb, rn], DType::F32);
+            // (The same IR as before splits existed where there are none.)
             let count = if splits > 1 { sources } else { world };
-            // Each step loads the next source's tile before it adds the one the step before
-            // loaded: two tiles in flight per program, not one (the loopback trace of session
-            // 52 showed the reduction reading its partials at 0.56 TB/s).
-            macro_rules! tile_of {
-                ($src:expr) => {
-                    b.load_or(partial + (($src * rows_per_rank + rows) * n + cols), mask, 0.0)
-                };
-            }
-            let first = tile_of!(b.i32(0));
-            let last = b.for_range(1, count, 1, &[b.zeros(&[rb, rn], DType::F32), first], |src, c| {
-                let next = tile_of!(src);
-                vec![c[0] + c[1].cast(DType::F32), next]
-            });
-            let sum = last[0] + last[1].cast(DType::F32);
+            let sum = b.for_range(0, count, 1, &[acc], |src, c| {
+                let tile = b.load_or(partial + ((src * rows_per_rank + rows) * n + cols), mask, 0.0);
+                vec![c[0] + tile.cast(DType::F32)]
+            })[0];
             b.store(out + rows * n + cols, sum.cast(dt), Some(mask));
             Vec::new()
         });
