@@ -41,13 +41,7 @@ if [ "${VALIDATE:-1}" = 1 ]; then
   [ "${FD:-1}" = 1 ] && KEEP='flash_decode|rror|failed' KEEP_LINES=40 DROP='config' step bench-flash-decode 100 \
     $B/trident bench --only flash_decode --config 64n/8w/pf --baseline-cmd "/opt/torch/.venv/bin/python bench/baseline.py" \
     --json "$O/bench-flash-decode.json"
-  if [ "${TORCH:-0}" = 1 ]; then
-    PYTHON=/opt/torch/.venv/bin/python
-    TP=/tmp/trident-py; rm -rf $TP
-    step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
-    ( nvshmem_env; export PYTHONPATH=$TP
-      KEEP='FAIL|rror|passed|failed' KEEP_LINES=30 step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider \
-        python/tests/test_distributed_gpu.py python/tests/test_torch.py -k "flash_decode or distributed" )
-  fi
+  [ "${TORCH:-0}" = 1 ] && torch_pytest python/tests/test_distributed_gpu.py python/tests/test_torch.py \
+    -k "flash_decode or distributed"
 fi
 cat "$S"

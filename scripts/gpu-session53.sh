@@ -32,12 +32,5 @@ for bin in trident-base trident; do
   KEEP='^bench: gemm_ar|rror|failed' KEEP_LINES=12 step "ar-$bin" 120 $B/$bin bench --world 1 \
     --only "5120 25600" --reps 20
 done
-if [ "${TORCH:-1}" = 1 ]; then
-  PYTHON=/opt/torch/.venv/bin/python
-  TP=/tmp/trident-py; rm -rf $TP
-  step install 60 $PYTHON -m pip install --no-deps --no-index --target $TP bundle/wheels/*.whl
-  ( nvshmem_env; export PYTHONPATH=$TP
-    KEEP='FAIL|rror|passed|failed|gemm_ar' KEEP_LINES=30 step pytest 120 $PYTHON -m pytest -q -rs -s -p no:cacheprovider \
-      python/tests/test_distributed_gpu.py )
-fi
+[ "${TORCH:-1}" = 1 ] && KEEP='FAIL|rror|passed|failed|gemm_ar' torch_pytest python/tests/test_distributed_gpu.py
 cat "$S"

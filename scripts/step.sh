@@ -33,3 +33,15 @@ nvshmem_env() {
   export TRIDENT_CACHE_DIR=$PWD/$B/cache
   export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
 }
+
+# `torch_pytest ARGS...`: installs the bundle's wheel for the torch venv's Python (step
+# `install`), then runs `pytest ARGS` with NVSHMEM's environment (step `pytest`, its lines
+# matching $KEEP, default failures and the pass count, in the summary).
+torch_pytest() {
+  local python=/opt/torch/.venv/bin/python tp=/tmp/trident-py
+  rm -rf $tp
+  step install 60 $python -m pip install --no-deps --no-index --target $tp bundle/wheels/*.whl
+  ( nvshmem_env; export PYTHONPATH=$tp
+    KEEP=${KEEP:-'FAIL|rror|passed|failed'} KEEP_LINES=${KEEP_LINES:-30} step pytest 120 \
+      $python -m pytest -q -rs -s -p no:cacheprovider "$@" )
+}
