@@ -45,7 +45,7 @@ impl Freed {
 
     fn meets(&self, (offset, bytes): (u32, u32)) -> bool {
         match self {
-            Freed::Known(ranges) => ranges.iter().any(|&(o, b)| o < offset + bytes && offset < o + b),
+            Freed::Known(ranges) => ranges.iter().any(|&r| overlap(r, (offset, bytes))),
             Freed::Unknown => true,
         }
     }
@@ -67,76 +67,68 @@ pub fn elide(k: &mut Kernel) {
     k.body = body;
 }
 
-/// The state after `body` from `state` at its start; with `rewrite`, `body` rewritten by the
-/// decisions taken (the same ones an analysis pass takes). `grouped`: inside a warp-specialized
-/// region, where every reuse barrier is kept.
+/// The state after `body` from `state` at its start. With `rewrite`, `body` is rewritten by the
+/// decisions taken (kept reuse barriers become barriers, the other markers go); without, it is
+/// only read (the analysis of a loop body for its entry state). `grouped`: inside a
+/// warp-specialized region, where every reuse barrier is kept.
 fn walk(body: &mut Vec<Inst>, mut state: Freed, grouped: bool, rewrite: bool) -> Freed {
-    let mut out = Vec::with_capacity(if rewrite { body.len() } else { 0 });
-    let insts = std::mem::take(body);
-    for mut i in insts {
-        let keep = match &mut i {
-            Inst::Barrier | Inst::BarrierAny { .. } => {
+    for i in body.iter_mut() {
+        match i {
+            Inst::Barrier | Inst::BarrierAny { .. } => state = Freed::Known(Vec::new()),
+            Inst::SharedFree { offset, bytes } => state.add((*offset, *bytes)),
+            Inst::SharedReuse { offset, bytes } if grouped || state.meets((*offset, *bytes)) => {
                 state = Freed::Known(Vec::new());
-                true
-            }
-            Inst::SharedFree { offset, bytes } => {
-                state.add((*offset, *bytes));
-                false
-            }
-            Inst::SharedReuse { offset, bytes } => {
-                if grouped || state.meets((*offset, *bytes)) {
-                    state = Freed::Known(Vec::new());
-                    i = Inst::Barrier;
-                    true
-                } else {
-                    false
+                if rewrite {
+                    *i = Inst::Barrier;
                 }
             }
             Inst::Loop { body: lb, .. } => {
-                // The body's entry: what came before the loop, or what the last iteration left.
+                // The body's entry: what came before the loop joined with what an iteration
+                // leaves, to a fixed point (unknown if none is reached).
                 let mut entry = state.clone();
+                let mut fixed = false;
                 for _ in 0..8 {
-                    let end = walk(&mut lb.clone(), entry.clone(), grouped, false);
-                    let next = state.join(&end);
+                    let next = state.join(&walk(lb, entry.clone(), grouped, false));
                     if next == entry {
+                        fixed = true;
                         break;
                     }
                     entry = next;
                 }
-                let end = walk(&mut lb.clone(), entry.clone(), grouped, false);
-                if state.join(&end) != entry {
+                if !fixed {
                     entry = Freed::Unknown;
                 }
-                let end = walk(lb, entry.clone(), grouped, rewrite);
+                let end = walk(lb, entry, grouped, rewrite);
                 state = state.join(&end);
-                true
             }
             Inst::If { then_body, else_body, .. } => {
                 let a = walk(then_body, state.clone(), grouped, rewrite);
                 let b = walk(else_body, state.clone(), grouped, rewrite);
                 state = a.join(&b);
-                true
             }
             Inst::While { cond_body, body: wb, .. } => {
                 walk(cond_body, Freed::Unknown, grouped, rewrite);
                 walk(wb, Freed::Unknown, grouped, rewrite);
                 state = Freed::Unknown;
-                true
             }
             Inst::Specialized { producer, consumer, .. } => {
                 walk(producer, Freed::Unknown, true, rewrite);
                 walk(consumer, Freed::Unknown, true, rewrite);
                 state = Freed::Unknown;
-                true
             }
-            _ => true,
-        };
-        if keep {
-            out.push(i);
+            _ => {}
         }
     }
-    *body = out;
+    if rewrite {
+        // Every reuse barrier left ordered nothing.
+        body.retain(|i| !matches!(i, Inst::SharedFree { .. } | Inst::SharedReuse { .. }));
+    }
     state
+}
+
+/// Whether shared byte ranges `(offset, bytes)` overlap.
+pub(crate) fn overlap((o, b): (u32, u32), (p, c): (u32, u32)) -> bool {
+    o < p + c && p < o + b
 }
 
 #[cfg(test)]

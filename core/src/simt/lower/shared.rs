@@ -68,13 +68,11 @@ impl SharedAlloc {
     }
 
     /// Places an object of `bytes` aligned to `align` (a power of two) in the first gap
-    /// ([`SharedAlloc::place`]).
-    /// Apart from the objects freed since the last barrier where that fits (see the module's
-    /// documentation).
+    /// ([`SharedAlloc::place`]), or apart from the objects freed since the last barrier where
+    /// that fits (see the module's documentation).
     pub(super) fn alloc(&mut self, name: &'static str, bytes: u32, align: u32, pinned: bool) -> u32 {
         let mut at = self.place(bytes, align, pinned);
-        let meets = |at: u32, recent: &[(u32, u32)]| recent.iter().any(|&(o, b)| o < at + bytes && at < o + b);
-        if meets(at, &self.recent) {
+        if self.recent.iter().any(|&r| crate::simt::barriers::overlap(r, (at, bytes))) {
             let apart = self.place_missing(bytes, align, pinned, &self.recent);
             let room = if self.loops.is_empty() { self.high } else { self.high.max(APART_BUDGET) };
             if apart + bytes <= room {
