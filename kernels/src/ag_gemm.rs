@@ -63,15 +63,17 @@ impl AgGemm {
     /// async proxy after its acquire, so TMA reads the gathered rows other ranks wrote). Each
     /// tile waits for its rows' chunks before its K loop. With the copy engine gathering, the
     /// GEMM is persistent where the target has TMA (a program per multiprocessor, or per
-    /// multiprocessor and rank when ranks share a GPU; each waits before a tile's first copies,
-    /// ahead of the tile before's last steps): nothing it waits for needs a multiprocessor
-    /// ([`AgGemm::for_world`] keeps that form for worlds whose ranks share a GPU). With
+    /// multiprocessor and rank when ranks share a GPU), with a producer warp: the producer
+    /// waits for a tile's chunks before the tile's first copies, while the consumers still
+    /// run the tile before and its epilogue (they wait only for their stages); nothing it
+    /// waits for needs a multiprocessor ([`AgGemm::for_world`] keeps that form for worlds
+    /// whose ranks share a GPU). With
     /// the in-kernel gather it is one program per tile here, and persistent only where ranks
     /// share a GPU ([`AgGemm::for_world`]).
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
         let g = Gemm::for_target(dtype, target).single_tile();
         let persistent = mode == GatherMode::CopyEngine && g.descriptors;
-        AgGemm { gemm: Gemm { persistent, ..g }, mode }
+        AgGemm { gemm: Gemm { persistent, warp_specialize: persistent, ..g }, mode }
     }
 
     /// [`AgGemm::for_target`] for `ctx`'s world: persistent (with either gather, where the
@@ -81,13 +83,14 @@ impl AgGemm {
     /// 132 multiprocessors, issue 24). The persistent grid leaves an eighth of the
     /// multiprocessors to what it waits for (`persistent_grid`), where the in-kernel gather's
     /// programs run (all but one per rank finish without waiting). With a GPU per rank, one
-    /// program per tile: on the H200 the persistent form (its flat loop has no producer warp)
-    /// took 9.6 ms against 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at
-    /// 8192x14336x4096 (world 1, `results/h200-issue13/`).
+    /// program per tile: on the H200 the persistent form, before it had a producer warp, took
+    /// 9.6 ms against 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at 8192x14336x4096
+    /// (world 1, `results/h200-issue13/`); `trident bench` times both forms (`ag_gemm/ce`,
+    /// `ag_gemm/ce-persistent`) where ranks have a GPU each.
     pub fn for_world(ctx: &dyn RankCtx, dtype: DType, mode: GatherMode) -> AgGemm {
         let op = Self::for_target(dtype, mode, ctx.gpu_target());
         let persistent = op.gemm.descriptors && ctx.ranks_sharing_device() > 1;
-        AgGemm { gemm: Gemm { persistent, ..op.gemm }, ..op }
+        AgGemm { gemm: Gemm { persistent, warp_specialize: persistent, ..op.gemm }, ..op }
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -121,10 +124,20 @@ impl AgGemm {
         let (bm, bn) = (g.block_m, g.block_n);
         let persistent = g.persistent && g.divisible && g.descriptors;
         let name =
-            format!("ag_gemm_{}_{bm}x{bn}x{}{}", g.dtype, g.block_k, if persistent { "_persistent" } else { "" });
+            format!("ag_gemm_{}_{bm}x{bn}x{}{}", g.dtype, g.block_k, match (persistent, g.warp_specialize) {
+                (true, true) => "_persistent_ws",
+                (true, false) => "_persistent",
+                _ => "",
+            });
         let b = KernelBuilder::new(
             &name,
-            LaunchAttrs { warps: g.warps, stages: g.stages, persistent, ..LaunchAttrs::default() },
+            LaunchAttrs {
+                warps: g.warps,
+                stages: g.stages,
+                persistent,
+                warp_specialize: persistent && g.warp_specialize,
+                ..LaunchAttrs::default()
+            },
         );
         // With `divisible`, the facts that let the copies be 16-byte vectors without alignment
         // tests (as `Gemm::run` specializes the plain GEMM).

@@ -482,9 +482,9 @@ impl GroupedGemm {
         let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
         let Epilogue { swiglu, row_weights, reduce_scatter, quantize } = self.epilogue;
-        // The scheduled descriptor form runs its copies from a producer warp (not with a wait:
-        // the flattened loop with a producer warp takes no waits).
-        let warp_specialize = self.scheduled && desc && !self.wait;
+        // The scheduled descriptor form runs its copies from a producer warp (with the wait
+        // hook, the producer waits for a tile's chunk before its first copies).
+        let warp_specialize = self.scheduled && desc;
         let pingpong = self.pingpong && warp_specialize;
         let name = format!(
             "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}{}",

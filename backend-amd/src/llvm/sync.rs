@@ -10,6 +10,9 @@ impl Writer<'_> {
             Inst::Barrier => self.barrier(),
             Inst::GroupOrder { .. } => return err("consumer ping-pong is Hopper's (sm_90a)"),
             Inst::VAtomic { .. } => return err("vector atomic adds are sm_90's (`vector_atomic_add` is off for AMD targets)"),
+            Inst::WarpAny { .. } => {
+                return err("a warp vote (the wait of a producer warp): warp-specialized regions are Hopper's (sm_90a)")
+            }
             Inst::BarrierAny { .. } => {
                 return err("BarrierAny reached the AMD writer (protocol::expand builds it from LDS for this target)")
             }

@@ -21,6 +21,12 @@ impl Exec<'_> {
             // group's main loop already follows the other's main loop of the tile before, which
             // is all the order barrier asks.
             Inst::GroupOrder { .. } => {}
+            // The lanes running here vote: a producer's (its warps all run the producer's loop
+            // here; on the GPU only its first does, and the others' words are its own).
+            Inst::WarpAny { dst, pred } => {
+                let any = self.get(*pred)?.ints().iter().any(|x| *x != 0);
+                self.set(*dst, Data::I(vec![any as i64; lanes]));
+            }
             Inst::BarrierAny { dst, pred } => {
                 self.view.barrier();
                 self.hazards.barrier();

@@ -114,6 +114,10 @@ impl Writer<'_> {
                 let guard = pred.map(|p| format!("@{} ", self.n(p))).unwrap_or_default();
                 line!(self, "{guard}st.{order}.{}.global.{ty} [{a}], {v}", scope_name(*scope));
             }
+            Inst::WarpAny { dst, pred } => {
+                let (d, p) = (self.n(*dst).to_string(), self.n(*pred).to_string());
+                line!(self, "vote.sync.any.pred {d}, {p}, 0xffffffff");
+            }
             Inst::BarrierAny { dst, pred } => {
                 let (d, p) = (self.n(*dst).to_string(), self.n(*pred).to_string());
                 let b = self.barrier();

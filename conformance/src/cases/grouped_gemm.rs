@@ -133,6 +133,7 @@ impl Operation for GroupedGemmCase {
                 "e4m3-contiguous-nk-promoted",
                 "contiguous-kn-scheduled",
                 "e4m3-masked-nk-scheduled",
+                "contiguous-nk-scheduled-wait",
             ],
             DType::F16 => &["contiguous-nk", "masked-kn", "masked-kn-swiglu-wait"],
             _ => &[],

@@ -435,6 +435,14 @@ pub enum Inst {
         dst: Reg,
         pred: Reg,
     },
+    /// The threads of one warp vote (`vote.sync.any` over the whole warp): `dst` is true in
+    /// each of them when `pred` is true in some. No other warp takes part; every thread of the
+    /// warp reaches it together. The bounded wait of a warp-specialized region's producer
+    /// (`protocol::expand`) keeps its poll uniform with it.
+    WarpAny {
+        dst: Reg,
+        pred: Reg,
+    },
     /// The program ends here (every thread reaches it together: uniform control flow).
     Exit,
     /// The instructions that follow, up to the next `Origin`, come from tile-IR op `op` (index in
@@ -648,6 +656,7 @@ impl Inst {
             | Inst::SharedReuse { .. }
             | Inst::SharedFree { .. }
             | Inst::BarrierAny { .. }
+            | Inst::WarpAny { .. }
             | Inst::GroupOrder { .. }
             | Inst::Atomic { .. }
             | Inst::VAtomic { .. }
@@ -764,7 +773,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
                 f(r)
             }
         }
-        Inst::BarrierAny { pred, .. } => f(pred),
+        Inst::BarrierAny { pred, .. } | Inst::WarpAny { pred, .. } => f(pred),
         Inst::GroupOrder { id, .. } => f(id),
         Inst::Atomic { addr, value, pred, .. } => {
             f(addr);

@@ -165,6 +165,7 @@ impl Printer<'_> {
                 format!("group_order.{} {}", if *arrive { "arrive" } else { "wait" }, r(id))
             }
             Inst::BarrierAny { dst, pred } => format!("{} = barrier.any {}", self.def(*dst), r(pred)),
+            Inst::WarpAny { dst, pred } => format!("{} = warp.any {}", self.def(*dst), r(pred)),
             Inst::Atomic { dst, op, addr, value, pred, sem, scope } => {
                 format!("{} = atomic.{op}.{sem}.{scope} [{}], {}{}", self.def(*dst), r(addr), r(value), guard(*pred))
             }

@@ -15,6 +15,14 @@
 //!   After the loop thread 0 reads the flag and, if it is raised, every thread leaves the
 //!   program ([`Inst::Exit`]).
 //!
+//! In the producer of a warp-specialized region ([`Inst::Specialized`]) the wait is the
+//! producer warp's alone: its lanes poll (lane i signals i, i + 32, ...), a warp vote
+//! ([`Inst::WarpAny`]) keeps the poll uniform within the warp, and the warp goes on after it
+//! whatever ended it, a timeout or another program's abort included: the consumers wait on
+//! mbarriers the producer's copies complete, so a producer that left would hang them. Its
+//! copies then read whatever the rows hold; the launch ends and reports the record as any
+//! timed-out wait does (the results are not to be used).
+//!
 //! The only target-specific part left is [`Inst::Clock`]. cpu-simt runs the protocol
 //! instructions themselves in its worlds (its scheduler detects deadlocks exactly and replays
 //! interleavings from a seed) and the expanded form in single-device launches, so CI executes
@@ -100,7 +108,7 @@ fn expand_protocol(k: &mut Kernel) {
     let body = std::mem::take(&mut k.body);
     let mut constants = Vec::new();
     collect_constants(&body, &mut constants);
-    let mut x = Expander { k, hidden, params: Vec::new(), constants };
+    let mut x = Expander { k, hidden, params: Vec::new(), constants, producer: false };
     let mut out = x.block(body);
     // The hidden parameters the expansions read, loaded once at the top.
     let mut head = std::mem::take(&mut x.params);
@@ -139,6 +147,8 @@ struct Expander<'a> {
     params: Vec<Inst>,
     /// The kernel's integer constants (a wait's count known to fit the threads needs no loop).
     constants: Vec<(Reg, i64)>,
+    /// Expanding a warp-specialized region's producer: its waits are the producer warp's.
+    producer: bool,
 }
 
 impl Expander<'_> {
@@ -166,6 +176,13 @@ impl Expander<'_> {
                 Inst::SymmAt { dst, ptr, rank } => self.symm_at(&mut out, dst, ptr, rank),
                 Inst::WaitSignals { base, count, cmp, value } => self.wait(&mut out, base, count, cmp, value),
                 Inst::WaitFlag { dst, addr, pred, flag } => self.wait_flag(&mut out, dst, addr, pred, flag),
+                Inst::Specialized { ref mut producer, ref mut consumer, .. } => {
+                    self.producer = true;
+                    *producer = self.block(std::mem::take(producer));
+                    self.producer = false;
+                    *consumer = self.block(std::mem::take(consumer));
+                    out.push(inst);
+                }
                 _ => {
                     for b in inst.bodies_mut() {
                         *b = self.block(std::mem::take(b));
@@ -175,6 +192,19 @@ impl Expander<'_> {
             }
         }
         out
+    }
+
+    /// The waiting thread's index among the threads that wait together, and how many they
+    /// are: the program's, or the producer warp's lanes.
+    fn waiter(&mut self, out: &mut Vec<Inst>) -> (Reg, u32) {
+        let tid = self.reg(I32);
+        out.push(Inst::Special { dst: tid, which: Special::ThreadId });
+        if !self.producer {
+            return (tid, self.k.threads());
+        }
+        let size = self.k.warp_size;
+        let w = self.konst(out, I32, size as i64);
+        (self.bin(out, BinaryOp::Rem, tid, w), size)
     }
 
     fn konst(&mut self, out: &mut Vec<Inst>, t: SType, v: i64) -> Reg {
@@ -215,8 +245,7 @@ impl Expander<'_> {
     fn wait(&mut self, out: &mut Vec<Inst>, base: Reg, count: Reg, cmp: CmpOp, value: Reg) {
         // The hidden parameters the poll reads, first (registers numbered as they always were).
         let _ = (self.hidden(Hidden::Diag), self.hidden(Hidden::WaitBoundNs));
-        let tid = self.reg(I32);
-        out.push(Inst::Special { dst: tid, which: Special::ThreadId });
+        let (tid, threads) = self.waiter(out);
         let count = if self.k.ty(count) == I32 {
             count
         } else {
@@ -225,9 +254,9 @@ impl Expander<'_> {
             c
         };
         // Thread i waits for signals i, i + threads, ...: one pass of the bounded wait below
-        // per `threads` signals (a count above the program's threads waits for all of them).
+        // per `threads` signals (a count above the waiting threads waits for all of them).
         let (first_signal, zero_i, step) =
-            (self.reg(I32), self.konst(out, I32, 0), self.konst(out, I32, self.k.threads() as i64));
+            (self.reg(I32), self.konst(out, I32, 0), self.konst(out, I32, threads as i64));
         let outer = std::mem::take(out);
         let signal = self.bin(out, BinaryOp::Add, first_signal, tid);
         let mine = self.cmp(out, CmpOp::Lt, signal, count);
@@ -240,7 +269,7 @@ impl Expander<'_> {
         // without the loop: its registers stay as before (gfx90a's waiting GEMMs spilled
         // scalar registers with the loop around every wait).
         let known = self.constants.iter().find(|(r, _)| *r == count).map(|(_, v)| *v);
-        if known.is_some_and(|c| c <= self.k.threads() as i64) {
+        if known.is_some_and(|c| c <= threads as i64) {
             out.push(Inst::Binary { dst: first_signal, op: BinaryOp::Add, a: zero_i, b: zero_i });
             out.extend(pass);
             return;
@@ -260,7 +289,8 @@ impl Expander<'_> {
 
     /// The bounded poll of one word per thread (see the module docs): threads where `mine`
     /// holds read the word at `addr` until it satisfies `until`, the bound passes or another
-    /// program aborts; then the program stops if the abort flag is raised. `word`, when given,
+    /// program aborts; then the program stops if the abort flag is raised (a producer warp
+    /// goes on: see the module docs). `word`, when given,
     /// receives the word each thread read last (0 where `mine` was false).
     /// `tid` is the thread's index.
     fn poll(&mut self, out: &mut Vec<Inst>, tid: Reg, addr: Reg, mine: Reg, until: Until, word: Option<Reg>) {
@@ -273,7 +303,10 @@ impl Expander<'_> {
         let pending = self.reg(SType::Pred);
         let mut cond_body = Vec::new();
         let any = self.reg(SType::Pred);
-        cond_body.push(Inst::BarrierAny { dst: any, pred: pending });
+        cond_body.push(match self.producer {
+            false => Inst::BarrierAny { dst: any, pred: pending },
+            true => Inst::WarpAny { dst: any, pred: pending },
+        });
         let mut b = Vec::new();
         let seen = self.reg(U64);
         let sem = match until {
@@ -369,6 +402,10 @@ impl Expander<'_> {
             results.push(dst);
         }
         out.push(Inst::While { phis, inits, cond_body, cond: any, body: b, nexts, results });
+        // A producer warp goes on (see the module docs).
+        if self.producer {
+            return;
+        }
 
         // Thread 0 decides for everyone whether the program stops here.
         let zero32 = self.konst(out, I32, 0);
@@ -397,8 +434,7 @@ impl Expander<'_> {
     /// A flagged word ([`Inst::WaitFlag`]): the bounded poll until its high 32 bits equal the
     /// flag (zero-extended), relaxed; `dst` gets the word.
     fn wait_flag(&mut self, out: &mut Vec<Inst>, dst: Reg, addr: Reg, pred: Option<Reg>, flag: Reg) {
-        let tid = self.reg(I32);
-        out.push(Inst::Special { dst: tid, which: Special::ThreadId });
+        let (tid, _) = self.waiter(out);
         let mine = match pred {
             Some(p) => p,
             None => self.konst(out, SType::Pred, 1),

@@ -31,15 +31,13 @@ impl Lowering<'_> {
         let pos = ops.iter().position(|&o| matches!(self.func.ops[o].kind, OpKind::For { .. }))?;
         let inner = ops[pos];
         // Index math before the K loop, with scalar loads of parameters the kernel only reads
-        // (a tile's record in a schedule table: the producer reads it ahead of the consumers);
-        // without a producer warp also the tile's waits (an AG-GEMM's chunk signals), which
-        // the flat loop runs before the tile's first copies.
-        let waits_allowed = !self.func.attrs.warp_specialize;
+        // (a tile's record in a schedule table: the producer reads it ahead of the consumers),
+        // and the tile's waits (an AG-GEMM's chunk signals), which the flat loop runs before
+        // the tile's first copies: with a producer warp, the producer alone.
         if !ops[..pos].iter().all(|&o| {
             let k = &self.func.ops[o].kind;
             effect_free(k)
-                || matches!(k, OpKind::Rank | OpKind::NumRanks | OpKind::ConsumeToken { .. })
-                || (waits_allowed && matches!(k, OpKind::Wait { .. }))
+                || matches!(k, OpKind::Rank | OpKind::NumRanks | OpKind::ConsumeToken { .. } | OpKind::Wait { .. })
                 || self.read_only_scalar_load(o)
         }) {
             return None;
@@ -249,6 +247,9 @@ impl Lowering<'_> {
     /// step that issues a tile's first copies (K step `kk` 0 of tile number `t`), the tile's
     /// index math and waits, in a uniform `if` (the copies that follow then read what the wait
     /// acquired: the wait's lowering orders the async proxy after it). Nothing without waits.
+    /// With a producer warp the producer runs it (its wait is the warp's: `protocol`), and the
+    /// consumers wait for nothing but their stages: what the producer acquired reaches them
+    /// through the stage's mbarrier (its arrival releases, their wait acquires).
     fn flat_waits(&mut self, f: &Flat, p: &Persistent, g: Reg, (t, kk): (Reg, Reg)) -> Result<(), LowerError> {
         let waits = self.func.blocks[f.outer]
             .ops
@@ -506,6 +507,9 @@ impl Lowering<'_> {
         let parity = self.bin_c(BinaryOp::Xor, parity, 1);
         let empty = self.ring_slot(pg, s, empty_at, 8);
         self.emit(Inst::MbarrierWait { offset: empty, parity });
+        // (After the stage's wait: cpu-simt runs a producer's iteration again from its start
+        // when that wait blocks, and the waits' trace events would be recorded twice.)
+        self.flat_waits(&f, &p, pg, (pt, pkk))?;
         self.flat_issue(&f, plan, pg, (pt, pkk), &known, producer_lane, ring);
         let (pkk1, pt1, known1) = self.flat_advance(&f, pkk, Some(pt), &known);
         let producer_body = std::mem::take(&mut self.cur);
