@@ -1,27 +1,44 @@
 #!/usr/bin/env bash
-# Session 54's first call on the GPU machine, over `bundle/` (the commit in bundle/COMMIT):
-# 1. on an H200 only: issue 32's traces, AG-GEMM and GEMM-RS in the loopback world of 4
-#    (`trident bench --trace`), the traced time beside the untraced (on an H100 they exist:
-#    results/h100-session53);
-# 2. what session 53's reuse-barrier elision has not yet run on hardware: conformance in the
-#    loopback worlds of 2, 4 and 8 ranks, the differential test of every op (`ops`), and the
-#    elementary functions (`math`, every 256th f32 pattern).
+# Session 54's call on the GPU machine, over `bundle/` (the commit in bundle/COMMIT), with
+# `bundle/trident-base` (68908ff: the persistent AG-GEMM without a producer warp) for the A/B:
+# 1. the AG-GEMM with its wait in the producer warp on hardware: conformance at worlds 1, 2, 4
+#    and 8, and a planted timeout at world 2 (`--rearm`: the last rank skips a call, the others'
+#    producer waits time out with their diagnostics, then two calls re-armed);
+# 2. the A/B, same call: loopback world of 4 (the persistent forms), then world 1 (one program
+#    per tile against the persistent form, both bench shapes), base binary then new;
+# 3. the new AG-GEMM's loopback-4 trace; on an H200 (or TRACES=1) issue 32's traces of AG-GEMM
+#    and GEMM-RS;
+# 4. (REST=1) what session 53's reuse-barrier elision has not run on hardware: conformance in the
+#    loopback worlds of 2, 4 and 8, the differential test (`ops`), `math` every 256th pattern.
 # Writes $OUT/summary.txt, logs/ and the reports; tar the traces and logs to bring them back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || [ "${TRACES:-0}" = 1 ]; then
-  for c in "ag_gemm bf16 8192 14336 4096" "gemm_rs bf16 8192 4096 14336"; do
-    k=${c%% *}
-    KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
-      --trace "$O/traces" --json "$O/bench-$k-world4.json"
-  done
-fi
-KEEP='^conformance:|FAIL|rror|SUMMARY'
-for w in ${WORLDS:-2 4 8}; do
-  step "conformance-world$w" 150 $B/trident test --backend nvidia --world $w --json "$O/logs/conformance-world$w.json"
+KEEP='^conformance:|FAIL|rror|timed out'
+for w in 1 2 4 8; do
+  step "conformance-ag-w$w" 120 $B/trident test --backend nvidia --world $w --kernel ag_gemm
 done
-KEEP='^ops:|disagree|FAIL' step ops 200 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
-KEEP='^math:|FAIL|differ' step math 150 $B/trident math --backend nvidia --stride ${MATH_STRIDE:-256} --fast \
-  --json "$O/logs/math-nvidia.json"
+step conformance-grouped-w1 90 $B/trident test --backend nvidia --world 1 --kernel grouped_gemm
+KEEP_LINES=12 TRIDENT_WAIT_BOUND_MS=300 step rearm-ag-w2 120 $B/trident test --backend nvidia --world 2 --kernel ag_gemm --dtype bf16 --rearm
+for bin in trident-base trident; do
+  KEEP='^bench: ag_gemm|rror|failed' KEEP_LINES=12 step "ag-w4-$bin" 120 $B/$bin bench --world 4 \
+    --only "ag_gemm bf16 8192 14336 4096" --reps 10
+  KEEP='^bench: ag_gemm|rror|failed' KEEP_LINES=12 step "ag-w1-$bin" 120 $B/$bin bench --world 1 --only ag_gemm --reps 10
+done
+TR="ag_gemm"
+if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || [ "${TRACES:-0}" = 1 ]; then TR="ag_gemm gemm_rs"; fi
+for k in $TR; do
+  case $k in ag_gemm) c="ag_gemm bf16 8192 14336 4096";; gemm_rs) c="gemm_rs bf16 8192 4096 14336";; esac
+  KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
+    --trace "$O/traces" --json "$O/bench-$k-world4.json"
+done
+if [ "${REST:-0}" = 1 ]; then
+  KEEP='^conformance:|FAIL|rror|SUMMARY'
+  for w in 2 4 8; do
+    step "conformance-world$w" 150 $B/trident test --backend nvidia --world $w --json "$O/logs/conformance-world$w.json"
+  done
+  KEEP='^ops:|disagree|FAIL' step ops 200 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
+  KEEP='^math:|FAIL|differ' step math 150 $B/trident math --backend nvidia --stride 256 --fast \
+    --json "$O/logs/math-nvidia.json"
+fi
 cat "$S"
