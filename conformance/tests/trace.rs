@@ -51,9 +51,20 @@ fn traced_overlap_kernels_record_every_program() {
                 assert!(!programs.is_empty(), "{name} {variant} {}: no events", l.kernel);
                 for p in programs {
                     let of = |k: EventKind| l.recorded.events.iter().filter(|e| e.program == p && e.kind == k).count();
-                    let times: Vec<u64> =
-                        l.recorded.events.iter().filter(|e| e.program == p).map(|e| e.time_ns).collect();
+                    // In the order recorded, and within the program's start and end (both stored
+                    // at its end, in the slots its start reserved).
+                    let at = |k: EventKind| l.recorded.events.iter().find(|e| e.program == p && e.kind == k);
+                    let (start, end) = (at(EventKind::Start).map(|e| e.time_ns), at(EventKind::End).map(|e| e.time_ns));
+                    let times: Vec<u64> = l
+                        .recorded
+                        .events
+                        .iter()
+                        .filter(|e| e.program == p && !matches!(e.kind, EventKind::Start | EventKind::End))
+                        .map(|e| e.time_ns)
+                        .collect();
                     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{name} {simt:?} {variant} p{p}: {times:?}");
+                    let (lo, hi) = (times.first().copied().or(end), times.last().copied().or(start));
+                    assert!(start <= lo && hi <= end, "{name} {simt:?} {variant} p{p}: {start:?} {times:?} {end:?}");
                     // A persistent program runs on one side per region: its start and end are
                     // the uniform code's.
                     assert_eq!(

@@ -18,7 +18,10 @@
 //! | 2 | [`EventKind`] (bits 0..16), label (16..32: an index into [`labels`]), argument (32..64) |
 //!
 //! A full buffer drops the events past its capacity; the count still grows, so [`decode`] says
-//! how many were dropped. The argument is the signal's index from its parameter's address (a
+//! how many were dropped. A program's start and end share one reservation of two slots, both
+//! stored at its end (`simt::trace`): a program that never reaches its end leaves two zero
+//! slots, which [`decode`] skips (the host clears the buffer before a launch: [`header`]).
+//! The argument is the signal's index from its parameter's address (a
 //! chunk number, a tile's counter) for waits and notifies, the tile number for epilogues.
 
 use crate::ir::{DType, Function, Op, OpKind, Param, Type, Value, ValueData, ValueDef};
@@ -123,7 +126,8 @@ pub fn buffer_bytes(capacity: usize) -> usize {
     8 * (HEADER_WORDS + EVENT_WORDS * capacity)
 }
 
-/// The header a buffer of `capacity` events starts with before a launch (nothing recorded).
+/// The header a buffer of `capacity` events starts with before a launch (nothing recorded);
+/// the events' words after it must be zero (a slot reserved and never stored reads as none).
 pub fn header(capacity: usize) -> Vec<u8> {
     [0u64, capacity as u64].iter().flat_map(|w| w.to_le_bytes()).collect()
 }
@@ -163,7 +167,8 @@ pub fn decode(bytes: &[u8]) -> Result<Recorded, String> {
     }
     let n = reserved.min(capacity) as usize;
     let mut events = Vec::with_capacity(n);
-    for e in words[HEADER_WORDS..].chunks_exact(EVENT_WORDS).take(n) {
+    // (Slots reserved and never stored stay zero: a program that left before its end.)
+    for e in words[HEADER_WORDS..].chunks_exact(EVENT_WORDS).take(n).filter(|e| e.iter().any(|w| *w != 0)) {
         let code = (e[2] & 0xffff) as u16;
         let kind = EventKind::from_code(code).ok_or_else(|| format!("unknown trace event kind {code}"))?;
         events.push(Event {
@@ -205,5 +210,9 @@ mod tests {
         assert_eq!(r.events[1].kind, EventKind::End);
         assert!(decode(&bytes[..8]).is_err());
         assert!(decode(&header(4)).is_err());
+        // A slot reserved and never stored (a program that left before its end) is no event.
+        bytes[8 * HEADER_WORDS..8 * (HEADER_WORDS + EVENT_WORDS)].fill(0);
+        let r = decode(&bytes).unwrap();
+        assert_eq!((r.events.len(), r.events[0].kind, r.dropped), (1, EventKind::End, 1));
     }
 }

@@ -136,6 +136,7 @@ impl<'a> Traced<'a> {
     pub fn new(inner: &'a dyn RankCtx, capacity: usize, launches: usize) -> Result<Traced<'a>, BackendError> {
         let made = |capacity: usize, name: &str| -> Result<Buffer, BackendError> {
             let b = inner.alloc(buffer_bytes(capacity), name)?;
+            inner.fill(&b, &[0])?;
             inner.write(&b, 0, &header(capacity))?;
             Ok(b)
         };
@@ -191,6 +192,7 @@ impl<'a> Traced<'a> {
         let Some(x) = state.as_mut() else { return Ok(()) };
         self.inner.synchronize()?;
         for b in &x.rounds {
+            self.inner.fill(b, &[0])?;
             self.inner.write(b, 0, &header(4 * w))?;
         }
         // Every rank's signals exist (zeroed) before any rank's exchange writes a peer's.
@@ -209,6 +211,7 @@ impl<'a> Traced<'a> {
     pub fn reset(&self) -> Result<(), BackendError> {
         let mut launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
         for b in self.pool.iter().take(launches.len()) {
+            self.inner.fill(b, &[0])?;
             self.inner.write(b, 0, &header((b.bytes / 8 - HEADER_WORDS) / EVENT_WORDS))?;
         }
         self.inner.write(&self.overflow, 0, &header(0))?;

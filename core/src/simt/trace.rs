@@ -7,10 +7,20 @@
 //! a slot with an atomic add on the buffer's first word and, when the slot is below the
 //! capacity (the second word), stores the event's three words; other threads only predicate
 //! the instructions off, so nothing of the kernel's control flow changes.
+//!
+//! The program's start and end (both in its top-level code) are one reservation: the start
+//! reserves two slots and reads the clock, the end reads the clock and stores both events. So
+//! neither waits for its atomic's answer: the start's would hold the program's first barrier
+//! (every warp) for an L2 round trip under contention, and the end's the multiprocessor's next
+//! program (measured: GEMM-RS's 44 us programs 3-4% slower traced, session 53). A program that
+//! leaves early (a wait's abort) stores neither: its two slots stay zero, which [`decode`]
+//! skips (the buffer is cleared before each launch).
+//!
+//! [`decode`]: crate::trace::decode
 
 use super::{count, Inst, Kernel, Reg, SType, Special, HIDDEN_PARAMS};
 use crate::ir::{AtomicOp, Axis, BinaryOp, CmpOp, MemSemantic, Scope};
-use crate::trace::{kind_word, EVENT_WORDS, HEADER_WORDS};
+use crate::trace::{kind_word, EventKind, EVENT_WORDS, HEADER_WORDS};
 
 const I32: SType = SType::Int { bits: 32, signed: true };
 const U64: SType = SType::Int { bits: 64, signed: false };
@@ -33,17 +43,34 @@ pub fn expand(k: &mut Kernel) {
         return;
     }
     let index = (k.params.len() - HIDDEN_PARAMS.len() - 1) as u32;
-    let mut x = Expander { k, buffer: Reg(0) };
+    let mut x = Expander { k, buffer: Reg(0), start: None };
     x.buffer = x.reg(SType::Ptr);
     let body = std::mem::take(&mut x.k.body);
     let mut out = vec![Inst::Param { dst: x.buffer, index }];
-    out.extend(x.block(body, Region::All));
+    // The start and the end as one reservation where both are top-level code, start first.
+    let at = |kind: EventKind| body.iter().position(|i| matches!(i, Inst::TraceEvent { kind: k, .. } if *k == kind));
+    let paired = matches!((at(EventKind::Start), at(EventKind::End)), (Some(s), Some(e)) if s < e);
+    for inst in body {
+        match inst {
+            Inst::TraceEvent { kind: EventKind::Start, label, arg: None } if paired => {
+                x.start = Some(x.reserve_pair(&mut out, kind_word(EventKind::Start, label)));
+            }
+            Inst::TraceEvent { kind: EventKind::End, label, arg: None } if paired => {
+                let start = x.start.take().expect("the start comes first");
+                x.store_pair(&mut out, start, kind_word(EventKind::End, label));
+            }
+            inst => out.extend(x.block(vec![inst], Region::All)),
+        }
+    }
     k.body = out;
 }
 
 struct Expander<'a> {
     k: &'a mut Kernel,
     buffer: Reg,
+    /// The program's start, recorded at its end: the clock then, the first of the two slots
+    /// reserved, the capacity, and the start's third word.
+    start: Option<(Reg, Reg, Reg, u64)>,
 }
 
 impl Expander<'_> {
@@ -116,13 +143,20 @@ impl Expander<'_> {
         let lead = self.leader(out, region);
         let now = self.reg(U64);
         out.push(Inst::Clock { dst: now });
-        let one = self.konst(out, U64, 1);
+        let (slot, cap) = self.reserve(out, lead, 1);
+        self.store(out, lead, (slot, cap), now, word, arg);
+    }
+
+    /// `n` slots reserved by the thread `lead` (an atomic add on the buffer's first word),
+    /// and the buffer's capacity: the first slot and the capacity.
+    fn reserve(&mut self, out: &mut Vec<Inst>, lead: Reg, n: i64) -> (Reg, Reg) {
+        let (one, count) = (self.konst(out, U64, 1), self.konst(out, U64, n));
         let slot = self.reg(U64);
         out.push(Inst::Atomic {
             dst: slot,
             op: AtomicOp::Add,
             addr: self.buffer,
-            value: one,
+            value: count,
             pred: Some(lead),
             sem: MemSemantic::Relaxed,
             scope: Scope::Gpu,
@@ -130,6 +164,41 @@ impl Expander<'_> {
         let (cap_at, cap) = (self.reg(SType::Ptr), self.reg(U64));
         out.push(Inst::AddrOffset { dst: cap_at, base: self.buffer, offset: one, scale: 8 });
         out.push(Inst::Load { dst: cap, addr: cap_at, pred: Some(lead), other: None });
+        (slot, cap)
+    }
+
+    /// The program's start ([`expand`]): the clock, two slots reserved; nothing stored.
+    fn reserve_pair(&mut self, out: &mut Vec<Inst>, word: u64) -> (Reg, Reg, Reg, u64) {
+        let lead = self.leader(out, Region::All);
+        let now = self.reg(U64);
+        out.push(Inst::Clock { dst: now });
+        let (slot, cap) = self.reserve(out, lead, 2);
+        (now, slot, cap, word)
+    }
+
+    /// The program's end: the clock, then the start's event and the end's in the two slots the
+    /// start reserved.
+    fn store_pair(&mut self, out: &mut Vec<Inst>, (then, slot, cap, start_word): (Reg, Reg, Reg, u64), word: u64) {
+        let lead = self.leader(out, Region::All);
+        let now = self.reg(U64);
+        out.push(Inst::Clock { dst: now });
+        self.store(out, lead, (slot, cap), then, start_word, None);
+        let one = self.konst(out, U64, 1);
+        let next = self.bin(out, BinaryOp::Add, slot, one);
+        self.store(out, lead, (next, cap), now, word, None);
+    }
+
+    /// The event's three words at `slot` when it is below the capacity `cap`, by `lead`.
+    fn store(
+        &mut self,
+        out: &mut Vec<Inst>,
+        lead: Reg,
+        (slot, cap): (Reg, Reg),
+        now: Reg,
+        word: u64,
+        arg: Option<Reg>,
+    ) {
+        let one = self.konst(out, U64, 1);
         let fits = self.reg(SType::Pred);
         out.push(Inst::Cmp { dst: fits, op: CmpOp::Lt, a: slot, b: cap });
         let ok = self.bin(out, BinaryOp::And, lead, fits);
