@@ -6,8 +6,9 @@
 #    producer waits time out with their diagnostics, then two calls re-armed);
 # 2. the A/B, same call: loopback world of 4 (the persistent forms), then world 1 (one program
 #    per tile against the persistent form, both bench shapes), base binary then new;
-# 3. the new AG-GEMM's loopback-4 trace; on an H200 (or TRACES=1) issue 32's traces of AG-GEMM
-#    and GEMM-RS;
+# 3. the loopback-4 traces of AG-GEMM and GEMM-RS (issue 32's, on whichever card), and
+#    GEMM-RS traced with the base binary (tracing's cost before its start and end shared a
+#    reservation);
 # 4. (REST=1) what session 53's reuse-barrier elision has not run on hardware: conformance in the
 #    loopback worlds of 2, 4 and 8, the differential test (`ops`), `math` every 256th pattern.
 # Writes $OUT/summary.txt, logs/ and the reports; tar the traces and logs to bring them back.
@@ -25,13 +26,15 @@ for bin in trident-base trident; do
     --only "ag_gemm bf16 8192 14336 4096" --reps 10
   KEEP='^bench: ag_gemm|rror|failed' KEEP_LINES=12 step "ag-w1-$bin" 120 $B/$bin bench --world 1 --only ag_gemm --reps 10
 done
-TR="ag_gemm"
-if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || [ "${TRACES:-0}" = 1 ]; then TR="ag_gemm gemm_rs"; fi
-for k in $TR; do
+# The traces (the new binary's: with the start and end events as one reservation), and
+# GEMM-RS's traced time against its untraced with the base binary too (tracing's cost before).
+for k in ag_gemm gemm_rs; do
   case $k in ag_gemm) c="ag_gemm bf16 8192 14336 4096";; gemm_rs) c="gemm_rs bf16 8192 4096 14336";; esac
   KEEP="$k|trace|rror|failed" KEEP_LINES=40 step "trace-$k" 200 $B/trident bench --world 4 --only "$c" --reps 10 \
     --trace "$O/traces" --json "$O/bench-$k-world4.json"
 done
+KEEP="gemm_rs|trace|rror|failed" KEEP_LINES=20 step "trace-gemm_rs-base" 200 $B/trident-base bench --world 4 \
+  --only "gemm_rs bf16 8192 4096 14336" --reps 10 --trace "$O/logs/traces-base"
 if [ "${REST:-0}" = 1 ]; then
   KEEP='^conformance:|FAIL|rror|SUMMARY'
   for w in 2 4 8; do
