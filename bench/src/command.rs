@@ -1512,7 +1512,9 @@ const TRACE_LAUNCHES: usize = 96;
 /// `case` run once more in the peer world of `w` ranks with every kernel traced (`reps`
 /// repetitions, each variant's last one kept); each variant's timeline written to
 /// `dir/<case>/<variant>.{json,svg}`, its traced time beside the untraced `times` of the same
-/// run.
+/// run and those of one more untraced run after the traced one: tracing's cost is reported
+/// against their mean, with both shown (runs of a case differ by a few percent where ranks
+/// share a GPU, as much as tracing's cost).
 fn write_traces(
     dir: &str,
     case: &trident_conformance::dist_bench::DistCase,
@@ -1520,15 +1522,21 @@ fn write_traces(
     times: &[(String, f64)],
 ) -> Result<(), String> {
     use trident_backend_nvidia::world::{GpuWorld, GpuWorldOptions};
-    use trident_conformance::dist_bench::{combine, run_traced};
+    use trident_conformance::dist_bench::{combine, run, run_traced};
     use trident_kernels::trace::{perfetto, svg, Timeline};
-    let mut opts = GpuWorldOptions::new(w);
-    opts.heap_bytes = case.heap_bytes();
+    let opts = || {
+        let mut opts = GpuWorldOptions::new(w);
+        opts.heap_bytes = case.heap_bytes();
+        opts
+    };
     let c = case.clone();
     let ranks =
-        GpuWorld::run_peer(opts, move |ctx| run_traced(ctx, &c, (reps, seed), (TRACE_CAPACITY, TRACE_LAUNCHES)))
+        GpuWorld::run_peer(opts(), move |ctx| run_traced(ctx, &c, (reps, seed), (TRACE_CAPACITY, TRACE_LAUNCHES)))
             .map_err(|e| e.to_string())?;
     let traced_times = combine(&ranks.iter().map(|r| r.times.clone()).collect::<Vec<_>>());
+    let c = case.clone();
+    let after =
+        GpuWorld::run_peer(opts(), move |ctx| run(ctx, &c, reps, seed)).map(|r| combine(&r)).unwrap_or_default();
     let safe = |s: &str| {
         s.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect::<String>()
     };
@@ -1549,8 +1557,14 @@ fn write_traces(
         let title = format!("{} / {name} ({w} ranks)", case.key());
         std::fs::write(&svg_path, svg::render(&timeline, &title)).map_err(|e| e.to_string())?;
         let ms = |list: &[(String, f64)]| list.iter().find(|(n, _)| *n == name).map(|(_, t)| *t);
-        let when = match (ms(&traced_times), ms(times)) {
-            (Some(t), Some(u)) => format!("traced {t:.4} ms, untraced {u:.4} ms ({:+.1}%)", (t / u - 1.0) * 100.0),
+        let when = match (ms(&traced_times), ms(times), ms(&after)) {
+            (Some(t), Some(u), Some(a)) => format!(
+                "traced {t:.4} ms, untraced {u:.4} ms before and {a:.4} after ({:+.1}% against their mean)",
+                (2.0 * t / (u + a) - 1.0) * 100.0
+            ),
+            (Some(t), Some(u), None) => {
+                format!("traced {t:.4} ms, untraced {u:.4} ms ({:+.1}%)", (t / u - 1.0) * 100.0)
+            }
             _ => "not timed".to_string(),
         };
         let clocks = match timeline.clocks.iter().max_by_key(|c| c.uncertainty_ns) {
