@@ -76,6 +76,33 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The event as an opaque handle (`Driver::event_mark`), destroyed by [`Event::from_handle`]
+    /// and dropping what it returns.
+    pub(crate) fn into_handle(self) -> u64 {
+        let ev = self.ev;
+        std::mem::forget(self);
+        ev as u64
+    }
+
+    /// The event of `handle` (from [`Event::into_handle`]) back, owned.
+    ///
+    /// # Safety
+    /// `handle` came from `into_handle` and has not been taken back since.
+    pub(crate) unsafe fn from_handle(handle: u64) -> Event {
+        Event { ev: handle as sys::CUevent }
+    }
+
+    /// GPU milliseconds from the event `from` to the event `to` (handles of live events of one
+    /// context, both complete).
+    pub(crate) fn handles_elapsed_ms(from: u64, to: u64) -> Result<f64, BackendError> {
+        // SAFETY: two live events of one context (the caller's handles).
+        let ms = unsafe { result::event::elapsed(from as sys::CUevent, to as sys::CUevent) }
+            .map_err(|e| err("cuEventElapsedTime", e))?;
+        Ok(ms as f64)
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         // SAFETY: the event is not used after this.

@@ -832,6 +832,24 @@ impl Driver for CudaDevice {
         ev.wait_on(waiter as sys::CUstream)
     }
 
+    fn event_mark(&self, stream: RawStream) -> Result<Option<u64>, BackendError> {
+        let ev = crate::event::Event::new(self)?;
+        ev.record(stream as sys::CUstream)?;
+        Ok(Some(ev.into_handle()))
+    }
+
+    fn event_elapsed_ms(&self, from: u64, to: u64) -> Result<f64, BackendError> {
+        self.current()?;
+        crate::event::Event::handles_elapsed_ms(from, to)
+    }
+
+    fn event_release(&self, event: u64) {
+        if self.current().is_ok() {
+            // SAFETY: a handle of `event_mark`, released once (the world forgets it).
+            drop(unsafe { crate::event::Event::from_handle(event) });
+        }
+    }
+
     fn wait_value(&self, stream: RawStream, address: u64, cmp: CmpOp, value: u64) -> Result<(), BackendError> {
         let flags = match cmp {
             CmpOp::Ge => 0, // CU_STREAM_WAIT_VALUE_GEQ

@@ -136,6 +136,21 @@ pub trait RankCtx {
         let _ = external;
         Err(BackendError::Host("this world has no device streams to order an application's stream after".into()))
     }
+    /// A timing mark on `stream` after the work enqueued on it so far (a timing event, which
+    /// needs no multiprocessor): its number among this rank's marks, or `None` where the world
+    /// keeps no such marks (a timeline then times stream operations with marker kernels:
+    /// `trident_kernels::trace`).
+    fn stream_mark(&self, stream: StreamId) -> Result<Option<usize>, BackendError> {
+        let _ = stream;
+        Ok(None)
+    }
+    /// After a `synchronize`: milliseconds from mark `from` to mark `to` (negative when `to`
+    /// came first).
+    fn marks_elapsed_ms(&self, from: usize, to: usize) -> Result<f64, BackendError> {
+        Err(BackendError::Host(format!("this world keeps no stream marks (asked for {from} to {to})")))
+    }
+    /// Forgets this rank's marks (with its streams idle).
+    fn clear_marks(&self) {}
 }
 
 /// Implements the named [`RankCtx`] methods of a wrapper by forwarding each to its field `inner`
@@ -291,6 +306,15 @@ macro_rules! forward_rank_ctx {
         fn join_stream(&self, external: u64) -> Result<(), $crate::backend::BackendError> {
             self.inner.join_stream(external)
         }
+    };
+    (@ stream_marks) => {
+        fn stream_mark(&self, stream: $crate::world::StreamId) -> Result<Option<usize>, $crate::backend::BackendError> {
+            self.inner.stream_mark(stream)
+        }
+        fn marks_elapsed_ms(&self, from: usize, to: usize) -> Result<f64, $crate::backend::BackendError> {
+            self.inner.marks_elapsed_ms(from, to)
+        }
+        fn clear_marks(&self) { self.inner.clear_marks() }
     };
 }
 

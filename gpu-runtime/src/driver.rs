@@ -108,6 +108,21 @@ pub trait Driver: Device + Send + Sync + 'static {
         let _ = (waiter, on);
         Err(BackendError::Host(format!("{}: no events to order streams with", self.device_name())))
     }
+    /// Records a timing event on `stream` after its work so far: an opaque handle for
+    /// [`Driver::event_elapsed_ms`], released by [`Driver::event_release`]; `None` for drivers
+    /// without timing events.
+    fn event_mark(&self, stream: RawStream) -> Result<Option<u64>, BackendError> {
+        let _ = stream;
+        Ok(None)
+    }
+    /// Milliseconds from event `from` to event `to` (both of [`Driver::event_mark`], complete).
+    fn event_elapsed_ms(&self, from: u64, to: u64) -> Result<f64, BackendError> {
+        let _ = (from, to);
+        Err(BackendError::Host(format!("{}: no timing events", self.device_name())))
+    }
+    fn event_release(&self, event: u64) {
+        let _ = event;
+    }
 }
 
 /// The launch policy every driver applies, in one place: the grid `kernel` runs on a device of

@@ -450,6 +450,9 @@ pub(crate) struct GpuRank<D: Driver> {
     enqueued: Mutex<Vec<Enqueued>>,
     /// This rank's own buffers (`RankCtx::alloc`), freed when its host code ends.
     private: Mutex<Vec<Buffer>>,
+    /// Timing events recorded on its streams (`RankCtx::stream_mark`), released when its host
+    /// code ends or by `clear_marks`.
+    marks: Mutex<Vec<u64>>,
 }
 
 fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendError> {
@@ -473,6 +476,7 @@ impl<D: Driver> GpuRank<D> {
             pending: Mutex::new(Vec::new()),
             enqueued: Mutex::new((0..streams).map(|_| Enqueued::default()).collect()),
             private: Mutex::new(Vec::new()),
+            marks: Mutex::new(Vec::new()),
         }
     }
 
@@ -491,6 +495,7 @@ impl<D: Driver> GpuRank<D> {
         }
         let dev = self.device();
         if !dev.health().is_wedged() {
+            self.clear_marks();
             for b in self.private.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
                 let _ = self.call(|| format!("free of `{}`", b.name), || dev.free(&b));
             }
@@ -809,6 +814,34 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let w = StreamWait { stream, signal: signal.name.clone(), index: offset / 8, address: a, cmp, value };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(w);
         Ok(())
+    }
+
+    fn stream_mark(&self, stream: StreamId) -> Result<Option<usize>, BackendError> {
+        let st = self.stream(stream)?;
+        let Some(ev) = self.call(|| format!("timing mark on stream {stream}"), || self.device().event_mark(st))? else {
+            return Ok(None);
+        };
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        marks.push(ev);
+        Ok(Some(marks.len() - 1))
+    }
+
+    fn marks_elapsed_ms(&self, from: usize, to: usize) -> Result<f64, BackendError> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let (Some(&a), Some(&b)) = (marks.get(from), marks.get(to)) else {
+            return Err(BackendError::Host(format!(
+                "rank {}: stream marks {from} and {to} asked for, {} recorded",
+                self.rank,
+                marks.len()
+            )));
+        };
+        self.device().event_elapsed_ms(a, b)
+    }
+
+    fn clear_marks(&self) {
+        for ev in self.marks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            self.device().event_release(ev);
+        }
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {

@@ -39,8 +39,12 @@ pub struct Traced<'a> {
     pool: Vec<Buffer>,
     /// The launches so far and the buffer each took.
     launches: Mutex<Vec<(String, Buffer)>>,
-    /// Stream operations between two marker launches: stream, what, the markers' launches.
-    stream_ops: Mutex<Vec<(StreamId, String, usize, usize)>>,
+    /// Stream operations: stream, what, and how they are timed.
+    stream_ops: Mutex<Vec<(StreamId, String, Bracket)>>,
+    /// Where the world keeps stream marks ([`RankCtx::stream_mark`]): the marker launched on
+    /// stream 0 with its streams idle and the mark recorded after it, which puts the marks on
+    /// the kernels' clock.
+    reference: Mutex<Option<(usize, usize)>>,
     /// Where launches past the pool record nothing (a header of no capacity).
     overflow: Buffer,
     /// The marker kernel (compiled when the context is made: every rank at the same point of
@@ -48,6 +52,17 @@ pub struct Traced<'a> {
     marker: Artifact,
     /// The clock exchange's state (made by the first [`Traced::measure_clocks`]).
     clock: Mutex<Option<ClockExchange>>,
+}
+
+/// How a stream operation is timed.
+#[derive(Clone, Copy, Debug)]
+enum Bracket {
+    /// Timing marks (events: no multiprocessor needed) before and after it, and the launches
+    /// before it (its place among them).
+    Marks { at: usize, from: usize, to: usize },
+    /// Marker kernels launched before and after it on its stream (worlds without marks: the
+    /// CPU world).
+    Markers { before: usize, after: usize },
 }
 
 /// What [`Traced::measure_clocks`] keeps between calls.
@@ -71,15 +86,20 @@ pub struct Launch {
     pub kernel: String,
     pub labels: Vec<String>,
     pub recorded: Recorded,
-    /// A stream operation on this stream: its span is the end of the marker kernel launched
-    /// before it on the stream to the start of the one launched after it (program 0's `End`
-    /// then `Start` events); not a kernel's programs.
+    /// A stream operation on this stream (`Start` and `End` events), not a kernel's programs:
+    /// timed by the world's timing marks recorded before and after it on its stream (events:
+    /// they need no multiprocessor), put on the kernels' clock by a marker kernel's end and a
+    /// mark recorded right after it when the streams were idle (within a few microseconds);
+    /// where the world has no marks, from the end of a marker kernel launched before it on the
+    /// stream to the start of one launched after it.
     pub stream_op: Option<StreamId>,
 }
 
-/// The marker kernel's name: an empty traced kernel of one program launched on a stream
-/// before and after a copy or a stream wait, so that the operation is timed by the clock the
-/// kernels' events use.
+/// The marker kernel's name: an empty traced kernel of one program, launched on stream 0
+/// before the stream marks of a repetition (their place on the kernels' clock), or before and
+/// after a copy or a stream wait where the world keeps no marks. (Marker kernels around a copy
+/// need a multiprocessor: a kernel whose programs fill the GPU waiting for the copy's signal
+/// would keep the second from ever running. Marks need none.)
 pub const MARKER: &str = "trace_marker";
 
 /// What every rank's launches recorded, on rank 0's clock.
@@ -145,16 +165,32 @@ impl<'a> Traced<'a> {
             let attrs = trident_core::ir::LaunchAttrs { warps: 1, ..Default::default() };
             Ok(instrument(trident_core::KernelBuilder::new(MARKER, attrs).finish()?))
         })?;
-        Ok(Traced {
+        let traced = Traced {
             inner,
             labels: Mutex::new(vec![(MARKER.to_string(), vec![String::new()])]),
             pool,
             launches: Mutex::new(Vec::new()),
             stream_ops: Mutex::new(Vec::new()),
+            reference: Mutex::new(None),
             overflow: made(0, "__trace_overflow")?,
             marker,
             clock: Mutex::new(None),
-        })
+        };
+        traced.mark_reference()?;
+        Ok(traced)
+    }
+
+    /// With this rank's streams idle: where the world keeps stream marks, the marker kernel on
+    /// stream 0 and a mark right after it (the marks' place on the kernels' clock), waited for.
+    fn mark_reference(&self) -> Result<(), BackendError> {
+        // (A first mark asks whether there are any: nothing is launched where there are not.)
+        if self.inner.stream_mark(0)?.is_none() {
+            return Ok(());
+        }
+        let launch = self.marker(0)?;
+        let mark = self.inner.stream_mark(0)?;
+        *self.reference.lock().unwrap_or_else(|e| e.into_inner()) = mark.map(|m| (launch, m));
+        self.inner.synchronize()
     }
 
     /// Collective (every rank, at the same point of its host code): where the ranks are on more
@@ -216,8 +252,10 @@ impl<'a> Traced<'a> {
         }
         self.inner.write(&self.overflow, 0, &header(0))?;
         launches.clear();
+        drop(launches);
         self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        Ok(())
+        self.inner.clear_marks();
+        self.mark_reference()
     }
 
     /// Launches traced so far.
@@ -257,16 +295,35 @@ impl<'a> Traced<'a> {
         let at = |launch: usize, kind: EventKind| {
             read.get(launch).and_then(|r| r.events.iter().find(|e| e.kind == kind)).cloned()
         };
-        for (stream, what, before, after) in self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-            // From the first marker's end to the second's start, on the first's multiprocessor.
-            let (Some(from), Some(to)) = (at(*before, EventKind::End), at(*after, EventKind::Start)) else { continue };
+        let reference = *self.reference.lock().unwrap_or_else(|e| e.into_inner());
+        for (stream, what, bracket) in self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            let (index, from, to) = match (*bracket, reference) {
+                // The marks' times from the reference mark, on the reference marker's end.
+                (Bracket::Marks { at: index, from, to }, Some((launch, mark))) => {
+                    let Some(origin) = at(launch, EventKind::End) else { continue };
+                    let ns = |m: usize| -> Result<u64, BackendError> {
+                        let ms = self.inner.marks_elapsed_ms(mark, m)?;
+                        Ok((origin.time_ns as f64 + ms * 1e6).max(0.0) as u64)
+                    };
+                    (index, Event { time_ns: ns(from)?, ..origin.clone() }, Event { time_ns: ns(to)?, ..origin })
+                }
+                // From the first marker's end to the second's start, on the first's
+                // multiprocessor.
+                (Bracket::Markers { before, after }, _) => {
+                    let (Some(from), Some(to)) = (at(before, EventKind::End), at(after, EventKind::Start)) else {
+                        continue;
+                    };
+                    (before, from, to)
+                }
+                (Bracket::Marks { .. }, None) => continue,
+            };
             let events = vec![
                 Event { kind: EventKind::Start, ..from.clone() },
                 Event { kind: EventKind::End, time_ns: to.time_ns.max(from.time_ns), ..from },
             ];
             out.push(Launch {
                 rank,
-                index: *before,
+                index,
                 kernel: what.clone(),
                 labels: vec![String::new()],
                 recorded: Recorded { events, dropped: 0 },
@@ -283,17 +340,33 @@ impl<'a> Traced<'a> {
         Ok(self.launch_count() - 1)
     }
 
-    /// `op` on `stream` between two markers, noted as `what`.
+    /// `op` on `stream` between two timing marks (or, where the world keeps none, two marker
+    /// kernels), noted as `what`.
     fn bracketed(
         &self,
         stream: StreamId,
         what: String,
         op: impl FnOnce() -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        let before = self.marker(stream)?;
-        op()?;
-        let after = self.marker(stream)?;
-        self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).push((stream, what, before, after));
+        let marks = self.reference.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        let bracket = match marks {
+            true => {
+                let at = self.launch_count();
+                let from = self.inner.stream_mark(stream)?;
+                op()?;
+                let to = self.inner.stream_mark(stream)?;
+                let (Some(from), Some(to)) = (from, to) else {
+                    return Err(BackendError::Host("the world stopped keeping stream marks".into()));
+                };
+                Bracket::Marks { at, from, to }
+            }
+            false => {
+                let before = self.marker(stream)?;
+                op()?;
+                Bracket::Markers { before, after: self.marker(stream)? }
+            }
+        };
+        self.stream_ops.lock().unwrap_or_else(|e| e.into_inner()).push((stream, what, bracket));
         Ok(())
     }
 
