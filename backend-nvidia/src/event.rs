@@ -93,6 +93,12 @@ impl Event {
         Event { ev: handle as sys::CUevent }
     }
 
+    /// Records the event of `handle` on `stream` (a live event and a stream of its context).
+    pub(crate) fn record_handle(handle: u64, stream: sys::CUstream) -> Result<(), BackendError> {
+        // SAFETY: a live event and a stream of the same context (the caller's).
+        unsafe { result::event::record(handle as sys::CUevent, stream) }.map_err(|e| err("cuEventRecord", e))
+    }
+
     /// GPU milliseconds from the event `from` to the event `to` (handles of live events of one
     /// context, both complete).
     pub(crate) fn handles_elapsed_ms(from: u64, to: u64) -> Result<f64, BackendError> {

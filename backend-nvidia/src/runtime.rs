@@ -832,10 +832,13 @@ impl Driver for CudaDevice {
         ev.wait_on(waiter as sys::CUstream)
     }
 
-    fn event_mark(&self, stream: RawStream) -> Result<Option<u64>, BackendError> {
-        let ev = crate::event::Event::new(self)?;
-        ev.record(stream as sys::CUstream)?;
-        Ok(Some(ev.into_handle()))
+    fn event_create(&self) -> Result<Option<u64>, BackendError> {
+        Ok(Some(crate::event::Event::new(self)?.into_handle()))
+    }
+
+    fn event_record(&self, event: u64, stream: RawStream) -> Result<(), BackendError> {
+        self.current()?;
+        crate::event::Event::record_handle(event, stream as sys::CUstream)
     }
 
     fn event_elapsed_ms(&self, from: u64, to: u64) -> Result<f64, BackendError> {

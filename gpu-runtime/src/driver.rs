@@ -108,12 +108,15 @@ pub trait Driver: Device + Send + Sync + 'static {
         let _ = (waiter, on);
         Err(BackendError::Host(format!("{}: no events to order streams with", self.device_name())))
     }
-    /// Records a timing event on `stream` after its work so far: an opaque handle for
-    /// [`Driver::event_elapsed_ms`], released by [`Driver::event_release`]; `None` for drivers
-    /// without timing events.
-    fn event_mark(&self, stream: RawStream) -> Result<Option<u64>, BackendError> {
-        let _ = stream;
+    /// A timing event (an opaque handle, released by [`Driver::event_release`]); `None` for
+    /// drivers without timing events.
+    fn event_create(&self) -> Result<Option<u64>, BackendError> {
         Ok(None)
+    }
+    /// Records `event` on `stream` after its work so far (again, where it was recorded before).
+    fn event_record(&self, event: u64, stream: RawStream) -> Result<(), BackendError> {
+        let _ = (event, stream);
+        Err(BackendError::Host(format!("{}: no timing events", self.device_name())))
     }
     /// Milliseconds from event `from` to event `to` (both of [`Driver::event_mark`], complete).
     fn event_elapsed_ms(&self, from: u64, to: u64) -> Result<f64, BackendError> {

@@ -450,9 +450,10 @@ pub(crate) struct GpuRank<D: Driver> {
     enqueued: Mutex<Vec<Enqueued>>,
     /// This rank's own buffers (`RankCtx::alloc`), freed when its host code ends.
     private: Mutex<Vec<Buffer>>,
-    /// Timing events recorded on its streams (`RankCtx::stream_mark`), released when its host
-    /// code ends or by `clear_marks`.
-    marks: Mutex<Vec<u64>>,
+    /// Timing events recorded on its streams (`RankCtx::stream_mark`), and events made for
+    /// marks before and free again (`clear_marks`: marks of later repetitions take them, so
+    /// that no event is created while work is timed); all released when its host code ends.
+    marks: Mutex<(Vec<u64>, Vec<u64>)>,
 }
 
 fn in_buffer(buffer: &Buffer, offset: usize, len: usize) -> Result<u64, BackendError> {
@@ -476,7 +477,7 @@ impl<D: Driver> GpuRank<D> {
             pending: Mutex::new(Vec::new()),
             enqueued: Mutex::new((0..streams).map(|_| Enqueued::default()).collect()),
             private: Mutex::new(Vec::new()),
-            marks: Mutex::new(Vec::new()),
+            marks: Mutex::new((Vec::new(), Vec::new())),
         }
     }
 
@@ -495,7 +496,10 @@ impl<D: Driver> GpuRank<D> {
         }
         let dev = self.device();
         if !dev.health().is_wedged() {
-            self.clear_marks();
+            let (used, spare) = std::mem::take(&mut *self.marks.lock().unwrap_or_else(|e| e.into_inner()));
+            for ev in used.into_iter().chain(spare) {
+                dev.event_release(ev);
+            }
             for b in self.private.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
                 let _ = self.call(|| format!("free of `{}`", b.name), || dev.free(&b));
             }
@@ -818,16 +822,21 @@ impl<D: Driver> RankCtx for GpuRank<D> {
 
     fn stream_mark(&self, stream: StreamId) -> Result<Option<usize>, BackendError> {
         let st = self.stream(stream)?;
-        let Some(ev) = self.call(|| format!("timing mark on stream {stream}"), || self.device().event_mark(st))? else {
-            return Ok(None);
-        };
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        marks.push(ev);
-        Ok(Some(marks.len() - 1))
+        let ev = match marks.1.pop() {
+            Some(ev) => ev,
+            None => match self.call(|| "timing event".to_string(), || self.device().event_create())? {
+                Some(ev) => ev,
+                None => return Ok(None),
+            },
+        };
+        marks.0.push(ev);
+        self.call(|| format!("timing mark on stream {stream}"), || self.device().event_record(ev, st))?;
+        Ok(Some(marks.0.len() - 1))
     }
 
     fn marks_elapsed_ms(&self, from: usize, to: usize) -> Result<f64, BackendError> {
-        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let marks = &self.marks.lock().unwrap_or_else(|e| e.into_inner()).0;
         let (Some(&a), Some(&b)) = (marks.get(from), marks.get(to)) else {
             return Err(BackendError::Host(format!(
                 "rank {}: stream marks {from} and {to} asked for, {} recorded",
@@ -839,9 +848,9 @@ impl<D: Driver> RankCtx for GpuRank<D> {
     }
 
     fn clear_marks(&self) {
-        for ev in self.marks.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
-            self.device().event_release(ev);
-        }
+        let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let used = std::mem::take(&mut marks.0);
+        marks.1.extend(used);
     }
 
     fn synchronize(&self) -> Result<(), BackendError> {
