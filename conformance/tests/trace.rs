@@ -9,15 +9,21 @@ use trident_core::trace::EventKind;
 use trident_kernels::trace::Timeline;
 
 /// AG-GEMM and GEMM-RS at their small shapes in a CPU world of 2 ranks, on sm_90a's lowering
-/// (the host's clock) and on the tile interpreter (the world's virtual time).
+/// (the host's clock) and on the tile interpreter (the world's virtual time); AG-GEMM also at
+/// world 1 on sm_90a (a rank with its device to itself: the persistent form's own chunk on the
+/// GEMM's stream, `signalled_before`).
 #[test]
 fn traced_overlap_kernels_record_every_program() {
     trident_conformance::link_backends();
-    for (name, simt) in [("ag_gemm", Some("sm_90a")), ("gemm_rs", Some("sm_90a")), ("ag_gemm", None), ("gemm_rs", None)]
-    {
+    for (name, simt, world) in [
+        ("ag_gemm", Some("sm_90a"), 2),
+        ("gemm_rs", Some("sm_90a"), 2),
+        ("ag_gemm", None, 2),
+        ("gemm_rs", None, 2),
+        ("ag_gemm", Some("sm_90a"), 1),
+    ] {
         let op = trident_conformance::registry::operations().into_iter().find(|o| o.name() == name).unwrap();
         let b = op.benchmark().unwrap();
-        let world = 2;
         let case = DistCase { name: op.name(), dtype: DType::BF16, dims: b.small_shape(world), world };
         let opts = WorldOptions { simt_target: simt, ..WorldOptions::new(world, rand::random()) };
         let (c, seed) = (case.clone(), rand::random());

@@ -120,6 +120,13 @@ impl AgGemm {
     }
 
     pub fn build(&self) -> Result<Function, VerifyError> {
+        self.build_with(false)
+    }
+
+    /// The kernel, `signalled_before` as [`AgGemm::enqueue`] launches the persistent
+    /// copy-engine form where the rank has its device to itself (its own chunk copied before
+    /// it on its stream, the others by other devices: it keeps every multiprocessor).
+    fn build_with(&self, signalled_before: bool) -> Result<Function, VerifyError> {
         let g = &self.gemm;
         let (bm, bn) = (g.block_m, g.block_n);
         let persistent = g.persistent && g.divisible && g.descriptors;
@@ -136,6 +143,7 @@ impl AgGemm {
                 stages: g.stages,
                 persistent,
                 warp_specialize: persistent && g.warp_specialize,
+                signalled_before: persistent && signalled_before,
                 ..LaunchAttrs::default()
             },
         );
@@ -236,10 +244,21 @@ impl AgGemm {
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
         // Compile (and, on GPUs, load) the GEMM before any gather kernel starts spinning.
         let spec = self.specialized([&bufs.gather.out, b, c], n, k);
-        let kernel = ctx.compile(&format!("{spec:?}"), &|| spec.build())?;
+        // The persistent copy-engine form on a device of the rank's own: its own chunk goes
+        // first on the GEMM's stream, so the GEMM waits on its device only for work before it
+        // (the peers' chunks are other devices' copies) and keeps every multiprocessor (a copy
+        // within the device may run as a kernel: the loopback world leaves room for it).
+        let own_first = self.mode == GatherMode::CopyEngine
+            && spec.gemm.persistent
+            && spec.gemm.divisible
+            && spec.gemm.descriptors
+            && ctx.ranks_sharing_device() == 1;
+        let key = format!("{spec:?}{}", if own_first { " signalled_before" } else { "" });
+        let kernel = ctx.compile(&key, &|| spec.build_with(own_first))?;
         let per_call = match self.mode {
             GatherMode::CopyEngine => {
-                AllGatherCe { dtype: self.gemm.dtype }.enqueue(ctx, 1, &mut bufs.gather, a_shard)?
+                let streams = if own_first { (0, 1) } else { (1, 1) };
+                AllGatherCe { dtype: self.gemm.dtype }.enqueue_on(ctx, streams, &mut bufs.gather, a_shard)?
             }
             GatherMode::Kernel => AllGather::new(self.gemm.dtype).enqueue(ctx, 1, &mut bufs.gather, a_shard)?,
         };

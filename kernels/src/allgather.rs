@@ -209,6 +209,20 @@ impl AllGatherCe {
         bufs: &mut GatherBuffers,
         src: &Buffer,
     ) -> Result<u64, BackendError> {
+        self.enqueue_on(ctx, (stream, stream), bufs, src)
+    }
+
+    /// [`AllGatherCe::enqueue`] with the rank's own chunk (and its signal) on stream `own` and
+    /// the pushes to its peers on stream `peers`: a kernel enqueued on `own` after it then
+    /// waits on its device only for work before it on its stream or for other devices' copies
+    /// (`LaunchAttrs::signalled_before`, where the rank has its device to itself).
+    pub fn enqueue_on(
+        &self,
+        ctx: &dyn RankCtx,
+        (own, peers): (StreamId, StreamId),
+        bufs: &mut GatherBuffers,
+        src: &Buffer,
+    ) -> Result<u64, BackendError> {
         let bytes = bufs.chunk * self.dtype.size_bytes() as usize;
         require_bytes(src, bytes, "src")?;
         let (r, w) = (ctx.rank(), ctx.world_size());
@@ -217,6 +231,7 @@ impl AllGatherCe {
         for k in 0..w {
             let p = (r + k) % w;
             let (out, ready) = (ctx.peer(&out, p)?, ctx.peer(&bufs.ready, p)?);
+            let stream = if k == 0 { own } else { peers };
             ctx.copy(stream, &out, r * bytes, src, 0, bytes)?;
             ctx.write_signal(stream, &ready, r * 8, epoch)?;
         }
