@@ -48,7 +48,9 @@ pub fn expand(k: &mut Kernel) {
     let body = std::mem::take(&mut x.k.body);
     let mut out = vec![Inst::Param { dst: x.buffer, index }];
     // The start and the end as one reservation where both are top-level code, start first.
-    let at = |kind: EventKind| body.iter().position(|i| matches!(i, Inst::TraceEvent { kind: k, .. } if *k == kind));
+    let at = |kind: EventKind| {
+        body.iter().position(|i| matches!(i, Inst::TraceEvent { kind: k, arg: None, .. } if *k == kind))
+    };
     let paired = matches!((at(EventKind::Start), at(EventKind::End)), (Some(s), Some(e)) if s < e);
     for inst in body {
         match inst {
