@@ -9,8 +9,7 @@
 # 3. the loopback-4 traces of AG-GEMM and GEMM-RS (issue 32's, on whichever card), and
 #    GEMM-RS traced with the base binary (tracing's cost before its start and end shared a
 #    reservation);
-# 4. (REST=1) what session 53's reuse-barrier elision has not run on hardware: conformance in the
-#    loopback worlds of 2, 4 and 8, the differential test (`ops`), `math` every 256th pattern.
+# (What session 53's reuse-barrier elision had not run on hardware is scripts/gpu-session54b.sh's.)
 # Writes $OUT/summary.txt, logs/ and the reports; tar the traces and logs to bring them back.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -35,13 +34,4 @@ for k in ag_gemm gemm_rs; do
 done
 KEEP="gemm_rs|trace|rror|failed" KEEP_LINES=20 step "trace-gemm_rs-base" 200 $B/trident-base bench --world 4 \
   --only "gemm_rs bf16 8192 4096 14336" --reps 10 --trace "$O/logs/traces-base"
-if [ "${REST:-0}" = 1 ]; then
-  KEEP='^conformance:|FAIL|rror|SUMMARY'
-  for w in 2 4 8; do
-    step "conformance-world$w" 150 $B/trident test --backend nvidia --world $w --json "$O/logs/conformance-world$w.json"
-  done
-  KEEP='^ops:|disagree|FAIL' step ops 200 $B/trident ops --backend nvidia --fast --json "$O/logs/ops-nvidia.json"
-  KEEP='^math:|FAIL|differ' step math 150 $B/trident math --backend nvidia --stride 256 --fast \
-    --json "$O/logs/math-nvidia.json"
-fi
 cat "$S"
