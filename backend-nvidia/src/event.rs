@@ -77,7 +77,7 @@ impl Event {
 }
 
 impl Event {
-    /// The event as an opaque handle (`Driver::event_mark`), destroyed by [`Event::from_handle`]
+    /// The event as an opaque handle (`Driver::event_create`), destroyed by [`Event::from_handle`]
     /// and dropping what it returns.
     pub(crate) fn into_handle(self) -> u64 {
         let ev = self.ev;

@@ -848,7 +848,7 @@ impl Driver for CudaDevice {
 
     fn event_release(&self, event: u64) {
         if self.current().is_ok() {
-            // SAFETY: a handle of `event_mark`, released once (the world forgets it).
+            // SAFETY: a handle of `event_create`, released once (the world forgets it).
             drop(unsafe { crate::event::Event::from_handle(event) });
         }
     }

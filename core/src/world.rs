@@ -307,15 +307,6 @@ macro_rules! forward_rank_ctx {
             self.inner.join_stream(external)
         }
     };
-    (@ stream_marks) => {
-        fn stream_mark(&self, stream: $crate::world::StreamId) -> Result<Option<usize>, $crate::backend::BackendError> {
-            self.inner.stream_mark(stream)
-        }
-        fn marks_elapsed_ms(&self, from: usize, to: usize) -> Result<f64, $crate::backend::BackendError> {
-            self.inner.marks_elapsed_ms(from, to)
-        }
-        fn clear_marks(&self) { self.inner.clear_marks() }
-    };
 }
 
 /// What a [`KernelCache`] entry is for: the backend's name, the target and the key.

@@ -118,7 +118,7 @@ pub trait Driver: Device + Send + Sync + 'static {
         let _ = (event, stream);
         Err(BackendError::Host(format!("{}: no timing events", self.device_name())))
     }
-    /// Milliseconds from event `from` to event `to` (both of [`Driver::event_mark`], complete).
+    /// Milliseconds from event `from` to event `to` (both recorded by [`Driver::event_record`], complete).
     fn event_elapsed_ms(&self, from: u64, to: u64) -> Result<f64, BackendError> {
         let _ = (from, to);
         Err(BackendError::Host(format!("{}: no timing events", self.device_name())))

@@ -123,13 +123,20 @@ impl AgGemm {
         self.build_with(false)
     }
 
+    /// Whether the kernel is the persistent form: asked for, with descriptors (TMA) and
+    /// arguments they can read (`divisible`).
+    fn persistent_form(&self) -> bool {
+        let g = &self.gemm;
+        g.persistent && g.divisible && g.descriptors
+    }
+
     /// The kernel, `signalled_before` as [`AgGemm::enqueue`] launches the persistent
     /// copy-engine form where the rank has its device to itself (its own chunk copied before
     /// it on its stream, the others by other devices: it keeps every multiprocessor).
     fn build_with(&self, signalled_before: bool) -> Result<Function, VerifyError> {
         let g = &self.gemm;
         let (bm, bn) = (g.block_m, g.block_n);
-        let persistent = g.persistent && g.divisible && g.descriptors;
+        let persistent = self.persistent_form();
         let name =
             format!("ag_gemm_{}_{bm}x{bn}x{}{}", g.dtype, g.block_k, match (persistent, g.warp_specialize) {
                 (true, true) => "_persistent_ws",
@@ -248,11 +255,8 @@ impl AgGemm {
         // first on the GEMM's stream, so the GEMM waits on its device only for work before it
         // (the peers' chunks are other devices' copies) and keeps every multiprocessor (a copy
         // within the device may run as a kernel: the loopback world leaves room for it).
-        let own_first = self.mode == GatherMode::CopyEngine
-            && spec.gemm.persistent
-            && spec.gemm.divisible
-            && spec.gemm.descriptors
-            && ctx.ranks_sharing_device() == 1;
+        let own_first =
+            self.mode == GatherMode::CopyEngine && spec.persistent_form() && ctx.ranks_sharing_device() == 1;
         let key = format!("{spec:?}{}", if own_first { " signalled_before" } else { "" });
         let kernel = ctx.compile(&key, &|| spec.build_with(own_first))?;
         let per_call = match self.mode {

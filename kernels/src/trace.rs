@@ -54,6 +54,13 @@ pub struct Traced<'a> {
     clock: Mutex<Option<ClockExchange>>,
 }
 
+/// Trace buffer `b` as a launch must find it: every event word zero, then the header of its
+/// capacity (`trident_core::trace::header`).
+fn clear(inner: &dyn RankCtx, b: &Buffer) -> Result<(), BackendError> {
+    inner.fill(b, &[0])?;
+    inner.write(b, 0, &header((b.bytes / 8 - HEADER_WORDS) / EVENT_WORDS))
+}
+
 /// How a stream operation is timed.
 #[derive(Clone, Copy, Debug)]
 enum Bracket {
@@ -156,8 +163,7 @@ impl<'a> Traced<'a> {
     pub fn new(inner: &'a dyn RankCtx, capacity: usize, launches: usize) -> Result<Traced<'a>, BackendError> {
         let made = |capacity: usize, name: &str| -> Result<Buffer, BackendError> {
             let b = inner.alloc(buffer_bytes(capacity), name)?;
-            inner.fill(&b, &[0])?;
-            inner.write(&b, 0, &header(capacity))?;
+            clear(inner, &b)?;
             Ok(b)
         };
         let pool = (0..launches).map(|_| made(capacity, "__trace")).collect::<Result<Vec<_>, _>>()?;
@@ -228,8 +234,7 @@ impl<'a> Traced<'a> {
         let Some(x) = state.as_mut() else { return Ok(()) };
         self.inner.synchronize()?;
         for b in &x.rounds {
-            self.inner.fill(b, &[0])?;
-            self.inner.write(b, 0, &header(4 * w))?;
+            clear(self.inner, b)?;
         }
         // Every rank's signals exist (zeroed) before any rank's exchange writes a peer's.
         self.inner.barrier()?;
@@ -247,8 +252,7 @@ impl<'a> Traced<'a> {
     pub fn reset(&self) -> Result<(), BackendError> {
         let mut launches = self.launches.lock().unwrap_or_else(|e| e.into_inner());
         for b in self.pool.iter().take(launches.len()) {
-            self.inner.fill(b, &[0])?;
-            self.inner.write(b, 0, &header((b.bytes / 8 - HEADER_WORDS) / EVENT_WORDS))?;
+            clear(self.inner, b)?;
         }
         self.inner.write(&self.overflow, 0, &header(0))?;
         launches.clear();
