@@ -66,30 +66,31 @@ impl AgGemm {
     /// multiprocessor and rank when ranks share a GPU), with a producer warp: the producer
     /// waits for a tile's chunks before the tile's first copies, while the consumers still
     /// run the tile before and its epilogue (they wait only for their stages); nothing it
-    /// waits for needs a multiprocessor ([`AgGemm::for_world`] keeps that form for worlds
-    /// whose ranks share a GPU). With
-    /// the in-kernel gather it is one program per tile here, and persistent only where ranks
-    /// share a GPU ([`AgGemm::for_world`]).
+    /// waits for needs a multiprocessor. With the in-kernel gather it is one program per tile
+    /// here, and persistent only where ranks share a GPU ([`AgGemm::for_world`]).
     pub fn for_target(dtype: DType, mode: GatherMode, target: Option<&trident_core::target::TargetDesc>) -> AgGemm {
         let g = Gemm::for_target(dtype, target).single_tile();
         let persistent = mode == GatherMode::CopyEngine && g.descriptors;
         AgGemm { gemm: Gemm { persistent, warp_specialize: persistent, ..g }, mode }
     }
 
-    /// [`AgGemm::for_target`] for `ctx`'s world: persistent (with either gather, where the
-    /// target has TMA) only where ranks share the GPU, where one waiting program per tile could
-    /// not be resident beside the other ranks' (launches of such grids are refused: with the
-    /// in-kernel gather, 9 programs x 16 ranks of the 1152-row conformance shape on the H200's
-    /// 132 multiprocessors, issue 24). The persistent grid leaves an eighth of the
-    /// multiprocessors to what it waits for (`persistent_grid`), where the in-kernel gather's
-    /// programs run (all but one per rank finish without waiting). With a GPU per rank, one
-    /// program per tile: on the H200 the persistent form, before it had a producer warp, took
-    /// 9.6 ms against 5.4 ms at 8192x28672x8192 and 3.3 against 1.9 ms at 8192x14336x4096
-    /// (world 1, `results/h200-issue13/`); `trident bench` times both forms (`ag_gemm/ce`,
-    /// `ag_gemm/ce-persistent`) where ranks have a GPU each.
+    /// [`AgGemm::for_target`] for `ctx`'s world. With the copy engine gathering, persistent
+    /// wherever the target has TMA: where the rank has its device to itself,
+    /// [`AgGemm::enqueue`] copies its own chunk on the GEMM's stream first, so the kernel keeps
+    /// every multiprocessor (the peers' chunks come from their devices' copy engines); at
+    /// world 1 on the H100 it took 4.858 ms against 4.931 for one program per tile at
+    /// 8192x28672x8192 and 1.303 against 1.355 at 8192x14336x4096
+    /// (`results/h100-session54/e`). With the in-kernel gather, persistent only where ranks
+    /// share the GPU, where one waiting program per tile could not be resident beside the
+    /// other ranks' (launches of such grids are refused: 9 programs x 16 ranks of the
+    /// 1152-row conformance shape on 132 multiprocessors, issue 24); there the persistent grid
+    /// leaves an eighth of the multiprocessors to what it waits for (`persistent_grid`), where
+    /// the in-kernel gather's programs run. `trident bench` times both copy-engine forms
+    /// (`ag_gemm/ce`, `ag_gemm/ce-persistent`) where ranks have a GPU each.
     pub fn for_world(ctx: &dyn RankCtx, dtype: DType, mode: GatherMode) -> AgGemm {
         let op = Self::for_target(dtype, mode, ctx.gpu_target());
-        let persistent = op.gemm.descriptors && ctx.ranks_sharing_device() > 1;
+        let persistent =
+            op.gemm.descriptors && (mode == GatherMode::CopyEngine || ctx.ranks_sharing_device() > 1);
         AgGemm { gemm: Gemm { persistent, warp_specialize: persistent, ..op.gemm }, ..op }
     }
 

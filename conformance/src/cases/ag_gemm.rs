@@ -148,8 +148,8 @@ impl Benchmark for AgGemmCase {
         let target = ctx.gpu_target();
         let kernel = AgGemm::for_world(ctx, d, GatherMode::Kernel);
         let gemm = Gemm::for_target(d, target);
-        // The copy engine gathering, one program per tile (the library's choice where every rank
-        // has its own GPU), and persistent (its choice where ranks share one).
+        // The copy engine gathering, one program per tile, and persistent (the library's
+        // choice where the target has TMA: `AgGemm::for_world`).
         let ce = AgGemm::for_target(d, GatherMode::CopyEngine, target);
         let ce_tiles = AgGemm { gemm: Gemm { persistent: false, ..ce.gemm }, ..ce };
         let mut ce_bufs = ce.buffers(ctx, m, n, k)?;
