@@ -26,6 +26,7 @@ pub mod first_launch;
 pub mod health;
 pub mod hidden;
 mod host_calls;
+pub mod launch_log;
 pub mod process_world;
 pub mod queues;
 pub mod rendezvous;

@@ -757,18 +757,22 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         };
         // Ranks sharing a device meet before each kernel's first launch (threads only: a
         // process's context is its own).
+        let t0 = std::time::Instant::now();
+        let mut met = None;
         if sh.sharing[here] > 1
             && matches!(sh.sync, HostSync::Threads(_))
             && self.launched.lock().unwrap_or_else(|e| e.into_inner()).insert(kernel.kernel.clone())
         {
             let key = format!("{}/{}", r % sh.devices.len(), kernel.kernel);
-            sh.first_launches.meet(&key, sh.sharing[here] as usize, FIRST_LAUNCH_MEET);
+            met = Some(sh.first_launches.meet(&key, sh.sharing[here] as usize, FIRST_LAUNCH_MEET));
         }
         let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
+        let t1 = std::time::Instant::now();
         self.call(
             || format!("launch of {what} on stream {stream}"),
             || self.device().launch_on(s, kernel, grid, args, &hidden, sh.sharing[here]),
         )?;
+        crate::launch_log::note(r, stream, &kernel.kernel, met, t1 - t0, t1.elapsed());
         self.enqueued(stream, what);
         Ok(())
     }
