@@ -8,11 +8,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
 fails=0
-for i in $(seq 12); do
-  TRIDENT_LOG_LAUNCHES=1 timeout 120 $B/trident test --backend nvidia --world 4 --kernel allgather_ll --dtype ${DTYPE:-bf16} \
-    > "$O/logs/flake-$i.log" 2>&1 || fails=$((fails + 1))
+for i in $(seq ${RUNS:-12}); do
+  TRIDENT_LOG_LAUNCHES=${LOG:-1} TRIDENT_SERIAL_LAUNCHES=${SERIAL:-0} timeout 120 $B/trident test --backend nvidia --world 4 --kernel allgather_ll ${DTYPE:+--dtype $DTYPE} \
+    > "$O/logs/flake${TAG:-}-$i.log" 2>&1 || fails=$((fails + 1))
 done
-echo "== flake with launches logged: $fails of 12 runs failed" >> "$S"
-grep -h "FAIL" "$O"/logs/flake-*.log | cut -c1-400 | head -8 >> "$S"
+echo "== flake${TAG:-} (log ${LOG:-1}, serial ${SERIAL:-0}): $fails of ${RUNS:-12} runs failed" >> "$S"
+grep -h "FAIL" "$O"/logs/flake${TAG:-}-*.log | cut -c1-400 | head -8 >> "$S"
 tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
 cat "$S"

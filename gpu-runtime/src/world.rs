@@ -768,10 +768,12 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
         let t1 = std::time::Instant::now();
+        let serial = crate::launch_log::serial();
         self.call(
             || format!("launch of {what} on stream {stream}"),
             || self.device().launch_on(s, kernel, grid, args, &hidden, sh.sharing[here]),
         )?;
+        drop(serial);
         crate::launch_log::note(r, stream, &kernel.kernel, met, t1 - t0, t1.elapsed());
         self.enqueued(stream, what);
         Ok(())
