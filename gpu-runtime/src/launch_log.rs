@@ -45,24 +45,6 @@ pub fn line(
     )
 }
 
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-static SERIAL_STATE: AtomicU8 = AtomicU8::new(0);
-
-/// With `TRIDENT_SERIAL_LAUNCHES=1`, a process-wide lock held across a driver launch call, so
-/// that no two host threads launch at once (an experiment on hangs that appear only when the
-/// ranks of a world of threads launch at the same instant); `None` otherwise.
-pub fn serial() -> Option<std::sync::MutexGuard<'static, ()>> {
-    let on = match SERIAL_STATE.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("TRIDENT_SERIAL_LAUNCHES").is_ok_and(|v| v == "1");
-            SERIAL_STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 2,
-    };
-    on.then(|| SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
-}
-
 /// Logs one launch when `TRIDENT_LOG_LAUNCHES=1`.
 pub fn note(rank: usize, stream: usize, kernel: &str, met: Option<bool>, meet: Duration, call: Duration) {
     if !enabled() {

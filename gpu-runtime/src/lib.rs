@@ -30,6 +30,7 @@ pub mod launch_log;
 pub mod process_world;
 pub mod queues;
 pub mod rendezvous;
+pub mod submit;
 pub mod watchdog;
 pub mod world;
 pub mod world_env;

@@ -105,6 +105,7 @@ impl<D: Driver> ProcessWorld<D> {
             calls: HostCalls::new(1),
             sync: HostSync::Processes(Mutex::new(rendezvous)),
             first_launches: crate::first_launch::FirstLaunches::default(),
+            submits: vec![Default::default()],
         };
         Ok(ProcessWorld { shared: Arc::new(shared), rank, provider: heap.provider })
     }

@@ -126,6 +126,8 @@ pub(crate) struct Shared<D: Driver> {
     /// Where ranks sharing a device meet before each kernel's first launch
     /// (`crate::first_launch`).
     pub(crate) first_launches: FirstLaunches,
+    /// One submission at a time per device where ranks share it (`crate::submit`).
+    pub(crate) submits: Vec<crate::submit::SubmitLock>,
 }
 
 /// How the hosts of a world meet: threads at a barrier that a failing rank breaks, or
@@ -342,6 +344,7 @@ impl GpuWorld {
             sharing: (0..n).map(|r| (0..n).filter(|q| q % nd == r % nd).count() as u32).collect(),
             sync: HostSync::Threads(HostBarrier::new(n)),
             first_launches: FirstLaunches::default(),
+            submits: (0..nd).map(|_| Default::default()).collect(),
             calls: HostCalls::new(n),
             owned: made,
         });
@@ -509,6 +512,14 @@ impl<D: Driver> GpuRank<D> {
 
     fn device(&self) -> &D {
         self.shared.device(self.rank)
+    }
+
+    /// The device's submission lock, held where ranks of this world of threads share it
+    /// (`crate::submit`).
+    fn submitting(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let sh = &self.shared;
+        let shared = sh.sharing[self.local()] > 1 && matches!(sh.sync, HostSync::Threads(_));
+        sh.submits[self.rank % sh.devices.len()].hold(shared)
     }
 
     fn local(&self) -> usize {
@@ -768,12 +779,13 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         }
         let what = format!("kernel `{}` (grid {grid:?})", kernel.kernel);
         let t1 = std::time::Instant::now();
-        let serial = crate::launch_log::serial();
         self.call(
             || format!("launch of {what} on stream {stream}"),
-            || self.device().launch_on(s, kernel, grid, args, &hidden, sh.sharing[here]),
+            || {
+                let _one = self.submitting();
+                self.device().launch_on(s, kernel, grid, args, &hidden, sh.sharing[here])
+            },
         )?;
-        drop(serial);
         crate::launch_log::note(r, stream, &kernel.kernel, met, t1 - t0, t1.elapsed());
         self.enqueued(stream, what);
         Ok(())
@@ -791,7 +803,13 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let (d, s) = (in_buffer(dst, dst_offset, bytes)?, in_buffer(src, src_offset, bytes)?);
         let st = self.stream(stream)?;
         let what = format!("copy of {bytes} bytes from `{}` to `{}`", src.name, dst.name);
-        self.call(|| format!("{what} on stream {stream}"), || self.device().copy_async(st, d, s, bytes))?;
+        self.call(
+            || format!("{what} on stream {stream}"),
+            || {
+                let _one = self.submitting();
+                self.device().copy_async(st, d, s, bytes)
+            },
+        )?;
         self.enqueued(stream, what);
         Ok(())
     }
@@ -800,7 +818,13 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
         let what = format!("signal write `{}`[{}] = {value}", signal.name, offset / 8);
-        self.call(|| format!("{what} on stream {stream}"), || self.device().write_value(st, a, value))?;
+        self.call(
+            || format!("{what} on stream {stream}"),
+            || {
+                let _one = self.submitting();
+                self.device().write_value(st, a, value)
+            },
+        )?;
         self.enqueued(stream, what);
         Ok(())
     }
@@ -819,7 +843,13 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         let a = in_buffer(signal, offset, 8)?;
         let st = self.stream(stream)?;
         let what = format!("stream wait `{}`[{}] {cmp} {value}", signal.name, offset / 8);
-        self.call(|| format!("{what} on stream {stream}"), || self.device().wait_value(st, a, cmp, value))?;
+        self.call(
+            || format!("{what} on stream {stream}"),
+            || {
+                let _one = self.submitting();
+                self.device().wait_value(st, a, cmp, value)
+            },
+        )?;
         self.enqueued(stream, what);
         let w = StreamWait { stream, signal: signal.name.clone(), index: offset / 8, address: a, cmp, value };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(w);
