@@ -1233,21 +1233,29 @@ fn flash_decode(
     // `64n/8w/pf/w16` is `FlashDecode::for_shape`'s.
     // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's). `/fm`: `exp`
     // through the hardware's approximation (`FlashDecode::fast_math`).
+    // `/sN`: without prefetching, K and V in a ring of N shared stages copied by `cp.async`
+    // (`FlashDecode::stages`; `/s1`: in registers, staged per `dot`, the form before).
     let variants = [
-        (64, 4, false, 0, false, false),
-        (64, 8, false, 0, false, false),
-        (128, 8, false, 0, false, false),
-        (64, 4, true, 0, false, false),
-        (64, 8, true, 0, false, false),
-        (128, 8, true, 0, false, false),
-        (64, 8, true, 264, false, false),
-        (64, 8, true, 0, true, false),
-        (64, 8, false, 0, true, false),
-        (128, 8, true, 0, true, false),
-        (64, 8, true, 0, true, true),
+        (64, 4, false, 0, false, false, 2),
+        (64, 8, false, 0, false, false, 2),
+        (128, 8, false, 0, false, false, 2),
+        (64, 4, true, 0, false, false, 2),
+        (64, 8, true, 0, false, false, 2),
+        (128, 8, true, 0, false, false, 2),
+        (64, 8, true, 264, false, false, 2),
+        (64, 8, true, 0, true, false, 2),
+        (64, 8, false, 0, true, false, 2),
+        (128, 8, true, 0, true, false, 2),
+        (64, 8, true, 0, true, true, 2),
+        (64, 8, false, 0, false, false, 1),
+        (64, 8, false, 0, false, false, 3),
+        (64, 4, false, 0, false, false, 3),
+        (128, 4, false, 0, false, false, 2),
+        (32, 4, false, 0, false, false, 3),
+        (64, 8, false, 0, false, true, 3),
     ];
-    for (block_n, warps, prefetch, wave, wide, fast_math) in variants {
-        let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, ..default };
+    for (block_n, warps, prefetch, wave, wide, fast_math, stages) in variants {
+        let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, stages, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
         let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
@@ -1256,7 +1264,8 @@ fn flash_decode(
             if prefetch { "/pf" } else { "" },
             if wave > 0 { format!("/{wave}p") } else { String::new() },
             if wide { "/w16" } else { "" },
-        ) + if fast_math { "/fm" } else { "" };
+        ) + if fast_math { "/fm" } else { "" }
+            + &if !prefetch && stages != 2 { format!("/s{stages}") } else { String::new() };
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;

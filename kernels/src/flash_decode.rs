@@ -119,6 +119,12 @@ pub struct FlashDecode {
     /// The split stage's K and V blocks moved 16 bytes a thread (`LaunchAttrs::wide_vectors`:
     /// eight 16-bit elements) rather than 8: half the load and shared-store instructions.
     pub wide: bool,
+    /// Shared stages of K and V without prefetching (`LaunchAttrs::stages`): where the target
+    /// copies by `cp.async` (sm_80, sm_90a) and this is 2 or more, the lowering copies each
+    /// step's K and V blocks into a ring of this many stages, `stages - 1` steps ahead, and
+    /// the `dot`s read them there (`core/src/simt/lower/staged.rs`); 1 keeps them in
+    /// registers, staged per `dot`.
+    pub stages: u32,
 }
 
 /// Programs the split stage aims for: enough for every multiprocessor of an H100 or H200 a few
@@ -153,6 +159,7 @@ impl FlashDecode {
             // 16-byte K and V loads: the fastest at every shape of the sweep with prefetching
             // (H100, results/h100-session52: 3-5% over 8-byte loads, 120 registers).
             wide: block_m == 16,
+            stages: 2,
         }
     }
 
@@ -218,6 +225,7 @@ impl FlashDecode {
             warps: self.warps,
             fast_math: self.fast_math,
             wide_vectors: self.wide,
+            stages: self.stages,
             ..LaunchAttrs::default()
         };
         let b = KernelBuilder::new(&self.name("split"), attrs);

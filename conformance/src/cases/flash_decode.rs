@@ -44,8 +44,10 @@ impl Operation for FlashDecodeCase {
 
     fn variants(&self, _dtype: DType) -> &'static [&'static str] {
         // `narrow`: contiguous, K and V moved 8 bytes a thread (`FlashDecode::wide` off; the
-        // default moves 16 at 16-row tiles of 16-bit types).
-        &["contiguous", "paged", "narrow"]
+        // default moves 16 at 16-row tiles of 16-bit types). `staged`: contiguous, no
+        // prefetching, K and V in a ring of three shared stages where the target copies by
+        // `cp.async` (`FlashDecode::stages`).
+        &["contiguous", "paged", "narrow", "staged"]
     }
 
     fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
@@ -102,7 +104,11 @@ impl Operation for FlashDecodeCase {
         let shape = decode_shape(s);
         let op = FlashDecode::for_shape(case.dtype, &shape);
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
-        let op = if case.variant == "narrow" { FlashDecode { wide: false, ..op } } else { op };
+        let op = match case.variant {
+            "narrow" => FlashDecode { wide: false, ..op },
+            "staged" => FlashDecode { prefetch: false, stages: 3, ..op },
+            _ => op,
+        };
         let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
         let result = op.run(l, (&ins[0], &ins[1], &ins[2]), &ins[3], ins.get(4), &work, out, &shape);
         l.device.free(&work)?;

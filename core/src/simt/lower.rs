@@ -42,6 +42,7 @@ mod persistent;
 mod pipeline;
 mod reduce;
 mod shared;
+mod staged;
 mod support;
 mod tma_store;
 
@@ -146,6 +147,9 @@ struct Lowering<'f> {
     /// Row broadcasts not lowered where they stand (`deferrable`), by result: lowered on
     /// first need in the blocked layout.
     deferred: HashMap<Value, Op>,
+    /// Loads of a staged loop's step (`staged.rs`) by value: the shared byte of their copy in
+    /// the step's stage (they lower to nothing; their `dot`s read the stage).
+    staged: HashMap<Value, Reg>,
     /// While a software-pipelined loop body is lowered: where its loop-invariant
     /// rematerializations go (`index.rs`, `eval`).
     hoist: Option<Hoist>,
@@ -232,6 +236,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         users: users_of(func),
         kmajor: HashMap::default(),
         deferred: HashMap::default(),
+        staged: HashMap::default(),
         bulk_pending: false,
         trace_labels: if func.attrs.trace {
             crate::trace::label_indices(func).into_iter().collect()
@@ -432,8 +437,20 @@ impl Lowering<'_> {
     /// Lowers a region into a fresh instruction list; returns it and the yielded registers
     /// (yield `i` in the accumulator layout `mma[i]` where given, else blocked).
     fn region(&mut self, b: Block, mma: &[Option<AccLayout>]) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
+        self.region_with(b, mma, &mut |_| Vec::new())
+    }
+
+    /// [`Lowering::region`] with `prelude` lowered first; the registers it returns are yielded
+    /// after the block's.
+    fn region_with(
+        &mut self,
+        b: Block,
+        mma: &[Option<AccLayout>],
+        prelude: &mut dyn FnMut(&mut Self) -> Vec<Reg>,
+    ) -> Result<(Vec<Inst>, Vec<Reg>), LowerError> {
         let saved = std::mem::take(&mut self.cur);
         let memo = self.memo.clone();
+        let extra = prelude(self);
         let r = self.block(b);
         let yields = if r.is_ok() {
             let ys = self.func.blocks[b].yields.clone();
@@ -444,6 +461,7 @@ impl Lowering<'_> {
                     None => out.extend(self.held(v)),
                 }
             }
+            out.extend(extra);
             out
         } else {
             Vec::new()
@@ -476,6 +494,93 @@ impl Lowering<'_> {
     /// A row broadcast (`[M, 1]` to `[M, N]`) that only elementwise ops of its block read: those
     /// computed in an accumulator layout read its rows from shared memory
     /// (`dot.rs`, `elementwise_in_mma`), so it is lowered only where one needs it blocked.
+    /// A `for` loop: its carried values as phis (an accumulator only fed to a tensor-core `dot`
+    /// stays in the accumulator layout), its body lowered once. With `staged`, the loads that
+    /// feed only `dot`s are copied asynchronously into a ring of shared stages, `stages - 1`
+    /// steps ahead (`staged.rs`).
+    fn lower_for(&mut self, op: Op, staged: Option<staged::StagedLoads>) -> Result<(), LowerError> {
+        let OpKind::For { lower, upper, step, init, body } = &self.func.ops[op].kind.clone() else {
+            unreachable!("lower_for lowers `for` ops")
+        };
+        let (lo, hi, stp) = (self.held(*lower)[0], self.held(*upper)[0], self.held(*step)[0]);
+        let types: Vec<Type> = init.iter().map(|v| self.func.ty(*v).clone()).collect();
+        let args = self.func.blocks[*body].args.clone();
+        // A carried accumulator that the body only feeds to a tensor-core `dot` stays in
+        // the accumulator layout across iterations.
+        let mma: Vec<Option<AccLayout>> = (0..init.len()).map(|i| self.carried_mma(*body, i)).collect();
+        let mut phis = self.slots_of(&types);
+        let mut inits = Vec::new();
+        for (i, v) in init.iter().enumerate() {
+            match mma[i] {
+                Some(l) => {
+                    phis[i] = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
+                    inits.extend(self.held_mma(*v, l));
+                }
+                None => inits.extend(self.held(*v)),
+            }
+        }
+        // A staged loop's ring and its copies of the first steps; its step counter `j`.
+        let ring = staged.as_ref().map(|p| (self.staged_prologue(p, args[0], (lo, hi, stp)), self.reg(I32)));
+        let iv = self.reg(stype(self.func.ty(args[0])));
+        self.vals.insert(args[0], vec![iv]);
+        for (i, (a, p)) in args[1..].iter().zip(&phis).enumerate() {
+            match mma[i] {
+                Some(l) => {
+                    self.mma_held.insert(*a, (l, p.clone()));
+                }
+                None => {
+                    self.vals.insert(*a, p.clone());
+                }
+            }
+        }
+        let mut hoisted = Vec::new();
+        self.smem.enter_loop();
+        let lowered = match (&staged, ring) {
+            (Some(plan), Some((at, j))) => self.region_with(*body, &mma, &mut |me| {
+                vec![me.staged_step(plan, at, (args[0], iv, j), (hi, stp), *body, &mut hoisted)]
+            }),
+            _ => self.region(*body, &mma),
+        };
+        self.smem.leave_loop();
+        let (body_insts, nexts) = lowered?;
+        let results: Vec<Vec<Reg>> = phis.iter().map(|p| p.iter().map(|r| self.reg(self.k.ty(*r))).collect()).collect();
+        let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
+        // The staged loop's step counter rides after the carried values.
+        let (mut all_phis, mut all_results) = (flat(&phis), flat(&results));
+        if let Some((_, j)) = ring {
+            all_phis.push(j);
+            inits.push(self.iconst(0));
+            all_results.push(self.reg(I32));
+        }
+        self.cur.extend(hoisted);
+        self.emit(Inst::Loop {
+            iv,
+            lo,
+            hi,
+            step: stp,
+            phis: all_phis,
+            inits,
+            body: body_insts,
+            nexts,
+            results: all_results,
+        });
+        if let (Some(plan), Some((at, _))) = (&staged, ring) {
+            self.staged_epilogue(plan, at);
+        }
+        let rs = self.func.ops[op].results.clone();
+        for (i, (r, regs)) in rs.into_iter().zip(results).enumerate() {
+            match mma[i] {
+                Some(l) => {
+                    self.mma_held.insert(r, (l, regs));
+                }
+                None => {
+                    self.vals.insert(r, regs);
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn deferrable(&mut self, op: Op) -> bool {
         let data = &self.func.ops[op];
         let OpKind::Broadcast(y) = data.kind else { return false };
@@ -507,6 +612,12 @@ impl Lowering<'_> {
 
     fn lower_op(&mut self, op: Op) -> Result<(), LowerError> {
         self.origin(op);
+        if matches!(self.func.ops[op].kind, OpKind::Load { .. })
+            && self.staged.contains_key(&self.func.ops[op].results[0])
+        {
+            // Copied into the step's stage at the top of the body (`staged.rs`).
+            return Ok(());
+        }
         if let Some(l) = self.mma_elementwise(op) {
             self.elementwise_in_mma(op, l);
             return Ok(());
@@ -662,66 +773,9 @@ impl Lowering<'_> {
                 }
                 None => self.dot(*a, *b, *acc, st),
             },
-            OpKind::For { lower, upper, step, init, body } => {
-                let (lo, hi, stp) = (self.held(*lower)[0], self.held(*upper)[0], self.held(*step)[0]);
-                let types: Vec<Type> = init.iter().map(|v| self.func.ty(*v).clone()).collect();
-                let args = self.func.blocks[*body].args.clone();
-                // A carried accumulator that the body only feeds to a tensor-core `dot` stays in
-                // the accumulator layout across iterations.
-                let mma: Vec<Option<AccLayout>> = (0..init.len()).map(|i| self.carried_mma(*body, i)).collect();
-                let mut phis = self.slots_of(&types);
-                let mut inits = Vec::new();
-                for (i, v) in init.iter().enumerate() {
-                    match mma[i] {
-                        Some(l) => {
-                            phis[i] = (0..l.slots()).map(|_| self.reg(SType::F32)).collect();
-                            inits.extend(self.held_mma(*v, l));
-                        }
-                        None => inits.extend(self.held(*v)),
-                    }
-                }
-                let iv = self.reg(stype(self.func.ty(args[0])));
-                self.vals.insert(args[0], vec![iv]);
-                for (i, (a, p)) in args[1..].iter().zip(&phis).enumerate() {
-                    match mma[i] {
-                        Some(l) => {
-                            self.mma_held.insert(*a, (l, p.clone()));
-                        }
-                        None => {
-                            self.vals.insert(*a, p.clone());
-                        }
-                    }
-                }
-                self.smem.enter_loop();
-                let lowered = self.region(*body, &mma);
-                self.smem.leave_loop();
-                let (body_insts, nexts) = lowered?;
-                let results: Vec<Vec<Reg>> =
-                    phis.iter().map(|p| p.iter().map(|r| self.reg(self.k.ty(*r))).collect()).collect();
-                let flat = |v: &Vec<Vec<Reg>>| v.iter().flatten().copied().collect::<Vec<Reg>>();
-                self.emit(Inst::Loop {
-                    iv,
-                    lo,
-                    hi,
-                    step: stp,
-                    phis: flat(&phis),
-                    inits,
-                    body: body_insts,
-                    nexts,
-                    results: flat(&results),
-                });
-                let rs = self.func.ops[op].results.clone();
-                for (i, (r, regs)) in rs.into_iter().zip(results).enumerate() {
-                    match mma[i] {
-                        Some(l) => {
-                            self.mma_held.insert(r, (l, regs));
-                        }
-                        None => {
-                            self.vals.insert(r, regs);
-                        }
-                    }
-                }
-                return Ok(());
+            OpKind::For { .. } => {
+                let staged = self.staged_plan(op);
+                return self.lower_for(op, staged);
             }
             OpKind::If { cond, then_block, else_block } => {
                 let c = self.held(*cond)[0];

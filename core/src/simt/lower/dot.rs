@@ -345,10 +345,15 @@ impl Lowering<'_> {
         kk: u32,
         strides: [u32; 2],
         b_off: u32,
-        base: Reg,
+        (base, b_base): (Reg, Option<Reg>),
         mut acc: Vec<Reg>,
         b_kmajor: bool,
     ) -> Vec<Reg> {
+        // B at `b_base` (its stage elsewhere, `b_off` then 0) or at `base + b_off`.
+        let (b_off, b_base) = match b_base {
+            Some(r) => (0, r),
+            None => (b_off, base),
+        };
         let atom = l.atom;
         let (ti, tj) = l.tiles();
         let ce = atom.c_elems as usize;
@@ -358,7 +363,7 @@ impl Lowering<'_> {
             if ldmatrix { self.ldmatrix_lanes(l, strides, b_kmajor) } else { (self.iconst(0), self.iconst(0)) };
         for k0 in (0..kk).step_by(atom.k as usize) {
             let (a_frags, b_frags) = if ldmatrix {
-                self.ldmatrix_fragments(l, strides, b_off, base, k0, (a_lane, b_lane), b_kmajor)
+                self.ldmatrix_fragments(l, strides, b_off, (base, b_base), k0, (a_lane, b_lane), b_kmajor)
             } else {
                 let w = self.warp_origin(l);
                 let k = self.iconst(k0 as i64);
@@ -371,7 +376,7 @@ impl Lowering<'_> {
                 let b: Vec<Vec<Reg>> = (0..tj)
                     .map(|j| {
                         let col = self.bin_c(BinaryOp::Add, w[1], (j * atom.n) as i64);
-                        self.fragment(atom.b, atom.b_elems, ab, [k, col], strides[1], b_off, base)
+                        self.fragment(atom.b, atom.b_elems, ab, [k, col], strides[1], b_off, b_base)
                     })
                     .collect();
                 (a, b)
@@ -523,7 +528,7 @@ impl Lowering<'_> {
         l: AccLayout,
         strides: [u32; 2],
         b_off: u32,
-        base: Reg,
+        (base, b_base): (Reg, Reg),
         k0: u32,
         (a_lane, b_lane): (Reg, Reg),
         b_kmajor: bool,
@@ -546,7 +551,7 @@ impl Lowering<'_> {
             let at = if b_kmajor { jj * an * strides[1] + k0 } else { k0 * strides[1] + jj * an };
             let e = self.bin_c(BinaryOp::Add, b_lane, at as i64);
             let off = self.shared_offset(e, 2, b_off);
-            let off = self.bin(BinaryOp::Add, off, base);
+            let off = self.bin(BinaryOp::Add, off, b_base);
             let dsts: Vec<Reg> = (0..if two { 4 } else { 2 }).map(|_| self.reg(I32)).collect();
             self.emit(Inst::MatrixLoad { dsts: dsts.clone(), offset: off, trans: !b_kmajor });
             b_frags.push(dsts[..2].to_vec());
@@ -794,11 +799,16 @@ impl Lowering<'_> {
             }
             _ => None,
         };
-        let mut ar = match &a_mma {
-            Some(_) => Vec::new(),
-            None => self.held(a),
+        // Operands a staged loop copied into its step's stage (`staged.rs`) are read there.
+        let (a_staged, b_staged) = (self.staged_at(a), self.staged_at(b_src));
+        let mut ar = match (&a_mma, a_staged) {
+            (None, None) => self.held(a),
+            _ => Vec::new(),
         };
-        let mut br = self.held(b_src);
+        let mut br = match b_staged {
+            Some(_) => Vec::new(),
+            None => self.held(b_src),
+        };
         // FP8 operands go to the atom as f16: every FP8 value is exact in f16, and so is the
         // product of two in the atom's f32 accumulator.
         for (regs, e) in [(&mut ar, ea), (&mut br, eb)] {
@@ -811,18 +821,33 @@ impl Lowering<'_> {
         let c = self.held_mma(acc, l);
         // Rows padded by 16 bytes (see `stage_padded`).
         let (a_stride, b_stride) = (kk + 8, b_shape[1] + 8);
-        let a_bytes = (l.m * a_stride * 2).next_multiple_of(16);
-        let o = self.shared_alloc("dot.operands", a_bytes + b_shape[0] * b_stride * 2, 128);
+        let a_bytes = if a_staged.is_some() { 0 } else { (l.m * a_stride * 2).next_multiple_of(16) };
+        let b_bytes = if b_staged.is_some() { 0 } else { b_shape[0] * b_stride * 2 };
+        if let (Some(sa), Some(_)) = (a_staged, b_staged) {
+            return self.mma_steps(l, ab, kk, [a_stride, b_stride], 0, (sa, b_staged), c, kmajor.is_some());
+        }
+        let o = self.shared_alloc("dot.operands", a_bytes + b_bytes, 128);
         self.shared_reuse(o);
-        let sa = match &a_mma {
-            Some((la, regs)) => self.stage_padded_from_mma(*la, regs, o, a_stride),
-            None => self.stage_padded(&ar, &at.shape, o),
+        let sa = match (&a_mma, a_staged) {
+            (_, Some(_)) => a_stride,
+            (Some((la, regs)), None) => self.stage_padded_from_mma(*la, regs, o, a_stride),
+            (None, None) => self.stage_padded(&ar, &at.shape, o),
         };
-        let sb = self.stage_padded(&br, &b_shape, o + a_bytes);
+        let sb = match b_staged {
+            Some(_) => b_stride,
+            None => self.stage_padded(&br, &b_shape, o + a_bytes),
+        };
         debug_assert_eq!((sa, sb), (a_stride, b_stride));
         self.emit(Inst::Barrier);
-        let base = self.iconst(o as i64);
-        let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, base, c, kmajor.is_some());
+        let here = self.iconst(o as i64);
+        let base = a_staged.unwrap_or(here);
+        // B at `base + a_bytes` where both are staged here, else at its own base.
+        let b_base = match (a_staged, b_staged) {
+            (None, None) => None,
+            (_, Some(bs)) => Some(bs),
+            (Some(_), None) => Some(here),
+        };
+        let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, (base, b_base), c, kmajor.is_some());
         self.shared_free(o);
         out
     }

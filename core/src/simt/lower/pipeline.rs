@@ -40,12 +40,12 @@ pub(super) struct Promotion {
 /// One operand of a pipelined `dot`: the load's source and the loaded value.
 #[derive(Clone, Copy)]
 pub(super) struct Operand {
-    source: Source,
+    pub(super) source: Source,
     pub(super) value: Value,
 }
 
 #[derive(Clone, Copy)]
-enum Source {
+pub(super) enum Source {
     /// `load(ptr, mask, 0)`: pointer and mask rematerializable at any step.
     Pointer { ptr: Value, mask: Value },
     /// `desc_load(desc, offsets)` copied by TMA: the first of `atoms` tensor maps' index (one
@@ -519,7 +519,14 @@ impl Lowering<'_> {
     }
 
     fn issue_stage_here(&mut self, plan: &Pipeline, valid: Reg, base: Reg, sl: StageLayout) {
-        for (which, operand) in [plan.a, plan.b].into_iter().enumerate() {
+        self.issue_operands(&[plan.a, plan.b], valid, base, sl);
+    }
+
+    /// Issues the copies of `operands` (operand `i` at its place `i` of the stage layout `sl`:
+    /// 0 as A, 1 as B) into the stage at byte `base` (a register), lanes outside `valid` or
+    /// the masks zero-filled; the loop variable is bound by the caller.
+    pub(super) fn issue_operands(&mut self, operands: &[Operand], valid: Reg, base: Reg, sl: StageLayout) {
+        for (which, &operand) in operands.iter().enumerate() {
             let ((ptr, mask), v) = (operand.pointer(), operand.value);
             let shape = self.func.ty(v).shape.clone();
             let t = stype(self.func.ty(v));
@@ -779,7 +786,7 @@ impl Lowering<'_> {
             let fetched = self.fetch_step(&plan, iv_arg, next_iv, valid, sl);
             let base = stage_of(self, j);
             let (strides, b_off) = sl.padded();
-            let acc = self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone(), false);
+            let acc = self.mma_steps(l, ab, kk, strides, b_off, (base, None), phis.clone(), false);
             self.commit_step(&fetched, next_base);
             self.emit(Inst::Barrier);
             acc
@@ -804,7 +811,7 @@ impl Lowering<'_> {
                 self.issue_stage(&plan, iv_arg, next_iv, valid, next_base, sl);
                 self.emit(Inst::AsyncCommit);
                 let (strides, b_off) = sl.padded();
-                self.mma_steps(l, ab, kk, strides, b_off, base, phis.clone(), false)
+                self.mma_steps(l, ab, kk, strides, b_off, (base, None), phis.clone(), false)
             }
         };
         let j1 = self.bin_c(BinaryOp::Add, j, 1);
@@ -1248,7 +1255,7 @@ impl Lowering<'_> {
 
     /// The values of loop body `body` that depend on its block arguments (the induction
     /// variable and the carried values), transitively.
-    fn loop_variant(&self, body: Block) -> std::collections::HashSet<Value> {
+    pub(super) fn loop_variant(&self, body: Block) -> std::collections::HashSet<Value> {
         let mut variant: std::collections::HashSet<Value> = self.func.blocks[body].args.iter().copied().collect();
         for &o in &self.func.blocks[body].ops {
             let data = &self.func.ops[o];

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Session 55's fourth call: loads that feed only `dot`s copied by `cp.async` into a ring of
+# shared stages in any loop (`core/src/simt/lower/staged.rs`): flash decoding's K and V without
+# prefetching, the portable grouped GEMM's K-major B. Conformance of both on the GPU (the new
+# `flash_decode` variant `staged`), racecheck on flash decoding, then the flash decoding sweep
+# against SDPA and the Triton split-KV kernel in the same run (`/sN` variants: N stages;
+# `/s1` the register form before; no suffix without `/pf`: 2 stages).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/step.sh
+KEEP='^conformance:|FAIL|rror'
+step conformance-flash-decode 120 $B/trident test --backend nvidia --world 1 --kernel flash_decode
+step conformance-grouped 180 $B/trident test --backend nvidia --world 1 --kernel grouped_gemm
+KEEP='ERROR SUMMARY|^conformance:|rror' step racecheck-flash-decode 200 /usr/local/cuda/bin/compute-sanitizer \
+  --tool racecheck --error-exitcode 86 --print-limit 20 $B/trident test --backend nvidia --world 1 --kernel flash_decode --dtype bf16
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+KEEP='^bench: flash_decode|flash_decode|rror|failed' KEEP_LINES=80 step bench-flash-decode 330 $B/trident bench \
+  --only flash_decode --reps 20 --baseline-cmd "$PY bench/baseline.py" --json "$O/bench-flash-decode.json"
+tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
+cat "$S"
