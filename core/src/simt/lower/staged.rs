@@ -53,6 +53,9 @@ impl Lowering<'_> {
             if other.is_some_and(|x| !self.is_zero(x)) || !self.rematerializable(ptr) || !self.rematerializable(mask) {
                 continue;
             }
+            if !self.evaluable_ahead(ptr, body) || !self.evaluable_ahead(mask, body) {
+                continue;
+            }
             if self.contiguity.get(ptr).contiguity < 2 || self.func.blocks.iter().any(|(_, b)| b.yields.contains(&v)) {
                 continue;
             }
@@ -73,6 +76,27 @@ impl Lowering<'_> {
         let b_off = b0.next_multiple_of(128);
         let layout = StageLayout::Padded { strides: [s0, s1], b_off };
         Some(StagedLoads { operands, layout, stage_bytes: (b_off + b1).next_multiple_of(128), stages })
+    }
+
+    /// Whether `v` can be evaluated for a later step at the top of `body`, before the body's
+    /// ops: what it reads in the body is the loop variable, index math and scalar loads of
+    /// read-only parameters (a paged cache's block table), never a carried value (its next
+    /// step's value is not known yet) or anything else the body computes.
+    fn evaluable_ahead(&self, v: Value, body: Block) -> bool {
+        match self.func.values[v].def {
+            ValueDef::BlockArg { block, index } => block != body || index == 0,
+            ValueDef::Result { op, .. } => {
+                if !self.func.blocks[body].ops.contains(&op) {
+                    return true;
+                }
+                let kind = &self.func.ops[op].kind;
+                let pure = is_index_math(kind)
+                    || matches!(kind, OpKind::Const(_) | OpKind::ProgramId(_) | OpKind::NumPrograms(_))
+                    || self.read_only_scalar_load(op);
+                pure && kind.operands().into_iter().all(|(_, x)| self.evaluable_ahead(x, body))
+            }
+            _ => true,
+        }
     }
 
     /// Whether `v` (in `body`) is read only as one operand of tensor-core `dot`s of `body`: A
