@@ -21,7 +21,7 @@ step conformance-grouped 180 $B/trident test --backend nvidia --world 1 --kernel
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 KEEP='^bench: flash_decode|flash_decode|rror|failed' KEEP_LINES=80 step bench-flash-decode 280 $B/trident bench \
   --only flash_decode --reps 10 --baseline-cmd "$PY bench/baseline.py" --json "$O/bench-flash-decode.json"
-[ $(( $(date +%s) - T0 )) -lt 300 ] && KEEP='ERROR SUMMARY|^conformance:|rror' step racecheck-flash-decode 100 /usr/local/cuda/bin/compute-sanitizer \
+[ $(( $(date +%s) - T0 )) -lt 200 ] && KEEP='ERROR SUMMARY|^conformance:|rror' step racecheck-flash-decode 100 /usr/local/cuda/bin/compute-sanitizer \
   --tool racecheck --error-exitcode 86 --print-limit 20 $B/trident test --backend nvidia --world 1 --kernel flash_decode --dtype bf16
 tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
 cat "$S"
