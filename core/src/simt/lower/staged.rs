@@ -24,6 +24,10 @@ pub(super) struct StagedLoads {
     layout: StageLayout,
     stage_bytes: u32,
     stages: u32,
+    /// `dot` operands computed before the loop (attention's queries): staged once, before it,
+    /// each at its byte offset after the ring, so that no step stages them again.
+    invariants: Vec<(Value, u32)>,
+    invariant_bytes: u32,
 }
 
 impl Lowering<'_> {
@@ -75,7 +79,51 @@ impl Lowering<'_> {
         let (s1, b1) = if operands.len() == 2 { place(self, 1) } else { (8, 0) };
         let b_off = b0.next_multiple_of(128);
         let layout = StageLayout::Padded { strides: [s0, s1], b_off };
-        Some(StagedLoads { operands, layout, stage_bytes: (b_off + b1).next_multiple_of(128), stages })
+        let mut invariants = Vec::new();
+        let mut invariant_bytes = 0;
+        for v in self.invariant_dot_operands(body) {
+            let shape = &self.func.ty(v).shape;
+            invariants.push((v, invariant_bytes));
+            invariant_bytes += (shape[0] * (shape[1] + 8) * 2).next_multiple_of(128);
+        }
+        Some(StagedLoads {
+            operands,
+            layout,
+            stage_bytes: (b_off + b1).next_multiple_of(128),
+            stages,
+            invariants,
+            invariant_bytes,
+        })
+    }
+
+    /// The 2-D 16-bit tiles computed before the loop `body` belongs to that the body's
+    /// tensor-core `dot`s read as their A operand (attention's queries).
+    fn invariant_dot_operands(&mut self, body: Block) -> Vec<Value> {
+        let mut out = Vec::new();
+        for o in self.func.blocks[body].ops.clone() {
+            let OpKind::Dot { a, .. } = self.func.ops[o].kind else { continue };
+            if out.contains(&a) || self.dot_mma_layout(o).is_none() || !self.fp8_free(o) {
+                continue;
+            }
+            let t = self.func.ty(a).clone();
+            if t.shape.len() != 2 || !matches!(t.elem.dtype(), Some(DType::F16 | DType::BF16)) {
+                continue;
+            }
+            // Held in registers before the loop (a tile the lowering only rematerializes has
+            // nothing to stage). Every `dot` of the loop that reads it, in any role, may read the
+            // staged copy: it is the tile row-major with rows of `cols + 8`, as `dot_mma` stages.
+            let outside = match self.func.values[a].def {
+                ValueDef::Result { op, .. } => {
+                    !self.func.blocks[body].ops.contains(&op)
+                        && (self.vals.contains_key(&a) || self.mma_held.contains_key(&a))
+                }
+                _ => false,
+            };
+            if outside {
+                out.push(a);
+            }
+        }
+        out
     }
 
     /// Whether `v` can be evaluated for a later step at the top of `body`, before the body's
@@ -128,8 +176,14 @@ impl Lowering<'_> {
     /// Before a staged loop: everyone meets (the ring overlaps what earlier ops used), then
     /// the copies of steps `0 .. stages - 1`, a group each. Returns the ring's shared byte.
     pub(super) fn staged_prologue(&mut self, plan: &StagedLoads, iv_arg: Value, (lo, hi, stp): (Reg, Reg, Reg)) -> u32 {
-        let at = self.shared_alloc("staged.ring", plan.stages * plan.stage_bytes, 128);
+        let ring = plan.stages * plan.stage_bytes;
+        let at = self.shared_alloc("staged.ring", ring + plan.invariant_bytes, 128);
         self.emit(Inst::Barrier);
+        for &(v, off) in &plan.invariants {
+            let shape = self.func.ty(v).shape.clone();
+            let regs = self.held(v);
+            self.stage_padded(&regs, &shape, at + ring + off);
+        }
         for st in 0..plan.stages - 1 {
             let k = self.bin_c(BinaryOp::Mul, stp, st as i64);
             let iv = self.bin(BinaryOp::Add, lo, k);
@@ -176,6 +230,11 @@ impl Lowering<'_> {
             let addr = if i == 0 { base } else { self.bin_c(BinaryOp::Add, base, b_off as i64) };
             self.staged.insert(o.value, addr);
         }
+        // Staged before the loop; the barrier above ordered those stores before any read.
+        for &(v, off) in &plan.invariants {
+            let addr = self.iconst((at + s * plan.stage_bytes + off) as i64);
+            self.staged.insert(v, addr);
+        }
         self.bin_c(BinaryOp::Add, j, 1)
     }
 
@@ -186,6 +245,9 @@ impl Lowering<'_> {
         self.shared_free(at);
         for o in &plan.operands {
             self.staged.remove(&o.value);
+        }
+        for (v, _) in &plan.invariants {
+            self.staged.remove(v);
         }
     }
 
