@@ -4,7 +4,7 @@
 # prefetching, the portable grouped GEMM's K-major B. Conformance of both on the GPU (the new
 # `flash_decode` variant `staged`), racecheck on flash decoding, then the flash decoding sweep
 # against SDPA and the Triton split-KV kernel in the same run (`/sN` variants: N stages;
-# `/s1` the register form before; no suffix without `/pf`: 2 stages).
+# without `/sN` and `/pf`: the register form).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
@@ -18,6 +18,7 @@ KEEP='^bench: flash_decode|flash_decode|rror|failed' KEEP_LINES=80 step bench-fl
 # The staged forms without the queries staged once before the loop (d9ef50d's binary, where
 # present): the same configurations, no baseline.
 if [ -x $B/trident-d9ef50d ]; then
+  # d9ef50d names its two-stage form without a suffix (later: `/s2`).
   for c in 64n/8w 64n/8w/s3 32n/4w/s3; do
     KEEP='^bench: flash_decode|rror|failed' KEEP_LINES=10 step "ab-d9ef50d-${c//\//_}" 60 $B/trident-d9ef50d bench \
       --only flash_decode --config $c --reps 10

@@ -1234,23 +1234,23 @@ fn flash_decode(
     // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's). `/fm`: `exp`
     // through the hardware's approximation (`FlashDecode::fast_math`).
     // `/sN`: without prefetching, K and V in a ring of N shared stages copied by `cp.async`
-    // (`FlashDecode::stages`; `/s1`: in registers, staged per `dot`, the form before).
+    // (`FlashDecode::stages`; without `/sN` and `/pf`, in registers, staged per `dot`).
     let variants = [
-        (64, 4, false, 0, false, false, 2),
-        (64, 8, false, 0, false, false, 2),
-        (128, 8, false, 0, false, false, 2),
-        (64, 4, true, 0, false, false, 2),
-        (64, 8, true, 0, false, false, 2),
-        (128, 8, true, 0, false, false, 2),
-        (64, 8, true, 264, false, false, 2),
-        (64, 8, true, 0, true, false, 2),
-        (64, 8, false, 0, true, false, 2),
-        (128, 8, true, 0, true, false, 2),
-        (64, 8, true, 0, true, true, 2),
+        (64, 4, false, 0, false, false, 1),
         (64, 8, false, 0, false, false, 1),
+        (128, 8, false, 0, false, false, 1),
+        (64, 4, true, 0, false, false, 1),
+        (64, 8, true, 0, false, false, 1),
+        (128, 8, true, 0, false, false, 1),
+        (64, 8, true, 264, false, false, 1),
+        (64, 8, true, 0, true, false, 1),
+        (64, 8, false, 0, true, false, 1),
+        (128, 8, true, 0, true, false, 1),
+        (64, 8, true, 0, true, true, 1),
+        (64, 8, false, 0, false, false, 2),
         (64, 8, false, 0, false, false, 3),
+        (64, 4, false, 0, false, false, 2),
         (64, 4, false, 0, false, false, 3),
-        (128, 4, false, 0, false, false, 2),
         (32, 4, false, 0, false, false, 3),
         (64, 8, false, 0, false, true, 3),
     ];
@@ -1265,7 +1265,7 @@ fn flash_decode(
             if wave > 0 { format!("/{wave}p") } else { String::new() },
             if wide { "/w16" } else { "" },
         ) + if fast_math { "/fm" } else { "" }
-            + &if !prefetch && stages != 2 { format!("/s{stages}") } else { String::new() };
+            + &if !prefetch && stages > 1 { format!("/s{stages}") } else { String::new() };
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;

@@ -159,7 +159,10 @@ impl FlashDecode {
             // 16-byte K and V loads: the fastest at every shape of the sweep with prefetching
             // (H100, results/h100-session52: 3-5% over 8-byte loads, 120 registers).
             wide: block_m == 16,
-            stages: 2,
+            // K and V in registers where not prefetched, until the staged forms (`stages` 2
+            // or 3) are measured on a GPU (docs/DECISIONS.md, "Loads that feed only `dot`s go
+            // to shared stages").
+            stages: 1,
         }
     }
 

@@ -44,10 +44,10 @@ impl Operation for FlashDecodeCase {
 
     fn variants(&self, _dtype: DType) -> &'static [&'static str] {
         // `narrow`: contiguous, K and V moved 8 bytes a thread (`FlashDecode::wide` off; the
-        // default moves 16 at 16-row tiles of 16-bit types). `staged`: contiguous, no
-        // prefetching, K and V in a ring of three shared stages where the target copies by
-        // `cp.async` (`FlashDecode::stages`).
-        &["contiguous", "paged", "narrow", "staged"]
+        // default moves 16 at 16-row tiles of 16-bit types). `staged`, `staged3`: contiguous,
+        // no prefetching, K and V in a ring of two or three shared stages where the target
+        // copies by `cp.async` (`FlashDecode::stages`).
+        &["contiguous", "paged", "narrow", "staged", "staged3"]
     }
 
     fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
@@ -106,7 +106,8 @@ impl Operation for FlashDecodeCase {
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
         let op = match case.variant {
             "narrow" => FlashDecode { wide: false, ..op },
-            "staged" => FlashDecode { prefetch: false, stages: 3, ..op },
+            "staged" => FlashDecode { prefetch: false, stages: 2, ..op },
+            "staged3" => FlashDecode { prefetch: false, stages: 3, ..op },
             _ => op,
         };
         let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
