@@ -8,8 +8,16 @@ use trident_core::ir::DType;
 use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
 
 fn split_stage(stages: u32, target: &str) -> String {
+    split_stage_of(stages, target, None)
+}
+
+fn split_stage_of(stages: u32, target: &str, page: Option<u32>) -> String {
     let shape = DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 };
     let op = FlashDecode { prefetch: false, stages, ..FlashDecode::for_shape(DType::BF16, &shape) };
+    let op = match page {
+        Some(p) => op.paged(p),
+        None => op,
+    };
     let t = trident_core::target::lookup(target).unwrap();
     trident_core::simt::lower(&op.build_split().unwrap(), t).unwrap().to_string()
 }
@@ -25,6 +33,8 @@ fn flash_decodings_keys_and_values_go_to_shared_stages_by_cp_async() {
         let registers = split_stage(1, target);
         assert!(!registers.contains("staged.ring") && !registers.contains("async.copy"), "{target}");
     }
+    // A paged cache's copies read the (read-only) block table for the step ahead.
+    assert!(split_stage_of(2, "sm_90a", Some(64)).contains("staged.ring"));
     // No `cp.async` on AMD: K and V through registers as before.
     assert!(!split_stage(3, "gfx942").contains("staged.ring"));
 }

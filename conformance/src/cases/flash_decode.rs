@@ -20,7 +20,7 @@ pub(crate) fn decode_shape(s: &[usize]) -> DecodeShape {
 }
 
 pub(crate) fn paged(case: &Case) -> bool {
-    case.variant == "paged"
+    matches!(case.variant, "paged" | "paged-staged")
 }
 
 /// Pages in a paged case's pool: every sequence's, and as many again unused.
@@ -46,8 +46,9 @@ impl Operation for FlashDecodeCase {
         // `narrow`: contiguous, K and V moved 8 bytes a thread (`FlashDecode::wide` off; the
         // default moves 16 at 16-row tiles of 16-bit types). `staged`, `staged3`: contiguous,
         // no prefetching, K and V in a ring of two or three shared stages where the target
-        // copies by `cp.async` (`FlashDecode::stages`).
-        &["contiguous", "paged", "narrow", "staged", "staged3"]
+        // copies by `cp.async` (`FlashDecode::stages`); `paged-staged`: paged, two stages (the
+        // copies' addresses read the block table ahead).
+        &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged"]
     }
 
     fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
@@ -106,7 +107,7 @@ impl Operation for FlashDecodeCase {
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
         let op = match case.variant {
             "narrow" => FlashDecode { wide: false, ..op },
-            "staged" => FlashDecode { prefetch: false, stages: 2, ..op },
+            "staged" | "paged-staged" => FlashDecode { prefetch: false, stages: 2, ..op },
             "staged3" => FlashDecode { prefetch: false, stages: 3, ..op },
             _ => op,
         };
