@@ -381,3 +381,78 @@ fn a_condition_that_differs_across_lanes_is_a_contract_fault() {
     let e = dev.launch(&art, [1, 1, 1], &[out.arg()], &LaunchOptions::default()).unwrap_err().to_string();
     assert!(e.contains("SIMT contract broken") && e.contains("differs across lanes"), "{e}");
 }
+
+/// `cp.async` copies land when a wait completes their group, poison before: a staged loop
+/// (`acc = (acc + x @ y[j..j+16]) / 2` over blocks of 16 rows of `y`) matches the host, and the
+/// same SIMT program with its waits taken out does not: cpu-simt would catch a pipeline that
+/// reads a stage before its copies are waited for.
+#[test]
+fn async_copies_land_only_when_waited_for() {
+    use std::sync::Arc;
+    use trident_core::simt::Inst;
+    link();
+    let (rows, n) = (64usize, 64usize);
+    let b = KernelBuilder::new("staged_sum", LaunchAttrs { warps: 4, ..LaunchAttrs::default() });
+    let x = b.arg_ptr_aligned("x", DType::BF16, 16);
+    let y = b.arg_ptr_aligned("y", DType::BF16, 16);
+    let out = b.arg_ptr("out", DType::F32);
+    let (r, c, kk) = (b.arange(0, 16), b.arange(0, n as i64), b.arange(0, 16));
+    let xt = b.load_or(x + (r * 16).expand_dims(1) + kk.expand_dims(0), r.lt(16).expand_dims(1), 0.0);
+    let acc = b.for_range(0, rows as i32, 16, &[b.zeros(&[16, n as u32], DType::F32)], |j, v| {
+        let at = j + b.arange(0, 16);
+        let yt =
+            b.load_or(y + (at * n as i32).expand_dims(1) + c.expand_dims(0), at.lt(rows as i32).expand_dims(1), 0.0);
+        vec![b.dot(xt, yt, v[0], InputPrecision::Ieee) * 0.5f32]
+    });
+    b.store(out + (r * n as i32).expand_dims(1) + c.expand_dims(0), acc[0], None);
+    let f = b.finish().unwrap();
+    let k = trident_core::simt::lower::lower(&f, trident_core::target::lookup("sm_80").unwrap()).unwrap();
+    assert!(k.to_string().contains("staged.ring"), "the loop is staged");
+    fn strip_waits(body: &mut Vec<Inst>) {
+        body.retain(|i| !matches!(i, Inst::AsyncWait { .. }));
+        for i in body.iter_mut() {
+            if let Inst::Loop { body, .. } = i {
+                strip_waits(body);
+            }
+        }
+    }
+    let mut broken = k.clone();
+    strip_waits(&mut broken.body);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(55);
+    let small = |rng: &mut rand::rngs::StdRng, len: usize| -> Vec<f64> {
+        (0..len).map(|_| rng.gen_range(-8i32..=8) as f64 / 8.0).collect()
+    };
+    let (xv, yv) = (small(&mut rng, 16 * 16), small(&mut rng, rows * n));
+    let bf16 = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|&a| half::bf16::from_f64(a).to_le_bytes()).collect() };
+    // The host: acc_{t+1} = (acc_t + x @ y_t) / 2, exact in f32 for these values.
+    let mut want = vec![0.0f64; 16 * n];
+    for t in 0..rows / 16 {
+        for i in 0..16 {
+            for col in 0..n {
+                let s: f64 = (0..16).map(|p| xv[i * 16 + p] * yv[(t * 16 + p) * n + col]).sum();
+                want[i * n + col] = (want[i * n + col] + s) * 0.5;
+            }
+        }
+    }
+    let dev = SimtBackend.open_device(0).unwrap();
+    let run = |kernel: trident_core::simt::Kernel| -> Vec<f64> {
+        let text = kernel.to_string();
+        let art = trident_core::backend::Artifact::new(&f, "cpu-simt", "sm_80", text, Arc::new(kernel));
+        let (xb, yb, ob) = (
+            dev.alloc(16 * 16 * 2, "x").unwrap(),
+            dev.alloc(rows * n * 2, "y").unwrap(),
+            dev.alloc(16 * n * 4, "out").unwrap(),
+        );
+        dev.write(&xb, 0, &bf16(&xv)).unwrap();
+        dev.write(&yb, 0, &bf16(&yv)).unwrap();
+        dev.write(&ob, 0, &f32_bytes(&vec![f32::NAN; 16 * n])).unwrap();
+        dev.launch(&art, [1, 1, 1], &[xb.arg(), yb.arg(), ob.arg()], &LaunchOptions::default()).unwrap();
+        let mut raw = vec![0u8; 16 * n * 4];
+        dev.read(&ob, 0, &mut raw).unwrap();
+        words(&raw).into_iter().map(|w| f32::from_le_bytes(w) as f64).collect()
+    };
+    let got = run(k);
+    assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6), "the staged loop matches the host");
+    let early = run(broken);
+    assert!(early.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-6), "reads before the waits see poison");
+}

@@ -136,38 +136,57 @@ impl Exec<'_> {
                 self.set(*dst, out);
             }
             // Lanes run in lock-step; the view orders every thread's stores before later releases.
+            // A copy reads its source when issued and lands in shared memory when a wait
+            // completes its group (`Exec::complete_copies`): until then its bytes hold poison
+            // (0xff: NaN in every float type), so a read before the wait reads garbage and the
+            // race detector sees the write both at the issue and at the wait.
             Inst::AsyncCopy { offset, addr, bytes, pred, zero_fill } => {
                 let (o, a, p) = (self.get(*offset)?, self.get(*addr)?, self.get(*pred)?);
                 let view = self.mem.view();
+                let n = *bytes as usize;
                 for i in 0..lanes {
-                    if p.ints()[i] == 0 {
-                        if *zero_fill {
-                            let dst = o.ints()[i] as usize;
-                            if !dst.is_multiple_of(*bytes as usize) {
-                                return fault(format!(
-                                    "cp.async zero fill of {bytes} bytes at shared {dst} not aligned"
-                                ));
-                            }
-                            for b in (0..*bytes as usize).step_by(2) {
-                                self.shared_put(i, dst + b, 2, 0)?;
-                            }
+                    let dst = o.ints()[i] as usize;
+                    let data = if p.ints()[i] == 0 {
+                        if !*zero_fill {
+                            continue;
                         }
-                        continue;
+                        if !dst.is_multiple_of(n) {
+                            return fault(format!("cp.async zero fill of {bytes} bytes at shared {dst} not aligned"));
+                        }
+                        vec![0u8; n]
+                    } else {
+                        let src = a.ptrs()[i];
+                        if src % n as u64 != 0 || !dst.is_multiple_of(n) {
+                            return fault(format!(
+                                "cp.async of {bytes} bytes from {src:#x} to shared {dst} not aligned"
+                            ));
+                        }
+                        let mut data = Vec::with_capacity(n);
+                        for b in (0..n).step_by(2) {
+                            let x = self
+                                .view
+                                .load(&view, src + b as u64, 2)
+                                .or_else(|e| fault(format!("cp.async: {}", e.0)))?;
+                            data.extend_from_slice(&(x as u16).to_le_bytes());
+                        }
+                        data
+                    };
+                    for b in (0..n).step_by(2) {
+                        self.shared_put(i, dst + b, 2, 0xffff)?;
                     }
-                    let (src, dst) = (a.ptrs()[i], o.ints()[i] as usize);
-                    if src % *bytes as u64 != 0 || dst % *bytes as usize != 0 {
-                        return fault(format!("cp.async of {bytes} bytes from {src:#x} to shared {dst} not aligned"));
-                    }
-                    for b in (0..*bytes as usize).step_by(2) {
-                        let x = self
-                            .view
-                            .load(&view, src + b as u64, 2)
-                            .or_else(|e| fault(format!("cp.async: {}", e.0)))?;
-                        self.shared_put(i, dst + b, 2, x)?;
-                    }
+                    self.async_open.push(super::PendingCopy { thread: self.lane_base + i, dst, data });
                 }
             }
-            Inst::AsyncCommit | Inst::AsyncWait { .. } => {}
+            Inst::AsyncCommit => {
+                let group = std::mem::take(&mut self.async_open);
+                self.async_groups.push_back(group);
+            }
+            Inst::AsyncWait { pending } => {
+                while self.async_groups.len() > *pending as usize {
+                    let group = self.async_groups.pop_front().unwrap_or_default();
+                    self.complete_copies(group)?;
+                }
+            }
             Inst::SharedVLoad { dsts, offset } => {
                 let d = dtype(k.ty(dsts[0]));
                 let size = trident_core::simt::lower::shared_size(k.ty(dsts[0])) as usize;
@@ -195,6 +214,27 @@ impl Exec<'_> {
     }
 
     /// The low `size` bytes of `bits` into shared memory at byte `off`, written by `lane`.
+    /// Lands `copies` (a completed `cp.async` group, or what is left at the program's end) in
+    /// shared memory, each written by the thread that issued it.
+    pub(super) fn complete_copies(&mut self, copies: Vec<super::PendingCopy>) -> Result<(), Fault> {
+        for c in copies {
+            if self.shared.get(c.dst..c.dst + c.data.len()).is_none() {
+                return fault(format!(
+                    "cp.async of {} bytes to shared {} out of {} bytes",
+                    c.data.len(),
+                    c.dst,
+                    self.k.shared_bytes
+                ));
+            }
+            for (i, b) in c.data.iter().enumerate() {
+                let same = self.shared[c.dst + i] == *b;
+                self.hazards.write(c.thread, c.dst + i, same)?;
+                self.shared[c.dst + i] = *b;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn shared_put(&mut self, lane: usize, off: usize, size: usize, bits: u64) -> Result<(), Fault> {
         let total = self.k.shared_bytes;
         if self.shared.get(off..off + size).is_none() {

@@ -270,6 +270,18 @@ struct Exec<'a> {
     /// shared memory is not read yet, oldest first ([`Exec::complete_tma_stores`]).
     bulk_open: Vec<PendingTmaStore>,
     bulk_groups: std::collections::VecDeque<Vec<PendingTmaStore>>,
+    /// `cp.async` copies issued since the last [`Inst::AsyncCommit`], and the committed groups
+    /// not yet completed by a wait, oldest first ([`Exec::complete_copies`]).
+    async_open: Vec<PendingCopy>,
+    async_groups: std::collections::VecDeque<Vec<PendingCopy>>,
+}
+
+/// A `cp.async` copy in flight: the bytes it read when issued, where they land, and the thread
+/// that issued it (the race detector's writer).
+struct PendingCopy {
+    thread: usize,
+    dst: usize,
+    data: Vec<u8>,
 }
 
 /// A TMA store whose shared-memory box is read when its bulk group completes.
@@ -358,6 +370,8 @@ pub fn run_program(
         producer: None,
         bulk_open: Vec::new(),
         bulk_groups: Default::default(),
+        async_open: Vec::new(),
+        async_groups: Default::default(),
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         if let Err(f) = e.body(&k.body) {
@@ -366,7 +380,9 @@ pub fn run_program(
             e.hooks.program_done(&mut e.view);
             return Err(f);
         }
-        // Bulk stores not waited for still complete before the program ends.
+        // Copies and bulk stores not waited for still complete before the program ends.
+        let copies: Vec<PendingCopy> = e.async_groups.drain(..).flatten().chain(e.async_open.drain(..)).collect();
+        e.complete_copies(copies)?;
         let mut left: Vec<PendingTmaStore> = e.bulk_groups.drain(..).flatten().collect();
         left.append(&mut e.bulk_open);
         e.complete_tma_stores(left)?;
