@@ -454,5 +454,8 @@ fn async_copies_land_only_when_waited_for() {
     let got = run(k);
     assert!(got.iter().zip(&want).all(|(g, w)| (g - w).abs() <= 1e-6), "the staged loop matches the host");
     let early = run(broken);
-    assert!(early.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-6), "reads before the waits see poison");
+    assert!(
+        early.iter().zip(&want).any(|(g, w)| (g - w).abs().is_nan() || (g - w).abs() > 1e-6),
+        "reads before the waits see poison"
+    );
 }
