@@ -491,9 +491,6 @@ impl Lowering<'_> {
         self.lower_op(op)
     }
 
-    /// A row broadcast (`[M, 1]` to `[M, N]`) that only elementwise ops of its block read: those
-    /// computed in an accumulator layout read its rows from shared memory
-    /// (`dot.rs`, `elementwise_in_mma`), so it is lowered only where one needs it blocked.
     /// A `for` loop: its carried values as phis (an accumulator only fed to a tensor-core `dot`
     /// stays in the accumulator layout), its body lowered once. With `staged`, the loads that
     /// feed only `dot`s are copied asynchronously into a ring of shared stages, `stages - 1`
@@ -581,6 +578,9 @@ impl Lowering<'_> {
         Ok(())
     }
 
+    /// A row broadcast (`[M, 1]` to `[M, N]`) that only elementwise ops of its block read: those
+    /// computed in an accumulator layout read its rows from shared memory
+    /// (`dot.rs`, `elementwise_in_mma`), so it is lowered only where one needs it blocked.
     fn deferrable(&mut self, op: Op) -> bool {
         let data = &self.func.ops[op];
         let OpKind::Broadcast(y) = data.kind else { return false };

@@ -822,7 +822,7 @@ impl Lowering<'_> {
         // Rows padded by 16 bytes (see `stage_padded`).
         let (a_stride, b_stride) = (kk + 8, b_shape[1] + 8);
         let a_bytes = if a_staged.is_some() { 0 } else { (l.m * a_stride * 2).next_multiple_of(16) };
-        let b_bytes = if b_staged.is_some() { 0 } else { b_shape[0] * b_stride * 2 };
+        let b_bytes = if b_staged.is_some() { 0 } else { super::staged::padded_bytes(&b_shape) };
         if let (Some(sa), Some(_)) = (a_staged, b_staged) {
             return self.mma_steps(l, ab, kk, [a_stride, b_stride], 0, (sa, b_staged), c, kmajor.is_some());
         }
@@ -842,11 +842,7 @@ impl Lowering<'_> {
         let here = self.iconst(o as i64);
         let base = a_staged.unwrap_or(here);
         // B at `base + a_bytes` where both are staged here, else at its own base.
-        let b_base = match (a_staged, b_staged) {
-            (None, None) => None,
-            (_, Some(bs)) => Some(bs),
-            (Some(_), None) => Some(here),
-        };
+        let b_base = b_staged.or(a_staged.map(|_| here));
         let out = self.mma_steps(l, ab, kk, [a_stride, b_stride], a_bytes, (base, b_base), c, kmajor.is_some());
         self.shared_free(o);
         out

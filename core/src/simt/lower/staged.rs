@@ -17,6 +17,12 @@
 use super::pipeline::{Operand, Source, StageLayout};
 use super::*;
 
+/// Bytes of a 2-D tile of 16-bit elements staged row-major with rows padded by 16 bytes (8
+/// elements), as `dot_mma` stages its operands and reads staged ones.
+pub(super) fn padded_bytes(shape: &[u32]) -> u32 {
+    shape[0] * (shape[1] + 8) * 2
+}
+
 /// The loads of a loop staged asynchronously ([`Lowering::staged_plan`]): one or two (the
 /// stage layout has two places), their place in a stage, and the ring's depth.
 pub(super) struct StagedLoads {
@@ -73,7 +79,7 @@ impl Lowering<'_> {
         // Rows padded by 16 bytes, as `dot_mma` stages its operands (`stage_padded`).
         let place = |me: &Self, i: usize| {
             let shape = &me.func.ty(operands[i].value).shape;
-            (shape[1] + 8, shape[0] * (shape[1] + 8) * 2)
+            (shape[1] + 8, padded_bytes(shape))
         };
         let (s0, b0) = place(self, 0);
         let (s1, b1) = if operands.len() == 2 { place(self, 1) } else { (8, 0) };
@@ -84,7 +90,7 @@ impl Lowering<'_> {
         for v in self.invariant_dot_operands(body) {
             let shape = &self.func.ty(v).shape;
             invariants.push((v, invariant_bytes));
-            invariant_bytes += (shape[0] * (shape[1] + 8) * 2).next_multiple_of(128);
+            invariant_bytes += padded_bytes(shape).next_multiple_of(128);
         }
         Some(StagedLoads {
             operands,
@@ -102,7 +108,7 @@ impl Lowering<'_> {
         let mut out = Vec::new();
         for o in self.func.blocks[body].ops.clone() {
             let OpKind::Dot { a, .. } = self.func.ops[o].kind else { continue };
-            if out.contains(&a) || self.dot_mma_layout(o).is_none() || !self.fp8_free(o) {
+            if out.contains(&a) || self.dot_mma_layout(o).is_none() {
                 continue;
             }
             let t = self.func.ty(a).clone();
@@ -156,21 +162,13 @@ impl Lowering<'_> {
             return false;
         }
         match self.func.ops[*u].kind.clone() {
-            OpKind::Dot { a, b, acc, .. } => {
-                (a == v) != (b == v) && acc != v && self.dot_mma_layout(*u).is_some() && self.fp8_free(*u)
-            }
+            OpKind::Dot { a, b, acc, .. } => (a == v) != (b == v) && acc != v && self.dot_mma_layout(*u).is_some(),
             OpKind::Transpose { .. } => {
                 let t = self.func.ops[*u].results[0];
                 self.kmajor_operand(t) == Some(v)
             }
             _ => false,
         }
-    }
-
-    /// `dot` `op` multiplies 16-bit operands (FP8 ones are converted in registers first).
-    fn fp8_free(&self, op: Op) -> bool {
-        let OpKind::Dot { a, .. } = self.func.ops[op].kind else { return false };
-        !self.func.ty(a).elem.dtype().is_some_and(|d| d.is_fp8())
     }
 
     /// Before a staged loop: everyone meets (the ring overlaps what earlier ops used), then
