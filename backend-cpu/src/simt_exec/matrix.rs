@@ -238,15 +238,10 @@ impl Exec<'_> {
                 // race detector as a barrier would.
                 self.hazards.barrier();
             }
-            Inst::BulkCommit => {
-                let group = std::mem::take(&mut self.bulk_open);
-                self.bulk_groups.push_back(group);
-            }
+            Inst::BulkCommit => self.bulk.commit(),
             Inst::BulkWait { pending } => {
-                while self.bulk_groups.len() > *pending as usize {
-                    let group = self.bulk_groups.pop_front().unwrap_or_default();
-                    self.complete_tma_stores(group)?;
-                }
+                let done = self.bulk.wait(*pending);
+                self.complete_tma_stores(done)?;
             }
             Inst::TmaStore { map, offset, coords, pred } => {
                 let (o, r, c, p) = (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*pred)?);
@@ -264,7 +259,7 @@ impl Exec<'_> {
                     // Read when its group is waited for (or at the program's end): the latest
                     // the GPU may read it, so shared memory reused too early shows up as wrong
                     // values in global memory.
-                    self.bulk_open.push(PendingTmaStore { lane: i, map: m, src, row: r.ints()[i], col: c.ints()[i] });
+                    self.bulk.issue(PendingTmaStore { lane: i, map: m, src, row: r.ints()[i], col: c.ints()[i] });
                 }
             }
             Inst::MbarrierArrive { offset, pred } => {

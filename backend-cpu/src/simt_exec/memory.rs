@@ -174,18 +174,13 @@ impl Exec<'_> {
                     for b in (0..n).step_by(2) {
                         self.shared_put(i, dst + b, 2, 0xffff)?;
                     }
-                    self.async_open.push(super::PendingCopy { thread: self.lane_base + i, dst, data });
+                    self.copies.issue(super::PendingCopy { thread: self.lane_base + i, dst, data });
                 }
             }
-            Inst::AsyncCommit => {
-                let group = std::mem::take(&mut self.async_open);
-                self.async_groups.push_back(group);
-            }
+            Inst::AsyncCommit => self.copies.commit(),
             Inst::AsyncWait { pending } => {
-                while self.async_groups.len() > *pending as usize {
-                    let group = self.async_groups.pop_front().unwrap_or_default();
-                    self.complete_copies(group)?;
-                }
+                let done = self.copies.wait(*pending);
+                self.complete_copies(done)?;
             }
             Inst::SharedVLoad { dsts, offset } => {
                 let d = dtype(k.ty(dsts[0]));
@@ -213,7 +208,6 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// The low `size` bytes of `bits` into shared memory at byte `off`, written by `lane`.
     /// Lands `copies` (a completed `cp.async` group, or what is left at the program's end) in
     /// shared memory, each written by the thread that issued it.
     pub(super) fn complete_copies(&mut self, copies: Vec<super::PendingCopy>) -> Result<(), Fault> {
@@ -235,6 +229,7 @@ impl Exec<'_> {
         Ok(())
     }
 
+    /// The low `size` bytes of `bits` into shared memory at byte `off`, written by `lane`.
     pub(super) fn shared_put(&mut self, lane: usize, off: usize, size: usize, bits: u64) -> Result<(), Fault> {
         let total = self.k.shared_bytes;
         if self.shared.get(off..off + size).is_none() {

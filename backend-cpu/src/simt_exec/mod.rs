@@ -266,14 +266,50 @@ struct Exec<'a> {
     /// Inside an [`Inst::Specialized`] region's consumers: the producer, run when a consumer
     /// wait cannot pass yet.
     producer: Option<Pump>,
-    /// TMA stores issued since the last [`Inst::BulkCommit`], and the committed groups whose
-    /// shared memory is not read yet, oldest first ([`Exec::complete_tma_stores`]).
-    bulk_open: Vec<PendingTmaStore>,
-    bulk_groups: std::collections::VecDeque<Vec<PendingTmaStore>>,
-    /// `cp.async` copies issued since the last [`Inst::AsyncCommit`], and the committed groups
-    /// not yet completed by a wait, oldest first ([`Exec::complete_copies`]).
-    async_open: Vec<PendingCopy>,
-    async_groups: std::collections::VecDeque<Vec<PendingCopy>>,
+    /// TMA stores in flight, committed by [`Inst::BulkCommit`]; their shared memory is read
+    /// when a wait completes their group ([`Exec::complete_tma_stores`]).
+    bulk: CommitGroups<PendingTmaStore>,
+    /// `cp.async` copies in flight, committed by [`Inst::AsyncCommit`]; they land when a wait
+    /// completes their group ([`Exec::complete_copies`]).
+    copies: CommitGroups<PendingCopy>,
+}
+
+/// Asynchronous operations issued, committed in groups and completed by waits oldest group
+/// first: TMA stores' bulk groups and `cp.async` groups.
+struct CommitGroups<T> {
+    open: Vec<T>,
+    committed: std::collections::VecDeque<Vec<T>>,
+}
+
+impl<T> Default for CommitGroups<T> {
+    fn default() -> Self {
+        CommitGroups { open: Vec::new(), committed: Default::default() }
+    }
+}
+
+impl<T> CommitGroups<T> {
+    fn issue(&mut self, op: T) {
+        self.open.push(op);
+    }
+
+    /// Closes the group of the operations issued since the last commit.
+    fn commit(&mut self) {
+        let group = std::mem::take(&mut self.open);
+        self.committed.push_back(group);
+    }
+
+    /// What a wait that leaves `pending` groups in flight completes, oldest first.
+    fn wait(&mut self, pending: u32) -> Vec<T> {
+        let done = self.committed.len().saturating_sub(pending as usize);
+        self.committed.drain(..done).flatten().collect()
+    }
+
+    /// Everything in flight, committed or not (the program's end), oldest first.
+    fn drain(&mut self) -> Vec<T> {
+        let mut all: Vec<T> = self.committed.drain(..).flatten().collect();
+        all.append(&mut self.open);
+        all
+    }
 }
 
 /// A `cp.async` copy in flight: the bytes it read when issued, where they land, and the thread
@@ -368,10 +404,8 @@ pub fn run_program(
         yielding: false,
         blocked: false,
         producer: None,
-        bulk_open: Vec::new(),
-        bulk_groups: Default::default(),
-        async_open: Vec::new(),
-        async_groups: Default::default(),
+        bulk: Default::default(),
+        copies: Default::default(),
     };
     let run = |e: &mut Exec| -> Result<(), Fault> {
         if let Err(f) = e.body(&k.body) {
@@ -381,11 +415,10 @@ pub fn run_program(
             return Err(f);
         }
         // Copies and bulk stores not waited for still complete before the program ends.
-        let copies: Vec<PendingCopy> = e.async_groups.drain(..).flatten().chain(e.async_open.drain(..)).collect();
+        let copies = e.copies.drain();
         e.complete_copies(copies)?;
-        let mut left: Vec<PendingTmaStore> = e.bulk_groups.drain(..).flatten().collect();
-        left.append(&mut e.bulk_open);
-        e.complete_tma_stores(left)?;
+        let stores = e.bulk.drain();
+        e.complete_tma_stores(stores)?;
         e.hooks.yield_point(&mut e.view)?;
         e.view.finish(mem).or_else(|x| fault(x.0))?;
         e.hooks.program_done(&mut e.view);
