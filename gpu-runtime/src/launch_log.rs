@@ -2,26 +2,14 @@
 //! thread launched (`TRIDENT_LOG_LAUNCHES=1`): one line per launch on stderr with the time since
 //! the process's first launch, the rank, stream and kernel, how long its first-launch meeting
 //! took and whether every rank of the device came (`crate::first_launch`), and how long the
-//! driver's launch call took. Off by default; when off, a launch costs one relaxed load.
+//! driver's launch call took. Off by default; when off, a launch costs two clock reads (the
+//! times it would log) and the switch's load.
 
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// 0: not read yet, 1: off, 2: on.
-static STATE: AtomicU8 = AtomicU8::new(0);
+static ON: OnceLock<bool> = OnceLock::new();
 static START: OnceLock<Instant> = OnceLock::new();
-
-fn enabled() -> bool {
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("TRIDENT_LOG_LAUNCHES").is_ok_and(|v| v == "1");
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 2,
-    }
-}
 
 /// The line of one launch (`met`: the first-launch meeting's outcome, where there was one).
 pub fn line(
@@ -47,7 +35,7 @@ pub fn line(
 
 /// Logs one launch when `TRIDENT_LOG_LAUNCHES=1`.
 pub fn note(rank: usize, stream: usize, kernel: &str, met: Option<bool>, meet: Duration, call: Duration) {
-    if !enabled() {
+    if !crate::env_switch(&ON, "TRIDENT_LOG_LAUNCHES") {
         return;
     }
     let at = START.get_or_init(Instant::now).elapsed();

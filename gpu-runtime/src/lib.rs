@@ -35,6 +35,12 @@ pub mod watchdog;
 pub mod world;
 pub mod world_env;
 
+/// Whether the environment variable `name` is `1`, read once into `cell` (a switch a process
+/// sets before it starts: `TRIDENT_LOG_LAUNCHES`, `TRIDENT_CONCURRENT_SUBMITS`).
+pub(crate) fn env_switch(cell: &'static std::sync::OnceLock<bool>, name: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(name).is_ok_and(|v| v == "1"))
+}
+
 pub use driver::{check_resident, launch_grid, persistent_grid, Driver, RawStream};
 pub use health::DeviceHealth;
 pub use process_world::{ProcessWorld, RankSession, SymmetricHeap};

@@ -13,22 +13,13 @@
 //! worlds with a device per rank (the peer world, one context each) and worlds of processes
 //! do not take it. `TRIDENT_CONCURRENT_SUBMITS=1` turns it off, to repeat the experiment.
 
-use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
-/// 0: not read yet, 1: serialized (the default), 2: concurrent.
-static MODE: AtomicU8 = AtomicU8::new(0);
+static CONCURRENT: OnceLock<bool> = OnceLock::new();
 
 /// Whether `TRIDENT_CONCURRENT_SUBMITS=1` turned the lock off.
 pub fn concurrent() -> bool {
-    match MODE.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var("TRIDENT_CONCURRENT_SUBMITS").is_ok_and(|v| v == "1");
-            MODE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        m => m == 2,
-    }
+    crate::env_switch(&CONCURRENT, "TRIDENT_CONCURRENT_SUBMITS")
 }
 
 /// The submission lock of one device.

@@ -514,12 +514,17 @@ impl<D: Driver> GpuRank<D> {
         self.shared.device(self.rank)
     }
 
+    /// Whether other ranks of this world of threads share this rank's device (one context:
+    /// a process's is its own).
+    fn shares_context(&self) -> bool {
+        self.shared.sharing[self.local()] > 1 && matches!(self.shared.sync, HostSync::Threads(_))
+    }
+
     /// The device's submission lock, held where ranks of this world of threads share it
     /// (`crate::submit`).
     fn submitting(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
         let sh = &self.shared;
-        let shared = sh.sharing[self.local()] > 1 && matches!(sh.sync, HostSync::Threads(_));
-        sh.submits[self.rank % sh.devices.len()].hold(shared)
+        sh.submits[self.rank % sh.devices.len()].hold(self.shares_context())
     }
 
     fn local(&self) -> usize {
@@ -770,8 +775,7 @@ impl<D: Driver> RankCtx for GpuRank<D> {
         // process's context is its own).
         let t0 = std::time::Instant::now();
         let mut met = None;
-        if sh.sharing[here] > 1
-            && matches!(sh.sync, HostSync::Threads(_))
+        if self.shares_context()
             && self.launched.lock().unwrap_or_else(|e| e.into_inner()).insert(kernel.kernel.clone())
         {
             let key = format!("{}/{}", r % sh.devices.len(), kernel.kernel);
