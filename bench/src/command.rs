@@ -194,9 +194,11 @@ impl Case {
             }
             Workload::ScaledGemm(..) => (2.0 * d[0] * d[1] * d[2], (d[0] * d[2] + d[2] * d[1]) * s + d[0] * d[1] * 2.0),
             // Q K^T and P V over every key; K and V read once, the queries and outputs besides.
+            // A 7th dimension of 8: the cache in 8-bit floats.
             Workload::FlashDecode => {
                 let (b, nq, hq, hkv, hd, len) = (d[0], d[1], d[2], d[3], d[4], d[5]);
-                (4.0 * b * nq * hq * len * hd, (2.0 * b * len * hkv * hd + 2.0 * b * nq * hq * hd) * s)
+                let kv = d.get(6).map_or(s, |bits| bits / 8.0);
+                (4.0 * b * nq * hq * len * hd, 2.0 * b * len * hkv * hd * kv + 2.0 * b * nq * hq * hd * s)
             }
         }
     }
@@ -301,6 +303,11 @@ fn cases() -> Vec<Case> {
         c(FlashDecode, DType::BF16, &[4, 1, 64, 8, 128, 32768]),
         c(FlashDecode, DType::BF16, &[1, 1, 96, 12, 128, 131072]),
         c(FlashDecode, DType::BF16, &[8, 1, 96, 12, 128, 32768]),
+        // The same with the cache in f8e4m3fn with per-tensor scales (7th dimension 8): half
+        // the bytes, against the HBM floor (no baseline on the machine reads an 8-bit cache).
+        c(FlashDecode, DType::BF16, &[1, 1, 32, 8, 128, 131072, 8]),
+        c(FlashDecode, DType::BF16, &[8, 1, 32, 8, 128, 8192, 8]),
+        c(FlashDecode, DType::BF16, &[4, 1, 64, 8, 128, 32768, 8]),
         c(GroupedGemm, DType::F8E4M3FN, &[32, 7168, 2048, 1024, 0, 1]),
         // The gate/up GEMMs with SwiGLU fused (6th dimension 2; B's gate and up rows
         // interleaved), against `torch._grouped_mm` then `silu(gate) * up`.
@@ -1180,10 +1187,10 @@ fn loopback_overlap(drv: &Arc<dyn Driver>, case: &Case, reps: usize) -> Result<M
     Ok(Measured { ms, error, config })
 }
 
-/// Flash decoding over a contiguous cache of `S` keys per sequence, checked on 16 sampled
-/// (sequence, token, head) rows against f64 (normwise per row, the worst): a sweep of the
-/// keys per step, the warps per program, prefetching and the splits' unit of programs, the
-/// fastest reported.
+/// Flash decoding over a contiguous cache of `S` keys per sequence (in f8e4m3fn with
+/// per-tensor scales where the 7th dimension is 8), checked on 16 sampled (sequence, token,
+/// head) rows against f64 (normwise per row, the worst): a sweep of the keys per step, the
+/// warps per program, prefetching and the splits' unit of programs, the fastest reported.
 fn flash_decode(
     cuda: &Enqueuing,
     l: &DeviceCtx,
@@ -1191,13 +1198,22 @@ fn flash_decode(
     (reps, only_configs): (usize, &[String]),
     rng: &mut rand::rngs::StdRng,
 ) -> Result<Measured, BackendError> {
-    use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
+    use trident_kernels::flash_decode::{DecodeShape, FlashDecode, KvScales};
     let (d, dims) = (case.dtype, &case.dims);
     let (b, nq, hq, hkv, hd, len) = (dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]);
     let shape = DecodeShape { batch: b, q_len: nq, heads_q: hq, heads_kv: hkv, head_dim: hd, cache_len: len };
     let q = random(b * nq * hq * hd, d, rng);
-    let (k, v) = (random(b * len * hkv * hd, d, rng), random(b * len * hkv * hd, d, rng));
-    let (qb, kb, vb) = (upload(cuda, "q", &q, d)?, upload(cuda, "k", &k, d)?, upload(cuda, "v", &v, d)?);
+    // An 8-bit cache holds values up to 4 (scaled by `scales` in the reference).
+    let kv = if dims.get(6) == Some(&8) { DType::F8E4M3FN } else { d };
+    let (scales, spread) = if kv == d { (KvScales::default(), 1.0) } else { (KvScales { k: 0.37, v: 1.9 }, 4.0) };
+    let cache = |rng: &mut rand::rngs::StdRng| -> Vec<f64> {
+        let x: Vec<f64> = random(b * len * hkv * hd, DType::F64, rng).iter().map(|x| x * spread).collect();
+        trident_conformance::host::round_to(&x, kv)
+    };
+    let (k, v) = (cache(rng), cache(rng));
+    let (qb, kb, vb) = (upload(cuda, "q", &q, d)?, upload(cuda, "k", &k, kv)?, upload(cuda, "v", &v, kv)?);
+    let (k, v): (Vec<f64>, Vec<f64>) =
+        (k.iter().map(|x| x * scales.k as f64).collect(), v.iter().map(|x| x * scales.v as f64).collect());
     let lens = upload(cuda, "lens", &vec![len as f64; b], DType::I32)?;
     let out = cuda.alloc(b * nq * hq * hd * d.size_bytes() as usize, "out")?;
     let es = d.size_bytes() as usize;
@@ -1227,7 +1243,7 @@ fn flash_decode(
         Ok(worst)
     };
     let mut sweep = Sweep::new(case, reps, only_configs);
-    let default = FlashDecode::for_shape(d, &shape);
+    let default = FlashDecode::for_shape(d, &shape).with_kv(kv);
     // Keys per step, warps, the next block prefetched, and the unit of programs the splits
     // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
     // `64n/8w/pf/w16` is `FlashDecode::for_shape`'s.
@@ -1254,11 +1270,13 @@ fn flash_decode(
         (32, 4, false, 0, false, false, 3),
         (64, 8, false, 0, false, true, 3),
     ];
+    // An 8-bit cache has no staged forms (`FlashDecode::with_kv`).
+    let variants = variants.into_iter().filter(|v| kv == d || v.6 == 1);
     for (block_n, warps, prefetch, wave, wide, fast_math, stages) in variants {
         let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, stages, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
-        let run = || op.run(l, (&qb, &kb, &vb), &lens, None, &work, &out, &shape);
+        let run = || op.run(l, (&qb, &kb, &vb), scales, &lens, None, &work, &out, &shape);
         let name = format!(
             "{block_n}n/{warps}w{}{}{}",
             if prefetch { "/pf" } else { "" },

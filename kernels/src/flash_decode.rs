@@ -125,6 +125,26 @@ pub struct FlashDecode {
     /// the `dot`s read them there (`core/src/simt/lower/staged.rs`); 1 keeps them in
     /// registers, staged per `dot`.
     pub stages: u32,
+    /// The cache's element type: [`FlashDecode::dtype`], or an 8-bit float
+    /// (`f8e4m3fn`, `f8e5m2`: [`FlashDecode::with_kv`]) whose keys and values stand for their
+    /// per-tensor scales' multiples ([`KvScales`]), widened to `dtype` in registers after
+    /// their loads (exactly: every 8-bit float is a 16-bit one).
+    pub kv: DType,
+}
+
+/// The per-tensor dequantization scales of an 8-bit cache: a stored key `K` stands for
+/// `k K`, a stored value `V` for `v V` (the `k_scale` and `v_scale` of serving engines'
+/// FP8 caches). A cache of the queries' type takes only 1 and 1.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KvScales {
+    pub k: f32,
+    pub v: f32,
+}
+
+impl Default for KvScales {
+    fn default() -> KvScales {
+        KvScales { k: 1.0, v: 1.0 }
+    }
 }
 
 /// Programs the split stage aims for: enough for every multiprocessor of an H100 or H200 a few
@@ -163,7 +183,21 @@ impl FlashDecode {
             // or 3) are measured on a GPU (docs/DECISIONS.md, "Loads that feed only `dot`s go
             // to shared stages").
             stages: 1,
+            kv: dtype,
         }
+    }
+
+    /// This specialization over a cache of `kv` elements: the queries' type, or an 8-bit
+    /// float (keys and values widened after their loads; no shared stages, which take only
+    /// loads that feed `dot`s as they are).
+    pub fn with_kv(self, kv: DType) -> FlashDecode {
+        let stages = if kv == self.dtype { self.stages } else { 1 };
+        FlashDecode { kv, stages, ..self }
+    }
+
+    /// Whether the cache holds 8-bit floats, with scales ([`KvScales`]).
+    pub fn scaled_kv(&self) -> bool {
+        self.kv != self.dtype
     }
 
     /// This specialization with its splits filling whole waves of the split stage's programs on
@@ -218,7 +252,8 @@ impl FlashDecode {
 
     fn name(&self, stage: &str) -> String {
         let page = self.page.map(|p| format!("_paged{p}")).unwrap_or_default();
-        format!("flash_decode_{stage}_{}_d{}_{}x{}{page}", self.dtype, self.head_dim, self.block_m, self.block_n)
+        let kv = if self.scaled_kv() { format!("_kv{}", self.kv) } else { String::new() };
+        format!("flash_decode_{stage}_{}_d{}_{}x{}{page}{kv}", self.dtype, self.head_dim, self.block_m, self.block_n)
             .to_lowercase()
     }
 
@@ -234,14 +269,16 @@ impl FlashDecode {
         let b = KernelBuilder::new(&self.name("split"), attrs);
         let d = self.dtype;
         // Rows of `D` elements start 16-byte aligned (`run` checks the buffers): vector loads.
-        let ptr = |name: &str| b.arg_ptr_aligned(name, d, 16);
-        let (q, k, v) = (ptr("q"), ptr("k"), ptr("v"));
+        let ptr = |name: &str, t: DType| b.arg_ptr_aligned(name, t, 16);
+        let (q, k, v) = (ptr("q", d), ptr("k", self.kv), ptr("v", self.kv));
         let lens = b.arg_ptr("lens", DType::I32);
         let table = self.page.map(|_| b.arg_ptr("table", DType::I32));
         let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
         let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
         let (cache_len, chunk, scale) = (b.arg("cache_len", DType::I32), b.arg("chunk", DType::I32), b.arg("scale", DType::F32));
         let key_offset = b.arg("key_offset", DType::I32);
+        // An 8-bit cache's value scale (its key scale is in `scale`: `k_scale / sqrt(D)`).
+        let v_scale = self.scaled_kv().then(|| b.arg("v_scale", DType::F32));
         let (bm, bn, hd) = (self.block_m, self.block_n, self.head_dim);
         let (bh, s) = (b.program_id_x(), b.program_id(Axis::Y));
         let splits = b.num_programs(Axis::Y);
@@ -292,12 +329,23 @@ impl FlashDecode {
                 (keys, ok, rows!(j0, keys))
             }};
         }
+        // A block of the cache in the queries' type (an 8-bit one widened, exactly).
+        macro_rules! widen {
+            ($t:expr) => {{
+                let t = $t;
+                if self.scaled_kv() {
+                    t.cast(d)
+                } else {
+                    t
+                }
+            }};
+        }
         // One step of the online softmax over the block `keys` (`ok`: those the split has) with
         // its keys `kb` and values `vb` (an expression, evaluated after the scores).
         macro_rules! step {
             ($m:expr, $l:expr, $acc:expr, ($keys:expr, $ok:expr), $kb:expr, $vb:expr) => {{
                 let (m, l, acc, keys, key_ok) = ($m, $l, $acc, $keys, $ok);
-                let scores = b.dot(qt, $kb.t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
+                let scores = b.dot(qt, widen!($kb).t(), b.zeros(&[bm, bn], DType::F32), InputPrecision::Ieee) * scale;
                 let seen = (keys + key_offset).expand_dims(0).le(pos.expand_dims(1)) & key_ok.expand_dims(0);
                 let scores = seen.select(scores, f64::NEG_INFINITY);
                 let m_new = m.max(scores.max_along(1));
@@ -306,7 +354,7 @@ impl FlashDecode {
                 let alpha = (m - m_use).exp();
                 let p = (scores - m_use.expand_dims(1)).exp();
                 let l = l * alpha + p.sum(1);
-                let acc = b.dot(p.cast(d), $vb, acc * alpha.expand_dims(1), InputPrecision::Ieee);
+                let acc = b.dot(p.cast(d), widen!($vb), acc * alpha.expand_dims(1), InputPrecision::Ieee);
                 vec![m_new, l, acc]
             }};
         }
@@ -338,6 +386,10 @@ impl FlashDecode {
         };
         let (m, l, acc) = (out[0], out[1], out[2]);
         let some = l.gt(0.0f32);
+        let acc = match v_scale {
+            Some(v_scale) => acc * v_scale,
+            None => acc,
+        };
         let o = some.expand_dims(1).select(acc / l.max(f32::MIN_POSITIVE).expand_dims(1), 0.0f32);
         let at = bh * splits + s;
         b.store(part + ((at * bm as i32 + r) * hd as i32).expand_dims(1) + dd.expand_dims(0), o, None);
@@ -387,13 +439,15 @@ impl FlashDecode {
         b.finish()
     }
 
-    /// Attention of `q` against the cache `k`, `v` (and the block table `table` where paged)
-    /// into `out`, through the scratch `work` ([`FlashDecode::work_bytes`]).
+    /// Attention of `q` against the cache `k`, `v` (with `scales` where it holds 8-bit floats;
+    /// and the block table `table` where paged) into `out`, through the scratch `work`
+    /// ([`FlashDecode::work_bytes`]).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         l: &DeviceCtx,
         (q, k, v): (&Buffer, &Buffer, &Buffer),
+        scales: KvScales,
         lens: &Buffer,
         table: Option<&Buffer>,
         work: &Buffer,
@@ -401,7 +455,7 @@ impl FlashDecode {
         shape: &DecodeShape,
     ) -> Result<(), BackendError> {
         let op = self.for_device(l)?;
-        for (stage, grid, args) in op.plan((q, k, v), lens, table, work, out, shape)? {
+        for (stage, grid, args) in op.plan((q, k, v), scales, lens, table, work, out, shape)? {
             let kernel = l.compile(op.key(stage), || op.build(stage))?;
             l.launch(&kernel, grid, &args)?;
         }
@@ -429,6 +483,7 @@ impl FlashDecode {
     pub fn plan(
         &self,
         (q, k, v): (&Buffer, &Buffer, &Buffer),
+        scales: KvScales,
         lens: &Buffer,
         table: Option<&Buffer>,
         work: &Buffer,
@@ -437,7 +492,7 @@ impl FlashDecode {
     ) -> Result<Vec<DecodeLaunch>, BackendError> {
         let es = self.dtype.size_bytes() as usize;
         require_bytes(out, shape.batch * shape.rows() * shape.heads_kv * shape.head_dim * es, "out")?;
-        let Some(split) = self.split_launch((q, k, v), lens, table, work, shape, 0)? else {
+        let Some(split) = self.split_launch((q, k, v), scales, lens, table, work, shape, 0)? else {
             return Ok(Vec::new());
         };
         let combine = self.combine_launch(&self.split_partials(work, shape), out, false, shape)?;
@@ -451,6 +506,7 @@ impl FlashDecode {
     pub fn split_launch(
         &self,
         (q, k, v): (&Buffer, &Buffer, &Buffer),
+        scales: KvScales,
         lens: &Buffer,
         table: Option<&Buffer>,
         work: &Buffer,
@@ -458,7 +514,14 @@ impl FlashDecode {
         key_offset: usize,
     ) -> Result<Option<DecodeLaunch>, BackendError> {
         self.check(shape, table.is_some())?;
+        if !self.scaled_kv() && scales != KvScales::default() {
+            return Err(BackendError::Host(format!(
+                "flash decoding: scales {scales:?} for a {} cache (only an 8-bit one is scaled)",
+                self.kv
+            )));
+        }
         let es = self.dtype.size_bytes() as usize;
+        let kv_es = self.kv.size_bytes() as usize;
         let (rows, g) = (shape.rows(), shape.group());
         require_bytes(q, shape.batch * rows * shape.heads_kv * shape.head_dim * es, "q")?;
         require_bytes(lens, shape.batch * 4, "lens")?;
@@ -467,7 +530,7 @@ impl FlashDecode {
                 require_bytes(t, shape.batch * shape.cache_len / self.page.unwrap_or(1) as usize * 4, "table")?;
                 0
             }
-            _ => shape.batch * shape.cache_len * shape.heads_kv * shape.head_dim * es,
+            _ => shape.batch * shape.cache_len * shape.heads_kv * shape.head_dim * kv_es,
         };
         require_bytes(k, kv_bytes, "k")?;
         require_bytes(v, kv_bytes, "v")?;
@@ -477,13 +540,16 @@ impl FlashDecode {
         }
         let (splits, chunk) = self.splits(shape);
         let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
-        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        let scale = scales.k / (shape.head_dim as f32).sqrt();
         let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
         args.extend(table.map(|t| t.arg()));
         args.extend([work.arg(), work.arg_at(self.part_bytes(shape))]);
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
         args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
         args.push(int(key_offset, "the cache's first key")?);
+        if self.scaled_kv() {
+            args.push(KernelArg::f32(scales.v));
+        }
         let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
         Ok(Some((DecodeStage::Split, [heads, splits as u32, 1], args)))
     }
@@ -558,6 +624,12 @@ impl FlashDecode {
         if shape.heads_kv == 0 || !shape.heads_q.is_multiple_of(shape.heads_kv) {
             return problem(format!("{} query heads do not group over {} KV heads", shape.heads_q, shape.heads_kv));
         }
+        if self.kv != self.dtype && !(self.kv.is_fp8() && self.dtype.size_bytes() == 2) {
+            return problem(format!(
+                "a {} cache for {} queries: the queries' type, or an 8-bit float cache for 16-bit queries",
+                self.kv, self.dtype
+            ));
+        }
         if shape.head_dim != self.head_dim as usize {
             return problem(format!("head dimension {} for a kernel of {}", shape.head_dim, self.head_dim));
         }
@@ -630,6 +702,25 @@ mod tests {
         assert!(err(shape(), false, op.paged(16)).contains("needs its block table"));
         assert!(err(shape(), true, op.paged(48)).contains("pages of 48 keys"));
         assert!(op.paged(64).check(&shape(), true).is_ok());
+        // 8-bit caches serve 16-bit queries only.
+        assert!(op.with_kv(DType::F8E4M3FN).check(&shape(), false).is_ok());
+        let f32_op = FlashDecode::for_shape(DType::F32, &shape()).with_kv(DType::F8E5M2);
+        assert!(err(shape(), false, f32_op).contains("a f8e5m2 cache for f32 queries"));
+        assert!(err(shape(), false, op.with_kv(DType::F16)).contains("a f16 cache for bf16 queries"));
+    }
+
+    /// An 8-bit cache keeps its loads in registers (no shared stages), names its kernels
+    /// apart, and takes its value scale as an argument (its key scale is in `scale`).
+    #[test]
+    fn eight_bit_caches() {
+        let op = FlashDecode { stages: 2, ..FlashDecode::for_shape(DType::BF16, &shape()) };
+        let kv8 = op.with_kv(DType::F8E4M3FN);
+        assert_eq!((kv8.stages, op.with_kv(DType::BF16).stages), (1, 2));
+        assert!(kv8.scaled_kv() && !op.scaled_kv());
+        assert!(kv8.build_split().unwrap().name.ends_with("_kvf8e4m3fn"));
+        let split = kv8.build_split().unwrap();
+        assert!(split.params.iter().any(|p| p.name == "v_scale"));
+        assert!(!op.build_split().unwrap().params.iter().any(|p| p.name == "v_scale"));
     }
 
     /// The splits cover the cache in whole blocks, enough of them to fill the GPU where the

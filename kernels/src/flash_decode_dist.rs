@@ -19,7 +19,7 @@
 //! without a gather to one rank, which the LL protocol gains little from.
 
 use crate::allgather_ll::{AllGatherLl, LlBuffers};
-use crate::flash_decode::{DecodeLaunch, DecodeShape, DecodeStage, FlashDecode, Partials};
+use crate::flash_decode::{DecodeLaunch, DecodeShape, DecodeStage, FlashDecode, KvScales, Partials};
 use crate::require_i32;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
@@ -122,7 +122,7 @@ impl DistFlashDecode {
         self.check_world(ctx, &shape)?;
         let op = &self.for_rank(ctx)?;
         let first_key = ctx.rank() * shape.cache_len;
-        let Some(split) = op.split_launch((q, k, v), lens, table, &bufs.work, &shape, first_key)? else {
+        let Some(split) = op.split_launch((q, k, v), KvScales::default(), lens, table, &bufs.work, &shape, first_key)? else {
             return Ok(false);
         };
         let local = op.combine_launch(&op.split_partials(&bufs.work, &shape), &bufs.block, true, &shape)?;

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use trident_core::backend::{Artifact, BackendError, Buffer, Device};
 use trident_core::ir::DType;
 use trident_core::world::KernelCache;
-use trident_kernels::flash_decode::{DecodeShape, DecodeStage, FlashDecode};
+use trident_kernels::flash_decode::{DecodeShape, DecodeStage, FlashDecode, KvScales};
 use trident_kernels::grouped_gemm::{BLayout, Epilogue, GroupedGemm, Groups, Layout, Operands, Scales};
 use trident_kernels::scaled_gemm::{ScaledGemm, Scaling};
 
@@ -226,7 +226,9 @@ pub fn flash_decode(
         py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
     let wave = Device::resident_programs(dev.as_ref(), &split).map_err(errors::backend)?;
     let op = op.with_resident(wave);
-    let plan = op.plan((&qb, &kb, &vb), &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
+    let plan = op
+        .plan((&qb, &kb, &vb), KvScales::default(), &lens, table.as_ref(), &work, &out, &shape)
+        .map_err(errors::backend)?;
     for (stage, grid, args) in plan {
         let art = py.detach(|| compiled(&op.key(stage), &target, || op.build(stage))).map_err(errors::backend)?;
         dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;

@@ -1,6 +1,6 @@
 //! Flash decoding over a contiguous and a paged KV cache.
 
-use crate::host::random;
+use crate::host::{random, round_to};
 use crate::reference;
 use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
@@ -8,7 +8,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use trident_core::backend::{BackendError, Buffer};
 use trident_core::ir::DType;
-use trident_kernels::flash_decode::{DecodeShape, FlashDecode};
+use trident_kernels::flash_decode::{DecodeShape, FlashDecode, KvScales};
 use trident_kernels::DeviceCtx;
 
 struct FlashDecodeCase;
@@ -20,7 +20,30 @@ pub(crate) fn decode_shape(s: &[usize]) -> DecodeShape {
 }
 
 pub(crate) fn paged(case: &Case) -> bool {
-    matches!(case.variant, "paged" | "paged-staged")
+    matches!(case.variant, "paged" | "paged-staged" | "kv-e5m2-paged")
+}
+
+/// The cache's element type of a case: an 8-bit float in the `kv-*` variants, else the
+/// queries' type.
+fn kv_type(case: &Case) -> DType {
+    match case.variant {
+        "kv-e4m3" => DType::F8E4M3FN,
+        "kv-e5m2-paged" => DType::F8E5M2,
+        _ => case.dtype,
+    }
+}
+
+/// The dequantization scales of the 8-bit caches (`KvScales`): neither a power of two, so a
+/// scale applied twice, to the wrong operand or not at all fails the check.
+const SCALES: KvScales = KvScales { k: 0.37, v: 1.9 };
+
+/// The scales a case runs with: [`SCALES`] for an 8-bit cache, 1 and 1 otherwise.
+fn scales(case: &Case) -> KvScales {
+    if kv_type(case) == case.dtype {
+        KvScales::default()
+    } else {
+        SCALES
+    }
 }
 
 /// Pages in a paged case's pool: every sequence's, and as many again unused.
@@ -42,17 +65,23 @@ impl Operation for FlashDecodeCase {
         "flash_decode"
     }
 
-    fn variants(&self, _dtype: DType) -> &'static [&'static str] {
+    fn variants(&self, dtype: DType) -> &'static [&'static str] {
         // `narrow`: contiguous, K and V moved 8 bytes a thread (`FlashDecode::wide` off; the
         // default moves 16 at 16-row tiles of 16-bit types). `staged`, `staged3`: contiguous,
         // no prefetching, K and V in a ring of two or three shared stages where the target
         // copies by `cp.async` (`FlashDecode::stages`); `paged-staged`: paged, two stages (the
-        // copies' addresses read the block table ahead).
-        &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged"]
+        // copies' addresses read the block table ahead). `kv-e4m3`: contiguous, `kv-e5m2-paged`:
+        // paged, the cache in 8-bit floats with per-tensor scales (16-bit queries only).
+        if dtype.size_bytes() == 2 {
+            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged", "kv-e4m3", "kv-e5m2-paged"]
+        } else {
+            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged"]
+        }
     }
 
     fn input_types(&self, case: &Case, inputs: usize) -> Vec<DType> {
-        let mut t = vec![case.dtype, case.dtype, case.dtype, DType::I32, DType::I32];
+        let kv = kv_type(case);
+        let mut t = vec![case.dtype, kv, kv, DType::I32, DType::I32];
         t.truncate(inputs);
         t
     }
@@ -81,18 +110,27 @@ impl Operation for FlashDecodeCase {
         let lens: Vec<usize> = (0..b).map(|i| if i == 0 { s[7] } else { rng.gen_range(nq..=cap) }).collect();
         let mut inputs = vec![q.clone()];
         let expected;
+        // The cache as stored (in 8-bit floats: values up to 4, the scales' multiples of
+        // which the reference attends to), and as it counts.
+        let kv = kv_type(case);
+        let cache = |n: usize, rng: &mut rand::rngs::StdRng| {
+            let spread = if kv == case.dtype { 1.0 } else { 4.0 };
+            round_to(&random(n, DType::F64, rng).iter().map(|x| x * spread).collect::<Vec<_>>(), kv)
+        };
+        let scaled = |x: &[f64], by: f32| x.iter().map(|e| e * by as f64).collect::<Vec<f64>>();
+        let sc = scales(case);
         if paged(case) {
             // Each sequence's pages drawn from a shuffled pool twice its size.
             let (pages, per_seq) = (pool_pages(s), cap / page);
             let table = block_table(s, rng);
-            let (k, v) = (random(pages * page * hkv * d, case.dtype, rng), random(pages * page * hkv * d, case.dtype, rng));
+            let (k, v) = (cache(pages * page * hkv * d, rng), cache(pages * page * hkv * d, rng));
             let kv = |seq: usize, j: usize| ((table[seq * per_seq + j / page] * page + j % page) * hkv) * d;
-            expected = reference::decode_attention(&q, (&k, &v), &kv, &lens, (nq, hq, hkv, d));
+            expected = reference::decode_attention(&q, (&scaled(&k, sc.k), &scaled(&v, sc.v)), &kv, &lens, (nq, hq, hkv, d));
             inputs.extend([k, v, lens.iter().map(|&x| x as f64).collect(), table.iter().map(|&x| x as f64).collect()]);
         } else {
-            let (k, v) = (random(b * cap * hkv * d, case.dtype, rng), random(b * cap * hkv * d, case.dtype, rng));
+            let (k, v) = (cache(b * cap * hkv * d, rng), cache(b * cap * hkv * d, rng));
             let kv = |seq: usize, j: usize| ((seq * cap + j) * hkv) * d;
-            expected = reference::decode_attention(&q, (&k, &v), &kv, &lens, (nq, hq, hkv, d));
+            expected = reference::decode_attention(&q, (&scaled(&k, sc.k), &scaled(&v, sc.v)), &kv, &lens, (nq, hq, hkv, d));
             inputs.extend([k, v, lens.iter().map(|&x| x as f64).collect()]);
         }
         // An output row is a weighted mean of value rows, whose error does not grow with the
@@ -105,6 +143,7 @@ impl Operation for FlashDecodeCase {
         let shape = decode_shape(s);
         let op = FlashDecode::for_shape(case.dtype, &shape);
         let op = if paged(case) { op.paged(s[6] as u32) } else { op };
+        let op = op.with_kv(kv_type(case));
         let op = match case.variant {
             "narrow" => FlashDecode { wide: false, ..op },
             "staged" | "paged-staged" => FlashDecode { prefetch: false, stages: 2, ..op },
@@ -112,7 +151,7 @@ impl Operation for FlashDecodeCase {
             _ => op,
         };
         let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
-        let result = op.run(l, (&ins[0], &ins[1], &ins[2]), &ins[3], ins.get(4), &work, out, &shape);
+        let result = op.run(l, (&ins[0], &ins[1], &ins[2]), scales(case), &ins[3], ins.get(4), &work, out, &shape);
         l.device.free(&work)?;
         result
     }
