@@ -188,11 +188,15 @@ impl FlashDecode {
     }
 
     /// This specialization over a cache of `kv` elements: the queries' type, or an 8-bit
-    /// float (keys and values widened after their loads; no shared stages, which take only
-    /// loads that feed `dot`s as they are).
+    /// float, whose keys and values are widened after their loads: no shared stages (they
+    /// take only loads that feed `dot`s as they are) and no prefetching (on sm_90a at 16 x 64
+    /// and 8 warps the widening of the carried blocks takes 218 registers, one program per
+    /// multiprocessor, against 114 without).
     pub fn with_kv(self, kv: DType) -> FlashDecode {
-        let stages = if kv == self.dtype { self.stages } else { 1 };
-        FlashDecode { kv, stages, ..self }
+        if kv == self.dtype {
+            return FlashDecode { kv, ..self };
+        }
+        FlashDecode { kv, stages: 1, prefetch: false, ..self }
     }
 
     /// Whether the cache holds 8-bit floats, with scales ([`KvScales`]).
@@ -672,6 +676,19 @@ inventory::submit! {
     }
 }
 
+// The split stage over an f8e4m3fn cache: bf16 queries whatever the catalogue's type.
+inventory::submit! {
+    crate::Catalogued {
+        name: "flash_decode_split_kv8",
+        operation: "flash_decode",
+        distributed: false,
+        build: |_| {
+            let shape = DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 };
+            FlashDecode::for_shape(DType::BF16, &shape).with_kv(DType::F8E4M3FN).build_split()
+        },
+    }
+}
+
 inventory::submit! {
     crate::Catalogued {
         name: "flash_decode_combine",
@@ -709,13 +726,14 @@ mod tests {
         assert!(err(shape(), false, op.with_kv(DType::F16)).contains("a f16 cache for bf16 queries"));
     }
 
-    /// An 8-bit cache keeps its loads in registers (no shared stages), names its kernels
+    /// An 8-bit cache keeps its loads in registers (no shared stages, no prefetch), names its kernels
     /// apart, and takes its value scale as an argument (its key scale is in `scale`).
     #[test]
     fn eight_bit_caches() {
         let op = FlashDecode { stages: 2, ..FlashDecode::for_shape(DType::BF16, &shape()) };
         let kv8 = op.with_kv(DType::F8E4M3FN);
         assert_eq!((kv8.stages, op.with_kv(DType::BF16).stages), (1, 2));
+        assert!(!kv8.prefetch && op.with_kv(DType::BF16).prefetch == op.prefetch);
         assert!(kv8.scaled_kv() && !op.scaled_kv());
         assert!(kv8.build_split().unwrap().name.ends_with("_kvf8e4m3fn"));
         let split = kv8.build_split().unwrap();
