@@ -190,9 +190,10 @@ pub fn flash_decode_work_bytes(
 }
 
 /// Flash decoding (`trident_kernels::flash_decode`): `out` = attention of `q` against the
-/// cache `k`, `v` (`kv_bytes` each: contiguous, or paged with the block table `table` and
-/// `page` keys a page), `lens` the sequences' lengths, through the scratch `work`; by address
-/// on CUDA device `device`, enqueued on `stream`.
+/// cache `k`, `v` (`kv_bytes` each, of `kv_name` elements: the queries' type, or an 8-bit
+/// float standing for its multiples by `scales` (key, value); contiguous, or paged with the
+/// block table `table` and `page` keys a page), `lens` the sequences' lengths, through the
+/// scratch `work`; by address on CUDA device `device`, enqueued on `stream`.
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 pub fn flash_decode(
@@ -202,10 +203,20 @@ pub fn flash_decode(
     extents: (usize, usize, usize, usize, usize, usize),
     page: Option<u32>,
     dtype_name: &str,
+    kv_name: &str,
+    scales: (f32, f32),
     device: i64,
     stream: u64,
 ) -> PyResult<()> {
     let (op, shape) = decode_op(dtype_name, extents, page)?;
+    let kv = DType::parse(kv_name)
+        .filter(|t| *t == op.dtype || t.is_fp8())
+        .ok_or_else(|| errors::argument(format!("flash_decode: a `{kv_name}` cache for {} queries", op.dtype)))?;
+    let op = op.with_kv(kv);
+    let scales = KvScales { k: scales.0, v: scales.1 };
+    if !op.scaled_kv() && scales != KvScales::default() {
+        return Err(errors::argument("flash_decode: k_scale and v_scale are for an 8-bit cache"));
+    }
     let (q, k, v, lens, table, work, out) = pointers;
     let es = op.dtype.size_bytes() as usize;
     let buf = |name: &str, address: u64, bytes: usize| Buffer { name: name.into(), address, bytes };
@@ -226,9 +237,7 @@ pub fn flash_decode(
         py.detach(|| compiled(&op.key(DecodeStage::Split), &target, || op.build_split())).map_err(errors::backend)?;
     let wave = Device::resident_programs(dev.as_ref(), &split).map_err(errors::backend)?;
     let op = op.with_resident(wave);
-    let plan = op
-        .plan((&qb, &kb, &vb), KvScales::default(), &lens, table.as_ref(), &work, &out, &shape)
-        .map_err(errors::backend)?;
+    let plan = op.plan((&qb, &kb, &vb), scales, &lens, table.as_ref(), &work, &out, &shape).map_err(errors::backend)?;
     for (stage, grid, args) in plan {
         let art = py.detach(|| compiled(&op.key(stage), &target, || op.build(stage))).map_err(errors::backend)?;
         dev.enqueue_on(stream, &art, grid, &args, crate::launch::launch_options()).map_err(errors::backend)?;

@@ -345,3 +345,34 @@ def test_flash_decode_against_float64(dtype, page):
     assert out[0, 0].abs().max().item() == 0
     with pytest.raises(trident.ArgumentError, match="int32"):
         trident.ops.flash_decode(q, k, v, lens.long())
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("page", [None, 64])
+def test_flash_decode_fp8_cache_against_float64(fp8, page):
+    import trident.ops
+
+    # An FP8 cache with per-tensor scales (neither a power of two), GQA 4:1, two new tokens.
+    batch, q_len, heads_q, heads_kv, d, cap = 2, 2, 8, 2, 128, 2048 + 64
+    lens = torch.tensor([1027, cap], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, q_len, heads_q, d, device="cuda").to(torch.bfloat16)
+    k8 = (4 * torch.rand(batch, cap, heads_kv, d, device="cuda") - 2).to(fp8)
+    v8 = (4 * torch.rand(batch, cap, heads_kv, d, device="cuda") - 2).to(fp8)
+    ks, vs = 0.37, 1.9
+    if page is None:
+        out = torch.ops.trident.flash_decode(q, k8, v8, lens, k_scale=ks, v_scale=vs)
+    else:
+        per = cap // page
+        order = torch.randperm(batch * per, device="cuda")
+        table = order.reshape(batch, per).to(torch.int32)
+        kp = torch.empty(batch * per, page, heads_kv, d, device="cuda", dtype=fp8)
+        vp = torch.empty_like(kp)
+        kp.view(torch.uint8)[order] = k8.view(torch.uint8).reshape(batch * per, page, heads_kv, d)
+        vp.view(torch.uint8)[order] = v8.view(torch.uint8).reshape(batch * per, page, heads_kv, d)
+        out = torch.ops.trident.flash_decode(q, kp, vp, lens, table, k_scale=ks, v_scale=vs)
+    torch.cuda.synchronize()
+    want = _decode_reference(q, k8.double() * ks, v8.double() * vs, lens)
+    err = (out.double() - want).abs().max().item() / want.abs().max().item()
+    assert err <= 2e-2, err
+    with pytest.raises(trident.ArgumentError, match="8-bit cache"):
+        trident.ops.flash_decode(q, q, q, lens, k_scale=2.0)

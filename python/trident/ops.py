@@ -6,6 +6,7 @@
     c = trident.ops.grouped_mm_masked(a, b, counts)       # a [E, T_max, K], counts int32 [E]
     h = trident.ops.grouped_mm(a, trident.ops.interleave_gate_up(w13), offs, swiglu=True)
     o = trident.ops.flash_decode(q, k_cache, v_cache, lens)             # or block_table=...
+    o = trident.ops.flash_decode(q, k_fp8, v_fp8, lens, k_scale=ks, v_scale=vs)
 
 ``scaled_mm``: ``(a * scale_a) @ (b * scale_b).T`` in bf16, with `a` ``[M, K]`` and `b`
 ``[N, K]`` FP8 (``torch.float8_e4m3fn`` or ``float8_e5m2``, both row-major, i.e. K-major as FP8
@@ -42,7 +43,11 @@ its KV cache, split along the cache over the GPU and combined by log-sum-exp: ``
 16), ``lens``
 int32 ``[B]`` each sequence's length, its new tokens included; bf16 or f16, ``Hq`` a multiple
 of ``Hkv``, ``D`` 64 or 128. Query token ``i`` sits at position ``lens[b] - Nq + i`` and
-attends causally (scale ``1/sqrt(D)``); a query that sees no key gets zeros.
+attends causally (scale ``1/sqrt(D)``); a query that sees no key gets zeros. The caches may be
+FP8 (both ``float8_e4m3fn`` or both ``float8_e5m2``) with per-tensor dequantization scales
+``k_scale`` and ``v_scale`` (floats, as serving engines keep an FP8 KV cache): a stored key
+``K`` counts as ``k_scale * K``, a value ``V`` as ``v_scale * V``; they are read at half the
+bytes and widened to ``q``'s type in registers.
 """
 
 import torch
@@ -220,10 +225,16 @@ def decode_extents(what, q, k_cache, v_cache, lens, block_table):
     return (batch, q_len, heads_q, heads_kv, d, cache_len), page
 
 
-def flash_decode(q, k_cache, v_cache, lens, block_table=None):
+def flash_decode(q, k_cache, v_cache, lens, block_table=None, k_scale=1.0, v_scale=1.0):
     """See the module's text. Raises ``ArgumentError`` for wrong dtypes, shapes or devices."""
-    if q.dtype not in _DECODE or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ArgumentError(f"flash_decode: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: all bfloat16 or float16")
+    eight_bit = k_cache.dtype in _FP8 and v_cache.dtype == k_cache.dtype
+    if q.dtype not in _DECODE or not (eight_bit or (k_cache.dtype == q.dtype and v_cache.dtype == q.dtype)):
+        raise ArgumentError(
+            f"flash_decode: q {q.dtype}, caches {k_cache.dtype}/{v_cache.dtype}: bfloat16 or float16 q, "
+            "caches of q's type or both float8_e4m3fn or float8_e5m2"
+        )
+    if not eight_bit and (k_scale != 1.0 or v_scale != 1.0):
+        raise ArgumentError("flash_decode: k_scale and v_scale are for an 8-bit cache")
     extents, page = decode_extents("flash_decode", q, k_cache, v_cache, lens, block_table)
     tensors = (q, k_cache, v_cache, lens) + ((block_table,) if block_table is not None else ())
     if any(not t.is_cuda or t.get_device() != q.get_device() for t in tensors):
@@ -248,13 +259,15 @@ def flash_decode(q, k_cache, v_cache, lens, block_table=None):
         extents,
         page,
         name,
+        _FP8[k_cache.dtype] if eight_bit else name,
+        (float(k_scale), float(v_scale)),
         q.get_device(),
         torch.cuda.current_stream(q.device).cuda_stream,
     )
     return out
 
 
-def _fake_flash_decode(q, k_cache, v_cache, lens, block_table=None):
+def _fake_flash_decode(q, k_cache, v_cache, lens, block_table=None, k_scale=1.0, v_scale=1.0):
     return torch.empty_like(q)
 
 
@@ -297,7 +310,10 @@ def _define():
     )
     lib.impl("grouped_mm_masked", grouped_mm_masked, "CUDA")
     torch.library.register_fake("trident::grouped_mm_masked", lib=lib)(_fake_grouped_mm_masked)
-    lib.define("flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor lens, Tensor? block_table=None) -> Tensor")
+    lib.define(
+        "flash_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor lens, Tensor? block_table=None,"
+        " float k_scale=1.0, float v_scale=1.0) -> Tensor"
+    )
     lib.impl("flash_decode", flash_decode, "CUDA")
     torch.library.register_fake("trident::flash_decode", lib=lib)(_fake_flash_decode)
 
