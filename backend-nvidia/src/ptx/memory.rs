@@ -81,23 +81,35 @@ impl Writer<'_> {
 
     /// The element type and operands of a vector access of `regs`: the registers themselves,
     /// or, for more than four elements (PTX vectors have at most four: eight 16-bit values
-    /// are 16 bytes), 32-bit temporaries each holding two, packed from the registers where
-    /// `pack` (a store, or a predicated load keeping its others) and unpacked by [`Self::unpack`]
-    /// after a load.
+    /// are 16 bytes), 32-bit temporaries each holding two 16-bit values or four bytes, packed
+    /// from the registers where `pack` (a store, or a predicated load keeping its others) and
+    /// unpacked by [`Self::unpack`] after a load.
     fn vector_operands(&mut self, regs: &[Reg], pack: bool) -> Result<(&'static str, Vec<String>), EmitError> {
         let t = self.k.ty(regs[0]);
         if regs.len() <= 4 {
             return Ok((vec_type(t), regs.iter().map(|r| self.n(*r).to_string()).collect()));
         }
-        if regs.len() != 8 || class(t) != Class::H {
-            return Err(EmitError(format!("a vector access of {} values of {t:?} (16 bytes at most)", regs.len())));
-        }
-        let mut words = Vec::with_capacity(regs.len() / 2);
-        for pair in regs.chunks(2) {
+        let per_word = match (regs.len(), t) {
+            (8, _) if class(t) == Class::H => 2,
+            (8 | 16, SType::Int { bits: 8, .. }) => 4,
+            _ => {
+                return Err(EmitError(format!("a vector access of {} values of {t:?} (16 bytes at most)", regs.len())))
+            }
+        };
+        let mut words = Vec::with_capacity(regs.len() / per_word);
+        for group in regs.chunks(per_word) {
             let w = self.temp(Class::R).to_string();
             if pack {
-                let (lo, hi) = (self.n(pair[0]), self.n(pair[1]));
-                line!(self, "mov.b32 {w}, {{{lo}, {hi}}}");
+                let r: Vec<String> = group.iter().map(|r| self.n(*r).to_string()).collect();
+                if per_word == 2 {
+                    line!(self, "mov.b32 {w}, {{{}, {}}}", r[0], r[1]);
+                } else {
+                    // Bytes 0 and 1 from the first two registers, 2 and 3 from the last two.
+                    let (lo, hi) = (self.temp(Class::R), self.temp(Class::R));
+                    line!(self, "prmt.b32 {lo}, {}, {}, 0x0040", r[0], r[1]);
+                    line!(self, "prmt.b32 {hi}, {}, {}, 0x0040", r[2], r[3]);
+                    line!(self, "prmt.b32 {w}, {lo}, {hi}, 0x5410");
+                }
             }
             words.push(w);
         }
@@ -107,6 +119,18 @@ impl Writer<'_> {
     /// After a load into `words` ([`Self::vector_operands`]), the values into `regs`.
     fn unpack(&mut self, regs: &[Reg], words: &[String]) {
         if regs.len() <= 4 {
+            return;
+        }
+        let t = self.k.ty(regs[0]);
+        if let SType::Int { bits: 8, signed } = t {
+            // Each byte extended into its register, as a scalar `ld.u8` / `ld.s8` does.
+            let ext = if signed { "s32" } else { "u32" };
+            for (group, w) in regs.chunks(4).zip(words) {
+                for (i, r) in group.iter().enumerate() {
+                    let r = self.n(*r).to_string();
+                    line!(self, "bfe.{ext} {r}, {w}, {}, 8", 8 * i);
+                }
+            }
             return;
         }
         for (pair, w) in regs.chunks(2).zip(words) {

@@ -298,6 +298,8 @@ fn scope_name(s: Scope) -> &'static str {
 fn vec_type(t: SType) -> &'static str {
     match t {
         SType::F16 | SType::BF16 => "b16",
+        SType::Int { bits: 8, signed: true } => "s8",
+        SType::Int { bits: 8, signed: false } => "u8",
         SType::Int { bits: 16, signed: true } => "s16",
         SType::Int { bits: 16, signed: false } => "u16",
         SType::F32 => "f32",

@@ -28,6 +28,10 @@ impl Lowering<'_> {
             return r;
         }
         if let Some(f) = from.fp8() {
+            if to == DType::F16 {
+                // Exact in one step where the target converts (not through f32).
+                return self.fp8_to_half(r, f);
+            }
             let x = self.fp8_decode(r, f);
             return match to.fp8() {
                 Some(g) => self.fp8_encode(x, g),

@@ -61,10 +61,11 @@ impl Lowering<'_> {
         out
     }
 
-    /// The vector width (elements) of accesses through `ptr`, or 1.
+    /// The vector width (elements) of accesses through `ptr`, or 1. Elements of a byte (FP8,
+    /// 8-bit integers) move in groups of whole 32-bit words (4, 8 or 16), never fewer.
     pub(super) fn vector_width(&mut self, ptr: Value, t: SType) -> u32 {
         let pt = self.func.ty(ptr).clone();
-        if pt.is_scalar() || matches!(t, SType::Pred) || shared_size(t) < 2 {
+        if pt.is_scalar() || matches!(t, SType::Pred) {
             return 1;
         }
         let l = self.layout(&pt.shape);
@@ -73,7 +74,8 @@ impl Lowering<'_> {
             return 1;
         }
         let w = l.vector().min(self.contiguity.get(ptr).contiguity).min(16 / shared_size(t));
-        if w >= 2 {
+        let least = if shared_size(t) == 1 { 4 } else { 2 };
+        if w >= least {
             w
         } else {
             1
