@@ -17,6 +17,10 @@ done
 for c in "flash_decode bf16 1 1 32 8 128 131072 8" "flash_decode bf16 4 1 64 8 128 32768 8" "flash_decode bf16 4 1 64 8 128 32768"; do
   KEEP='^bench: flash_decode [^c]*:|rror' step "bench-${c// /_}" 60 $B/trident bench --only "$c" --reps 10 --config 64n/8w
 done
+# One split writes the output directly (no combine): the shape where that happens, against SDPA.
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+KEEP='^bench: flash_decode [^c]*:|rror' step bench-direct 90 $B/trident bench --only "flash_decode bf16 64 1 32 8 128 1024" \
+  --reps 10 --config 64n/8w/pf/w16 --baseline-cmd "$PY bench/baseline.py"
 KEEP='passed|disagree|FAIL' step ops 150 $B/trident ops --backend nvidia --fast
 tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
 cat "$S"

@@ -20,6 +20,10 @@
 //! normalized partial output (`part [B Hkv, splits, block_m, D]` f32) and log-sum-exp
 //! (`lse [B Hkv, splits, block_m]` f32, `-inf` where the split saw no key).
 //!
+//! **Direct** (one split): where the split count is 1 (short caches over many heads, which fill
+//! the GPU without splitting), the split stage's programs normalize and write their rows'
+//! output themselves and no combine runs: one launch, no partials.
+//!
 //! **Combine** (grid `[B Hkv, Nq G]`): each row's output is the splits' partial outputs weighed
 //! by `exp(lse_s - max lse)`, over their sum. The kernel reads its partials through strides
 //! ([`Partials`]), so that the same kernel combines one GPU's splits and the ranks' partials
@@ -67,6 +71,9 @@ impl DecodeShape {
 pub enum DecodeStage {
     /// Each split's partial output and log-sum-exp.
     Split,
+    /// The split stage where one split takes the whole cache: each program writes its rows'
+    /// output directly, and no combine runs.
+    Direct,
     /// The splits combined by their log-sum-exps into the output.
     Combine,
     /// The splits combined into an f32 partial output and its log-sum-exp per row (`[B Hkv,
@@ -263,6 +270,11 @@ impl FlashDecode {
 
     /// The split stage.
     pub fn build_split(&self) -> Result<Function, VerifyError> {
+        self.build_attention(false)
+    }
+
+    /// The split stage (`direct`: of one split, writing the output).
+    fn build_attention(&self, direct: bool) -> Result<Function, VerifyError> {
         let attrs = LaunchAttrs {
             warps: self.warps,
             fast_math: self.fast_math,
@@ -270,14 +282,19 @@ impl FlashDecode {
             stages: self.stages,
             ..LaunchAttrs::default()
         };
-        let b = KernelBuilder::new(&self.name("split"), attrs);
+        let b = KernelBuilder::new(&self.name(if direct { "direct" } else { "split" }), attrs);
         let d = self.dtype;
         // Rows of `D` elements start 16-byte aligned (`run` checks the buffers): vector loads.
         let ptr = |name: &str, t: DType| b.arg_ptr_aligned(name, t, 16);
         let (q, k, v) = (ptr("q", d), ptr("k", self.kv), ptr("v", self.kv));
         let lens = b.arg_ptr("lens", DType::I32);
         let table = self.page.map(|_| b.arg_ptr("table", DType::I32));
-        let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
+        // The partials (`part`, `lse`), or (`direct`) the output.
+        let outs = if direct {
+            (b.arg_ptr("out", d), None)
+        } else {
+            (b.arg_ptr("part", DType::F32), Some(b.arg_ptr("lse", DType::F32)))
+        };
         let (q_len, heads_kv, group) = (b.arg("q_len", DType::I32), b.arg("heads_kv", DType::I32), b.arg("group", DType::I32));
         let (cache_len, chunk, scale) = (b.arg("cache_len", DType::I32), b.arg("chunk", DType::I32), b.arg("scale", DType::F32));
         let key_offset = b.arg("key_offset", DType::I32);
@@ -395,9 +412,18 @@ impl FlashDecode {
             None => acc,
         };
         let o = some.expand_dims(1).select(acc / l.max(f32::MIN_POSITIVE).expand_dims(1), 0.0f32);
-        let at = bh * splits + s;
-        b.store(part + ((at * bm as i32 + r) * hd as i32).expand_dims(1) + dd.expand_dims(0), o, None);
-        b.store(lse + (at * bm as i32 + r), some.select(m + l.max(f32::MIN_POSITIVE).log(), f64::NEG_INFINITY), None);
+        match outs {
+            (part, Some(lse)) => {
+                let at = bh * splits + s;
+                b.store(part + ((at * bm as i32 + r) * hd as i32).expand_dims(1) + dd.expand_dims(0), o, None);
+                b.store(lse + (at * bm as i32 + r), some.select(m + l.max(f32::MIN_POSITIVE).log(), f64::NEG_INFINITY), None);
+            }
+            // The query rows the tile has (not its padding), as the combine writes them.
+            (out, None) => {
+                let at = (q_rows * hd as i32).expand_dims(1) + dd.expand_dims(0);
+                b.store(out + at, o.cast(d), Some(row_ok.expand_dims(1)));
+            }
+        }
         b.finish()
     }
 
@@ -475,6 +501,7 @@ impl FlashDecode {
     pub fn build(&self, stage: DecodeStage) -> Result<Function, VerifyError> {
         match stage {
             DecodeStage::Split => self.build_split(),
+            DecodeStage::Direct => self.build_attention(true),
             DecodeStage::Combine => self.build_combine(false),
             DecodeStage::CombinePartial => self.build_combine(true),
         }
@@ -499,6 +526,13 @@ impl FlashDecode {
         let Some(split) = self.split_launch((q, k, v), scales, lens, table, work, shape, 0)? else {
             return Ok(Vec::new());
         };
+        if split.1[1] == 1 {
+            // One split takes the whole cache: its programs write the output, no combine.
+            let (_, grid, mut args) = split;
+            let at = if table.is_some() { 5 } else { 4 };
+            args.splice(at..at + 2, [out.arg()]);
+            return Ok(vec![(DecodeStage::Direct, grid, args)]);
+        }
         let combine = self.combine_launch(&self.split_partials(work, shape), out, false, shape)?;
         Ok(vec![split, combine])
     }
@@ -724,6 +758,37 @@ mod tests {
         let f32_op = FlashDecode::for_shape(DType::F32, &shape()).with_kv(DType::F8E5M2);
         assert!(err(shape(), false, f32_op).contains("a f8e5m2 cache for f32 queries"));
         assert!(err(shape(), false, op.with_kv(DType::F16)).contains("a f16 cache for bf16 queries"));
+    }
+
+    /// One split over the whole cache is one launch whose arguments are the split stage's with
+    /// the output in place of the partials; more splits are the split stage and the combine.
+    #[test]
+    fn one_split_writes_the_output_directly() {
+        let buf = |name: &str, address: u64| Buffer { name: name.into(), address, bytes: 1 << 30 };
+        let (q, k, v, lens, work, out) = (buf("q", 1), buf("k", 2), buf("v", 3), buf("lens", 4), buf("work", 5), buf("out", 6));
+        let table = buf("table", 7);
+        for paged in [false, true] {
+            let short = DecodeShape { cache_len: 64, ..shape() };
+            let op = FlashDecode::for_shape(DType::BF16, &short);
+            let op = if paged { op.paged(64) } else { op };
+            let t = paged.then_some(&table);
+            let plan = op.plan((&q, &k, &v), KvScales::default(), &lens, t, &work, &out, &short).unwrap();
+            assert_eq!(plan.len(), 1);
+            let (stage, grid, args) = &plan[0];
+            assert_eq!((*stage, grid[1]), (DecodeStage::Direct, 1));
+            let split = op.split_launch((&q, &k, &v), KvScales::default(), &lens, t, &work, &short, 0).unwrap().unwrap();
+            assert_eq!(args.len(), split.2.len() - 1);
+            let at = if paged { 5 } else { 4 };
+            assert_eq!(format!("{:?}", args[at]), format!("{:?}", out.arg()));
+            assert_eq!(format!("{:?}", &args[at + 1..]), format!("{:?}", &split.2[at + 2..]));
+            let built = op.build(DecodeStage::Direct).unwrap();
+            assert_eq!(built.params.iter().filter(|p| p.name == "out").count(), 1);
+            assert_eq!(built.params.len(), args.len());
+        }
+        let long = DecodeShape { cache_len: 8192, ..shape() };
+        let op = FlashDecode::for_shape(DType::BF16, &long);
+        let plan = op.plan((&q, &k, &v), KvScales::default(), &lens, None, &work, &out, &long).unwrap();
+        assert_eq!(plan.iter().map(|p| p.0).collect::<Vec<_>>(), [DecodeStage::Split, DecodeStage::Combine]);
     }
 
     /// An 8-bit cache keeps its loads in registers (no shared stages, no prefetch), names its kernels

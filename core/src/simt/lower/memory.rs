@@ -62,10 +62,16 @@ impl Lowering<'_> {
     }
 
     /// The vector width (elements) of accesses through `ptr`, or 1. Elements of a byte (FP8,
-    /// 8-bit integers) move in groups of whole 32-bit words (4, 8 or 16), never fewer.
+    /// 8-bit integers) move in groups of whole 32-bit words (4, 8 or 16), never fewer, on
+    /// NVIDIA targets; on AMD one at a time, as LLVM's load-store vectorizer combines them
+    /// where it pays (grouped in the IR, the block-scaled SwiGLU grouped GEMM spilled four
+    /// VGPRs on gfx90a).
     pub(super) fn vector_width(&mut self, ptr: Value, t: SType) -> u32 {
         let pt = self.func.ty(ptr).clone();
         if pt.is_scalar() || matches!(t, SType::Pred) {
+            return 1;
+        }
+        if shared_size(t) == 1 && self.target.vendor != crate::target::Vendor::Nvidia {
             return 1;
         }
         let l = self.layout(&pt.shape);
