@@ -313,6 +313,22 @@ def _decode_reference(q, k, v, lens):
     return out
 
 
+def _paged(caches, page):
+    """Each cache ``[B, S, Hkv, D]`` as a pool of pages ``[B S / P, P, Hkv, D]``, every
+    sequence's pages shuffled through it (the same order for all), and the block table. FP8
+    caches move as bytes (indexed copies of float8 tensors are not in every torch)."""
+    batch, cap = caches[0].shape[:2]
+    per = cap // page
+    order = torch.randperm(batch * per, device="cuda")
+    pools = []
+    for c in caches:
+        raw = c.view(torch.uint8) if c.element_size() == 1 else c
+        pool = torch.empty((batch * per, page) + tuple(raw.shape[2:]), device="cuda", dtype=raw.dtype)
+        pool[order] = raw.reshape(batch * per, page, *raw.shape[2:])
+        pools.append(pool.view(c.dtype))
+    return pools, order.reshape(batch, per).to(torch.int32)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("page", [None, 16, 256])
 def test_flash_decode_against_float64(dtype, page):
@@ -328,14 +344,7 @@ def test_flash_decode_against_float64(dtype, page):
     if page is None:
         out = torch.ops.trident.flash_decode(q, k, v, lens)
     else:
-        # The pages of every sequence shuffled through one pool.
-        per = cap // page
-        order = torch.randperm(batch * per, device="cuda")
-        table = order.reshape(batch, per).to(torch.int32)
-        kp = torch.empty(batch * per, page, heads_kv, d, device="cuda", dtype=dtype)
-        vp = torch.empty_like(kp)
-        kp[order] = k.reshape(batch * per, page, heads_kv, d)
-        vp[order] = v.reshape(batch * per, page, heads_kv, d)
+        (kp, vp), table = _paged((k, v), page)
         out = torch.ops.trident.flash_decode(q, kp, vp, lens, table)
     torch.cuda.synchronize()
     want = _decode_reference(q, k, v, lens)
@@ -362,13 +371,7 @@ def test_flash_decode_fp8_cache_against_float64(fp8, page):
     if page is None:
         out = torch.ops.trident.flash_decode(q, k8, v8, lens, k_scale=ks, v_scale=vs)
     else:
-        per = cap // page
-        order = torch.randperm(batch * per, device="cuda")
-        table = order.reshape(batch, per).to(torch.int32)
-        kp = torch.empty(batch * per, page, heads_kv, d, device="cuda", dtype=fp8)
-        vp = torch.empty_like(kp)
-        kp.view(torch.uint8)[order] = k8.view(torch.uint8).reshape(batch * per, page, heads_kv, d)
-        vp.view(torch.uint8)[order] = v8.view(torch.uint8).reshape(batch * per, page, heads_kv, d)
+        (kp, vp), table = _paged((k8, v8), page)
         out = torch.ops.trident.flash_decode(q, kp, vp, lens, table, k_scale=ks, v_scale=vs)
     torch.cuda.synchronize()
     want = _decode_reference(q, k8.double() * ks, v8.double() * vs, lens)
