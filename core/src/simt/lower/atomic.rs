@@ -50,7 +50,7 @@ impl Lowering<'_> {
         (op, sem): (AtomicOp, MemSemantic),
         t: SType,
     ) -> u32 {
-        if !self.vector_atomic_ok(result, (op, sem), t) || shared_size(t) < 2 {
+        if !self.vector_atomic_ok(result, (op, sem), t) {
             return 1;
         }
         match self.vector_width(ptr, t) {

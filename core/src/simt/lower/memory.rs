@@ -61,17 +61,33 @@ impl Lowering<'_> {
         out
     }
 
-    /// The vector width (elements) of accesses through `ptr`, or 1. Elements of a byte (FP8,
-    /// 8-bit integers) move in groups of whole 32-bit words (4, 8 or 16), never fewer, on
-    /// NVIDIA targets; on AMD one at a time, as LLVM's load-store vectorizer combines them
-    /// where it pays (grouped in the IR, the block-scaled SwiGLU grouped GEMM spilled four
-    /// VGPRs on gfx90a).
+    /// The vector width (elements) of accesses through `ptr` of 16-bit elements or wider, or 1
+    /// (what the whole-loop pipeline's stages and vector atomics take).
     pub(super) fn vector_width(&mut self, ptr: Value, t: SType) -> u32 {
-        let pt = self.func.ty(ptr).clone();
-        if pt.is_scalar() || matches!(t, SType::Pred) {
+        if shared_size(t) < 2 {
             return 1;
         }
-        if shared_size(t) == 1 && self.target.vendor != crate::target::Vendor::Nvidia {
+        self.contiguous_run(ptr, t, 2)
+    }
+
+    /// The vector width of a global load or store through `ptr`: [`Lowering::vector_width`],
+    /// and for elements of a byte (FP8, 8-bit integers) on NVIDIA targets groups of whole
+    /// 32-bit words (4, 8 or 16), never fewer. On AMD bytes move one at a time, as LLVM's
+    /// load-store vectorizer combines them where it pays (grouped in the IR, the block-scaled
+    /// SwiGLU grouped GEMM spilled four VGPRs on gfx90a).
+    fn access_width(&mut self, ptr: Value, t: SType) -> u32 {
+        if shared_size(t) == 1 && self.target.vendor == crate::target::Vendor::Nvidia {
+            return self.contiguous_run(ptr, t, 4);
+        }
+        self.vector_width(ptr, t)
+    }
+
+    /// The elements of pointer tile `ptr` a thread reaches contiguously (its layout's vector
+    /// along the fastest dimension, as far as the pointer is contiguous, 16 bytes at most)
+    /// where that is `least` or more, else 1.
+    fn contiguous_run(&mut self, ptr: Value, t: SType, least: u32) -> u32 {
+        let pt = self.func.ty(ptr).clone();
+        if pt.is_scalar() || matches!(t, SType::Pred) {
             return 1;
         }
         let l = self.layout(&pt.shape);
@@ -80,7 +96,6 @@ impl Lowering<'_> {
             return 1;
         }
         let w = l.vector().min(self.contiguity.get(ptr).contiguity).min(16 / shared_size(t));
-        let least = if shared_size(t) == 1 { 4 } else { 2 };
         if w >= least {
             w
         } else {
@@ -161,7 +176,7 @@ impl Lowering<'_> {
     }
 
     pub(super) fn load(&mut self, ptr: Value, mask: Option<Value>, other: Option<Value>, st: SType) -> Vec<Reg> {
-        let w = self.vector_width(ptr, st);
+        let w = self.access_width(ptr, st);
         let p = self.held(ptr);
         let m = mask.map(|m| self.held(m));
         let o = other.map(|o| self.held(o));
@@ -219,7 +234,7 @@ impl Lowering<'_> {
         let t = stype(self.func.ty(value));
         let (p, v) = (self.held(ptr), self.held(value));
         let m = mask.map(|m| self.held(m));
-        let w = self.vector_width(ptr, t);
+        let w = self.access_width(ptr, t);
         let pick = |h: &Vec<Reg>, s: usize| h[s.min(h.len() - 1)];
         let n = p.len().max(v.len());
         for g in (0..n).step_by(w as usize) {

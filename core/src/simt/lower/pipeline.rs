@@ -225,9 +225,7 @@ impl Lowering<'_> {
                     if other.is_some_and(|o| !self.is_zero(o)) || mask.is_none_or(|m| !self.rematerializable(m)) {
                         return None;
                     }
-                    // 16-bit elements and wider: the stages' layouts are of those.
-                    let st = stype(self.func.ty(v));
-                    if !self.rematerializable(ptr) || shared_size(st) < 2 || self.vector_width(ptr, st) < 2 {
+                    if !self.rematerializable(ptr) || self.vector_width(ptr, stype(self.func.ty(v))) < 2 {
                         return None;
                     }
                     loads.push((
