@@ -524,15 +524,12 @@ impl FlashDecode {
     ) -> Result<Vec<DecodeLaunch>, BackendError> {
         let es = self.dtype.size_bytes() as usize;
         require_bytes(out, shape.batch * shape.rows() * shape.heads_kv * shape.head_dim * es, "out")?;
-        let Some(split) = self.split_launch((q, k, v), scales, lens, table, work, shape, 0)? else {
+        let Some(split) = self.attention_launch((q, k, v), scales, (lens, table), (work, Some(out)), shape, 0)? else {
             return Ok(Vec::new());
         };
-        if split.1[1] == 1 {
+        if split.0 == DecodeStage::Direct {
             // One split takes the whole cache: its programs write the output, no combine.
-            let (_, grid, mut args) = split;
-            let at = if table.is_some() { 5 } else { 4 };
-            args.splice(at..at + 2, [out.arg()]);
-            return Ok(vec![(DecodeStage::Direct, grid, args)]);
+            return Ok(vec![split]);
         }
         let combine = self.combine_launch(&self.split_partials(work, shape), out, false, shape)?;
         Ok(vec![split, combine])
@@ -544,11 +541,25 @@ impl FlashDecode {
     #[allow(clippy::too_many_arguments)]
     pub fn split_launch(
         &self,
-        (q, k, v): (&Buffer, &Buffer, &Buffer),
+        qkv: (&Buffer, &Buffer, &Buffer),
         scales: KvScales,
         lens: &Buffer,
         table: Option<&Buffer>,
         work: &Buffer,
+        shape: &DecodeShape,
+        key_offset: usize,
+    ) -> Result<Option<DecodeLaunch>, BackendError> {
+        self.attention_launch(qkv, scales, (lens, table), (work, None), shape, key_offset)
+    }
+
+    /// The split stage's launch ([`FlashDecode::split_launch`]), or, given `out` and where one
+    /// split takes the whole cache, the direct stage's, writing `out` ([`DecodeStage::Direct`]).
+    fn attention_launch(
+        &self,
+        (q, k, v): (&Buffer, &Buffer, &Buffer),
+        scales: KvScales,
+        (lens, table): (&Buffer, Option<&Buffer>),
+        (work, out): (&Buffer, Option<&Buffer>),
         shape: &DecodeShape,
         key_offset: usize,
     ) -> Result<Option<DecodeLaunch>, BackendError> {
@@ -582,7 +593,11 @@ impl FlashDecode {
         let scale = scales.k / (shape.head_dim as f32).sqrt();
         let mut args = vec![q.arg(), k.arg(), v.arg(), lens.arg()];
         args.extend(table.map(|t| t.arg()));
-        args.extend([work.arg(), work.arg_at(self.part_bytes(shape))]);
+        let direct = out.filter(|_| splits == 1);
+        match direct {
+            Some(out) => args.push(out.arg()),
+            None => args.extend([work.arg(), work.arg_at(self.part_bytes(shape))]),
+        }
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?]);
         args.extend([int(shape.cache_len, "cache_len")?, int(chunk, "chunk")?, KernelArg::f32(scale)]);
         args.push(int(key_offset, "the cache's first key")?);
@@ -590,7 +605,8 @@ impl FlashDecode {
             args.push(KernelArg::f32(scales.v));
         }
         let heads = require_i32(shape.batch * shape.heads_kv, "batch x KV heads")? as u32;
-        Ok(Some((DecodeStage::Split, [heads, splits as u32, 1], args)))
+        let stage = if direct.is_some() { DecodeStage::Direct } else { DecodeStage::Split };
+        Ok(Some((stage, [heads, splits as u32, 1], args)))
     }
 
     /// The split stage's partials in `work`: `[B Hkv, splits, block_m]` rows.
