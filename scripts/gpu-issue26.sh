@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Issue 26's checks on the GPU machine, in one call, over `bundle/` (cargo xtask bundle) and the
-# wheel built on the development machine into bundle/wheels (maturin build --release
-# -m python/Cargo.toml --out bundle/wheels --compatibility linux): the wheel installed into
+# wheel built on the development machine into bundle/wheels (`cargo xtask bundle --wheel`): the wheel installed into
 # torch's Python, pytest python/tests with torch on the H200, the launch overhead against
 # Triton, and a cold and a warm start of a new process. Writes $OUT/summary.txt and logs.
 set -uo pipefail

@@ -34,7 +34,7 @@ nvshmem_env() {
   export NVSHMEM_REMOTE_TRANSPORT=none NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME=lo NVSHMEM_DISABLE_NVLS=1
 }
 
-# `torch_pytest ARGS...`: installs the bundle's wheel for the torch venv's Python (step
+# `torch_pytest ARGS...`: installs the bundle's wheel (`cargo xtask bundle --wheel`) for the torch venv's Python (step
 # `install`), then runs `pytest ARGS` with NVSHMEM's environment (step `pytest`, its lines
 # matching $KEEP, default failures and the pass count, in the summary).
 torch_pytest() {

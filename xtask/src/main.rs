@@ -112,7 +112,12 @@ enum Cmd {
     /// fmt check, clippy -D warnings, then test.
     Ci(TestArgs),
     /// Release binaries for the GPU machine in `bundle/` (run them with scripts/gpu-check.sh).
-    Bundle,
+    Bundle {
+        /// Also the Python package's wheel in `bundle/wheels/` (maturin, from `$MATURIN` or
+        /// `python3 -m maturin`), for the scripts that run pytest with torch there.
+        #[arg(long)]
+        wheel: bool,
+    },
     /// Assembles the PTX of every kernel the NVIDIA backend compiles, for sm_80, sm_90 and
     /// sm_90a, with `ptxas` (from `$PTXAS` or the PATH).
     PtxCheck,
@@ -490,7 +495,6 @@ fn gemm_forms_check(ptxas: &Path, root: &Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Builds the release binaries and copies them with the commit id into `bundle/`.
 /// trident's cache directory (as `trident_core::backend::cache_dir` finds it).
 fn trident_cache_dir() -> PathBuf {
     std::env::var_os("TRIDENT_CACHE_DIR")
@@ -499,7 +503,9 @@ fn trident_cache_dir() -> PathBuf {
         .unwrap_or_else(std::env::temp_dir)
 }
 
-fn bundle() -> Result<(), Failure> {
+/// Builds the release binaries and copies them with the commit id into `bundle/` (and with
+/// `wheel`, the Python package's wheel into `bundle/wheels/`).
+fn bundle(wheel: bool) -> Result<(), Failure> {
     let mut c = cargo();
     c.args(["build", "--release", "-p", "trident-cli"]);
     run(c)?;
@@ -534,6 +540,29 @@ fn bundle() -> Result<(), Failure> {
         .unwrap_or(false);
     let stamp = if dirty { format!("{commit}+uncommitted") } else { commit };
     std::fs::write(dir.join("COMMIT"), stamp + "\n").map_err(|e| e.to_string())?;
+    if wheel {
+        // The abi3 wheel (any CPython from 3.9) for the GPU machine's torch environment,
+        // tagged plain `linux` since it is built here, not in a manylinux container.
+        let mut c = match std::env::var_os("MATURIN") {
+            Some(m) => Command::new(m),
+            None => {
+                let mut c = Command::new("python3");
+                c.args(["-m", "maturin"]);
+                c
+            }
+        };
+        c.args(["build", "--release", "--compatibility", "linux", "-m"])
+            .arg(root.join("python/Cargo.toml"))
+            .arg("--out")
+            .arg(dir.join("wheels"));
+        run(c).map_err(|e| Failure {
+            message: format!(
+                "{} (the wheel needs maturin: `python3 -m pip install maturin`, or set MATURIN)",
+                e.message
+            ),
+            usage: false,
+        })?;
+    }
     eprintln!(
         "xtask: bundle ready in {} (run scripts/gpu-check.sh on the GPU machine, carrying `bundle`)",
         dir.display()
@@ -546,7 +575,7 @@ fn main() -> ExitCode {
     let result = match &cli.cmd {
         Cmd::Test(a) => test(a),
         Cmd::Demo => run(tool("demo", &[])),
-        Cmd::Bundle => bundle(),
+        Cmd::Bundle { wheel } => bundle(*wheel),
         Cmd::PtxCheck => ptx_check(),
         Cmd::Bench { args } => run(tool("bench", args)),
         Cmd::Launch { args } => run(tool("launch", args)),
