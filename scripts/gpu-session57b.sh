@@ -33,5 +33,9 @@ KEEP='^scaled_gemm|^bench: scaled_gemm_row f8e4m3fn [0-9 ]*:|rror|failed' KEEP_L
   --baseline-cmd "$PY bench/baseline.py" --only "scaled_gemm_row f8e4m3fn" --json "$O/bench-scaled-row.json"
 KEEP='^scaled_gemm|rror|failed' KEEP_LINES=12 step bench-scaled-block 150 $B/trident bench \
   --baseline-cmd "$PY bench/baseline.py" --only "scaled_gemm_block" --json "$O/bench-scaled-block.json"
+# (3) issue 31: where flash decoding's default spends its time: each launch (split, combine)
+# timed alone beside the whole, at every bf16 shape of the benchmark.
+KEEP='stage alone|^bench: flash_decode bf16 [0-9 ]*:|rror' KEEP_LINES=30 step fd-stages 200 $B/trident bench \
+  --only "flash_decode bf16" --config 64n/8w/pf/w16 --reps 10
 tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
 cat "$S"
