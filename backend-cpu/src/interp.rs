@@ -376,11 +376,12 @@ impl<'a> Program<'a> {
                 let local = self.scalar_ptr(*sig)?;
                 let addr = self.hooks.translate(local, r)?;
                 let v = self.val(*value)?.scalar_i64() as u64;
-                // Program barrier, release, then one thread writes the signal.
+                // Program barrier, release, then one thread writes the signal (the event
+                // stamped before the write: every wait it satisfies ends after it).
                 access(self.view.release_all(self.mem))?;
                 self.view.race_release(addr);
-                self.write_signal(addr, *sop, v)?;
-                return self.record(EventKind::Notify, Some((op, *sig, local)));
+                self.record(EventKind::Notify, Some((op, *sig, local)))?;
+                return self.write_signal(addr, *sop, v);
             }
             OpKind::Put { dst, src, bytes, rank, nbi, .. } => {
                 self.hooks.yield_point(&mut self.view)?;

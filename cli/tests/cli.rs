@@ -193,6 +193,35 @@ fn a_distributed_tile_kernel_runs_in_a_world_and_a_planted_race_is_named() {
             assert_eq!(of("allgather_ring p0"), 2, "{backend:?} rank {r}");
             assert_eq!(of("wait %ready"), 2 * (w - 1), "{backend:?} rank {r}");
         }
+        // Every wait ends after the notify that satisfied it: rank r's wait on `ready[c]` by
+        // its predecessor's notify of `ready[c]`, the k-th wait by the k-th call's notify.
+        let times = |rank: usize, ph: &str, name: &str, signal: u64, end: bool| -> Vec<f64> {
+            let mut t: Vec<f64> = events
+                .iter()
+                .filter(|e| e["pid"] == rank && e["ph"] == ph && e["name"] == name && e["args"]["signal"] == signal)
+                .map(|e| {
+                    e["ts"].as_f64().unwrap_or(f64::NAN) + if end { e["dur"].as_f64().unwrap_or(0.0) } else { 0.0 }
+                })
+                .collect();
+            t.sort_by(f64::total_cmp);
+            t
+        };
+        for r in 0..w {
+            for c in (0..w as u64).filter(|&c| c != r as u64) {
+                let waits = times(r, "X", "wait %ready", c, true);
+                let notifies = times((r + w - 1) % w, "i", "notify %ready", c, false);
+                assert_eq!((waits.len(), notifies.len()), (2, 2), "{backend:?} rank {r} ready[{c}]");
+                for (end, at) in waits.iter().zip(&notifies) {
+                    assert!(
+                        end >= at,
+                        "{backend:?}: rank {r}'s wait on ready[{c}] ended at {end} us, notified at {at} us"
+                    );
+                }
+            }
+        }
+        if let Err(e) = trace_schema_check(&json) {
+            panic!("{backend:?}: the trace against docs/trace-event.schema.json: {e}");
+        }
         assert!(out.join("trace.svg").exists(), "{backend:?}");
     }
     let out_dir = dir.join("planted").display().to_string();
@@ -262,4 +291,40 @@ fn the_command_reference_is_the_binarys_help() {
     }
     let current = std::fs::read_to_string(path).unwrap_or_default();
     assert!(current == doc, "docs/CLI.md is not what the binary prints: rewrite it with TRIDENT_BLESS=1 cargo test -p trident-cli --test cli");
+}
+
+/// `json` against `docs/trace-event.schema.json` (the trace-event format as trident writes it).
+fn trace_schema_check(json: &serde_json::Value) -> Result<(), String> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/trace-event.schema.json");
+    let (mut schemas, mut compiler) = (boon::Schemas::new(), boon::Compiler::new());
+    let schema = compiler.compile(&path.display().to_string(), &mut schemas).map_err(|e| format!("{e:#}"))?;
+    schemas.validate(json, schema).map_err(|e| format!("{e:#}"))
+}
+
+/// The schema check can fail: a trace with a negative duration, an unknown phase or no events
+/// is refused.
+#[test]
+fn the_trace_schema_refuses_malformed_traces() {
+    let good = serde_json::json!({
+        "traceEvents": [
+            {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "rank 0"}},
+            {"ph": "X", "name": "k p0", "cat": "k", "pid": 0, "tid": 0, "ts": 0.0, "dur": 2.5, "args": {}},
+            {"ph": "i", "s": "t", "name": "notify %s", "pid": 0, "tid": 0, "ts": 1.0, "args": {"signal": 3}},
+        ],
+        "displayTimeUnit": "ns",
+        "otherData": {"dropped_events": 0, "launches": 1, "clock_offsets_ns": []},
+    });
+    trace_schema_check(&good).expect("a well-formed trace");
+    let mut bad = good.clone();
+    bad["traceEvents"][1]["dur"] = serde_json::json!(-1.0);
+    assert!(trace_schema_check(&bad).is_err(), "a negative duration");
+    let mut bad = good.clone();
+    bad["traceEvents"][2]["ph"] = serde_json::json!("Q");
+    assert!(trace_schema_check(&bad).is_err(), "an unknown phase");
+    let mut bad = good.clone();
+    bad["traceEvents"][1].as_object_mut().unwrap().remove("tid");
+    assert!(trace_schema_check(&bad).is_err(), "a slice without its track");
+    let mut bad = good;
+    bad.as_object_mut().unwrap().remove("traceEvents");
+    assert!(trace_schema_check(&bad).is_err(), "no events");
 }

@@ -824,13 +824,15 @@ impl Lowering<'_> {
             }
             OpKind::Notify { sig, rank, value, op: sop, scope } => {
                 let (s0, r, v) = (self.held(*sig)[0], self.held(*rank)[0], self.held(*value)[0]);
+                // Stamped before the signal is written, so that on one clock every wait it
+                // satisfies ends after it.
+                self.trace_signal(op, EventKind::Notify, *sig, s0);
                 if self.inter_node(Some(*scope)) {
                     self.notify_inter_node(s0, r, v, *sop);
                 } else {
                     let target = self.symm_at(s0, r);
                     self.release_then_signal(target, v, *sop);
                 }
-                self.trace_signal(op, EventKind::Notify, *sig, s0);
                 Vec::new()
             }
             OpKind::Wait { sigs, count, cmp, value, .. } => {
