@@ -1246,9 +1246,10 @@ fn flash_decode(
     let default = FlashDecode::for_shape(d, &shape).with_kv(kv);
     // Keys per step, warps, the next block prefetched, and the unit of programs the splits
     // fill (`Np`: N; none: twice the programs resident on the device, `FlashDecode::for_device`).
-    // `64n/8w/pf/w16` is `FlashDecode::for_shape`'s.
-    // `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`, the default's). `/fm`: `exp`
-    // through the hardware's approximation (`FlashDecode::fast_math`).
+    // `64n/8w/pf/w16/fm` is `FlashDecode::for_shape`'s for 16-bit queries (`64n/8w/pf/w16`
+    // for f32). `/w16`: K and V moved 16 bytes a thread (`FlashDecode::wide`). `/fm`: `exp`
+    // through the hardware's approximation (`FlashDecode::fast_math`); the other forms keep
+    // the accurate functions, to show what each costs.
     // `/sN`: without prefetching, K and V in a ring of N shared stages copied by `cp.async`
     // (`FlashDecode::stages`; without `/sN` and `/pf`, in registers, staged per `dot`).
     // Session 56 (H100, results/h100-session56/a) dropped the forms that lost at every shape
