@@ -74,12 +74,13 @@ pub enum DecodeStage {
     /// The split stage where one split takes the whole cache: each program writes its rows'
     /// output directly, and no combine runs.
     Direct,
-    /// The splits combined by their log-sum-exps into the output.
-    Combine,
+    /// The splits combined by their log-sum-exps into the output, `tile` partials at a time
+    /// (a power of two, at least the partials per row: a program reads all of them at once).
+    Combine { tile: u32 },
     /// The splits combined into an f32 partial output and its log-sum-exp per row (`[B Hkv,
     /// Nq G]` rows of `D`, then `[B Hkv, Nq G]` log-sum-exps): a rank's part of distributed
     /// flash decoding.
-    CombinePartial,
+    CombinePartial { tile: u32 },
 }
 
 /// Where a combine reads its partials: partial `s` of row `r` of (sequence, KV head) `bh` is
@@ -433,9 +434,19 @@ impl FlashDecode {
         b.finish()
     }
 
-    /// The combine stage: into the output, or (`partial`) into f32 rows and log-sum-exps.
+    /// The combine stage for as many partials per row as the splits at most: into the output,
+    /// or (`partial`) into f32 rows and log-sum-exps.
     pub fn build_combine(&self, partial: bool) -> Result<Function, VerifyError> {
-        let attrs = LaunchAttrs { warps: self.warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
+        self.build_combine_of(partial, self.max_splits)
+    }
+
+    /// The combine stage reading `tile` partials per row at once (a power of two): warps enough
+    /// for about 16 of its `[tile, D]` f32 a thread, at most the split stage's. Few partials
+    /// (two splits of a short cache, a few ranks' partials) take one or two warps instead of
+    /// a `[max_splits, D]` tile over eight.
+    fn build_combine_of(&self, partial: bool, tile: u32) -> Result<Function, VerifyError> {
+        let warps = (tile * self.head_dim / 512).clamp(1, self.warps.max(1));
+        let attrs = LaunchAttrs { warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&self.name(if partial { "combine_partial" } else { "combine" }), attrs);
         let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
         let out = b.arg_ptr("out", if partial { DType::F32 } else { self.dtype });
@@ -444,7 +455,7 @@ impl FlashDecode {
         let splits = b.arg("splits", DType::I32);
         let (part_bh, part_s) = (b.arg("part_bh", DType::I32), b.arg("part_s", DType::I32));
         let (lse_bh, lse_s) = (b.arg("lse_bh", DType::I32), b.arg("lse_s", DType::I32));
-        let (hd, ns) = (self.head_dim, self.max_splits);
+        let (hd, ns) = (self.head_dim, tile);
         let (bh, r) = (b.program_id_x(), b.program_id(Axis::Y));
         let (batch, h) = (bh / heads_kv, bh % heads_kv);
         let sv = b.arange(0, ns as i64);
@@ -508,8 +519,8 @@ impl FlashDecode {
         match stage {
             DecodeStage::Split => self.build_split(),
             DecodeStage::Direct => self.build_attention(true),
-            DecodeStage::Combine => self.build_combine(false),
-            DecodeStage::CombinePartial => self.build_combine(true),
+            DecodeStage::Combine { tile } => self.build_combine_of(false, tile),
+            DecodeStage::CombinePartial { tile } => self.build_combine_of(true, tile),
         }
     }
 
@@ -644,15 +655,17 @@ impl FlashDecode {
             )));
         }
         let (rows, g) = (shape.rows(), shape.group());
+        // The smallest tile that holds every partial (kernels for 2, 4, ... max_splits).
+        let tile = (from.count.max(2).next_power_of_two() as u32).min(self.max_splits);
         let int = |x: usize, what: &str| require_i32(x, what).map(KernelArg::i32);
         let mut args = vec![from.part, from.lse, out.arg()];
         let stage = if partial {
             require_bytes(out, self.partial_block_bytes(shape), "the partial output")?;
             args.push(out.arg_at(shape.batch * shape.heads_kv * rows * shape.head_dim * 4));
-            DecodeStage::CombinePartial
+            DecodeStage::CombinePartial { tile }
         } else {
             require_bytes(out, shape.batch * rows * shape.heads_kv * shape.head_dim * self.dtype.size_bytes() as usize, "out")?;
-            DecodeStage::Combine
+            DecodeStage::Combine { tile }
         };
         args.extend([int(shape.q_len, "q_len")?, int(shape.heads_kv, "heads_kv")?, int(g, "group")?, int(from.count, "partials")?]);
         args.extend([int(from.part_bh, "part_bh")?, int(from.part_s, "part_s")?, int(from.lse_bh, "lse_bh")?, int(from.lse_s, "lse_s")?]);
@@ -810,7 +823,17 @@ mod tests {
         let long = DecodeShape { cache_len: 8192, ..shape() };
         let op = FlashDecode::for_shape(DType::BF16, &long);
         let plan = op.plan((&q, &k, &v), KvScales::default(), &lens, None, &work, &out, &long).unwrap();
-        assert_eq!(plan.iter().map(|p| p.0).collect::<Vec<_>>(), [DecodeStage::Split, DecodeStage::Combine]);
+        // The combine's tile: the smallest power of two that holds the splits.
+        let splits = op.splits(&long).0;
+        let tile = splits.next_power_of_two() as u32;
+        assert!(splits > 1 && tile < 2 * splits as u32);
+        assert_eq!(plan.iter().map(|p| p.0).collect::<Vec<_>>(), [DecodeStage::Split, DecodeStage::Combine { tile }]);
+        // Its warps: about 16 f32 of its `[tile, D]` a thread, one warp at least, and the
+        // `[max_splits, D]` catalogue form over the split stage's 8.
+        let warps = |stage| op.build(stage).unwrap().attrs.warps;
+        assert_eq!(warps(DecodeStage::Combine { tile: 2 }), 1);
+        assert_eq!(warps(DecodeStage::CombinePartial { tile: 1024 / op.head_dim }), 2);
+        assert_eq!(op.build_combine(false).unwrap().attrs.warps, 8);
     }
 
     /// An 8-bit cache keeps its loads in registers (no shared stages, no prefetch), names its kernels
