@@ -5,8 +5,8 @@
 //! `cuLaunchKernel`.
 //!
 //! Only kernels a plain `cuLaunchKernel` serves are prepared: not cooperative, not persistent
-//! (whose grid depends on occupancy), without tensor maps (encoded from each launch's
-//! arguments) and without NVSHMEM device calls. The others go through
+//! (whose grid depends on occupancy), not programmatic dependents (`cuLaunchKernelEx`), without
+//! tensor maps (encoded from each launch's arguments) and without NVSHMEM device calls. The others go through
 //! [`CudaDevice::enqueue_on`], whose checks and costs they need.
 
 use crate::runtime::{arg_slot, CudaDevice};
@@ -51,6 +51,7 @@ impl PreparedLaunch {
         let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         if kernel.attrs.cooperative
             || kernel.attrs.persistent
+            || kernel.attrs.programmatic
             || !module.tensor_maps.is_empty()
             || !module.device_calls.is_empty()
             || kernel.params.len() + HIDDEN_PARAMS.len() > MAX_SLOTS

@@ -48,6 +48,7 @@ pub const ENTRY_POINTS: &[&str] = &[
     "cuFuncSetAttribute",
     "cuLaunchKernel",
     "cuLaunchCooperativeKernel",
+    "cuLaunchKernelEx",
     "cuOccupancyMaxActiveBlocksPerMultiprocessor",
     "cuStreamCreate",
     "cuStreamDestroy_v2",
@@ -567,6 +568,33 @@ pub(crate) fn launch_raw(
         // SAFETY: as below; cooperative launches take the same parameter array.
         return unsafe { result::launch_cooperative_kernel(f, g, b, module.shared_bytes, stream, &mut params) }
             .map_err(|e| fail("cuLaunchCooperativeKernel", e));
+    }
+    if kernel.attrs.programmatic && trident_core::target::lookup(&kernel.target).is_ok_and(|t| t.programmatic_launch) {
+        // A programmatic dependent of the kernel before it on `stream`: its programs may be
+        // scheduled while that kernel's last ones run, and wait for its end in the
+        // `griddepcontrol.wait` the lowering put first (`LaunchAttrs::programmatic`).
+        // SAFETY: a zeroed attribute value is valid (a union of plain integers); the one set
+        // is the C API's `programmaticStreamSerializationAllowed`.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: g.0,
+            gridDimY: g.1,
+            gridDimZ: g.2,
+            blockDimX: b.0,
+            blockDimY: b.1,
+            blockDimZ: b.2,
+            sharedMemBytes: module.shared_bytes,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: as below; `config` and the attribute it points at live until the call
+        // returns, which copies them.
+        return unsafe { sys::cuLaunchKernelEx(&config, f, params.as_mut_ptr(), std::ptr::null_mut()) }
+            .result()
+            .map_err(|e| fail("cuLaunchKernelEx", e));
     }
     // SAFETY: `f` is a function of a loaded module; `params` points at one live 8-byte slot per
     // kernel parameter (each at most 8 bytes, checked against the signature), which the driver

@@ -25,6 +25,32 @@ fn vector_add_ptx_snapshots() {
     }
 }
 
+/// A programmatic dependent waits for the kernel before it (`griddepcontrol.wait`) before its
+/// first load, on the targets with programmatic dependent launch (sm_90, sm_90a); elsewhere the
+/// attribute lowers to nothing, and an ordinary kernel's PTX has no such wait.
+#[test]
+fn a_programmatic_dependent_waits_for_the_kernel_before_it_first() {
+    use trident_core::target::{SM_80, SM_90};
+    let programmatic = |on: bool| {
+        let mut f = vector_add(DType::F32);
+        f.attrs.programmatic = on;
+        f
+    };
+    for target in [&SM_90A, &SM_90] {
+        let ptx = NvidiaBackend::ptx(&programmatic(true), target).unwrap().ptx;
+        let (wait, load) = (ptx.find("griddepcontrol.wait;"), ptx.find("ld.global"));
+        assert!(wait.is_some() && wait < load, "{}: {ptx}", target.name);
+        assert_eq!(ptx.matches("griddepcontrol").count(), 1, "{}", target.name);
+        assert!(!NvidiaBackend::ptx(&programmatic(false), target).unwrap().ptx.contains("griddepcontrol"));
+    }
+    assert!(!NvidiaBackend::ptx(&programmatic(true), &SM_80).unwrap().ptx.contains("griddepcontrol"));
+    // The attribute round-trips through the text format.
+    let text = trident_core::text::print(&programmatic(true));
+    assert!(text.contains("programmatic = true"), "{text}");
+    let back = trident_core::text::parse(&text).unwrap();
+    assert!(back.attrs.programmatic);
+}
+
 #[test]
 fn unsupported_ops_are_a_typed_compile_error() {
     let b = KernelBuilder::new("who", LaunchAttrs::default());

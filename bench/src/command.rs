@@ -1267,8 +1267,12 @@ fn flash_decode(
     ];
     // An 8-bit cache has no staged forms (`FlashDecode::with_kv`).
     let variants = variants.into_iter().filter(|v| kv == d || v.6 == 1);
-    for (block_n, warps, prefetch, wave, wide, fast_math, stages) in variants {
-        let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, stages, ..default };
+    // The default with its combine launched plainly (`/nopdl`: `FlashDecode::programmatic`
+    // off), to show what the programmatic launch gains.
+    let plain = (default.block_n, default.warps, default.prefetch, 0, default.wide, default.fast_math, default.stages);
+    let forms = variants.map(|v| (v, true)).chain([(plain, false)]);
+    for ((block_n, warps, prefetch, wave, wide, fast_math, stages), programmatic) in forms {
+        let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, stages, programmatic, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
         cuda.fill(&out, &poison(d))?;
         let run = || op.run(l, (&qb, &kb, &vb), scales, &lens, None, &work, &out, &shape);
@@ -1278,7 +1282,8 @@ fn flash_decode(
             if wave > 0 { format!("/{wave}p") } else { String::new() },
             if wide { "/w16" } else { "" },
         ) + if fast_math { "/fm" } else { "" }
-            + &if !prefetch && stages > 1 { format!("/s{stages}") } else { String::new() };
+            + &if !prefetch && stages > 1 { format!("/s{stages}") } else { String::new() }
+            + if programmatic { "" } else { "/nopdl" };
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;

@@ -174,6 +174,10 @@ pub struct TargetDesc {
     /// ([`crate::simt::Inst::VAtomic`]: sm_90's `red.global.add.v2.f32` and `.v4.f32`, PTX ISA
     /// 8.1); without them each element is its own atomic.
     pub vector_atomic_add: bool,
+    /// Programmatic dependent launch (sm_90+: `griddepcontrol.wait` and the launch attribute
+    /// that lets a kernel start before the one before it on its stream ends); without it
+    /// `LaunchAttrs::programmatic` is ignored.
+    pub programmatic_launch: bool,
     /// A barrier that also ORs a predicate over the program (`bar.red.or.pred`); without it
     /// `protocol::expand` builds the OR from shared memory and three barriers.
     pub barrier_reduce: bool,
@@ -405,6 +409,7 @@ pub const SM_80: TargetDesc = TargetDesc {
     clock: Clock::GlobalTimerNs,
     fp8_convert: false,
     vector_atomic_add: false,
+    programmatic_launch: false,
     barrier_reduce: true,
     scope_names: NVIDIA_SCOPES,
     isa_version: Some(PTX_ISA),
@@ -421,6 +426,7 @@ pub const SM_90: TargetDesc = TargetDesc {
     async_copies: &[AsyncCopy::CpAsyncGroups, AsyncCopy::Tma],
     fp8_convert: true,
     vector_atomic_add: true,
+    programmatic_launch: true,
     isa_version: Some(PTX_ISA_SM_90),
     reference: false,
     ..SM_80
@@ -455,6 +461,7 @@ pub const GFX90A: TargetDesc = TargetDesc {
     // gfx942's `v_cvt_pk_f32_fp8` and kin convert the FNUZ formats, not OCP's.
     fp8_convert: false,
     vector_atomic_add: false,
+    programmatic_launch: false,
     barrier_reduce: false,
     scope_names: AMD_SCOPES,
     isa_version: None,

@@ -138,6 +138,10 @@ pub struct FlashDecode {
     /// per-tensor scales' multiples ([`KvScales`]), widened to `dtype` in registers after
     /// their loads (exactly: every 8-bit float is a 16-bit one).
     pub kv: DType,
+    /// The combine is a programmatic dependent of the kernel before it (`LaunchAttrs::
+    /// programmatic`: on sm_90+ its programs are scheduled while the split stage's last ones
+    /// run, and wait for its end first), hiding its launch behind the split stage's tail.
+    pub programmatic: bool,
 }
 
 /// The per-tensor dequantization scales of an 8-bit cache: a stored key `K` stands for
@@ -197,6 +201,8 @@ impl FlashDecode {
             // to shared stages").
             stages: 1,
             kv: dtype,
+            // Not measured yet (no GPU was left in session 57): the bench times `/nopdl` beside it.
+            programmatic: true,
         }
     }
 
@@ -446,7 +452,8 @@ impl FlashDecode {
     /// a `[max_splits, D]` tile over eight.
     fn build_combine_of(&self, partial: bool, tile: u32) -> Result<Function, VerifyError> {
         let warps = (tile * self.head_dim / 512).clamp(1, self.warps.max(1));
-        let attrs = LaunchAttrs { warps, fast_math: self.fast_math, ..LaunchAttrs::default() };
+        let attrs =
+            LaunchAttrs { warps, fast_math: self.fast_math, programmatic: self.programmatic, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&self.name(if partial { "combine_partial" } else { "combine" }), attrs);
         let (part, lse) = (b.arg_ptr("part", DType::F32), b.arg_ptr("lse", DType::F32));
         let out = b.arg_ptr("out", if partial { DType::F32 } else { self.dtype });

@@ -107,6 +107,9 @@ impl Writer<'_> {
                 return err("a protocol instruction reached the writer (run simt::protocol::expand first)")
             }
             Inst::Fence { scope: sc } => self.line(format!("fence{} acq_rel", scope(*sc))),
+            Inst::GridDependencyWait => {
+                return err("programmatic dependent launch is NVIDIA's (sm_90+); the AMD targets never lower it")
+            }
             Inst::DeviceCall { call, .. } => {
                 return err(format!(
                     "{call:?} at inter-node scope needs ROCSHMEM's device functions, which the AMD backend does not link yet"

@@ -91,6 +91,8 @@ impl Exec<'_> {
                 let v = (0..lanes).map(|i| self.hooks.translate(p.ptrs()[i], r.ints()[i])).collect::<Result<_, _>>()?;
                 self.set(*dst, Data::P(v));
             }
+            // Launches run one after the other here: the kernel before has ended.
+            Inst::GridDependencyWait => {}
             // Every thread runs `fence.acq_rel`: releases what it stored, acquires what others did.
             Inst::Fence { .. } => {
                 self.view.release_all(self.mem).or_else(|e| fault(e.0))?;

@@ -124,6 +124,7 @@ impl Writer<'_> {
                 line!(self, "bar.red.or.pred {d}, {b}, {p}");
             }
             Inst::Fence { scope } => line!(self, "fence.acq_rel.{}", scope_name(*scope)),
+            Inst::GridDependencyWait => self.line("griddepcontrol.wait".into()),
             Inst::DeviceCall { call, args, pred } => self.device_call(*call, args, *pred),
             Inst::Signal { addr, value, op, pred } => {
                 let (a, v, p) = (self.n(*addr).to_string(), self.n(*value).to_string(), self.n(*pred).to_string());

@@ -286,6 +286,12 @@ pub struct LaunchAttrs {
     /// contiguous elements a thread in their layout, 16-byte loads and stores, rather than 4
     /// (the default of every shape). Integer, boolean and pointer tiles of the same shape follow.
     pub wide_vectors: bool,
+    /// Launched as a programmatic dependent of the kernel before it on its stream, where the
+    /// target has programmatic dependent launch (sm_90+): its programs may be scheduled while
+    /// that kernel's last ones still run, and each waits at its start until that kernel has
+    /// ended and its writes are visible (`griddepcontrol.wait`), so what it observes is stream
+    /// order. It hides the launch's latency behind the kernel before; elsewhere it is ignored.
+    pub programmatic: bool,
 }
 
 impl Default for LaunchAttrs {
@@ -302,6 +308,7 @@ impl Default for LaunchAttrs {
             signalled_before: false,
             trace: false,
             wide_vectors: false,
+            programmatic: false,
         }
     }
 }

@@ -293,6 +293,10 @@ pub enum Inst {
     /// visible to it, before its later asynchronous-proxy accesses of global memory (TMA copies):
     /// after a wait for data that other programs or ranks wrote (`fence.proxy.async.global`).
     FenceProxyAsyncGlobal,
+    /// Waits until the kernel this one was launched as a programmatic dependent of has ended
+    /// and its writes are visible; returns at once for a kernel launched otherwise
+    /// (`griddepcontrol.wait`; `LaunchAttrs::programmatic`).
+    GridDependencyWait,
     /// Threads with `pred` initialize the mbarrier (8 bytes) at shared byte `offset` for
     /// `count` arrivals per phase, in phase 0 (`mbarrier.init`).
     MbarrierInit {
@@ -668,6 +672,7 @@ impl Inst {
             | Inst::Signal { .. }
             | Inst::WaitSignals { .. }
             | Inst::WaitFlag { .. }
+            | Inst::GridDependencyWait
             | Inst::DeviceCall { .. } => Family::Sync,
             Inst::Specialized { .. }
             | Inst::Exit
@@ -700,6 +705,7 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
         | Inst::WgmmaWait { .. }
         | Inst::FenceProxyAsync
         | Inst::FenceProxyAsyncGlobal
+        | Inst::GridDependencyWait
         | Inst::FenceMbarrierInit
         | Inst::BulkCommit
         | Inst::BulkWait { .. }

@@ -257,6 +257,10 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
         head.push(Inst::Param { dst: r, index: i as u32 });
         l.hidden.push(r);
     }
+    // A programmatic dependent waits for the kernel before it before anything else.
+    if func.attrs.programmatic && target.programmatic_launch {
+        l.prologue.push(Inst::GridDependencyWait);
+    }
     let ws = target.warp_size as i64;
     let (mask, shift) = (l.iconst(ws - 1), l.iconst(log2(target.warp_size)));
     l.lane = l.reg(I32);

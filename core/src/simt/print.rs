@@ -221,6 +221,7 @@ impl Printer<'_> {
             Inst::WgmmaWait { pending } => format!("wgmma.wait {pending}"),
             Inst::FenceProxyAsync => "fence.proxy.async".to_string(),
             Inst::FenceProxyAsyncGlobal => "fence.proxy.async.global".to_string(),
+            Inst::GridDependencyWait => "griddepcontrol.wait".to_string(),
             Inst::MbarrierInit { offset, count, pred } => {
                 format!("mbarrier.init shared [{}], count {count} if {}", r(offset), r(pred))
             }

@@ -436,6 +436,7 @@ impl Parser<'_> {
                         "signalled_before" => attrs.signalled_before = self.boolean()?,
                         "trace" => attrs.trace = self.boolean()?,
                         "wide_vectors" => attrs.wide_vectors = self.boolean()?,
+                        "programmatic" => attrs.programmatic = self.boolean()?,
                         other => return self.err(format!("unknown attribute `{other}`")),
                     }
                     if self.eat("}") {

@@ -24,10 +24,10 @@ pub fn print(func: &Function) -> String {
         .collect();
     let a = func.attrs;
     // `fast_math`, `warp_specialize`, `persistent`, `inter_node`, `pingpong`,
-    // `signalled_before`, `trace` and `wide_vectors` are printed only when set: they are the
-    // exception, and kernels written before they existed keep their text.
+    // `signalled_before`, `trace`, `wide_vectors` and `programmatic` are printed only when set:
+    // they are the exception, and kernels written before they existed keep their text.
     let fast = format!(
-        "{}{}{}{}{}{}{}{}",
+        "{}{}{}{}{}{}{}{}{}",
         if a.fast_math { ", fast_math = true" } else { "" },
         if a.warp_specialize { ", warp_specialize = true" } else { "" },
         if a.persistent { ", persistent = true" } else { "" },
@@ -35,7 +35,8 @@ pub fn print(func: &Function) -> String {
         if a.pingpong { ", pingpong = true" } else { "" },
         if a.signalled_before { ", signalled_before = true" } else { "" },
         if a.trace { ", trace = true" } else { "" },
-        if a.wide_vectors { ", wide_vectors = true" } else { "" }
+        if a.wide_vectors { ", wide_vectors = true" } else { "" },
+        if a.programmatic { ", programmatic = true" } else { "" }
     );
     let _ = writeln!(
         p.out,
