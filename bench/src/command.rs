@@ -1267,10 +1267,10 @@ fn flash_decode(
     ];
     // An 8-bit cache has no staged forms (`FlashDecode::with_kv`).
     let variants = variants.into_iter().filter(|v| kv == d || v.6 == 1);
-    // The default with its combine launched plainly (`/nopdl`: `FlashDecode::programmatic`
-    // off), to show what the programmatic launch gains.
+    // The default with its combine a programmatic dependent of the split stage (`/pdl`:
+    // `FlashDecode::programmatic`), to show what the programmatic launch gains.
     let plain = (default.block_n, default.warps, default.prefetch, 0, default.wide, default.fast_math, default.stages);
-    let forms = variants.map(|v| (v, true)).chain([(plain, false)]);
+    let forms = variants.map(|v| (v, false)).chain([(plain, true)]);
     for ((block_n, warps, prefetch, wave, wide, fast_math, stages), programmatic) in forms {
         let op = FlashDecode { block_n, warps, prefetch, wave, wide, fast_math, stages, programmatic, ..default };
         let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
@@ -1283,7 +1283,7 @@ fn flash_decode(
             if wide { "/w16" } else { "" },
         ) + if fast_math { "/fm" } else { "" }
             + &if !prefetch && stages > 1 { format!("/s{stages}") } else { String::new() }
-            + if programmatic { "" } else { "/nopdl" };
+            + if programmatic { "/pdl" } else { "" };
         let r = sweep.try_config(cuda, name, run, check);
         cuda.free(&work)?;
         r?;

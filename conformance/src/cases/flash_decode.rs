@@ -71,11 +71,13 @@ impl Operation for FlashDecodeCase {
         // no prefetching, K and V in a ring of two or three shared stages where the target
         // copies by `cp.async` (`FlashDecode::stages`); `paged-staged`: paged, two stages (the
         // copies' addresses read the block table ahead). `kv-e4m3`: contiguous, `kv-e5m2-paged`:
-        // paged, the cache in 8-bit floats with per-tensor scales (16-bit queries only).
+        // paged, the cache in 8-bit floats with per-tensor scales (16-bit queries only). `pdl`:
+        // contiguous, the combine a programmatic dependent of the split stage
+        // (`FlashDecode::programmatic`: on sm_90+ it starts early and waits for the split's end).
         if dtype.size_bytes() == 2 {
-            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged", "kv-e4m3", "kv-e5m2-paged"]
+            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged", "kv-e4m3", "kv-e5m2-paged", "pdl"]
         } else {
-            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged"]
+            &["contiguous", "paged", "narrow", "staged", "staged3", "paged-staged", "pdl"]
         }
     }
 
@@ -148,6 +150,7 @@ impl Operation for FlashDecodeCase {
             "narrow" => FlashDecode { wide: false, ..op },
             "staged" | "paged-staged" => FlashDecode { prefetch: false, stages: 2, ..op },
             "staged3" => FlashDecode { prefetch: false, stages: 3, ..op },
+            "pdl" => FlashDecode { programmatic: true, ..op },
             _ => op,
         };
         let work = l.device.alloc(op.work_bytes(&shape).max(1), "flash_decode_work")?;
