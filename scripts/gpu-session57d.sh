@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Session 57's last call: the combine sized to its partials (DecodeStage::Combine { tile }).
+# Owed from session 57 (no device time was left): the combine sized to its partials
+# (DecodeStage::Combine { tile }) and the programmatic combine (`/pdl`, conformance variant
+# `pdl`: cuLaunchKernelEx and griddepcontrol.wait on hardware for the first time).
 # Flash decoding's conformance at world 1 and the distributed form in the loopback world of 2
-# (its combines of 2 partials), then three shapes against SDPA and Triton in the same run:
+# (its combines of 2 partials), then three shapes against SDPA and Triton in the same run
+# (`--config 64n/8w/pf/w16/fm` selects the default and `/pdl`):
 # 32 x 32/8 x 4K (2 splits: tile 2, one warp), 8 x 32/8 x 8K, 1 x 32/8 x 128K (64 splits:
 # unchanged, the control), with each launch timed alone.
 set -uo pipefail
