@@ -45,6 +45,9 @@ pub struct PtxModule {
     pub threads: u32,
     /// Some program may spin on a signal (see `simt::Kernel::waits`).
     pub waits: bool,
+    /// Launched as a programmatic dependent of the kernel before it (`simt::Kernel::
+    /// programmatic`: its code waits for that kernel first).
+    pub programmatic: bool,
     /// Dynamic shared memory per program (bytes), given at launch.
     pub shared_bytes: u32,
     /// The tensor maps the kernel's TMA copies read, encoded at each launch from its arguments
@@ -63,7 +66,7 @@ impl NvidiaBackend {
         verify(func)?;
         let compile_err = |message: String| BackendError::Compile { backend: NAME, kernel: func.name.clone(), message };
         let mut k = lower(func, target).map_err(|e| compile_err(e.to_string()))?;
-        let waits = k.waits();
+        let (waits, programmatic) = (k.waits(), k.programmatic());
         let device_calls = k.device_calls();
         trident_core::simt::protocol::expand(&mut k);
         let ptx = ptx::write_ptx(&k, target).map_err(|e| compile_err(e.to_string()))?;
@@ -73,6 +76,7 @@ impl NvidiaBackend {
             entry: k.name.clone(),
             threads: k.threads(),
             waits,
+            programmatic,
             shared_bytes: k.shared_bytes,
             tensor_maps: k.tensor_maps.clone(),
             device_calls,

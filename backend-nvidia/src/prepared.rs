@@ -51,7 +51,7 @@ impl PreparedLaunch {
         let module = kernel.payload_for::<PtxModule>(crate::NAME)?;
         if kernel.attrs.cooperative
             || kernel.attrs.persistent
-            || kernel.attrs.programmatic
+            || module.programmatic
             || !module.tensor_maps.is_empty()
             || !module.device_calls.is_empty()
             || kernel.params.len() + HIDDEN_PARAMS.len() > MAX_SLOTS

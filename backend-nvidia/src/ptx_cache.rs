@@ -64,7 +64,10 @@ fn parse_scalar(s: &str) -> Option<MapScalar> {
 /// The entry's text: the key, a line per field and tensor map, then the PTX.
 fn write_entry(key: &str, m: &PtxModule) -> String {
     let mut s = format!("{}\n{key}\n", key.len());
-    s += &format!("entry {}\nthreads {}\nwaits {}\nshared {}\n", m.entry, m.threads, m.waits as u8, m.shared_bytes);
+    s += &format!(
+        "entry {}\nthreads {}\nwaits {}\nprogrammatic {}\nshared {}\n",
+        m.entry, m.threads, m.waits as u8, m.programmatic as u8, m.shared_bytes
+    );
     for t in &m.tensor_maps {
         s += &format!(
             "map {} {} {} {} {} {} {} {}\n",
@@ -99,6 +102,7 @@ fn read_entry(text: &str, key: &str) -> Option<PtxModule> {
         entry: String::new(),
         threads: 0,
         waits: false,
+        programmatic: false,
         shared_bytes: 0,
         tensor_maps: Vec::new(),
         device_calls: Vec::new(),
@@ -109,6 +113,7 @@ fn read_entry(text: &str, key: &str) -> Option<PtxModule> {
             ["entry", e] => m.entry = e.to_string(),
             ["threads", t] => m.threads = t.parse().ok()?,
             ["waits", w] => m.waits = *w == "1",
+            ["programmatic", p] => m.programmatic = *p == "1",
             ["shared", s] => m.shared_bytes = s.parse().ok()?,
             ["map", ptr, dtype, rows, cols, stride, br, bc, sw] => m.tensor_maps.push(TensorMap {
                 ptr: ptr.parse().ok()?,
@@ -208,13 +213,14 @@ mod tests {
             entry: "k".into(),
             threads: 384,
             waits: true,
+            programmatic: true,
             shared_bytes: 200_000,
             tensor_maps: vec![m.clone(), m],
             device_calls: Vec::new(),
         };
         let back = read_entry(&write_entry("KEY", &module), "KEY").unwrap();
         assert_eq!(back.tensor_maps, module.tensor_maps);
-        assert_eq!((back.threads, back.waits, back.shared_bytes), (384, true, 200_000));
+        assert_eq!((back.threads, back.waits, back.programmatic, back.shared_bytes), (384, true, true, 200_000));
         assert_eq!(back.ptx, module.ptx, "a PTX text containing `ptx` lines is kept whole");
         assert!(read_entry(&write_entry("KEY", &module), "KEY2").is_none());
     }

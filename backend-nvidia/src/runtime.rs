@@ -569,7 +569,7 @@ pub(crate) fn launch_raw(
         return unsafe { result::launch_cooperative_kernel(f, g, b, module.shared_bytes, stream, &mut params) }
             .map_err(|e| fail("cuLaunchCooperativeKernel", e));
     }
-    if kernel.attrs.programmatic && trident_core::target::lookup(&kernel.target).is_ok_and(|t| t.programmatic_launch) {
+    if module.programmatic {
         // A programmatic dependent of the kernel before it on `stream`: its programs may be
         // scheduled while that kernel's last ones run, and wait for its end in the
         // `griddepcontrol.wait` the lowering put first (`LaunchAttrs::programmatic`).

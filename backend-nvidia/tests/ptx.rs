@@ -37,13 +37,18 @@ fn a_programmatic_dependent_waits_for_the_kernel_before_it_first() {
         f
     };
     for target in [&SM_90A, &SM_90] {
-        let ptx = NvidiaBackend::ptx(&programmatic(true), target).unwrap().ptx;
+        let module = NvidiaBackend::ptx(&programmatic(true), target).unwrap();
+        // The runtime launches it as a programmatic dependent (`cuLaunchKernelEx`).
+        assert!(module.programmatic, "{}", target.name);
+        let ptx = module.ptx;
         let (wait, load) = (ptx.find("griddepcontrol.wait;"), ptx.find("ld.global"));
         assert!(wait.is_some() && wait < load, "{}: {ptx}", target.name);
         assert_eq!(ptx.matches("griddepcontrol").count(), 1, "{}", target.name);
         assert!(!NvidiaBackend::ptx(&programmatic(false), target).unwrap().ptx.contains("griddepcontrol"));
     }
-    assert!(!NvidiaBackend::ptx(&programmatic(true), &SM_80).unwrap().ptx.contains("griddepcontrol"));
+    let sm80 = NvidiaBackend::ptx(&programmatic(true), &SM_80).unwrap();
+    assert!(!sm80.programmatic && !sm80.ptx.contains("griddepcontrol"));
+    assert!(!NvidiaBackend::ptx(&programmatic(false), &SM_90A).unwrap().programmatic);
     // The attribute round-trips through the text format.
     let text = trident_core::text::print(&programmatic(true));
     assert!(text.contains("programmatic = true"), "{text}");

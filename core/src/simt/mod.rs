@@ -223,6 +223,13 @@ impl Kernel {
         count(&self.body, &|i| matches!(i, Inst::WaitSignals { .. } | Inst::WaitFlag { .. })) > 0
     }
 
+    /// The kernel waits for the one before it on its stream ([`Inst::GridDependencyWait`]: the
+    /// lowering put one there for a `LaunchAttrs::programmatic` kernel on a target with
+    /// programmatic dependent launch), so it is launched as its programmatic dependent.
+    pub fn programmatic(&self) -> bool {
+        count(&self.body, &|i| matches!(i, Inst::GridDependencyWait)) > 0
+    }
+
     /// The vendor library's device functions the kernel calls (empty unless some communication
     /// is at inter-node scope): a module that calls them must be linked with the library's
     /// device code and registered with it before it runs.
