@@ -1290,10 +1290,10 @@ fn flash_decode(
     }
     // Where the default's time goes: each of its launches timed alone (the combine reads the
     // partials the split stage left), printed beside the sweep.
-    let op = default.for_device(l)?;
-    let work = cuda.alloc(op.work_bytes(&shape), "flash_decode_work")?;
-    for (stage, grid, args) in op.plan((&qb, &kb, &vb), scales, &lens, None, &work, &out, &shape)? {
-        let kernel = l.compile(op.key(stage), || op.build(stage))?;
+    let work = cuda.alloc(default.work_bytes(&shape), "flash_decode_work")?;
+    for (stage, kernel, grid, args) in
+        default.launches(l, (&qb, &kb, &vb), scales, (&lens, None), (&work, &out), &shape)?
+    {
         let (ms, _) = time(cuda, reps, || l.launch(&kernel, grid, &args), || Ok(0.0))?;
         note!(
             "bench: {} default's {stage:?} stage alone: {:.4} ms (grid {grid:?}, L2 flushed before each run)",

@@ -36,7 +36,7 @@
 //! with `o`, the lengths and query positions staying the sequence's.
 
 use crate::{require_bytes, require_i32, DeviceCtx};
-use trident_core::backend::{BackendError, Buffer, KernelArg};
+use trident_core::backend::{Artifact, BackendError, Buffer, KernelArg};
 use trident_core::ir::{Axis, DType, InputPrecision, LaunchAttrs};
 use trident_core::{Function, KernelBuilder, VerifyError};
 
@@ -183,9 +183,9 @@ impl FlashDecode {
             page: None,
             max_splits: 64,
             // With 16-bit queries `exp` (and the log-sum-exp's `log`) go through the hardware's
-            // approximation, as FlashAttention and Triton's `exp` do: `ex2.approx` is within 2
-            // ulp of f32, and the probabilities are rounded to 8 or 11 bits before the product
-            // with V. 2-3% faster on an H100 (results/h100-session56/a, h100-session57/b:
+            // approximation, as FlashAttention and Triton's `exp` do: within about |x| 2^-24
+            // relative (the product by log2 e rounds; docs/DECISIONS.md), while the
+            // probabilities are rounded to 8 or 11 bits before the product with V. 2-3% faster on an H100 (results/h100-session56/a, h100-session57/b:
             // `/fm`). f32 queries keep the accurate functions (their bound is 1e-6).
             fast_math: dtype.size_bytes() < 4,
             // Prefetching costs a tile of K and one of V in registers (118 rather than 80 on
@@ -509,12 +509,27 @@ impl FlashDecode {
         out: &Buffer,
         shape: &DecodeShape,
     ) -> Result<(), BackendError> {
-        let op = self.for_device(l)?;
-        for (stage, grid, args) in op.plan((q, k, v), scales, lens, table, work, out, shape)? {
-            let kernel = l.compile(op.key(stage), || op.build(stage))?;
+        for (_, kernel, grid, args) in self.launches(l, (q, k, v), scales, (lens, table), (work, out), shape)? {
             l.launch(&kernel, grid, &args)?;
         }
         Ok(())
+    }
+
+    /// What [`FlashDecode::run`] launches, in order: each stage's kernel compiled for `l`'s
+    /// device (its splits filling that device's waves), grid and arguments.
+    #[allow(clippy::type_complexity)]
+    pub fn launches(
+        &self,
+        l: &DeviceCtx,
+        qkv: (&Buffer, &Buffer, &Buffer),
+        scales: KvScales,
+        (lens, table): (&Buffer, Option<&Buffer>),
+        (work, out): (&Buffer, &Buffer),
+        shape: &DecodeShape,
+    ) -> Result<Vec<(DecodeStage, Artifact, [u32; 3], Vec<KernelArg>)>, BackendError> {
+        let op = self.for_device(l)?;
+        let plan = op.plan(qkv, scales, lens, table, work, out, shape)?;
+        plan.into_iter().map(|(stage, grid, args)| Ok((stage, l.compile(op.key(stage), || op.build(stage))?, grid, args))).collect()
     }
 
     /// The cache key of a stage's specialization.
