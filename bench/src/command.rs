@@ -1034,20 +1034,25 @@ fn grouped_gemm(
         }
         push(GroupedGemm { scheduled: !op.scheduled, ..op });
     }
+    // C by masked stores from the accumulator, against the default's bulk row stores.
+    if op.descriptors {
+        variants.push(GroupedGemm { bulk_store: false, ..op });
+    }
     // The schedule's scratch, for the largest of the variants' schedules.
     let bytes = variants.iter().map(|v| v.schedule_bytes(p)).max().unwrap_or(0).max(4);
     let scratch = cuda.alloc(bytes, "grouped_gemm.schedule")?;
     let ops = Operands { schedule: Some(&scratch), ..ops };
     let mut sweep = Sweep::new(case, reps, only);
     for v in variants {
-        let g = v.specialized(&ab, &bb, n, k);
+        let g = v.specialized(&ab, &bb, &c, n, k);
         let form = match (g.divisible, g.scheduled) {
             (true, true) if g.pingpong => "tma-wgmma-ws-scheduled-pingpong",
             (true, true) => "tma-wgmma-ws-scheduled",
             (true, false) => "tma-wgmma",
             (false, _) => "portable",
         };
-        let name = format!("{}x{}x{}/{}w/{}s/{form}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
+        let store = if g.bulk_store && g.divisible { "" } else { "/masked-store" };
+        let name = format!("{}x{}x{}/{}w/{}s/{form}{store}", g.block_m, g.block_n, g.block_k, g.warps, g.stages);
         cuda.fill(&c, &poison(out))?;
         sweep.try_config(cuda, name, || v.run(l, ops, p), check)?;
     }

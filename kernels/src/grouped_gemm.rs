@@ -302,6 +302,13 @@ pub struct GroupedGemm {
     /// or by other devices (`LaunchAttrs::signalled_before`): where a rank has the GPU to
     /// itself, the persistent grid takes every multiprocessor.
     pub signalled_before: bool,
+    /// C written through a descriptor of the group's rows (`desc_store`: bulk row copies on
+    /// sm_90a, asynchronous like a TMA store, the rows past the group not written) instead of
+    /// masked stores from the accumulator. On by default; [`GroupedGemm::specialized`] keeps
+    /// it for the descriptor form only where C is 16-byte aligned and its rows whole 16-byte
+    /// chunks, and the epilogue stores 16-bit C (not `reduce_scatter` or `quantize`). Off, the
+    /// benchmark's comparison.
+    pub bulk_store: bool,
 }
 
 
@@ -328,6 +335,7 @@ impl GroupedGemm {
             fp8_out: DType::BF16,
             band_tiles: 0,
             signalled_before: false,
+            bulk_store: true,
         }
     }
 
@@ -414,8 +422,10 @@ impl GroupedGemm {
 
     /// This GEMM specialized for its operands: the descriptor form (where chosen) when A and B
     /// are 16-byte aligned and their rows (K, or N for B `[E, K, N]`) whole 16-byte chunks;
-    /// else the portable form at its own meta-parameters.
-    pub fn specialized(self, a: &Buffer, b: &Buffer, n: usize, k: usize) -> GroupedGemm {
+    /// else the portable form at its own meta-parameters. The descriptor form stores C by
+    /// rows ([`GroupedGemm::bulk_store`]) where C is 16-byte aligned and its rows whole 16-byte
+    /// chunks.
+    pub fn specialized(self, a: &Buffer, b: &Buffer, c: &Buffer, n: usize, k: usize) -> GroupedGemm {
         let es = self.dtype.size_bytes() as usize;
         let b_row = if self.b_layout == BLayout::NK { k } else { n };
         // FP8 `wgmma` reads B K-major only.
@@ -425,8 +435,17 @@ impl GroupedGemm {
             && (k * es).is_multiple_of(16)
             && (b_row * es).is_multiple_of(16)
             && k > 0;
+        let os = self.out_type().size_bytes() as usize;
+        let rows_store = self.bulk_store
+            && self.descriptors
+            && os == 2
+            && !self.epilogue.reduce_scatter
+            && !self.epilogue.quantize
+            && c.address.is_multiple_of(16)
+            && (self.out_cols(n) * os).is_multiple_of(16)
+            && (!self.epilogue.swiglu || n.is_multiple_of(2));
         match (self.descriptors, fits) {
-            (_, true) => GroupedGemm { divisible: true, ..self },
+            (_, true) => GroupedGemm { divisible: true, bulk_store: rows_store, ..self },
             (true, false) => GroupedGemm {
                 scales: self.scales,
                 epilogue: self.epilogue,
@@ -509,6 +528,7 @@ impl GroupedGemm {
         )
         .to_lowercase()
             + if pingpong { "_pingpong" } else { "" }
+            + if self.bulk_store && desc { "_rows" } else { "" }
             + if self.dtype.is_fp8() && self.fp8_out == DType::F16 { "_to_f16" } else { "" }
             + &match self.band_tiles {
                 0 => String::new(),
@@ -532,7 +552,12 @@ impl GroupedGemm {
             false => b.arg_ptr(name, self.dtype),
         };
         let per_chunk = 16 / self.dtype.size_bytes();
-        let (a, bp, c) = (ptr("a"), ptr("b"), b.arg_ptr("c", self.out_type()));
+        let bulk_store = self.bulk_store && desc;
+        let (a, bp) = (ptr("a"), ptr("b"));
+        let c = match bulk_store {
+            true => b.arg_ptr_aligned("c", self.out_type(), 16),
+            false => b.arg_ptr("c", self.out_type()),
+        };
         let groups = b.arg_ptr("groups", DType::I32);
         let schedule = self.scheduled.then(|| b.arg_ptr("schedule", DType::I32));
         let scales =
@@ -549,7 +574,18 @@ impl GroupedGemm {
             true => b.arg_multiple_of(name, DType::I32, per_chunk),
             false => b.arg(name, DType::I32),
         };
-        let (n, k) = (whole("n", self.b_layout == BLayout::KN), whole("k", true));
+        // N's facts: whole 16-byte chunks of B's rows (B `[E, K, N]`), of C's rows for the
+        // bulk store (twice that with SwiGLU, whose C has N / 2 columns).
+        let n_chunk = match (self.divisible && self.b_layout == BLayout::KN, bulk_store) {
+            (kn, true) => (16 / self.out_type().size_bytes() * if swiglu { 2 } else { 1 }).max(if kn { per_chunk } else { 1 }),
+            (true, false) => per_chunk,
+            (false, false) => 1,
+        };
+        let n = match n_chunk {
+            1 => b.arg("n", DType::I32),
+            m => b.arg_multiple_of("n", DType::I32, m),
+        };
+        let k = whole("k", true);
         let t_max = b.arg("t_max", DType::I32);
         // A's rows and B's (`E N` or `E K`) in all: the descriptors' extents.
         let (a_rows, b_rows) = (b.arg("a_rows", DType::I32), b.arg("b_rows", DType::I32));
@@ -841,6 +877,12 @@ impl GroupedGemm {
                     let blocks = (n_out + (SCALE_BLOCK as i32 - 1)) / SCALE_BLOCK as i32;
                     b.store(c_scales + rm * blocks + tn, (amax / 448.0f32).expand_dims(1), Some(rows_ok));
                 }
+                // The group's rows as a tensor: rows past it are not written.
+                None if self.bulk_store && descs.is_some() => {
+                    let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
+                    let dc = b.make_desc(c + first * n_out, [rows, n_out], [n_out, one], [bm, h]);
+                    b.desc_store(dc, [tm * bm as i32, tn * h as i32], out.cast(self.out_type()));
+                }
                 None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
             },
         }
@@ -1046,7 +1088,7 @@ impl GroupedGemm {
     /// [`GroupedGemm::plan`] (after [`GroupedGemm::schedule_plan`] when scheduled), launched on
     /// `l`'s device; a scheduled GEMM without a scratch buffer gets one for the call.
     pub fn run(&self, l: &DeviceCtx, ops: Operands<'_>, p: Groups) -> Result<(), BackendError> {
-        let op = self.specialized(ops.a, ops.b, p.n, p.k);
+        let op = self.specialized(ops.a, ops.b, ops.c, p.n, p.k);
         if op.scheduled && ops.schedule.is_none() {
             let scratch = l.device.alloc(op.schedule_bytes(p).max(4), "grouped_gemm.schedule")?;
             let done = op.run(l, Operands { schedule: Some(&scratch), ..ops }, p);

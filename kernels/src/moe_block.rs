@@ -274,7 +274,7 @@ pub(crate) fn check_block(dtype: DType, (what, ffn): (&str, usize)) -> Result<()
 pub(crate) type Prepared = Option<(trident_core::backend::Artifact, crate::grouped_gemm::Launch)>;
 
 pub(crate) fn prepare(ctx: &dyn RankCtx, (op, ops, p): (GroupedGemm, Operands<'_>, Groups)) -> Result<Prepared, BackendError> {
-    let op = op.specialized(ops.a, ops.b, p.n, p.k);
+    let op = op.specialized(ops.a, ops.b, ops.c, p.n, p.k);
     let Some(launch) = op.plan(ops, p)? else { return Ok(None) };
     let kernel = ctx.compile(&format!("{op:?}"), &|| op.build())?;
     Ok(Some((kernel, launch)))

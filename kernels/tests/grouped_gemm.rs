@@ -489,3 +489,80 @@ fn every_moe_form_reads_both_operands_through_host_encoded_tensor_maps() {
         assert!(maps.contains(&0) && maps.contains(&1), "{what}: tensor maps of parameters {maps:?}");
     }
 }
+
+/// C goes out by bulk row copies on sm_90a (`bulk.store`: a group's last tile writes only the
+/// group's rows, asynchronously), in the plain walk, the scheduled form and ping-pong, and
+/// matches float64 (rows past a masked expert's count untouched) as the masked stores it
+/// replaces do; an output whose rows are not whole 16-byte chunks keeps the masked stores.
+#[test]
+fn c_goes_out_by_bulk_row_copies() {
+    trident_backend_cpu::link();
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
+    let dev = SimtBackend.open_device(0).unwrap();
+    let l = sm90a_ctx(dev.as_ref());
+    for layout in [Layout::Contiguous, Layout::Masked] {
+        let op = GroupedGemm::for_target(DType::BF16, layout, BLayout::NK, Some(sm90a));
+        assert!(op.bulk_store);
+        let scheduled = GroupedGemm { scheduled: true, ..op };
+        let pingpong = GroupedGemm { block_n: 128, warps: 4, stages: 4, pingpong: true, ..scheduled };
+        let masked = GroupedGemm { bulk_store: false, ..op };
+        for v in [op, GroupedGemm { stages: 3, ..op }, scheduled, pingpong] {
+            let text = lowered_sm90a(v);
+            assert!(text.contains("bulk.store") && !text.contains("tma.store"), "{v:?}");
+            check(&v, &l, 4, 264, 136, &counts(4, 300, 1, &mut rng), &mut rng);
+        }
+        assert!(!lowered_sm90a(masked).contains("bulk.store"));
+        check(&masked, &l, 4, 264, 136, &counts(4, 300, 1, &mut rng), &mut rng);
+        // FP8 operands store bf16 C the same way.
+        let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, layout, BLayout::NK, Some(sm90a));
+        assert!(lowered_sm90a(fp8).contains("bulk.store"));
+    }
+    // N = 12: rows of 24 bytes. `specialized` keeps the masked stores.
+    let op = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    let buf = |bytes: usize| dev.alloc(bytes, "x").unwrap();
+    let (a, b, c) = (buf(64), buf(64), buf(64));
+    assert!(!op.specialized(&a, &b, &c, 12, 16).bulk_store && op.specialized(&a, &b, &c, 16, 16).bulk_store);
+    check(&op, &l, 3, 12, 16, &counts(3, 40, 0, &mut rng), &mut rng);
+}
+
+/// The benchmark's bf16 and FP8 forms with bulk row stores assemble for sm_90a without spills
+/// (with `PTXAS` set, as CI sets it; skipped with a message otherwise).
+#[test]
+fn the_bulk_stored_forms_assemble_without_spills() {
+    let Some(ptxas) = std::env::var_os("PTXAS") else {
+        eprintln!("SKIP the_bulk_stored_forms_assemble_without_spills: PTXAS is not set");
+        return;
+    };
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let dir = std::env::temp_dir().join(format!("trident-grouped-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bf16 = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    let forms = [
+        bf16,
+        GroupedGemm { stages: 3, ..bf16 },
+        GroupedGemm { scheduled: true, ..bf16 },
+        GroupedGemm { layout: Layout::Masked, ..bf16 },
+        fp8,
+        GroupedGemm { block_n: 256, stages: 3, ..fp8 },
+    ];
+    for (i, v) in forms.into_iter().enumerate() {
+        let f = GroupedGemm { divisible: true, ..v }.build().unwrap();
+        let m = trident_backend_nvidia::NvidiaBackend::ptx(&f, sm90a).unwrap();
+        assert!(m.ptx.contains("cp.async.bulk.global.shared::cta.bulk_group"), "{v:?}");
+        let p = dir.join(format!("g{i}.ptx"));
+        std::fs::write(&p, &m.ptx).unwrap();
+        let o = std::process::Command::new(&ptxas)
+            .args(["-arch=sm_90a", "-v"])
+            .arg(&p)
+            .arg("-o")
+            .arg(p.with_extension("cubin"))
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr);
+        let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
+        assert!(o.status.success() && !spills && !log.contains("warning"), "{v:?}:\n{log}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

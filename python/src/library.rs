@@ -137,7 +137,7 @@ pub fn grouped_gemm(
     let op = op
         .with_scales(if scales.is_some() { Scales::Row } else { Scales::None }, false)
         .with_epilogue(epilogue)
-        .specialized(&a, &b, n, k);
+        .specialized(&a, &b, &c, n, k);
     let scales = scales.as_ref().map(|(x, y)| (x, y));
     let schedule = buf("schedule", schedule.0, schedule.1);
     let ops =

@@ -23,6 +23,7 @@ impl Writer<'_> {
             | Inst::TmaLoad { .. }
             | Inst::MbarrierArrive { .. }
             | Inst::TmaStore { .. }
+            | Inst::BulkStore { .. }
             | Inst::BulkCommit
             | Inst::BulkWait { .. } => return err("`wgmma`, TMA, mbarriers and their fences are Hopper's (sm_90a)"),
             Inst::Matmul { atom, d, a, b, c, ab } => self.mfma(atom.name, d, a, b, c, *ab)?,

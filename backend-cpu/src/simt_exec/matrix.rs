@@ -241,7 +241,7 @@ impl Exec<'_> {
             Inst::BulkCommit => self.bulk.commit(),
             Inst::BulkWait { pending } => {
                 let done = self.bulk.wait(*pending);
-                self.complete_tma_stores(done)?;
+                self.complete_bulk_stores(done)?;
             }
             Inst::TmaStore { map, offset, coords, pred } => {
                 let (o, r, c, p) = (self.get(*offset)?, self.get(coords[0])?, self.get(coords[1])?, self.get(*pred)?);
@@ -259,7 +259,27 @@ impl Exec<'_> {
                     // Read when its group is waited for (or at the program's end): the latest
                     // the GPU may read it, so shared memory reused too early shows up as wrong
                     // values in global memory.
-                    self.bulk.issue(PendingTmaStore { lane: i, map: m, src, row: r.ints()[i], col: c.ints()[i] });
+                    self.bulk.issue(PendingBulkStore::Tensor {
+                        lane: i,
+                        map: m,
+                        src,
+                        row: r.ints()[i],
+                        col: c.ints()[i],
+                    });
+                }
+            }
+            Inst::BulkStore { addr, offset, bytes, pred } => {
+                let (a, o, n, p) = (self.get(*addr)?, self.get(*offset)?, self.get(*bytes)?, self.get(*pred)?);
+                for i in (0..lanes).filter(|&i| p.ints()[i] != 0) {
+                    let (src, dst, bytes) = (o.ints()[i] as usize, a.ptrs()[i], n.ints()[i]);
+                    if !src.is_multiple_of(16) || !dst.is_multiple_of(16) || bytes < 0 || bytes % 16 != 0 {
+                        return fault(format!(
+                            "bulk store of {bytes} bytes from shared byte {src} to {dst:#x}: addresses must be \
+                             16-byte aligned and the size a multiple of 16"
+                        ));
+                    }
+                    // Read when its group is waited for, as a TMA store's box.
+                    self.bulk.issue(PendingBulkStore::Linear { lane: i, src, dst, bytes: bytes as usize });
                 }
             }
             Inst::MbarrierArrive { offset, pred } => {
@@ -314,15 +334,27 @@ impl Exec<'_> {
         Ok(())
     }
 
-    /// Reads the boxes of `stores` from shared memory and writes them to global memory.
-    pub(super) fn complete_tma_stores(&mut self, stores: Vec<PendingTmaStore>) -> Result<(), Fault> {
+    /// Reads the shared memory of `stores` (TMA boxes, rows) and writes it to global memory.
+    pub(super) fn complete_bulk_stores(&mut self, stores: Vec<PendingBulkStore>) -> Result<(), Fault> {
         let view = self.mem.view();
         for s in stores {
-            let es = s.map.elem_bytes as usize;
-            for (at, global) in s.map.box_elements(s.src, s.row, s.col) {
-                let Some(g) = global else { continue };
-                let x = self.shared_get(s.lane, at, es)?;
-                self.view.store(&view, g, es, x, s.lane).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
+            match s {
+                PendingBulkStore::Tensor { lane, map, src, row, col } => {
+                    let es = map.elem_bytes as usize;
+                    for (at, global) in map.box_elements(src, row, col) {
+                        let Some(g) = global else { continue };
+                        let x = self.shared_get(lane, at, es)?;
+                        self.view.store(&view, g, es, x, lane).or_else(|e| fault(format!("TMA store: {}", e.0)))?;
+                    }
+                }
+                PendingBulkStore::Linear { lane, src, dst, bytes } => {
+                    for j in (0..bytes).step_by(8) {
+                        let x = self.shared_get(lane, src + j, 8)?;
+                        self.view
+                            .store(&view, dst + j as u64, 8, x, lane)
+                            .or_else(|e| fault(format!("bulk store: {}", e.0)))?;
+                    }
+                }
             }
         }
         Ok(())

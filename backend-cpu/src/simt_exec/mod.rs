@@ -266,9 +266,9 @@ struct Exec<'a> {
     /// Inside an [`Inst::Specialized`] region's consumers: the producer, run when a consumer
     /// wait cannot pass yet.
     producer: Option<Pump>,
-    /// TMA stores in flight, committed by [`Inst::BulkCommit`]; their shared memory is read
-    /// when a wait completes their group ([`Exec::complete_tma_stores`]).
-    bulk: CommitGroups<PendingTmaStore>,
+    /// TMA stores and bulk row stores in flight, committed by [`Inst::BulkCommit`]; their
+    /// shared memory is read when a wait completes their group ([`Exec::complete_bulk_stores`]).
+    bulk: CommitGroups<PendingBulkStore>,
     /// `cp.async` copies in flight, committed by [`Inst::AsyncCommit`]; they land when a wait
     /// completes their group ([`Exec::complete_copies`]).
     copies: CommitGroups<PendingCopy>,
@@ -320,14 +320,12 @@ struct PendingCopy {
     data: Vec<u8>,
 }
 
-/// A TMA store whose shared-memory box is read when its bulk group completes.
+/// A bulk store whose shared memory is read when its bulk group completes: a TMA store's box,
+/// or `bytes` from `src` to global address `dst` (a row of a staged tile).
 #[derive(Clone, Copy)]
-struct PendingTmaStore {
-    lane: usize,
-    map: MapValues,
-    src: usize,
-    row: i64,
-    col: i64,
+enum PendingBulkStore {
+    Tensor { lane: usize, map: MapValues, src: usize, row: i64, col: i64 },
+    Linear { lane: usize, src: usize, dst: u64, bytes: usize },
 }
 
 /// An mbarrier's state: `pending` of `count` arrivals and `tx` bytes still due in phase `phase`.
@@ -418,7 +416,7 @@ pub fn run_program(
         let copies = e.copies.drain();
         e.complete_copies(copies)?;
         let stores = e.bulk.drain();
-        e.complete_tma_stores(stores)?;
+        e.complete_bulk_stores(stores)?;
         e.hooks.yield_point(&mut e.view)?;
         e.view.finish(mem).or_else(|x| fault(x.0))?;
         e.hooks.program_done(&mut e.view);

@@ -100,6 +100,11 @@ impl Writer<'_> {
                     "@{p} cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [{m}, {{{col}, {row}}}], [{src}]"
                 );
             }
+            Inst::BulkStore { addr, offset, bytes, pred } => {
+                let src = self.shared_addr(*offset)?;
+                let (dst, n, p) = (self.n(*addr).to_string(), self.n(*bytes).to_string(), self.n(*pred).to_string());
+                line!(self, "@{p} cp.async.bulk.global.shared::cta.bulk_group [{dst}], [{src}], {n}");
+            }
             Inst::BulkCommit => self.line("cp.async.bulk.commit_group".into()),
             Inst::BulkWait { pending } => self.line(format!("cp.async.bulk.wait_group.read {pending}")),
             Inst::MbarrierArrive { offset, pred } => {

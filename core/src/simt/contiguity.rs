@@ -90,6 +90,16 @@ impl<'f> Contiguity<'f> {
         known
     }
 
+    /// `v`'s value when it is an integer constant (a scalar or a splat of one).
+    fn const_int(&self, v: Value) -> Option<i64> {
+        let ValueDef::Result { op, .. } = self.func.values[v].def else { return None };
+        match &self.func.ops[op].kind {
+            OpKind::Const(Literal::Int(i)) => Some(*i),
+            OpKind::Splat(x) => self.const_int(*x),
+            _ => None,
+        }
+    }
+
     fn last(&self, v: Value) -> u32 {
         self.func.ty(v).shape.last().copied().unwrap_or(1)
     }
@@ -176,6 +186,14 @@ impl<'f> Contiguity<'f> {
                     BinaryOp::Add | BinaryOp::Sub => at_runs(a, contiguity, 1).min(at_runs(c, contiguity, 1)),
                     // Every element: inside a run of consecutive values only 1 is known.
                     BinaryOp::Mul => (at_runs(a, 1, 1) as u64 * at_runs(c, 1, 1) as u64).min(MAX_DIV as u64) as u32,
+                    // A multiple of d divided exactly by a constant power of two c dividing d
+                    // (`n / 2` of an even extent) is a multiple of d / c.
+                    BinaryOp::Div => match self.const_int(*rhs) {
+                        Some(k) if k > 0 && (k as u64).is_power_of_two() && at_runs(a, 1, 1) as i64 % k == 0 => {
+                            at_runs(a, 1, 1) / k as u32
+                        }
+                        _ => 1,
+                    },
                     _ => 1,
                 };
                 AxisInfo { contiguity, constancy, divisibility: 1 }.with_div(divisibility)
@@ -312,6 +330,11 @@ mod tests {
             // multiple of 64 elements; the row index alone, then `[:, None]`: nothing known.
             (x + (b.arange(0, 8) * 64i32).expand_dims(1) + b.arange(0, 32).expand_dims(0), 16, 32),
             (x + b.arange(0, 8).expand_dims(1) + b.arange(0, 32).expand_dims(0), 4, 32),
+            // `k / 2` of a multiple of 16 is a multiple of 8; `k / 3` is not known to be
+            // anything, nor `k / 32`.
+            (k / 2i32, 8, 1),
+            (k / 3i32, 1, 1),
+            (k / 32i32, 1, 1),
         ];
         let vals: Vec<(Value, u32, u32)> = cases.iter().map(|(t, d, c)| (t.value(), *d, *c)).collect();
         let f = b.finish().unwrap();

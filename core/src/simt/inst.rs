@@ -368,7 +368,19 @@ pub enum Inst {
         id: Reg,
         arrive: bool,
     },
-    /// Closes the thread's bulk group of `TmaStore`s (`cp.async.bulk.commit_group`).
+    /// Threads with `pred` copy `bytes` (a multiple of 16) from shared byte `offset` to global
+    /// address `addr`, both 16-byte aligned (`cp.async.bulk.global.shared::cta`, a bulk group):
+    /// one row of a staged tile, where a tensor map cannot clip the rows. As for `TmaStore`, the
+    /// shared memory must be written and made visible to the asynchronous proxy before, and not
+    /// be reused until `BulkWait`.
+    BulkStore {
+        addr: Reg,
+        offset: Reg,
+        bytes: Reg,
+        pred: Reg,
+    },
+    /// Closes the thread's bulk group of `TmaStore`s and `BulkStore`s
+    /// (`cp.async.bulk.commit_group`).
     BulkCommit,
     /// Waits until all but the `pending` most recent of the thread's bulk groups have read
     /// their shared memory (`cp.async.bulk.wait_group.read pending`).
@@ -652,6 +664,7 @@ impl Inst {
             | Inst::MbarrierArrive { .. }
             | Inst::MbarrierWait { .. }
             | Inst::TmaStore { .. }
+            | Inst::BulkStore { .. }
             | Inst::TmaLoad { .. }
             | Inst::BulkCommit
             | Inst::BulkWait { .. } => Family::Matrix,
@@ -834,6 +847,12 @@ pub fn for_each_use(i: &mut Inst, f: &mut dyn FnMut(&mut Reg)) {
             f(offset);
             f(&mut coords[0]);
             f(&mut coords[1]);
+            f(pred)
+        }
+        Inst::BulkStore { addr, offset, bytes, pred } => {
+            f(addr);
+            f(offset);
+            f(bytes);
             f(pred)
         }
         Inst::MbarrierWait { offset, parity } => {

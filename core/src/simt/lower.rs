@@ -32,6 +32,7 @@
 
 mod arith;
 mod atomic;
+mod bulk_store;
 mod comm;
 mod dot;
 mod elementwise;
@@ -714,7 +715,7 @@ impl Lowering<'_> {
             OpKind::MakeDesc { .. } => Vec::new(),
             OpKind::DescLoad { desc, offsets } => self.desc_access(*desc, *offsets, None, st),
             OpKind::DescStore { desc, offsets, value } => {
-                if !self.tma_store(*desc, *offsets, *value) {
+                if !self.tma_store(*desc, *offsets, *value) && !self.bulk_row_store(*desc, *offsets, *value) {
                     self.desc_access(*desc, *offsets, Some(*value), st);
                 }
                 Vec::new()

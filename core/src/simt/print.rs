@@ -233,6 +233,9 @@ impl Printer<'_> {
                 r(offset),
                 r(pred)
             ),
+            Inst::BulkStore { addr, offset, bytes, pred } => {
+                format!("bulk.store [{}] <- shared [{}], {} bytes if {}", r(addr), r(offset), r(bytes), r(pred))
+            }
             Inst::BulkCommit => "bulk.commit".to_string(),
             Inst::BulkWait { pending } => format!("bulk.wait.read {pending}"),
             Inst::MbarrierArrive { offset, pred } => format!("mbarrier.arrive shared [{}] if {}", r(offset), r(pred)),

@@ -598,7 +598,7 @@ impl Lowering<'_> {
         self.emit(Inst::MbarrierArrive { offset: mine, pred: releaser });
         self.tile_ops_after(&f, &p, acc_r, saved_tile)?;
         if self.group_objects.take().is_some() {
-            let known = ["relayout", "tma.store"];
+            let known = ["relayout", "tma.store", "bulk.store"];
             if let Some(o) = self.smem.objects[objects_before..].iter().find(|o| !known.contains(&o.name)) {
                 return Err(LowerError::Unsupported {
                     op: "kernel".into(),

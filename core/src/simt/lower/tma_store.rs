@@ -144,7 +144,7 @@ impl Lowering<'_> {
     /// The shared stores of a TMA store, in order, `per` atoms a round. A thread's two
     /// neighbouring columns (as the accumulator layouts pair them, from an even column) go out
     /// as one 32-bit store: they share a 16-byte chunk, which the swizzle moves whole.
-    fn store_slots(
+    pub(super) fn store_slots(
         l: AccLayout,
         n: usize,
         atoms: u32,
@@ -200,10 +200,10 @@ impl Lowering<'_> {
 /// `pair`), in round `round`, whose first column is `lo`, into the buffer at shared byte
 /// `buffer`.
 #[derive(Clone, Copy, Debug)]
-struct StoreSlot {
-    slot: usize,
-    pair: bool,
-    round: u32,
-    lo: u32,
-    buffer: u32,
+pub(super) struct StoreSlot {
+    pub(super) slot: usize,
+    pub(super) pair: bool,
+    pub(super) round: u32,
+    pub(super) lo: u32,
+    pub(super) buffer: u32,
 }
