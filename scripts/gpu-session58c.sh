@@ -38,7 +38,7 @@ KEEP='passed|disagree|FAIL' run ops 60 $B/trident ops --backend nvidia --fast
 KEEP='^grouped_gemm|rror|failed' KEEP_LINES=40 run bench-grouped-fp8 150 $B/trident bench \
   --baseline-cmd "$PY bench/baseline.py" --only "grouped_gemm f8e4m3fn" --config x128/8w --reps 10 --json "$O/bench-fp8.json"
 left=$(( 560 - ($(date +%s) - T0) ))
-if [ "$left" -gt 60 ]; then
+if [ "$left" -gt 150 ]; then
   KEEP='FAIL|rror|passed|failed|SKIP' torch_pytest python/tests/test_torch.py
 else
   echo "== pytest: skipped (deadline)" >> "$S"
