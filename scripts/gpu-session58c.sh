@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Session 58, one call for what 58a and 58b owe (the device time left allowed one), in order of
-# need and within a deadline of 560 s (steps that would not fit are skipped, named in the
+# Session 58, one call (the device time left allowed one) for what gpu-session57d.sh owed and the
+# new bulk store, in order of need within a deadline of 560 s (steps that would not fit are skipped, named in the
 # summary): the grouped GEMM's C by bulk row copies (conformance, the bf16 benchmark with the
 # masked-store default beside it), flash decoding's sized and programmatic combines
 # (conformance with the `pdl` variant, the default against `/pdl`, SDPA and Triton), then the

@@ -21,14 +21,7 @@ impl Lowering<'_> {
     /// bytes (base 16-byte aligned, row stride, column extent and column offset multiples of
     /// 8 elements, unit column stride); returns whether it did.
     pub(super) fn bulk_row_store(&mut self, desc: Value, offsets: [Value; 2], value: Value) -> bool {
-        if !self.target.has_async_copy(AsyncCopy::Tma) {
-            return false;
-        }
-        let Some((l, regs)) = self.mma_held.get(&value).cloned() else { return false };
-        let t = stype(self.func.ty(value));
-        if !matches!(t, SType::BF16 | SType::F16) || !l.n.is_multiple_of(64) || l.m > 256 {
-            return false;
-        }
+        let Some((l, regs)) = self.stageable_tile(value) else { return false };
         let ValueDef::Result { op, .. } = self.func.values[desc].def else { return false };
         let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { return false };
         let unit = match self.func.values[strides[1]].def {

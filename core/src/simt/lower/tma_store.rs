@@ -14,14 +14,7 @@ impl Lowering<'_> {
     /// atoms, the descriptor has a tensor map, and the staging copy fits in shared memory;
     /// returns whether it did.
     pub(super) fn tma_store(&mut self, desc: Value, offsets: [Value; 2], value: Value) -> bool {
-        if !self.target.has_async_copy(AsyncCopy::Tma) {
-            return false;
-        }
-        let Some((l, regs)) = self.mma_held.get(&value).cloned() else { return false };
-        let t = stype(self.func.ty(value));
-        if !matches!(t, SType::BF16 | SType::F16) || !l.n.is_multiple_of(64) || l.m > 256 {
-            return false;
-        }
+        let Some((l, regs)) = self.stageable_tile(value) else { return false };
         // The staging copy: the whole block, or (when that does not fit beside what is live,
         // as a persistent kernel's stage ring) a part of its 64-column atoms at a time, stored
         // round by round. A round takes the accumulator slots of its columns, which is static
@@ -131,6 +124,18 @@ impl Lowering<'_> {
         }
         self.bulk_pending = true;
         true
+    }
+
+    /// `value`'s accumulator layout and registers where the target has bulk copies (TMA) and
+    /// the value is a tile a bulk store can stage: 16-bit elements, whole 64-column atoms, at
+    /// most 256 rows.
+    pub(super) fn stageable_tile(&self, value: Value) -> Option<(AccLayout, Vec<Reg>)> {
+        if !self.target.has_async_copy(AsyncCopy::Tma) {
+            return None;
+        }
+        let (l, regs) = self.mma_held.get(&value).cloned()?;
+        let t = stype(self.func.ty(value));
+        (matches!(t, SType::BF16 | SType::F16) && l.n.is_multiple_of(64) && l.m <= 256).then_some((l, regs))
     }
 
     /// The shared byte offset of store `st`'s element in its round's buffer.
