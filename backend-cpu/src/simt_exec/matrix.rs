@@ -239,7 +239,7 @@ impl Exec<'_> {
                 self.hazards.barrier();
             }
             Inst::BulkCommit => self.bulk.commit(),
-            Inst::BulkWait { pending } => {
+            Inst::BulkWait { pending, .. } => {
                 let done = self.bulk.wait(*pending);
                 self.complete_bulk_stores(done)?;
             }

@@ -106,7 +106,8 @@ impl Writer<'_> {
                 line!(self, "@{p} cp.async.bulk.global.shared::cta.bulk_group [{dst}], [{src}], {n}");
             }
             Inst::BulkCommit => self.line("cp.async.bulk.commit_group".into()),
-            Inst::BulkWait { pending } => self.line(format!("cp.async.bulk.wait_group.read {pending}")),
+            Inst::BulkWait { pending, writes: false } => line!(self, "cp.async.bulk.wait_group.read {pending}"),
+            Inst::BulkWait { pending, writes: true } => line!(self, "cp.async.bulk.wait_group {pending}"),
             Inst::MbarrierArrive { offset, pred } => {
                 let (addr, p) = (self.shared_addr(*offset)?, self.n(*pred).to_string());
                 line!(self, "@{p} mbarrier.arrive.shared::cta.b64 _, [{addr}]");

@@ -383,9 +383,11 @@ pub enum Inst {
     /// (`cp.async.bulk.commit_group`).
     BulkCommit,
     /// Waits until all but the `pending` most recent of the thread's bulk groups have read
-    /// their shared memory (`cp.async.bulk.wait_group.read pending`).
+    /// their shared memory (`cp.async.bulk.wait_group.read pending`), or with `writes` have
+    /// completed, their global writes made (`cp.async.bulk.wait_group pending`).
     BulkWait {
         pending: u32,
+        writes: bool,
     },
     /// Waits until the phase of parity `parity` (0 or 1) of the mbarrier at `offset` has
     /// completed (`mbarrier.try_wait.parity` in a loop). Every thread executes it; the data the

@@ -301,7 +301,7 @@ pub fn lower(func: &Function, target: &'static TargetDesc) -> Result<Kernel, Low
     }
     if l.bulk_pending {
         // The last TMA store's reads of shared memory end before the program does.
-        l.emit(Inst::BulkWait { pending: 0 });
+        l.emit(Inst::BulkWait { pending: 0, writes: false });
     }
     head.append(&mut l.prologue);
     head.append(&mut l.cur);
@@ -1224,5 +1224,50 @@ mod tests {
             let k = lower(&f, t).unwrap();
             assert_eq!((count(&k, &vector), count(&k, &element)), (0, 8), "{}", t.name);
         }
+    }
+
+    /// A product tile stored through a descriptor made in the kernel (base computed) goes
+    /// out by bulk row copies on sm_90a, and a notify after it waits for their writes (the
+    /// asynchronous proxy's) before its release; sm_80 stores element by element and has
+    /// nothing to wait for.
+    #[test]
+    fn a_notify_after_bulk_row_stores_waits_for_their_writes() {
+        let b = KernelBuilder::new("rows", LaunchAttrs::default());
+        let (x, y) = (b.arg_ptr("x", DType::BF16), b.arg_ptr("y", DType::BF16));
+        let c = b.arg_ptr_aligned("c", DType::BF16, 16);
+        let sig = b.arg_ptr("sig", DType::U64);
+        let (rows, n) = (b.arg("rows", DType::I32), b.arg_multiple_of("n", DType::I32, 8));
+        let i = b.arange(0, 64);
+        let k = b.arange(0, 32);
+        let xa = b.load(x + i.expand_dims(1) * 32i32 + k.expand_dims(0), None, None);
+        let ya = b.load(y + k.expand_dims(1) * 64i32 + i.expand_dims(0), None, None);
+        let out = b.dot(xa, ya, b.zeros(&[64, 64], DType::F32), InputPrecision::Ieee);
+        let one = b.constant(Literal::Int(1), DType::I32);
+        // Based past the parameter (a group's rows): no tensor map made on the host fits it.
+        let d = b.make_desc(c + rows * n, [rows, n], [n, one], [64, 64]);
+        b.desc_store(d, [0i32, 0i32], out.cast(DType::BF16));
+        b.notify(sig, 0i32, 1u64, SignalOp::Set, CommScope::IntraNode);
+        let f = b.finish().unwrap();
+        fn flatten(body: &[Inst], out: &mut Vec<Inst>) {
+            for i in body {
+                out.push(i.clone());
+                for b in i.bodies() {
+                    flatten(b, out);
+                }
+            }
+        }
+        let flat = |k: &Kernel| {
+            let mut v = Vec::new();
+            flatten(&k.body, &mut v);
+            v
+        };
+        let body = flat(&lower(&f, &crate::target::SM_90A).unwrap());
+        let at = |p: &dyn Fn(&Inst) -> bool| body.iter().position(p);
+        let store = at(&|i| matches!(i, Inst::BulkStore { .. })).expect("bulk row copies");
+        let done = at(&|i| matches!(i, Inst::BulkWait { pending: 0, writes: true })).expect("a wait for the writes");
+        let signal = at(&|i| matches!(i, Inst::Signal { .. })).unwrap();
+        assert!(store < done && done < signal, "{store} {done} {signal}");
+        let body = flat(&lower(&f, &crate::target::SM_80).unwrap());
+        assert!(!body.iter().any(|i| matches!(i, Inst::BulkStore { .. } | Inst::BulkWait { .. })));
     }
 }

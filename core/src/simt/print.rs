@@ -237,7 +237,8 @@ impl Printer<'_> {
                 format!("bulk.store [{}] <- shared [{}], {} bytes if {}", r(addr), r(offset), r(bytes), r(pred))
             }
             Inst::BulkCommit => "bulk.commit".to_string(),
-            Inst::BulkWait { pending } => format!("bulk.wait.read {pending}"),
+            Inst::BulkWait { pending, writes: false } => format!("bulk.wait.read {pending}"),
+            Inst::BulkWait { pending, writes: true } => format!("bulk.wait {pending}"),
             Inst::MbarrierArrive { offset, pred } => format!("mbarrier.arrive shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierInval { offset, pred } => format!("mbarrier.inval shared [{}] if {}", r(offset), r(pred)),
             Inst::MbarrierExpectTx { offset, bytes, pred } => {

@@ -96,7 +96,7 @@ impl Lowering<'_> {
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
         let zero = self.iconst(0);
         for round in 0..atoms / per {
-            self.emit(Inst::BulkWait { pending: buffers - 1 });
+            self.emit(Inst::BulkWait { pending: buffers - 1, writes: false });
             self.emit(Inst::Barrier);
             for s in slots.iter().filter(|s| s.round == round) {
                 let off = self.bin_c(BinaryOp::Add, base, delta(s));

@@ -42,6 +42,7 @@ impl Lowering<'_> {
     /// `notify` through the library: the program's puts complete, its stores are released,
     /// then one thread updates the signal on `rank`.
     pub(super) fn notify_inter_node(&mut self, sig: Reg, rank: Reg, value: Reg, op: SignalOp) {
+        self.bulk_writes_done();
         self.quiet_all();
         self.emit(Inst::Fence { scope: Scope::Sys });
         let first = self.first_thread();
@@ -53,6 +54,7 @@ impl Lowering<'_> {
     /// after (the destination may be read by other threads).
     pub(super) fn transfer_inter_node(&mut self, call: DeviceCall, operands: &[Value]) {
         let regs: Vec<Reg> = operands.iter().map(|v| self.held(*v)[0]).collect();
+        self.bulk_writes_done();
         self.emit(Inst::Barrier);
         self.device_call(call, &regs, None);
         self.emit(Inst::Barrier);
@@ -86,10 +88,21 @@ impl Lowering<'_> {
 
     /// Program barrier, release fence, then one thread updates the signal at `target`.
     pub(super) fn release_then_signal(&mut self, target: Reg, value: Reg, op: SignalOp) {
+        self.bulk_writes_done();
         self.emit(Inst::Barrier);
         self.emit(Inst::Fence { scope: Scope::Sys });
         let first = self.first_thread();
         self.emit(Inst::Signal { addr: target, value, op, pred: first });
+    }
+
+    /// Before a release that publishes memory: the bulk stores (TMA or row copies) this program
+    /// issued have made their global writes, and the asynchronous proxy's writes are ordered
+    /// before the generic proxy's release that follows. Nothing where none was issued.
+    pub(super) fn bulk_writes_done(&mut self) {
+        if self.bulk_pending {
+            self.emit(Inst::BulkWait { pending: 0, writes: true });
+            self.emit(Inst::FenceProxyAsyncGlobal);
+        }
     }
 
     /// `put` (local `src` to `dst` on `rank`) or `get` (`src` on `rank` to local `dst`) of
@@ -102,6 +115,7 @@ impl Lowering<'_> {
         let (to, from) = if is_put { (self.symm_at(d0, r), s0) } else { (d0, self.symm_at(s0, r)) };
         let b0 = self.held(bytes)[0];
         let n_bytes = self.cast(b0, I32);
+        self.bulk_writes_done();
         self.emit(Inst::Barrier);
         let elems = self.bin_c(BinaryOp::Shr, n_bytes, log2(size));
         let word = SType::Int { bits: (8 * size) as u8, signed: false };

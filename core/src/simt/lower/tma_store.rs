@@ -86,7 +86,7 @@ impl Lowering<'_> {
         for round in 0..atoms / per {
             // The bulk read of this round's buffer (by the round `buffers` before, or an earlier
             // store) is done, and so are whoever else read these bytes before.
-            self.emit(Inst::BulkWait { pending: buffers - 1 });
+            self.emit(Inst::BulkWait { pending: buffers - 1, writes: false });
             self.emit(Inst::Barrier);
             for (i, slot) in slots.iter().enumerate() {
                 if slot.round != round {
