@@ -748,6 +748,16 @@ impl Function {
         &self.values[v].ty
     }
 
+    /// `v`'s value when it is a constant: a scalar `const`, or a splat of one.
+    pub fn constant(&self, v: Value) -> Option<Literal> {
+        let ValueDef::Result { op, .. } = self.values[v].def else { return None };
+        match &self.ops[op].kind {
+            OpKind::Const(l) => Some(*l),
+            OpKind::Splat(x) => self.constant(*x),
+            _ => None,
+        }
+    }
+
     /// Appends a new block with arguments of the given types.
     pub fn new_block(&mut self, arg_types: &[Type]) -> Block {
         let block = self.blocks.append(BlockData::default());

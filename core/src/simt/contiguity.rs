@@ -90,16 +90,6 @@ impl<'f> Contiguity<'f> {
         known
     }
 
-    /// `v`'s value when it is an integer constant (a scalar or a splat of one).
-    fn const_int(&self, v: Value) -> Option<i64> {
-        let ValueDef::Result { op, .. } = self.func.values[v].def else { return None };
-        match &self.func.ops[op].kind {
-            OpKind::Const(Literal::Int(i)) => Some(*i),
-            OpKind::Splat(x) => self.const_int(*x),
-            _ => None,
-        }
-    }
-
     fn last(&self, v: Value) -> u32 {
         self.func.ty(v).shape.last().copied().unwrap_or(1)
     }
@@ -188,8 +178,10 @@ impl<'f> Contiguity<'f> {
                     BinaryOp::Mul => (at_runs(a, 1, 1) as u64 * at_runs(c, 1, 1) as u64).min(MAX_DIV as u64) as u32,
                     // A multiple of d divided exactly by a constant power of two c dividing d
                     // (`n / 2` of an even extent) is a multiple of d / c.
-                    BinaryOp::Div => match self.const_int(*rhs) {
-                        Some(k) if k > 0 && (k as u64).is_power_of_two() && at_runs(a, 1, 1) as i64 % k == 0 => {
+                    BinaryOp::Div => match self.func.constant(*rhs) {
+                        Some(Literal::Int(k))
+                            if k > 0 && (k as u64).is_power_of_two() && at_runs(a, 1, 1) as i64 % k == 0 =>
+                        {
                             at_runs(a, 1, 1) / k as u32
                         }
                         _ => 1,

@@ -24,10 +24,7 @@ impl Lowering<'_> {
         let Some((l, regs)) = self.stageable_tile(value) else { return false };
         let ValueDef::Result { op, .. } = self.func.values[desc].def else { return false };
         let OpKind::MakeDesc { ptr, shape, strides } = self.func.ops[op].kind else { return false };
-        let unit = match self.func.values[strides[1]].def {
-            ValueDef::Result { op, .. } => matches!(self.func.ops[op].kind, OpKind::Const(Literal::Int(1))),
-            _ => false,
-        };
+        let unit = matches!(self.func.constant(strides[1]), Some(Literal::Int(1)));
         let size = 2u64;
         let div = |me: &Self, v: Value| me.contiguity.get(v).divisibility as u64;
         let aligned = div(self, ptr) >= 16
@@ -84,10 +81,7 @@ impl Lowering<'_> {
 
         // The rows a thread copies: `local`, `local + threads`, ...
         let threads = l.warps_m * l.warps_n * self.target.warp_size;
-        let local = match self.group {
-            Some(_) => self.bin_c(BinaryOp::And, self.tid, (self.k.warps * self.k.warp_size) as i64 - 1),
-            None => self.tid,
-        };
+        let local = self.group_thread();
         let i64t = SType::Int { bits: 64, signed: true };
         let dst_base = self.held(ptr)[0];
         let (rows, cols) = (self.held(shape[0])[0], self.held(shape[1])[0]);
@@ -96,21 +90,9 @@ impl Lowering<'_> {
         let (row0, col0) = (self.held(offsets[0])[0], self.held(offsets[1])[0]);
         let zero = self.iconst(0);
         for round in 0..atoms / per {
-            self.emit(Inst::BulkWait { pending: buffers - 1, writes: false });
-            self.emit(Inst::Barrier);
-            for s in slots.iter().filter(|s| s.round == round) {
-                let off = self.bin_c(BinaryOp::Add, base, delta(s));
-                let value = if s.pair {
-                    let d = self.reg(SType::Int { bits: 32, signed: true });
-                    self.emit(Inst::Pack { dst: d, lo: regs[s.slot], hi: regs[s.slot + 1] });
-                    d
-                } else {
-                    regs[s.slot]
-                };
-                self.emit(Inst::SharedStore { offset: off, value, pred: None });
-            }
-            self.emit(Inst::FenceProxyAsync);
-            self.emit(Inst::Barrier);
+            self.stage_round(&regs, &slots, (round, buffers - 1), &mut |me, _, s| {
+                me.bin_c(BinaryOp::Add, base, delta(s))
+            });
             // This round's columns inside the tensor: their bytes (0 past its edge).
             let col = self.bin_c(BinaryOp::Add, col0, (round * per * 64) as i64);
             let left = self.bin(BinaryOp::Sub, cols, col);

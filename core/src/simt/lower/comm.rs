@@ -65,12 +65,19 @@ impl Lowering<'_> {
         if self.group.is_none() {
             return self.first_thread();
         }
-        let mask = self.iconst((self.k.warps * self.k.warp_size) as i64 - 1);
-        let local = self.bin(BinaryOp::And, self.tid, mask);
+        let local = self.group_thread();
         let zero = self.iconst(0);
         let first = self.reg(SType::Pred);
         self.emit(Inst::Cmp { dst: first, op: CmpOp::Eq, a: local, b: zero });
         first
+    }
+
+    /// The thread's index in its consumer group (in the program without ping-pong).
+    pub(super) fn group_thread(&mut self) -> Reg {
+        match self.group {
+            Some(_) => self.bin_c(BinaryOp::And, self.tid, (self.k.warps * self.k.warp_size) as i64 - 1),
+            None => self.tid,
+        }
     }
 
     pub(super) fn first_thread(&mut self) -> Reg {

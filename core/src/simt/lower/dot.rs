@@ -325,12 +325,7 @@ impl Lowering<'_> {
 
     /// True when `v` is the constant 0 (a scalar or a splat of one).
     pub(super) fn is_zero(&self, v: Value) -> bool {
-        let ValueDef::Result { op, .. } = self.func.values[v].def else { return false };
-        match &self.func.ops[op].kind {
-            OpKind::Const(l) => l.as_f64() == 0.0,
-            OpKind::Splat(x) => self.is_zero(*x),
-            _ => false,
-        }
+        self.func.constant(v).is_some_and(|l| l.as_f64() == 0.0)
     }
 
     /// The matrix atom over one K tile staged at byte `base` (a register) with row strides

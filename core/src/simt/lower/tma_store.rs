@@ -84,35 +84,15 @@ impl Lowering<'_> {
             }
         }
         for round in 0..atoms / per {
-            // The bulk read of this round's buffer (by the round `buffers` before, or an earlier
-            // store) is done, and so are whoever else read these bytes before.
-            self.emit(Inst::BulkWait { pending: buffers - 1, writes: false });
-            self.emit(Inst::Barrier);
-            for (i, slot) in slots.iter().enumerate() {
-                if slot.round != round {
-                    continue;
+            self.stage_round(&regs, &slots, (round, buffers - 1), &mut |me, i, slot| match &deltas {
+                // The offset of the store's class plus a constant.
+                Some(d) if d[i].1 == 0 => class_base[&d[i].0],
+                Some(d) => me.bin_c(BinaryOp::Add, class_base[&d[i].0], d[i].1),
+                None => {
+                    let off = me.swizzled_offset(l, sl, *slot);
+                    in_group(me, off)
                 }
-                let off = match &deltas {
-                    // The offset of the store's class plus a constant.
-                    Some(d) if d[i].1 == 0 => class_base[&d[i].0],
-                    Some(d) => self.bin_c(BinaryOp::Add, class_base[&d[i].0], d[i].1),
-                    None => {
-                        let off = self.swizzled_offset(l, sl, *slot);
-                        in_group(self, off)
-                    }
-                };
-                let s = slot.slot;
-                let value = if slot.pair {
-                    let d = self.reg(SType::Int { bits: 32, signed: true });
-                    self.emit(Inst::Pack { dst: d, lo: regs[s], hi: regs[s + 1] });
-                    d
-                } else {
-                    regs[s]
-                };
-                self.emit(Inst::SharedStore { offset: off, value, pred: None });
-            }
-            self.emit(Inst::FenceProxyAsync);
-            self.emit(Inst::Barrier);
+            });
             let buffer = at + (round % buffers) * buffer_bytes;
             for atom in 0..per {
                 let col = self.bin_c(BinaryOp::Add, col0, ((round * per + atom) * 64) as i64);
@@ -136,6 +116,35 @@ impl Lowering<'_> {
         let (l, regs) = self.mma_held.get(&value).cloned()?;
         let t = stype(self.func.ty(value));
         (matches!(t, SType::BF16 | SType::F16) && l.n.is_multiple_of(64) && l.m <= 256).then_some((l, regs))
+    }
+
+    /// One round of a bulk store's staging (a TMA store's or the row copies'): waits until all
+    /// but `pending` of the thread's bulk groups have read their shared memory, and every thread
+    /// is past that (the round's buffer is free), writes the round's accumulator `slots` at
+    /// `offset(index, slot)` (a neighbouring pair as one 32-bit store), and makes them visible
+    /// to the asynchronous proxy for the copies that follow.
+    pub(super) fn stage_round(
+        &mut self,
+        regs: &[Reg],
+        slots: &[StoreSlot],
+        (round, pending): (u32, u32),
+        offset: &mut dyn FnMut(&mut Self, usize, &StoreSlot) -> Reg,
+    ) {
+        self.emit(Inst::BulkWait { pending, writes: false });
+        self.emit(Inst::Barrier);
+        for (i, slot) in slots.iter().enumerate().filter(|(_, s)| s.round == round) {
+            let off = offset(self, i, slot);
+            let value = if slot.pair {
+                let d = self.reg(SType::Int { bits: 32, signed: true });
+                self.emit(Inst::Pack { dst: d, lo: regs[slot.slot], hi: regs[slot.slot + 1] });
+                d
+            } else {
+                regs[slot.slot]
+            };
+            self.emit(Inst::SharedStore { offset: off, value, pred: None });
+        }
+        self.emit(Inst::FenceProxyAsync);
+        self.emit(Inst::Barrier);
     }
 
     /// The shared byte offset of store `st`'s element in its round's buffer.
