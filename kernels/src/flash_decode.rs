@@ -185,8 +185,9 @@ impl FlashDecode {
             // With 16-bit queries `exp` (and the log-sum-exp's `log`) go through the hardware's
             // approximation, as FlashAttention and Triton's `exp` do: within about |x| 2^-24
             // relative (the product by log2 e rounds; docs/DECISIONS.md), while the
-            // probabilities are rounded to 8 or 11 bits before the product with V. 2-3% faster on an H100 (results/h100-session56/a, h100-session57/b:
-            // `/fm`). f32 queries keep the accurate functions (their bound is 1e-6).
+            // probabilities are rounded to 8 or 11 bits before the product with V. 2-3% faster
+            // on an H100 (results/h100-session56/a, h100-session57/b: `/fm`). f32 queries keep
+            // the accurate functions (their bound is 1e-6).
             fast_math: dtype.size_bytes() < 4,
             // Prefetching costs a tile of K and one of V in registers (118 rather than 80 on
             // sm_90a at 16 x 64 and 8 warps: two programs per multiprocessor rather than

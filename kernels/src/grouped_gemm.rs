@@ -435,15 +435,13 @@ impl GroupedGemm {
             && (k * es).is_multiple_of(16)
             && (b_row * es).is_multiple_of(16)
             && k > 0;
-        let os = self.out_type().size_bytes() as usize;
         let rows_store = self.bulk_store
             && self.descriptors
-            && os == 2
+            && self.out_type().size_bytes() == 2
             && !self.epilogue.reduce_scatter
             && !self.epilogue.quantize
             && c.address.is_multiple_of(16)
-            && (self.out_cols(n) * os).is_multiple_of(16)
-            && (!self.epilogue.swiglu || n.is_multiple_of(2));
+            && n.is_multiple_of(self.bulk_store_n() as usize);
         match (self.descriptors, fits) {
             (_, true) => GroupedGemm { divisible: true, bulk_store: rows_store, ..self },
             (true, false) => GroupedGemm {
@@ -459,6 +457,18 @@ impl GroupedGemm {
             .fitted(),
             (false, false) => self,
         }
+    }
+
+    /// The bulk store's fact on N (declared by the kernel, checked by `specialized`): C's rows
+    /// whole 16-byte chunks, C having N / 2 columns with SwiGLU.
+    fn bulk_store_n(&self) -> u32 {
+        16 / self.out_type().size_bytes() * if self.epilogue.swiglu { 2 } else { 1 }
+    }
+
+    /// C goes out through descriptors of the groups' rows: the bulk store kept, in the
+    /// descriptor form.
+    fn stores_rows(&self) -> bool {
+        self.bulk_store && self.descriptor_form()
     }
 
     fn problem(&self, message: String) -> BackendError {
@@ -528,7 +538,7 @@ impl GroupedGemm {
         )
         .to_lowercase()
             + if pingpong { "_pingpong" } else { "" }
-            + if self.bulk_store && desc { "_rows" } else { "" }
+            + if self.stores_rows() { "_rows" } else { "" }
             + if self.dtype.is_fp8() && self.fp8_out == DType::F16 { "_to_f16" } else { "" }
             + &match self.band_tiles {
                 0 => String::new(),
@@ -552,9 +562,8 @@ impl GroupedGemm {
             false => b.arg_ptr(name, self.dtype),
         };
         let per_chunk = 16 / self.dtype.size_bytes();
-        let bulk_store = self.bulk_store && desc;
         let (a, bp) = (ptr("a"), ptr("b"));
-        let c = match bulk_store {
+        let c = match self.stores_rows() {
             true => b.arg_ptr_aligned("c", self.out_type(), 16),
             false => b.arg_ptr("c", self.out_type()),
         };
@@ -576,11 +585,8 @@ impl GroupedGemm {
         };
         // N's facts: whole 16-byte chunks of B's rows (B `[E, K, N]`), of C's rows for the
         // bulk store (twice that with SwiGLU, whose C has N / 2 columns).
-        let n_chunk = match (self.divisible && self.b_layout == BLayout::KN, bulk_store) {
-            (kn, true) => (16 / self.out_type().size_bytes() * if swiglu { 2 } else { 1 }).max(if kn { per_chunk } else { 1 }),
-            (true, false) => per_chunk,
-            (false, false) => 1,
-        };
+        let b_rows_n = if self.divisible && self.b_layout == BLayout::KN { per_chunk } else { 1 };
+        let n_chunk = if self.stores_rows() { b_rows_n.max(self.bulk_store_n()) } else { b_rows_n };
         let n = match n_chunk {
             1 => b.arg("n", DType::I32),
             m => b.arg_multiple_of("n", DType::I32, m),
@@ -878,7 +884,7 @@ impl GroupedGemm {
                     b.store(c_scales + rm * blocks + tn, (amax / 448.0f32).expand_dims(1), Some(rows_ok));
                 }
                 // The group's rows as a tensor: rows past it are not written.
-                None if self.bulk_store && descs.is_some() => {
+                None if self.stores_rows() => {
                     let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
                     let dc = b.make_desc(c + first * n_out, [rows, n_out], [n_out, one], [bm, h]);
                     b.desc_store(dc, [tm * bm as i32, tn * h as i32], out.cast(self.out_type()));
