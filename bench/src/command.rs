@@ -726,11 +726,17 @@ fn run_case(
             // Split-K for small M on TMA targets (the output tiles alone leave SMs idle): the
             // descriptor form of `SplitKGemm`, each configuration checked the same way.
             if tma && m <= 1024 && d.size_bytes() == 2 {
-                use trident_kernels::splitk_gemm::SplitKGemm;
+                use trident_kernels::splitk_gemm::{SplitKGemm, SplitReduction};
                 let base = SplitKGemm::for_target(d, 2, l.gpu_target());
-                for (bm, bn, warps, splits) in [(128, 128, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 256, 8, 2)] {
-                    let g = SplitKGemm { block_m: bm, block_n: bn, warps, splits, ..base };
-                    let name = format!("{bm}x{bn}x{}/{warps}w/{}s/tma-splitk{splits}", g.block_k, g.stages);
+                let tiles = [(128, 128, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 256, 8, 2)];
+                // Each tiling with the partial tiles added by atomics and (`-slots`) stored into
+                // per-split slots that the last split sums.
+                let forms = [(SplitReduction::Atomic, ""), (SplitReduction::Slots, "-slots")];
+                for ((bm, bn, warps, splits), (reduction, form)) in
+                    tiles.into_iter().flat_map(|t| forms.map(|f| (t, f)))
+                {
+                    let g = SplitKGemm { block_m: bm, block_n: bn, warps, splits, reduction, ..base };
+                    let name = format!("{bm}x{bn}x{}/{warps}w/{}s/tma-splitk{splits}{form}", g.block_k, g.stages);
                     if !sweep.selected(&name) {
                         continue;
                     }

@@ -120,7 +120,7 @@ impl ScaledGemm {
         m: usize,
         n: usize,
     ) -> Result<SplitKWorkspace, BackendError> {
-        SplitKWorkspace::new(device, m, n, self.tiles(m, n))
+        SplitKWorkspace::new(device, m * n, self.tiles(m, n))
     }
 
     /// Output tiles of an `m x n` output (the grid's x).
@@ -449,7 +449,7 @@ impl ScaledGemm {
     ) -> Result<Option<Launch>, BackendError> {
         let tiles = self.tiles(m, n);
         match (self.split(), workspace) {
-            (true, Some(ws)) => ws.check(m, n, tiles)?,
+            (true, Some(ws)) => ws.check(m * n, tiles)?,
             (true, None) => return Err(self.problem("split-K needs its workspace (`ScaledGemm::workspace`)".into())),
             (false, _) => {}
         }

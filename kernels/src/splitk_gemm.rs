@@ -11,6 +11,15 @@
 //! tensor descriptors in a `for` K loop that the lowering pipelines on a TMA ring, as the dense
 //! GEMM's descriptor form: the split-K form of the Hopper GEMM, for small M, where the output
 //! tiles alone (M = 256, N = 8192: 64 tiles of 128 x 256) leave most multiprocessors idle.
+//!
+//! With [`SplitReduction::Slots`] the splits meet without atomics on the partial sums: each
+//! split stores its partial tile into its own slot of the workspace (`[splits, m, n]` f32, plain
+//! stores from the accumulator registers), then counts its arrival; the last to arrive adds the
+//! slots in split order and writes the output tile. The sum is then the same bits on every call
+//! (the order no longer depends on which split arrives last), the workspace needs no clearing
+//! (only the counter is reset), and the end of each split is a burst of plain stores rather than
+//! one read-modify-write per element at the L2 (which cost the atomic form 8 us more than the
+//! 64-program unsplit GEMM at M = 256 x 8192 x 8192 on an H100: DECISIONS, issue 28).
 
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
 use trident_core::backend::{BackendError, Buffer, Device, KernelArg};
@@ -29,6 +38,20 @@ pub struct SplitKGemm {
     /// A and B through tensor descriptors (TMA and `wgmma` on sm_90a); `run` keeps it only
     /// when A and B are 16-byte aligned and K and N whole 16-byte rows, else the pointer form.
     pub descriptors: bool,
+    /// How the splits' partial tiles meet.
+    pub reduction: SplitReduction,
+}
+
+/// How the partial tiles of a split-K GEMM's splits are summed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum SplitReduction {
+    /// Added into one f32 tile with relaxed atomics; the last split writes C and clears it.
+    /// Summation order follows arrival.
+    #[default]
+    Atomic,
+    /// Each split stores into its own f32 slot; the last split adds the slots in split order
+    /// and writes C. Deterministic; a workspace of `splits` partial outputs.
+    Slots,
 }
 
 /// The zero-initialised state a split-K GEMM needs between calls.
@@ -40,18 +63,18 @@ pub struct SplitKWorkspace {
 }
 
 impl SplitKWorkspace {
-    /// Allocated and zeroed for an `m x n` output of `tiles` tiles.
-    pub fn new(device: &dyn Device, m: usize, n: usize, tiles: usize) -> Result<SplitKWorkspace, BackendError> {
-        let partial = device.alloc((m * n * 4).max(4), "splitk_partial")?;
+    /// Allocated and zeroed: `partials` f32 partial sums and the counters of `tiles` tiles.
+    pub fn new(device: &dyn Device, partials: usize, tiles: usize) -> Result<SplitKWorkspace, BackendError> {
+        let partial = device.alloc((partials * 4).max(4), "splitk_partial")?;
         let counters = device.alloc((tiles * 4).max(4), "splitk_counters")?;
         device.fill(&partial, &[0])?;
         device.fill(&counters, &[0])?;
         Ok(SplitKWorkspace { partial, counters })
     }
 
-    /// A typed error unless it holds an `m x n` output of `tiles` tiles.
-    pub fn check(&self, m: usize, n: usize, tiles: usize) -> Result<(), BackendError> {
-        require_bytes(&self.partial, m * n * 4, "partial")?;
+    /// A typed error unless it holds `partials` f32 partial sums and `tiles` counters.
+    pub fn check(&self, partials: usize, tiles: usize) -> Result<(), BackendError> {
+        require_bytes(&self.partial, partials * 4, "partial")?;
         require_bytes(&self.counters, tiles * 4, "counters")
     }
 }
@@ -80,6 +103,45 @@ pub fn split_epilogue<'b>(
     let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
     b.if_then(arrived.eq(splits as i32 - 1), || {
         finish_tile(b, (ws, c), (row0, bm), cols, (m, n), out_type);
+        b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
+    });
+}
+
+/// The end of a split program in the slot form ([`SplitReduction::Slots`]): split `split` of
+/// `splits` stores its partial tile `value` (f32) into its own slot of `slots` (`[splits, m, n]`),
+/// then counts the tile's arrival (acq_rel); the last to arrive adds the slots in split order,
+/// writes the sums to `c` in `out_type` and resets the counter. The slots need no clearing: every
+/// split overwrites its own on the next call before it counts itself in.
+#[allow(clippy::too_many_arguments)]
+pub fn slot_epilogue<'b>(
+    b: &'b KernelBuilder,
+    (slots, counters): (Tile<'b>, Tile<'b>),
+    c: Tile<'b>,
+    (tile, split, splits): (Tile<'b>, Tile<'b>, u32),
+    value: Tile<'b>,
+    (row0, bm): (Tile<'b>, u32),
+    cols: Tile<'b>,
+    (m, n): (Tile<'b>, Tile<'b>),
+    out_type: DType,
+) {
+    let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
+    let inside = rows.lt(m) & cols.lt(n);
+    b.store(slots + split * (m * n) + (rows * n + cols), value, Some(inside));
+    // Every thread's partial sums are ordered before the release on the counter.
+    b.barrier();
+    let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
+    b.if_then(arrived.eq(splits as i32 - 1), || {
+        let slice = FINISH_ROWS.min(bm);
+        b.for_range(0, bm as i32, slice as i32, &[], |r, _| {
+            let rs = (row0 + r + b.arange(0, slice as i64)).expand_dims(1);
+            let inside = rs.lt(m) & cols.lt(n);
+            let offsets = rs * n + cols;
+            let total = (1..splits).fold(b.load_or(slots + offsets, inside, 0.0), |sum, s| {
+                sum + b.load_or(slots + (m * n) * s as i32 + offsets, inside, 0.0)
+            });
+            b.store(c + offsets, total.cast(out_type), Some(inside));
+            Vec::new()
+        });
         b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
     });
 }
@@ -113,7 +175,17 @@ pub fn finish_tile<'b>(
 
 impl SplitKGemm {
     pub fn new(dtype: DType, splits: u32) -> SplitKGemm {
-        SplitKGemm { dtype, block_m: 32, block_n: 32, block_k: 32, splits, warps: 4, stages: 2, descriptors: false }
+        SplitKGemm {
+            dtype,
+            block_m: 32,
+            block_n: 32,
+            block_k: 32,
+            splits,
+            warps: 4,
+            stages: 2,
+            descriptors: false,
+            reduction: SplitReduction::Atomic,
+        }
     }
 
     /// The descriptor form on sm_90a-class targets: two warpgroups' 128 x 128 tiles, K steps
@@ -129,7 +201,8 @@ impl SplitKGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let desc = if self.descriptors { "_desc" } else { "" };
-        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}{desc}", self.dtype);
+        let slots = if self.reduction == SplitReduction::Slots { "_slots" } else { "" };
+        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}{desc}{slots}", self.dtype);
         let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
         // The descriptor form's facts: A and B 16-byte aligned, K and N whole 16-byte rows.
@@ -184,7 +257,22 @@ impl SplitKGemm {
             done[1]
         };
         let row0 = (tile / tiles_n) * bm as i32;
-        split_epilogue(&b, (ws, counters), c, (tile, self.splits), product, (row0, bm), cols, (m, n), self.dtype);
+        match self.reduction {
+            SplitReduction::Atomic => {
+                split_epilogue(&b, (ws, counters), c, (tile, self.splits), product, (row0, bm), cols, (m, n), self.dtype)
+            }
+            SplitReduction::Slots => slot_epilogue(
+                &b,
+                (ws, counters),
+                c,
+                (tile, split, self.splits),
+                product,
+                (row0, bm),
+                cols,
+                (m, n),
+                self.dtype,
+            ),
+        }
         b.finish()
     }
 
@@ -192,9 +280,18 @@ impl SplitKGemm {
         cdiv(m, self.block_m as usize) * cdiv(n, self.block_n as usize)
     }
 
+    /// The f32 partial sums of its workspace for an `m x n` output: one output, or one per split
+    /// in the slot form.
+    fn partials(&self, m: usize, n: usize) -> usize {
+        match self.reduction {
+            SplitReduction::Atomic => m * n,
+            SplitReduction::Slots => self.splits as usize * m * n,
+        }
+    }
+
     /// Allocates and zeroes the workspace for `m x n` outputs.
     pub fn workspace(&self, device: &dyn Device, m: usize, n: usize) -> Result<SplitKWorkspace, BackendError> {
-        SplitKWorkspace::new(device, m, n, self.tiles(m, n))
+        SplitKWorkspace::new(device, self.partials(m, n), self.tiles(m, n))
     }
 
     /// `c[m, n] = a[m, k] @ b[k, n]` (contiguous row-major) using `ws` from [`Self::workspace`].
@@ -215,8 +312,10 @@ impl SplitKGemm {
         require_bytes(a, m * k * es, "a")?;
         require_bytes(b, k * n * es, "b")?;
         require_bytes(c, m * n * es, "c")?;
-        ws.check(m, n, self.tiles(m, n))?;
+        ws.check(self.partials(m, n), self.tiles(m, n))?;
         let (m32, n32, k32) = (require_i32(m, "m")?, require_i32(n, "n")?, require_i32(k, "k")?);
+        // The kernel's offsets into the workspace are 32-bit.
+        require_i32(self.partials(m, n), "the split-K workspace's partial sums")?;
         if m == 0 || n == 0 {
             return Ok(());
         }

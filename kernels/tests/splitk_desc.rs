@@ -1,13 +1,13 @@
 //! The split-K GEMM's descriptor form on sm_90a (cpu-simt): TMA boxes of each split's K range
 //! and `wgmma`, the partial tiles added into the workspace; against float64 on fresh inputs with
 //! a poisoned output, on shapes that are and are not multiples of the tile, twice on the same
-//! workspace (the last split of each tile resets it).
+//! workspace (the last split of each tile resets it), in both reductions (atomics, slots).
 
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_core::backend::{Backend, LaunchOptions};
 use trident_core::ir::DType;
-use trident_kernels::splitk_gemm::SplitKGemm;
+use trident_kernels::splitk_gemm::{SplitKGemm, SplitReduction};
 use trident_kernels::DeviceCtx;
 
 fn bf16_bytes(v: &[f64]) -> Vec<u8> {
@@ -22,8 +22,11 @@ fn the_descriptor_form_matches_float64() {
     let mut l = DeviceCtx::new(&SimtBackend, dev.as_ref(), LaunchOptions::default());
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
-    for (splits, (m, n, k)) in [(2, (128, 128, 256)), (3, (150, 136, 392)), (4, (64, 256, 200))] {
-        let g = SplitKGemm::for_target(DType::BF16, splits, Some(sm90a));
+    let cases = [(2, (128, 128, 256)), (3, (150, 136, 392)), (4, (64, 256, 200))];
+    for (reduction, (splits, (m, n, k))) in
+        [SplitReduction::Atomic, SplitReduction::Slots].into_iter().flat_map(|r| cases.map(|c| (r, c)))
+    {
+        let g = SplitKGemm { reduction, ..SplitKGemm::for_target(DType::BF16, splits, Some(sm90a)) };
         assert!(g.descriptors);
         let text = trident_core::simt::lower(&g.build().unwrap(), sm90a).unwrap().to_string();
         assert!(text.contains("tma.load") && text.contains("wgmma.m64n128k16.bf16"));
@@ -52,10 +55,45 @@ fn the_descriptor_form_matches_float64() {
                     let tol = want.abs() * 2f64.powi(-7) + mag * 1e-5;
                     assert!(
                         (got - want).abs() <= tol,
-                        "{splits} splits {m}x{n}x{k}: ({i}, {j}) got {got}, want {want}"
+                        "{reduction:?} {splits} splits {m}x{n}x{k}: ({i}, {j}) got {got}, want {want}"
                     );
                 }
             }
         }
     }
+}
+
+/// The slot form stores each split's partial tile from the accumulator's registers in pairs
+/// (no conversion through shared memory, no atomics), and the benchmark's forms assemble without
+/// spills (with `PTXAS` set).
+#[test]
+fn the_slot_form_stores_pairs_and_assembles_without_spills() {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let dir = std::env::temp_dir().join(format!("trident-splitk-ptx-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let base = SplitKGemm { reduction: SplitReduction::Slots, ..SplitKGemm::for_target(DType::BF16, 2, Some(sm90a)) };
+    for (i, (bm, bn, warps)) in [(128, 128, 8), (128, 256, 8), (64, 128, 4)].into_iter().enumerate() {
+        let g = SplitKGemm { block_m: bm, block_n: bn, warps, ..base };
+        let m = trident_backend_nvidia::NvidiaBackend::ptx(&g.build().unwrap(), sm90a).unwrap();
+        assert!(m.ptx.contains("st.global.v2.f32"), "{g:?}: the partial tile is not stored in pairs");
+        assert!(!m.ptx.contains("red.global.add.f32") && !m.ptx.contains("atom.global.add.f32"), "{g:?}");
+        let Some(ptxas) = std::env::var_os("PTXAS") else {
+            eprintln!("SKIP the_slot_form_stores_pairs_and_assembles_without_spills (ptxas): PTXAS is not set");
+            continue;
+        };
+        let p = dir.join(format!("s{i}.ptx"));
+        std::fs::write(&p, &m.ptx).unwrap();
+        let o = std::process::Command::new(&ptxas)
+            .args(["-arch=sm_90a", "-v"])
+            .arg(&p)
+            .arg("-o")
+            .arg(p.with_extension("cubin"))
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&o.stderr);
+        let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
+        assert!(o.status.success() && !spills && !log.contains("warning"), "{g:?}:\n{log}");
+        eprintln!("{g:?}: {}", log.lines().find(|l| l.contains("registers")).unwrap_or(""));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

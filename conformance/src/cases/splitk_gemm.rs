@@ -5,7 +5,8 @@ use crate::reference;
 use crate::registry::{Operation, Registered, WorldData};
 use crate::suite::Case;
 use trident_core::backend::{BackendError, Buffer};
-use trident_kernels::splitk_gemm::SplitKGemm;
+use trident_core::ir::DType;
+use trident_kernels::splitk_gemm::{SplitKGemm, SplitReduction};
 use trident_kernels::DeviceCtx;
 
 struct SplitKGemmCase;
@@ -13,6 +14,12 @@ struct SplitKGemmCase;
 impl Operation for SplitKGemmCase {
     fn name(&self) -> &'static str {
         "splitk_gemm"
+    }
+
+    /// `-`: the partial tiles added by atomics; `slots`: each split's in its own slot, summed
+    /// by the last split.
+    fn variants(&self, _dtype: DType) -> &'static [&'static str] {
+        &["-", "slots"]
     }
 
     fn distributed(&self) -> bool {
@@ -37,9 +44,10 @@ impl Operation for SplitKGemmCase {
         let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);
         // The target's form: on sm_90a the descriptor form (TMA and `wgmma`) where the operands
         // allow it (`run` falls back to pointer loads at the same tiles otherwise).
-        let g = SplitKGemm::for_target(case.dtype, splits as u32, l.gpu_target());
+        let reduction = if case.variant == "slots" { SplitReduction::Slots } else { SplitReduction::Atomic };
+        let g = SplitKGemm { reduction, ..SplitKGemm::for_target(case.dtype, splits as u32, l.gpu_target()) };
         let ws = g.workspace(l.device, m, n)?;
-        // Twice: the second call checks that the kernel left its workspace clean.
+        // Twice: the second call checks that the kernel left its workspace (or counters) clean.
         g.run(l, &ins[0], &ins[1], out, &ws, (m, n, k))?;
         l.device.fill(out, &poison(case.dtype))?;
         g.run(l, &ins[0], &ins[1], out, &ws, (m, n, k))

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Session 59, one call for what sessions 57d and 58 owed and the split-K slots, in order of need
+# within a deadline of 560 s (steps that would not fit are skipped, named in the summary): the
+# grouped GEMM's C by bulk row copies (conformance, the bf16 benchmark with the masked-store
+# default beside it), the dense GEMM at M = 256 with split-K by atomics and by slots against the
+# unsplit default and cuBLAS, flash decoding's sized and programmatic combines (conformance with
+# the `pdl` variant, the default against `/pdl`, SDPA and Triton), then the full check at HEAD
+# (conformance at world 1 and in the loopback worlds, ops), the FP8 grouped benchmark and pytest
+# with torch.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/step.sh
+T0=$(date +%s)
+# `run NAME LIMIT CMD...`: step, its limit cut to what is left before the deadline.
+run() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( ${DEADLINE:-560} - ($(date +%s) - T0) ))
+  [ "$left" -lt 20 ] && { echo "== $name: skipped (deadline)" >> "$S"; return 0; }
+  [ "$limit" -gt "$left" ] && limit=$left
+  step "$name" "$limit" "$@"
+}
+PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
+KEEP='^conformance:|FAIL|skipped|rror'
+run conformance-grouped-gemm 90 $B/trident test --backend nvidia --kernel grouped_gemm
+KEEP='^grouped_gemm|rror|failed' KEEP_LINES=40 run bench-grouped-bf16 220 $B/trident bench \
+  --baseline-cmd "$PY bench/baseline.py" --only "grouped_gemm bf16" --config 128x256x64/8w --reps 10 --json "$O/bench-bf16.json"
+KEEP='^conformance:|FAIL|skipped|rror'
+run conformance-splitk 40 $B/trident test --backend nvidia --kernel splitk_gemm
+KEEP='^gemm|splitk|rror|failed' KEEP_LINES=30 run bench-gemm-m256 90 $B/trident bench \
+  --baseline-cmd "$PY bench/baseline.py" --only "gemm bf16 256 8192" --config splitk \
+  --config 128x128x64/8w/6s/tma-ws-persistent --reps 20 --json "$O/bench-gemm-m256.json"
+KEEP='^conformance:|FAIL|rror'
+run conformance-flash_decode 90 $B/trident test --backend nvidia --world 1 --kernel flash_decode
+for c in "flash_decode bf16 32 1 32 8 128 4096" "flash_decode bf16 8 1 32 8 128 8192" "flash_decode bf16 1 1 32 8 128 131072"; do
+  KEEP='stage alone|^flash_decode|rror' KEEP_LINES=8 run "bench-${c// /_}" 50 $B/trident bench --only "$c" \
+    --config 64n/8w/pf/w16/fm --reps 10 --baseline-cmd "$PY bench/baseline.py"
+done
+KEEP='^conformance:|FAIL|rror'
+run conformance-world1 120 $B/trident test --backend nvidia --world 1
+for w in 2 4 8; do
+  run conformance-world$w 60 $B/trident test --backend nvidia --world $w
+done
+KEEP='passed|disagree|FAIL' run ops 60 $B/trident ops --backend nvidia --fast
+KEEP='^grouped_gemm|rror|failed' KEEP_LINES=40 run bench-grouped-fp8 150 $B/trident bench \
+  --baseline-cmd "$PY bench/baseline.py" --only "grouped_gemm f8e4m3fn" --config x128/8w --reps 10 --json "$O/bench-fp8.json"
+left=$(( ${DEADLINE:-560} - ($(date +%s) - T0) ))
+if [ "$left" -gt 150 ]; then
+  KEEP='FAIL|rror|passed|failed|SKIP' torch_pytest python/tests/test_torch.py
+else
+  echo "== pytest: skipped (deadline)" >> "$S"
+fi
+tar czf "$O/logs.tgz" -C "$O" logs && rm -rf "$O/logs"
+cat "$S"
