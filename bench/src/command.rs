@@ -730,12 +730,17 @@ fn run_case(
                 let base = SplitKGemm::for_target(d, 2, l.gpu_target());
                 let tiles = [(128, 128, 8, 2), (128, 128, 8, 4), (64, 128, 4, 2), (128, 256, 8, 2)];
                 // Each tiling with the partial tiles added by atomics and (`-slots`) stored into
-                // per-split slots that the last split sums.
-                let forms = [(SplitReduction::Atomic, ""), (SplitReduction::Slots, "-slots")];
-                for ((bm, bn, warps, splits), (reduction, form)) in
+                // per-split slots that the last split sums, the latter also with a producer warp
+                // (`-slots-ws`).
+                let forms = [
+                    (SplitReduction::Atomic, false, ""),
+                    (SplitReduction::Slots, false, "-slots"),
+                    (SplitReduction::Slots, true, "-slots-ws"),
+                ];
+                for ((bm, bn, warps, splits), (reduction, warp_specialize, form)) in
                     tiles.into_iter().flat_map(|t| forms.map(|f| (t, f)))
                 {
-                    let g = SplitKGemm { block_m: bm, block_n: bn, warps, splits, reduction, ..base };
+                    let g = SplitKGemm { block_m: bm, block_n: bn, warps, splits, reduction, warp_specialize, ..base };
                     let name = format!("{bm}x{bn}x{}/{warps}w/{}s/tma-splitk{splits}{form}", g.block_k, g.stages);
                     if !sweep.selected(&name) {
                         continue;

@@ -40,6 +40,9 @@ pub struct SplitKGemm {
     pub descriptors: bool,
     /// How the splits' partial tiles meet.
     pub reduction: SplitReduction,
+    /// With descriptors on a target with TMA: a producer warp issues the copies while the
+    /// `warps` run `wgmma` (`LaunchAttrs::warp_specialize`, as the dense GEMM's `_ws` forms).
+    pub warp_specialize: bool,
 }
 
 /// How the partial tiles of a split-K GEMM's splits are summed.
@@ -185,6 +188,7 @@ impl SplitKGemm {
             stages: 2,
             descriptors: false,
             reduction: SplitReduction::Atomic,
+            warp_specialize: false,
         }
     }
 
@@ -201,9 +205,11 @@ impl SplitKGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bn, bk) = (self.block_m, self.block_n, self.block_k);
         let desc = if self.descriptors { "_desc" } else { "" };
+        let ws = self.warp_specialize && self.descriptors;
         let slots = if self.reduction == SplitReduction::Slots { "_slots" } else { "" };
-        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}{desc}{slots}", self.dtype);
-        let attrs = LaunchAttrs { warps: self.warps, stages: self.stages, ..LaunchAttrs::default() };
+        let name = format!("splitk_gemm_{}_{bm}x{bn}x{bk}{desc}{}{slots}", self.dtype, if ws { "_ws" } else { "" });
+        let attrs =
+            LaunchAttrs { warps: self.warps, stages: self.stages, warp_specialize: ws, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
         // The descriptor form's facts: A and B 16-byte aligned, K and N whole 16-byte rows.
         let ptr = |name: &str| match self.descriptors {

@@ -23,10 +23,10 @@ fn the_descriptor_form_matches_float64() {
     l.target = Some("sm_90a".into());
     let mut rng = rand::rngs::StdRng::seed_from_u64(rand::random());
     let cases = [(2, (128, 128, 256)), (3, (150, 136, 392)), (4, (64, 256, 200))];
-    for (reduction, (splits, (m, n, k))) in
-        [SplitReduction::Atomic, SplitReduction::Slots].into_iter().flat_map(|r| cases.map(|c| (r, c)))
-    {
-        let g = SplitKGemm { reduction, ..SplitKGemm::for_target(DType::BF16, splits, Some(sm90a)) };
+    let forms = [(SplitReduction::Atomic, false), (SplitReduction::Slots, false), (SplitReduction::Slots, true)];
+    for ((reduction, warp_specialize), (splits, (m, n, k))) in forms.into_iter().flat_map(|r| cases.map(|c| (r, c))) {
+        let base = SplitKGemm::for_target(DType::BF16, splits, Some(sm90a));
+        let g = SplitKGemm { reduction, warp_specialize, ..base };
         assert!(g.descriptors);
         let text = trident_core::simt::lower(&g.build().unwrap(), sm90a).unwrap().to_string();
         assert!(text.contains("tma.load") && text.contains("wgmma.m64n128k16.bf16"));
@@ -55,7 +55,7 @@ fn the_descriptor_form_matches_float64() {
                     let tol = want.abs() * 2f64.powi(-7) + mag * 1e-5;
                     assert!(
                         (got - want).abs() <= tol,
-                        "{reduction:?} {splits} splits {m}x{n}x{k}: ({i}, {j}) got {got}, want {want}"
+                        "{reduction:?} ws {warp_specialize} {splits} splits {m}x{n}x{k}: ({i}, {j}) got {got}, want {want}"
                     );
                 }
             }
@@ -72,11 +72,15 @@ fn the_slot_form_stores_pairs_and_assembles_without_spills() {
     let dir = std::env::temp_dir().join(format!("trident-splitk-ptx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let base = SplitKGemm { reduction: SplitReduction::Slots, ..SplitKGemm::for_target(DType::BF16, 2, Some(sm90a)) };
-    for (i, (bm, bn, warps)) in [(128, 128, 8), (128, 256, 8), (64, 128, 4)].into_iter().enumerate() {
-        let g = SplitKGemm { block_m: bm, block_n: bn, warps, ..base };
+    let tiles = [(128, 128, 8), (128, 256, 8), (64, 128, 4)];
+    for (i, ((bm, bn, warps), ws)) in tiles.into_iter().flat_map(|t| [(t, false), (t, true)]).enumerate() {
+        let g = SplitKGemm { block_m: bm, block_n: bn, warps, warp_specialize: ws, ..base };
         let m = trident_backend_nvidia::NvidiaBackend::ptx(&g.build().unwrap(), sm90a).unwrap();
         assert!(m.ptx.contains("st.global.v2.f32"), "{g:?}: the partial tile is not stored in pairs");
         assert!(!m.ptx.contains("red.global.add.f32") && !m.ptx.contains("atom.global.add.f32"), "{g:?}");
+        // The specialized form has its producer warp: 32 threads beyond the consumers.
+        let threads = warps * 32 + if ws { 32 } else { 0 };
+        assert!(m.ptx.contains(&format!(".maxntid {threads}, 1, 1")), "{g:?}: not {threads} threads");
         let Some(ptxas) = std::env::var_os("PTXAS") else {
             eprintln!("SKIP the_slot_form_stores_pairs_and_assembles_without_spills (ptxas): PTXAS is not set");
             continue;

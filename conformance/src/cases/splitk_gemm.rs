@@ -17,9 +17,9 @@ impl Operation for SplitKGemmCase {
     }
 
     /// `-`: the partial tiles added by atomics; `slots`: each split's in its own slot, summed
-    /// by the last split.
+    /// by the last split; `slots-ws`: that with a producer warp where the target has TMA.
     fn variants(&self, _dtype: DType) -> &'static [&'static str] {
-        &["-", "slots"]
+        &["-", "slots", "slots-ws"]
     }
 
     fn distributed(&self) -> bool {
@@ -44,8 +44,10 @@ impl Operation for SplitKGemmCase {
         let (m, n, k, splits) = (case.shape[0], case.shape[1], case.shape[2], case.shape[3]);
         // The target's form: on sm_90a the descriptor form (TMA and `wgmma`) where the operands
         // allow it (`run` falls back to pointer loads at the same tiles otherwise).
-        let reduction = if case.variant == "slots" { SplitReduction::Slots } else { SplitReduction::Atomic };
-        let g = SplitKGemm { reduction, ..SplitKGemm::for_target(case.dtype, splits as u32, l.gpu_target()) };
+        let reduction = if case.variant.starts_with("slots") { SplitReduction::Slots } else { SplitReduction::Atomic };
+        let warp_specialize = case.variant == "slots-ws";
+        let base = SplitKGemm::for_target(case.dtype, splits as u32, l.gpu_target());
+        let g = SplitKGemm { reduction, warp_specialize, ..base };
         let ws = g.workspace(l.device, m, n)?;
         // Twice: the second call checks that the kernel left its workspace (or counters) clean.
         g.run(l, &ins[0], &ins[1], out, &ws, (m, n, k))?;
