@@ -10,15 +10,6 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
-T0=$(date +%s)
-# `run NAME LIMIT CMD...`: step, its limit cut to what is left before the deadline.
-run() {
-  local name=$1 limit=$2; shift 2
-  local left=$(( ${DEADLINE:-560} - ($(date +%s) - T0) ))
-  [ "$left" -lt 20 ] && { echo "== $name: skipped (deadline)" >> "$S"; return 0; }
-  [ "$limit" -gt "$left" ] && limit=$left
-  step "$name" "$limit" "$@"
-}
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 KEEP='^conformance:|FAIL|skipped|rror'
 run conformance-grouped-gemm 90 $B/trident test --backend nvidia --kernel grouped_gemm

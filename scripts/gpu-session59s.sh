@@ -7,15 +7,8 @@
 # `pdl` variant). Each step's limit is cut to what is left before `DEADLINE` (300 s default).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+DEADLINE=${DEADLINE:-300}
 source scripts/step.sh
-T0=$(date +%s)
-run() {
-  local name=$1 limit=$2; shift 2
-  local left=$(( ${DEADLINE:-300} - ($(date +%s) - T0) ))
-  [ "$left" -lt 20 ] && { echo "== $name: skipped (deadline)" >> "$S"; return 0; }
-  [ "$limit" -gt "$left" ] && limit=$left
-  step "$name" "$limit" "$@"
-}
 PY=/opt/torch/.venv/bin/python; [ -x "$PY" ] || PY=python3
 KEEP='^conformance:|FAIL|skipped|rror'
 run conformance-grouped-gemm 60 $B/trident test --backend nvidia --kernel grouped_gemm

@@ -4,11 +4,22 @@
 # `step NAME LIMIT COMMAND...` runs COMMAND under `timeout LIMIT` into $O/logs/NAME.log, then
 # appends to the summary $S its exit code, its time and the log's lines matching $KEEP (at
 # most $KEEP_LINES, 24 by default), less those matching $DROP when it is set; returns COMMAND's
-# exit code. `nvshmem_env` exports what the NVSHMEM worlds need on the GPU machine.
+# exit code. `run NAME LIMIT COMMAND...` is `step` within a deadline: its limit cut to what is
+# left of `DEADLINE` seconds (560 unless set) from when this file was sourced, and skipped (named
+# in the summary) when under 20 s are left. `nvshmem_env` exports what the NVSHMEM worlds need on
+# the GPU machine.
 O=${OUT:-gpu-out}; mkdir -p "$O/logs"
 B=bundle
 S="$O/summary.txt"
 { date -u +%FT%TZ; echo "commit: $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$S"
+T0=$(date +%s)
+run() {
+  local name=$1 limit=$2; shift 2
+  local left=$(( ${DEADLINE:-560} - ($(date +%s) - T0) ))
+  [ "$left" -lt 20 ] && { echo "== $name: skipped (deadline)" >> "$S"; return 0; }
+  [ "$limit" -gt "$left" ] && limit=$left
+  step "$name" "$limit" "$@"
+}
 step() {
   local name=$1 limit=$2; shift 2
   local t0; t0=$(date +%s%N)

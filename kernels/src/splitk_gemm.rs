@@ -101,12 +101,18 @@ pub fn split_epilogue<'b>(
     let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
     let inside = rows.lt(m) & cols.lt(n);
     b.atomic(AtomicOp::Add, ws + (rows * n + cols), value, Some(inside), MemSemantic::Relaxed, Scope::Gpu);
-    // Every thread's partial sums are ordered before the release on the counter.
+    count_in(b, counters + tile, splits, || finish_tile(b, (ws, c), (row0, bm), cols, (m, n), out_type));
+}
+
+/// A split's arrival at its tile's counter `counter`, after its partial sums: a barrier (every
+/// thread's writes before the release), the acq_rel increment, and for the last of `splits`
+/// to arrive `last`, then the counter reset for the next call.
+fn count_in<'b>(b: &'b KernelBuilder, counter: Tile<'b>, splits: u32, last: impl FnOnce()) {
     b.barrier();
-    let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
+    let arrived = b.atomic(AtomicOp::Add, counter, 1, None, MemSemantic::AcqRel, Scope::Gpu);
     b.if_then(arrived.eq(splits as i32 - 1), || {
-        finish_tile(b, (ws, c), (row0, bm), cols, (m, n), out_type);
-        b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
+        last();
+        b.atomic(AtomicOp::Xchg, counter, 0, None, MemSemantic::Relaxed, Scope::Gpu);
     });
 }
 
@@ -130,10 +136,7 @@ pub fn slot_epilogue<'b>(
     let rows = (row0 + b.arange(0, bm as i64)).expand_dims(1);
     let inside = rows.lt(m) & cols.lt(n);
     b.store(slots + split * (m * n) + (rows * n + cols), value, Some(inside));
-    // Every thread's partial sums are ordered before the release on the counter.
-    b.barrier();
-    let arrived = b.atomic(AtomicOp::Add, counters + tile, 1, None, MemSemantic::AcqRel, Scope::Gpu);
-    b.if_then(arrived.eq(splits as i32 - 1), || {
+    count_in(b, counters + tile, splits, || {
         let slice = FINISH_ROWS.min(bm);
         b.for_range(0, bm as i32, slice as i32, &[], |r, _| {
             let rs = (row0 + r + b.arange(0, slice as i64)).expand_dims(1);
@@ -145,7 +148,6 @@ pub fn slot_epilogue<'b>(
             b.store(c + offsets, total.cast(out_type), Some(inside));
             Vec::new()
         });
-        b.atomic(AtomicOp::Xchg, counters + tile, 0, None, MemSemantic::Relaxed, Scope::Gpu);
     });
 }
 

@@ -4,6 +4,8 @@
 //! interpreter and on the SIMT lowering for sm_90a, sm_80 and gfx942. Rows past a masked
 //! expert's count must stay as they were.
 
+mod ptxas;
+
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_backend_cpu::CpuBackend;
@@ -530,13 +532,7 @@ fn c_goes_out_by_bulk_row_copies() {
 /// (with `PTXAS` set, as CI sets it; skipped with a message otherwise).
 #[test]
 fn the_bulk_stored_forms_assemble_without_spills() {
-    let Some(ptxas) = std::env::var_os("PTXAS") else {
-        eprintln!("SKIP the_bulk_stored_forms_assemble_without_spills: PTXAS is not set");
-        return;
-    };
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
-    let dir = std::env::temp_dir().join(format!("trident-grouped-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let bf16 = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
     let fp8 = GroupedGemm::for_target(DType::F8E4M3FN, Layout::Contiguous, BLayout::NK, Some(sm90a));
     let forms = [
@@ -547,22 +543,10 @@ fn the_bulk_stored_forms_assemble_without_spills() {
         fp8,
         GroupedGemm { block_n: 256, stages: 3, ..fp8 },
     ];
-    for (i, v) in forms.into_iter().enumerate() {
+    for v in forms {
         let f = GroupedGemm { divisible: true, ..v }.build().unwrap();
         let m = trident_backend_nvidia::NvidiaBackend::ptx(&f, sm90a).unwrap();
         assert!(m.ptx.contains("cp.async.bulk.global.shared::cta.bulk_group"), "{v:?}");
-        let p = dir.join(format!("g{i}.ptx"));
-        std::fs::write(&p, &m.ptx).unwrap();
-        let o = std::process::Command::new(&ptxas)
-            .args(["-arch=sm_90a", "-v"])
-            .arg(&p)
-            .arg("-o")
-            .arg(p.with_extension("cubin"))
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&o.stderr);
-        let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
-        assert!(o.status.success() && !spills && !log.contains("warning"), "{v:?}:\n{log}");
+        ptxas::assemble_clean("the_bulk_stored_forms_assemble_without_spills", &format!("{v:?}"), &m.ptx);
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }

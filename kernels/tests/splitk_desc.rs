@@ -3,6 +3,8 @@
 //! a poisoned output, on shapes that are and are not multiples of the tile, twice on the same
 //! workspace (the last split of each tile resets it), in both reductions (atomics, slots).
 
+mod ptxas;
+
 use rand::{Rng, SeedableRng};
 use trident_backend_cpu::simt_exec::SimtBackend;
 use trident_core::backend::{Backend, LaunchOptions};
@@ -69,11 +71,9 @@ fn the_descriptor_form_matches_float64() {
 #[test]
 fn the_slot_form_stores_pairs_and_assembles_without_spills() {
     let sm90a = trident_core::target::lookup("sm_90a").unwrap();
-    let dir = std::env::temp_dir().join(format!("trident-splitk-ptx-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let base = SplitKGemm { reduction: SplitReduction::Slots, ..SplitKGemm::for_target(DType::BF16, 2, Some(sm90a)) };
     let tiles = [(128, 128, 8), (128, 256, 8), (64, 128, 4)];
-    for (i, ((bm, bn, warps), ws)) in tiles.into_iter().flat_map(|t| [(t, false), (t, true)]).enumerate() {
+    for ((bm, bn, warps), ws) in tiles.into_iter().flat_map(|t| [(t, false), (t, true)]) {
         let g = SplitKGemm { block_m: bm, block_n: bn, warps, warp_specialize: ws, ..base };
         let m = trident_backend_nvidia::NvidiaBackend::ptx(&g.build().unwrap(), sm90a).unwrap();
         assert!(m.ptx.contains("st.global.v2.f32"), "{g:?}: the partial tile is not stored in pairs");
@@ -81,23 +81,9 @@ fn the_slot_form_stores_pairs_and_assembles_without_spills() {
         // The specialized form has its producer warp: 32 threads beyond the consumers.
         let threads = warps * 32 + if ws { 32 } else { 0 };
         assert!(m.ptx.contains(&format!(".maxntid {threads}, 1, 1")), "{g:?}: not {threads} threads");
-        let Some(ptxas) = std::env::var_os("PTXAS") else {
-            eprintln!("SKIP the_slot_form_stores_pairs_and_assembles_without_spills (ptxas): PTXAS is not set");
-            continue;
-        };
-        let p = dir.join(format!("s{i}.ptx"));
-        std::fs::write(&p, &m.ptx).unwrap();
-        let o = std::process::Command::new(&ptxas)
-            .args(["-arch=sm_90a", "-v"])
-            .arg(&p)
-            .arg("-o")
-            .arg(p.with_extension("cubin"))
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&o.stderr);
-        let spills = log.lines().any(|l| l.contains("spill stores") && !l.contains(" 0 bytes spill stores"));
-        assert!(o.status.success() && !spills && !log.contains("warning"), "{g:?}:\n{log}");
-        eprintln!("{g:?}: {}", log.lines().find(|l| l.contains("registers")).unwrap_or(""));
+        let test = "the_slot_form_stores_pairs_and_assembles_without_spills";
+        if let Some(log) = ptxas::assemble_clean(test, &format!("{g:?}"), &m.ptx) {
+            eprintln!("{g:?}: {}", log.lines().find(|l| l.contains("registers")).unwrap_or(""));
+        }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
