@@ -137,16 +137,11 @@ pub fn slot_epilogue<'b>(
     let inside = rows.lt(m) & cols.lt(n);
     b.store(slots + split * (m * n) + (rows * n + cols), value, Some(inside));
     count_in(b, counters + tile, splits, || {
-        let slice = FINISH_ROWS.min(bm);
-        b.for_range(0, bm as i32, slice as i32, &[], |r, _| {
-            let rs = (row0 + r + b.arange(0, slice as i64)).expand_dims(1);
-            let inside = rs.lt(m) & cols.lt(n);
-            let offsets = rs * n + cols;
+        each_slice(b, (row0, bm), cols, (m, n), |offsets, inside| {
             let total = (1..splits).fold(b.load_or(slots + offsets, inside, 0.0), |sum, s| {
                 sum + b.load_or(slots + (m * n) * s as i32 + offsets, inside, 0.0)
             });
             b.store(c + offsets, total.cast(out_type), Some(inside));
-            Vec::new()
         });
     });
 }
@@ -166,14 +161,27 @@ pub fn finish_tile<'b>(
     (m, n): (Tile<'b>, Tile<'b>),
     out_type: DType,
 ) {
+    each_slice(b, (row0, bm), cols, (m, n), |offsets, inside| {
+        let total = b.load_or(ws + offsets, inside, 0.0);
+        b.store(c + offsets, total.cast(out_type), Some(inside));
+        b.store(ws + offsets, 0.0f32, Some(inside));
+    });
+}
+
+/// The output tile of `bm` rows from `row0` and columns `cols`, [`FINISH_ROWS`] rows at a
+/// time: `body` gets each slice's element offsets in the `[m, n]` output and its mask.
+fn each_slice<'b>(
+    b: &'b KernelBuilder,
+    (row0, bm): (Tile<'b>, u32),
+    cols: Tile<'b>,
+    (m, n): (Tile<'b>, Tile<'b>),
+    body: impl FnOnce(Tile<'b>, Tile<'b>),
+) {
     let slice = FINISH_ROWS.min(bm);
     b.for_range(0, bm as i32, slice as i32, &[], |r, _| {
         let rs = (row0 + r + b.arange(0, slice as i64)).expand_dims(1);
         let inside = rs.lt(m) & cols.lt(n);
-        let offsets = rs * n + cols;
-        let total = b.load_or(ws + offsets, inside, 0.0);
-        b.store(c + offsets, total.cast(out_type), Some(inside));
-        b.store(ws + offsets, 0.0f32, Some(inside));
+        body(rs * n + cols, inside);
         Vec::new()
     });
 }
