@@ -17,6 +17,12 @@ use std::sync::Mutex;
 /// A stream of one rank: work on one stream runs in order, streams run concurrently.
 pub type StreamId = usize;
 
+/// Every world starts each rank's copy of a symmetric buffer at a multiple of this many bytes
+/// (the heaps' bases and their carving grain, or one allocation per buffer), so `symm_at`
+/// keeps what is known of a pointer's alignment up to it (the lowering's vector widths and
+/// bulk copies through a peer's pointer). A world that cannot promise it refuses to start.
+pub const SYMMETRIC_ALIGN: usize = 256;
+
 /// One rank's view of the world, handed to the host function.
 pub trait RankCtx {
     fn rank(&self) -> usize;
@@ -71,7 +77,7 @@ pub trait RankCtx {
     fn alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
     /// Collective: every rank calls it in the same order with the same size; returns this
     /// rank's copy of a zero-filled symmetric buffer, which kernels reach on other ranks with
-    /// `symm_at`.
+    /// `symm_at`, at a multiple of [`SYMMETRIC_ALIGN`] bytes.
     fn symm_alloc(&self, bytes: usize, name: &str) -> Result<Buffer, BackendError>;
     /// `rank`'s copy of a symmetric buffer (a destination for copies and signal writes).
     fn peer(&self, buffer: &Buffer, rank: usize) -> Result<Buffer, BackendError>;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use trident_core::abi::diag;
 use trident_core::backend::{BackendError, Buffer};
-use trident_core::world::RankCtx;
+use trident_core::world::{RankCtx, SYMMETRIC_ALIGN};
 
 /// A symmetric heap made by a vendor library: the same size on every rank, each rank's heap
 /// reachable by load and store from this process.
@@ -54,6 +54,13 @@ impl<D: Driver> ProcessWorld<D> {
             return Err(BackendError::Host(format!(
                 "rank {rank}: the symmetric heap has {n} ranks, the rendezvous {} (as rank {})",
                 rendezvous.size, rendezvous.rank
+            )));
+        }
+        if let Some((r, base)) = heap.bases.iter().enumerate().find(|(_, b)| !b.is_multiple_of(SYMMETRIC_ALIGN as u64))
+        {
+            return Err(BackendError::Host(format!(
+                "rank {rank}: {}'s symmetric heap of rank {r} starts at {base:#x}, not a multiple of {SYMMETRIC_ALIGN} bytes (what `symm_at` assumes of every heap)",
+                heap.provider
             )));
         }
         if heap.bytes <= RESERVED {

@@ -79,7 +79,7 @@ impl GpuWorldOptions {
 }
 
 /// Symmetric heaps are carved in units of this many bytes (any access of the heap is aligned).
-pub(crate) const HEAP_GRAIN: usize = 256;
+pub(crate) const HEAP_GRAIN: usize = trident_core::world::SYMMETRIC_ALIGN;
 
 /// Bytes at the start of every rank's heap kept from symmetric allocations: `barrier_all`'s
 /// words (`trident_core::abi::BARRIER_WORDS`), at the same offset on every rank.
@@ -301,6 +301,14 @@ impl GpuWorld {
                     alloc(r % nd, bytes, format!("heap@rank{r}"))
                 })
                 .collect::<Result<_, _>>()?;
+            // `symm_at` keeps alignment up to the heaps' (`SYMMETRIC_ALIGN`): the drivers'
+            // allocations are at least 256-byte aligned, checked rather than assumed.
+            if let Some(h) = heaps.iter().find(|h| !h.address.is_multiple_of(HEAP_GRAIN as u64)) {
+                return Err(BackendError::Host(format!(
+                    "`{}` starts at {:#x}, not a multiple of {HEAP_GRAIN} bytes (what `symm_at` assumes of every heap)",
+                    h.name, h.address
+                )));
+            }
             let diags: Vec<Buffer> = (0..n)
                 .map(|r| alloc(r % nd, 8 * diag::WORDS, format!("__wait_diagnostics@rank{r}")))
                 .collect::<Result<_, _>>()?;

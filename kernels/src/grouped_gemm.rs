@@ -60,6 +60,13 @@
 //! weight, added (f32 atomics, system scope) into row `row_token[row]` of `acc` on the rank that
 //! owns the chunk (rank = chunk), then `done` there grows by the tile's element count. The
 //! top-k reduction and the reduce-scatter of the tensor-parallel MoE block in one epilogue.
+//!
+//! [`Epilogue::notify_owner`] (with [`GroupedGemm::chunk_ends`]) stores C's rows of chunk `c`
+//! on rank `c`, shifted by `rank - c` chunks (so rank `c`'s C holds every rank's rows of its
+//! chunk, rank by rank; at world 1 the plain GEMM's C), then `done` there grows by the tile's
+//! element count: the tensor-parallel MoE block's [`crate::moe_tp::TpReduce::Rows`], whose
+//! owner adds the rows itself once its count is whole. Plain stores (the bulk row copies
+//! where C allows them) into the peer's memory, no atomics.
 
 use crate::scaled_gemm::SCALE_BLOCK;
 use crate::{cdiv, require_bytes, require_i32, DeviceCtx};
@@ -84,6 +91,11 @@ struct Kernel<'b> {
     c_scales: Option<Tile<'b>>,
     /// [`Epilogue::reduce_scatter`]'s `row_token`, `acc` and `done`.
     scatter: Option<(Tile<'b>, Tile<'b>, Tile<'b>)>,
+    /// [`Epilogue::notify_owner`]'s `done`.
+    owner_done: Option<Tile<'b>>,
+    /// Rows from one chunk's first to the next's (with `chunk_ends`; else the masked
+    /// layout's capacity).
+    t_max: Tile<'b>,
     a_rows: Tile<'b>,
     n: Tile<'b>,
     /// C's columns (N, or N/2 with SwiGLU).
@@ -149,6 +161,10 @@ pub struct Epilogue {
     /// The product added into the owner's `acc` at the row's token, then the owner's `done`
     /// grows by the tile's elements (see the module's text; [`Operands::scatter`]).
     pub reduce_scatter: bool,
+    /// C stored, then `done` on the rank that owns the tile's chunk (rank = chunk) grows by
+    /// the tile's elements ([`Operands::owner_done`]): a tile's rows announced to the rank that
+    /// reads them, with no atomics on the data.
+    pub notify_owner: bool,
     /// C in E4M3FN with one f32 scale per row and 128 of its columns ([`Operands::c_scales`],
     /// `[rows, ceil(n_out / 128)]`), quantized from the f32 result as `docs/SEMANTICS.md`
     /// ("Quantization") says: the next FP8 GEMM's A and its block scales (the MoE block's
@@ -174,6 +190,8 @@ pub struct Operands<'a> {
     /// [`Epilogue::reduce_scatter`]'s `row_token` (`[rows]` i32: each row's token on the
     /// chunk's rank), `acc` (symmetric `[tokens, n_out]` f32) and `done` (symmetric u64).
     pub scatter: Option<(&'a Buffer, &'a Buffer, &'a Buffer)>,
+    /// [`Epilogue::notify_owner`]'s `done` (symmetric u64).
+    pub owner_done: Option<&'a Buffer>,
     /// The scratch of [`GroupedGemm::scheduled`] ([`GroupedGemm::schedule_bytes`]); `run`
     /// allocates one when it is absent.
     pub schedule: Option<&'a Buffer>,
@@ -193,6 +211,7 @@ impl<'a> Operands<'a> {
             weights: None,
             ready: None,
             scatter: None,
+            owner_done: None,
             schedule: None,
             c_scales: None,
         }
@@ -510,13 +529,13 @@ impl GroupedGemm {
     pub fn build(&self) -> Result<Function, VerifyError> {
         let (bm, bk) = (self.block_m, self.k_step());
         let desc = self.descriptor_form();
-        let Epilogue { swiglu, row_weights, reduce_scatter, quantize } = self.epilogue;
+        let Epilogue { swiglu, row_weights, reduce_scatter, notify_owner, quantize } = self.epilogue;
         // The scheduled descriptor form runs its copies from a producer warp (with the wait
         // hook, the producer waits for a tile's chunk before its first copies).
         let warp_specialize = self.scheduled && desc;
         let pingpong = self.pingpong && warp_specialize;
         let name = format!(
-            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}{}",
+            "grouped_gemm_{}_{:?}_{:?}_{bm}x{}x{bk}{}{}{}{}{}{}{}{}{}{}{}",
             self.dtype,
             self.layout,
             self.b_layout,
@@ -529,6 +548,7 @@ impl GroupedGemm {
             if swiglu { "_swiglu" } else { "" },
             if row_weights { "_weighted" } else { "" },
             if reduce_scatter { "_scatter" } else { "" },
+            if notify_owner { "_notify" } else { "" },
             if quantize { "_quantized" } else { "" },
             if self.wait { "_waiting" } else { "" },
             if self.chunk_ends { "_chunk_ends" } else { "" },
@@ -576,6 +596,7 @@ impl GroupedGemm {
         let scatter = reduce_scatter.then(|| {
             (b.arg_ptr("row_token", DType::I32), b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64))
         });
+        let owner_done = notify_owner.then(|| b.arg_ptr("done", DType::U64));
         let ready = self.wait.then(|| b.arg_ptr("ready", DType::U64));
         let experts = b.arg("experts", DType::I32);
         let chunks = b.arg("chunks", DType::I32);
@@ -598,7 +619,8 @@ impl GroupedGemm {
         let target = self.wait.then(|| b.arg("target", DType::U64));
         let n_out = if swiglu { n / 2 } else { n };
         let k_blocks = self.scheduled.then(|| (k + (bk as i32 - 1)) / bk as i32);
-        let k_ = Kernel { b: &b, bp, c, scales, weights, c_scales, scatter, a_rows, n, n_out, k, k_blocks };
+        let k_ =
+            Kernel { b: &b, bp, c, scales, weights, c_scales, scatter, owner_done, t_max, a_rows, n, n_out, k, k_blocks };
         let db = desc.then(|| {
             let one = b.constant(trident_core::ir::Literal::Int(1), DType::I32);
             match self.b_layout {
@@ -748,7 +770,7 @@ impl GroupedGemm {
         (first, rows): (Tile<'b>, Tile<'b>),
         (tm, tn): (Tile<'b>, Tile<'b>),
     ) {
-        let Kernel { b, bp, c, scales, weights, c_scales, scatter, n, n_out, k, k_blocks, .. } = *kn;
+        let Kernel { b, bp, c, scales, weights, c_scales, scatter, owner_done, t_max, n, n_out, k, k_blocks, .. } = *kn;
         let (bm, bn, bk) = (self.block_m, self.block_n, self.k_step());
         let swiglu = self.epilogue.swiglu;
         let local = tm * bm as i32 + b.arange(0, bm as i64);
@@ -860,6 +882,12 @@ impl GroupedGemm {
         }
         let cols = (tn * h as i32 + b.arange(0, h as i64)).expand_dims(0);
         let inside = rows_ok & cols.lt(n_out);
+        // `notify_owner`: the chunk's rows go to its rank, after the rows of the ranks before
+        // this one.
+        let c = match owner_done {
+            Some(_) => b.symm_at(c, chunk) + (b.rank() - chunk) * t_max * n_out,
+            None => c,
+        };
         match scatter {
             // Into the owner's accumulator at each row's token, then the owner counts the
             // tile's elements (the notify's program barrier and release order the atomics).
@@ -891,6 +919,13 @@ impl GroupedGemm {
                 }
                 None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
             },
+        }
+        // The tile's rows announced to their chunk's rank (the notify's program barrier and
+        // release order the stores, bulk ones waited for first).
+        if let Some(done) = owner_done {
+            let rows_in = (rows - tm * bm as i32).min(bm as i32);
+            let cols_in = (n_out - tn * h as i32).min(h as i32);
+            b.notify(done, chunk, (rows_in * cols_in).cast(DType::U64), SignalOp::Add, CommScope::IntraNode);
         }
     }
 
@@ -942,6 +977,16 @@ impl GroupedGemm {
         }
         if ops.scatter.is_some() != self.epilogue.reduce_scatter {
             return Err(self.problem("row tokens, accumulator and done signal: given exactly with `reduce_scatter`".into()));
+        }
+        if ops.owner_done.is_some() != self.epilogue.notify_owner {
+            return Err(self.problem("the owners' done signal: given exactly with `notify_owner`".into()));
+        }
+        if self.epilogue.notify_owner
+            && (self.epilogue.reduce_scatter || self.epilogue.quantize || !self.chunk_ends)
+        {
+            return Err(self.problem(
+                "`notify_owner`: `chunk_ends` (contiguous), C stored (not `reduce_scatter` or `quantize`)".into(),
+            ));
         }
         if ops.c_scales.is_some() != self.epilogue.quantize {
             return Err(self.problem("C's scales: given exactly when the epilogue has `quantize`".into()));
@@ -1036,6 +1081,10 @@ impl GroupedGemm {
             require_bytes(row_token, a_rows * 4, "row_token")?;
             require_bytes(done, 8, "done")?;
             args.extend([row_token.arg(), acc.arg(), done.arg()]);
+        }
+        if let Some(done) = ops.owner_done {
+            require_bytes(done, 8, "done")?;
+            args.push(done.arg());
         }
         args.extend(ops.ready.map(|(r, _)| r.arg()));
         args.extend([

@@ -15,21 +15,26 @@
 //!    program waits for chunk c's signal before it reads c's ends, and walks the chunks from
 //!    its rank's own (already there) on, so the gather of the other chunks overlaps the GEMM:
 //!    `act [W (cap + pad), F_l]`;
-//! 3. **grouped GEMM + top-k reduction + reduce-scatter** down ([`Epilogue::reduce_scatter`]):
-//!    each row of chunk c times its weight, added (f32 atomics) into the token's row of `acc` on
-//!    rank c, and rank c's `done` grows by each tile's elements;
-//! 4. **finish** on the owner: once `done` reached `W x` its own chunk's rows `x H`, `acc` in the
-//!    element type into `out [T, H]`, `acc` cleared, `done` and this rank's `ready` signals
-//!    reset for the next call; then `consumed[rank]` is set to the call's epoch on every rank.
+//! 3. **grouped GEMM + top-k reduction + reduce-scatter** down, in one of two forms
+//!    ([`TpReduce`]): with [`TpReduce::Atomics`] ([`Epilogue::reduce_scatter`]) each row of
+//!    chunk c times its weight is added (f32 atomics) into the token's row of `acc` on rank c;
+//!    with [`TpReduce::Rows`] ([`Epilogue::notify_owner`]) it is stored, in the element type,
+//!    into rank c's `parts` at (this rank, its row of the chunk). Either way rank c's `done`
+//!    grows by each tile's elements;
+//! 4. **finish** on the owner: once `done` reached `W x` its own chunk's rows `x H`, the
+//!    result in the element type into `out [T, H]` (`acc` rounded, then cleared; or each
+//!    token's `k` rows of every shard's `parts` added in f32 in a fixed order, found through
+//!    `pair_row`, which the route wrote), `done` and this rank's `ready` signals reset for the
+//!    next call; then `consumed[rank]` is set to the call's epoch on every rank.
 //!
 //! Reuse. The gathered buffers are single (the gate/up GEMM reads the rows through one tensor
 //! map, which the host encodes from the argument: the device could not pick a half of a double
 //! buffer). A rank's route of call e+1 first waits until every rank's `consumed` says it
 //! finished call e (its finish runs after both GEMMs read the chunks), so it never writes a
 //! chunk a peer still reads; the `ready` signals, reset by each rank's finish before it says so,
-//! are set again only after that. `acc` and `done` of rank c take call e+1's additions only from
-//! tiles of chunk c, which wait for rank c's route of call e+1, enqueued after its finish of
-//! call e.
+//! are set again only after that. `acc` (or `parts`) and `done` of rank c take call e+1's
+//! writes only from tiles of chunk c, which wait for rank c's route of call e+1 (the down GEMM
+//! after the gate/up GEMM that waited), enqueued after its finish of call e.
 //!
 //! Replay. No launch argument depends on the call: the route and the finish keep their epochs
 //! on the device ([`crate::epoch`]; the route's meets and its scratch halves, the finish's
@@ -43,8 +48,10 @@
 //! expert-parallel FP8 block does ([`crate::moe_block`]).
 //!
 //! Rounding: `act` is stored in the element type (as the plain MoE does), each shard's down
-//! product is added in f32 per element (in no fixed order: the atomics), and `out` rounded
-//! once. Peers are reached by loads, stores and atomics on their memory (`symm_at`): one node,
+//! product is added in f32 per element (in no fixed order with the atomics; with `Rows`
+//! each weighted row rounded to the element type first, as a plain grouped GEMM's C and a
+//! reduce-scatter in the element type round it, then added in token slot, then rank order:
+//! the same bits every call), and `out` rounded once. Peers are reached by loads, stores and atomics on their memory (`symm_at`): one node,
 //! as tensor parallelism runs.
 
 use crate::ep_all_to_all::{each_block, EpShape};
@@ -75,6 +82,21 @@ pub const BAND_ABOVE: usize = 24 << 20;
 /// there is little to do.
 const PAIRS_PER_PROGRAM: usize = 16;
 
+/// How the down GEMM's weighted rows reach their token's rank and are added there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum TpReduce {
+    /// Added into the owner's f32 accumulator by the epilogue (system-scope atomics into
+    /// peer memory), rounded by the finish.
+    #[default]
+    Atomics,
+    /// Stored by the epilogue into the owner's `parts` (the element type, plain stores: the
+    /// bulk row copies where C allows them), each token's rows added by the finish. No atomics
+    /// on the data and a fixed order of the sums; `parts` holds every rank's rows of the
+    /// owner's chunk (`W (cap + pad) x H` elements a rank, where `acc` is `T_max x H` f32),
+    /// and the finish reads `W k` rows a token.
+    Rows,
+}
+
 /// The block's meta-parameters: the element type (bf16 or f16), each rank's shard of the
 /// experts' intermediate size `F_l` (a multiple of [`crate::grouped_gemm::SWIGLU_BLOCK`]), the elements of a row
 /// copied per step and the route and finish grids (persistent: what is resident of them runs).
@@ -90,6 +112,8 @@ pub struct TpMoeBlock {
     /// into the accumulator kept to a band of columns at a time. `None` picks by the
     /// accumulator's size ([`TpMoeBlock::band_for`]).
     pub down_band: Option<u32>,
+    /// How the down GEMM's rows are reduced and sent home ([`TpReduce`]).
+    pub reduce: TpReduce,
 }
 
 /// A rank's buffers of the block (symmetric ones allocated collectively).
@@ -110,8 +134,15 @@ pub struct TpMoeBuffers {
     pub consumed: Buffer,
     /// The route's and the finish's epoch words ([`crate::epoch`]; symmetric).
     pub epochs: Buffer,
-    /// `[T_max, H]` f32: this rank's tokens' sums of every shard's weighted rows (symmetric).
+    /// `[T_max, H]` f32: this rank's tokens' sums of every shard's weighted rows (symmetric;
+    /// [`TpReduce::Atomics`], 4 bytes with `Rows`).
     pub acc: Buffer,
+    /// [`TpReduce::Rows`]: `[W (cap + pad), H]` in the element type, every rank's weighted
+    /// rows of this rank's chunk, rank by rank (symmetric).
+    pub parts: Option<Buffer>,
+    /// [`TpReduce::Rows`]: `[T_max k]` i32, each of this rank's (token, k-slot) pairs' row in
+    /// its chunk, -1 for a pair routed nowhere (local).
+    pub pair_row: Option<Buffer>,
     /// u64: the elements added into `acc` this call (symmetric).
     pub done: Buffer,
     /// Local, zeroed: two halves of `[E]` counts and `[E]` fill cursors (i32), `[E]` starts.
@@ -179,7 +210,24 @@ pub enum TpGemm<'a> {
 
 impl TpMoeBlock {
     pub fn new(dtype: DType, ffn_shard: usize) -> TpMoeBlock {
-        TpMoeBlock { dtype, ffn_shard, block: 1024, max_programs: crate::STREAMING_PROGRAMS, fp8: false, down_band: None }
+        TpMoeBlock {
+            dtype,
+            ffn_shard,
+            block: 1024,
+            max_programs: crate::STREAMING_PROGRAMS,
+            fp8: false,
+            down_band: None,
+            reduce: TpReduce::Atomics,
+        }
+    }
+
+    /// This block with the down GEMM's rows reduced as `reduce` says.
+    pub fn reduced_by(self, reduce: TpReduce) -> TpMoeBlock {
+        TpMoeBlock { reduce, ..self }
+    }
+
+    fn rows_form(&self) -> bool {
+        self.reduce == TpReduce::Rows
     }
 
     /// This block with FP8 rows and shards (see the module's text).
@@ -236,7 +284,15 @@ impl TpMoeBlock {
             ready: ctx.symm_alloc(8 * w, "moe_tp_ready")?,
             consumed: ctx.symm_alloc(8 * w, "moe_tp_consumed")?,
             epochs: crate::epoch::words(ctx, 2, "moe_tp_epochs")?,
-            acc: ctx.symm_alloc(4 * t_max * hidden, "moe_tp_acc")?,
+            acc: ctx.symm_alloc(if self.rows_form() { 4 } else { 4 * t_max * hidden }, "moe_tp_acc")?,
+            parts: match self.rows_form() {
+                true => Some(ctx.symm_alloc(rows * hidden * es, "moe_tp_parts")?),
+                false => None,
+            },
+            pair_row: match self.rows_form() {
+                true => Some(ctx.alloc(4 * t_max * top_k, "moe_tp_pair_row")?),
+                false => None,
+            },
             done: ctx.symm_alloc(8, "moe_tp_done")?,
             scratch: zeroed(4 * 5 * experts, "moe_tp_scratch")?,
             finished: zeroed(16, "moe_tp_finished")?,
@@ -253,7 +309,8 @@ impl TpMoeBlock {
     /// The route + gather kernel (see the module's text).
     pub fn build_route(&self) -> Result<Function, VerifyError> {
         let fp8 = if self.fp8 { "_e4m3" } else { "" };
-        let name = format!("moe_tp_route_{}_{}{fp8}", self.dtype, self.block);
+        let rows_form = if self.rows_form() { "_rows" } else { "" };
+        let name = format!("moe_tp_route_{}_{}{fp8}{rows_form}", self.dtype, self.block);
         // Programs meet (the finished count): all of them resident, as many as fit.
         let attrs = LaunchAttrs { cooperative: true, persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
@@ -265,6 +322,7 @@ impl TpMoeBlock {
         let (ready, consumed) = (b.arg_ptr("ready", DType::U64), b.arg_ptr("consumed", DType::U64));
         let (scratch, state) = (b.arg_ptr("scratch", DType::I32), b.arg_ptr("state", DType::U64));
         let finished = b.arg_ptr("finished", DType::U64);
+        let pair_row = self.rows_form().then(|| b.arg_ptr("pair_row", DType::I32));
         let (tokens, hidden) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32));
         let (experts, k, stride) = (b.arg("experts", DType::I32), b.arg("top_k", DType::I32), b.arg("chunk_rows", DType::I32));
         let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
@@ -291,7 +349,8 @@ impl TpMoeBlock {
             let all = ((epoch - 1u64) * 3u64 + nth) * programs.cast(DType::U64);
             b.wait(finished, 1, CmpOp::Ge, all, Scope::Gpu, MemSemantic::Acquire)
         };
-        // 1. Count the pairs per expert; clear the last call's counts and cursors.
+        // 1. Count the pairs per expert; clear the last call's counts and cursors (and every
+        // pair's row, set in 3 for the pairs routed somewhere).
         b.for_range(pid, experts * 2, programs, &[], |i, _| {
             b.store(stale + i, 0i32, None);
             vec![]
@@ -301,6 +360,9 @@ impl TpMoeBlock {
             b.if_then(e.ge(0) & e.lt(experts), || {
                 b.atomic(AtomicOp::Add, counts + e, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
             });
+            if let Some(pr) = pair_row {
+                b.store(pr + i, -1i32, None);
+            }
             vec![]
         });
         let tok = meet(1);
@@ -334,7 +396,11 @@ impl TpMoeBlock {
             let e = b.load(topk + i, None, None);
             b.if_then(e.ge(0) & e.lt(experts), || {
                 let slot = b.atomic(AtomicOp::Add, cursor + e, 1i32, None, MemSemantic::Relaxed, Scope::Gpu);
-                let row = me * stride + b.load(starts + e, None, None) + slot;
+                let in_chunk = b.load(starts + e, None, None) + slot;
+                if let Some(pr) = pair_row {
+                    b.store(pr + i, in_chunk, None);
+                }
+                let row = me * stride + in_chunk;
                 let (t, wt) = (i / k, b.load(weights + i, None, None));
                 let from = x + t * hidden;
                 b.for_range(0, world, 1, &[], |dst, _| {
@@ -367,30 +433,62 @@ impl TpMoeBlock {
 
     /// The finish kernel (see the module's text).
     pub fn build_finish(&self) -> Result<Function, VerifyError> {
-        let name = format!("moe_tp_finish_{}_{}", self.dtype, self.block);
+        let rows_form = if self.rows_form() { "_rows" } else { "" };
+        let name = format!("moe_tp_finish_{}_{}{rows_form}", self.dtype, self.block);
         let attrs = LaunchAttrs { persistent: true, ..LaunchAttrs::default() };
         let b = KernelBuilder::new(&name, attrs);
-        let (acc, done, out) = (b.arg_ptr("acc", DType::F32), b.arg_ptr("done", DType::U64), b.arg_ptr("out", self.dtype));
+        let sums = match self.rows_form() {
+            true => b.arg_ptr("parts", self.dtype),
+            false => b.arg_ptr("acc", DType::F32),
+        };
+        let (done, out) = (b.arg_ptr("done", DType::U64), b.arg_ptr("out", self.dtype));
+        let pair_row = self.rows_form().then(|| b.arg_ptr("pair_row", DType::I32));
         let (ends, finished) = (b.arg_ptr("ends", DType::I32), b.arg_ptr("finished", DType::U64));
         let (ready, consumed, state) =
             (b.arg_ptr("ready", DType::U64), b.arg_ptr("consumed", DType::U64), b.arg_ptr("state", DType::U64));
         let (tokens, hidden, experts) = (b.arg("tokens", DType::I32), b.arg("hidden", DType::I32), b.arg("experts", DType::I32));
+        let rows_args = pair_row.map(|p| (p, b.arg("top_k", DType::I32), b.arg("chunk_rows", DType::I32)));
         let (me, world, pid, programs) = (b.rank(), b.num_ranks(), b.program_id_x(), b.num_programs(Axis::X));
         let ep = Epoch::begin(&b, state);
         // Every shard's rows of this rank's chunk, each `hidden` elements.
         let own = b.load(ends + (me * experts + experts - 1), None, None).cast(DType::U64);
         let want = own * hidden.cast(DType::U64) * world.cast(DType::U64);
         let tok = b.wait(done, 1, CmpOp::Ge, want, Scope::Sys, MemSemantic::Acquire);
-        let acc = acc.consume_token(tok);
+        let sums = sums.consume_token(tok);
         let bs = self.block as i32;
-        let total = tokens * hidden;
-        b.for_range(pid, (total + (bs - 1)) / bs, programs, &[], |blk, _| {
-            let at = blk * bs + b.arange(0, self.block as i64);
-            let m = at.lt(total);
-            b.store(out + at, b.load(acc + at, Some(m), None).cast(self.dtype), Some(m));
-            b.store(acc + at, 0.0f32, Some(m));
-            vec![]
-        });
+        match rows_args {
+            // Each token's `k` rows of every rank's shard, a block of columns at a time: the
+            // token's slots in order, each over the ranks in order.
+            Some((pair_row, k, stride)) => {
+                let blocks = (hidden + (bs - 1)) / bs;
+                b.for_range(pid, tokens * blocks, programs, &[], |blk, _| {
+                    let (t, cb) = (blk / blocks, blk % blocks);
+                    let cols = cb * bs + b.arange(0, self.block as i64);
+                    let m = cols.lt(hidden);
+                    let zero = b.zeros(&[self.block], DType::F32);
+                    let sum = b.for_range(0, k, 1, &[zero], |j, acc| {
+                        let row = b.load(pair_row + (t * k + j), None, None);
+                        let on = m & row.ge(0);
+                        b.for_range(0, world, 1, &[acc[0]], |r, acc| {
+                            let at = sums + ((r * stride + row) * hidden + cols);
+                            vec![acc[0] + b.load_or(at, on, 0.0).cast(DType::F32)]
+                        })
+                    });
+                    b.store(out + (t * hidden + cols), sum[0].cast(self.dtype), Some(m));
+                    vec![]
+                });
+            }
+            None => {
+                let total = tokens * hidden;
+                b.for_range(pid, (total + (bs - 1)) / bs, programs, &[], |blk, _| {
+                    let at = blk * bs + b.arange(0, self.block as i64);
+                    let m = at.lt(total);
+                    b.store(out + at, b.load(sums + at, Some(m), None).cast(self.dtype), Some(m));
+                    b.store(sums + at, 0.0f32, Some(m));
+                    vec![]
+                });
+            }
+        }
         // The last program (every one past its wait) resets `done` and the chunks' signals for
         // the next call, and the count of finished programs; then this rank has finished the
         // call: `consumed` says so on every rank (after the resets: the notify releases them).
@@ -436,8 +534,11 @@ impl TpMoeBlock {
         // The chunks' signals come from the route, enqueued before on the same stream, or from
         // peers: the waiting GEMM need not leave multiprocessors free on a GPU of its own.
         let up = GroupedGemm { wait: true, signalled_before: true, ..base }.with_epilogue(up_epilogue);
-        let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() });
-        (up, GroupedGemm { band_tiles: self.down_band.unwrap_or_else(|| Self::band_for(shape)), ..down })
+        let rows = self.rows_form();
+        let down = base.with_epilogue(Epilogue { row_weights: true, reduce_scatter: !rows, notify_owner: rows, ..Epilogue::default() });
+        // Bands keep the accumulator's rows in L2 between a token's additions: atomics only.
+        let band = if rows { 0 } else { self.down_band.unwrap_or_else(|| Self::band_for(shape)) };
+        (up, GroupedGemm { band_tiles: band, ..down })
     }
 
     /// Enqueues the block for `tokens` rows of `x` (`[tokens, H]`) routed by `topk` (`[tokens,
@@ -497,6 +598,9 @@ impl TpMoeBlock {
             bufs.scratch.arg(),
             state_arg(&bufs.epochs, 0),
             bufs.finished.arg(),
+        ]);
+        route_args.extend(bufs.pair_row.as_ref().map(Buffer::arg));
+        route_args.extend([
             i32_arg(tokens, "tokens")?,
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
@@ -514,10 +618,9 @@ impl TpMoeBlock {
             step()?;
             ctx.launch(0, kernel, *grid, args)?;
         }
-        let finish_args = [
-            bufs.acc.arg(),
-            bufs.done.arg(),
-            bufs.out.arg(),
+        let mut finish_args = vec![bufs.parts.as_ref().unwrap_or(&bufs.acc).arg(), bufs.done.arg(), bufs.out.arg()];
+        finish_args.extend(bufs.pair_row.as_ref().map(Buffer::arg));
+        finish_args.extend([
             bufs.ends.arg(),
             bufs.finished.arg_at(8),
             bufs.ready.arg(),
@@ -526,7 +629,10 @@ impl TpMoeBlock {
             i32_arg(tokens, "tokens")?,
             i32_arg(h, "hidden")?,
             i32_arg(experts, "experts")?,
-        ];
+        ]);
+        if self.rows_form() {
+            finish_args.extend([i32_arg(k, "top_k")?, i32_arg(bufs.chunk_rows(), "chunk rows")?]);
+        }
         step()?;
         ctx.launch(0, &finish, [self.grid(tokens * h / self.block as usize), 1, 1], &finish_args)?;
         bufs.calls += 1;
@@ -609,7 +715,10 @@ impl TpMoeBlock {
             TpGemm::AgGateUp => prepare(ctx, (up, Operands { ready: Some((&bufs.ready, 1)), ..up_ops }, up_groups)),
             TpGemm::GateUp => prepare(ctx, (plain(up), up_ops, up_groups)),
             TpGemm::DownReduceScatter => {
-                let ops = Operands { scatter: Some((g_token, &bufs.acc, &bufs.done)), ..weighted(&bufs.out) };
+                let ops = match &bufs.parts {
+                    Some(parts) => Operands { owner_done: Some(&bufs.done), ..weighted(parts) },
+                    None => Operands { scatter: Some((g_token, &bufs.acc, &bufs.done)), ..weighted(&bufs.out) },
+                };
                 prepare(ctx, (down, ops, down_groups))
             }
             TpGemm::Down(c) => {

@@ -484,12 +484,33 @@ fn every_moe_form_reads_both_operands_through_host_encoded_tensor_maps() {
             "grouped GEMM + reduce-scatter",
             chunked.with_epilogue(Epilogue { row_weights: true, reduce_scatter: true, ..Epilogue::default() }),
         ),
+        (
+            "grouped GEMM + rows to their owner",
+            chunked.with_epilogue(Epilogue { row_weights: true, notify_owner: true, ..Epilogue::default() }),
+        ),
     ];
     for (what, op) in forms {
         let k = trident_core::simt::lower(&op.build().unwrap(), sm90a).unwrap();
         let maps: Vec<_> = k.tensor_maps.iter().map(|m| m.ptr).collect();
         assert!(maps.contains(&0) && maps.contains(&1), "{what}: tensor maps of parameters {maps:?}");
     }
+}
+
+/// The tensor-parallel block's down GEMM in the rows form (`notify_owner`) stores each chunk's
+/// rows into its owner's memory by bulk row copies, as the plain GEMM stores C: the peer's
+/// pointer (`symm_at`) keeps C's 16-byte alignment (`world::SYMMETRIC_ALIGN`); without that
+/// fact the store would be the masked element-wise one. Then it announces each tile.
+#[test]
+fn rows_to_their_owner_go_out_by_bulk_row_copies() {
+    let sm90a = trident_core::target::lookup("sm_90a").unwrap();
+    let base = GroupedGemm::for_target(DType::BF16, Layout::Contiguous, BLayout::NK, Some(sm90a));
+    let chunked = GroupedGemm { chunk_ends: true, scheduled: false, ..base };
+    let op = chunked.with_epilogue(Epilogue { row_weights: true, notify_owner: true, ..Epilogue::default() });
+    let f = GroupedGemm { divisible: true, ..op }.build().unwrap();
+    assert!(f.name.ends_with("_notify_chunk_ends_desc_rows"), "{}", f.name);
+    let text = lowered_sm90a(op);
+    assert!(text.contains("bulk.store") && !text.contains("tma.store"), "C by bulk row copies");
+    assert!(!text.contains("atom.add.f32") && !text.contains("red.add.f32"), "no atomics on the data");
 }
 
 /// C goes out by bulk row copies on sm_90a (`bulk.store`: a group's last tile writes only the

@@ -30,7 +30,7 @@ use trident_kernels::ep_all_to_all::EpShape;
 use trident_kernels::grouped_gemm::{swiglu_gate_row, SWIGLU_BLOCK};
 use crate::host::QUANT_BLOCK;
 use trident_kernels::moe_block::{EpMoeBlock, EpMoeBuffers, Experts};
-use trident_kernels::moe_tp::{TpGemm, TpMoeBlock, TpMoeBuffers, TpSteps};
+use trident_kernels::moe_tp::{TpGemm, TpMoeBlock, TpMoeBuffers, TpReduce, TpSteps};
 
 /// The experts' intermediate size in the cases.
 const FFN: usize = SWIGLU_BLOCK as usize;
@@ -184,7 +184,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht", "tp", "ep-e4m3", "ep-ht-e4m3", "tp-e4m3"],
+            DType::BF16 => &["ep", "ep-ht", "tp", "tp-rows", "ep-e4m3", "ep-ht-e4m3", "tp-e4m3"],
             _ => &[],
         }
     }
@@ -341,6 +341,8 @@ impl Operation for MoeBlockCase {
         let block = if tensor_parallel(case) {
             let block = TpMoeBlock::new(case.dtype, FFN);
             let block = if fp8(case) { block.fp8() } else { block };
+            // `tp-rows`: the down GEMM's rows stored to their owner, added by its finish.
+            let block = if case.variant.contains("rows") { block.reduced_by(TpReduce::Rows) } else { block };
             Block::Tp(block, Box::new(block.buffers(ctx, shape)?))
         } else {
             let block = EpMoeBlock::new(case.dtype, FFN);
@@ -480,18 +482,22 @@ impl Benchmark for MoeBlockCase {
     }
 
     /// The two exchanges' symmetric buffers (the all-to-all benchmark's) and the
-    /// tensor-parallel block's (its gathered rows, ends, tokens and weights, the accumulator,
-    /// signals and epoch words).
+    /// tensor-parallel blocks' (their gathered rows, ends, tokens and weights, the accumulator
+    /// or the rows form's `parts`, signals and epoch words).
     fn heap_bytes(&self, case: &DistCase) -> usize {
         let ep = DistCase { dims: case.dims[..4].to_vec(), ..case.clone() };
         let (t, h, e, k, w) = (case.dims[0], case.dims[1], case.dims[2], case.dims[3], case.world);
         let rows = w * (t * k + trident_kernels::moe_tp::CHUNK_PAD);
-        let tp = rows * h * case.dtype.size_bytes() as usize + w * e * 4 + 2 * rows * 4 + 4 * t * h + 8 * (2 * w + 1) + 32;
+        let es = case.dtype.size_bytes() as usize;
+        let tp = rows * h * es + w * e * 4 + 2 * rows * 4 + 4 * t * h + 8 * (2 * w + 1) + 32;
+        // The rows form's block: its own gathered rows and `parts` of the same size, no
+        // accumulator to speak of.
+        let tp_rows = 2 * rows * h * es + w * e * 4 + 2 * rows * 4 + 8 * (2 * w + 1) + 32 + 256;
         // The exchanges of the bf16 blocks and of the FP8 ones (each exchange's FP8 form takes
         // at most its bf16 form's bytes: rows of one byte plus their scales, partials in bf16);
         // the heap is a bump allocator, so every block's buffers are counted. The same for the
         // tensor-parallel blocks (FP8 rows of one byte, a scale per 128 of them).
-        2 * super::ep_all_to_all::EpCase.heap_bytes(&ep) + 2 * tp + (1 << 20)
+        2 * super::ep_all_to_all::EpCase.heap_bytes(&ep) + 2 * tp + tp_rows + (1 << 20)
     }
 
     /// Each (token, expert) row out and back, less what stays on the rank.
@@ -626,13 +632,18 @@ impl Benchmark for MoeBlockCase {
         let mut bufs = block.buffers(ctx, shape)?;
         let enqueue = |b: &mut TpMoeBuffers| block.enqueue(ctx, b, &x, &topk_b, &weights, (tw1, tw2), tokens);
         checked_and_timed(t, "moe-tp/block", (&mut bufs, tp_out), d, &enqueue, &check)?;
+        // The same block with the down GEMM's rows stored to their owner and added there.
+        let rows = block.reduced_by(TpReduce::Rows);
+        let mut rows_bufs = rows.buffers(ctx, shape)?;
+        let enqueue = |b: &mut TpMoeBuffers| rows.enqueue(ctx, b, &x, &topk_b, &weights, (tw1, tw2), tokens);
+        checked_and_timed(t, TP_ROWS, (&mut rows_bufs, tp_out), d, &enqueue, &check)?;
         // The same work one stage after the other (the host meets the ranks in between).
         let inputs = (&x, &topk_b, &weights);
         let sequential =
             |b: &mut TpMoeBuffers| block.enqueue_as(ctx, b, inputs, (tw1, tw2), tokens, TpSteps::Sequential);
         checked_and_timed(t, TP_SEQUENTIAL, (&mut bufs, tp_out), d, &sequential, &check)?;
         if w == 1 {
-            tp_machinery(t, (&block, &mut bufs), (tw1, tw2), &check_with)?;
+            tp_machinery(t, [(&block, &mut bufs), (&rows, &mut rows_bufs)], (tw1, tw2), &check_with)?;
         }
         Ok(())
     }
@@ -645,11 +656,13 @@ impl Benchmark for MoeBlockCase {
     fn compared_with(&self, variant: &str) -> Option<&'static str> {
         match variant {
             "moe-tp/block" => Some(TP_SEQUENTIAL),
+            TP_ROWS => Some("moe-tp/block"),
             EP_FP8 => Some("moe-ep/block"),
             EP_HT_FP8 => Some("moe-ep-ht/block"),
             TP_FP8 => Some("moe-tp/block"),
             TP_AG_GATE_UP => Some("grouped/gate-up"),
             TP_DOWN_RS => Some("grouped/down"),
+            TP_DOWN_ROWS => Some("grouped/down"),
             v if v.starts_with(TP_DOWN_RS) => Some("grouped/down"),
             _ => None,
         }
@@ -918,15 +931,40 @@ fn tp_out(bufs: &TpMoeBuffers) -> &Buffer {
 const TP_SEQUENTIAL: &str = "moe-tp/sequential";
 const TP_AG_GATE_UP: &str = "moe-tp/ag-gate-up";
 const TP_DOWN_RS: &str = "moe-tp/down-rs";
+/// The tensor-parallel block with [`TpReduce::Rows`], against the one with atomics.
+const TP_ROWS: &str = "moe-tp-rows/block";
+/// Its down GEMM, storing rows and announcing tiles, against the plain down GEMM.
+const TP_DOWN_ROWS: &str = "moe-tp/down-rows";
+
+/// The error of a down GEMM's weighted rows (`[rows, H]` of type `d` in `c`, at world 1) summed
+/// per token on the host, against the block's reference.
+fn token_sums(
+    ctx: &dyn RankCtx,
+    bufs: &TpMoeBuffers,
+    (c, d): (&Buffer, DType),
+    check_with: &dyn Fn(&Reader) -> Result<f64, BackendError>,
+) -> Result<f64, BackendError> {
+    let h = bufs.shape.hidden;
+    let tokens = download(ctx, &bufs.row_token, bufs.cap(), DType::I32)?;
+    check_with(&|tok, col| {
+        let mut sum = 0.0;
+        for (row, _) in tokens.iter().enumerate().filter(|(_, &v)| v as usize == tok) {
+            sum += read_entry(ctx, c, row * h + col, d)?;
+        }
+        Ok(sum)
+    })
+}
 
 /// At world 1 (after the block's calls, its chunk signal set): the block's two grouped GEMMs
 /// alone against the plain grouped GEMMs of the same rows, the cost of the overlap machinery
 /// (the chunk walk and its waits; the down's top-k reduction by atomics and its signals against
-/// storing each weighted row). Each checked on poisoned outputs: the plain gate/up's `act`
-/// bitwise the waiting one's, the down's outputs summed per token against the reference.
+/// storing each weighted row), and the rows form's down GEMM (its rows stored into `parts`, each
+/// tile announced) after the rows-form block's calls (`rows`). Each checked on poisoned outputs:
+/// the plain gate/up's `act` bitwise the waiting one's, the down's outputs summed per token
+/// against the reference.
 fn tp_machinery(
     t: &mut Timer,
-    (block, bufs): (&TpMoeBlock, &mut TpMoeBuffers),
+    [(block, bufs), (rows_block, rows_bufs)]: [(&TpMoeBlock, &mut TpMoeBuffers); 2],
     experts_w: (&Buffer, &Buffer),
     check_with: &dyn Fn(&Reader) -> Result<f64, BackendError>,
 ) -> Result<(), BackendError> {
@@ -976,18 +1014,22 @@ fn tp_machinery(
         };
         t.time(&name, &mut || run(bufs))?;
     }
+    // The rows form's down GEMM; `done` then holds the timed announcements: back to zero.
+    let parts = rows_bufs.parts.clone().ok_or_else(|| BackendError::Host("moe-tp: the rows form has no `parts`".into()))?;
+    let down_rows = |bufs: &TpMoeBuffers| -> Result<(), BackendError> {
+        rows_block.enqueue_gemm(ctx, bufs, experts_w, TpGemm::DownReduceScatter)?;
+        ctx.synchronize()
+    };
+    ctx.fill(&parts, &poison(d))?;
+    down_rows(rows_bufs)?;
+    t.error(token_sums(ctx, rows_bufs, (&parts, d), check_with)?);
+    t.time(TP_DOWN_ROWS, &mut || down_rows(rows_bufs))?;
+    rows_bufs.rearm(ctx)?;
     // The plain down: each row weighted and stored; a token's rows summed here.
     let c = ctx.alloc(bufs.chunk_rows() * h * d.size_bytes() as usize, "moe_tp_plain_down")?;
     ctx.fill(&c, &poison(d))?;
     gemm(bufs, TpGemm::Down(&c))?;
-    let tokens = download(ctx, &bufs.row_token, rows, DType::I32)?;
-    t.error(check_with(&|tok, col| {
-        let mut sum = 0.0;
-        for (row, _) in tokens.iter().enumerate().filter(|(_, &v)| v as usize == tok) {
-            sum += read_entry(ctx, &c, row * h + col, d)?;
-        }
-        Ok(sum)
-    })?);
+    t.error(token_sums(ctx, bufs, (&c, d), check_with)?);
     t.time("grouped/down", &mut || gemm(bufs, TpGemm::Down(&c)))?;
     // The accumulator and its count hold the timed additions: back to zero for a next call.
     bufs.rearm(ctx)

@@ -198,6 +198,19 @@ impl<'f> Contiguity<'f> {
                 AxisInfo { contiguity, constancy: a.constancy.min(c.constancy), divisibility: 1 }
                     .with_div(at_runs(a, contiguity, size).min(off))
             }
+            // A peer's copy is the pointer moved by the distance between two heaps (with a
+            // rank per element, by a distance per element): what is known of the pointer
+            // stays known along runs of equal ranks, its alignment up to the heaps' own
+            // (`world::SYMMETRIC_ALIGN`: every world starts a symmetric buffer there on every rank).
+            OpKind::SymmAt { ptr, rank } => {
+                let (a, r) = (g(*ptr), g(*rank));
+                AxisInfo {
+                    contiguity: a.contiguity.min(r.constancy).max(1),
+                    constancy: a.constancy.min(r.constancy),
+                    divisibility: 1,
+                }
+                .with_div(a.divisibility.min(crate::world::SYMMETRIC_ALIGN as u32))
+            }
             OpKind::Cast(x) => {
                 let r = result.expect("cast has a result");
                 let int = |v: Value| self.func.ty(v).elem.dtype().is_some_and(|d| d.is_int());

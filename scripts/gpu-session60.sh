@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Session 59, one call for what sessions 57d and 58 owed and the split-K slots, in order of need
-# within a deadline of 560 s (steps that would not fit are skipped, named in the summary): the
-# grouped GEMM's C by bulk row copies (conformance, the bf16 benchmark with the masked-store
-# default beside it), the dense GEMM at M = 256 with split-K by atomics and by slots against the
-# unsplit default and cuBLAS, flash decoding's sized and programmatic combines (conformance with
-# the `pdl` variant, the default against `/pdl`, SDPA and Triton), then the full check at HEAD
-# (conformance at world 1 and in the loopback worlds, ops), the FP8 grouped benchmark and pytest
-# with torch.
+# Session 60, one call for what sessions 57d-59 owed and the tensor-parallel MoE block's rows
+# form, in order of need within a deadline of 560 s (steps that would not fit are skipped, named
+# in the summary): the grouped GEMM's C by bulk row copies (conformance, the bf16 benchmark with
+# the masked-store default beside it), the dense GEMM at M = 256 with split-K by atomics and by
+# slots against the unsplit default and cuBLAS, flash decoding's sized and programmatic combines
+# (conformance with the `pdl` variant, the default against `/pdl`, SDPA and Triton), then the
+# full check at HEAD (conformance at world 1 and in the loopback worlds, `moe_block tp-rows`
+# among them), the tensor-parallel block's rows form against its atomic form and PyTorch (two
+# prefill shapes), ops, the FP8 grouped benchmark and pytest with torch.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/step.sh
@@ -30,6 +31,14 @@ KEEP='^conformance:|FAIL|rror'
 run conformance-world1 120 $B/trident test --backend nvidia --world 1
 for w in 2 4 8; do
   run conformance-world$w 60 $B/trident test --backend nvidia --world $w
+done
+# The tensor-parallel block with its down rows stored to their owner (`moe-tp-rows/block`)
+# against the atomic form, and its down GEMM against the plain one (Qwen3-30B-A3B prefill,
+# then DeepSeek-V3 prefill), PyTorch's pipeline in the same run.
+TORCHRUN=/opt/torch/.venv/bin/torchrun; [ -x "$TORCHRUN" ] || TORCHRUN=torchrun
+for c in "moe_block bf16 2048 2048" "moe_block bf16 4096 7168"; do
+  KEEP='moe-tp|grouped/|rror|failed' KEEP_LINES=20 run "bench-${c// /_}" 110 $B/trident bench --world 1 --only "$c" \
+    --baseline-cmd "$TORCHRUN --nproc-per-node 1 bench/baseline_dist.py" --json "$O/bench-${c// /_}.json"
 done
 KEEP='passed|disagree|FAIL' run ops 60 $B/trident ops --backend nvidia --fast
 KEEP='^grouped_gemm|rror|failed' KEEP_LINES=40 run bench-grouped-fp8 150 $B/trident bench \
