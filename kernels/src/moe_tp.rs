@@ -51,8 +51,8 @@
 //! product is added in f32 per element (in no fixed order with the atomics; with `Rows`
 //! each weighted row rounded to the element type first, as a plain grouped GEMM's C and a
 //! reduce-scatter in the element type round it, then added in token slot, then rank order:
-//! the same bits every call), and `out` rounded once. Peers are reached by loads, stores and atomics on their memory (`symm_at`): one node,
-//! as tensor parallelism runs.
+//! the same bits every call), and `out` rounded once. Peers are reached by loads, stores and
+//! atomics on their memory (`symm_at`): one node, as tensor parallelism runs.
 
 use crate::ep_all_to_all::{each_block, EpShape};
 use crate::epoch::{state_arg, Epoch};

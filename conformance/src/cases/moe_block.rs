@@ -184,7 +184,7 @@ impl Operation for MoeBlockCase {
 
     fn variants(&self, dtype: DType) -> &'static [&'static str] {
         match dtype {
-            DType::BF16 => &["ep", "ep-ht", "tp", "tp-rows", "ep-e4m3", "ep-ht-e4m3", "tp-e4m3"],
+            DType::BF16 => &["ep", "ep-ht", "tp", "tp-rows", "ep-e4m3", "ep-ht-e4m3", "tp-e4m3", "tp-rows-e4m3"],
             _ => &[],
         }
     }
