@@ -54,7 +54,10 @@ impl DistDecodeBuffers {
 impl DistFlashDecode {
     /// The specialization for a shard of `shape` (contiguous cache).
     pub fn for_shape(dtype: DType, shard: &DecodeShape) -> DistFlashDecode {
-        DistFlashDecode { local: FlashDecode::for_shape(dtype, shard), gather: AllGatherLl::default() }
+        // The distributed combines wait for their peers' partials too: programmatic launch
+        // stays off there until a GPU has timed it (it was measured for one GPU only).
+        let local = FlashDecode { programmatic: false, ..FlashDecode::for_shape(dtype, shard) };
+        DistFlashDecode { local, gather: AllGatherLl::default() }
     }
 
     /// This specialization over paged shards of `page` keys a page.
@@ -202,6 +205,6 @@ inventory::submit! {
         name: "flash_decode_combine_partial",
         operation: "flash_decode_dist",
         distributed: true,
-        build: |d| FlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).build_combine(true),
+        build: |d| DistFlashDecode::for_shape(d, &DecodeShape { batch: 1, q_len: 1, heads_q: 8, heads_kv: 1, head_dim: 128, cache_len: 4096 }).local.build_combine(true),
     }
 }
