@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use trident_core::abi::diag;
 use trident_core::backend::{BackendError, Buffer};
-use trident_core::world::{RankCtx, SYMMETRIC_ALIGN};
+use trident_core::world::RankCtx;
 
 /// A symmetric heap made by a vendor library: the same size on every rank, each rank's heap
 /// reachable by load and store from this process.
@@ -56,13 +56,7 @@ impl<D: Driver> ProcessWorld<D> {
                 rendezvous.size, rendezvous.rank
             )));
         }
-        if let Some((r, base)) = heap.bases.iter().enumerate().find(|(_, b)| !b.is_multiple_of(SYMMETRIC_ALIGN as u64))
-        {
-            return Err(BackendError::Host(format!(
-                "rank {rank}: {}'s symmetric heap of rank {r} starts at {base:#x}, not a multiple of {SYMMETRIC_ALIGN} bytes (what `symm_at` assumes of every heap)",
-                heap.provider
-            )));
-        }
+        crate::world::require_aligned_heaps(&heap.provider, heap.bases.iter().copied())?;
         if heap.bytes <= RESERVED {
             return Err(BackendError::Host(format!("a symmetric heap of {} bytes is too small", heap.bytes)));
         }

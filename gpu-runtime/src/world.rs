@@ -81,6 +81,17 @@ impl GpuWorldOptions {
 /// Symmetric heaps are carved in units of this many bytes (any access of the heap is aligned).
 pub(crate) const HEAP_GRAIN: usize = trident_core::world::SYMMETRIC_ALIGN;
 
+/// `symm_at` keeps what is known of a pointer's alignment up to `SYMMETRIC_ALIGN`: every
+/// rank's heap (`bases`, in rank order, made by `provider`) must start at a multiple of it.
+pub(crate) fn require_aligned_heaps(provider: &str, bases: impl Iterator<Item = u64>) -> Result<(), BackendError> {
+    match bases.enumerate().find(|(_, b)| !b.is_multiple_of(HEAP_GRAIN as u64)) {
+        Some((r, base)) => Err(BackendError::Host(format!(
+            "{provider}'s symmetric heap of rank {r} starts at {base:#x}, not a multiple of {HEAP_GRAIN} bytes (what `symm_at` assumes of every heap)"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Bytes at the start of every rank's heap kept from symmetric allocations: `barrier_all`'s
 /// words (`trident_core::abi::BARRIER_WORDS`), at the same offset on every rank.
 pub(crate) const RESERVED: usize = HEAP_GRAIN;
@@ -301,14 +312,8 @@ impl GpuWorld {
                     alloc(r % nd, bytes, format!("heap@rank{r}"))
                 })
                 .collect::<Result<_, _>>()?;
-            // `symm_at` keeps alignment up to the heaps' (`SYMMETRIC_ALIGN`): the drivers'
-            // allocations are at least 256-byte aligned, checked rather than assumed.
-            if let Some(h) = heaps.iter().find(|h| !h.address.is_multiple_of(HEAP_GRAIN as u64)) {
-                return Err(BackendError::Host(format!(
-                    "`{}` starts at {:#x}, not a multiple of {HEAP_GRAIN} bytes (what `symm_at` assumes of every heap)",
-                    h.name, h.address
-                )));
-            }
+            // The drivers' allocations are at least 256-byte aligned: checked, not assumed.
+            require_aligned_heaps("the driver", heaps.iter().map(|h| h.address))?;
             let diags: Vec<Buffer> = (0..n)
                 .map(|r| alloc(r % nd, 8 * diag::WORDS, format!("__wait_diagnostics@rank{r}")))
                 .collect::<Result<_, _>>()?;

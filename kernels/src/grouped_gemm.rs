@@ -889,15 +889,11 @@ impl GroupedGemm {
             None => c,
         };
         match scatter {
-            // Into the owner's accumulator at each row's token, then the owner counts the
-            // tile's elements (the notify's program barrier and release order the atomics).
-            Some((row_token, acc, done)) => {
+            // Into the owner's accumulator at each row's token (counted below).
+            Some((row_token, acc, _)) => {
                 let token = b.load_or(row_token + rm, rows_ok, 0i32);
                 let dst = b.symm_at(acc, chunk) + token * n_out + cols;
                 b.atomic(AtomicOp::Add, dst, out, Some(inside), MemSemantic::Relaxed, Scope::Sys);
-                let rows_in = (rows - tm * bm as i32).min(bm as i32);
-                let cols_in = (n_out - tn * h as i32).min(h as i32);
-                b.notify(done, chunk, (rows_in * cols_in).cast(DType::U64), SignalOp::Add, CommScope::IntraNode);
             }
             None => match c_scales {
                 // Each row's 128 columns quantized as the FP8 dispatch quantizes (the columns
@@ -920,9 +916,10 @@ impl GroupedGemm {
                 None => b.store(c + rm * n_out + cols, out.cast(self.out_type()), Some(inside)),
             },
         }
-        // The tile's rows announced to their chunk's rank (the notify's program barrier and
-        // release order the stores, bulk ones waited for first).
-        if let Some(done) = owner_done {
+        // `reduce_scatter` and `notify_owner`: the owner counts the tile's elements (the
+        // notify's program barrier and release order the atomics or the stores, bulk ones
+        // waited for first).
+        if let Some(done) = scatter.map(|(_, _, done)| done).or(owner_done) {
             let rows_in = (rows - tm * bm as i32).min(bm as i32);
             let cols_in = (n_out - tn * h as i32).min(h as i32);
             b.notify(done, chunk, (rows_in * cols_in).cast(DType::U64), SignalOp::Add, CommScope::IntraNode);

@@ -682,6 +682,12 @@ impl TpMoeBlock {
             (true, None, _) => Err(self.problem("FP8 shards need their block scales (`Experts::fp8`)".into())),
             (false, Some(_), _) => Err(self.problem("scales given to shards of the block's element type".into())),
             (true, Some(_), None) | (false, None, Some(_)) => Err(self.problem("buffers made by a block of the other type".into())),
+        }?;
+        // The launches take `parts` and `pair_row` where the buffers have them, the kernels
+        // where the block's form says: the two must agree.
+        match bufs.parts.is_some() == self.rows_form() {
+            true => Ok(()),
+            false => Err(self.problem(format!("buffers made by a block of the other reduction (this block's: {:?})", self.reduce))),
         }
     }
 

@@ -83,3 +83,31 @@ fn copy_latest_follows_the_halves_through_replays() {
         }
     }
 }
+
+/// The tensor-parallel MoE block refuses buffers made by a block of the other reduction (its
+/// launches would pass `parts` and `pair_row` to kernels that do not take them, or the other
+/// way round), with a typed error before any launch.
+#[test]
+fn the_tp_moe_block_refuses_buffers_of_the_other_reduction() {
+    use trident_kernels::ep_all_to_all::EpShape;
+    use trident_kernels::moe_tp::{TpMoeBlock, TpReduce};
+    let run = CpuWorld::run(WorldOptions::new(1, 2), move |ctx| {
+        let shape = EpShape { t_max: 2, hidden: 8, experts: 2, top_k: 1 };
+        let atomics = TpMoeBlock::new(DType::BF16, 128);
+        let rows = atomics.reduced_by(TpReduce::Rows);
+        let (x, routes) = (ctx.alloc(2 * 8 * 2, "x")?, ctx.alloc(2 * 4, "topk")?);
+        let weights = ctx.alloc(2 * 4, "weights")?;
+        let (w1, w2) = (ctx.alloc(2 * 2 * 128 * 8 * 2, "w1")?, ctx.alloc(2 * 8 * 128 * 2, "w2")?);
+        let mut messages = Vec::new();
+        for (made_by, used_by) in [(atomics, rows), (rows, atomics)] {
+            let mut bufs = made_by.buffers(ctx, shape)?;
+            let e = used_by.enqueue(ctx, &mut bufs, &x, &routes, &weights, (&w1, &w2), 2).unwrap_err();
+            messages.push(e.to_string());
+        }
+        Ok(messages)
+    })
+    .unwrap();
+    for m in &run.results[0] {
+        assert!(m.contains("buffers made by a block of the other reduction"), "{m}");
+    }
+}
